@@ -1,0 +1,89 @@
+"""The classifier-head contract shared by every head and every framework.
+
+A head consumes the decoder feature map ``[B, C, h, w]`` and returns per-sample
+logits ``[S, B, K, h, w]`` (S = 1 for the baseline, T for MC dropout and NP),
+an auxiliary loss to add to the training loss (lambda_kl x KL for NP, zero
+otherwise) and a dict of floats for logging. Prediction is the mean of the
+per-sample softmaxes; uncertainty is the entropy of that mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+IGNORE_INDEX = 255
+
+
+@dataclass
+class HeadOutput:
+    """What every head returns.
+
+    logits: ``[S, B, K, h, w]`` per-sample logits at feature resolution.
+    aux_loss: scalar tensor added to the training loss (lambda_kl x KL for NP, 0 otherwise).
+    stats: floats for logging (e.g. ``kl``, memory fill).
+    """
+
+    logits: Tensor
+    aux_loss: Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return self.logits.shape[0]
+
+
+def predictive(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean of the per-sample softmaxes and its entropy (natural log).
+
+    logits: ``[S, B, K, h, w]``. Returns ``probs [B, K, h, w]`` and ``entropy [B, h, w]``.
+    """
+    if logits.dim() != 5:
+        raise ValueError(f"logits: expected [S, B, K, h, w], got shape {tuple(logits.shape)}")
+    probs = torch.softmax(logits.float(), dim=2).mean(dim=0)
+    entropy = -(probs * torch.log(probs.clamp_min(1e-12))).sum(dim=1)
+    return probs, entropy
+
+
+def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
+    """KL(N(mean_t, sigma_t^2) || N(mean_c, sigma_c^2)) summed over the last (latent) dimension.
+
+    All inputs ``[B, D]``, sigma a standard deviation (paper Eq. 7). Returns ``[B]``.
+    """
+    var_t, var_c = sigma_t.pow(2), sigma_c.pow(2)
+    return 0.5 * (
+        torch.log(var_c / var_t) + var_t / var_c - 1.0 + (mean_c - mean_t).pow(2) / var_c
+    ).sum(dim=-1)
+
+
+class ClassifierHead(nn.Module):
+    """Base class of the three heads: fixes the call signature of the contract.
+
+    Subclasses implement ``forward(features, *, labels=None, context_features=None,
+    context_labels=None, num_samples=None) -> HeadOutput``.
+    """
+
+    #: number of predictions a forward pass makes by default (S of the logits)
+    default_num_samples: int = 1
+    #: True when repeated calls on the same input give different logits (MC dropout, NP)
+    stochastic: bool = False
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        if in_channels <= 0 or num_classes <= 1:
+            raise ValueError(
+                f"in_channels must be > 0 and num_classes > 1, got {in_channels}, {num_classes}"
+            )
+        self.in_channels = in_channels
+        self.num_classes = num_classes
+
+    def check_features(self, features: Tensor) -> None:
+        if features.dim() != 4 or features.shape[1] != self.in_channels:
+            raise ValueError(
+                f"features: expected [B, {self.in_channels}, h, w], got shape {tuple(features.shape)}"
+            )
+
+    def zero_aux(self, features: Tensor) -> Tensor:
+        return features.new_zeros(())
