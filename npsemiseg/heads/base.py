@@ -86,4 +86,47 @@ class ClassifierHead(nn.Module):
             )
 
     def zero_aux(self, features: Tensor) -> Tensor:
-        return features.new_zeros(())
+        return features.new_zeros((), dtype=torch.float32)
+
+    def check_labels(self, labels: Tensor, features: Tensor, name: str = "labels") -> None:
+        """Shape check of a label map against its features: ``[B, H, W]`` integers, same B.
+
+        Cheap (no host sync); value checks are done by ``check_label_values`` where labels are used.
+        """
+        if labels.dim() != 3 or labels.is_floating_point() or labels.is_complex():
+            raise ValueError(
+                f"{name}: expected an integer label map [B, H, W], got {labels.dtype} of shape {tuple(labels.shape)}"
+            )
+        if labels.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"{name}: batch size {labels.shape[0]} does not match the features' batch size {features.shape[0]}"
+            )
+
+    def resolve_num_samples(self, num_samples: int | None) -> int:
+        """``num_samples`` if given (must be >= 1), else the head's default for its current mode."""
+        if num_samples is None:
+            return self.default_num_samples
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples: expected a positive int, got {num_samples!r}")
+        return num_samples
+
+
+def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -> None:
+    """ValueError unless every value is in ``[0, num_classes)`` or ``IGNORE_INDEX`` (one host sync)."""
+    bad = (labels < 0) | ((labels >= num_classes) & (labels != IGNORE_INDEX))
+    if bool(bad.any()):
+        values = torch.unique(labels[bad])[:8].tolist()
+        raise ValueError(
+            f"{name}: values must lie in [0, {num_classes}) or be {IGNORE_INDEX} (ignore), found {values}"
+        )
+
+
+def downsample_labels(labels: Tensor, size: tuple[int, int]) -> Tensor:
+    """Nearest-neighbour resize of integer label maps ``[B, H, W]`` to ``size`` = (h, w).
+
+    Nearest (not area/bilinear) so every pixel keeps a real class or the ignore value.
+    """
+    if tuple(labels.shape[-2:]) == tuple(size):
+        return labels
+    resized = nn.functional.interpolate(labels[:, None].float(), size=size, mode="nearest")
+    return resized[:, 0].to(labels.dtype)

@@ -1,0 +1,138 @@
+"""The plain classifier head (U2PL's classifier block) and its MC-dropout version.
+
+Both heads use one block definition, ``ClassifierBlock``; they differ only in whether the
+dropout layers stay active in ``eval()`` and in how many stochastic passes a call makes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .base import ClassifierHead, HeadOutput
+
+
+class MCDropout2d(nn.Dropout2d):
+    """``Dropout2d`` that stays active in ``eval()`` (Monte-Carlo dropout)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.dropout2d(input, self.p, training=True, inplace=self.inplace)
+
+
+class ClassifierBlock(nn.Sequential):
+    """U2PL's classifier: 3x3 conv -> 256, BN, ReLU, Dropout; 3x3 256 -> 256, BN, ReLU, Dropout; 1x1 -> K.
+
+    ``[N, C, h, w] -> [N, K, h, w]``. ``mc_dropout=True`` swaps in dropout that is active in
+    ``eval()`` too (the paper's MC dropout: dropout after every activation).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        dropout: float = 0.1,
+        *,
+        hidden_channels: int = 256,
+        mc_dropout: bool = False,
+    ) -> None:
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}")
+        drop = MCDropout2d if mc_dropout else nn.Dropout2d
+        super().__init__(
+            nn.Conv2d(in_channels, hidden_channels, 3, padding=1),
+            nn.BatchNorm2d(hidden_channels),
+            nn.ReLU(inplace=True),
+            drop(dropout),
+            nn.Conv2d(hidden_channels, hidden_channels, 3, padding=1),
+            nn.BatchNorm2d(hidden_channels),
+            nn.ReLU(inplace=True),
+            drop(dropout),
+            nn.Conv2d(hidden_channels, num_classes, 1),
+        )
+
+
+class BaselineHead(ClassifierHead):
+    """The plain (deterministic in eval) classifier head: one prediction, ``logits [1, B, K, h, w]``.
+
+    Labels and context are accepted for the common contract and not used (shape-checked only).
+    """
+
+    #: whether the block's dropout stays active in eval()
+    mc_dropout: bool = False
+
+    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1) -> None:
+        super().__init__(in_channels, num_classes)
+        self.dropout = dropout
+        self.classifier = ClassifierBlock(in_channels, num_classes, dropout, mc_dropout=self.mc_dropout)
+
+    def check_inputs(self, features: Tensor, labels: Tensor | None, context_features: Tensor | None,
+                     context_labels: Tensor | None) -> None:
+        self.check_features(features)
+        if labels is not None:
+            self.check_labels(labels, features)
+        if context_features is not None:
+            self.check_features(context_features)
+        if context_labels is not None:
+            if context_features is None:
+                raise ValueError("context_labels: given without context_features")
+            self.check_labels(context_labels, context_features, "context_labels")
+
+    def forward(
+        self,
+        features: Tensor,
+        *,
+        labels: Tensor | None = None,
+        context_features: Tensor | None = None,
+        context_labels: Tensor | None = None,
+        num_samples: int | None = None,
+    ) -> HeadOutput:
+        """``features [B, C, h, w]`` -> ``HeadOutput(logits [1, B, K, h, w])``."""
+        self.check_inputs(features, labels, context_features, context_labels)
+        if num_samples not in (None, 1):
+            raise ValueError(f"num_samples: the baseline head makes exactly 1 prediction, got {num_samples}")
+        return HeadOutput(self.classifier(features)[None], self.zero_aux(features))
+
+
+class MCDropoutHead(BaselineHead):
+    """The classifier block with dropout active in ``eval()``: T stochastic passes, ``logits [T, B, K, h, w]``.
+
+    The T passes run as one batch of ``T x B`` images (every layer, the first conv included,
+    runs T times, as the paper's MC-dropout timing counts it). In training mode a call makes
+    ``train_samples`` passes (default 1: ordinary dropout training), in eval ``num_samples``.
+    """
+
+    stochastic = True
+    mc_dropout = True
+
+    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, num_samples: int = 5,
+                 train_samples: int = 1) -> None:
+        if dropout <= 0.0:
+            raise ValueError(f"dropout: MC dropout needs a probability in (0, 1), got {dropout}")
+        for name, value in (("num_samples", num_samples), ("train_samples", train_samples)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        super().__init__(in_channels, num_classes, dropout)
+        self.num_samples = num_samples
+        self.train_samples = train_samples
+
+    @property
+    def default_num_samples(self) -> int:  # type: ignore[override]
+        return self.train_samples if self.training else self.num_samples
+
+    def forward(
+        self,
+        features: Tensor,
+        *,
+        labels: Tensor | None = None,
+        context_features: Tensor | None = None,
+        context_labels: Tensor | None = None,
+        num_samples: int | None = None,
+    ) -> HeadOutput:
+        """``features [B, C, h, w]`` -> ``HeadOutput(logits [T, B, K, h, w])``."""
+        self.check_inputs(features, labels, context_features, context_labels)
+        t = self.resolve_num_samples(num_samples)
+        b = features.shape[0]
+        batch = features if t == 1 else features.expand(t, *features.shape).reshape(t * b, *features.shape[1:])
+        logits = self.classifier(batch)
+        return HeadOutput(logits.view(t, b, *logits.shape[1:]), self.zero_aux(features))

@@ -1,0 +1,519 @@
+"""NP-SemiSeg's classifier head (paper Section 3.2 and appendix Tables 7-8).
+
+The paper's description is the default; every behaviour of the authors' released code
+that differs is a named option (``../shared/notes/np_head_reference.md``):
+
+========================  ================================  ======================================
+option                    default (paper / careful)         authors' code
+========================  ================================  ======================================
+``attention``             ``"euclidean"`` (Eq. 8)           ``"per_channel"``
+``kl``                    ``"paper"`` (Eq. 7, sigma = std)  ``"authors"`` (sigma used as variance)
+``mask_empty``            True (empty classes masked)       False (zero centers take part)
+``detach_query``          True                              True
+``sync_memories``         True (all_gather under DDP)       False
+``enqueue_per_class``     256 random pixels per class/step  None (everything; newest Q kept)
+========================  ================================  ======================================
+
+Two behaviours of the released code are bugs and are not reproduced: memory rows there hold
+channels of different pixels, and the memories never persist (all-zero centers at inference).
+``attention="mean"`` is the paper's ablation (mean aggregator), ``decoder_norm`` an ablation of
+the decoder's InstanceNorm (which cancels the spatially constant z and r away from the border).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
+
+ATTENTIONS = ("euclidean", "squared", "per_channel", "mean")
+KL_FORMS = ("paper", "authors")
+DECODER_IMPLS = ("split", "concat")
+DECODER_NORMS = ("instance", "group", "batch")
+MEMORIES = ("target", "context")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    return value
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return value
+
+
+@dataclass
+class NPLatent:
+    """The per-image latent of one NP forward pass.
+
+    z: ``[T, B, D]`` latent samples (latent path); r: ``[B, D]`` deterministic path vector.
+    """
+
+    z: Tensor
+    r: Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return self.z.shape[0]
+
+
+class SmallConvNet(nn.Sequential):
+    """Appendix Table 7: 1x1 in -> D, IN, ReLU, 1x1 D -> D, IN, ReLU, 1x1 D -> D. ``[B, C, h, w] -> [B, D, h, w]``.
+
+    InstanceNorm without affine parameters, as the authors' code.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int = 32) -> None:
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, 1),
+            nn.InstanceNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(out_channels, out_channels, 1),
+            nn.InstanceNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(out_channels, out_channels, 1),
+        )
+
+
+class LatentEncoder(nn.Module):
+    """The MLP shared by target and context: ``[B, D] -> (mean [B, D], sigma [B, D])``.
+
+    Linear D -> D, ReLU, Linear D -> 2D; sigma = 0.1 + 0.9 softplus(raw), a standard deviation.
+    """
+
+    def __init__(self, in_dim: int, latent_dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(inplace=True), nn.Linear(in_dim, 2 * latent_dim))
+
+    def forward(self, aggregate: Tensor) -> tuple[Tensor, Tensor]:
+        mean, raw = self.mlp(aggregate).chunk(2, dim=-1)
+        return mean, 0.1 + 0.9 * F.softplus(raw)
+
+
+def _per_channel_mean(query: Tensor, centers: Tensor, filled: Tensor) -> Tensor:
+    """Spatial mean of the authors' per-channel attention for a slice of channels.
+
+    query ``[B, d, h, w]``, centers ``[K, d]``, filled ``[K]`` -> ``[B, d]``. Builds ``[B, K, d, h, w]``
+    for this slice only.
+    """
+    c = centers[None, :, :, None, None]
+    score = -(query[:, None] - c).pow(2)
+    score = score.masked_fill(~filled[None, :, None, None, None], float("-inf"))
+    return (score.softmax(dim=1) * c).sum(dim=1).mean(dim=(2, 3))
+
+
+def attention_aggregate(
+    query: Tensor, centers: Tensor, filled: Tensor, kind: str = "euclidean", *, channel_chunk: int = 4
+) -> Tensor:
+    """Spatial mean of the attention aggregation of paper Eq. 8: ``mean_hw(sum_k w_k C[k])``.
+
+    query ``[B, D, h, w]``, centers ``[K, D]``, filled ``[K]`` bool (False = empty class, masked out)
+    -> ``[B, D]``. Only the spatial mean is used downstream, so it is computed as
+    ``mean_hw(w) @ C``; no ``[B, K, D, h, w]`` tensor is built.
+
+    kind: ``"euclidean"`` w = softmax_k(-|q - c_k|) (the paper), ``"squared"`` softmax_k(-|q - c_k|^2),
+    ``"per_channel"`` a separate softmax over classes for every channel of the squared residual
+    (the authors' code; computed in channel slices of ``channel_chunk``, recomputed in backward),
+    ``"mean"`` uniform weights over filled classes (the paper's mean-aggregator ablation).
+    Runs in float32 (the distance expansion cancels badly in half precision).
+    """
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        query, centers = query.float(), centers.float()
+        if kind == "mean":
+            weights = filled.float() / filled.sum().clamp_min(1)
+            return (weights @ centers).expand(query.shape[0], -1)
+        if kind == "per_channel":
+            slices = []
+            for start in range(0, query.shape[1], channel_chunk):
+                q, c = query[:, start : start + channel_chunk], centers[:, start : start + channel_chunk]
+                if torch.is_grad_enabled() and q.requires_grad:
+                    slices.append(checkpoint(_per_channel_mean, q, c, filled, use_reentrant=False))
+                else:
+                    slices.append(_per_channel_mean(q, c, filled))
+            return torch.cat(slices, dim=1)
+        if kind not in ("euclidean", "squared"):
+            raise ValueError(f"attention: expected one of {ATTENTIONS}, got {kind!r}")
+        cross = F.conv2d(query, centers[:, :, None, None])  # [B, K, h, w] = q . c_k
+        dist2 = (query.pow(2).sum(dim=1, keepdim=True) - 2.0 * cross + centers.pow(2).sum(dim=1)[:, None, None]).clamp_min(0.0)
+        score = -dist2 if kind == "squared" else -dist2.clamp_min(1e-12).sqrt()
+        score = score.masked_fill(~filled[None, :, None, None], float("-inf"))
+        return score.softmax(dim=1).mean(dim=(2, 3)) @ centers
+
+
+def _valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``[size, 3]``: 1 where tap a of a 3x3, padding-1 kernel falls inside the map at position i."""
+    i = torch.arange(size, device=device)[:, None] + torch.arange(3, device=device)[None] - 1
+    return ((i >= 0) & (i < size)).to(dtype)
+
+
+class NPDecoder(nn.Module):
+    """Appendix Table 8 on ``[x, z, r]``: 3x3 -> 256, norm, ReLU, 3x3 256 -> 256, norm, ReLU, 1x1 -> K.
+
+    ``x [B, C, h, w]``, ``z [T, B, D]``, ``r [B, D]`` -> logits ``[T, B, K, h, w]``.
+
+    ``impl="split"``: the first conv is linear in its input, so it splits into ``conv_x(x)``,
+    computed once for all T samples, plus the contribution of the spatially constant z and r
+    maps. For a constant map the 3x3 zero-padded conv gives ``sum over the taps that fall inside
+    the map`` of ``W[:, :, a, b] @ v``, which is computed exactly from the per-tap products and the
+    masks of valid taps (rows x columns), border pixels included. ``impl="concat"`` builds the
+    ``[T*B, C + 2D, h, w]`` concatenation (the reference).
+    """
+
+    def __init__(self, in_channels: int, latent_dim: int, num_classes: int, *, hidden_channels: int = 256,
+                 impl: str = "split", norm: str = "instance") -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.latent_dim = latent_dim
+        self.impl = _choice("decoder_impl", impl, DECODER_IMPLS)
+        _choice("decoder_norm", norm, DECODER_NORMS)
+        self.conv1 = nn.Conv2d(in_channels + 2 * latent_dim, hidden_channels, 3, padding=1)
+        self.tail = nn.Sequential(
+            self._norm(norm, hidden_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(hidden_channels, hidden_channels, 3, padding=1),
+            self._norm(norm, hidden_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(hidden_channels, num_classes, 1),
+        )
+
+    @staticmethod
+    def _norm(kind: str, channels: int) -> nn.Module:
+        if kind == "instance":
+            return nn.InstanceNorm2d(channels)
+        if kind == "group":
+            return nn.GroupNorm(32, channels, affine=False)
+        return nn.BatchNorm2d(channels)
+
+    def first_conv(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
+        """The first conv on ``[x, z, r]``: ``[T * B, hidden, h, w]``."""
+        t, b, d = z.shape
+        h, w = x.shape[-2:]
+        r = r.expand(t, b, d)
+        if self.impl == "concat":
+            maps = torch.cat([x.expand(t, *x.shape), z[..., None, None].expand(t, b, d, h, w),
+                              r[..., None, None].expand(t, b, d, h, w)], dim=2)
+            return self.conv1(maps.flatten(0, 1))
+        weight = self.conv1.weight
+        out_channels = weight.shape[0]
+        conv_x = F.conv2d(x, weight[:, : self.in_channels], None, padding=1)  # [B, O, h, w]
+        # per-tap products of the constant channels: [T*B*O, 3, 3]
+        w_zr = weight[:, self.in_channels :].permute(1, 0, 2, 3).reshape(2 * d, out_channels * 9)
+        taps = (torch.cat([z, r], dim=-1).reshape(t * b, 2 * d).to(w_zr.dtype) @ w_zr).view(-1, 3, 3)
+        rows = _valid_taps(h, x.device, taps.dtype)
+        cols = _valid_taps(w, x.device, taps.dtype)
+        constant = torch.matmul(rows, torch.matmul(taps, cols.t()))  # [T*B*O, h, w]
+        out = constant.view(t, b, out_channels, h, w).add_(conv_x.to(constant.dtype))
+        if self.conv1.bias is not None:
+            out = out.add_(self.conv1.bias.to(out.dtype)[:, None, None])
+        return out.flatten(0, 1)
+
+    def forward(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
+        t, b = z.shape[:2]
+        logits = self.tail(self.first_conv(x, z, r))
+        return logits.view(t, b, *logits.shape[1:])
+
+
+class NPHead(ClassifierHead):
+    """NP-SemiSeg's head: per-class memories, attention aggregator, latent and deterministic paths.
+
+    Call contract (``ClassifierHead``): ``features [B, C, h, w]`` -> ``logits [T, B, K, h, w]``.
+
+    Training mode (``labels`` given): targets are all of ``features`` labelled by ``labels``
+    (ground truth or pseudo-labels, 255 ignored); context is ``context_features`` /
+    ``context_labels`` (normally the labelled slice of the same batch). When the module is in
+    ``train()`` each call enqueues a bounded random subset of pixel feature vectors per class
+    into the target and context memories and refreshes the centers. The latent path gives
+    ``q(z | target)`` from the target centers, the prior ``q(z | context)`` from the context
+    centers, both attended by the target queries; ``aux_loss = lambda_kl * mean_B KL``.
+    Without context the context memory is left as it is and its stored centers serve.
+
+    Inference mode (no labels): only the stored centers are used (target centers for the latent
+    path, context centers for the deterministic path), ``aux_loss = 0``.
+
+    Buffers (all in the state_dict): ``target_memory``/``context_memory`` ``[K, Q, D]``,
+    ``*_pointer`` ``[K]`` (next write row), ``*_count`` ``[K]`` (filled rows),
+    ``target_centers``/``context_centers`` ``[K, D]``.
+
+    ``enqueue_per_class`` (default 256 = Q / 10 at the paper's Q): at most this many pixels of a
+    class enter a memory per step and rank, so a full memory spans >= 10 steps of images rather
+    than the last image; ``None`` enqueues up to Q (the authors push every pixel). Under
+    torch.distributed every rank gathers the candidates of all ranks and enqueues the same rows.
+    """
+
+    stochastic = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        latent_dim: int = 32,
+        memory_size: int = 2560,
+        num_samples: int = 5,
+        attention: str = "euclidean",
+        kl: str = "paper",
+        decoder_impl: str = "split",
+        enqueue_per_class: int | None = 256,
+        lambda_kl: float = 0.005,
+        detach_query: bool = True,
+        mask_empty: bool = True,
+        sync_memories: bool = True,
+        decoder_norm: str = "instance",
+        hidden_channels: int = 256,
+    ) -> None:
+        super().__init__(in_channels, num_classes)
+        self.latent_dim = _positive_int("latent_dim", latent_dim)
+        self.memory_size = _positive_int("memory_size", memory_size)
+        self.num_samples = _positive_int("num_samples", num_samples)
+        self.attention = _choice("attention", attention, ATTENTIONS)
+        self.kl = _choice("kl", kl, KL_FORMS)
+        if enqueue_per_class is None:
+            enqueue_per_class = memory_size
+        if _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
+            raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
+        self.enqueue_per_class = enqueue_per_class
+        if not lambda_kl >= 0.0:
+            raise ValueError(f"lambda_kl: expected a number >= 0, got {lambda_kl!r}")
+        self.lambda_kl = float(lambda_kl)
+        self.detach_query = bool(detach_query)
+        self.mask_empty = bool(mask_empty)
+        self.sync_memories = bool(sync_memories)
+
+        self.query_net = SmallConvNet(in_channels, latent_dim)
+        self.latent_encoder = LatentEncoder(latent_dim, latent_dim)
+        self.decoder = NPDecoder(in_channels, latent_dim, num_classes, hidden_channels=hidden_channels,
+                                 impl=decoder_impl, norm=decoder_norm)
+        for name in MEMORIES:
+            self.register_buffer(f"{name}_memory", torch.zeros(num_classes, memory_size, latent_dim))
+            self.register_buffer(f"{name}_pointer", torch.zeros(num_classes, dtype=torch.long))
+            self.register_buffer(f"{name}_count", torch.zeros(num_classes, dtype=torch.long))
+            self.register_buffer(f"{name}_centers", torch.zeros(num_classes, latent_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal weights and zero biases everywhere (as the authors' head)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def default_num_samples(self) -> int:  # type: ignore[override]
+        return self.num_samples
+
+    @property
+    def decoder_impl(self) -> str:
+        return self.decoder.impl
+
+    def extra_repr(self) -> str:
+        return (f"num_classes={self.num_classes}, latent_dim={self.latent_dim}, memory_size={self.memory_size}, "
+                f"num_samples={self.num_samples}, attention={self.attention!r}, kl={self.kl!r}, "
+                f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}")
+
+    # ---- memories -------------------------------------------------------------------------
+
+    def filled(self, memory: str) -> Tensor:
+        """``[K]`` bool: classes taking part in attention (with ``mask_empty=False``: all)."""
+        count = getattr(self, f"{memory}_count")
+        return count > 0 if self.mask_empty else torch.ones_like(count, dtype=torch.bool)
+
+    def _candidates(self, rows: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """A random subset of at most P pixels per class, without a host sync.
+
+        rows ``[B, D, h, w]``, labels ``[B, h, w]`` -> rows ``[K, P, D]`` (one pixel's feature
+        vector each) and valid ``[K, P]`` (True for the first ``min(n_k, P)`` entries of class k).
+        Pixels are sorted by (class, random rank); class k's candidates are the first P of its run.
+        """
+        k, p = self.num_classes, self.enqueue_per_class
+        b, d, h, w = rows.shape
+        n = b * h * w
+        cls = labels.reshape(n)
+        cls = torch.where(cls == IGNORE_INDEX, torch.full_like(cls, k), cls)  # ignore -> bucket K, never read
+        order = torch.argsort(cls * n + torch.randperm(n, device=rows.device))
+        counts = torch.zeros(k + 1, dtype=torch.long, device=rows.device).scatter_add_(0, cls, torch.ones_like(cls))
+        starts = counts.cumsum(0) - counts
+        j = torch.arange(p, device=rows.device)
+        valid = j[None] < counts[:k, None]
+        pixel = order[(starts[:k, None] + j[None]).clamp(max=n - 1)]  # [K, P]
+        picked = rows.flatten(2)[pixel // (h * w), :, pixel % (h * w)]  # [K, P, D]
+        return picked.float(), valid
+
+    def _gather_ranks(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        """Concatenate every rank's candidates along P: ``[K, W*P, D]``, ``[K, W*P]`` (identical on all ranks)."""
+        if not (self.sync_memories and dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return rows, valid
+        packed = torch.cat([rows, valid[..., None].to(rows.dtype)], dim=-1).contiguous()
+        parts = [torch.empty_like(packed) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, packed)
+        packed = torch.cat(parts, dim=1)
+        return packed[..., :-1], packed[..., -1] > 0.5
+
+    @torch.no_grad()
+    def enqueue(self, memory: str, rows: Tensor, labels: Tensor) -> None:
+        """Write a random subset of each class's pixels into ``memory`` (FIFO) and refresh its centers.
+
+        rows ``[B, D, h, w]`` (query features), labels ``[B, h, w]`` at the same resolution
+        (values validated; 255 never enters).
+        """
+        store = getattr(self, f"{memory}_memory")
+        pointer, count = getattr(self, f"{memory}_pointer"), getattr(self, f"{memory}_count")
+        q = self.memory_size
+        rows, valid = self._gather_ranks(*self._candidates(rows.detach(), labels))
+        if rows.shape[1] > self.enqueue_per_class:  # several ranks: valid entries first, at most Q
+            order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, :q]
+            rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
+            valid = valid.gather(1, order)
+        num_new = valid.sum(dim=1)
+        position = (pointer[:, None] + torch.arange(rows.shape[1], device=rows.device)[None]) % q  # distinct per class
+        index = position[..., None].expand(-1, -1, store.shape[-1])
+        store.scatter_(1, index, torch.where(valid[..., None], rows.to(store.dtype), store.gather(1, index)))
+        pointer.copy_((pointer + num_new) % q)
+        count.copy_((count + num_new).clamp(max=q))
+        centers = getattr(self, f"{memory}_centers")
+        centers.copy_(store.sum(dim=1) / count.clamp(min=1)[:, None].to(store.dtype))
+
+    def _check_memories_filled(self) -> None:
+        filled = torch.stack([self.target_count.sum(), self.context_count.sum()]).tolist()
+        for name, rows in zip(MEMORIES, filled):
+            if rows == 0:
+                raise ValueError(
+                    f"NPHead: the {name} memory is empty; run training-mode steps (labels=..., "
+                    f"context_features=..., context_labels=...) or load a state_dict before inference"
+                )
+
+    # ---- paths ----------------------------------------------------------------------------
+
+    def query(self, features: Tensor) -> Tensor:
+        """Small ConvNet on the features (detached unless ``detach_query=False``): ``[B, D, h, w]``."""
+        return self.query_net(features.detach() if self.detach_query else features)
+
+    def _aggregates(self, query: Tensor) -> tuple[Tensor, Tensor]:
+        """Pooled attention of the queries on the target and on the context centers: 2 x ``[B, D]``."""
+        target = attention_aggregate(query, self.target_centers, self.filled("target"), self.attention)
+        context = attention_aggregate(query, self.context_centers, self.filled("context"), self.attention)
+        return target, context
+
+    @staticmethod
+    def sample(mean: Tensor, sigma: Tensor, num_samples: int) -> Tensor:
+        """T reparameterised samples ``mean + sigma * eps`` from one ``randn(T, B, D)``: ``[T, B, D]``."""
+        return mean + sigma * torch.randn((num_samples, *mean.shape), device=mean.device, dtype=mean.dtype)
+
+    def kl_divergence(self, mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
+        """KL(q_target || q_context) per image ``[B]``: paper Eq. 7, or the authors' sigma-as-variance form."""
+        if self.kl == "authors":
+            return gaussian_kl(mean_t, sigma_t.sqrt(), mean_c, sigma_c.sqrt())
+        return gaussian_kl(mean_t, sigma_t, mean_c, sigma_c)
+
+    @torch.no_grad()
+    def infer_latent(self, features: Tensor, num_samples: int | None = None) -> NPLatent:
+        """Inference-mode latent from the stored centers: ``z [T, B, D]``, ``r [B, D]``.
+
+        Used to share one latent per whole image across sliding windows (``forward(..., latent=)``).
+        """
+        self.check_features(features)
+        t = self.resolve_num_samples(num_samples)
+        self._check_memories_filled()
+        target, context = self._aggregates(self.query(features))
+        mean, sigma = self.latent_encoder(target)
+        return NPLatent(self.sample(mean, sigma, t), context)
+
+    def _check_latent(self, latent: NPLatent, features: Tensor, labels: Tensor | None) -> None:
+        if labels is not None:
+            raise ValueError("latent: decoding with a given latent is inference only; do not pass labels with it")
+        b, d = features.shape[0], self.latent_dim
+        if latent.z.dim() != 3 or latent.z.shape[1:] != (b, d) or tuple(latent.r.shape) != (b, d):
+            raise ValueError(
+                f"latent: expected z [T, {b}, {d}] and r [{b}, {d}], got {tuple(latent.z.shape)} and {tuple(latent.r.shape)}"
+            )
+
+    def forward(
+        self,
+        features: Tensor,
+        *,
+        labels: Tensor | None = None,
+        context_features: Tensor | None = None,
+        context_labels: Tensor | None = None,
+        num_samples: int | None = None,
+        latent: NPLatent | None = None,
+    ) -> HeadOutput:
+        """``features [B, C, h, w]`` -> ``HeadOutput(logits [T, B, K, h, w], aux_loss, stats)``."""
+        self.check_features(features)
+        stats: dict[str, Tensor] = {}
+        if latent is not None:
+            self._check_latent(latent, features, labels)
+            z, r, aux = latent.z, latent.r, self.zero_aux(features)
+        elif labels is None:
+            if context_features is not None or context_labels is not None:
+                raise ValueError("labels: context_features/context_labels need the targets' labels (training mode)")
+            t = self.resolve_num_samples(num_samples)
+            self._check_memories_filled()
+            target, r = self._aggregates(self.query(features))
+            mean, sigma = self.latent_encoder(target)
+            z, aux = self.sample(mean, sigma, t), self.zero_aux(features)
+        else:
+            z, r, aux, kl = self._training_latent(features, labels, context_features, context_labels, num_samples)
+            stats["kl"] = kl
+        logits = self.decoder(features, z.to(features.dtype), r.to(features.dtype))
+        stats.update(self._stats(logits))
+        values = torch.stack([v.float() for v in stats.values()]).tolist()  # one host sync for all stats
+        return HeadOutput(logits, aux, dict(zip(stats, values)))
+
+    def _training_latent(self, features: Tensor, labels: Tensor, context_features: Tensor | None,
+                         context_labels: Tensor | None, num_samples: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        self.check_labels(labels, features)
+        check_label_values(labels, self.num_classes)
+        if (context_features is None) != (context_labels is None):
+            raise ValueError("context_features and context_labels: give both or neither")
+        if context_features is not None:
+            self.check_features(context_features)
+            self.check_labels(context_labels, context_features, "context_labels")
+            check_label_values(context_labels, self.num_classes, "context_labels")
+        t = self.resolve_num_samples(num_samples)
+        query = self.query(features)
+        size = tuple(query.shape[-2:])
+        if self.training:
+            self.enqueue("target", query, downsample_labels(labels, size))
+            if context_features is not None:
+                if self._is_leading_slice(context_features, features):  # no second small-ConvNet pass
+                    context_query = query[: context_features.shape[0]]
+                else:
+                    context_query = self.query(context_features)
+                self.enqueue("context", context_query, downsample_labels(context_labels, tuple(context_query.shape[-2:])))
+        self._check_memories_filled()
+        target, context = self._aggregates(query)
+        mean_t, sigma_t = self.latent_encoder(target)
+        mean_c, sigma_c = self.latent_encoder(context)
+        kl = self.kl_divergence(mean_t, sigma_t, mean_c, sigma_c).mean()
+        return self.sample(mean_t, sigma_t, t), context, self.lambda_kl * kl, kl.detach()
+
+    @staticmethod
+    def _is_leading_slice(part: Tensor, whole: Tensor) -> bool:
+        """True when ``part`` is the view ``whole[:m]`` (the labelled slice of the batch)."""
+        return (part.data_ptr() == whole.data_ptr() and part.stride() == whole.stride()
+                and part.shape[1:] == whole.shape[1:] and part.shape[0] <= whole.shape[0])
+
+    @torch.no_grad()
+    def _stats(self, logits: Tensor) -> dict[str, Tensor]:
+        """Diagnostics: filled classes, and the spread across samples (std over T, mean over B, K)
+        in the interior vs on the 1-pixel border, where InstanceNorm lets z and r act."""
+        stats = {
+            "target_classes": (self.target_count > 0).sum(),
+            "context_classes": (self.context_count > 0).sum(),
+        }
+        t, h, w = logits.shape[0], logits.shape[-2], logits.shape[-1]
+        if t > 1 and h > 2 and w > 2:
+            spread = logits.float().std(dim=0)  # [B, K, h, w]
+            total, interior = spread.sum(), spread[..., 1:-1, 1:-1].sum()
+            per_map = spread.shape[0] * spread.shape[1]
+            stats["spread_interior"] = interior / (per_map * (h - 2) * (w - 2))
+            stats["spread_border"] = (total - interior) / (per_map * (h * w - (h - 2) * (w - 2)))
+        return stats
