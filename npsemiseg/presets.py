@@ -1,0 +1,131 @@
+"""The ``paper`` and ``smoke`` presets of :class:`npsemiseg.config.RunConfig`.
+
+Sources (``../shared/notes``; "NP configs" = the NP-SemiSeg authors' released U2PL/AugSeg
+configs, ``np_head_reference.md`` section 3; "conventions" = ``ssl_frameworks.md`` section 2):
+
+VOC family (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``):
+  crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = 12 + 12; the paper's
+  batch 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs
+  (NP configs; conventions); evaluation center crop 513 (U2PL).
+Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8 + 8), lr 5e-3, head 1x, weight
+  decay 5e-4, 200 epochs (240 for AugSeg), OHEM (0.7, min_kept 100000) + 0.4 x auxiliary
+  layer-3 head loss, sliding-window evaluation 769 / stride 513 (NP configs; U2PL).
+Every framework shares these crops, batches, learning rates and epochs: MT and PS-MT have
+  no public NP integration, so they run in the shared trainer for comparability
+  (``ssl_frameworks.md`` section 7, quirks 4-5). AugSeg's NP config uses 2 images per GPU
+  (8 in all) where the paper says 12: the paper's 12 is used. PS-MT's own 0.01 learning rate
+  and 80-550 epoch schedules belong to its 8+8 x 4 GPU setup and are not used.
+Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
+  stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
+  for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).
+Heads: NP with lambda_kl = 0.005, memory length Q = 2560 and gradient clipping at norm 5.0
+  (NP configs, ``np_head_reference.md`` section 2); T = 5 predictions at evaluation for MC
+  dropout and NP (the paper; the authors' Cityscapes script uses 20). The baseline and MC
+  dropout runs are not clipped (the original frameworks do not clip).
+Framework options (EMA decays, loss weights, ramp-ups, thresholds): each framework's
+  ``paper_options(dataset, partition)``, which cites its own sources.
+
+``smoke``: ``resnet_small`` backbone with narrow decoder widths, random init, 32 x 32 crops
+of a small synthetic dataset, 2 + 2 images per step, a handful of steps, T = 2, evaluation of
+a few whole images; one cell trains in a few seconds on one CPU core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESET_NAMES: tuple[str, ...] = ("paper", "smoke")
+
+#: DeepLabv3+ variant of each framework in the paper preset
+MODEL_VARIANT: dict[str, str] = {
+    "supervised": "u2pl",
+    "mt": "u2pl",
+    "u2pl": "u2pl",
+    "augseg": "augseg",
+    "psmt": "psmt",
+}
+
+_VOC: dict[str, Any] = {
+    "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4},
+    "schedule": {"epochs": 80, "batch_size": 3, "unlabeled_batch_size": 3, "crop_size": 480, "poly_power": 0.9,
+                 "epoch_length": "unlabeled", "eval_every_epochs": 1},
+    "loss": {"ohem": False},
+    "model": {"aux_head": False},
+    "evaluation": {"mode": "center_crop", "crop_size": 513, "num_samples": 5},
+}
+
+_CITYSCAPES: dict[str, Any] = {
+    "optim": {"lr": 5e-3, "head_lr_mult": 1.0, "momentum": 0.9, "weight_decay": 5e-4},
+    "schedule": {"epochs": 200, "batch_size": 2, "unlabeled_batch_size": 2, "crop_size": 580, "poly_power": 0.9,
+                 "epoch_length": "unlabeled", "eval_every_epochs": 1},
+    "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
+    "model": {"aux_head": True},
+    "evaluation": {"mode": "sliding", "crop_size": 769, "stride": 513, "num_samples": 5},
+}
+
+#: the paper's head options (``npsemiseg.heads.build_head`` keyword arguments)
+PAPER_HEAD_OPTIONS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "mc_dropout": {},
+    "np": {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5},
+}
+
+#: smoke: small memories so that a few steps fill them
+SMOKE_HEAD_OPTIONS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "mc_dropout": {"num_samples": 2},
+    "np": {"lambda_kl": 0.005, "memory_size": 64, "num_samples": 2, "latent_dim": 8, "hidden_channels": 16,
+           "enqueue_per_class": 16},
+}
+
+SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 32, "val_size": 4, "image_size": 32}
+
+
+def _paper_dataset(dataset: str) -> str:
+    """The dataset whose paper settings apply (a synthetic stand-in's real dataset)."""
+    from npsemiseg.data import dataset_info
+
+    return dataset_info(dataset).real_dataset or dataset
+
+
+def dataset_family(dataset: str) -> str:
+    """``"cityscapes"`` for Cityscapes and its stand-in, else ``"voc"`` (VOC, blender, synthetic)."""
+    return "cityscapes" if _paper_dataset(dataset) == "cityscapes" else "voc"
+
+
+def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
+    """The nested dict of configuration values of ``preset`` for one cell (validated by RunConfig)."""
+    from npsemiseg.frameworks import get_framework
+
+    if preset not in PRESET_NAMES:
+        raise ValueError(f"preset: expected one of {list(PRESET_NAMES)}, got {preset!r}")
+    if head not in PAPER_HEAD_OPTIONS:
+        raise ValueError(f"head: expected one of {list(PAPER_HEAD_OPTIONS)}, got {head!r}")
+    framework_cls = get_framework(framework)
+    family = dataset_family(dataset)
+    base = _CITYSCAPES if family == "cityscapes" else _VOC
+    values: dict[str, Any] = {key: dict(section) for key, section in base.items()}
+    values.update(framework=framework, dataset=dataset, partition=partition)
+    values["framework_options"] = framework_cls.paper_options(_paper_dataset(dataset), partition)
+    values["model"].update(variant=MODEL_VARIANT[framework], backbone="resnet50", weights="imagenet")
+    if framework == "augseg" and family == "cityscapes":
+        values["schedule"]["epochs"] = 240  # AugSeg's NP Cityscapes config
+    values["optim"]["grad_clip"] = 5.0 if head == "np" else None
+    values["head"] = {"name": head, "options": dict(PAPER_HEAD_OPTIONS[head])}
+    values["data"] = {"num_workers": 4}
+    if preset == "smoke":
+        _make_smoke(values, head)
+    return values
+
+
+def _make_smoke(values: dict[str, Any], head: str) -> None:
+    """Shrink a paper preset to seconds on a CPU: tiny model, images, steps and evaluation."""
+    values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
+                           options={"aspp_channels": 16, "low_level_channels": 8})
+    values["optim"].update(lr=0.01)
+    values["schedule"].update(epochs=1, max_steps=3, batch_size=2, unlabeled_batch_size=2, crop_size=32,
+                              eval_every_epochs=0, checkpoint_every_steps=0)
+    values["loss"].update(ohem_min_kept=64)
+    values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False}
+    values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS)}
+    values["head"]["options"] = dict(SMOKE_HEAD_OPTIONS[head])
