@@ -1,0 +1,302 @@
+"""A procedurally generated segmentation dataset: no files, deterministic from a seed.
+
+The generator (one "world" per seed):
+
+* **Classes.** K classes, each with its own texture: a base colour (classes come in
+  pairs sharing a palette colour, so colour alone cannot separate them), an oriented
+  pattern (stripes or checker) with its own spatial frequency, orientation, amplitude
+  and colour direction.
+* **Scene types.** S scene types, each allowing a subset of the foreground classes with
+  its own prior over them (every foreground class belongs to at least one scene; the
+  subsets overlap). A per-scene background class is an option (Cityscapes-like
+  "stuff"); by default class 0 is the background of every scene (VOC-like). The scene
+  type is the per-image latent factor the NP head's global latent can pick up.
+* **Images.** For image ``index`` of a stream (train / val) a generator seeded by
+  ``(seed, stream, index)`` draws the scene type, then 2-5 shapes (rectangles, ellipses,
+  blobs: ellipses with a wavy radius) of classes drawn from the scene's prior, painted
+  in order over the background. Pixels take their class's texture with a random phase,
+  then a per-image gain, colour cast and shading gradient, then Gaussian noise; an
+  optional band of 255 (ignore) along class boundaries mimics VOC's outlines.
+
+Everything is vectorised torch on one image (a 64x64 item takes well under a
+millisecond-range budget, see ``benchmarks/``). Labeled/unlabeled splits of a partition
+come from one seeded permutation of the train indices (so smaller labeled sets are
+nested in larger ones, as in CPS's lists); val is a separate stream of images.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from npsemiseg.data.info import IGNORE_INDEX
+
+_STREAMS = {"train": 1, "val": 2, "partition": 3, "world": 4}
+
+
+def _generator(*keys: int) -> torch.Generator:
+    """A torch CPU generator seeded by hashing ``keys`` (numpy's SeedSequence)."""
+    state = np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Generator settings. ``image_size`` is ``(H, W)``."""
+
+    num_classes: int = 8
+    image_size: tuple[int, int] = (64, 64)
+    train_size: int = 1024
+    val_size: int = 128
+    seed: int = 0
+    num_scene_types: int = 4
+    classes_per_scene: int | None = None  # default: 40% of the foreground classes (>= 2)
+    per_scene_background: bool = False  # True: each scene type has its own background class
+    shapes_per_image: tuple[int, int] = (2, 5)
+    noise_std: float = 0.06
+    illumination: float = 0.15
+    boundary_ignore: int = 0  # width in pixels of the 255 band along class boundaries
+    name: str = field(default="synthetic", compare=False)
+
+    def __post_init__(self) -> None:
+        size = self.image_size
+        if isinstance(size, int):
+            object.__setattr__(self, "image_size", (size, size))
+        elif len(size) != 2:
+            raise ValueError(f"image_size: expected an int or (H, W), got {size!r}")
+        else:
+            object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
+        object.__setattr__(self, "shapes_per_image", tuple(int(v) for v in self.shapes_per_image))
+        if min(self.image_size) < 8:
+            raise ValueError(f"image_size must be at least 8x8, got {self.image_size}")
+        if self.num_classes < 2 or self.num_classes > 254:
+            raise ValueError(f"num_classes must be in [2, 254], got {self.num_classes}")
+        if self.num_scene_types < 1:
+            raise ValueError(f"num_scene_types must be >= 1, got {self.num_scene_types}")
+        if self.per_scene_background and self.num_scene_types >= self.num_classes:
+            raise ValueError(
+                f"per_scene_background needs num_scene_types < num_classes, got {self.num_scene_types} >= {self.num_classes}"
+            )
+        lo, hi = self.shapes_per_image
+        if not 1 <= lo <= hi:
+            raise ValueError(f"shapes_per_image must be (min, max) with 1 <= min <= max, got {self.shapes_per_image}")
+        if self.train_size < 4 or self.val_size < 1:
+            raise ValueError(f"train_size must be >= 4 and val_size >= 1, got {self.train_size}, {self.val_size}")
+        if self.boundary_ignore < 0 or self.noise_std < 0 or not 0 <= self.illumination < 1:
+            raise ValueError("boundary_ignore and noise_std must be >= 0 and illumination in [0, 1)")
+
+    @classmethod
+    def for_dataset(cls, name: str, **options: object) -> "SyntheticConfig":
+        """Settings of a named synthetic dataset, with ``options`` overriding its defaults.
+
+        ``synthetic_voc`` / ``synthetic_blender``: 21 classes, class 0 the background of every
+        scene, a 1-pixel ignore band on boundaries. ``synthetic_cityscapes``: 19 classes,
+        per-scene background ("stuff"), more shapes per image.
+        """
+        defaults: dict[str, object] = {"name": name}
+        if name in ("synthetic_voc", "synthetic_blender"):
+            defaults.update(num_classes=21, boundary_ignore=1, num_scene_types=5)
+        elif name == "synthetic_cityscapes":
+            defaults.update(num_classes=19, per_scene_background=True, shapes_per_image=(4, 8), num_scene_types=4)
+        valid = {f for f in cls.__dataclass_fields__ if f != "name"}
+        unknown = sorted(set(options) - valid)
+        if unknown:
+            raise ValueError(f"unknown synthetic dataset option(s) {unknown}; valid: {sorted(valid)}")
+        defaults.update({k: v for k, v in options.items() if v is not None})
+        return cls(**defaults)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SyntheticWorld:
+    """Class appearance and scene priors shared by every image of one config.
+
+    colour / texture_dir ``[K, 3]``; frequency, orientation, amplitude ``[K]``;
+    pattern ``[K]`` (0 stripes, 1 checker); scene_prior ``[S, K]`` (rows sum to 1, zero
+    outside the scene's classes); scene_background ``[S]``.
+    """
+
+    colour: Tensor
+    texture_dir: Tensor
+    frequency: Tensor
+    orientation: Tensor
+    amplitude: Tensor
+    pattern: Tensor
+    scene_prior: Tensor
+    scene_background: Tensor
+
+
+@lru_cache(maxsize=16)
+def build_world(config: SyntheticConfig) -> SyntheticWorld:
+    """The class textures and scene priors of ``config`` (cached; depends on seed and sizes)."""
+    k, s = config.num_classes, config.num_scene_types
+    g = _generator(config.seed, _STREAMS["world"], k, s)
+    num_colours = math.ceil(k / 2)
+    palette = 0.15 + 0.7 * torch.rand(num_colours, 3, generator=g)
+    colour = (palette[torch.arange(k) % num_colours] + 0.04 * torch.randn(k, 3, generator=g)).clamp(0.1, 0.9)
+    texture_dir = torch.nn.functional.normalize(torch.randn(k, 3, generator=g), dim=1)
+    # classes sharing a colour (k and k + num_colours) get distinct frequency bands
+    band = (torch.arange(k) // num_colours).float()
+    frequency = 0.06 + 0.1 * band + 0.08 * torch.rand(k, generator=g)
+    orientation = math.pi * torch.rand(k, generator=g)
+    amplitude = 0.1 + 0.12 * torch.rand(k, generator=g)
+    pattern = (torch.arange(k) + torch.randint(0, 2, (1,), generator=g)) % 2
+
+    if config.per_scene_background:
+        order = torch.randperm(k, generator=g)
+        scene_background, foreground = order[:s], order[s:]
+    else:
+        scene_background, foreground = torch.zeros(s, dtype=torch.long), torch.arange(1, k)
+        foreground = foreground[torch.randperm(len(foreground), generator=g)]
+    n_fg = len(foreground)
+    per_scene = config.classes_per_scene or max(2, math.ceil(0.4 * n_fg))
+    per_scene = min(per_scene, n_fg)
+    scene_prior = torch.zeros(s, k)
+    for scene in range(s):
+        core = foreground[scene::s]  # round-robin: every foreground class is in some scene
+        others = foreground[~torch.isin(foreground, core)]
+        extra = others[torch.randperm(len(others), generator=g)[: max(0, per_scene - len(core))]]
+        members = torch.cat([core, extra])
+        weights = 0.2 + torch.rand(len(members), generator=g)
+        scene_prior[scene, members] = weights / weights.sum()
+    return SyntheticWorld(colour, texture_dir, frequency, orientation, amplitude, pattern,
+                          scene_prior, scene_background)
+
+
+def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, Tensor, int]:
+    """Image ``index`` of ``stream`` ("train" or "val").
+
+    Returns ``image [3, H, W]`` float32 in [0, 1], ``label [H, W]`` int64 (0..K-1, 255 on the
+    ignore band) and the scene type.
+    """
+    world = build_world(config)
+    h, w = config.image_size
+    g = _generator(config.seed, _STREAMS[stream], index)
+    scene = int(torch.randint(0, config.num_scene_types, (1,), generator=g))
+
+    lo, hi = config.shapes_per_image
+    n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+    shape_class = torch.multinomial(world.scene_prior[scene], n, replacement=True, generator=g)
+    shape_kind = torch.randint(0, 3, (n,), generator=g)  # 0 rectangle, 1 ellipse, 2 blob
+    params = torch.rand(n, 6, generator=g)
+    side = min(h, w)
+    cy, cx = params[:, 0] * h, params[:, 1] * w
+    radius = side * (0.1 + 0.25 * params[:, 2])
+    aspect = 0.5 + 1.5 * params[:, 3]
+    angle = math.pi * params[:, 4]
+    ry, rx = radius * aspect.sqrt(), radius / aspect.sqrt()
+    wobble = 0.15 * torch.rand(n, 3, generator=g)
+    wobble_phase = 2 * math.pi * torch.rand(n, 3, generator=g)
+
+    yy = torch.arange(h, dtype=torch.float32).view(1, h, 1)
+    xx = torch.arange(w, dtype=torch.float32).view(1, 1, w)
+    dy, dx = yy - cy.view(n, 1, 1), xx - cx.view(n, 1, 1)
+    cos, sin = angle.cos().view(n, 1, 1), angle.sin().view(n, 1, 1)
+    u = (dx * cos + dy * sin) / rx.view(n, 1, 1)
+    v = (-dx * sin + dy * cos) / ry.view(n, 1, 1)
+    radial = (u * u + v * v).sqrt()
+    phi = torch.atan2(v, u)
+    harmonics = torch.arange(2, 5, dtype=torch.float32).view(1, 3, 1, 1)
+    wavy = 1 + (wobble.view(n, 3, 1, 1) * torch.sin(harmonics * phi.unsqueeze(1) + wobble_phase.view(n, 3, 1, 1))).sum(1)
+    inside = torch.where(
+        shape_kind.view(n, 1, 1) == 0,
+        torch.maximum(u.abs(), v.abs()) <= 1,
+        radial <= torch.where(shape_kind.view(n, 1, 1) == 1, torch.ones_like(wavy), wavy),
+    )
+    # the last shape covering a pixel wins (painter's order); 0 = background
+    top = (inside * torch.arange(1, n + 1).view(n, 1, 1)).amax(0)
+    label = torch.cat([world.scene_background[scene].view(1), shape_class])[top]
+
+    k = config.num_classes
+    phase = 2 * math.pi * torch.rand(k, generator=g)
+    theta = world.orientation[label]
+    freq = 2 * math.pi * world.frequency[label]
+    along = xx[0] * theta.cos() + yy[0] * theta.sin()
+    across = -xx[0] * theta.sin() + yy[0] * theta.cos()
+    stripes = torch.sin(freq * along + phase[label])
+    checker = stripes * torch.sin(freq * across)
+    texture = torch.where(world.pattern[label] == 0, stripes, checker)
+    image = world.colour[label] + (world.amplitude[label] * texture).unsqueeze(-1) * world.texture_dir[label]
+    image = image.permute(2, 0, 1)  # [3, H, W]
+
+    look = torch.rand(7, generator=g)
+    gain = 1 + config.illumination * (2 * look[0] - 1)
+    cast = 0.1 * (look[1:4] - 0.5).view(3, 1, 1)
+    shading = 0.2 * (look[4] - 0.5) * (xx[0] / w - 0.5) + 0.2 * (look[5] - 0.5) * (yy[0] / h - 0.5)
+    noise = config.noise_std * torch.randn(3, h, w, generator=g)
+    image = (image * gain + cast + shading + noise).clamp_(0, 1)
+
+    if config.boundary_ignore > 0:
+        label = label.clone()
+        label[boundary_mask(label, config.boundary_ignore)] = IGNORE_INDEX
+    return image.contiguous(), label, scene
+
+
+def boundary_mask(label: Tensor, width: int) -> Tensor:
+    """Pixels within ``width`` of a class boundary. label ``[H, W]`` -> bool ``[H, W]``."""
+    edge = torch.zeros_like(label, dtype=torch.bool)
+    edge[1:, :] |= label[1:, :] != label[:-1, :]
+    edge[:, 1:] |= label[:, 1:] != label[:, :-1]
+    if width > 1:
+        pooled = torch.nn.functional.max_pool2d(edge[None, None].float(), 2 * width - 1, stride=1, padding=width - 1)
+        edge = pooled[0, 0] > 0
+    return edge
+
+
+def labeled_indices(config: SyntheticConfig, num_labeled: int) -> tuple[list[int], list[int]]:
+    """Disjoint labeled / unlabeled train indices: the first ``num_labeled`` of one seeded permutation."""
+    if not 1 <= num_labeled < config.train_size:
+        raise ValueError(f"num_labeled must be in [1, {config.train_size - 1}], got {num_labeled}")
+    order = torch.randperm(config.train_size, generator=_generator(config.seed, _STREAMS["partition"])).tolist()
+    return sorted(order[:num_labeled]), sorted(order[num_labeled:])
+
+
+class SyntheticSegmentation(Dataset):
+    """One split of a synthetic dataset. Items: ``image [3,H,W]``, ``label [H,W]``, ``id``.
+
+    split: "labeled" / "unlabeled" (the partition's train indices; unlabeled labels are
+    all 255) or "val" (a separate stream). ``transform`` maps an item dict to an item dict.
+    """
+
+    def __init__(self, config: SyntheticConfig, split: str, *, num_labeled: int | None = None,
+                 partition: str | None = None, transform=None) -> None:
+        if split == "val":
+            self.indices = list(range(config.val_size))
+        elif split in ("labeled", "unlabeled"):
+            if num_labeled is None:
+                raise ValueError(f"num_labeled (from the partition) is required for the {split} split")
+            labeled, unlabeled = labeled_indices(config, num_labeled)
+            self.indices = labeled if split == "labeled" else unlabeled
+        else:
+            raise ValueError(f"split must be 'labeled', 'unlabeled' or 'val', got {split!r}")
+        self.config = config
+        self.split = split
+        self.partition = partition
+        self.num_labeled = num_labeled
+        self.list_variant = None
+        self.transform = transform
+        self.stream = "val" if split == "val" else "train"
+        self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def scene_of(self, i: int) -> int:
+        """Scene type of item ``i`` (without generating the image)."""
+        g = _generator(self.config.seed, _STREAMS[self.stream], self.indices[i])
+        return int(torch.randint(0, self.config.num_scene_types, (1,), generator=g))
+
+    def __getitem__(self, i: int) -> dict:
+        image, label, _ = generate(self.config, self.stream, self.indices[i])
+        if self.split == "unlabeled":
+            label = torch.full_like(label, IGNORE_INDEX)
+        item = {"image": image, "label": label, "id": self.ids[i]}
+        return self.transform(item) if self.transform is not None else item

@@ -1,0 +1,309 @@
+"""Joint image + label transforms on torchvision.transforms.v2 (tv_tensors.Image + Mask).
+
+An item is a dict ``image [3, H, W]`` float in [0, 1], ``label [H, W]`` int64, ``id``.
+``SegmentationTransform(weak, strong)`` applies the weak geometric pipeline to image and
+label together (the label is resized with nearest neighbour, padded with 255), then the
+strong photometric pipeline to the weak crop only, adding ``image_strong``.
+
+Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
+
+* weak, U2PL: scale s ~ U[0.5, 1] or U[1, 2] with probability 1/2 each (``resize="rescale_balanced"``),
+  flip, random crop. U2PL pads crop labels with 0 (background); here the label is padded
+  with 255 unless ``label_pad_value=0`` asks for U2PL's quirk.
+* weak, AugSeg / PS-MT on VOC: long side resized to a random integer in
+  [0.5, 2] x base size (AugSeg base 500 -> [250, 1000]; PS-MT base 600 -> [300, 1200])
+  (``resize="long_side"``); on Cityscapes s ~ U[0.5, 2] (``resize="rescale"``); flip; crop
+  padding the image with the ImageNet mean and the label with 255.
+* strong, AugSeg: k ~ U{1, 2, 3} operations drawn with replacement from 11 intensity
+  operations with uniform strengths (``RandomIntensityAugment``).
+* strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
+  sigma in [0.1, 2] p=0.5.
+
+Every random draw uses torch's global RNG, so seeding torch (and a DataLoader's
+generator / worker seeds) makes the pipelines reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+from torchvision.transforms.v2._utils import query_size
+
+from npsemiseg.data.info import IGNORE_INDEX
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
+STRONG_KINDS = ("augseg", "psmt")
+
+
+def _uniform(low: float, high: float) -> float:
+    return low + (high - low) * float(torch.rand(()))
+
+
+class RandomRescale(v2.Transform):
+    """Resize by a random factor s (image bilinear, label nearest).
+
+    balanced=False: s ~ U[low, high]. balanced=True (U2PL): with probability 1/2
+    s ~ U[low, 1], else s ~ U[1, high].
+    """
+
+    def __init__(self, scale_range: Sequence[float] = (0.5, 2.0), *, balanced: bool = False) -> None:
+        super().__init__()
+        low, high = float(scale_range[0]), float(scale_range[1])
+        if not 0 < low <= high or (balanced and not low <= 1 <= high):
+            raise ValueError(f"scale_range must be 0 < low <= high (balanced: low <= 1 <= high), got {scale_range}")
+        self.scale_range = (low, high)
+        self.balanced = balanced
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        low, high = self.scale_range
+        if self.balanced:
+            scale = _uniform(low, 1.0) if float(torch.rand(())) < 0.5 else _uniform(1.0, high)
+        else:
+            scale = _uniform(low, high)
+        height, width = query_size(flat_inputs)
+        return {"size": [max(1, round(height * scale)), max(1, round(width * scale))]}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.resize, inpt, size=params["size"], antialias=True)
+
+
+class RandomLongSideResize(v2.Transform):
+    """Resize so that the long side is a random integer in [min_size, max_size] (aspect kept)."""
+
+    def __init__(self, min_size: int, max_size: int) -> None:
+        super().__init__()
+        if not 1 <= min_size <= max_size:
+            raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
+        self.min_size, self.max_size = int(min_size), int(max_size)
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        long_side = int(torch.randint(self.min_size, self.max_size + 1, ()))
+        height, width = query_size(flat_inputs)
+        scale = long_side / max(height, width)
+        return {"size": [max(1, round(height * scale)), max(1, round(width * scale))]}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.resize, inpt, size=params["size"], antialias=True)
+
+
+class PadCrop(v2.Transform):
+    """Pad to at least ``crop_size`` (evenly on both sides), then crop ``crop_size``.
+
+    The image is padded with ``image_fill`` (ImageNet mean: zero after normalisation),
+    the label with ``label_pad_value`` (255 = ignore). ``random=True`` draws the crop
+    offset uniformly; ``random=False`` takes the center crop (evaluation).
+    """
+
+    def __init__(self, crop_size: int | Sequence[int], *, random: bool = True,
+                 image_fill: Sequence[float] = IMAGENET_MEAN, label_pad_value: int = IGNORE_INDEX) -> None:
+        super().__init__()
+        size = (crop_size, crop_size) if isinstance(crop_size, int) else tuple(crop_size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"crop_size must be a positive int or (H, W), got {crop_size!r}")
+        if not 0 <= label_pad_value <= 255:
+            raise ValueError(f"label_pad_value must be in [0, 255], got {label_pad_value}")
+        self.crop_size = (int(size[0]), int(size[1]))
+        self.random = random
+        self.image_fill = [float(v) for v in image_fill]
+        self.label_pad_value = int(label_pad_value)
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        height, width = query_size(flat_inputs)
+        crop_h, crop_w = self.crop_size
+        pad_h, pad_w = max(crop_h - height, 0), max(crop_w - width, 0)
+        padding = [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2]  # left, top, right, bottom
+        room_h, room_w = height + pad_h - crop_h, width + pad_w - crop_w
+        if self.random:
+            top, left = int(torch.randint(0, room_h + 1, ())), int(torch.randint(0, room_w + 1, ()))
+        else:
+            top, left = room_h // 2, room_w // 2
+        return {"padding": padding, "top": top, "left": left}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if any(params["padding"]):
+            fill = self.label_pad_value if isinstance(inpt, tv_tensors.Mask) else self.image_fill
+            inpt = self._call_kernel(F.pad, inpt, padding=params["padding"], fill=fill)
+        return self._call_kernel(F.crop, inpt, top=params["top"], left=params["left"],
+                                 height=self.crop_size[0], width=self.crop_size[1])
+
+
+def gaussian_blur(image: Tensor, sigma: float) -> Tensor:
+    """Gaussian blur with a kernel of 2*ceil(3 sigma)+1 (PIL's GaussianBlur(radius=sigma) analogue)."""
+    size = 2 * math.ceil(3 * sigma) + 1
+    largest = 2 * (min(image.shape[-2:]) - 1) - 1  # reflect padding must stay inside the image
+    size = max(1, min(size, largest if largest % 2 else largest - 1))
+    return F.gaussian_blur(image, kernel_size=[size, size], sigma=[sigma, sigma])
+
+
+class RandomGaussianBlur(v2.Transform):
+    """With probability ``p``, blur with sigma ~ U[sigma_range] (images only)."""
+
+    def __init__(self, sigma_range: Sequence[float] = (0.1, 2.0), p: float = 0.5) -> None:
+        super().__init__()
+        self.sigma_range = (float(sigma_range[0]), float(sigma_range[1]))
+        self.p = p
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        apply = float(torch.rand(())) < self.p
+        return {"sigma": _uniform(*self.sigma_range) if apply else None}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if params["sigma"] is None or isinstance(inpt, tv_tensors.Mask):
+            return inpt
+        return gaussian_blur(inpt, params["sigma"])
+
+
+def _enhance_factor() -> float:
+    return _uniform(0.05, 0.95)
+
+
+def _signed_hue() -> float:
+    shift = _uniform(0.0, 0.5)
+    return -shift if float(torch.rand(())) < 0.5 else shift
+
+
+#: AugSeg's 11 intensity operations: name -> (strength sampler, op(image, strength)).
+AUGSEG_OPS: dict[str, tuple[Callable[[], Any], Callable[[Tensor, Any], Tensor]]] = {
+    "identity": (lambda: None, lambda img, _: img),
+    "autocontrast": (lambda: None, lambda img, _: F.autocontrast(img)),
+    "equalize": (lambda: None, lambda img, _: F.equalize(img)),
+    "blur": (lambda: _uniform(0.1, 2.0), gaussian_blur),
+    "contrast": (_enhance_factor, F.adjust_contrast),
+    "brightness": (_enhance_factor, F.adjust_brightness),
+    "color": (_enhance_factor, F.adjust_saturation),
+    "sharpness": (_enhance_factor, F.adjust_sharpness),
+    "posterize": (lambda: int(torch.randint(4, 8, ())), F.posterize),
+    "solarize": (lambda: int(torch.randint(1, 256, ())) / 255.0, F.solarize),
+    "hue": (_signed_hue, F.adjust_hue),
+}
+
+
+class RandomIntensityAugment(v2.Transform):
+    """AugSeg's random intensity-based augmentation: k ~ U{min_ops..max_ops} operations drawn
+    with replacement from ``AUGSEG_OPS``, each with a uniformly drawn strength. Images only.
+    """
+
+    def __init__(self, num_ops: tuple[int, int] = (1, 3), ops: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.ops = tuple(ops) if ops is not None else tuple(AUGSEG_OPS)
+        unknown = [o for o in self.ops if o not in AUGSEG_OPS]
+        if unknown or not self.ops:
+            raise ValueError(f"ops: unknown {unknown}; valid: {list(AUGSEG_OPS)}")
+        if not 1 <= num_ops[0] <= num_ops[1]:
+            raise ValueError(f"num_ops must be (min, max) with 1 <= min <= max, got {num_ops}")
+        self.num_ops = (int(num_ops[0]), int(num_ops[1]))
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        k = int(torch.randint(self.num_ops[0], self.num_ops[1] + 1, ()))
+        chosen = torch.randint(0, len(self.ops), (k,)).tolist()
+        names = [self.ops[i] for i in chosen]
+        return {"ops": [(name, AUGSEG_OPS[name][0]()) for name in names]}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if isinstance(inpt, tv_tensors.Mask):
+            return inpt
+        for name, strength in params["ops"]:
+            inpt = AUGSEG_OPS[name][1](inpt, strength).clamp(0, 1)
+        return inpt
+
+
+def strong_pipeline(kind: str) -> v2.Transform:
+    """The strong (photometric) view: ``"augseg"`` or ``"psmt"`` (see module docstring)."""
+    if kind == "augseg":
+        return RandomIntensityAugment()
+    if kind == "psmt":
+        return v2.Compose([
+            v2.RandomApply([v2.ColorJitter(0.5, 0.5, 0.5, 0.25)], p=0.8),
+            v2.RandomGrayscale(p=0.2),
+            RandomGaussianBlur((0.1, 2.0), p=0.5),
+        ])
+    raise ValueError(f"strong kind must be one of {STRONG_KINDS}, got {kind!r}")
+
+
+def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
+                  scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
+                  flip: bool = True, label_pad_value: int = IGNORE_INDEX) -> v2.Compose:
+    """Random resize, horizontal flip, random crop (pads image with the mean, label with 255).
+
+    resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]), ``"long_side"``
+    (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
+    """
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+    steps: list[v2.Transform] = []
+    if resize in ("rescale", "rescale_balanced"):
+        steps.append(RandomRescale(scale_range, balanced=resize == "rescale_balanced"))
+    elif resize == "long_side":
+        if base_size is None:
+            raise ValueError("resize='long_side' needs base_size (VOC: AugSeg 500, PS-MT 600)")
+        steps.append(RandomLongSideResize(round(scale_range[0] * base_size), round(scale_range[1] * base_size)))
+    if flip:
+        steps.append(v2.RandomHorizontalFlip(p=0.5))
+    steps.append(PadCrop(crop_size, random=True, label_pad_value=label_pad_value))
+    return v2.Compose(steps)
+
+
+class SegmentationTransform:
+    """Item dict -> item dict: ``weak`` on image + label together, ``strong`` on the weak image.
+
+    Output: ``image [3, h, w]`` (weak view), ``label [h, w]``, ``id`` and, with ``strong``,
+    ``image_strong [3, h, w]`` (same geometry as ``image``, only intensities differ).
+    """
+
+    def __init__(self, weak: v2.Transform | None = None, strong: v2.Transform | None = None) -> None:
+        self.weak = weak
+        self.strong = strong
+
+    def __call__(self, item: dict) -> dict:
+        out = dict(item)
+        pair = {"image": tv_tensors.Image(item["image"]), "label": tv_tensors.Mask(item["label"])}
+        if self.weak is not None:
+            pair = self.weak(pair)
+        out["image"] = pair["image"].as_subclass(Tensor).contiguous()
+        out["label"] = pair["label"].as_subclass(Tensor).contiguous()
+        if self.strong is not None:
+            strong = self.strong(tv_tensors.Image(out["image"]))
+            out["image_strong"] = strong.as_subclass(Tensor).contiguous()
+        return out
+
+    def __repr__(self) -> str:
+        return f"SegmentationTransform(weak={self.weak!r}, strong={self.strong!r})"
+
+
+def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
+                    scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
+                    strong: str | None = None, flip: bool = True,
+                    label_pad_value: int = IGNORE_INDEX) -> SegmentationTransform:
+    """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view."""
+    weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
+                         flip=flip, label_pad_value=label_pad_value)
+    return SegmentationTransform(weak, strong_pipeline(strong) if strong is not None else None)
+
+
+def val_transform(crop_size: int | Sequence[int] | None = None, *,
+                  label_pad_value: int = IGNORE_INDEX) -> SegmentationTransform:
+    """Evaluation transform: the whole image (``crop_size=None``) or its padded center crop."""
+    weak = None if crop_size is None else PadCrop(crop_size, random=False, label_pad_value=label_pad_value)
+    return SegmentationTransform(weak)
+
+
+def paper_augmentation(framework: str, dataset_kind: str) -> dict[str, Any]:
+    """The weak/strong settings a framework uses on ``"voc"`` or ``"cityscapes"`` (kwargs of
+    ``train_transform`` except ``crop_size``); ``strong`` is the view given to unlabeled images.
+    """
+    if dataset_kind not in ("voc", "cityscapes"):
+        raise ValueError(f"dataset_kind must be 'voc' or 'cityscapes', got {dataset_kind!r}")
+    if framework in ("u2pl", "mt", "supervised"):
+        return {"resize": "rescale_balanced", "strong": None}
+    if framework in ("augseg", "psmt"):
+        if dataset_kind == "voc":
+            return {"resize": "long_side", "base_size": 500 if framework == "augseg" else 600, "strong": framework}
+        return {"resize": "rescale", "strong": framework}
+    raise ValueError(f"framework must be one of supervised, mt, psmt, u2pl, augseg; got {framework!r}")
