@@ -1,0 +1,575 @@
+"""The paper's tables and figures, built from MLflow runs only (never from local files).
+
+Tables (the layout of the paper, `paper/np_semiseg_icml2023.tex`):
+
+- Tables 1-3: mIoU per framework x head x partition, one table per dataset
+  (classic VOC, blender VOC, Cityscapes; a synthetic stand-in takes its real
+  dataset's place). Rows are grouped in head blocks (baseline, MC dropout,
+  NP-SemiSeg), one row per framework; columns are the four partition protocols.
+- Table 4: PAvPU of U2PL, MC dropout vs NP-SemiSeg, rows = dataset x partition.
+- Tables 5-6: U2PL + NP-SemiSeg without (mean aggregator, head variant
+  ``np_mean``) vs with attention, mIoU and PAvPU.
+
+Every table is a *long* DataFrame with one row per table cell, in the paper's
+row/column order: ``block``, ``row``, ``column`` (display labels), the cell's
+keys (``dataset``, ``framework``, ``head``, ``partition``), ``metric``, ``mean``,
+``std`` (sample std over seeds, NaN for one seed), ``n`` (number of seeds),
+``seeds``, ``run_ids`` and ``status`` (``ok``, or ``missing`` / ``failed`` /
+``running`` when no finished run exists: such a cell is kept and marked, never
+dropped). ``mean``/``std`` are the MLflow metric times ``scale`` (100: percent,
+as the paper prints). Layout metadata (title, caption, column order, row header)
+lives in ``DataFrame.attrs``. The writers turn a long table into Markdown and
+LaTeX in the paper's layout, a ``*_layout.csv`` with the displayed strings, and
+CSV / Parquet holding the long numeric frame.
+
+Which runs count is fixed by the tracking schema (``docs/CONTRACTS.md``): cell
+runs carry ``npsemiseg.kind = cell`` and the tags ``framework``, ``dataset``,
+``partition``, ``head`` (variant), ``seed``, ``cell_id``; the final metrics are
+``miou`` and ``pavpu``. When several finished runs share a ``cell_id`` the
+latest one counts; seeds (different ``cell_id``) are aggregated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+
+from npsemiseg.data.info import dataset_info
+
+#: The paper's datasets in the order of Tables 1-3, and in the order of Tables 4-6.
+PAPER_DATASETS = ("pascal_classic", "pascal_blender", "cityscapes")
+ABLATION_DATASET_ORDER = ("cityscapes", "pascal_classic", "pascal_blender")
+#: Table number of Tables 1-3 per (real) dataset.
+MIOU_TABLE_NUMBER = {"pascal_classic": 1, "pascal_blender": 2, "cityscapes": 3}
+#: Frameworks (rows) of Tables 1-3: the supervised reference first, then the paper's four.
+PAPER_FRAMEWORKS = ("supervised", "mt", "psmt", "u2pl", "augseg")
+#: Head variants (row blocks) of Tables 1-3.
+PAPER_HEADS = ("baseline", "mc_dropout", "np")
+#: The ablation's head variants: NP-SemiSeg with the mean aggregator vs with attention.
+ABLATION_HEADS = ("np_mean", "np")
+#: The framework that Tables 4-6 fix.
+ABLATION_FRAMEWORK = "u2pl"
+
+FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2pl": "U2PL", "augseg": "AugSeg"}
+FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
+HEAD_LABELS = {"baseline": "", "mc_dropout": "MC dropout", "np": "NP-SemiSeg", "np_mean": "NP-SemiSeg (mean aggregator)"}
+DATASET_LABELS = {"pascal_classic": "VOC (classic)", "pascal_blender": "VOC (blender)", "cityscapes": "Cityscapes"}
+DATASET_LATEX = {"pascal_classic": "VOC (\\it classic)", "pascal_blender": "VOC (\\it blender)"}
+MISSING_MARK = "—"
+CELL_KEYS = ("dataset", "framework", "head", "partition")
+
+
+# ----------------------------------------------------------------------------- reading MLflow
+
+
+def _escape(value: str) -> str:
+    return value.replace("'", "\\'")
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: Sequence[str], filter_string: str) -> list:
+    """Every active run matching ``filter_string`` (follows MLflow's pagination)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            list(experiment_ids), filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000, page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _experiment_id(client: MlflowClient, experiment: str) -> str | None:
+    found = client.get_experiment_by_name(experiment)
+    return None if found is None else found.experiment_id
+
+
+def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = None) -> pd.DataFrame:
+    """One row per cell run of ``experiment`` (optionally only those tagged ``grid_id``).
+
+    Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``,
+    the cell keys ``dataset``, ``framework``, ``head``, ``partition``, and the final metrics
+    ``miou`` / ``pavpu`` (NaN when not logged). An unknown experiment gives an empty frame.
+    """
+    columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "miou", "pavpu"]
+    client = MlflowClient(tracking_uri)
+    experiment_id = _experiment_id(client, experiment)
+    if experiment_id is None:
+        return pd.DataFrame(columns=columns)
+    filter_string = "tags.`npsemiseg.kind` = 'cell'"
+    if grid_id is not None:
+        filter_string += f" and tags.grid_id = '{_escape(grid_id)}'"
+    rows = []
+    for run in search_all_runs(client, [experiment_id], filter_string):
+        tags, metrics = run.data.tags, run.data.metrics
+        rows.append({
+            "run_id": run.info.run_id,
+            "status": run.info.status,
+            "start_time": run.info.start_time,
+            "end_time": run.info.end_time,
+            "cell_id": tags.get("cell_id", run.info.run_id),
+            "seed": tags.get("seed", ""),
+            **{key: tags.get(key, "") for key in CELL_KEYS},
+            "miou": metrics.get("miou", math.nan),
+            "pavpu": metrics.get("pavpu", math.nan),
+        })
+    return pd.DataFrame(rows, columns=columns)
+
+
+def latest_per_cell(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs, one per ``cell_id`` (the latest to end)."""
+    finished = runs[runs["status"] == "FINISHED"]
+    finished = finished.sort_values(["end_time", "start_time"], na_position="first", kind="stable")
+    return finished.drop_duplicates("cell_id", keep="last")
+
+
+# ----------------------------------------------------------------------------- building tables
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """The keys selecting one table cell's runs (one value per seed)."""
+
+    dataset: str
+    framework: str
+    head: str
+    partition: str
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One row: its block (head block or dataset), its label, and both in LaTeX."""
+
+    block: str
+    label: str
+    latex_block: str
+    latex_label: str
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table: its rows, its columns and how each (row, column) maps to a cell and a metric."""
+
+    name: str
+    title: str
+    caption: str
+    metric: str
+    row_header: tuple[str, ...]
+    columns: tuple[str, ...]
+    latex_columns: tuple[str, ...]
+    rows: tuple[TableRow, ...]
+    cells: tuple[tuple[CellKey, ...], ...]  # [row][column]
+    block_is_row_header: bool
+
+
+def _real_dataset(name: str) -> str:
+    info = dataset_info(name)
+    return getattr(info, "real_dataset", None) or name
+
+
+def _fraction(text: str) -> Fraction | None:
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if "/" in text and 0 < value < 1 else None
+
+
+def protocol_partitions(dataset: str) -> list[tuple[str, str]]:
+    """``[(partition, "1/16 (92)"), ...]``: the dataset's partition protocols (the paper's
+    1/16, 1/8, 1/4, 1/2), smallest label ratio first. Partitions that are no protocol
+    (classic VOC's ``1464`` = "full") are left out; a dataset whose partitions are named
+    by the fractions themselves (``synthetic``) gets those names as labels.
+    """
+    info = dataset_info(dataset)
+    protocols = [(fraction, alias, name) for alias, name in info.partition_aliases.items()
+                 if (fraction := _fraction(alias)) is not None]
+    if protocols:
+        return [(name, f"{alias} ({name})") for _, alias, name in sorted(protocols)]
+    named = sorted((fraction, name) for name in info.partitions if (fraction := _fraction(name)) is not None)
+    if named:
+        return [(name, name) for _, name in named]
+    return [(name, name) for name in info.partitions]
+
+
+def dataset_label(dataset: str, *, latex: bool = False) -> str:
+    real = _real_dataset(dataset)
+    labels = DATASET_LATEX if latex else {}
+    label = labels.get(real, DATASET_LABELS.get(real, real))
+    if real == dataset:
+        return label
+    name = dataset.replace("_", "\\_") if latex else dataset
+    return f"{label} [{name}]"
+
+
+def framework_label(framework: str, *, latex: bool = False) -> str:
+    if latex and framework in FRAMEWORK_LATEX:
+        return FRAMEWORK_LATEX[framework]
+    return FRAMEWORK_LABELS.get(framework, framework)
+
+
+def head_label(head: str) -> str:
+    return HEAD_LABELS.get(head, head)
+
+
+def method_label(framework: str, head: str, *, latex: bool = False) -> str:
+    """``"MT"``, ``"MT w/ MC dropout"``, ``"U$^2$PL w/ NP-SemiSeg"`` (the paper's row names)."""
+    base = framework_label(framework, latex=latex)
+    return base if head == "baseline" else f"{base} w/ {head_label(head)}"
+
+
+def miou_table_spec(dataset: str, frameworks: Sequence[str], heads: Sequence[str]) -> TableSpec:
+    """Tables 1-3: mIoU, head blocks x framework rows, partition columns."""
+    number = MIOU_TABLE_NUMBER.get(_real_dataset(dataset))
+    partitions = protocol_partitions(dataset)
+    rows, cells = [], []
+    for head in heads:
+        for framework in frameworks:
+            block = head_label(head) or "baseline"
+            rows.append(TableRow(block, method_label(framework, head), block,
+                                 method_label(framework, head, latex=True)))
+            cells.append(tuple(CellKey(dataset, framework, head, p) for p, _ in partitions))
+    title = f"Table {number}" if number else "Table"
+    return TableSpec(
+        name=f"table{number or ''}_miou_{dataset}",
+        title=f"{title}: mIoU on {dataset_label(dataset)}",
+        caption=(f"The mean IoU of different frameworks with either MC dropout or NP-SemiSeg on "
+                 f"{dataset_label(dataset)} under different partition protocols."),
+        metric="miou",
+        row_header=("Method",),
+        columns=tuple(label for _, label in partitions),
+        latex_columns=tuple(label for _, label in partitions),
+        rows=tuple(rows),
+        cells=tuple(cells),
+        block_is_row_header=False,
+    )
+
+
+def head_comparison_spec(
+    name: str, title: str, caption: str, metric: str, datasets: Sequence[str],
+    heads: Sequence[str], column_labels: Sequence[str], framework: str = ABLATION_FRAMEWORK,
+) -> TableSpec:
+    """Tables 4-6: rows = dataset x partition, one column per head variant of ``framework``."""
+    rows, cells = [], []
+    for dataset in datasets:
+        for partition, label in protocol_partitions(dataset):
+            rows.append(TableRow(dataset_label(dataset), label, dataset_label(dataset, latex=True), label))
+            cells.append(tuple(CellKey(dataset, framework, head, partition) for head in heads))
+    return TableSpec(
+        name=name, title=title, caption=caption, metric=metric,
+        row_header=("Dataset", "Label Amount"),
+        columns=tuple(column_labels), latex_columns=tuple(column_labels),
+        rows=tuple(rows), cells=tuple(cells), block_is_row_header=True,
+    )
+
+
+def paper_table_specs(datasets: Sequence[str], frameworks: Sequence[str] = PAPER_FRAMEWORKS,
+                      heads: Sequence[str] = PAPER_HEADS) -> list[TableSpec]:
+    """The specs of Tables 1-6 for ``datasets`` (real datasets or their synthetic stand-ins)."""
+    by_real = sorted(datasets, key=lambda d: (PAPER_DATASETS.index(_real_dataset(d))
+                                              if _real_dataset(d) in PAPER_DATASETS else len(PAPER_DATASETS), d))
+    ablation = sorted(datasets, key=lambda d: (ABLATION_DATASET_ORDER.index(_real_dataset(d))
+                                               if _real_dataset(d) in ABLATION_DATASET_ORDER
+                                               else len(ABLATION_DATASET_ORDER), d))
+    u2pl = framework_label(ABLATION_FRAMEWORK)
+    specs = [miou_table_spec(d, frameworks, heads) for d in by_real]
+    specs.append(head_comparison_spec(
+        "table4_pavpu", f"Table 4: PAvPU of {u2pl}, MC dropout vs NP-SemiSeg",
+        f"The PAvPU of {u2pl} with either MC dropout or NP-SemiSeg on different datasets.",
+        "pavpu", ablation, ("mc_dropout", "np"), ("MC Dropout", "NP-SemiSeg")))
+    for number, metric, metric_name in ((5, "miou", "mean IoU"), (6, "pavpu", "PAvPU")):
+        specs.append(head_comparison_spec(
+            f"table{number}_attention_{metric}",
+            f"Table {number}: attention vs mean aggregator ({metric_name}, {u2pl} + NP-SemiSeg)",
+            f"Ablation of the attention aggregator; {u2pl}, {metric_name} reported.",
+            metric, ablation, ABLATION_HEADS, ("w/o Attention", "w/ Attention")))
+    return specs
+
+
+def _cell_status(all_runs: pd.DataFrame, key: CellKey) -> str:
+    """``missing`` when no run exists at all, else the best status among unfinished runs."""
+    match = all_runs[(all_runs["dataset"] == key.dataset) & (all_runs["framework"] == key.framework)
+                     & (all_runs["head"] == key.head) & (all_runs["partition"] == key.partition)]
+    statuses = set(match["status"])
+    if "RUNNING" in statuses or "SCHEDULED" in statuses:
+        return "running"
+    if statuses:
+        return "failed"
+    return "missing"
+
+
+def build_table(spec: TableSpec, runs: pd.DataFrame, *, scale: float = 100.0) -> pd.DataFrame:
+    """The long frame of one table (see the module docstring) from ``runs`` (`load_cell_runs`)."""
+    finished = latest_per_cell(runs)
+    grouped = {key: group for key, group in finished.groupby(list(CELL_KEYS), sort=False)}
+    records = []
+    for row, row_cells in zip(spec.rows, spec.cells):
+        for column, key in zip(spec.columns, row_cells):
+            group = grouped.get((key.dataset, key.framework, key.head, key.partition))
+            values = [] if group is None else group[spec.metric].dropna()
+            if len(values):
+                group = group.loc[values.index].sort_values("seed", kind="stable")
+                values = group[spec.metric].astype(float) * scale
+                mean = float(values.mean())
+                std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+                status, seeds, run_ids = "ok", ",".join(group["seed"]), ",".join(group["run_id"])
+            else:
+                mean = std = math.nan
+                status, seeds, run_ids = _cell_status(runs, key), "", ""
+            records.append({
+                "block": row.block, "row": row.label, "column": column,
+                "dataset": key.dataset, "framework": key.framework, "head": key.head,
+                "partition": key.partition, "metric": spec.metric,
+                "mean": mean, "std": std, "n": len(values), "seeds": seeds, "run_ids": run_ids,
+                "status": status,
+            })
+    table = pd.DataFrame.from_records(records)
+    table.attrs.update({
+        "name": spec.name, "title": spec.title, "caption": spec.caption, "metric": spec.metric,
+        "scale": scale, "row_header": list(spec.row_header), "columns": list(spec.columns),
+        "latex_columns": list(spec.latex_columns), "latex_rows": [(r.latex_block, r.latex_label) for r in spec.rows],
+        "block_is_row_header": spec.block_is_row_header,
+    })
+    return table
+
+
+def discover_datasets(runs: pd.DataFrame) -> list[str]:
+    """The datasets that cell runs exist for, or the paper's three when there are none."""
+    found = sorted({d for d in runs["dataset"] if d})
+    return found or list(PAPER_DATASETS)
+
+
+def build_tables(
+    tracking_uri: str, experiment: str, *, grid_id: str | None = None,
+    datasets: Sequence[str] | None = None, frameworks: Sequence[str] = PAPER_FRAMEWORKS,
+    heads: Sequence[str] = PAPER_HEADS, scale: float = 100.0,
+) -> dict[str, pd.DataFrame]:
+    """The paper's Tables 1-6 from the cell runs of ``experiment`` (see the module docstring).
+
+    ``datasets`` defaults to those the runs cover; ``frameworks`` / ``heads`` are the rows of
+    Tables 1-3. The result maps table names (``table1_miou_pascal_classic``, ...,
+    ``table4_pavpu``, ``table5_attention_miou``, ``table6_attention_pavpu``) to long frames,
+    plus ``cells``: every cell run read (one row per run, metrics unscaled).
+    """
+    runs = load_cell_runs(tracking_uri, experiment, grid_id=grid_id)
+    datasets = list(datasets) if datasets is not None else discover_datasets(runs)
+    tables = {spec.name: build_table(spec, runs, scale=scale)
+              for spec in paper_table_specs(datasets, frameworks, heads)}
+    tables["cells"] = runs
+    return tables
+
+
+# ----------------------------------------------------------------------------- writing tables
+
+
+def format_cell(mean: float, std: float, status: str, *, latex: bool = False, digits: int = 2) -> str:
+    """``"48.37"``, ``"48.37 ± 0.52"`` (several seeds) or the missing mark / run status."""
+    if status != "ok":
+        mark = "--" if latex else MISSING_MARK
+        return mark if status == "missing" else f"{mark} ({status})"
+    text = f"{mean:.{digits}f}"
+    if not math.isnan(std):
+        text += f" $\\pm$ {std:.{digits}f}" if latex else f" ± {std:.{digits}f}"
+    return text
+
+
+def layout(table: pd.DataFrame, *, latex: bool = False) -> pd.DataFrame:
+    """The table as the paper prints it: one string per cell, rows and columns in order."""
+    attrs = table.attrs
+    columns = attrs["latex_columns"] if latex else attrs["columns"]
+    display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
+    width = len(columns)
+    rows = []
+    for index in range(0, len(display), width):
+        row = table.iloc[index]
+        block, label = attrs["latex_rows"][index // width] if latex else (row["block"], row["row"])
+        header = [block, label] if attrs["block_is_row_header"] else [label]
+        rows.append([*header, *display[index:index + width]])
+    return pd.DataFrame(rows, columns=[*attrs["row_header"], *columns])
+
+
+def _blocks(table: pd.DataFrame) -> list[str]:
+    width = len(table.attrs["columns"])
+    return list(table["block"].iloc[::width])
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A Markdown table in the paper's layout, preceded by its title."""
+    frame = layout(table)
+    blocks = _blocks(table)
+    lines = [f"### {table.attrs['title']}", "",
+             "| " + " | ".join(frame.columns) + " |",
+             "| " + " | ".join("---" for _ in frame.columns) + " |"]
+    for index, values in enumerate(frame.itertuples(index=False)):
+        values = list(values)
+        if table.attrs["block_is_row_header"] and index and blocks[index] == blocks[index - 1]:
+            values[0] = ""
+        lines.append("| " + " | ".join(str(v) for v in values) + " |")
+    metric = table.attrs["metric"]
+    unit = "x 100" if table.attrs["scale"] == 100 else f"x {table.attrs['scale']:g}"
+    lines += ["", f"{metric} ({unit}); mean ± std over seeds where several; {MISSING_MARK} = no finished run."]
+    return "\n".join(lines) + "\n"
+
+
+def _latex_escape(text: str) -> str:
+    return text.replace("_", "\\_")
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    """A LaTeX table in the paper's layout (booktabs + multirow)."""
+    frame = layout(table, latex=True)
+    blocks = _blocks(table)
+    n_columns = len(frame.columns)
+    align = "|".join("c" for _ in range(n_columns)) if table.attrs["block_is_row_header"] else "c" * n_columns
+    lines = ["% requires \\usepackage{booktabs,multirow}", "\\begin{table}", "\\centering",
+             f"\\begin{{tabular}}{{@{{}}{align}@{{}}}}", "\\toprule[1pt]",
+             " & ".join(frame.columns) + " \\\\", "\\hline"]
+    block_sizes = pd.Series(blocks).value_counts(sort=False).to_dict()
+    for index, values in enumerate(frame.itertuples(index=False)):
+        values = [str(v) for v in values]
+        new_block = index == 0 or blocks[index] != blocks[index - 1]
+        if new_block and index:
+            lines.append("\\hline")
+        if table.attrs["block_is_row_header"]:
+            values[0] = (f"\\multirow{{{block_sizes[blocks[index]]}}}{{*}}{{{values[0]}}}"
+                         if new_block else "")
+        lines.append(" & ".join(values) + " \\\\")
+    lines += ["\\bottomrule[1pt]", "\\end{tabular}",
+              f"\\caption{{{_latex_escape(table.attrs['caption'])}}}",
+              f"\\label{{tab:{table.attrs['name']}}}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
+    """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
+    ``NAME.parquet`` (long numeric frame), the cell runs as ``cells.csv`` / ``cells.parquet``,
+    and all Markdown tables together as ``tables.md``. Returns the written paths.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    markdown = []
+    for name, table in tables.items():
+        if name != "cells":
+            text = to_markdown(table)
+            markdown.append(text)
+            written += [_write_text(out / f"{name}.md", text), _write_text(out / f"{name}.tex", to_latex(table))]
+            layout(table).to_csv(out / f"{name}_layout.csv", index=False)
+            written.append(out / f"{name}_layout.csv")
+        plain = pd.DataFrame(table)  # attrs (dicts) are not part of the CSV / Parquet files
+        plain.attrs = {}
+        plain.to_csv(out / f"{name}.csv", index=False)
+        plain.to_parquet(out / f"{name}.parquet", index=False, engine="pyarrow")
+        written += [out / f"{name}.csv", out / f"{name}.parquet"]
+    written.append(_write_text(out / "tables.md", "\n".join(markdown)))
+    return written
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
+    """All tables as one Markdown document (what ``make demo`` prints)."""
+    return "\n".join(to_markdown(t) for name, t in tables.items() if name != "cells")
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def line_panels(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]], *,
+    xlabel: str, ylabel: str, title: str | None = None, logx: bool = False,
+) -> Figure:
+    """One subplot per panel, one line per series: ``{panel: {label: (xs, ys)}}``.
+
+    Serves the uncertainty-time figure (panels = evaluation modes, series = heads) and
+    the hyper-parameter figure (panels = hyper-parameters, series = datasets/frameworks).
+    Uses ``matplotlib.figure.Figure`` directly (no pyplot global state).
+    """
+    if not panels:
+        raise ValueError("panels: expected at least one panel to plot, got none")
+    figure = Figure(figsize=(4.0 * len(panels), 3.2), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (panel, series) in zip(axes, panels.items()):
+        for label, (xs, ys) in series.items():
+            ax.plot(list(xs), list(ys), marker="o", label=label)
+        ax.set_title(panel)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+#: Tracking schema of the uncertainty-time benchmark (docs/CONTRACTS.md).
+UNCERTAINTY_TIME_BENCHMARK = "uncertainty_time"
+UNCERTAINTY_TIME_METRIC = "uncertainty_seconds"
+
+
+def load_uncertainty_times(tracking_uri: str, experiment: str) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """``{eval_mode: {head label: (Ts, seconds)}}`` from the uncertainty-time benchmark runs.
+
+    Reads runs tagged ``npsemiseg.kind = benchmark`` and ``benchmark = uncertainty_time``; each
+    logs ``uncertainty_seconds`` once per number of predictions T with ``step = T``. When several
+    finished runs share (eval_mode, head, dataset), the latest counts.
+    """
+    client = MlflowClient(tracking_uri)
+    experiment_id = _experiment_id(client, experiment)
+    if experiment_id is None:
+        return {}
+    runs = search_all_runs(client, [experiment_id],
+                           f"tags.`npsemiseg.kind` = 'benchmark' and tags.benchmark = '{UNCERTAINTY_TIME_BENCHMARK}'"
+                           " and attributes.status = 'FINISHED'")
+    latest: dict[tuple[str, str], object] = {}
+    for run in sorted(runs, key=lambda r: r.info.end_time or 0):
+        tags = run.data.tags
+        label = head_label(tags.get("head", "?")) or "baseline"
+        if tags.get("dataset"):
+            label = f"{label} ({dataset_label(tags['dataset'])})"
+        latest[(tags.get("eval_mode", "?"), label)] = run
+    panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for (mode, label), run in sorted(latest.items()):
+        history = sorted(client.get_metric_history(run.info.run_id, UNCERTAINTY_TIME_METRIC), key=lambda m: m.step)
+        if history:
+            panels.setdefault(mode, {})[label] = ([m.step for m in history], [m.value for m in history])
+    return panels
+
+
+def uncertainty_time_figure(tracking_uri: str, experiment: str) -> Figure | None:
+    """The paper's uncertainty-time figure (seconds vs T, MC dropout vs NP-SemiSeg), or None
+    when the experiment holds no uncertainty-time benchmark runs."""
+    panels = load_uncertainty_times(tracking_uri, experiment)
+    if not panels:
+        return None
+    return line_panels(panels, xlabel="number of predictions T", ylabel="seconds per image",
+                       title="Time to estimate uncertainty")
+
+
+def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
+                 datasets: Iterable[str] | None = None, **table_options) -> tuple[dict[str, pd.DataFrame], list[Path]]:
+    """Build the tables (and the uncertainty-time figure when benchmark runs exist) and write them
+    to ``out_dir``; returns the tables and the written paths. What ``npsemiseg tables`` runs."""
+    tables = build_tables(tracking_uri, experiment, grid_id=grid_id,
+                          datasets=None if datasets is None else list(datasets), **table_options)
+    written = write_tables(tables, out_dir)
+    figure = uncertainty_time_figure(tracking_uri, experiment)
+    if figure is not None:
+        path = Path(out_dir) / "uncertainty_time.png"
+        figure.savefig(path, dpi=120)
+        written.append(path)
+    return tables, written

@@ -1,0 +1,200 @@
+"""Tables and figures built from a real MLflow SQLite store filled with schema-conforming runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from semiseg_platform import tables as T
+
+GRID = "grid-a"
+
+
+def _cell_run(client, experiment_id, *, framework, head, partition, seed=0, miou=None, pavpu=None,
+              status="FINISHED", dataset="pascal_classic", grid_id=GRID):
+    """A cell run tagged as docs/CONTRACTS.md's tracking schema says; returns its run id."""
+    cell_id = f"{framework}-{dataset}-{partition}-{head}-{seed}"
+    run = client.create_run(experiment_id, run_name=f"{framework}/{dataset}/{partition}/{head}", tags={
+        "npsemiseg.kind": "cell", "framework": framework, "dataset": dataset, "partition": partition,
+        "head": head, "head_name": head.split("_")[0] if head.startswith("np") else head,
+        "seed": str(seed), "cell_id": cell_id, "grid_id": grid_id,
+    })
+    for key, value in (("miou", miou), ("pavpu", pavpu)):
+        if value is not None:
+            client.log_metric(run.info.run_id, key, value)
+    if status != "RUNNING":
+        client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    """One SQLite store for the module (creating one costs seconds); tests use their own experiments."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def store(uri):
+    """An MLflow store with: every cell of mt/u2pl x baseline/mc_dropout/np x 92/183 on classic VOC,
+    u2pl np_mean cells, two seeds for (u2pl, np, 92), a superseded run, a failed-only cell
+    (mt, mc_dropout, 183), a missing cell (mt, np, 183) and a run of another grid."""
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("study")
+    expected: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    value = 0.40
+    for framework in ("mt", "u2pl"):
+        for head in ("baseline", "mc_dropout", "np", "np_mean"):
+            if head == "np_mean" and framework != "u2pl":
+                continue
+            for partition in ("92", "183"):
+                if (framework, head, partition) in {("mt", "np", "183"), ("mt", "mc_dropout", "183")}:
+                    continue
+                value += 0.0123
+                pair = (round(value, 4), round(value + 0.3, 4))
+                _cell_run(client, experiment_id, framework=framework, head=head, partition=partition,
+                          miou=pair[0], pavpu=pair[1])
+                expected[(framework, head, partition)] = [pair]
+    # a second seed of one cell
+    _cell_run(client, experiment_id, framework="u2pl", head="np", partition="92", seed=1, miou=0.5711, pavpu=0.8123)
+    expected[("u2pl", "np", "92")].append((0.5711, 0.8123))
+    # an earlier run of the same cell_id (ended long before): the latest finished run replaces it
+    superseded = _cell_run(client, experiment_id, framework="mt", head="baseline", partition="92", miou=0.9,
+                           pavpu=0.9, status="RUNNING")
+    client.set_terminated(superseded, "FINISHED", end_time=1)
+    _cell_run(client, experiment_id, framework="mt", head="mc_dropout", partition="183", status="FAILED")
+    _cell_run(client, experiment_id, framework="augseg", head="np", partition="92", miou=0.77, pavpu=0.88,
+              grid_id="grid-b")
+    return uri, expected
+
+
+def _cell(table: pd.DataFrame, framework: str, head: str, partition: str) -> pd.Series:
+    match = table[(table.framework == framework) & (table["head"] == head) & (table.partition == partition)]
+    assert len(match) == 1
+    return match.iloc[0]
+
+
+def test_miou_table_numbers_equal_mlflow_metrics(store):
+    uri, expected = store
+    tables = T.build_tables(uri, "study", grid_id=GRID)
+    table = tables["table1_miou_pascal_classic"]
+    # Tables 1-3 keep every framework x head x partition cell, also those without runs
+    assert len(table) == len(T.PAPER_FRAMEWORKS) * len(T.PAPER_HEADS) * 4
+    assert table.attrs["columns"] == ["1/16 (92)", "1/8 (183)", "1/4 (366)", "1/2 (732)"]
+    for (framework, head, partition), pairs in expected.items():
+        if head == "np_mean":
+            continue
+        row = _cell(table, framework, head, partition)
+        values = [100 * miou for miou, _ in pairs]
+        assert row.status == "ok" and row.n == len(values)
+        assert row["mean"] == pytest.approx(statistics.fmean(values), abs=1e-9)
+        if len(values) > 1:
+            assert row["std"] == pytest.approx(statistics.stdev(values), abs=1e-9)
+        else:
+            assert math.isnan(row["std"])
+    assert _cell(table, "mt", "np", "183").status == "missing"
+    assert _cell(table, "mt", "mc_dropout", "183").status == "failed"
+    assert _cell(table, "augseg", "np", "92").status == "missing"  # its run belongs to another grid
+    assert math.isnan(_cell(table, "mt", "np", "183")["mean"])
+
+
+def test_all_grids_are_read_without_a_grid_id(store):
+    uri, _ = store
+    table = T.build_tables(uri, "study")["table1_miou_pascal_classic"]
+    assert _cell(table, "augseg", "np", "92")["mean"] == pytest.approx(77.0)
+
+
+def test_pavpu_and_attention_tables(store):
+    uri, expected = store
+    tables = T.build_tables(uri, "study", grid_id=GRID)
+    assert set(tables) == {"table1_miou_pascal_classic", "table4_pavpu", "table5_attention_miou",
+                           "table6_attention_pavpu", "cells"}
+    pavpu = tables["table4_pavpu"]
+    assert pavpu.attrs["columns"] == ["MC Dropout", "NP-SemiSeg"]
+    assert list(pavpu["head"][:2]) == ["mc_dropout", "np"]
+    row = _cell(pavpu, "u2pl", "mc_dropout", "183")
+    assert row["mean"] == pytest.approx(100 * expected[("u2pl", "mc_dropout", "183")][0][1])
+    two_seeds = _cell(pavpu, "u2pl", "np", "92")
+    assert two_seeds["mean"] == pytest.approx(statistics.fmean(100 * p for _, p in expected[("u2pl", "np", "92")]))
+    for name, metric_index in (("table5_attention_miou", 0), ("table6_attention_pavpu", 1)):
+        table = tables[name]
+        assert table.attrs["columns"] == ["w/o Attention", "w/ Attention"]
+        for head in ("np_mean", "np"):
+            row = _cell(table, "u2pl", head, "183")
+            assert row["mean"] == pytest.approx(100 * expected[("u2pl", head, "183")][0][metric_index])
+        assert (table[table.partition.isin(["366", "732"])].status == "missing").all()
+
+
+def test_writers_keep_layout_and_mark_missing(store, tmp_path):
+    uri, expected = store
+    tables, written = T.write_report(uri, "study", tmp_path, grid_id=GRID)
+    names = {p.name for p in written}
+    for stem in ("table1_miou_pascal_classic", "table4_pavpu", "table5_attention_miou", "table6_attention_pavpu"):
+        assert {f"{stem}.md", f"{stem}.tex", f"{stem}.csv", f"{stem}.parquet", f"{stem}_layout.csv"} <= names
+    assert "uncertainty_time.png" not in names  # no benchmark runs in this store
+
+    markdown = (tmp_path / "table1_miou_pascal_classic.md").read_text()
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| Method | 1/16 (92) | 1/8 (183) | 1/4 (366) | 1/2 (732) |"
+    by_method = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[2:]}
+    u2pl_np = by_method["U2PL w/ NP-SemiSeg"]
+    values = [100 * m for m, _ in expected[("u2pl", "np", "92")]]
+    assert u2pl_np[0] == f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+    assert by_method["MT w/ NP-SemiSeg"][1] == T.MISSING_MARK
+    assert by_method["MT w/ MC dropout"][1] == f"{T.MISSING_MARK} (failed)"
+    assert by_method["MT"][0] == f"{100 * expected[('mt', 'baseline', '92')][0][0]:.2f}"
+
+    latex = (tmp_path / "table4_pavpu.tex").read_text()
+    assert "\\multirow{4}{*}{VOC (\\it classic)}" in latex and "\\toprule" in latex
+
+    parquet = pd.read_parquet(tmp_path / "table1_miou_pascal_classic.parquet")
+    pd.testing.assert_frame_equal(parquet, pd.DataFrame(tables["table1_miou_pascal_classic"]), check_like=False)
+    layout_csv = pd.read_csv(tmp_path / "table4_pavpu_layout.csv", keep_default_na=False)
+    assert list(layout_csv.columns) == ["Dataset", "Label Amount", "MC Dropout", "NP-SemiSeg"]
+    assert "tables.md" in names and "Table 4" in (tmp_path / "tables.md").read_text()
+
+
+def test_stand_in_datasets_take_their_real_datasets_place(uri):
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("smoke")
+    for dataset, partition in (("synthetic_cityscapes", "186"), ("synthetic_voc", "92")):
+        _cell_run(client, experiment_id, framework="u2pl", head="np", partition=partition, dataset=dataset,
+                  miou=0.25, pavpu=0.5)
+    tables = T.build_tables(uri, "smoke")
+    assert [n for n in tables if n.startswith("table")] == [
+        "table1_miou_synthetic_voc", "table3_miou_synthetic_cityscapes", "table4_pavpu",
+        "table5_attention_miou", "table6_attention_pavpu"]
+    # Tables 4-6 list Cityscapes first, as the paper does
+    assert tables["table4_pavpu"]["dataset"].iloc[0] == "synthetic_cityscapes"
+    assert _cell(tables["table4_pavpu"], "u2pl", "np", "186")["mean"] == pytest.approx(50.0)
+    assert T.build_tables(uri, "no-such-experiment")["table1_miou_pascal_classic"].status.eq("missing").all()
+
+
+def test_uncertainty_time_figure_from_benchmark_runs(uri, tmp_path):
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("bench")
+    assert T.uncertainty_time_figure(uri, "bench") is None
+    for head, slope in (("mc_dropout", 0.5), ("np", 0.05)):
+        for mode in ("center_crop", "sliding"):
+            run = client.create_run(experiment_id, tags={
+                "npsemiseg.kind": "benchmark", "benchmark": T.UNCERTAINTY_TIME_BENCHMARK,
+                "head": head, "eval_mode": mode, "framework": "u2pl"})
+            for t in (1, 5, 10):
+                client.log_metric(run.info.run_id, T.UNCERTAINTY_TIME_METRIC, slope * t, step=t)
+            client.set_terminated(run.info.run_id, "FINISHED")
+    panels = T.load_uncertainty_times(uri, "bench")
+    assert set(panels) == {"center_crop", "sliding"}
+    assert panels["sliding"]["MC dropout"] == ([1, 5, 10], [0.5, 2.5, 5.0])
+    figure = T.uncertainty_time_figure(uri, "bench")
+    assert [ax.get_title() for ax in figure.axes] == ["center_crop", "sliding"]
+    assert len(figure.axes[0].lines) == 2
+    _, written = T.write_report(uri, "bench", tmp_path / "out")
+    assert (tmp_path / "out" / "uncertainty_time.png").stat().st_size > 1000
+
+
+def test_line_panels_rejects_nothing_to_plot():
+    with pytest.raises(ValueError, match="panels"):
+        T.line_panels({}, xlabel="x", ylabel="y")
