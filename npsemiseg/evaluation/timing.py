@@ -1,0 +1,95 @@
+"""Wall-clock timing of prediction with uncertainty: warm-up, repeats, medians, CUDA synchronisation.
+
+Several cases timed for comparison are run interleaved (round-robin, the order
+rotated every round), so a change in machine load during the measurement hits
+all of them alike; on a shared CPU that matters more than the number of repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from npsemiseg.evaluation.inference import predict
+
+
+@dataclass
+class Timing:
+    """Seconds of each timed repeat of one case (warm-up runs excluded)."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def minimum(self) -> float:
+        return min(self.seconds)
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for queued CUDA work on ``device`` (a no-op elsewhere) so timings cover it."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(
+    cases: dict[str, Callable[[], Any]],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+) -> dict[str, Timing]:
+    """Time each zero-argument callable ``repeats`` times, round-robin, after ``warmup`` untimed calls
+    of each. The order of the cases is rotated by one every round. Returns ``{name: Timing}``."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, got {repeats}, {warmup}")
+    if not cases:
+        raise ValueError("cases: expected at least one case to time")
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    synchronize(device)
+    names = list(cases)
+    timings = {name: Timing(name) for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            cases[name]()
+            synchronize(device)
+            timings[name].seconds.append(time.perf_counter() - start)
+    return timings
+
+
+def time_prediction(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    mode: str = "whole",
+    num_samples: int | None = None,
+    repeats: int = 5,
+    warmup: int = 1,
+    **predict_options: Any,
+) -> Timing:
+    """Seconds to ``predict`` (probabilities + entropy) ``images`` with ``mode`` and T = ``num_samples``,
+    model in eval mode (restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return time_interleaved(
+            {mode: lambda: predict(model, images, mode=mode, num_samples=num_samples, **predict_options)},
+            repeats=repeats,
+            warmup=warmup,
+            device=images.device,
+        )[mode]
+    finally:
+        model.train(was_training)
