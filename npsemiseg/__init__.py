@@ -1,0 +1,35 @@
+"""NP-SemiSeg (ICML 2023) re-implemented: uncertainty-aware semi-supervised semantic segmentation.
+
+The Python API runs one cell in-process (no Ray, no MLflow)::
+
+    from npsemiseg import RunConfig, train
+
+    config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic",
+                                   partition="1/16", head="np")
+    result = train(config)
+    print(config.cell_id, result.metrics["miou"], result.metrics["pavpu"])
+
+``RunConfig``, ``train`` and ``RunResult`` are imported on first use (PEP 562), so importing a
+sub-package such as ``npsemiseg.heads`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["RunConfig", "RunResult", "train", "__version__"]
+
+if TYPE_CHECKING:
+    from npsemiseg.config import RunConfig
+    from npsemiseg.training import RunResult, train
+
+_EXPORTS = {"RunConfig": "npsemiseg.config", "RunResult": "npsemiseg.training", "train": "npsemiseg.training"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'npsemiseg' has no attribute {name!r}")

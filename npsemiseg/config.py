@@ -166,12 +166,22 @@ class EvaluationConfig(Section):
 
 
 class DataConfig(Section):
-    """Where the data is and how it is read; ``options`` go to ``dataset_info``/``build_dataset``
-    (synthetic generator settings such as ``train_size``, ``image_size``)."""
+    """Where the data is and how it is read and augmented.
+
+    ``options`` go to ``dataset_info``/``build_dataset`` (synthetic generator settings such as
+    ``train_size``, ``image_size``). ``augmentation``: keyword arguments of
+    ``npsemiseg.data.transforms.train_transform`` besides the crop (``resize``, ``scale_range``,
+    ``base_size``, ``strong``, ``flip``, ``label_pad_value``); empty = the framework's pipeline
+    from ``paper_augmentation(framework, dataset family)``. ``labeled_strong_view``: labeled images
+    also get the strong view (None = only for PS-MT, whose student sees labeled images strongly
+    augmented).
+    """
 
     root: str | None = None
     num_workers: NonNegativeInt = 4
     options: dict[str, Any] = Field(default_factory=dict)
+    augmentation: dict[str, Any] = Field(default_factory=dict)
+    labeled_strong_view: bool | None = None
 
 
 class RuntimeConfig(Section):
@@ -180,8 +190,11 @@ class RuntimeConfig(Section):
     ``device``: ``auto`` = CUDA when available. ``amp``: bf16 autocast (GPU only). ``sync_bn``:
     SyncBatchNorm under DDP on GPU. ``deterministic``: ``torch.use_deterministic_algorithms``.
     ``progress``: a tqdm bar; ``auto`` = when the callbacks are interactive.
-    ``checkpoint_dir``: where checkpoints go (None = none written). ``stop_at_step``: end after
-    this many steps with a checkpoint, as if pre-empted (resume tests, time-sliced workers).
+    ``output_dir``: where the run writes ``checkpoints/``, ``figures/`` and ``tables/`` (None = no
+    checkpoints; figures and tables go to a temporary directory that lives while the callbacks'
+    ``on_artifact`` copies them). ``keep_checkpoints``: how many of the newest checkpoints stay.
+    ``stop_at_step``: end after this many steps with a checkpoint, as if pre-empted (resume tests,
+    time-sliced workers).
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -189,7 +202,8 @@ class RuntimeConfig(Section):
     sync_bn: bool = True
     deterministic: bool = False
     progress: Literal["auto", "on", "off"] = "auto"
-    checkpoint_dir: str | None = None
+    output_dir: str | None = None
+    keep_checkpoints: PositiveInt = 2
     stop_at_step: PositiveInt | None = None
 
 
@@ -263,9 +277,15 @@ class RunConfig(Section):
         if model.representation_head is None:
             model = model.model_copy(update={"representation_head": self.framework == "u2pl"})
         _check_head_options(self.head, info.num_classes)
+        data = self.data.model_copy(update={
+            "augmentation": _resolve_augmentation(self.framework, info, self.data.augmentation),
+            "labeled_strong_view": (self.framework == "psmt") if self.data.labeled_strong_view is None
+            else self.data.labeled_strong_view,
+        })
         # frozen model: the resolved values are written once, here, before anyone sees the object
         object.__setattr__(self, "partition", partition)
         object.__setattr__(self, "model", model)
+        object.__setattr__(self, "data", data)
         object.__setattr__(self, "evaluation", evaluation.model_copy(update={"mode": mode, "crop_size": crop, "stride": stride}))
         return self
 
@@ -349,6 +369,8 @@ class RunConfig(Section):
         values = self.model_dump(mode="json")
         if "framework" in changes and changes["framework"] != self.framework:
             values["framework_options"] = {}
+            values["data"]["augmentation"] = {}
+            values["data"]["labeled_strong_view"] = None
         new_head = changes.get("head.name", (changes.get("head") or {}).get("name") if isinstance(changes.get("head"), Mapping) else None)
         if new_head is not None and new_head != self.head.name:
             values["head"]["options"] = {}
@@ -373,6 +395,31 @@ class RunConfig(Section):
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)
+
+
+def _resolve_augmentation(framework: str, info: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The training augmentation: the framework's paper pipeline updated with ``given``, checked
+    against ``train_transform``'s keywords (unknown keys -> ValueError naming them).
+
+    On synthetic data a long-side resize is relative to the synthetic image size, not VOC's 500 px.
+    """
+    import inspect
+
+    from npsemiseg.data.transforms import paper_augmentation, train_transform
+    from npsemiseg.presets import dataset_family
+
+    allowed = set(inspect.signature(train_transform).parameters) - {"crop_size"}
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise ValueError(f"data.augmentation: unknown key(s) {unknown}, expected some of {sorted(allowed)}")
+    paper = paper_augmentation(framework, dataset_family(info.name))
+    if info.synthetic and paper.get("base_size") is not None:
+        size = info.options.get("image_size", 64)
+        paper["base_size"] = int(max(size) if isinstance(size, (tuple, list)) else size)
+    resolved = {**paper, **dict(given)}
+    if "scale_range" in resolved and resolved["scale_range"] is not None:
+        resolved["scale_range"] = [float(v) for v in resolved["scale_range"]]
+    return resolved
 
 
 def _check_head_options(head: HeadConfig, num_classes: int) -> None:
@@ -420,7 +467,7 @@ def _section_models() -> dict[str, type[BaseModel]]:
     }
 
 
-_FREE_FORM = {"framework_options", "head.options", "model.options", "data.options"}
+_FREE_FORM = {"framework_options", "head.options", "model.options", "data.options", "data.augmentation"}
 
 
 def _set_dotted(values: dict[str, Any], key: str, raw: Any) -> None:
