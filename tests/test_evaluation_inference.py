@@ -281,13 +281,13 @@ def test_evaluate_a_dataset_center_crop_with_max_images_and_figures(baseline, tm
 
     metrics = evaluate(
         baseline, Items(), num_classes=K, mode="center_crop", crop_size=21, max_images=3,
-        figure_dir=tmp_path, num_figures=2,
+        figure_dir=tmp_path, num_figures=3,
     )
     assert metrics["num_images"] == 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["reliability.png", "uncertainty_0000.png",
-                                                         "uncertainty_0001.png"]
-    # item 2 is 22 x 18: center crop 21 keeps rows 0..20, and the width 18 is padded, not cut
-    assert Image.open(tmp_path / "uncertainty_0001.png").size == (4 * 18 + 3 * 4, 21)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reliability.png", "uncertainty_maps.png"]
+    # items 0, 1, 2 are 20, 21, 22 x 18: center crop 21 keeps the first two whole (their padding is
+    # cut off again) and 21 rows of the third; the width 18 is padded, never cut
+    assert Image.open(tmp_path / "uncertainty_maps.png").size == (4 * 18 + 3 * 4, 20 + 4 + 21 + 4 + 21)
 
 
 def test_evaluate_rejects_bad_data(baseline):

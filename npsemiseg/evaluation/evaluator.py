@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from npsemiseg.evaluation.calibration import Calibration
 from npsemiseg.evaluation.inference import DEFAULT_CROP_SIZE, center_crop, predict
 from npsemiseg.evaluation.metrics import ConfusionMatrix, PAvPU, all_reduce_sum
+from npsemiseg.evaluation.visualize import save_png, save_reliability_diagram, stack_panels, uncertainty_panel
 from npsemiseg.heads.base import IGNORE_INDEX
 
 
@@ -106,8 +107,9 @@ def evaluate(
     from predictions and labels), ``pavpu`` (entropy in nats, window ``pavpu_window``, thresholds
     ``pavpu_accuracy_threshold`` / ``pavpu_uncertainty_threshold``), ``pavpu_normalized`` (entropy /
     log K, same thresholds), ``ece``, ``nll``, ``brier``, ``auroc``, ``num_images`` and
-    ``seconds_per_image`` (prediction time on this rank). With ``figure_dir``, rank 0 writes
-    ``num_figures`` uncertainty figures and ``reliability.png`` there.
+    ``seconds_per_image`` (prediction time, averaged over ranks). With ``figure_dir``, rank 0
+    writes there ``reliability.png`` and, for ``num_figures`` > 0, ``uncertainty_maps.png``: one row
+    per image (the first ``num_figures`` it evaluated) of image, ground truth, prediction, entropy.
     """
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"class_names: expected {num_classes} names, got {len(class_names)}")
@@ -124,9 +126,8 @@ def evaluate(
     )
     patches = [PAvPU(num_classes, normalize=False, **pavpu_kwargs), PAvPU(num_classes, normalize=True, **pavpu_kwargs)]
     calibration = Calibration(num_classes, num_bins=ece_bins, ignore_index=ignore_index)
-    figures_left = num_figures if figure_dir is not None and rank == 0 else 0
-    if figures_left:
-        from npsemiseg.evaluation.visualize import save_reliability_diagram, save_uncertainty_figure
+    num_panels = num_figures if figure_dir is not None and rank == 0 else 0
+    panels: list[Any] = []
 
     evaluated_crop = DEFAULT_CROP_SIZE if crop_size is None else crop_size
     was_training = model.training
@@ -157,12 +158,13 @@ def evaluate(
             for accumulator in patches:
                 accumulator.update(prediction, labels, entropy)
             calibration.update(probs, labels, entropy)
-            for i in range(min(figures_left, images.shape[0])):
-                save_uncertainty_figure(
-                    Path(figure_dir) / f"uncertainty_{num_images + i:04d}.png",  # type: ignore[arg-type]
-                    images_shown[i], prediction[i], labels[i], entropy[i], num_classes=num_classes, ignore_index=ignore_index,
+            for i in range(min(num_panels - len(panels), images.shape[0])):
+                panels.append(
+                    uncertainty_panel(
+                        images_shown[i], prediction[i], labels[i], entropy[i], num_classes=num_classes,
+                        ignore_index=ignore_index,
+                    )
                 )
-            figures_left -= min(figures_left, images.shape[0])
             num_images += images.shape[0]
     finally:
         model.train(was_training)
@@ -184,6 +186,8 @@ def evaluate(
     metrics.update(calibration.compute())
     metrics["num_images"] = float(num_images)
     metrics["seconds_per_image"] = seconds / num_images
-    if figure_dir is not None and rank == 0 and num_figures:
+    if figure_dir is not None and rank == 0:
+        if panels:
+            save_png(Path(figure_dir) / "uncertainty_maps.png", stack_panels(panels))
         save_reliability_diagram(Path(figure_dir) / "reliability.png", calibration.reliability())
     return metrics

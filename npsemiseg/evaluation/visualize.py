@@ -95,6 +95,30 @@ def uncertainty_panel(
     return np.concatenate(row, axis=1)
 
 
+def stack_panels(panels: list[np.ndarray], gap: int = 4) -> np.ndarray:
+    """Stack ``uint8 [H_i, W_i, 3]`` panels top to bottom, ``gap`` white rows between them, each
+    left-aligned on a white background as wide as the widest."""
+    if not panels:
+        raise ValueError("panels: expected at least one panel to stack")
+    width = max(panel.shape[1] for panel in panels)
+    rows = []
+    for index, panel in enumerate(panels):
+        if index:
+            rows.append(np.full((gap, width, 3), 255, dtype=np.uint8))
+        row = np.full((panel.shape[0], width, 3), 255, dtype=np.uint8)
+        row[:, : panel.shape[1]] = panel
+        rows.append(row)
+    return np.concatenate(rows, axis=0)
+
+
+def save_png(path: str | Path, pixels: np.ndarray) -> Path:
+    """Write ``uint8 [H, W, 3]`` pixels as a PNG at ``path`` (parents created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
 def save_uncertainty_figure(
     path: str | Path,
     image: Tensor,
@@ -106,14 +130,11 @@ def save_uncertainty_figure(
     palette: np.ndarray | None = None,
     ignore_index: int = IGNORE_INDEX,
 ) -> Path:
-    """Write ``uncertainty_panel(...)`` as a PNG at ``path`` (parents created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``uncertainty_panel(...)`` of one image as a PNG at ``path``; returns the path."""
     panel = uncertainty_panel(
         image, prediction, target, entropy, num_classes=num_classes, palette=palette, ignore_index=ignore_index
     )
-    Image.fromarray(panel).save(path)
-    return path
+    return save_png(path, panel)
 
 
 def save_reliability_diagram(path: str | Path, reliability: dict[str, Tensor], *, title: str | None = None) -> Path:
