@@ -239,7 +239,8 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     or ``"val"``. list_variant: ``"u2pl"`` (default) or ``"cps"`` partition lists (real
     datasets; for synthetic ones it is recorded only). options: synthetic generator settings
     (``image_size``, ``train_size``, ``val_size``, ``seed``, ``num_classes``, ...); real
-    datasets take none. Items are dicts ``image [3,H,W]`` float32 in [0,1], ``label [H,W]``
+    datasets take only ``max_items`` (keep the first N list entries: smoke runs on real data).
+    Items are dicts ``image [3,H,W]`` float32 in [0,1], ``label [H,W]``
     int64 (255 = ignore; all 255 on the unlabeled split), ``id`` str, passed through ``transform``.
     The returned dataset has ``info``, ``split``, ``partition`` and ``list_variant`` attributes.
     """
@@ -247,6 +248,9 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if list_variant not in ("u2pl", "cps"):
         raise ValueError(f"list_variant must be 'u2pl' or 'cps', got {list_variant!r}")
+    max_items = options.pop("max_items", None)
+    if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
+        raise ValueError(f"max_items must be a positive int or None, got {max_items!r}")
     if name in SYNTHETIC_STANDINS:
         info = dataset_info(name, **options)
         config = SyntheticConfig.for_dataset(name, **options)
@@ -257,6 +261,8 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
             part = info.resolve_partition(partition)
             num_labeled = info.partitions[part]
         dataset = SyntheticSegmentation(config, split, num_labeled=num_labeled, partition=part, transform=transform)
+        if max_items is not None:
+            dataset.indices, dataset.ids = dataset.indices[:max_items], dataset.ids[:max_items]
         dataset.info = info
         dataset.list_variant = list_variant
         return dataset
@@ -266,7 +272,7 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
         raise ValueError(f"{name} takes no options, got {sorted(options)}")
     info = REAL_DATASETS[name]
     part = None if split == "val" else info.resolve_partition(partition) if partition is not None else None
-    ids = partition_ids(name, split, part, list_variant=list_variant)
+    ids = partition_ids(name, split, part, list_variant=list_variant)[:max_items]
     folder = resolve_root(name, root)
     reader = CityscapesSegmentation if name == "cityscapes" else VOCSegmentation
     return reader(info, folder, split, ids, partition=part, list_variant=list_variant, transform=transform)
