@@ -1,0 +1,85 @@
+"""AugSeg (Zhao et al., CVPR 2023): random intensity augmentation and adaptive CutMix
+(``ssl_frameworks.md`` section 6).
+
+Per iteration:
+
+1. Teacher (eval mode) on the weak unlabeled view -> probabilities, hard pseudo-labels,
+   confidences (max prob), and the per-image confidence rho_i
+   (:func:`npsemiseg.data.mixing.adaptive_confidence`).
+2. The strong view ``image_strong`` (random intensity augmentation, made by the data
+   pipeline after the weak crop) is mixed by the adaptive CutMix
+   (:func:`npsemiseg.data.mixing.augseg_cutmix`): with probability ``1 - rho_i`` a box
+   from a labeled image with its ground truth and confidence 1, then an ordinary CutMix
+   among the unlabeled images; image, pseudo-label and confidence move together.
+3. Student on labeled (weak) + mixed strong unlabeled images; unsupervised CE with pixels of
+   (mixed) confidence below ``confidence_threshold`` masked (0.95 on VOC, none on
+   Cityscapes), averaged over all pixels (masked pixels count as zero), weight ``unsup_weight``.
+
+Teacher: EMA over parameters and BN buffers; decay 0 during epoch 0 (the teacher follows the
+student), then ``min(1 - 1/(i + 1), d)`` with i the global iteration, d = 0.999 (VOC) /
+0.996 (Cityscapes). With the NP head, the student's targets are the unlabeled images with
+the masked pseudo-labels (255 where masked) plus the labeled images.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from npsemiseg.data.mixing import adaptive_confidence, augseg_cutmix
+from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.ema import augseg_decay
+from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, labeled_view, require_unlabeled
+
+
+class AugSegOptions(FrameworkOptions):
+    """AugSeg options; defaults = the VOC settings."""
+
+    ema_decay: float = Field(0.999, ge=0.0, le=1.0)
+    confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
+    unsup_weight: float = Field(1.0, ge=0.0)
+    labeled_beta: tuple[float, float] = (8.0, 2.0)
+    unlabeled_beta: float = Field(4.0, gt=0.0)
+
+
+class AugSeg(SemiSupervisedFramework):
+    """Student + EMA teacher (parameters and buffers), intensity-augmented adaptive-CutMix view."""
+
+    name = "augseg"
+    Options = AugSegOptions
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
+        """VOC: EMA 0.999, threshold 0.95, lambda_u 1. Cityscapes: EMA 0.996, no threshold,
+        lambda_u 2.0 (NP-SemiSeg's AugSeg Cityscapes config; AugSeg's own uses 1)."""
+        if dataset == "cityscapes":
+            return AugSegOptions(ema_decay=0.996, confidence_threshold=0.0, unsup_weight=2.0).model_dump()
+        return AugSegOptions().model_dump()
+
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        opts: AugSegOptions = self.options  # type: ignore[assignment]
+        images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        unlabeled = require_unlabeled(batch, self.name)
+        if "image_strong" not in unlabeled:
+            raise ValueError("batch.unlabeled: AugSeg needs 'image_strong' (the random intensity-augmented view)")
+        self.seed_memories(images_l, labels_l)
+
+        teacher = self.predict(self.teacher, unlabeled["image"])
+        rho = adaptive_confidence(teacher.probs)
+        mixed = augseg_cutmix(
+            labeled_view(unlabeled, strong=True), teacher.label, teacher.confidence, images_l, labels_l, rho,
+            labeled_beta=opts.labeled_beta, beta=opts.unlabeled_beta,
+        )
+        pseudo = ignore_where(mixed.label, mixed.confidence < opts.confidence_threshold)
+
+        student = self.student_pass(images_l, labels_l, mixed.image, pseudo)
+        losses = self.supervised_terms(student, labels_l)
+        # mean over all pixels: masked pixels contribute 0 to the sum and count in the mean
+        losses["unsup"] = opts.unsup_weight * self.pixel_ce(student.logits_u, pseudo).mean()
+        logs = self.step_logs(student, rho=float(rho.mean()), kept_fraction=float((pseudo != 255).float().mean()))
+        return StepResult(losses, logs)
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        decay = augseg_decay(ctx.step, ctx.epoch, self.options.ema_decay)  # type: ignore[attr-defined]
+        self.ema(self.teacher, decay, buffers="ema")

@@ -1,0 +1,201 @@
+"""U2PL's contrastive loss with per-class queues of negative keys (``ssl_frameworks.md`` section 5).
+
+For every class c present in the batch:
+
+- anchors: student embeddings of reliable pixels of class c (labeled pixels with GT c;
+  unlabeled pixels with low-entropy pseudo-label c) whose teacher probability of c
+  exceeds ``anchor_threshold`` (0.3); ``num_queries`` (256) sampled with replacement;
+- positive: the mean teacher embedding of the reliable pixels of class c;
+- negatives: ``num_negatives`` (50) per anchor sampled from the class-c queue of teacher
+  embeddings. Candidates enqueued this step (before sampling): labeled pixels whose GT is
+  not c but c is among the teacher's top ``low_rank`` (3) classes; unreliable
+  (high-entropy) unlabeled pixels where c ranks in ``[low_rank, high_rank)`` (3..19).
+
+InfoNCE on cosine similarity with temperature 0.5, averaged over the classes present.
+
+This follows the paper's definition. The released code differs in two ways, both
+reported upstream and not reproduced here: (1) its labeled negative mask requires GT == c
+and GT != c at once, so labeled pixels never become negatives (U2PL issue #171), and its
+unlabeled negatives also require pseudo-label == c; (2) it indexes anchors by the
+position in the list of present classes rather than by class (issue #111).
+
+Queues are held by :class:`ClassQueues` and saved in the framework's ``state_dict``, so a
+resumed run continues exactly; keys are gathered across DDP ranks
+before enqueueing so every rank holds the same queues.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def all_gather_rows(rows: Tensor) -> Tensor:
+    """Concatenate ``rows [n_r, E]`` of every rank (variable ``n_r``), rank order; identity
+    when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows
+    world = dist.get_world_size()
+    count = torch.tensor([rows.shape[0]], device=rows.device, dtype=torch.long)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c.item()) for c in counts]
+    longest = max(sizes)
+    padded = rows.new_zeros((longest, rows.shape[1]))
+    padded[: rows.shape[0]] = rows
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return torch.cat([g[:n] for g, n in zip(gathered, sizes)], dim=0)
+
+
+class ClassQueues:
+    """FIFO queues of ``dim``-d keys, one per class, with per-class capacities ``sizes``.
+
+    Each queue grows as keys arrive (as U2PL's lists do) up to its capacity, then
+    overwrites its oldest rows (ring buffer), so memory is proportional to what was
+    enqueued, not to the paper's 30000/50000 capacities. ``state_dict()`` /
+    ``load_state_dict()`` hold the keys and write pointers for exact resume.
+    """
+
+    def __init__(self, sizes: Sequence[int], dim: int) -> None:
+        if not sizes or any(int(s) <= 0 for s in sizes):
+            raise ValueError(f"sizes: expected positive queue sizes per class, got {list(sizes)}")
+        if dim <= 0:
+            raise ValueError(f"dim: expected > 0, got {dim}")
+        self.sizes = [int(s) for s in sizes]
+        self.dim = dim
+        self.keys: list[Tensor] = [torch.zeros(0, dim) for _ in self.sizes]
+        self.pointer = [0 for _ in self.sizes]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.sizes)
+
+    @torch.no_grad()
+    def enqueue(self, cls: int, keys: Tensor) -> None:
+        """Append ``keys [n, dim]`` to class ``cls``'s queue, dropping the oldest beyond capacity."""
+        size = self.sizes[cls]
+        keys = keys.detach().float()[-size:]
+        n = keys.shape[0]
+        if n == 0:
+            return
+        queue = self.keys[cls].to(keys.device)
+        free = size - queue.shape[0]
+        if free > 0:  # still growing: append (pointer stays 0 until full)
+            queue = torch.cat([queue, keys[:free]], dim=0)
+            keys = keys[free:]
+            n = keys.shape[0]
+        if n > 0:  # full: overwrite the oldest rows, starting at the pointer
+            start = self.pointer[cls]
+            positions = (start + torch.arange(n, device=keys.device)) % size
+            queue[positions] = keys
+            self.pointer[cls] = (start + n) % size
+        self.keys[cls] = queue
+
+    def class_keys(self, cls: int) -> Tensor:
+        """The filled rows of class ``cls``'s queue, ``[n, dim]`` (order irrelevant)."""
+        return self.keys[cls]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        state = {f"keys.{c}": k.detach().cpu().clone() for c, k in enumerate(self.keys)}
+        state["pointer"] = torch.tensor(self.pointer, dtype=torch.long)
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        expected = {f"keys.{c}" for c in range(self.num_classes)} | {"pointer"}
+        if set(state) != expected:
+            raise ValueError(f"queue state: expected keys {sorted(expected)}, got {sorted(state)}")
+        for c in range(self.num_classes):
+            keys = state[f"keys.{c}"]
+            if keys.dim() != 2 or keys.shape[1] != self.dim or keys.shape[0] > self.sizes[c]:
+                raise ValueError(f"queue state: keys.{c} has shape {tuple(keys.shape)}, expected [<= {self.sizes[c]}, {self.dim}]")
+            self.keys[c] = keys.float().clone()
+        self.pointer = [int(p) for p in state["pointer"].tolist()]
+
+
+def contrastive_loss(
+    rep_student: Tensor,
+    rep_teacher: Tensor,
+    prob_teacher: Tensor,
+    labels: Tensor,
+    reliable: Tensor,
+    unreliable: Tensor,
+    num_labeled: int,
+    queues: ClassQueues,
+    *,
+    anchor_threshold: float = 0.3,
+    low_rank: int = 3,
+    high_rank: int = 20,
+    temperature: float = 0.5,
+    num_queries: int = 256,
+    num_negatives: int = 50,
+    ignore_index: int = 255,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """U2PL's contrastive loss; enqueues this batch's negative keys first.
+
+    rep_student, rep_teacher: ``[B, E, h, w]`` embeddings (labeled images first);
+    prob_teacher ``[B, K, h, w]``; labels ``[B, h, w]`` (GT for the first ``num_labeled``,
+    pseudo-labels after that, ``ignore_index`` where invalid); reliable / unreliable
+    ``[B, h, w]`` bool (for labeled images: every valid pixel). Returns the scalar loss
+    (0 connected to the graph when fewer than two classes are present) and logs.
+    """
+    if rep_student.shape != rep_teacher.shape or rep_student.dim() != 4:
+        raise ValueError(
+            f"rep_student / rep_teacher: expected equal [B, E, h, w], got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}"
+        )
+    batch, dim, h, w = rep_student.shape
+    num_classes = prob_teacher.shape[1]
+    if prob_teacher.shape != (batch, num_classes, h, w) or labels.shape != (batch, h, w):
+        raise ValueError(
+            f"prob_teacher / labels: expected [{batch}, K, {h}, {w}] / [{batch}, {h}, {w}], "
+            f"got {tuple(prob_teacher.shape)} / {tuple(labels.shape)}"
+        )
+    if queues.num_classes != num_classes or queues.dim != dim:
+        raise ValueError(f"queues: expected {num_classes} classes of {dim}-d keys, got {queues.num_classes} of {queues.dim}")
+
+    student = rep_student.permute(0, 2, 3, 1).float()  # [B, h, w, E]
+    teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
+    prob = prob_teacher.detach().float()
+    valid = labels != ignore_index
+    is_labeled = torch.zeros(batch, 1, 1, dtype=torch.bool, device=labels.device)
+    is_labeled[:num_labeled] = True
+    # rank of every class per pixel: rank[b, c, y, x] = position of c in the descending sort
+    order = prob.argsort(dim=1, descending=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(num_classes, device=prob.device).view(1, -1, 1, 1).expand_as(order))
+
+    losses: list[Tensor] = []
+    present = 0
+    for c in range(num_classes):
+        rank_c = rank[:, c]
+        labeled_negative = is_labeled & valid & (labels != c) & (rank_c < low_rank)
+        unlabeled_negative = ~is_labeled & unreliable & (rank_c >= low_rank) & (rank_c < high_rank)
+        queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
+
+        reliable_c = reliable & valid & (labels == c)
+        if not bool(reliable_c.any()):
+            continue
+        present += 1
+        anchors = student[reliable_c & (prob[:, c] > anchor_threshold)]
+        negatives = queues.class_keys(c)
+        if anchors.shape[0] == 0 or negatives.shape[0] == 0:
+            continue
+        positive = teacher[reliable_c].mean(dim=0)
+        pick = torch.randint(anchors.shape[0], (num_queries,), device=anchors.device, generator=generator)
+        anchor = anchors[pick]  # [Q, E]
+        pick_neg = torch.randint(negatives.shape[0], (num_queries * num_negatives,), device=negatives.device, generator=generator)
+        keys = torch.cat(
+            [positive.expand(num_queries, 1, dim), negatives[pick_neg].view(num_queries, num_negatives, dim)], dim=1
+        )  # [Q, 1 + N, E]
+        logits = F.cosine_similarity(anchor.unsqueeze(1), keys, dim=2) / temperature
+        losses.append(F.cross_entropy(logits, torch.zeros(num_queries, dtype=torch.long, device=logits.device)))
+
+    logs = {"contrastive_classes": float(present)}
+    if present <= 1 or not losses:
+        return rep_student.sum() * 0.0, logs
+    return torch.stack(losses).sum() / present, logs

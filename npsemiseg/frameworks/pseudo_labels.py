@@ -1,0 +1,84 @@
+"""Teacher predictions for any head: pseudo-labels, confidence and entropy.
+
+Every head returns per-sample logits ``[S, B, K, h, w]``; the prediction is the mean of
+the per-sample softmaxes (:func:`npsemiseg.heads.base.predictive`). That one rule is how
+the baseline (S = 1), MC dropout (mean of T stochastic passes) and the NP head (T latent
+samples in inference mode, from the stored centers) all produce pseudo-labels, so no
+framework needs to know which head it trains.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from npsemiseg.heads.base import predictive
+
+
+@dataclass
+class TeacherPrediction:
+    """A teacher's prediction at image resolution.
+
+    probs ``[B, K, H, W]`` (mean of per-sample softmaxes), entropy ``[B, H, W]`` (natural log),
+    confidence ``[B, H, W]`` (max prob), label ``[B, H, W]`` int64 (argmax = hard pseudo-label),
+    logits ``[S, B, K, H, W]`` (per-sample logits, upsampled), output = the raw SegmentorOutput
+    (features, representation, ... at feature resolution).
+    """
+
+    probs: Tensor
+    entropy: Tensor
+    confidence: Tensor
+    label: Tensor
+    logits: Tensor
+    output: object
+
+    def log_probs(self) -> Tensor:
+        """``[B, K, H, W]`` logits of the teacher: the raw logits when S = 1, else the log of
+        the mean of per-sample softmaxes (a logit vector whose softmax is the prediction)."""
+        if self.logits.shape[0] == 1:
+            return self.logits[0].float()
+        return torch.log(self.probs.clamp_min(1e-12))
+
+
+@contextmanager
+def mode(model: nn.Module, train: bool) -> Iterator[nn.Module]:
+    """Temporarily put ``model`` in train (``True``) or eval mode, restoring it afterwards."""
+    was_training = model.training
+    model.train(train)
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def prediction_from_logits(logits: Tensor, size: tuple[int, int], output: object = None) -> TeacherPrediction:
+    """Upsample per-sample logits ``[S, B, K, h, w]`` to ``size`` and summarise them."""
+    from npsemiseg.models import upsample_logits
+
+    logits = upsample_logits(logits, size)
+    probs, entropy = predictive(logits)
+    confidence, label = probs.max(dim=1)
+    return TeacherPrediction(probs, entropy, confidence, label, logits, output)
+
+
+@torch.no_grad()
+def teacher_predict(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    num_samples: int | None = None,
+    train_mode: bool = False,
+) -> TeacherPrediction:
+    """The teacher's prediction on ``images [B, 3, H, W]`` at image resolution.
+
+    Eval mode by default (the NP head then uses its stored centers; MC dropout keeps its
+    dropout active and draws ``num_samples`` passes). ``train_mode=True`` is U2PL's quirk
+    (batch BN statistics and train-time dropout; no labels, so NP memories are not written).
+    """
+    with mode(model, train_mode):
+        output = model(images, num_samples=num_samples)
+    return prediction_from_logits(output.head.logits, tuple(images.shape[-2:]), output)

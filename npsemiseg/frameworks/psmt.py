@@ -1,0 +1,212 @@
+"""PS-MT (Liu et al., CVPR 2022): perturbed and strict mean teachers (``ssl_frameworks.md`` section 4).
+
+Per iteration (after ``warmup_epochs``):
+
+1. Both teachers (eval mode) predict logits on the weak unlabeled view. The teacher updated
+   this epoch is the core, the other the assist: the assist keeps its top-7 class logits per
+   pixel and takes the core's elsewhere; the target is ``gamma t1 + (1 - gamma) t2`` (0.5).
+   For stochastic heads a teacher's "logits" are the log of its predictive (mean of the
+   per-sample softmaxes); for the baseline the raw logits.
+2. CutMix among the unlabeled images (one box, lambda ~ Beta(4, 4) on VOC; three boxes on
+   Cityscapes) of the strong view; the target's argmax and max prob (which is all the loss
+   uses of it) move with the pixels.
+3. Student: feature map of labeled (strong view) + mixed unlabeled images, T-VAT
+   perturbation (``tvat.py``: xi 1e-6, eps 2.0, one power iteration, KL on the teachers'
+   ensemble), classifier head on the perturbed features.
+4. Supervised CE + ``w(t)`` x confidence-weighted CE: per pixel CE against the target's
+   argmax times its max prob, averaged over the pixels with max prob >= 0.6, where ``w(t)``
+   is a cosine ramp-up over 12 epochs (iterations) to the per-protocol weight.
+
+Teachers: initialised from the student; EMA of the student's full state (parameters and
+buffers) with keep rate 0.996 after every step, alternating: teacher 1 in the first (odd,
+1-based) epoch, teacher 2 in the next, and so on. Evaluation: both teachers' predictions
+averaged (VOC), teacher 1 alone (Cityscapes).
+
+The released code's teachers start from a random backbone and get a 5-epoch supervised
+warm-up with their own optimisers (``ssl_frameworks.md`` quirk 3). The single training loop
+optimises the student only, so that quirk is not reproduced: teachers start as copies of the
+student (default ``warmup_epochs = 0``); ``warmup_epochs > 0`` trains the student on labeled
+images only (strong view, plain CE, no T-VAT) for that many epochs with both teachers copied
+from it after every step, which is the closest single-optimiser analogue.
+
+Design notes: labeled and unlabeled images go through the student as one batch (the
+released code makes two passes) so the NP head sees the labeled slice as its context. The
+student's feature map comes from ``Segmentor.extract`` (one decoder pass), so MC dropout
+with decoder scope samples only in the head during PS-MT training, and the auxiliary
+layer-3 head (Cityscapes) is not trained by PS-MT (its released code has none).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from npsemiseg.data.mixing import psmt_cutmix
+from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.losses import masked_mean
+from npsemiseg.frameworks.schedules import rampup_weight
+from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, labeled_view, require_unlabeled
+from npsemiseg.frameworks.tvat import frozen_classifier, tvat_perturbation
+from npsemiseg.heads.base import HeadOutput
+
+
+class PSMTOptions(FrameworkOptions):
+    """PS-MT options; defaults = the VOC blender settings (``paper_options`` adapts per protocol)."""
+
+    ema_keep_rate: float = Field(0.996, ge=0.0, le=1.0)
+    unsup_weight: float = Field(1.5, ge=0.0)
+    rampup_epochs: float = Field(12.0, ge=0.0)
+    confidence_threshold: float = Field(0.6, ge=0.0, le=1.0)
+    gamma: float = Field(0.5, ge=0.0, le=1.0)
+    assist_topk: int = Field(7, ge=1)
+    tvat: bool = True
+    tvat_xi: float = Field(1e-6, gt=0.0)
+    tvat_eps: float = Field(2.0, ge=0.0)
+    tvat_iterations: int = Field(1, ge=1)
+    cutmix_variant: Literal["voc", "cityscapes"] = "voc"
+    eval_teachers: Literal["both", "first"] = "both"
+    strong_labeled: bool = True
+    warmup_epochs: int = Field(0, ge=0)
+
+
+def assist_combine(core: Tensor, assist: Tensor, topk: int) -> Tensor:
+    """The assist teacher's logits ``[B, K, H, W]`` at its ``topk`` classes per pixel, the core's elsewhere."""
+    k = min(topk, assist.shape[1])
+    top = assist.topk(k, dim=1).indices
+    keep = torch.zeros_like(assist, dtype=torch.bool).scatter_(1, top, True)
+    return torch.where(keep, assist, core)
+
+
+def teacher_target(logits_1: Tensor, logits_2: Tensor, core: int, *, topk: int, gamma: float) -> Tensor:
+    """PS-MT's target logits ``gamma t1 + (1 - gamma) t2`` where the assist teacher (not ``core``,
+    0 or 1) is restricted to its top-k classes (``assist_combine``)."""
+    if core == 0:
+        logits_2 = assist_combine(logits_1, logits_2, topk)
+    else:
+        logits_1 = assist_combine(logits_2, logits_1, topk)
+    return gamma * logits_1 + (1.0 - gamma) * logits_2
+
+
+class TeacherEnsemble(nn.Module):
+    """Evaluation model averaging several segmentors: their per-sample logits are concatenated
+    along the sample axis, so the prediction (mean of per-sample softmaxes) averages them all.
+
+    ``extract`` / ``head`` are the first teacher's (used by NP's whole-image latent)."""
+
+    def __init__(self, members: list[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    @property
+    def head(self) -> nn.Module:
+        return self.members[0].head
+
+    @property
+    def num_classes(self) -> int:
+        return self.members[0].num_classes
+
+    def extract(self, images: Tensor) -> Tensor:
+        return self.members[0].extract(images)
+
+    def forward(self, images: Tensor, *, labels: Tensor | None = None, num_context: int = 0,
+                num_samples: int | None = None, latent: Any = None) -> Any:
+        from npsemiseg.models import SegmentorOutput
+
+        if labels is not None:
+            raise ValueError("labels: the teacher ensemble is for inference only")
+        outputs = [m(images, num_samples=num_samples, latent=latent) for m in self.members]
+        logits = torch.cat([o.head.logits for o in outputs], dim=0)
+        head = HeadOutput(logits, logits.new_zeros((), dtype=torch.float32), {})
+        return SegmentorOutput(outputs[0].features, head, None, None)
+
+
+class PSMT(SemiSupervisedFramework):
+    """One student, two alternating EMA teachers, T-VAT and confidence-weighted CE."""
+
+    name = "psmt"
+    Options = PSMTOptions
+    teacher_names = ("teacher1", "teacher2")
+
+    def __init__(self, options, build_model, *, num_classes, config=None) -> None:
+        super().__init__(options, build_model, num_classes=num_classes, config=config)
+        self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names])
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
+        """Unsupervised weight: 1.5 (VOC blender), 0.6 (classic 183/366/732/1464), 0.06 (classic 92),
+        3.0 (Cityscapes, which also uses three CutMix boxes and evaluates teacher 1 only)."""
+        if dataset == "cityscapes":
+            return PSMTOptions(unsup_weight=3.0, cutmix_variant="cityscapes", eval_teachers="first").model_dump()
+        if dataset == "pascal_classic":
+            from npsemiseg.data import dataset_info
+
+            labeled = dataset_info(dataset).resolve_partition(partition)
+            return PSMTOptions(unsup_weight=0.06 if labeled == "92" else 0.6).model_dump()
+        return PSMTOptions().model_dump()
+
+    def eval_model(self) -> nn.Module:
+        if self.options.eval_teachers == "both":  # type: ignore[attr-defined]
+            return self._ensemble
+        return self.teachers["teacher1"]
+
+    def core_index(self, ctx: StepContext) -> int:
+        """0 (teacher 1) in the first semi-supervised epoch, 1 in the next, alternating."""
+        return (ctx.epoch - self.options.warmup_epochs) % 2  # type: ignore[attr-defined]
+
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        opts: PSMTOptions = self.options  # type: ignore[assignment]
+        images_l = labeled_view(batch.labeled, strong=opts.strong_labeled)
+        labels_l = batch.labeled["label"]
+        if ctx.epoch < opts.warmup_epochs:
+            student = self.labeled_pass(images_l, labels_l)
+            return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
+        unlabeled = require_unlabeled(batch, self.name)
+        self.seed_memories(images_l, labels_l)
+
+        t1, t2 = (self.predict(self.teachers[n], unlabeled["image"]) for n in self.teacher_names)
+        target = teacher_target(t1.log_probs(), t2.log_probs(), self.core_index(ctx), topk=opts.assist_topk, gamma=opts.gamma)
+        confidence, pseudo = torch.softmax(target, dim=1).max(dim=1)
+        mixed = psmt_cutmix(labeled_view(unlabeled, strong=True), pseudo, confidence, variant=opts.cutmix_variant)
+        confident = mixed.confidence >= opts.confidence_threshold
+        head_labels = ignore_where(mixed.label, ~confident)
+
+        student = self._perturbed_pass(images_l, labels_l, mixed.image, head_labels, opts)
+        losses = self.supervised_terms(student, labels_l)
+        per_pixel = self.pixel_ce(student.logits_u, mixed.label) * mixed.confidence
+        weight = rampup_weight(ctx.step - opts.warmup_epochs * ctx.iters_per_epoch, ctx.iters_per_epoch,
+                               opts.unsup_weight, opts.rampup_epochs)
+        losses["unsup"] = weight * masked_mean(per_pixel, confident)
+        logs = self.step_logs(student, unsup_weight=weight, kept_fraction=float(confident.float().mean()))
+        return StepResult(losses, logs)
+
+    def _perturbed_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor,
+                        opts: PSMTOptions) -> StudentPass:
+        """Student features of the whole batch, T-VAT perturbation, head on the perturbed features."""
+        from npsemiseg.models import SegmentorOutput, upsample_logits
+
+        model = unwrap(self.student)
+        images = torch.cat([images_l, images_u], dim=0)
+        labels = torch.cat([labels_l, labels_u], dim=0)
+        features = model.extract(images)
+        if opts.tvat:
+            teachers = [frozen_classifier(self.teachers[n]) for n in self.teacher_names]
+            features = features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
+                                                    iterations=opts.tvat_iterations)
+        head = model.classify(features, labels=labels, num_context=images_l.shape[0])
+        output = SegmentorOutput(features, head, None, None)
+        return self._split(output, images.shape[-2:], images_l.shape[0], upsample_logits)
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        opts: PSMTOptions = self.options  # type: ignore[assignment]
+        if ctx.epoch < opts.warmup_epochs:
+            for teacher in self.teachers.values():
+                self.reset_teacher(teacher)
+            return
+        core = self.teachers[self.teacher_names[self.core_index(ctx)]]
+        self.ema(core, opts.ema_keep_rate, buffers="ema")
+        # the other teacher keeps its weights but must query the student's current NP memories
+        self.sync_memories(self.teachers[self.teacher_names[1 - self.core_index(ctx)]])

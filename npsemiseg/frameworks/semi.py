@@ -1,0 +1,210 @@
+"""What the four SSL frameworks (MT, PS-MT, U2PL, AugSeg) share: a student, EMA teachers, and
+one student pass over labeled + unlabeled images that works with every head.
+
+The student pass (:meth:`SemiSupervisedFramework.student_pass`) concatenates the labeled
+images and the (mixed, augmented) unlabeled images into one batch and calls the segmentor
+with ``labels`` = ground truth + pseudo-labels (255 where the framework ignores a pixel)
+and ``num_context = B_l``. For the NP head that is the paper's setting: context = the
+labeled slice of the student's features, targets = the whole batch, memories updated from
+them inside the head, ``aux_loss = lambda_kl x KL`` returned as its own loss term ``kl``.
+The baseline and MC-dropout heads ignore the labels. Logits ``[S, B, K, h, w]`` are
+upsampled to the image size and every cross-entropy is taken over the S samples in the form
+``config.head.sample_ce`` chooses (ELBO by default).
+
+NP memories and the teacher: the NP head's memories are written by the student; a teacher
+copies them after every EMA update (:func:`~npsemiseg.frameworks.ema.memory_buffer_names`).
+Before the first teacher prediction of a run the memories are empty, so they are seeded
+once from the labeled batch (a no-gradient student pass with the head in training mode,
+the rest of the network in eval mode so no BN statistics move).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext
+from npsemiseg.frameworks.ema import BufferMode, copy_model, ema_update, make_teacher, memory_buffer_names, unwrap
+from npsemiseg.frameworks.losses import pixel_cross_entropy
+from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, mode, teacher_predict
+from npsemiseg.heads.base import IGNORE_INDEX, HeadOutput
+
+
+@dataclass
+class StudentPass:
+    """The student's output on labeled + unlabeled images.
+
+    output: the SegmentorOutput (features, head output at feature resolution, aux logits,
+    representation); logits_l ``[S, B_l, K, H, W]`` and logits_u ``[S, B_u, K, H, W]`` upsampled
+    to the image size; num_labeled = B_l.
+    """
+
+    output: Any
+    logits_l: Tensor
+    logits_u: Tensor
+    num_labeled: int
+
+    @property
+    def head(self) -> HeadOutput:
+        return self.output.head
+
+    def labeled_output(self) -> Any:
+        """The SegmentorOutput restricted to the labeled images (for the supervised loss)."""
+        from npsemiseg.models import SegmentorOutput
+
+        out, m = self.output, self.num_labeled
+        head = HeadOutput(out.head.logits[:, :m], out.head.aux_loss, out.head.stats)
+        aux = out.aux_logits[:m] if out.aux_logits is not None else None
+        rep = out.representation[:m] if out.representation is not None else None
+        return SegmentorOutput(out.features[:m], head, aux, rep)
+
+
+def ignore_where(labels: Tensor, drop: Tensor) -> Tensor:
+    """``labels [B, H, W]`` with ``IGNORE_INDEX`` where ``drop [B, H, W]`` (bool) holds."""
+    return labels.masked_fill(drop, IGNORE_INDEX)
+
+
+class SemiSupervisedFramework(Framework):
+    """Base of MT, PS-MT, U2PL and AugSeg: student + teacher(s) + a shared student pass.
+
+    Subclasses set ``teacher_names`` (one EMA teacher by default) and implement ``train_step``
+    and ``after_optimizer_step``.
+    """
+
+    teacher_names: tuple[str, ...] = ("teacher",)
+
+    def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
+                 config: Any = None) -> None:
+        if config is None:
+            raise ValueError(f"config: the {self.name} framework needs the RunConfig (loss and head settings)")
+        super().__init__(options, build_model, num_classes=num_classes, config=config)
+        self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
+        self._memory_names = memory_buffer_names(self.student)
+
+    # ----------------------------------------------------------------- contract
+    def modules(self) -> dict[str, nn.Module]:
+        return {"student": self.student, **self.teachers}
+
+    @property
+    def teacher(self) -> nn.Module:
+        return self.teachers[self.teacher_names[0]]
+
+    def eval_model(self) -> nn.Module:
+        return self.teacher
+
+    # ----------------------------------------------------------------- head facts
+    @property
+    def sample_ce(self) -> str:
+        return self.config.head.sample_ce
+
+    @property
+    def uses_np_head(self) -> bool:
+        return bool(self._memory_names)
+
+    # ----------------------------------------------------------------- teachers
+    def ema(self, teacher: nn.Module, decay: float, buffers: BufferMode = "ema") -> None:
+        """EMA of the student into ``teacher``; NP memories are copied, not averaged."""
+        ema_update(teacher, self.student, decay, buffers=buffers, copy_buffers=self._memory_names)
+
+    def reset_teacher(self, teacher: nn.Module) -> None:
+        """Make ``teacher`` an exact copy of the student (parameters and buffers)."""
+        copy_model(teacher, self.student)
+
+    def sync_memories(self, teacher: nn.Module) -> None:
+        """Copy the student's NP memories and centers into ``teacher``."""
+        if not self._memory_names:
+            return
+        student_buffers = dict(unwrap(self.student).named_buffers())
+        with torch.no_grad():
+            for name, buf in unwrap(teacher).named_buffers():
+                if name in self._memory_names:
+                    buf.copy_(student_buffers[name])
+
+    @torch.no_grad()
+    def seed_memories(self, images_l: Tensor, labels_l: Tensor) -> None:
+        """Fill empty NP memories from the labeled batch and copy them to every teacher (no-op
+        for other heads or once the memories hold rows)."""
+        if not self._memory_names:
+            return
+        student = unwrap(self.student)
+        head = student.head
+        if bool((head.target_count.sum() > 0) & (head.context_count.sum() > 0)):
+            return
+        with mode(student, False), mode(head, True):
+            student(images_l, labels=labels_l, num_context=images_l.shape[0])
+        for teacher in self.teachers.values():
+            self.sync_memories(teacher)
+
+    def predict(self, teacher: nn.Module, images: Tensor, *, train_mode: bool = False) -> TeacherPrediction:
+        """``teacher``'s prediction (mean of per-sample softmaxes) at image resolution."""
+        return teacher_predict(teacher, images, train_mode=train_mode)
+
+    # ----------------------------------------------------------------- student
+    def student_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor) -> StudentPass:
+        """One student forward over ``cat(images_l, images_u)`` with labels ``cat(labels_l, labels_u)``
+        (``labels_u``: pseudo-labels with 255 where ignored) and the labeled slice as NP context."""
+        from npsemiseg.models import upsample_logits
+
+        images = torch.cat([images_l, images_u], dim=0)
+        labels = torch.cat([labels_l, labels_u], dim=0)
+        output = self.student(images, labels=labels, num_context=images_l.shape[0])
+        return self._split(output, images.shape[-2:], images_l.shape[0], upsample_logits)
+
+    def labeled_pass(self, images_l: Tensor, labels_l: Tensor) -> StudentPass:
+        """A student forward over the labeled images only (supervised-only epochs, warm-ups);
+        the NP head takes them as context and targets."""
+        from npsemiseg.models import upsample_logits
+
+        output = self.student(images_l, labels=labels_l, num_context=images_l.shape[0])
+        return self._split(output, images_l.shape[-2:], images_l.shape[0], upsample_logits)
+
+    def _split(self, output: Any, size: Any, num_labeled: int, upsample: Callable[..., Tensor]) -> StudentPass:
+        logits = upsample(output.head.logits, tuple(size))
+        return StudentPass(output, logits[:, :num_labeled], logits[:, num_labeled:], num_labeled)
+
+    def supervised_terms(self, student: StudentPass, labels_l: Tensor) -> dict[str, Tensor]:
+        """The supervised loss terms of the run config (CE or OHEM, + aux head) on the labeled slice,
+        plus ``kl`` (the NP head's lambda_kl x KL) when the head is NP."""
+        from npsemiseg.frameworks.supervised import supervised_loss_terms
+
+        terms = supervised_loss_terms(student.labeled_output(), labels_l, self.config)
+        if self.uses_np_head:
+            terms["kl"] = student.head.aux_loss
+        return terms
+
+    def pixel_ce(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Per-pixel CE ``[B, H, W]`` over the samples of ``logits [S, B, K, H, W]`` (0 where ignored)."""
+        return pixel_cross_entropy(logits, labels, form=self.sample_ce)
+
+    def step_logs(self, student: StudentPass, **values: float) -> dict[str, float]:
+        logs = {f"head/{k}": float(v) for k, v in student.head.stats.items()}
+        logs.update({k: float(v) for k, v in values.items()})
+        return logs
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} holds no extra state, got keys {sorted(state)}")
+
+
+def labeled_view(batch_part: dict[str, Tensor], strong: bool) -> Tensor:
+    """``image_strong`` when asked for and present, else the weak ``image``."""
+    if strong and "image_strong" in batch_part:
+        return batch_part["image_strong"]
+    return batch_part["image"]
+
+
+def require_unlabeled(batch: Any, name: str) -> dict[str, Tensor]:
+    if batch.unlabeled is None:
+        raise ValueError(f"batch.unlabeled: the {name} framework needs unlabeled images, got None")
+    return batch.unlabeled
+
+
+def sup_only(ctx: StepContext, epochs: int) -> bool:
+    return ctx.epoch < epochs

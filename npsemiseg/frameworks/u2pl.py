@@ -1,0 +1,203 @@
+"""U2PL (Wang et al., CVPR 2022): entropy-filtered pseudo-labels and a contrastive loss whose
+negatives are the unreliable pixels (``ssl_frameworks.md`` section 5).
+
+Per iteration (after ``sup_only_epochs`` labeled-only epochs):
+
+1. Teacher (eval mode) on the weak unlabeled images -> hard pseudo-labels and confidences.
+2. U2PL's CutMix (probability 0.5; each image gets a rectangle of half its area from image
+   ``(i + 1) mod B``), mixing image, pseudo-label and confidence together.
+3. Teacher on labeled + mixed unlabeled images -> probabilities, entropy and representations
+   (the statistics pass).
+4. Unsupervised CE on the pseudo-labels, ignoring pixels whose entropy is at or above the
+   ``u2pl_drop_percent(t, T)`` = (80 + 20 t/T)-th percentile, scaled by all / kept pixels.
+5. Contrastive loss (``contrastive.py``) at feature resolution, ``alpha_t = 20 (1 - t/T)``.
+
+Teacher: EMA with ``min(1 - 1/(k + 1), 0.99)``, k counted from the first semi-supervised
+iteration; during the first semi-supervised epoch the teacher is reset to the student before
+every step (as the released code, whose teacher parameters share the student's storage then).
+
+Quirks of the released code, as options off by default:
+
+- ``teacher_train_mode``: the statistics pass (3) runs the teacher in train mode (batch BN
+  statistics, dropout active), which also updates the teacher's BN running statistics; the
+  released code does this, also during the supervised-only epochs. Default: eval mode, and
+  the teacher's BN buffers are an EMA of the student's (``ema_buffers="ema"``); with the
+  quirk, set ``ema_buffers="none"`` for full parity.
+- label padding with 0 (background) instead of 255 is a data option, not a framework one.
+
+The paper's contrastive definitions are used; the released code's negative masks differ
+(see ``contrastive.py``). With the NP head, the student's targets are the labeled images
+plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from npsemiseg.data.mixing import u2pl_cutmix
+from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
+from npsemiseg.frameworks.ema import u2pl_decay
+from npsemiseg.frameworks.losses import cross_entropy_loss
+from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
+from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
+from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
+from npsemiseg.heads.base import IGNORE_INDEX, downsample_labels, predictive
+
+
+class U2PLOptions(FrameworkOptions):
+    """U2PL options; defaults = the paper's VOC settings (``paper_options`` adapts per dataset)."""
+
+    sup_only_epochs: int = Field(1, ge=0)
+    ema_decay: float = Field(0.99, ge=0.0, le=1.0)
+    ema_buffers: Literal["ema", "copy", "none"] = "ema"
+    unsup_weight: float = Field(1.0, ge=0.0)
+    drop_percent: float = Field(80.0, ge=0.0, le=100.0)
+    cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
+    teacher_train_mode: bool = False
+    contrastive: bool = True
+    contrastive_weight: float = Field(1.0, ge=0.0)
+    alpha_0: float = Field(20.0, ge=0.0, le=50.0)
+    anchor_threshold: float = Field(0.3, ge=0.0, le=1.0)
+    low_rank: int = Field(3, ge=1)
+    high_rank: int = Field(20, ge=1)
+    temperature: float = Field(0.5, gt=0.0)
+    num_queries: int = Field(256, ge=1)
+    num_negatives: int = Field(50, ge=1)
+    queue_size: int = Field(30000, ge=1)
+    background_queue_size: int = Field(50000, ge=1)
+
+
+class U2PL(SemiSupervisedFramework):
+    """Student + EMA teacher with entropy-filtered pseudo-labels and the contrastive loss."""
+
+    name = "u2pl"
+    Options = U2PLOptions
+
+    def __init__(self, options, build_model, *, num_classes, config=None) -> None:
+        super().__init__(options, build_model, num_classes=num_classes, config=config)
+        opts: U2PLOptions = self.options  # type: ignore[assignment]
+        self.queues: ClassQueues | None = None
+        if opts.contrastive:
+            rep_head = getattr(self.student, "representation_head", None)
+            if rep_head is None:
+                raise ValueError(
+                    "model.representation_head: U2PL's contrastive loss needs the representation head "
+                    "(set model.representation_head=true or framework_options.contrastive=false)"
+                )
+            dim = _representation_dim(rep_head)
+            sizes = [opts.background_queue_size] + [opts.queue_size] * (num_classes - 1)
+            self.queues = ClassQueues(sizes, dim)
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
+        """U2PL's configs: one supervised-only epoch on VOC, none on Cityscapes; the rest shared."""
+        return U2PLOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
+
+    # ----------------------------------------------------------------- step
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        opts: U2PLOptions = self.options  # type: ignore[assignment]
+        images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        if sup_only(ctx, opts.sup_only_epochs):
+            return self._supervised_step(images_l, labels_l, opts)
+        if ctx.epoch == opts.sup_only_epochs:
+            self.reset_teacher(self.teacher)
+        images_u = require_unlabeled(batch, self.name)["image"]
+        self.seed_memories(images_l, labels_l)
+
+        weak = self.predict(self.teacher, images_u)
+        mixed = u2pl_cutmix(images_u, weak.label, weak.confidence, p=opts.cutmix_prob)
+        mixed_images, pseudo = mixed.image, mixed.label
+
+        # statistics pass: teacher on labeled + mixed unlabeled images
+        num_l = images_l.shape[0]
+        stats = self.predict(self.teacher, torch.cat([images_l, mixed_images]), train_mode=opts.teacher_train_mode)
+        entropy_u = stats.entropy[num_l:]
+
+        kept = entropy_filter(entropy_u, pseudo, u2pl_drop_percent(ctx.epoch, ctx.total_epochs, opts.drop_percent))
+        num_kept = (kept != IGNORE_INDEX).sum()
+
+        student = self.student_pass(images_l, labels_l, mixed_images, kept)
+        losses = self.supervised_terms(student, labels_l)
+        scale = kept.numel() / num_kept.clamp_min(1).float()
+        losses["unsup"] = opts.unsup_weight * scale * cross_entropy_loss(student.logits_u, kept, form=self.sample_ce)
+        logs = self.step_logs(student, kept_fraction=float(num_kept) / kept.numel(),
+                              teacher_confidence=float(weak.confidence.mean()))
+        if self.queues is not None:
+            contra, contra_logs = self._contrastive(student, stats, labels_l, pseudo, entropy_u, ctx, opts)
+            losses["contrastive"] = opts.contrastive_weight * contra
+            logs.update(contra_logs)
+        return StepResult(losses, logs)
+
+    def _supervised_step(self, images_l, labels_l, opts: U2PLOptions) -> StepResult:
+        """Labeled images only (U2PL's ``sup_only_epoch``); with the quirk the teacher also runs
+        in train mode on them, which moves its BN statistics as the released code does."""
+        student = self.labeled_pass(images_l, labels_l)
+        if opts.teacher_train_mode:
+            self.predict(self.teacher, images_l, train_mode=True)
+        return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
+
+    def _contrastive(self, student, stats, labels_l, pseudo, entropy_u, ctx: StepContext, opts: U2PLOptions):
+        """U2PL's contrastive loss at the representation's resolution."""
+        rep_student = student.output.representation
+        rep_teacher = stats.output.representation
+        if rep_student is None or rep_teacher is None:
+            raise ValueError("model.representation_head: U2PL's contrastive loss needs the representation head")
+        size = tuple(rep_student.shape[-2:])
+        num_l = labels_l.shape[0]
+        # teacher probabilities at feature resolution (mean of per-sample softmaxes)
+        prob_small, _ = predictive(stats.output.head.logits)
+        if tuple(prob_small.shape[-2:]) != size:
+            prob_small = prediction_from_logits(stats.output.head.logits, size).probs
+
+        alpha = contrastive_alpha(ctx.epoch, ctx.total_epochs, opts.alpha_0)
+        valid_u = pseudo != IGNORE_INDEX
+        reliable_u = torch.zeros_like(valid_u)
+        unreliable_u = torch.zeros_like(valid_u)
+        if bool(valid_u.any()):
+            values = entropy_u[valid_u]
+            reliable_u = valid_u & (entropy_u <= percentile(values, alpha))
+            unreliable_u = valid_u & (entropy_u >= percentile(values, 100.0 - alpha))
+        valid_l = labels_l != IGNORE_INDEX
+        labels_small = downsample_labels(torch.cat([labels_l, pseudo]), size)
+        reliable = downsample_labels(torch.cat([valid_l, reliable_u]).long(), size).bool()
+        unreliable = downsample_labels(torch.cat([valid_l, unreliable_u]).long(), size).bool()
+        if self.queues is None:
+            raise ValueError("contrastive: the queues were not built (framework_options.contrastive=false)")
+        return contrastive_loss(
+            rep_student, rep_teacher, prob_small, labels_small, reliable, unreliable, num_l, self.queues,
+            anchor_threshold=opts.anchor_threshold, low_rank=opts.low_rank, high_rank=opts.high_rank,
+            temperature=opts.temperature, num_queries=opts.num_queries, num_negatives=opts.num_negatives,
+        )
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        opts: U2PLOptions = self.options  # type: ignore[assignment]
+        if sup_only(ctx, opts.sup_only_epochs):
+            return
+        decay = u2pl_decay(ctx.step, opts.sup_only_epochs * ctx.iters_per_epoch, opts.ema_decay)
+        self.ema(self.teacher, decay, buffers=opts.ema_buffers)
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"queues": self.queues.state_dict()} if self.queues is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = {"queues"} if self.queues is not None else set()
+        if set(state) != expected:
+            raise ValueError(f"U2PL state: expected keys {sorted(expected)}, got {sorted(state)}")
+        if self.queues is not None:
+            self.queues.load_state_dict(state["queues"])
+
+
+def _representation_dim(rep_head: Any) -> int:
+    """Output channels of the representation head (its last conv)."""
+    dim = getattr(rep_head, "dim", None) or getattr(rep_head, "out_channels", None)
+    if dim is None:
+        convs = [m for m in rep_head.modules() if isinstance(m, torch.nn.Conv2d)]
+        if not convs:
+            raise ValueError("model.representation_head: cannot tell its output channels")
+        dim = convs[-1].out_channels
+    return int(dim)
