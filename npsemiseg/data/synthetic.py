@@ -203,14 +203,13 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
     u = (dx * cos + dy * sin) / rx.view(n, 1, 1)
     v = (-dx * sin + dy * cos) / ry.view(n, 1, 1)
     radial = (u * u + v * v).sqrt()
-    phi = torch.atan2(v, u)
-    harmonics = torch.arange(2, 5, dtype=torch.float32).view(1, 3, 1, 1)
-    wavy = 1 + (wobble.view(n, 3, 1, 1) * torch.sin(harmonics * phi.unsqueeze(1) + wobble_phase.view(n, 3, 1, 1))).sum(1)
-    inside = torch.where(
-        shape_kind.view(n, 1, 1) == 0,
-        torch.maximum(u.abs(), v.abs()) <= 1,
-        radial <= torch.where(shape_kind.view(n, 1, 1) == 1, torch.ones_like(wavy), wavy),
-    )
+    inside = torch.where(shape_kind.view(n, 1, 1) == 0, torch.maximum(u.abs(), v.abs()) <= 1, radial <= 1)
+    blobs = (shape_kind == 2).nonzero().flatten()
+    if len(blobs):  # blob: radius 1 + sum_j a_j sin(j phi + phase_j), j = 2..4
+        phi = torch.atan2(v[blobs], u[blobs]).unsqueeze(1)
+        harmonics = torch.arange(2, 5, dtype=torch.float32).view(1, 3, 1, 1)
+        wavy = 1 + (wobble[blobs].view(-1, 3, 1, 1) * torch.sin(harmonics * phi + wobble_phase[blobs].view(-1, 3, 1, 1))).sum(1)
+        inside[blobs] = radial[blobs] <= wavy
     # the last shape covering a pixel wins (painter's order); 0 = background
     top = (inside * torch.arange(1, n + 1).view(n, 1, 1)).amax(0)
     label = torch.cat([world.scene_background[scene].view(1), shape_class])[top]
