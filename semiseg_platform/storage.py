@@ -1,0 +1,234 @@
+"""Where checkpoints live: a local directory or an ``s3://bucket/prefix`` (S3-compatible stores too).
+
+A :class:`Storage` is parsed once from a URI (:func:`parse_storage`) and hands the same
+location to Ray (``storage_path`` + ``storage_filesystem``) and to the platform's own
+checkpoint helpers (:class:`CheckpointStore`, used where Ray Train does not persist
+checkpoints: its local mode and the in-process launcher).
+
+S3 endpoint override (MinIO, SeaweedFS, ...), first match wins: the URI's query
+``?endpoint_override=http://127.0.0.1:8333`` (``endpoint_url=`` is accepted as a synonym;
+``scheme=http`` sets the transport when the endpoint has no scheme), the ``endpoint_url``
+argument, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``. Credentials come from the usual
+AWS variables / files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pyarrow.fs as pafs
+
+#: Default local storage (relative to the working directory of the driver)
+DEFAULT_STORAGE_DIR = "ray_results"
+
+#: Name of a checkpoint directory for ``step``: sortable, shared by every launcher
+CHECKPOINT_DIR_FORMAT = "checkpoint_{step:09d}"
+_CHECKPOINT_DIR_RE = re.compile(r"^checkpoint_(\d{9})$")
+#: Written last into an uploaded checkpoint: a directory without it is incomplete
+COMPLETE_MARKER = ".complete"
+
+_QUERY_KEYS = {"endpoint_override", "endpoint_url", "scheme", "region"}
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """``checkpoint_000000123`` for step 123."""
+    return CHECKPOINT_DIR_FORMAT.format(step=step)
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a directory named by :func:`checkpoint_dir_name`, else None."""
+    match = _CHECKPOINT_DIR_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def mark_complete(directory: Path, step: int) -> None:
+    """Write the completion marker into a local checkpoint ``directory`` (before Ray uploads it)."""
+    (Path(directory) / COMPLETE_MARKER).write_text(str(step))
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A storage location.
+
+    ``uri``: canonical form (an absolute local path, or ``s3://bucket/prefix`` without the
+    query); ``root``: the same location as a path inside ``filesystem`` (``/abs/dir`` or
+    ``bucket/prefix``); ``endpoint_url``: the S3 endpoint override, if any.
+    """
+
+    uri: str
+    root: str
+    filesystem: pafs.FileSystem
+    endpoint_url: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    def path(self, *parts: str) -> str:
+        """A path inside ``filesystem`` below the root."""
+        return "/".join([self.root.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def uri_of(self, *parts: str) -> str:
+        """A URI below the root (``/abs/dir/a/b`` or ``s3://bucket/prefix/a/b``)."""
+        return "/".join([self.uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the storage unless it can be reached and written.
+
+        Local: the directory is created (with parents) and a probe file written. S3: the bucket
+        must exist and a probe object is written and deleted under the prefix.
+        """
+        probe = self.path(f".probe-{uuid.uuid4().hex}")
+        try:
+            if self.is_local:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+            else:
+                bucket = self.root.split("/", 1)[0]
+                info = self.filesystem.get_file_info(bucket)
+                if info.type == pafs.FileType.NotFound:
+                    raise ValueError(f"storage {self.uri!r}: bucket {bucket!r} does not exist")
+            with self.filesystem.open_output_stream(probe) as stream:
+                stream.write(b"ok")
+            self.filesystem.delete_file(probe)
+        except ValueError:
+            raise
+        except Exception as error:  # pyarrow raises OSError subclasses with the SDK's message
+            where = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
+            message = " ".join(str(error).split())
+            raise ValueError(f"storage {self.uri!r}{where} is not reachable or not writable: {message}") from None
+
+    def ray_arguments(self) -> dict[str, object]:
+        """``storage_path`` / ``storage_filesystem`` keyword arguments for ``ray.train.RunConfig``."""
+        if self.is_local:
+            return {"storage_path": self.root}
+        return {"storage_path": self.root, "storage_filesystem": self.filesystem}
+
+
+def parse_storage(uri: str | os.PathLike | Storage | None = None, *, endpoint_url: str | None = None,
+                  timeout_s: float = 10.0) -> Storage:
+    """A :class:`Storage` from a local path or ``s3://bucket/prefix[?endpoint_override=...]``.
+
+    ``None`` = ``<cwd>/ray_results``. Relative local paths are made absolute (Ray workers run
+    in other working directories). ``timeout_s`` bounds S3 connects and requests. Other
+    schemes -> ``ValueError``.
+    """
+    if isinstance(uri, Storage):
+        return uri
+    if uri is None:
+        uri = Path.cwd() / DEFAULT_STORAGE_DIR
+    text = os.fspath(uri)
+    if not text:
+        raise ValueError("storage: expected a local directory or s3://bucket/prefix, got an empty string")
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        local = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
+        return Storage(uri=str(local), root=str(local), filesystem=pafs.LocalFileSystem())
+    if parsed.scheme != "s3":
+        raise ValueError(f"storage: expected a local directory or s3://bucket/prefix, got scheme {parsed.scheme!r} in {text!r}")
+    bucket = parsed.netloc
+    if not bucket:
+        raise ValueError(f"storage: {text!r} names no bucket (expected s3://bucket/prefix)")
+    query = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+    unknown = sorted(set(query) - _QUERY_KEYS)
+    if unknown:
+        raise ValueError(f"storage: unknown query parameter(s) {unknown} in {text!r} (known: {sorted(_QUERY_KEYS)})")
+    endpoint = (query.get("endpoint_override") or query.get("endpoint_url") or endpoint_url
+                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    options: dict[str, object] = {
+        "connect_timeout": timeout_s,
+        "request_timeout": timeout_s,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+    }
+    if query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        options["region"] = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        endpoint_parsed = urlparse(endpoint if "://" in endpoint else f"{query.get('scheme', 'https')}://{endpoint}")
+        if not endpoint_parsed.netloc:
+            raise ValueError(f"storage: endpoint override {endpoint!r} is not host[:port] or scheme://host[:port]")
+        options["endpoint_override"] = endpoint_parsed.netloc
+        options["scheme"] = endpoint_parsed.scheme
+        endpoint = f"{endpoint_parsed.scheme}://{endpoint_parsed.netloc}"
+    elif "scheme" in query:
+        options["scheme"] = query["scheme"]
+    root = f"{bucket}/{parsed.path.strip('/')}".rstrip("/")
+    filesystem = pafs.S3FileSystem(**options)
+    return Storage(uri=f"s3://{root}", root=root, filesystem=filesystem, endpoint_url=endpoint)
+
+
+class CheckpointStore:
+    """Checkpoints of one run under ``<storage>/<name>/checkpoint_<step>`` (sortable by step).
+
+    Used where Ray Train does not persist checkpoints itself (its local mode, the in-process
+    launcher). Ray Train's own reports use the same directory names
+    (``ray.train.report(..., checkpoint_dir_name=checkpoint_dir_name(step))``) and carry the
+    marker (:func:`mark_complete`), so a run started by one launcher resumes under the other.
+    """
+
+    def __init__(self, storage: Storage, name: str) -> None:
+        self.storage = storage
+        self.name = name
+
+    def save(self, step: int, directory: Path) -> str:
+        """Upload (copy) ``directory``'s files as the checkpoint of ``step``; returns its URI.
+
+        The completion marker is written last, so a crash during the upload leaves a directory
+        that :meth:`latest` ignores.
+        """
+        target = self.storage.path(self.name, checkpoint_dir_name(step))
+        fs = self.storage.filesystem
+        fs.create_dir(target, recursive=True)
+        pafs.copy_files(str(Path(directory).resolve()), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        with fs.open_output_stream(f"{target}/{COMPLETE_MARKER}") as stream:
+            stream.write(str(step).encode())
+        return self.storage.uri_of(self.name, checkpoint_dir_name(step))
+
+    def steps(self) -> list[int]:
+        """Steps of every complete checkpoint under this run, ascending."""
+        fs = self.storage.filesystem
+        base = self.storage.path(self.name)
+        if fs.get_file_info(base).type != pafs.FileType.Directory:
+            return []
+        steps = []
+        for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+            step = checkpoint_step(info.base_name)
+            if step is not None and info.type == pafs.FileType.Directory and self._is_complete(info.path):
+                steps.append(step)
+        return sorted(steps)
+
+    def _is_complete(self, path: str) -> bool:
+        return self.storage.filesystem.get_file_info(f"{path}/{COMPLETE_MARKER}").type == pafs.FileType.File
+
+    def latest(self) -> tuple[int, str] | None:
+        """``(step, uri)`` of the newest complete checkpoint, or None."""
+        steps = self.steps()
+        if not steps:
+            return None
+        return steps[-1], self.storage.uri_of(self.name, checkpoint_dir_name(steps[-1]))
+
+    def local_copy(self, step: int, destination: Path | None = None) -> Path:
+        """The checkpoint of ``step`` as a local directory (the stored one itself when local)."""
+        source = self.storage.path(self.name, checkpoint_dir_name(step))
+        if self.storage.is_local:
+            return Path(source)
+        destination = Path(destination or tempfile.mkdtemp(prefix="npsemiseg-ckpt-"))
+        destination.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(source, str(destination), source_filesystem=self.storage.filesystem, destination_filesystem=pafs.LocalFileSystem())
+        return destination
+
+    def prune(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` checkpoints (``keep`` >= 1)."""
+        if keep < 1:
+            raise ValueError(f"keep: expected >= 1, got {keep}")
+        for step in self.steps()[:-keep]:
+            path = self.storage.path(self.name, checkpoint_dir_name(step))
+            if self.storage.is_local:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                self.storage.filesystem.delete_dir(path)
