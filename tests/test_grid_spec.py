@@ -1,0 +1,127 @@
+"""Grid specs: validation (clear errors before anything starts), rules, expansion, identity."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from semiseg_platform.grid import GridSpec, cell_keys, expand, grid_id, load_spec
+
+SPECS = Path(__file__).resolve().parents[1] / "jobs" / "specs"
+
+
+def _spec(**changes):
+    data = {
+        "name": "tiny",
+        "preset": "smoke",
+        "frameworks": ["supervised", "u2pl"],
+        "datasets": {"synthetic_voc": ["92", "1/8"]},
+        "heads": {"baseline": None, "np": None, "np_mean": {"head": "np", "options": {"attention": "mean"}}},
+        "rules": [{"when": {"heads": ["np_mean"]}, "only": {"frameworks": ["u2pl"]}}],
+        "overrides": {"runtime.device": "cpu"},
+    }
+    data.update(changes)
+    return data
+
+
+def test_expansion_applies_rules_variants_seeds_and_overrides():
+    spec = load_spec(_spec(seeds=[0, 1], overrides={"runtime.device": "cpu", "optim.lr": 0.05}))
+    configs = expand(spec)
+    # 2 partitions x (2 frameworks x 2 heads + u2pl x np_mean) x 2 seeds
+    assert len(configs) == 2 * (2 * 2 + 1) * 2
+    names = Counter(c.cell_name for c in configs)
+    assert names["u2pl/synthetic_voc/183/np_mean"] == 2 and "supervised/synthetic_voc/92/np_mean" not in names
+    mean = next(c for c in configs if c.head.variant == "np_mean")
+    assert mean.head.name == "np" and mean.head.options["attention"] == "mean"
+    # the variant's options are merged over the preset's NP options, not replacing them
+    plain = next(c for c in configs if c.head.variant == "np" and c.framework == "u2pl")
+    assert {k: v for k, v in mean.head.options.items() if k != "attention"} == plain.head.options
+    assert {c.seed for c in configs} == {0, 1}
+    assert all(c.optim.lr == 0.05 and c.runtime.device == "cpu" for c in configs)
+    assert len({c.cell_id for c in configs}) == len(configs)
+
+
+def test_duplicate_cells_collapse_by_cell_id_and_grid_id_is_stable():
+    spec = load_spec(_spec(datasets={"synthetic_voc": ["92", "1/16", 92]}))
+    configs = expand(spec)
+    assert len(configs) == 5 and {c.partition for c in configs} == {"92"}
+    reordered = load_spec(_spec(frameworks=["u2pl", "supervised"], datasets={"synthetic_voc": ["92"]}))
+    assert grid_id(expand(reordered)) == grid_id(configs)
+    assert grid_id(configs[:-1]) != grid_id(configs)
+
+
+def test_heads_as_a_list_and_all_partitions():
+    spec = load_spec(_spec(heads=["baseline", "mc_dropout"], rules=[], datasets={"synthetic_cityscapes": "all"}))
+    assert spec.resolved_partitions == {"synthetic_cityscapes": ["186", "372", "744", "1488"]}
+    assert set(spec.heads) == {"baseline", "mc_dropout"}
+    assert sum(1 for _ in cell_keys(spec)) == 4 * 2 * 2
+
+
+def test_rule_without_only_excludes_cells():
+    spec = load_spec(_spec(rules=[{"when": {"frameworks": ["supervised"], "heads": ["np", "np_mean"]}}]))
+    keys = list(cell_keys(spec))
+    assert not any(k.framework == "supervised" and k.head.startswith("np") for k in keys)
+    assert any(k.framework == "u2pl" and k.head == "np_mean" for k in keys)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"framework": ["mt"]}, "framework"),  # unknown key
+    ({"frameworks": ["mt", "fixmatch"]}, "fixmatch"),
+    ({"datasets": {"voc": "all"}}, "voc"),
+    ({"datasets": {"pascal_classic": ["662"]}}, "'662' is not a partition of 'pascal_classic'"),
+    ({"datasets": {"synthetic_voc": []}}, "non-empty"),
+    ({"heads": {"dropout": None}}, "dropout"),
+    ({"heads": {"np_mean": {"head": "np", "opts": {}}}}, "opts"),
+    ({"preset": "tiny"}, "tiny"),
+    ({"rules": [{"when": {"heads": ["np_max"]}, "only": {"frameworks": ["u2pl"]}}]}, "np_max"),
+    ({"rules": [{"when": {"heads": ["np"]}, "only": {"frameworks": ["augseg"]}}]}, "augseg"),
+    ({"resources": {"workers": 2, "launcher": "in_process"}}, "in_process"),
+    ({"seeds": []}, "seeds"),
+])
+def test_invalid_specs_fail_with_the_offending_key(changes, message):
+    with pytest.raises(ValueError, match=message):
+        load_spec(_spec(**changes))
+
+
+def test_invalid_cell_settings_fail_at_expansion_naming_the_cell():
+    spec = load_spec(_spec(heads={"np_bad": {"head": "np", "options": {"attention": "sideways"}}}, rules=[]))
+    with pytest.raises(ValueError, match="supervised/synthetic_voc/92/np_bad.*attention"):
+        expand(spec)
+    spec = load_spec(_spec(overrides={"optim.learning_rate": 0.1}))
+    with pytest.raises(ValueError, match="learning_rate"):
+        expand(spec)
+
+
+def test_spec_files_errors_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nframeworks: [mt\n")
+    with pytest.raises(ValueError, match=f"{bad}.*YAML"):
+        load_spec(bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_spec(bad)
+
+
+def test_shipped_specs_cover_the_papers_study():
+    paper, smoke = load_spec(SPECS / "paper.yaml"), load_spec(SPECS / "smoke.yaml")
+    for spec in (paper, smoke):
+        keys = list(cell_keys(spec))
+        # 5 frameworks x 3 datasets x 4 partitions x 3 heads, + U2PL x np_mean x 12
+        assert len(keys) == 5 * 3 * 4 * 3 + 12
+        assert {k.framework for k in keys if k.head == "np_mean"} == {"u2pl"}
+        assert [len(p) for p in spec.resolved_partitions.values()] == [4, 4, 4]
+    assert set(paper.datasets) == {"pascal_classic", "pascal_blender", "cityscapes"}
+    assert set(smoke.datasets) == {"synthetic_voc", "synthetic_blender", "synthetic_cityscapes"}
+    assert paper.preset == "paper" and not paper.resources.in_process and paper.resources.gpus_per_worker == 1
+    assert smoke.preset == "smoke" and smoke.resources.in_process and smoke.resources.gpus_per_worker == 0
+
+
+@pytest.mark.integration
+def test_shipped_specs_expand_to_valid_unique_cells():
+    for name in ("paper.yaml", "smoke.yaml"):
+        configs = expand(load_spec(SPECS / name))
+        assert len(configs) == 192 and len({c.cell_id for c in configs}) == 192
