@@ -1,0 +1,39 @@
+"""Segmentation models: dilated ResNet backbones, DeepLabv3+ variants and the segmentor."""
+
+from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
+from .deeplab import (
+    VARIANTS,
+    AuxiliaryHead,
+    DeepLabV3PlusDecoder,
+    DecoderVariant,
+    RepresentationHead,
+    feature_channels,
+)
+from .segmentor import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Segmentor,
+    SegmentorOutput,
+    build_segmentor,
+    convert_sync_batchnorm,
+    upsample_logits,
+)
+
+__all__ = [
+    "VARIANTS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "AuxiliaryHead",
+    "BackboneFeatures",
+    "DecoderVariant",
+    "DeepLabV3PlusDecoder",
+    "RepresentationHead",
+    "ResNetBackbone",
+    "Segmentor",
+    "SegmentorOutput",
+    "build_backbone",
+    "build_segmentor",
+    "convert_sync_batchnorm",
+    "feature_channels",
+    "upsample_logits",
+]

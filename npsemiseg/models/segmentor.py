@@ -1,0 +1,283 @@
+"""The segmentor: ResNet encoder + DeepLabv3+ decoder + any classifier head.
+
+``Segmentor.forward(images)`` normalises ``[B, 3, H, W]`` images in [0, 1] with the ImageNet
+mean/std (buffers), encodes them once, decodes the feature map ``[B, C, h, w]`` (stride 4) and
+hands it to the head, which returns ``HeadOutput(logits [S, B, K, h, w])``. ``extract`` and
+``classify`` are the two halves (PS-MT's T-VAT perturbs the feature map between them).
+
+MC dropout scopes (see :func:`build_segmentor`):
+
+- ``"decoder"`` (the paper's): the decoder is built with always-active dropout after every
+  activation; the encoder runs once and decoder + head run S times, each head call making one
+  sample. The S passes run as one batch of ``S x B`` (encoder outputs repeated along the batch
+  dimension): on CPU this was faster than a Python loop of S decoder calls
+  (``benchmarks/RESULTS.md``), and it is the form the MC-dropout head uses too.
+- ``"head"``: the decoder runs once and only the MC-dropout head samples.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from npsemiseg.heads.base import ClassifierHead, HeadOutput
+
+from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
+from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, feature_channels, get_variant
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class SegmentorOutput:
+    """What :meth:`Segmentor.forward` returns.
+
+    features: ``[B, C, h, w]`` the feature map the head consumed (decoder scope of MC dropout:
+        the first of the S decoder passes).
+    head: the head's :class:`HeadOutput`, ``logits [S, B, K, h, w]`` at feature resolution.
+    aux_logits: ``[B, K, h3, w3]`` of the layer-3 auxiliary head in training mode, else None.
+    representation: ``[B, E, h, w]`` of the representation head (computed from ``features``), or None.
+    """
+
+    features: Tensor
+    head: HeadOutput
+    aux_logits: Tensor | None = None
+    representation: Tensor | None = None
+
+
+def upsample_logits(logits: Tensor, size: Sequence[int], *, align_corners: bool = False) -> Tensor:
+    """Bilinear resize of per-sample logits ``[S, B, K, h, w]`` to ``[S, B, K, H, W]`` (``size = (H, W)``)."""
+    if logits.dim() != 5:
+        raise ValueError(f"logits: expected [S, B, K, h, w], got shape {tuple(logits.shape)}")
+    size = tuple(int(s) for s in size)
+    if logits.shape[-2:] == size:
+        return logits
+    s, b = logits.shape[:2]
+    resized = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear", align_corners=align_corners)
+    return resized.view(s, b, *resized.shape[1:])
+
+
+class Segmentor(nn.Module):
+    """Backbone + DeepLabv3+ decoder + classifier head (+ optional auxiliary / representation heads).
+
+    The decoder samples (MC dropout, decoder scope) when it was built with ``mc_dropout > 0``;
+    the number of samples is then ``num_samples`` or the head's ``default_num_samples``.
+    """
+
+    def __init__(
+        self,
+        backbone: ResNetBackbone,
+        decoder: DeepLabV3PlusDecoder,
+        head: ClassifierHead,
+        *,
+        aux_head: AuxiliaryHead | None = None,
+        representation_head: RepresentationHead | None = None,
+    ) -> None:
+        super().__init__()
+        if head.in_channels != decoder.out_channels:
+            raise ValueError(
+                f"head: in_channels {head.in_channels} does not match the decoder's feature channels "
+                f"{decoder.out_channels} (variant {decoder.variant!r})"
+            )
+        self.backbone = backbone
+        self.decoder = decoder
+        self.head = head
+        self.aux_head = aux_head
+        self.representation_head = representation_head
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    @property
+    def decoder_sampling(self) -> bool:
+        """True when MC dropout samples the whole decoder (``mc_dropout_scope="decoder"``)."""
+        return self.decoder.mc_dropout > 0
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.num_classes
+
+    def encode(self, images: Tensor) -> BackboneFeatures:
+        """Normalise ``images [B, 3, H, W]`` in [0, 1] and run the backbone once."""
+        if images.dim() != 4 or images.shape[1] != 3 or not images.is_floating_point():
+            raise ValueError(
+                f"images: expected float [B, 3, H, W] in [0, 1], got {images.dtype} of shape {tuple(images.shape)}"
+            )
+        return self.backbone((images - self.mean) / self.std)
+
+    def extract(self, images: Tensor) -> Tensor:
+        """The feature map the head consumes, ``[B, C, h, w]`` (one decoder pass)."""
+        encoded = self.encode(images)
+        return self.decoder(encoded.low_level, encoded.high_level)
+
+    def classify(
+        self,
+        features: Tensor,
+        *,
+        labels: Tensor | None = None,
+        num_context: int = 0,
+        num_samples: int | None = None,
+        latent: Any = None,
+    ) -> HeadOutput:
+        """Run the head on ``features [B, C, h, w]``; with ``labels [B, H, W]`` and ``num_context = m``
+        the context is ``features[:m]`` / ``labels[:m]``. ``latent`` goes to heads that take one (NP)."""
+        return self.head(features, **self._head_kwargs(features, labels, num_context, num_samples, latent))
+
+    def forward(
+        self,
+        images: Tensor,
+        *,
+        labels: Tensor | None = None,
+        num_context: int = 0,
+        num_samples: int | None = None,
+        latent: Any = None,
+    ) -> SegmentorOutput:
+        """``images [B, 3, H, W]`` in [0, 1] -> :class:`SegmentorOutput` (logits ``[S, B, K, h, w]``)."""
+        encoded = self.encode(images)
+        if self.decoder_sampling:
+            features, head_output = self._sample_decoder(encoded, labels, num_context, num_samples, latent)
+        else:
+            features = self.decoder(encoded.low_level, encoded.high_level)
+            head_output = self.classify(
+                features, labels=labels, num_context=num_context, num_samples=num_samples, latent=latent
+            )
+        aux_logits = self.aux_head(encoded.layer3) if self.aux_head is not None and self.training else None
+        representation = self.representation_head(features) if self.representation_head is not None else None
+        return SegmentorOutput(features, head_output, aux_logits, representation)
+
+    def _sample_decoder(
+        self, encoded: BackboneFeatures, labels: Tensor | None, num_context: int, num_samples: int | None, latent: Any
+    ) -> tuple[Tensor, HeadOutput]:
+        """S decoder + head passes over one encoding, batched as ``S x B``.
+
+        Returns the first pass's features ``[B, C, h, w]`` and ``logits [S, B, K, h, w]``.
+        """
+        samples = self.head.resolve_num_samples(num_samples)
+        batch = encoded.low_level.shape[0]
+
+        def repeat(x: Tensor) -> Tensor:
+            return x if samples == 1 else x.expand(samples, *x.shape).reshape(samples * x.shape[0], *x.shape[1:])
+
+        all_features = self.decoder(repeat(encoded.low_level), repeat(encoded.high_level))
+        features = all_features[:batch]
+        kwargs = self._head_kwargs(features, labels, num_context, 1, latent)
+        if labels is not None:
+            kwargs["labels"] = repeat(labels)
+        output = self.head(all_features, **kwargs)
+        logits = output.logits.view(samples, batch, *output.logits.shape[2:])
+        return features, HeadOutput(logits, output.aux_loss, output.stats)
+
+    @staticmethod
+    def _head_kwargs(
+        features: Tensor, labels: Tensor | None, num_context: int, num_samples: int | None, latent: Any
+    ) -> dict[str, Any]:
+        batch = features.shape[0]
+        if isinstance(num_context, bool) or not isinstance(num_context, int) or not 0 <= num_context <= batch:
+            raise ValueError(f"num_context: expected an int in [0, {batch}] (the batch size), got {num_context!r}")
+        if num_context > 0 and labels is None:
+            raise ValueError(f"num_context={num_context} needs labels (the context labels are labels[:num_context])")
+        kwargs: dict[str, Any] = {"labels": labels, "num_samples": num_samples}
+        if num_context > 0:
+            kwargs["context_features"] = features[:num_context]
+            kwargs["context_labels"] = labels[:num_context]  # type: ignore[index]
+        if latent is not None:
+            kwargs["latent"] = latent
+        return kwargs
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """Two optimiser groups, every trainable parameter exactly once:
+        ``{"name": "backbone", "params": [...]}`` and ``{"name": "decoder", "params": [...]}``
+        (decoder, classifier head, auxiliary and representation heads), so the training loop can
+        give the second group the head LR multiplier (x10 on VOC)."""
+        backbone = [p for p in self.backbone.parameters() if p.requires_grad]
+        backbone_ids = {id(p) for p in backbone}
+        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in backbone_ids]
+        return [{"name": "backbone", "params": backbone}, {"name": "decoder", "params": rest}]
+
+
+def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
+    """Replace every BatchNorm of ``module`` (backbone, decoder, heads) with ``SyncBatchNorm`` for DDP
+    on GPUs; returns the converted module (which may be a new object)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
+
+
+def build_segmentor(
+    *,
+    num_classes: int,
+    head: ClassifierHead | str,
+    head_options: dict[str, Any] | None = None,
+    variant: str = "u2pl",
+    backbone: str = "resnet50",
+    weights: str | os.PathLike | None = None,
+    deep_stem: bool = False,
+    output_stride: int | None = None,
+    multi_grid: Sequence[int] | None = (1, 2, 4),
+    zero_init_residual: bool = True,
+    aspp_channels: int | None = None,
+    low_level_channels: int | None = None,
+    aspp_rates: Sequence[int] | None = None,
+    aux_head: bool = False,
+    representation_head: bool = False,
+    representation_dim: int = 256,
+    mc_dropout_scope: str = "decoder",
+    allow_download: bool = True,
+) -> Segmentor:
+    """Build a segmentor for one framework variant.
+
+    head: a built :class:`ClassifierHead` (its ``in_channels`` must equal
+        ``feature_channels(variant, aspp_channels=..., low_level_channels=...)``) or a head name for
+        ``npsemiseg.heads.build_head`` with ``head_options``.
+    output_stride: defaults to the variant's (u2pl 8, augseg/psmt 16).
+    mc_dropout_scope: for an MC-dropout head, ``"decoder"`` (paper: the decoder gets always-active
+        dropout after every activation, with the head's dropout rate, and runs S times) or
+        ``"head"`` (only the head samples). Ignored for other heads.
+    """
+    spec = get_variant(variant)
+    if mc_dropout_scope not in ("decoder", "head"):
+        raise ValueError(f"mc_dropout_scope must be 'decoder' or 'head', got {mc_dropout_scope!r}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
+    channels = feature_channels(variant, aspp_channels=aspp_channels, low_level_channels=low_level_channels)
+    if isinstance(head, str):
+        from npsemiseg.heads import build_head
+
+        head = build_head(head, channels, num_classes, **(head_options or {}))
+    elif head_options:
+        raise ValueError("head_options: only used when head is a name, not a built head")
+    if head.num_classes != num_classes:
+        raise ValueError(f"head: built for {head.num_classes} classes, num_classes is {num_classes}")
+    encoder = build_backbone(
+        backbone,
+        output_stride=output_stride or spec.output_stride,
+        multi_grid=multi_grid,
+        deep_stem=deep_stem,
+        weights=weights,
+        zero_init_residual=zero_init_residual,
+        allow_download=allow_download,
+    )
+    mc_dropout = 0.0
+    if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
+        mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
+    decoder = DeepLabV3PlusDecoder(
+        variant,
+        encoder.channels["high_level"],
+        encoder.channels["low_level"],
+        aspp_channels=aspp_channels,
+        low_level_channels=low_level_channels,
+        aspp_rates=tuple(aspp_rates) if aspp_rates is not None else None,
+        mc_dropout=mc_dropout,
+    )
+    return Segmentor(
+        encoder,
+        decoder,
+        head,
+        aux_head=AuxiliaryHead(encoder.channels["layer3"], num_classes) if aux_head else None,
+        representation_head=(
+            RepresentationHead(decoder.out_channels, representation_dim) if representation_head else None
+        ),
+    )
