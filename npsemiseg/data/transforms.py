@@ -46,6 +46,15 @@ def _uniform(low: float, high: float) -> float:
     return low + (high - low) * float(torch.rand(()))
 
 
+def resize_pair_member(inpt: Any, size: list[int]) -> Any:
+    """Resize an image (bilinear, antialiased) or a Mask (nearest with pixel centres aligned,
+    i.e. ``NEAREST_EXACT`` like PIL/cv2; torchvision's default NEAREST shifts masks by up to
+    half a source pixel against the bilinear image)."""
+    if isinstance(inpt, tv_tensors.Mask):
+        return F.resize(inpt, size=size, interpolation=v2.InterpolationMode.NEAREST_EXACT)
+    return F.resize(inpt, size=size, antialias=True)
+
+
 class RandomRescale(v2.Transform):
     """Resize by a random factor s (image bilinear, label nearest).
 
@@ -71,7 +80,7 @@ class RandomRescale(v2.Transform):
         return {"size": [max(1, round(height * scale)), max(1, round(width * scale))]}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        return self._call_kernel(F.resize, inpt, size=params["size"], antialias=True)
+        return resize_pair_member(inpt, params["size"])
 
 
 class RandomLongSideResize(v2.Transform):
@@ -90,7 +99,7 @@ class RandomLongSideResize(v2.Transform):
         return {"size": [max(1, round(height * scale)), max(1, round(width * scale))]}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        return self._call_kernel(F.resize, inpt, size=params["size"], antialias=True)
+        return resize_pair_member(inpt, params["size"])
 
 
 class PadCrop(v2.Transform):
