@@ -29,6 +29,10 @@ student (default ``warmup_epochs = 0``); ``warmup_epochs > 0`` trains the studen
 images only (strong view, plain CE, no T-VAT) for that many epochs with both teachers copied
 from it after every step, which is the closest single-optimiser analogue.
 
+Quirk options (off by default): ``tvat_released_normalization`` divides the power iteration's
+gradient by ``norm + 1e-8`` as the released code does, which at ``xi = 1e-6`` shrinks the
+perturbation to ~1e-4 of ``eps`` (see ``tvat.py``).
+
 Design notes: labeled and unlabeled images go through the student as one batch (the
 released code makes two passes) so the NP head sees the labeled slice as its context. The
 student's feature map comes from ``Segmentor.extract`` (one decoder pass), so MC dropout
@@ -67,6 +71,7 @@ class PSMTOptions(FrameworkOptions):
     tvat_xi: float = Field(1e-6, gt=0.0)
     tvat_eps: float = Field(2.0, ge=0.0)
     tvat_iterations: int = Field(1, ge=1)
+    tvat_released_normalization: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
     strong_labeled: bool = True
@@ -195,7 +200,8 @@ class PSMT(SemiSupervisedFramework):
         if opts.tvat:
             teachers = [frozen_classifier(self.teachers[n]) for n in self.teacher_names]
             features = features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
-                                                    iterations=opts.tvat_iterations)
+                                                    iterations=opts.tvat_iterations,
+                                                    released_normalization=opts.tvat_released_normalization)
         head = model.classify(features, labels=labels, num_context=images_l.shape[0])
         output = SegmentorOutput(features, head, None, None)
         return self._split(output, images.shape[-2:], images_l.shape[0], upsample_logits)

@@ -10,7 +10,12 @@ Differences from the released code, by design: the KL is taken at feature resolu
 released decoder upsamples first; upsampling is linear, so the direction changes only by
 a pixel weighting); for stochastic heads (MC dropout, NP) both teacher passes draw the same
 random numbers (forked RNG with one seed), so the KL measures the perturbation and not the
-sampling noise.
+sampling noise. The search runs with autocast off (bf16 cannot resolve ``xi * d``).
+
+Precision note: ``d`` has unit norm over the whole ``[C, h, w]`` map, so at the paper's
+``xi = 1e-6`` each element of ``xi * d`` is far below float32's resolution of features of
+order 1 on a paper-sized map; the gradient of the KL is then mostly rounding noise (as in the
+released code, which has the same arithmetic). ``xi`` is an option.
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def l2_normalize(d: Tensor) -> Tensor:
-    """``d [B, ...]`` divided by its L2 norm per batch element (+1e-8, as PS-MT)."""
+def l2_normalize(d: Tensor, epsilon: float | None = None) -> Tensor:
+    """``d [B, ...]`` divided by its L2 norm per batch element.
+
+    ``epsilon``: the released code divides by ``norm + 1e-8``; None divides by the norm itself
+    (0 stays 0), so the result has unit norm however small ``d`` is."""
     norm = d.flatten(1).norm(dim=1).view(-1, *([1] * (d.dim() - 1)))
-    return d / (norm + 1e-8)
+    if epsilon is None:
+        return d / norm.clamp_min(torch.finfo(d.dtype).tiny)
+    return d / (norm + epsilon)
 
 
 def ensemble_logits(classifiers: Sequence[Callable[[Tensor], Tensor]], features: Tensor, seed: int) -> Tensor:
@@ -36,7 +46,7 @@ def ensemble_logits(classifiers: Sequence[Callable[[Tensor], Tensor]], features:
     for classify in classifiers:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            logits = classify(features).float().mean(dim=0)
+            logits = classify(features).mean(dim=0)
         total = logits if total is None else total + logits
     return total / len(classifiers)
 
@@ -48,27 +58,43 @@ def tvat_perturbation(
     xi: float = 1e-6,
     eps: float = 2.0,
     iterations: int = 1,
+    released_normalization: bool = False,
 ) -> Tensor:
     """The T-VAT perturbation ``r [B, C, h, w]`` (detached) of ``features [B, C, h, w]``.
 
     ``classifiers``: the teachers' classifier halves (features -> per-sample logits), used
     in eval mode by the caller and not trained here (no parameter gradients are kept).
+    ``released_normalization``: normalise the gradient by ``norm + 1e-8`` as the released code
+    does. Its gradient is of order ``xi^2`` (the KL is quadratic around ``d = 0``), so at
+    ``xi = 1e-6`` that makes ``|r|`` ~ 1e-4 eps, i.e. no perturbation; by default the direction
+    is normalised exactly, so ``|r| = eps`` per image as the paper describes.
     """
     if iterations < 1:
         raise ValueError(f"iterations: expected >= 1, got {iterations}")
     f = features.detach()
+    if f.dtype in (torch.float16, torch.bfloat16):
+        f = f.float()
     seed = int(torch.randint(0, 2**62, (1,)).item())
+    with torch.autocast(f.device.type, enabled=False):
+        r = _power_iteration(f, classifiers, seed, xi=xi, iterations=iterations,
+                              epsilon=1e-8 if released_normalization else None)
+    return (eps * r).to(features.dtype).detach()
+
+
+def _power_iteration(f: Tensor, classifiers: Sequence[Callable[[Tensor], Tensor]], seed: int, *, xi: float,
+                     iterations: int, epsilon: float | None) -> Tensor:
+    """The unit (per image) direction ``d`` after ``iterations`` power iterations from a random start."""
     with torch.no_grad():
         clean = torch.softmax(ensemble_logits(classifiers, f, seed), dim=1)
-    d = l2_normalize(torch.rand_like(f) - 0.5)
+    d = l2_normalize(torch.rand_like(f) - 0.5, 1e-8)
     for _ in range(iterations):
         d = d.detach().requires_grad_(True)
         with torch.enable_grad():
             perturbed = ensemble_logits(classifiers, f + xi * d, seed)
             distance = F.kl_div(F.log_softmax(perturbed, dim=1), clean, reduction="batchmean")
             (grad,) = torch.autograd.grad(distance, d)
-        d = l2_normalize(grad)
-    return (eps * d).detach()
+        d = l2_normalize(grad, epsilon)
+    return d.detach()
 
 
 def frozen_classifier(model: nn.Module, **head_kwargs) -> Callable[[Tensor], Tensor]:
