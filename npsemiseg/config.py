@@ -423,22 +423,42 @@ def _resolve_augmentation(framework: str, info: Any, given: Mapping[str, Any]) -
 
 
 def _check_head_options(head: HeadConfig, num_classes: int) -> None:
-    """Build the head once on a tiny input width so unknown or invalid options fail here, by name."""
+    """Build the head once on a tiny input width so unknown or invalid options fail here, by name.
+
+    Under a forked RNG: creating a config must not move torch's global random state."""
+    import torch
+
     from npsemiseg.heads import build_head
 
     try:
-        build_head(head.name, 16, num_classes, **head.options)
+        with torch.random.fork_rng(devices=[]):
+            build_head(head.name, 16, num_classes, **head.options)
     except (TypeError, ValueError) as error:
         raise ValueError(f"head.options for head {head.name!r}: {error}") from None
 
 
 def _parse_scalar(value: Any) -> Any:
-    if isinstance(value, str):
+    """A command-line string as the value it spells: ``"null"`` -> None, ``"true"`` -> True,
+    ``"3"`` -> 3, ``"1e-3"`` -> 0.001, ``"[1, 2]"`` -> [1, 2]; anything else stays a string
+    (YAML 1.1's ``on``/``off``/``yes``/``no`` are *not* booleans here)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    lowered = text.lower()
+    if lowered in ("null", "none", "~"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for number in (int, float):
         try:
-            parsed = yaml.safe_load(value)
+            return number(text)
+        except ValueError:
+            pass
+    if text[:1] in "[{" and text[-1:] in "]}":
+        try:
+            return yaml.safe_load(text)
         except yaml.YAMLError:
             return value
-        return parsed if isinstance(parsed, (int, float, bool, type(None), list, dict)) else value
     return value
 
 

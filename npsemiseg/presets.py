@@ -95,6 +95,7 @@ def dataset_family(dataset: str) -> str:
 
 def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
     """The nested dict of configuration values of ``preset`` for one cell (validated by RunConfig)."""
+    from npsemiseg.data import dataset_info
     from npsemiseg.frameworks import get_framework
 
     if preset not in PRESET_NAMES:
@@ -114,12 +115,14 @@ def preset_values(preset: str, *, framework: str, dataset: str, partition: str, 
     values["head"] = {"name": head, "options": dict(PAPER_HEAD_OPTIONS[head])}
     values["data"] = {"num_workers": 4}
     if preset == "smoke":
-        _make_smoke(values, head)
+        _make_smoke(values, head, synthetic=dataset_info(dataset).synthetic)
     return values
 
 
-def _make_smoke(values: dict[str, Any], head: str) -> None:
-    """Shrink a paper preset to seconds on a CPU: tiny model, images, steps and evaluation."""
+def _make_smoke(values: dict[str, Any], head: str, *, synthetic: bool) -> None:
+    """Shrink a paper preset to seconds on a CPU: tiny model, images, steps and evaluation.
+
+    On a real dataset the files are read as they are (no synthetic generator options)."""
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8})
     values["optim"].update(lr=0.01)
@@ -127,5 +130,5 @@ def _make_smoke(values: dict[str, Any], head: str) -> None:
                               eval_every_epochs=0, checkpoint_every_steps=0)
     values["loss"].update(ohem_min_kept=64)
     values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False}
-    values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS)}
+    values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
     values["head"]["options"] = dict(SMOKE_HEAD_OPTIONS[head])
