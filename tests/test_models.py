@@ -489,3 +489,64 @@ def test_smoke_step_runs_on_small_images():
     loss.backward()
     optimiser.step()
     assert torch.isfinite(loss) and not torch.equal(before, model.backbone.conv1.weight)
+
+
+# ---------------------------------------------------------------- with the real heads, built by name
+
+
+def test_heads_built_by_name():
+    model = build_segmentor(num_classes=K, head="mc_dropout", head_options={"dropout": 0.2, "num_samples": 3},
+                            variant="psmt", backbone="resnet_small", **WIDTHS["psmt"]).eval()
+    assert model.head.in_channels == feature_channels("psmt", **WIDTHS["psmt"])
+    assert model.decoder.mc_dropout == 0.2 and model.decoder_sampling
+    assert model(torch.rand(1, 3, 32, 32)).head.logits.shape == (3, 1, K, 8, 8)
+    with pytest.raises(ValueError, match="head_options"):
+        build_segmentor(num_classes=K, head=BaselineHead(32, K), head_options={"dropout": 0.2},
+                        backbone="resnet_small", **WIDTHS["u2pl"])
+
+
+def test_np_head_gets_the_labelled_slice_as_context():
+    model = build_segmentor(num_classes=K, head="np", head_options={"memory_size": 64, "enqueue_per_class": 16, "hidden_channels": 16},
+                            backbone="resnet_small", **WIDTHS["u2pl"])
+    images = torch.rand(3, 3, 32, 32)
+    labels = torch.full((3, 32, 32), 2, dtype=torch.long)
+    labels[:2] = 1  # the two labelled (context) images hold class 1 only, the unlabelled one class 2
+    output = model(images, labels=labels, num_context=2)
+    assert output.head.logits.shape == (model.head.num_samples, 3, K, 8, 8)
+    assert output.head.aux_loss.dim() == 0
+    assert model.head.context_count.tolist() == [0, 16, 0, 0]
+    assert model.head.target_count.tolist() == [0, 16, 16, 0]
+    # inference with a latent inferred once (sliding_global): passed through to the head
+    model.eval()
+    with torch.no_grad():
+        latent = model.head.infer_latent(model.extract(images), num_samples=2)
+        logits = model(images, latent=latent).head.logits
+    assert logits.shape == (2, 3, K, 8, 8)
+
+
+@pytest.mark.parametrize("samples_per_pass", [None, 1, 2])
+def test_decoder_passes_batched_or_looped_compute_the_same_function(samples_per_pass):
+    """Sample-major batching keeps sample s of image b at logits[s, b]: with a negligible dropout
+    rate every sample equals the deterministic decoder + classifier output of its own image."""
+    channels = feature_channels("u2pl", **WIDTHS["u2pl"])
+    model = build_segmentor(num_classes=K, head=MCDropoutHead(channels, K, dropout=1e-9), backbone="resnet_small",
+                            samples_per_pass=samples_per_pass, **WIDTHS["u2pl"]).eval()
+    images = torch.rand(2, 3, 32, 32)
+    output = model(images, num_samples=3)
+    assert output.head.logits.shape == (3, 2, K, 8, 8)
+    encoded = model.encode(images)
+    expected = model.head.classifier(model.decoder(encoded.low_level, encoded.high_level))
+    for s in range(3):
+        assert torch.allclose(output.head.logits[s], expected, atol=1e-5)
+    assert torch.allclose(output.features, model.decoder(encoded.low_level, encoded.high_level), atol=1e-6)
+    with pytest.raises(ValueError, match="samples_per_pass"):
+        build_segmentor(num_classes=K, head=BaselineHead(channels, K), backbone="resnet_small", samples_per_pass=0,
+                        **WIDTHS["u2pl"])
+
+
+def test_decoder_passes_in_chunks_are_distinct_samples():
+    model = small_segmentor(head="mc_dropout", samples_per_pass=2).eval()
+    logits = model(torch.rand(1, 3, 32, 32), num_samples=5).head.logits
+    assert logits.shape == (5, 1, K, 8, 8)
+    for a, b in itertools.combinations(range(5), 2):
+        assert not torch.allclose(logits[a], logits[b])

@@ -32,6 +32,9 @@ from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, fe
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: decoder-scope MC dropout: samples per batched decoder pass (None = all S in one batch); see
+#: benchmarks/mc_dropout_decoder_passes.py and benchmarks/RESULTS.md for the measurement behind it
+DEFAULT_SAMPLES_PER_PASS: int | None = 1
 
 
 @dataclass
@@ -63,11 +66,17 @@ def upsample_logits(logits: Tensor, size: Sequence[int], *, align_corners: bool 
     return resized.view(s, b, *resized.shape[1:])
 
 
+def _repeat(x: Tensor, times: int) -> Tensor:
+    """``[B, ...] -> [times x B, ...]``, sample-major (rows ``s * B + b``)."""
+    return x if times == 1 else x.expand(times, *x.shape).reshape(times * x.shape[0], *x.shape[1:])
+
+
 class Segmentor(nn.Module):
     """Backbone + DeepLabv3+ decoder + classifier head (+ optional auxiliary / representation heads).
 
     The decoder samples (MC dropout, decoder scope) when it was built with ``mc_dropout > 0``;
-    the number of samples is then ``num_samples`` or the head's ``default_num_samples``.
+    the number of samples is then ``num_samples`` or the head's ``default_num_samples``, and
+    ``samples_per_pass`` of them run as one batch (None: all S at once; 1: a loop of S passes).
     """
 
     def __init__(
@@ -78,8 +87,14 @@ class Segmentor(nn.Module):
         *,
         aux_head: AuxiliaryHead | None = None,
         representation_head: RepresentationHead | None = None,
+        samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS,
     ) -> None:
         super().__init__()
+        if samples_per_pass is not None and (
+            isinstance(samples_per_pass, bool) or not isinstance(samples_per_pass, int) or samples_per_pass < 1
+        ):
+            raise ValueError(f"samples_per_pass: expected a positive int or None, got {samples_per_pass!r}")
+        self.samples_per_pass = samples_per_pass
         if head.in_channels != decoder.out_channels:
             raise ValueError(
                 f"head: in_channels {head.in_channels} does not match the decoder's feature channels "
@@ -140,7 +155,9 @@ class Segmentor(nn.Module):
         """``images [B, 3, H, W]`` in [0, 1] -> :class:`SegmentorOutput` (logits ``[S, B, K, h, w]``)."""
         encoded = self.encode(images)
         if self.decoder_sampling:
-            features, head_output = self._sample_decoder(encoded, labels, num_context, num_samples, latent)
+            features, head_output = self.sample_decoder(
+                encoded, labels=labels, num_context=num_context, num_samples=num_samples, latent=latent
+            )
         else:
             features = self.decoder(encoded.low_level, encoded.high_level)
             head_output = self.classify(
@@ -150,27 +167,39 @@ class Segmentor(nn.Module):
         representation = self.representation_head(features) if self.representation_head is not None else None
         return SegmentorOutput(features, head_output, aux_logits, representation)
 
-    def _sample_decoder(
-        self, encoded: BackboneFeatures, labels: Tensor | None, num_context: int, num_samples: int | None, latent: Any
+    def sample_decoder(
+        self,
+        encoded: BackboneFeatures,
+        *,
+        labels: Tensor | None = None,
+        num_context: int = 0,
+        num_samples: int | None = None,
+        latent: Any = None,
     ) -> tuple[Tensor, HeadOutput]:
-        """S decoder + head passes over one encoding, batched as ``S x B``.
+        """S decoder + head passes over one encoding, ``samples_per_pass`` of them batched at a time
+        (the encoding repeated along the batch dimension, sample-major).
 
-        Returns the first pass's features ``[B, C, h, w]`` and ``logits [S, B, K, h, w]``.
+        Returns the first pass's features ``[B, C, h, w]`` and ``logits [S, B, K, h, w]``; the aux loss
+        and stats are the means over the S passes.
         """
         samples = self.head.resolve_num_samples(num_samples)
+        per_pass = min(samples, self.samples_per_pass or samples)
         batch = encoded.low_level.shape[0]
-
-        def repeat(x: Tensor) -> Tensor:
-            return x if samples == 1 else x.expand(samples, *x.shape).reshape(samples * x.shape[0], *x.shape[1:])
-
-        all_features = self.decoder(repeat(encoded.low_level), repeat(encoded.high_level))
-        features = all_features[:batch]
-        kwargs = self._head_kwargs(features, labels, num_context, 1, latent)
-        if labels is not None:
-            kwargs["labels"] = repeat(labels)
-        output = self.head(all_features, **kwargs)
-        logits = output.logits.view(samples, batch, *output.logits.shape[2:])
-        return features, HeadOutput(logits, output.aux_loss, output.stats)
+        first_features = None
+        logits, aux_loss, stats = [], 0.0, {}
+        for start in range(0, samples, per_pass):
+            n = min(per_pass, samples - start)
+            features = self.decoder(_repeat(encoded.low_level, n), _repeat(encoded.high_level, n))
+            kwargs = self._head_kwargs(features[:batch], labels, num_context, 1, latent)
+            if labels is not None:
+                kwargs["labels"] = _repeat(labels, n)
+            output = self.head(features, **kwargs)
+            logits.append(output.logits.view(n, batch, *output.logits.shape[2:]))
+            aux_loss = aux_loss + output.aux_loss * (n / samples)
+            for key, value in output.stats.items():
+                stats[key] = stats.get(key, 0.0) + value * (n / samples)
+            first_features = features[:batch] if first_features is None else first_features
+        return first_features, HeadOutput(torch.cat(logits), aux_loss, stats)
 
     @staticmethod
     def _head_kwargs(
@@ -225,6 +254,7 @@ def build_segmentor(
     representation_head: bool = False,
     representation_dim: int = 256,
     mc_dropout_scope: str = "decoder",
+    samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS,
     allow_download: bool = True,
 ) -> Segmentor:
     """Build a segmentor for one framework variant.
@@ -236,6 +266,9 @@ def build_segmentor(
     mc_dropout_scope: for an MC-dropout head, ``"decoder"`` (paper: the decoder gets always-active
         dropout after every activation, with the head's dropout rate, and runs S times) or
         ``"head"`` (only the head samples). Ignored for other heads.
+    samples_per_pass: decoder scope only, how many of the S decoder passes run as one batch
+        (None: all; 1: one at a time). Same result distribution, different speed and memory.
+    allow_download: with ``weights="imagenet"``, whether torchvision may download a missing file.
     """
     spec = get_variant(variant)
     if mc_dropout_scope not in ("decoder", "head"):
@@ -280,4 +313,5 @@ def build_segmentor(
         representation_head=(
             RepresentationHead(decoder.out_channels, representation_dim) if representation_head else None
         ),
+        samples_per_pass=samples_per_pass,
     )
