@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from npsemiseg.evaluation import Calibration, ConfusionMatrix, PAvPU, miou, pavpu
+from npsemiseg.evaluation import Calibration, ConfusionMatrix, PAvPU, evaluate, miou, pavpu
 from npsemiseg.evaluation.metrics import confusion_matrix, pavpu_counts
 
 IGN = 255
@@ -261,6 +261,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Items(torch.utils.data.Dataset):
+    """Three small images with labels, generated from their index."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        gen = torch.Generator().manual_seed(index)
+        return {"image": torch.rand(3, 24, 20 + index, generator=gen),
+                "label": torch.randint(0, 3, (24, 20 + index), generator=gen)}
+
+
+def _tiny_segmentor():
+    from npsemiseg.models import build_segmentor
+
+    torch.manual_seed(0)
+    return build_segmentor(
+        num_classes=3, head="baseline", backbone="resnet_small", aspp_channels=16, low_level_channels=8
+    ).eval()
+
+
 def _ddp_worker(rank, world_size, port, pred, target, entropy, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -268,19 +289,23 @@ def _ddp_worker(rank, world_size, port, pred, target, entropy, queue):
     try:
         confusion, patches = ConfusionMatrix(4), PAvPU(4)
         calibration = Calibration(4)
-        probs = torch.nn.functional.one_hot(pred, 4).movedim(-1, 1).float() * 0.7 + 0.075
         if rank == 0:  # rank 1 sees no data at all and must still take part
             confusion.update(pred, target)
             patches.update(pred, target, entropy)
-            calibration.update(probs, target, entropy)
+            calibration.update(_one_hot_probs(pred), target, entropy)
         for acc in (confusion, patches, calibration):
             acc.all_reduce()
-        queue.put((rank, confusion.confusion.tolist(), patches.compute(), calibration.compute()))
+        evaluated = evaluate(_tiny_segmentor(), _Items(), num_classes=3)  # rank 0: items 0, 2; rank 1: item 1
+        queue.put((rank, confusion.confusion.tolist(), patches.compute(), calibration.compute(), evaluated))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.integration  # two spawned processes importing torch: ~9 s on the shared CPU
+def _one_hot_probs(pred):
+    return torch.nn.functional.one_hot(pred, 4).movedim(-1, 1).float() * 0.7 + 0.075
+
+
+@pytest.mark.integration  # two spawned processes importing torch: ~10 s on the shared CPU
 def test_all_reduce_over_two_gloo_processes():
     gen = torch.Generator().manual_seed(5)
     target = torch.randint(0, 4, (2, 8, 8), generator=gen)
@@ -294,11 +319,18 @@ def test_all_reduce_over_two_gloo_processes():
     ]
     for p in procs:
         p.start()
-    results = sorted(queue.get(timeout=120) for _ in procs)
+    results = sorted((queue.get(timeout=180) for _ in procs), key=lambda r: r[0])
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
     expected = confusion_matrix(pred, target, 4).tolist()
     assert results[0][1] == results[1][1] == expected
     assert results[0][2] == results[1][2] == {"pavpu": pavpu(pred, target, entropy, window=64)}
-    assert results[0][3] == results[1][3]
+    single = Calibration(4)
+    single.update(_one_hot_probs(pred), target, entropy)
+    for rank_result in results:
+        assert rank_result[3] == pytest.approx(single.compute(), nan_ok=True)
+    alone = evaluate(_tiny_segmentor(), _Items(), num_classes=3, distributed=False)
+    for rank_result in results:
+        evaluated = dict(rank_result[4], seconds_per_image=alone["seconds_per_image"])
+        assert evaluated == pytest.approx(alone, nan_ok=True)
