@@ -5,9 +5,9 @@ pseudo-labels) and ``confidence [B, H, W]`` (or None), pastes boxes from partner
 into each image, and moves label and confidence with the pixels. All random draws use
 the optional ``generator`` (torch's global RNG when None). Inputs are not modified.
 
-``MixResult.mask [B, H, W]`` marks the pixels that came from the partner
-``MixResult.source [B]`` (image i's partner index), so a framework can mix further
-per-pixel tensors (teacher logits ``[B, K, H, W]``) the same way with ``mix_like``.
+``MixResult.mask [B, H, W]`` marks the pasted pixels and ``MixResult.source [B, H, W]``
+says which image of the batch each output pixel comes from, so a framework can mix
+further per-pixel tensors (teacher logits ``[B, K, H, W]``) the same way with ``mix_like``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from torch import Tensor
 
 @dataclass
 class MixResult:
-    """Mixed batch. mask ``[B, H, W]`` bool: pixel taken from ``source[i]``; source ``[B]`` long
-    (None for AugSeg's two-stage mix, whose pixels come from two different batches)."""
+    """Mixed batch. mask ``[B, H, W]`` bool: pixel inside a pasted box; source ``[B, H, W]`` long:
+    the batch index each output pixel was taken from (None for AugSeg's two-stage mix, whose
+    pixels come from two different batches)."""
 
     image: Tensor
     label: Tensor
@@ -108,18 +109,25 @@ def u2pl_boxes(batch: int, height: int, width: int, generator: torch.Generator |
     return torch.stack([y0, y0 + h, x0, x0 + w], dim=1)
 
 
-def mix_like(tensor: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+def mix_like(tensor: Tensor, source: Tensor) -> Tensor:
     """Mix another per-pixel tensor ``[B, ..., H, W]`` as a ``MixResult`` mixed its batch:
-    pixel (i, y, x) is taken from ``tensor[source[i]]`` where ``mask[i, y, x]``."""
-    partner = tensor[source.to(tensor.device)]
-    m = mask.to(tensor.device).view(mask.shape[0], *([1] * (tensor.dim() - 3)), *mask.shape[1:])
-    return torch.where(m, partner, tensor)
+    output pixel (i, y, x) is ``tensor[source[i, y, x], ..., y, x]``. source ``[B, H, W]`` long."""
+    index = source.to(tensor.device)
+    index = index.view(index.shape[0], *([1] * (tensor.dim() - 3)), *index.shape[1:]).expand_as(tensor)
+    return tensor.gather(0, index)
 
 
-def _paste(image: Tensor, label: Tensor, confidence: Tensor | None, mask: Tensor, source: Tensor) -> MixResult:
+def _paste(image: Tensor, label: Tensor, confidence: Tensor | None, mask: Tensor, partner: Tensor) -> MixResult:
+    """Pixels in ``mask [B, H, W]`` of image i come from image ``partner[i]`` (partner ``[B]``)."""
+    own = torch.arange(mask.shape[0], device=mask.device).view(-1, 1, 1)
+    source = torch.where(mask, partner.to(mask.device).view(-1, 1, 1), own)
+    return _gather(image, label, confidence, mask, source)
+
+
+def _gather(image: Tensor, label: Tensor, confidence: Tensor | None, mask: Tensor, source: Tensor) -> MixResult:
     return MixResult(
-        image=mix_like(image, mask, source), label=mix_like(label, mask, source),
-        confidence=None if confidence is None else mix_like(confidence, mask, source),
+        image=mix_like(image, source), label=mix_like(label, source),
+        confidence=None if confidence is None else mix_like(confidence, source),
         mask=mask, source=source,
     )
 
@@ -129,39 +137,48 @@ def u2pl_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, 
     """U2PL: with probability ``p`` (once per batch) each image i gets a rectangle of half its
     area (``u2pl_boxes``) from image ``(i + 1) mod B``."""
     b, h, w = _check(image, label, confidence)
-    source = (torch.arange(b) + 1) % b
     if float(_rand(generator)) >= p:
-        return MixResult(image, label, confidence, torch.zeros(b, h, w, dtype=torch.bool, device=image.device), source)
-    mask = box_mask(u2pl_boxes(b, h, w, generator).to(image.device), h, w)
-    return _paste(image, label, confidence, mask, source)
+        mask = torch.zeros(b, h, w, dtype=torch.bool, device=image.device)
+    else:
+        mask = box_mask(u2pl_boxes(b, h, w, generator).to(image.device), h, w)
+    return _paste(image, label, confidence, mask, (torch.arange(b) + 1) % b)
 
 
 def psmt_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, *, variant: str = "voc",
-                beta: float = 4.0, num_boxes: int = 3, area_range: tuple[float, float] = (0.25, 0.5),
+                beta: float = 4.0, num_boxes: int = 3, prop_range: tuple[float, float] = (0.25, 0.5),
                 generator: torch.Generator | None = None) -> MixResult:
-    """PS-MT among unlabeled images, partners from a random permutation.
+    """PS-MT's CutMix among unlabeled images.
 
-    variant ``"voc"``: one box per image, lambda ~ Beta(beta, beta) once per batch
-    (``cutmix_boxes``). ``"cityscapes"``: ``num_boxes`` boxes per image, each of area
-    fraction ~ U(area_range) (sides ``dim * sqrt(fraction)``), placed fully inside the image.
+    variant ``"voc"``: one box per image from partner ``perm(i)`` (a random permutation),
+    lambda ~ Beta(beta, beta) once per batch (``cutmix_boxes``).
+    ``"cityscapes"`` (PS-MT's ``rand_bbox_2``): ``num_boxes`` boxes per image, each from its own
+    partner drawn uniformly from the batch (with replacement) and pasted in order; box n covers
+    ``prop / num_boxes`` of the image with prop ~ U(prop_range), a random aspect ratio (height
+    fraction ``sqrt(1/n) prop^u``, width fraction ``sqrt(1/n) prop^(1-u)``, u ~ U[0, 1]) and a
+    position uniform inside the image.
     """
     b, h, w = _check(image, label, confidence)
-    source = torch.randperm(b, generator=generator)
     if variant == "voc":
+        partner = torch.randperm(b, generator=generator)
         boxes = cutmix_boxes(b, h, w, sample_beta(beta, beta, generator), generator)
-        mask = box_mask(boxes, h, w)
-    elif variant == "cityscapes":
-        mask = torch.zeros(b, h, w, dtype=torch.bool)
-        for _ in range(num_boxes):
-            fraction = area_range[0] + (area_range[1] - area_range[0]) * _rand(generator, b)
-            bh = (h * fraction.sqrt()).long().clamp(1, h)
-            bw = (w * fraction.sqrt()).long().clamp(1, w)
-            y0 = (_rand(generator, b) * (h - bh + 1)).long()
-            x0 = (_rand(generator, b) * (w - bw + 1)).long()
-            mask |= box_mask(torch.stack([y0, y0 + bh, x0, x0 + bw], dim=1), h, w)
-    else:
+        return _paste(image, label, confidence, box_mask(boxes, h, w).to(image.device), partner)
+    if variant != "cityscapes":
         raise ValueError(f"variant must be 'voc' or 'cityscapes', got {variant!r}")
-    return _paste(image, label, confidence, mask.to(image.device), source)
+    source = torch.arange(b).view(b, 1, 1).expand(b, h, w).clone()
+    mask = torch.zeros(b, h, w, dtype=torch.bool)
+    partners = _randint(0, b, generator, num_boxes, b)
+    fac = math.sqrt(1.0 / num_boxes)
+    for n in range(num_boxes):
+        prop = prop_range[0] + (prop_range[1] - prop_range[0]) * _rand(generator, b)
+        split = _rand(generator, b)
+        bh = torch.round(fac * prop.pow(split) * h).long().clamp(0, h)
+        bw = torch.round(fac * prop.pow(1 - split) * w).long().clamp(0, w)
+        y0 = torch.round((h - bh) * _rand(generator, b)).long()
+        x0 = torch.round((w - bw) * _rand(generator, b)).long()
+        box = box_mask(torch.stack([y0, y0 + bh, x0, x0 + bw], dim=1), h, w)
+        source = torch.where(box, partners[n].view(b, 1, 1), source)
+        mask |= box
+    return _gather(image, label, confidence, mask.to(image.device), source.to(image.device))
 
 
 def adaptive_confidence(probs: Tensor) -> Tensor:
@@ -211,6 +228,5 @@ def augseg_cutmix(image: Tensor, label: Tensor, confidence: Tensor, labeled_imag
         mask=mask_l, source=None,
     )
     mask_u = box_mask(boxes_u, h, w).to(device)
-    perm = perm.to(device)
     stage2 = _paste(stage1.image, stage1.label, stage1.confidence, mask_u, perm)
     return MixResult(stage2.image, stage2.label, stage2.confidence, mask_u | mask_l, None)
