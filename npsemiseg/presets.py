@@ -27,7 +27,9 @@ Framework options (EMA decays, loss weights, ramp-ups, thresholds): each framewo
 
 ``smoke``: ``resnet_small`` backbone with narrow decoder widths, random init, 32 x 32 crops
 of a small synthetic dataset, 2 + 2 images per step, a handful of steps, T = 2, evaluation of
-a few whole images; one cell trains in a few seconds on one CPU core.
+a few whole images; one cell trains in a few seconds on one CPU core. Supervised-only and
+warm-up phases (U2PL's ``sup_only_epochs``, PS-MT's ``warmup_epochs``) are set to 0 so the
+few smoke steps exercise the semi-supervised path.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ SMOKE_HEAD_OPTIONS: dict[str, dict[str, Any]] = {
            "enqueue_per_class": 16},
 }
 
+#: smoke: U2PL's contrastive loss on fewer anchors, negatives and queued keys
+SMOKE_FRAMEWORK_OPTIONS: dict[str, dict[str, Any]] = {
+    "u2pl": {"num_queries": 32, "num_negatives": 16, "queue_size": 1024, "background_queue_size": 1024},
+}
+
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 32, "val_size": 4, "image_size": 32}
 
 
@@ -124,7 +131,7 @@ def _make_smoke(values: dict[str, Any], head: str, *, synthetic: bool) -> None:
 
     On a real dataset the files are read as they are (no synthetic generator options)."""
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
-                           options={"aspp_channels": 16, "low_level_channels": 8})
+                           options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
     values["optim"].update(lr=0.01)
     values["schedule"].update(epochs=1, max_steps=3, batch_size=2, unlabeled_batch_size=2, crop_size=32,
                               eval_every_epochs=0, checkpoint_every_steps=0)
@@ -132,3 +139,8 @@ def _make_smoke(values: dict[str, Any], head: str, *, synthetic: bool) -> None:
     values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False}
     values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
     values["head"]["options"] = dict(SMOKE_HEAD_OPTIONS[head])
+    # a handful of steps never leaves a supervised-only phase: start semi-supervised at once
+    for phase in ("sup_only_epochs", "warmup_epochs"):
+        if phase in values["framework_options"]:
+            values["framework_options"][phase] = 0
+    values["framework_options"].update(SMOKE_FRAMEWORK_OPTIONS.get(values["framework"], {}))

@@ -58,6 +58,8 @@ LATEST_FILE = "latest"
 #: figures the final evaluation reports through ``Callbacks.on_artifact`` (stable artifact names)
 UNCERTAINTY_ARTIFACT = "figures/uncertainty_maps.png"
 RELIABILITY_ARTIFACT = "figures/reliability.png"
+#: validation images shown (one row each) in the uncertainty-map figure
+FIGURE_IMAGES = 4
 
 
 @dataclass
@@ -423,7 +425,7 @@ def _evaluate(framework: Framework, datasets: dict[str, Dataset], config: RunCon
                 class_names=config.dataset_info.class_names, max_images=ev.max_images,
                 pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,
                 pavpu_uncertainty_threshold=ev.pavpu_uncertainty_threshold,
-                figure_dir=figure_dir, num_figures=1 if figure_dir is not None else 0,
+                figure_dir=figure_dir, num_figures=FIGURE_IMAGES if figure_dir is not None else 0,
             )
     return {k: float(v) for k, v in metrics.items()}
 
@@ -657,7 +659,7 @@ def _final_evaluation(framework: Framework, datasets: dict[str, Dataset], config
         metrics = _evaluate(framework, datasets, config, step=step, device=device, figure_dir=figure_dir)
         callbacks.on_evaluation(step, metrics)
         if rank == 0:
-            uncertainty = figure_dir / "uncertainty_0000.png"
+            uncertainty = figure_dir / "uncertainty_maps.png"
             reliability = figure_dir / "reliability.png"
             if uncertainty.is_file():
                 callbacks.on_artifact(UNCERTAINTY_ARTIFACT, uncertainty)

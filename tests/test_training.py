@@ -1,0 +1,281 @@
+"""The training loop: losses, schedule, data order, smoke runs, exact resume, NaN stop, checkpoints."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.frameworks.losses import (
+    cross_entropy_loss,
+    ohem_cross_entropy,
+    ohem_mask,
+    pixel_cross_entropy,
+    supervised_loss,
+)
+from npsemiseg.training import (
+    SeededItems,
+    build_datasets,
+    epoch_order,
+    plan_run,
+    poly_lr,
+    rank_batches,
+    train,
+    train_transforms,
+)
+
+
+class Recorder(Callbacks):
+    """Keeps everything the loop reports."""
+
+    def __init__(self, resume: Path | None = None) -> None:
+        self.steps: list[tuple[int, dict[str, float]]] = []
+        self.evaluations: list[tuple[int, dict[str, float]]] = []
+        self.checkpoints: list[tuple[int, Path]] = []
+        self.artifacts: dict[str, Path] = {}
+        self.started: dict | None = None
+        self.ended = None
+        self.resume = resume
+
+    def on_start(self, config, **kwargs) -> None:
+        self.started = kwargs
+
+    def on_step(self, step, total_steps, logs) -> None:
+        self.steps.append((step, dict(logs)))
+
+    def on_evaluation(self, step, metrics) -> None:
+        self.evaluations.append((step, dict(metrics)))
+
+    def on_checkpoint(self, step, directory, metrics) -> None:
+        assert (directory / "state.pt").is_file()
+        self.checkpoints.append((step, directory))
+
+    def resume_from(self):
+        return self.resume
+
+    def on_artifact(self, name, path) -> None:
+        assert Path(path).is_file()
+        self.artifacts[name] = Path(path)
+
+    def on_end(self, result) -> None:
+        self.ended = result
+
+
+# --------------------------------------------------------------------------- losses
+def test_sample_cross_entropy_forms_by_hand():
+    # one pixel, K = 2, label 0; sample 1 logits (0, 0), sample 2 logits (2, 0)
+    logits = torch.tensor([[0.0, 0.0], [2.0, 0.0]]).view(2, 1, 2, 1, 1)
+    labels = torch.zeros(1, 1, 1, dtype=torch.long)
+    elbo = pixel_cross_entropy(logits, labels, form="elbo")
+    mean_logits = pixel_cross_entropy(logits, labels, form="mean_logits")
+    assert elbo.shape == (1, 1, 1)
+    assert elbo.item() == pytest.approx((math.log(2) + math.log(1 + math.exp(-2))) / 2, rel=1e-6)
+    assert mean_logits.item() == pytest.approx(math.log(1 + math.exp(-1)), rel=1e-6)
+    with pytest.raises(ValueError, match="form"):
+        pixel_cross_entropy(logits, labels, form="median")  # type: ignore[arg-type]
+
+
+def test_single_sample_ce_is_plain_ce_and_ignores_255():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 2, 3, 4, 4)
+    labels = torch.randint(0, 3, (2, 4, 4))
+    labels[0, 0, :] = 255
+    expected = F.cross_entropy(logits[0], labels, ignore_index=255, reduction="none")
+    for form in ("elbo", "mean_logits"):
+        out = pixel_cross_entropy(logits, labels, form=form)
+        assert torch.allclose(out, expected) and (out[0, 0] == 0).all()
+    assert cross_entropy_loss(logits, labels).item() == pytest.approx(
+        F.cross_entropy(logits[0], labels, ignore_index=255).item(), rel=1e-6)
+    with pytest.raises(ValueError, match="labels"):
+        pixel_cross_entropy(logits, labels[:, :2])
+
+
+def test_ohem_mask_threshold_and_min_kept():
+    probability = torch.tensor([0.1, 0.5, 0.8, 0.95]).view(1, 1, 4)
+    valid = torch.ones(1, 1, 4, dtype=torch.bool)
+    assert ohem_mask(probability, valid, thresh=0.7, min_kept=2).flatten().tolist() == [True, True, False, False]
+    assert ohem_mask(probability, valid, thresh=0.7, min_kept=3).flatten().tolist() == [True, True, True, False]
+    assert ohem_mask(probability, valid, thresh=0.7, min_kept=10).all()  # more than valid: keep all
+    valid[0, 0, 0] = False
+    assert ohem_mask(probability, valid, thresh=0.7, min_kept=1).flatten().tolist() == [False, True, False, False]
+
+
+def test_ohem_ce_averages_over_the_hard_pixels():
+    # pixel 0 easy (p(label) ~ 1), pixel 1 hard: OHEM keeps only pixel 1
+    logits = torch.tensor([[10.0, -10.0], [0.0, 0.0]]).t().reshape(1, 1, 2, 1, 2)
+    labels = torch.tensor([[[0, 0]]])
+    loss = ohem_cross_entropy(logits, labels, thresh=0.7, min_kept=1)
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-5)
+
+
+def test_supervised_loss_upsamples_and_weights_the_aux_head():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 1, 3, 4, 4)
+    aux = torch.randn(1, 3, 2, 2)
+    labels = torch.randint(0, 3, (1, 8, 8))
+    terms = supervised_loss(logits, aux, labels, aux_weight=0.4)
+    up = F.interpolate(aux, size=(8, 8), mode="bilinear", align_corners=False)
+    assert terms["aux"].item() == pytest.approx(0.4 * F.cross_entropy(up, labels).item(), rel=1e-5)
+    assert set(supervised_loss(logits, None, labels)) == {"sup"}
+
+
+# --------------------------------------------------------------------------- schedule and data order
+def test_poly_lr():
+    assert poly_lr(0.01, 0, 100, 0.9) == 0.01
+    assert poly_lr(0.01, 50, 100, 0.9) == pytest.approx(0.01 * 0.5 ** 0.9)
+    assert poly_lr(0.01, 99, 100, 0.9) == pytest.approx(0.01 * 0.01 ** 0.9)
+
+
+def test_epoch_length_conventions(smoke_config):
+    config = smoke_config(**{"schedule.max_steps": None, "schedule.epochs": 3})
+    plan = plan_run(config, num_labeled=4, num_unlabeled=30, world_size=1)
+    assert (plan.iters_per_epoch, plan.total_steps, plan.total_epochs) == (15, 45, 3)
+    plan = plan_run(config, num_labeled=4, num_unlabeled=30, world_size=2)
+    assert plan.iters_per_epoch == 7  # N_u // (B_u x world)
+    labeled = plan_run(config.with_overrides({"schedule.epoch_length": "labeled"}), num_labeled=4,
+                       num_unlabeled=30, world_size=1)
+    assert labeled.iters_per_epoch == 2
+    capped = plan_run(config.with_overrides({"schedule.max_steps": 20}), num_labeled=4, num_unlabeled=30, world_size=1)
+    assert (capped.total_steps, capped.total_epochs) == (20, 2)
+
+
+def test_labeled_list_is_repeated_and_shards_partition_the_global_batches():
+    order = epoch_order(3, 12, seed=0, stream="labeled", epoch=0)
+    assert sorted(order) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # whole passes over the labeled list
+    assert order != epoch_order(3, 12, seed=0, stream="labeled", epoch=1)
+    assert order == epoch_order(3, 12, seed=0, stream="labeled", epoch=0)
+    shards = [rank_batches(order, batch_size=2, rank=r, world_size=2, seed=0, stream="labeled", epoch=0)
+              for r in range(2)]
+    single = rank_batches(order, batch_size=4, rank=0, world_size=1, seed=0, stream="labeled", epoch=0)
+    for i, global_batch in enumerate(single):
+        assert shards[0][i] + shards[1][i] == global_batch  # same samples, same augmentation seeds
+    resumed = rank_batches(order, batch_size=4, rank=0, world_size=1, seed=0, stream="labeled", epoch=0, start_batch=2)
+    assert resumed == single[2:]
+
+
+def test_seeded_items_are_reproducible_and_leave_the_global_rng(smoke_config):
+    config = smoke_config(framework="augseg")
+    datasets = build_datasets(config)
+    items = SeededItems(datasets["unlabeled"], train_transforms(config)["unlabeled"])
+    state = torch.get_rng_state()
+    first, again, other = items[(0, 11)], items[(0, 11)], items[(0, 12)]
+    assert torch.equal(state, torch.get_rng_state())
+    assert set(first) == {"image", "label", "image_strong"}
+    assert first["image"].shape[-2:] == (config.schedule.crop_size,) * 2
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_data_stream_does_not_depend_on_num_workers(smoke_config):
+    from npsemiseg.training import _Streams
+
+    config = smoke_config(framework="mt")
+    datasets = build_datasets(config)
+    plan = plan_run(config, num_labeled=len(datasets["labeled"]), num_unlabeled=len(datasets["unlabeled"]), world_size=1)
+
+    def first_batches(workers: int):
+        cfg = config.with_overrides({"data.num_workers": workers})
+        streams = _Streams(cfg, datasets, train_transforms(cfg), plan, use_unlabeled=True, rank=0, world_size=1,
+                           pin_memory=False)
+        return [b for _, b in zip(range(2), streams.epoch(0, 0))]
+
+    for a, b in zip(first_batches(0), first_batches(2)):
+        for part in ("labeled", "unlabeled"):
+            assert all(torch.equal(getattr(a, part)[k], getattr(b, part)[k]) for k in getattr(a, part))
+
+
+# --------------------------------------------------------------------------- runs
+@pytest.mark.parametrize("head", ["baseline", "mc_dropout", "np"])
+def test_supervised_smoke_run(smoke_config, head):
+    config = smoke_config(head=head)
+    recorder = Recorder()
+    result = train(config, recorder)
+    assert result.steps == config.schedule.max_steps == len(recorder.steps)
+    assert recorder.started == {"total_steps": 3, "start_step": 0, "rank": 0, "world_size": 1}
+    for _, logs in recorder.steps:
+        assert all(math.isfinite(v) for v in logs.values())
+        assert {"train/loss", "train/sup", "train/lr", "train/sec_per_iter", "train/images_per_sec"} <= set(logs)
+        assert ("train/kl" in logs) is (head == "np")
+    assert recorder.steps[0][1]["train/lr"] == config.optim.lr
+    assert 0.0 <= result.metrics["miou"] <= 1.0 and 0.0 <= result.metrics["pavpu"] <= 1.0
+    assert {"ece", "nll", "brier", "auroc", "pixel_acc"} <= set(result.metrics)
+    assert result.history[-1]["step"] == 3 and result.cell_id == config.cell_id
+    assert recorder.ended is result and result.checkpoint is None and not result.interrupted
+
+
+def _weights(result_dir: Path) -> dict[str, torch.Tensor]:
+    from npsemiseg.training import load_checkpoint, resolve_checkpoint
+
+    state = load_checkpoint(resolve_checkpoint(result_dir / "checkpoints"))
+    return {f"{m}.{k}": v for m, sd in state["modules"].items() for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("framework", ["supervised", "u2pl"])
+def test_resume_is_exact(smoke_config, tmp_path, framework):
+    """2 steps + checkpoint + restore + 2 steps == 4 straight steps: weights, NP memories, losses."""
+    base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4})
+    straight = Recorder()
+    train(base.with_overrides({"runtime.output_dir": str(tmp_path / "straight")}), straight)
+
+    split_dir = str(tmp_path / "split")
+    first = Recorder()
+    interrupted = train(base.with_overrides({"runtime.output_dir": split_dir, "runtime.stop_at_step": 2}), first)
+    assert interrupted.interrupted and interrupted.steps == 2 and interrupted.metrics == {}
+    second = Recorder(resume=Path(split_dir) / "checkpoints")
+    resumed = train(base.with_overrides({"runtime.output_dir": split_dir}), second)
+    assert second.started["start_step"] == 2 and resumed.steps == 4
+
+    losses = [logs["train/loss"] for _, logs in straight.steps]
+    assert losses == [logs["train/loss"] for _, logs in first.steps + second.steps]
+    a, b = _weights(tmp_path / "straight"), _weights(Path(split_dir))
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different[:5]
+    assert any("memory" in k for k in a)  # the NP memories are part of what was compared
+    timing = {"seconds_per_image"}
+    assert {k: v for k, v in resumed.metrics.items() if k not in timing} == pytest.approx(
+        {k: v for k, v in straight.ended.metrics.items() if k not in timing}, nan_ok=True)
+
+
+def test_resume_refuses_a_checkpoint_of_another_cell(smoke_config, tmp_path):
+    config = smoke_config(**{"runtime.output_dir": str(tmp_path), "runtime.stop_at_step": 1})
+    train(config)
+    other = smoke_config(seed=1)
+    with pytest.raises(ValueError, match="belongs to cell"):
+        train(other, resume_from=tmp_path / "checkpoints")
+    with pytest.raises(ValueError, match="resume_from"):
+        train(config, resume_from=tmp_path / "nothing")
+
+
+def test_checkpoints_and_artifacts(smoke_config, tmp_path):
+    config = smoke_config(head="mc_dropout", **{"runtime.output_dir": str(tmp_path), "schedule.max_steps": 4,
+                                                  "schedule.checkpoint_every_steps": 1, "runtime.keep_checkpoints": 2,
+                                                  "evaluation.figures": True, "schedule.eval_every_epochs": 1})
+    recorder = Recorder()
+    result = train(config, recorder)
+    assert [s for s, _ in recorder.checkpoints] == [1, 2, 3, 4]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000003", "step_00000004"]  # only the newest two stay
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000004"
+    assert result.checkpoint == tmp_path / "checkpoints" / "step_00000004"
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+    assert {"figures/uncertainty_maps.png", "figures/reliability.png", "tables/per_class_iou.csv"} <= set(recorder.artifacts)
+    assert (result.checkpoint / "config.yaml").read_text() == config.to_yaml()
+    assert recorder.evaluations[-1][0] == 4
+
+
+def test_non_finite_loss_stops_with_the_step_and_term(smoke_config):
+    config = smoke_config(**{"optim.lr": 1e30, "schedule.max_steps": 6})
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+: term '\w+' is (nan|inf)"):
+        train(config)
+
+
+def test_python_api_names():
+    from npsemiseg import RunConfig, RunResult, train as api_train
+
+    assert api_train is train and RunResult.__name__ == "RunResult"
+    assert RunConfig.from_preset("smoke").cell_id
