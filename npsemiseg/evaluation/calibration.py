@@ -79,22 +79,23 @@ class Calibration:
         device = probs.device
         self._to(device)
         valid = target != self.ignore_index
-        probs = probs.movedim(1, -1)[valid].double()  # [N, K]
+        # per-pixel values in float32 (an [N, K] float64 copy of a Cityscapes image is 300 MB), sums in float64
+        probs = probs.movedim(1, -1)[valid].float()  # [N, K]
         labels = target[valid].long()
         if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
             raise ValueError(f"target: expected classes in [0, {self.num_classes}) or {self.ignore_index}")
-        uncertainty = uncertainty[valid].double()
+        uncertainty = uncertainty[valid].float()
 
         confidence, prediction = probs.max(dim=1)
         correct = prediction == labels
         true_prob = probs.gather(1, labels[:, None]).squeeze(1)
-        nll = -torch.log(true_prob.clamp_min(1e-12)).sum()
-        brier = (probs.pow(2).sum(1) - 2 * true_prob + 1).sum()
+        nll = -torch.log(true_prob.clamp_min(1e-12)).double().sum()
+        brier = (probs.pow(2).sum(1) - 2 * true_prob + 1).double().sum()
         self.sums += torch.stack([torch.tensor(float(labels.numel()), dtype=torch.float64, device=device), nll, brier])
 
         bin_index = (torch.ceil(confidence * self.num_bins).long() - 1).clamp(0, self.num_bins - 1)
-        for row, values in enumerate((torch.ones_like(confidence), confidence, correct.double())):
-            self.confidence_bins[row].index_add_(0, bin_index, values)
+        for row, values in enumerate((torch.ones_like(confidence), confidence, correct.float())):
+            self.confidence_bins[row].index_add_(0, bin_index, values.double())
 
         unc_index = (uncertainty / self.uncertainty_max * self.uncertainty_bins).long()
         unc_index = unc_index.clamp(0, self.uncertainty_bins - 1)
