@@ -71,6 +71,8 @@ class RunResult:
     history: one dict per evaluation (``step``, ``epoch`` and the metrics).
     checkpoint: the last checkpoint directory written (None when ``runtime.output_dir`` is unset).
     seconds: wall time of ``train``; train_seconds: time spent in training steps only.
+    framework: the trained framework (``framework.eval_model()`` predicts, ``modules()`` holds the
+    student and teachers), for in-process use; not pickled with the result.
     """
 
     metrics: dict[str, float]
@@ -81,6 +83,10 @@ class RunResult:
     train_seconds: float = 0.0
     cell_id: str = ""
     interrupted: bool = False
+    framework: Framework | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "framework": None}
 
 
 # --------------------------------------------------------------------------- seeds and data order
@@ -575,7 +581,7 @@ def train(config: RunConfig, callbacks: Callbacks | None = None, *,
         checkpoint(step, final)
     result = RunResult(metrics=final, steps=step, checkpoint=last_checkpoint, history=history,
                        seconds=time.perf_counter() - started, train_seconds=train_seconds,
-                       cell_id=config.cell_id, interrupted=interrupted)
+                       cell_id=config.cell_id, interrupted=interrupted, framework=framework)
     callbacks.on_end(result)
     return result
 
