@@ -196,14 +196,15 @@ def adaptive_confidence(probs: Tensor) -> Tensor:
 def augseg_cutmix(image: Tensor, label: Tensor, confidence: Tensor, labeled_image: Tensor,
                   labeled_label: Tensor, rho: Tensor, *, labeled_beta: tuple[float, float] = (8.0, 2.0),
                   beta: float = 4.0, generator: torch.Generator | None = None) -> MixResult:
-    """AugSeg's adaptive two-stage CutMix of the unlabeled batch.
+    """AugSeg's adaptive two-stage CutMix of the unlabeled batch (its ``cut_mix_label_adaptive``).
 
     rho ``[B]``: ``adaptive_confidence`` of the teacher's probabilities. One permutation pi.
-    Stage 1: with probability ``1 - rho_i`` image i receives a box (lambda ~ Beta(8, 2) per
-    batch) from labeled image ``pi(i) mod B_l`` with its ground truth and confidence 1.
-    Stage 2: ordinary CutMix, lambda ~ Beta(4, 4), box from the stage-1 image ``pi(i)``.
-    labeled_image ``[B_l, 3, H, W]``, labeled_label ``[B_l, H, W]``. ``mask`` marks the pixels inside either stage's pasted
-    box; ``source`` is None.
+    Stage 1 builds a pool: with probability ``1 - rho_i`` unlabeled image i receives a box
+    (lambda ~ Beta(8, 2) per batch) from labeled image ``pi(i) mod B_l`` with its ground truth
+    and confidence 1. Stage 2 is ordinary CutMix (lambda ~ Beta(4, 4)): output image i is the
+    original image i with a box taken from pool image ``pi(i)``. So low-confidence images
+    lend their partners labeled content. labeled_image ``[B_l, 3, H, W]``, labeled_label
+    ``[B_l, H, W]``. ``mask`` marks the stage-2 box; ``source`` is None.
     """
     b, h, w = _check(image, label, confidence)
     bl, _, _ = _check(labeled_image, labeled_label, None)
@@ -217,16 +218,17 @@ def augseg_cutmix(image: Tensor, label: Tensor, confidence: Tensor, labeled_imag
     use_labeled = _rand(generator, b) > rho.detach().float().cpu()
 
     device = image.device
-    mask_l = box_mask(boxes_l, h, w) & use_labeled.view(b, 1, 1)
-    mask_l = mask_l.to(device)
-    partner_l = (perm % bl).to(device)
-    ones = torch.ones_like(confidence)
-    stage1 = MixResult(
-        image=torch.where(mask_l[:, None], labeled_image[partner_l], image),
-        label=torch.where(mask_l, labeled_label[partner_l].to(label.dtype), label),
-        confidence=torch.where(mask_l, ones, confidence),
-        mask=mask_l, source=None,
-    )
+    perm = perm.to(device)
+    mask_l = (box_mask(boxes_l, h, w) & use_labeled.view(b, 1, 1)).to(device)
+    partner_l = perm % bl
+    pool_image = torch.where(mask_l[:, None], labeled_image[partner_l], image)
+    pool_label = torch.where(mask_l, labeled_label[partner_l].to(label.dtype), label)
+    pool_confidence = torch.where(mask_l, torch.ones_like(confidence), confidence)
+
     mask_u = box_mask(boxes_u, h, w).to(device)
-    stage2 = _paste(stage1.image, stage1.label, stage1.confidence, mask_u, perm)
-    return MixResult(stage2.image, stage2.label, stage2.confidence, mask_u | mask_l, None)
+    return MixResult(
+        image=torch.where(mask_u[:, None], pool_image[perm], image),
+        label=torch.where(mask_u, pool_label[perm], label),
+        confidence=torch.where(mask_u, pool_confidence[perm], confidence),
+        mask=mask_u, source=None,
+    )
