@@ -1,0 +1,122 @@
+"""The ``npsemiseg`` command line: help, one-line errors before anything starts, a local-mode run."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from semiseg_platform.cli import app, parse_assignments
+
+runner = CliRunner()
+
+CELL = ["run", "--framework", "supervised", "--dataset", "synthetic", "--partition", "1/16", "--head", "baseline"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """An empty working directory (where the default store and storage would appear)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["sweep-orphans"]])
+def test_every_command_has_help(command):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_run_help_lists_the_options():
+    text = runner.invoke(app, ["run", "--help"], terminal_width=200).output
+    for option in ("--framework", "--dataset", "--partition", "--head", "--preset", "--config", "--set", "--workers",
+                   "--gpus-per-worker", "--cpus-per-worker", "--storage", "--max-failures", "--experiment"):
+        assert option in text, option
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--framework", "nope"], "framework: expected one of"),
+    (["--partition", "1/3"], "partition"),
+    (["--set", "optim.lr"], "--set: expected key=value (e.g. optim.lr=0.01), got 'optim.lr'"),
+    (["--set", "optim.bogus=1"], "unknown configuration key 'optim.bogus'"),
+    (["--set", "optim.lr=-1"], "optim.lr"),
+    (["--preset", "huge"], "huge"),
+    (["--workers", "-1"], "workers: expected an integer >= 0"),
+    (["--config", "missing.yaml"], "--config: file missing.yaml does not exist"),
+    (["--storage", "gs://bucket/x"], "scheme 'gs'"),
+])
+def test_bad_input_is_one_line_and_starts_nothing(workdir, extra, message):
+    args = list(CELL)
+    for i in range(0, len(extra), 2):  # replace an option of CELL or add it
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            args += extra[i:i + 2]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert list(workdir.iterdir()) == []  # no store, no storage, no Ray session directory
+
+
+def test_unreachable_storage_is_one_line(workdir):
+    uri = f"s3://bucket/prefix?endpoint_override=http://127.0.0.1:{_closed_port()}"
+    result = runner.invoke(app, [*CELL, "--storage", uri])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not reachable or not writable" in lines[0] and "s3://bucket/prefix" in lines[0]
+    assert list(workdir.iterdir()) == []
+
+
+def test_missing_cell_options_are_named(workdir):
+    result = runner.invoke(app, ["run", "--framework", "supervised"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: missing option(s) --dataset, --partition, --head (or give --config FILE)"
+
+
+def test_parse_assignments():
+    assert parse_assignments(["optim.lr=0.01", "head.options={a: 1}", "x="]) == {
+        "optim.lr": "0.01", "head.options": "{a: 1}", "x": ""}
+    for bad in ("=1", "no equals", "a b=1"):
+        with pytest.raises(ValueError, match="--set"):
+            parse_assignments([bad])
+
+
+def test_console_script_reports_errors(workdir):
+    """The installed entry point (``main``) in a fresh process: exit status and one stderr line."""
+    proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli import main; main()",
+                           *CELL, "--set", "schedule.max_steps=zero"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "schedule.max_steps" in proc.stderr
+
+
+@pytest.mark.integration
+def test_run_in_local_mode_prints_metrics_and_url(workdir, tmp_path_factory):
+    from platform_fixtures import fresh_store
+
+    store = fresh_store(tmp_path_factory, "cli")
+    config = workdir / "cell.yaml"
+    from npsemiseg.config import RunConfig
+
+    config.write_text(RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",
+                                            head="baseline").to_yaml())
+    result = runner.invoke(app, ["run", "--config", str(config), "--head", "mc_dropout", "--set", "schedule.max_steps=2",
+                                 "--workers", "0", "--tracking", store, "--storage", "ckpt"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "cell supervised/synthetic/1/16/mc_dropout" in out and "FINISHED after 2 steps" in out
+    assert "  miou " in out and "  ece " in out
+    assert "MLflow run: http://127.0.0.1:5000/#/experiments/" in out
+    assert (workdir / "ckpt").is_dir()
