@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 from torchvision.models.resnet import Bottleneck
 
 from npsemiseg.heads.base import ClassifierHead, HeadOutput

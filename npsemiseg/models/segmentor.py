@@ -9,9 +9,10 @@ MC dropout scopes (see :func:`build_segmentor`):
 
 - ``"decoder"`` (the paper's): the decoder is built with always-active dropout after every
   activation; the encoder runs once and decoder + head run S times, each head call making one
-  sample. The S passes run as one batch of ``S x B`` (encoder outputs repeated along the batch
-  dimension): on CPU this was faster than a Python loop of S decoder calls
-  (``benchmarks/RESULTS.md``), and it is the form the MC-dropout head uses too.
+  sample. ``samples_per_pass`` of the S passes run as one batch (the encoder outputs repeated
+  along the batch dimension). Default 1, a loop: on CPU batching the passes was no faster (the
+  per-pass convolutions are already large; ``benchmarks/RESULTS.md``) and needs S times the
+  activation memory; on a GPU with small batches a larger value may pay off.
 - ``"head"``: the decoder runs once and only the MC-dropout head samples.
 """
 
@@ -231,7 +232,7 @@ class Segmentor(nn.Module):
 
 def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
     """Replace every BatchNorm of ``module`` (backbone, decoder, heads) with ``SyncBatchNorm`` for DDP
-    on GPUs; returns the converted module (which may be a new object)."""
+    on GPUs, in place; returns ``module`` (a new object only when ``module`` itself is a BatchNorm)."""
     return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
 
 
