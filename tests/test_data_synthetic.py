@@ -118,3 +118,11 @@ def test_bad_synthetic_options():
         build_dataset("synthetic_voc", "labeled", partition="662")
     with pytest.raises(ValueError, match="image_size"):
         SyntheticConfig(image_size=(4, 4))
+
+
+def test_standin_evaluation_convention_scales_with_the_image():
+    city = dataset_info("synthetic_cityscapes", image_size=(32, 64))
+    assert (city.eval_mode, city.eval_crop_size) == ("sliding", 24)  # windows smaller than the image
+    voc = dataset_info("synthetic_voc", image_size=40)
+    assert (voc.eval_mode, voc.eval_crop_size) == ("center_crop", 40)
+    assert dict(voc.options)["image_size"] == (40, 40)
