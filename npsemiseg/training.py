@@ -466,7 +466,7 @@ def train(config: RunConfig, callbacks: Callbacks | None = None, *,
     with torch.device(device):
         framework = build_framework(config)
     modules = framework.modules()
-    if world_size > 1 and device.type == "cuda" and config.runtime.sync_bn:
+    if world_size > 1 and _synced_batchnorm(config, device):
         from npsemiseg.models import convert_sync_batchnorm
 
         for module in modules.values():
@@ -620,11 +620,17 @@ def _train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer:
                                      + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, floats)) + ")")
         logs["train/grad_norm"] = norm
     optimizer.step()
-    if world_size > 1:
+    if world_size > 1 and not _synced_batchnorm(config, device):
         broadcast_buffers(_unwrap(framework.student))
     framework.after_optimizer_step(ctx)
     logs.update({f"train/{k}": float(v) for k, v in result.logs.items()})
     return logs
+
+
+def _synced_batchnorm(config: RunConfig, device: torch.device) -> bool:
+    """True when SyncBatchNorm keeps BN statistics equal across ranks (GPU with ``runtime.sync_bn``);
+    NP memories are synchronised by the head itself, so no buffer broadcast is needed then."""
+    return device.type == "cuda" and config.runtime.sync_bn
 
 
 def _restore(path: Path, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer,
