@@ -19,10 +19,7 @@ Who does what:
 from __future__ import annotations
 
 import contextlib
-import csv
 import fcntl
-import io
-import json
 import logging
 import math
 import os
@@ -58,7 +55,6 @@ ERROR_TAG = "error"
 ATTEMPTS_TAG = "npsemiseg.attempts"
 CHECKPOINT_URI_ARTIFACT = "checkpoint_uri.txt"
 CONFIG_ARTIFACT = "config/config.yaml"
-PER_CLASS_IOU_ARTIFACT = "tables/per_class_iou"
 
 #: Final metrics logged without prefix (the tables read these)
 FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc")
@@ -426,16 +422,6 @@ def _prefixed(prefix: str, metrics: dict[str, Any]) -> dict[str, Any]:
     return {key if key.startswith(prefix) else f"{prefix}{key}": value for key, value in metrics.items()}
 
 
-def per_class_iou(metrics: dict[str, float]) -> dict[str, float]:
-    """``{class name: IoU}`` from evaluation metrics keyed ``iou/<class>`` (or ``eval/iou/<class>``)."""
-    out = {}
-    for key, value in metrics.items():
-        name = key.removeprefix("eval/")
-        if name.startswith("iou/"):
-            out[name[len("iou/"):]] = float(value)
-    return out
-
-
 #: Where files reported through ``on_artifact`` go, by suffix
 _ARTIFACT_DIRS = {".png": "figures", ".jpg": "figures", ".jpeg": "figures", ".pdf": "figures", ".svg": "figures",
                   ".csv": "tables", ".json": "tables", ".parquet": "tables", ".md": "tables", ".tex": "tables"}
@@ -471,7 +457,6 @@ class MLflowCallbacks(Callbacks):
         self.rank = 0
         self._pending: list[Metric] = []
         self._last_flush = time.monotonic()
-        self._logged_artifacts: set[str] = set()
 
     @property
     def active(self) -> bool:
@@ -525,10 +510,9 @@ class MLflowCallbacks(Callbacks):
                 renamed = Path(tmp) / filename
                 renamed.write_bytes(Path(path).read_bytes())
                 self.client.log_artifact(self.run_id, str(renamed), folder or None)
-        self._logged_artifacts.add(target)
 
     def on_end(self, result: Any) -> None:
-        """Final metrics (unprefixed, at the last step), timing, and the per-class IoU table."""
+        """Final metrics (unprefixed, at the last step) and the loop's timing (``time/...``)."""
         if not self.active:
             return
         self.flush()
@@ -539,9 +523,6 @@ class MLflowCallbacks(Callbacks):
             if getattr(result, key, None) is not None:
                 final[f"time/{key}"] = getattr(result, key)
         _log_metrics(self.client, self.run_id, final, step=step)
-        table = per_class_iou(metrics)
-        if table and f"{PER_CLASS_IOU_ARTIFACT}.csv" not in self._logged_artifacts:
-            log_per_class_iou(self.client, self.run_id, table)
 
     def close(self) -> None:
         """Write what is still buffered (call in a ``finally``: a failing run keeps its last steps)."""
@@ -556,13 +537,3 @@ class MLflowCallbacks(Callbacks):
         if self.active:
             self.client.set_tag(self.run_id, ERROR_TAG, format_error(error))
 
-
-def log_per_class_iou(client: MlflowClient, run_id: str, table: dict[str, float]) -> None:
-    """``tables/per_class_iou.csv`` (columns ``class,iou``) and ``.json`` (``{class: iou}``)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["class", "iou"])
-    for name, value in table.items():
-        writer.writerow([name, f"{value:.6f}"])
-    client.log_text(run_id, buffer.getvalue(), f"{PER_CLASS_IOU_ARTIFACT}.csv")
-    client.log_text(run_id, json.dumps(table, indent=1), f"{PER_CLASS_IOU_ARTIFACT}.json")

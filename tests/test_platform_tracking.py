@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.config import RunConfig
+from npsemiseg.training import RunResult
 from platform_fixtures import fresh_store
 from semiseg_platform.tracking import (
     ERROR_TAG,
@@ -70,17 +70,20 @@ def test_artifact_paths_are_stable():
 
 def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
     experiment = "schema"
-    figure = tmp_path / "maps.png"
+    figure = tmp_path / "uncertainty_0000.png"
     figure.write_bytes(b"\x89PNG fake bytes")
+    table = tmp_path / "per_class_iou.csv"
+    table.write_text("class,iou\nbackground,0.5\ncat,0.0\n")
     with CellRun.open(config, tracking=tracking_uri, experiment=experiment, grid_id="g1", parent_run_id=None) as run:
         callbacks = MLflowCallbacks(tracking_uri, run.run_id, flush_every_s=3600)
         callbacks.on_start(config, total_steps=3, start_step=0, rank=0, world_size=2)
         for step in range(3):
             callbacks.on_step(step, 3, {"loss": 1.0 / (step + 1), "lr": 0.01, "sec_per_iter": 0.5, "nan_metric": float("nan")})
         callbacks.on_evaluation(2, {"miou": 0.25, "iou/background": 0.5, "iou/cat": 0.0})
-        callbacks.on_artifact("uncertainty_maps", figure)
+        callbacks.on_artifact("figures/uncertainty_maps.png", figure)  # the names training uses
+        callbacks.on_artifact("tables/per_class_iou.csv", table)
         final = {name: 0.1 * (i + 1) for i, name in enumerate(FINAL_METRICS)} | {"iou/background": 0.5, "iou/cat": 0.0}
-        callbacks.on_end(SimpleNamespace(metrics=final, steps=3, seconds=2.0, train_seconds=1.5))
+        callbacks.on_end(RunResult(metrics=final, steps=3, checkpoint=None, seconds=2.0, train_seconds=1.5))
         run.log_checkpoint_uri("/storage/cell/checkpoint_000000003")
 
     runs = _runs(tracking_uri, experiment)
@@ -107,11 +110,11 @@ def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
     client = MlflowClient(tracking_uri)
     artifacts = {a.path for folder in ("", "config", "figures", "tables") for a in client.list_artifacts(run.run_id, folder or None)}
     assert {"config/config.yaml", "figures/uncertainty_maps.png", "tables/per_class_iou.csv",
-            "tables/per_class_iou.json", "checkpoint_uri.txt"} <= artifacts
+            "checkpoint_uri.txt"} <= artifacts
     local = client.download_artifacts(run.run_id, "config/config.yaml", str(tmp_path))
     assert RunConfig.from_yaml(Path(local).read_text()) == config
-    table = Path(client.download_artifacts(run.run_id, "tables/per_class_iou.csv", str(tmp_path))).read_text()
-    assert table.splitlines() == ["class,iou", "background,0.500000", "cat,0.000000"]
+    figure_copy = Path(client.download_artifacts(run.run_id, "figures/uncertainty_maps.png", str(tmp_path / "dl")))
+    assert figure_copy.read_bytes() == figure.read_bytes()
 
 
 def test_restarted_cell_reuses_its_run(tracking_uri, config):
@@ -174,7 +177,7 @@ def test_only_rank_zero_logs(tracking_uri, config):
         callbacks.on_start(config, total_steps=2, start_step=0, rank=1, world_size=2)
         callbacks.on_step(0, 2, {"loss": 1.0})
         callbacks.on_evaluation(0, {"miou": 0.1})
-        callbacks.on_end(SimpleNamespace(metrics={"miou": 0.1}, steps=2, seconds=1.0, train_seconds=1.0))
+        callbacks.on_end(RunResult(metrics={"miou": 0.1}, steps=2, checkpoint=None, seconds=1.0, train_seconds=1.0))
     assert MlflowClient(tracking_uri).get_run(run.run_id).data.metrics == {}
 
 
