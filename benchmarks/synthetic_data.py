@@ -136,12 +136,12 @@ def train_supervised(name: str, partition: str, options: dict, num_classes: int,
                                     num_classes)
 
 
-def difficulty(steps: int, seed: int) -> None:
+def difficulty(steps: int, seed: int, instance_jitter: float) -> None:
     name = "synthetic_blender"
-    options = {"image_size": 48, "train_size": 512, "val_size": 128}
+    options = {"image_size": 48, "train_size": 512, "val_size": 128, "instance_jitter": instance_jitter}
     info = dataset_info(name, **options)
     start = time.perf_counter()
-    emit(bench="synthetic_difficulty", dataset=name, model="colour_nearest_mean", labeled="all 512",
+    emit(bench="synthetic_difficulty", dataset=name, options=options, model="colour_nearest_mean", labeled="all 512",
          val_miou=round(colour_baseline(name, options, info.num_classes), 4), seconds=round(time.perf_counter() - start, 1))
     for partition in ("662", "5291"):
         start = time.perf_counter()
@@ -158,13 +158,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--instance-jitter", type=float, default=1.0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     emit(bench="setup", torch=torch.__version__, threads=args.threads)
     if args.what in ("speed", "all"):
         speed()
     if args.what in ("difficulty", "all"):
-        difficulty(args.steps, args.seed)
+        difficulty(args.steps, args.seed, args.instance_jitter)
 
 
 if __name__ == "__main__":

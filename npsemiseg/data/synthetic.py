@@ -14,9 +14,11 @@ The generator (one "world" per seed):
 * **Images.** For image ``index`` of a stream (train / val) a generator seeded by
   ``(seed, stream, index)`` draws the scene type, then 2-5 shapes (rectangles, ellipses,
   blobs: ellipses with a wavy radius) of classes drawn from the scene's prior, painted
-  in order over the background. Pixels take their class's texture with a random phase,
-  then a per-image gain, colour cast and shading gradient, then Gaussian noise; an
-  optional band of 255 (ignore) along class boundaries mimics VOC's outlines.
+  in order over the background. Pixels take their class's texture, varied per instance
+  (colour +-0.08, orientation +-20 degrees, frequency +-20%, random phase: intra-class
+  variation, so a few labeled examples do not cover a class), then a per-image gain,
+  colour cast and shading gradient, then Gaussian noise; an optional band of 255
+  (ignore) along class boundaries mimics VOC's outlines.
 
 Everything is vectorised torch on one image (a 64x64 item takes well under a
 millisecond-range budget, see ``benchmarks/``). Labeled/unlabeled splits of a partition
@@ -60,6 +62,7 @@ class SyntheticConfig:
     per_scene_background: bool = False  # True: each scene type has its own background class
     shapes_per_image: tuple[int, int] = (2, 5)
     noise_std: float = 0.06
+    instance_jitter: float = 1.0  # per-instance colour / orientation / frequency variation (0 = none)
     illumination: float = 0.15
     boundary_ignore: int = 0  # width in pixels of the 255 band along class boundaries
     name: str = field(default="synthetic", compare=False)
@@ -88,8 +91,8 @@ class SyntheticConfig:
             raise ValueError(f"shapes_per_image must be (min, max) with 1 <= min <= max, got {self.shapes_per_image}")
         if self.train_size < 4 or self.val_size < 1:
             raise ValueError(f"train_size must be >= 4 and val_size >= 1, got {self.train_size}, {self.val_size}")
-        if self.boundary_ignore < 0 or self.noise_std < 0 or not 0 <= self.illumination < 1:
-            raise ValueError("boundary_ignore and noise_std must be >= 0 and illumination in [0, 1)")
+        if self.boundary_ignore < 0 or self.noise_std < 0 or self.instance_jitter < 0 or not 0 <= self.illumination < 1:
+            raise ValueError("boundary_ignore, noise_std and instance_jitter must be >= 0 and illumination in [0, 1)")
 
     @classmethod
     def for_dataset(cls, name: str, **options: object) -> "SyntheticConfig":
@@ -214,16 +217,20 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
     top = (inside * torch.arange(1, n + 1).view(n, 1, 1)).amax(0)
     label = torch.cat([world.scene_background[scene].view(1), shape_class])[top]
 
-    k = config.num_classes
-    phase = 2 * math.pi * torch.rand(k, generator=g)
-    theta = world.orientation[label]
-    freq = 2 * math.pi * world.frequency[label]
-    along = xx[0] * theta.cos() + yy[0] * theta.sin()
-    across = -xx[0] * theta.sin() + yy[0] * theta.cos()
-    stripes = torch.sin(freq * along + phase[label])
-    checker = stripes * torch.sin(freq * across)
+    # texture per instance (background = instance 0): the class's texture with instance jitter
+    instance_class = torch.cat([world.scene_background[scene].view(1), shape_class])
+    jitter = config.instance_jitter * (2 * torch.rand(n + 1, 5, generator=g) - 1)
+    colour = (world.colour[instance_class] + 0.08 * jitter[:, :3]).clamp(0, 1)
+    theta = world.orientation[instance_class] + 0.35 * jitter[:, 3]
+    freq = 2 * math.pi * world.frequency[instance_class] * (1 + 0.2 * jitter[:, 4])
+    phase = 2 * math.pi * torch.rand(n + 1, generator=g)
+    theta_px, freq_px = theta[top], freq[top]
+    along = xx[0] * theta_px.cos() + yy[0] * theta_px.sin()
+    across = -xx[0] * theta_px.sin() + yy[0] * theta_px.cos()
+    stripes = torch.sin(freq_px * along + phase[top])
+    checker = stripes * torch.sin(freq_px * across)
     texture = torch.where(world.pattern[label] == 0, stripes, checker)
-    image = world.colour[label] + (world.amplitude[label] * texture).unsqueeze(-1) * world.texture_dir[label]
+    image = colour[top] + (world.amplitude[label] * texture).unsqueeze(-1) * world.texture_dir[label]
     image = image.permute(2, 0, 1)  # [3, H, W]
 
     look = torch.rand(7, generator=g)
