@@ -279,3 +279,26 @@ def test_python_api_names():
 
     assert api_train is train and RunResult.__name__ == "RunResult"
     assert RunConfig.from_preset("smoke").cell_id
+
+
+def test_cityscapes_convention_adds_ohem_and_the_aux_head_term(smoke_config):
+    config = smoke_config(dataset="synthetic_cityscapes", partition="1/8", **{"schedule.max_steps": 2})
+    assert config.loss.ohem and config.model.aux_head and config.optim.head_lr_mult == 1.0
+    recorder = Recorder()
+    train(config, recorder)
+    for _, logs in recorder.steps:
+        assert {"train/sup", "train/aux"} <= set(logs)
+        assert logs["train/loss"] == pytest.approx(logs["train/sup"] + logs["train/aux"], rel=1e-6)
+
+
+def test_head_learning_rate_multiplier_and_poly_decay(smoke_config, tmp_path):
+    from npsemiseg.training import load_checkpoint, resolve_checkpoint
+
+    config = smoke_config(**{"optim.lr": 0.02, "optim.head_lr_mult": 10.0, "schedule.max_steps": 4,
+                             "runtime.output_dir": str(tmp_path), "runtime.stop_at_step": 2})
+    train(config)
+    state = load_checkpoint(resolve_checkpoint(tmp_path / "checkpoints"))
+    lr_step1 = poly_lr(0.02, 1, 4, 0.9)  # the lr of the last step taken (0-based step 1)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([lr_step1, 10 * lr_step1])
+    assert state["scheduler"] == {"step": 2, "total_steps": 4, "power": 0.9}
+    assert state["data"] == {"epoch": 0, "batch": 2}
