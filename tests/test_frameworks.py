@@ -396,7 +396,10 @@ def test_paper_options_per_protocol():
     assert u2pl.paper_options("pascal_blender", "662")["sup_only_epochs"] == 1
     assert u2pl.paper_options("cityscapes", "744")["sup_only_epochs"] == 0
     assert u2pl.paper_options("cityscapes", "744")["queue_size"] == 30000
-    assert get_framework("mt").paper_options("pascal_classic", "92")["ema_decay"] == 0.99
+    mt = get_framework("mt")
+    assert mt.paper_options("pascal_classic", "92")["ema_decay"] == 0.99
+    assert mt.paper_options("pascal_classic", "92")["sup_only_epochs"] == 1
+    assert mt.paper_options("cityscapes", "186")["sup_only_epochs"] == 0
 
 
 def test_framework_options_reject_unknown_keys():

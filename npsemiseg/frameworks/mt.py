@@ -7,7 +7,9 @@ its argmax is a hard pseudo-label; the unlabeled images, pseudo-labels and confi
 CutMixed together (U2PL's half-area CutMix, probability 0.5) and the student is trained
 with CE on the mixed view, weight 1 (averaged over the pseudo-labeled pixels).
 ``confidence_threshold`` > 0 ignores pixels whose (mixed) teacher confidence is below it
-(0 = every pixel, the reference). The CPS-style MT (a), with MSE between softmaxes and no
+(0 = every pixel, the reference). As in the U2PL trainer, the first ``sup_only_epochs``
+(``paper_options``: 1 on VOC, 0 on Cityscapes, U2PL's values) train on labeled images only,
+with the teacher following the student. The CPS-style MT (a), with MSE between softmaxes and no
 CutMix, is not implemented.
 
 Teacher: EMA of the student's parameters, decay 0.99; the BN buffers are averaged too (the
@@ -25,7 +27,7 @@ from pydantic import Field
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.losses import cross_entropy_loss
-from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, require_unlabeled
+from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, require_unlabeled, sup_only
 
 
 class MTOptions(FrameworkOptions):
@@ -35,6 +37,7 @@ class MTOptions(FrameworkOptions):
     unsup_weight: float = Field(1.0, ge=0.0)
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)
+    sup_only_epochs: int = Field(0, ge=0)
 
 
 class MeanTeacher(SemiSupervisedFramework):
@@ -45,11 +48,15 @@ class MeanTeacher(SemiSupervisedFramework):
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        return MTOptions().model_dump()
+        """The shared U2PL trainer's schedule: one supervised-only epoch except on Cityscapes."""
+        return MTOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         opts: MTOptions = self.options  # type: ignore[assignment]
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        if sup_only(ctx, opts.sup_only_epochs):
+            student = self.labeled_pass(images_l, labels_l)
+            return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
         images_u = require_unlabeled(batch, self.name)["image"]
         self.seed_memories(images_l, labels_l)
 
@@ -63,4 +70,8 @@ class MeanTeacher(SemiSupervisedFramework):
         return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
-        self.ema(self.teacher, self.options.ema_decay, buffers="ema")  # type: ignore[attr-defined]
+        opts: MTOptions = self.options  # type: ignore[assignment]
+        if sup_only(ctx, opts.sup_only_epochs):
+            self.reset_teacher(self.teacher)
+        else:
+            self.ema(self.teacher, opts.ema_decay, buffers="ema")

@@ -184,14 +184,6 @@ class SemiSupervisedFramework(Framework):
         logs.update({k: float(v) for k, v in values.items()})
         return logs
 
-    # ----------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} holds no extra state, got keys {sorted(state)}")
-
 
 def labeled_view(batch_part: dict[str, Tensor], strong: bool) -> Tensor:
     """``image_strong`` when asked for and present, else the weak ``image``."""

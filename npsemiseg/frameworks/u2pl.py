@@ -193,11 +193,8 @@ class U2PL(SemiSupervisedFramework):
 
 
 def _representation_dim(rep_head: Any) -> int:
-    """Output channels of the representation head (its last conv)."""
-    dim = getattr(rep_head, "dim", None) or getattr(rep_head, "out_channels", None)
-    if dim is None:
-        convs = [m for m in rep_head.modules() if isinstance(m, torch.nn.Conv2d)]
-        if not convs:
-            raise ValueError("model.representation_head: cannot tell its output channels")
-        dim = convs[-1].out_channels
-    return int(dim)
+    """Embedding size of the representation head (``RepresentationHead.dim``)."""
+    dim = getattr(rep_head, "dim", None)
+    if not isinstance(dim, int):
+        raise ValueError(f"model.representation_head: expected a module with an int 'dim', got {type(rep_head).__name__}")
+    return dim
