@@ -446,15 +446,33 @@ def train(config: RunConfig, callbacks: Callbacks | None = None, *,
           resume_from: str | os.PathLike | None = None) -> RunResult:
     """Train one cell; see the module docstring. ``resume_from`` (or ``callbacks.resume_from()``):
     a checkpoint directory, or a checkpoint root whose ``latest`` file names one."""
-    started = time.perf_counter()
-    callbacks = callbacks if callbacks is not None else Callbacks()
-    rank, world_size = _rank_world()
     device = _resolve_device(config)
+    with _backend_flags(config, device):
+        return _run(config, callbacks if callbacks is not None else Callbacks(), resume_from, device)
+
+
+@contextlib.contextmanager
+def _backend_flags(config: RunConfig, device: torch.device) -> Iterator[None]:
+    """``runtime.deterministic`` (deterministic algorithms, no cuDNN autotuning) or cuDNN autotuning
+    on GPU, for the duration of the run; the caller's settings are restored afterwards."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
     if config.runtime.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
     elif device.type == "cuda":
         torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike | None,
+         device: torch.device) -> RunResult:
+    started = time.perf_counter()
+    rank, world_size = _rank_world()
 
     datasets = build_datasets(config)
     transforms = train_transforms(config)
@@ -561,7 +579,7 @@ def train(config: RunConfig, callbacks: Callbacks | None = None, *,
                     callbacks.on_evaluation(step, metrics)
                     tick = time.perf_counter()
                 every_steps = config.schedule.checkpoint_every_steps
-                if (every_steps and step % every_steps == 0 and step < plan.total_steps) or step == stop_at:
+                if step < plan.total_steps and ((every_steps and step % every_steps == 0) or step == stop_at):
                     checkpoint(step, metrics)
                     tick = time.perf_counter()
                 if step == stop_at and step < plan.total_steps:
