@@ -135,6 +135,15 @@ def test_cityscapes_train_ids_from_city_folders(tmp_path):
         _check_item(ds[i], written[name], (16, 32))
 
 
+def test_cityscapes_unlabeled_split_reads_no_label_file(tmp_path):
+    make_cityscapes_split(tmp_path, "unlabeled", "744", max_items=2)
+    assert not (tmp_path / "gtFine").exists()
+    ds = build_dataset("cityscapes", "unlabeled", tmp_path, "1/4", max_items=2)
+    item = ds[1]
+    _check_item(item, None, (16, 32))
+    assert bool((item["label"] == 255).all())
+
+
 def test_cityscapes_label_ids_are_converted_34_to_19(tmp_path):
     entries = partition_ids("cityscapes", "val")[:2]
     written = make_cityscapes_tree(tmp_path, entries, label_kind="labelIds")
