@@ -353,6 +353,17 @@ def test_u2pl_supervised_only_epoch_and_teacher_reset(smoke_config):
     assert all(torch.equal(t, s) for t, s in zip(fw.teacher.parameters(), fw.student.parameters()))
 
 
+@pytest.mark.parametrize("head", ["baseline", "np"])
+def test_u2pl_teacher_train_mode_quirk_moves_teacher_bn_statistics(smoke_config, head):
+    fw, config = _framework(smoke_config, "u2pl", head, sup_only_epochs=1, teacher_train_mode=True, ema_buffers="none")
+    bn = next(m for m in fw.teacher.modules() if isinstance(m, nn.BatchNorm2d))
+    fw.train_step(_batch(config), StepContext(step=0, total_steps=8, epoch=0, total_epochs=4, iters_per_epoch=2))
+    assert int(bn.num_batches_tracked) == 1  # the released code's train-mode teacher pass
+    result = fw.train_step(_batch(config), StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2))
+    assert all(torch.isfinite(v) for v in result.losses.values())
+    assert fw.teacher.training is False  # the pass restores eval mode
+
+
 def test_u2pl_state_dict_round_trip(smoke_config):
     fw, config = _framework(smoke_config, "u2pl", "baseline")
     fw.queues.enqueue(3, torch.randn(5, fw.queues.dim))

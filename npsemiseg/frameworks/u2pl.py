@@ -137,6 +137,7 @@ class U2PL(SemiSupervisedFramework):
         in train mode on them, which moves its BN statistics as the released code does."""
         student = self.labeled_pass(images_l, labels_l)
         if opts.teacher_train_mode:
+            self.sync_memories(self.teacher)  # an NP teacher needs the memories the student just filled
             self.predict(self.teacher, images_l, train_mode=True)
         return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
 
