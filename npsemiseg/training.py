@@ -402,6 +402,7 @@ class _Streams:
 
 
 def _check_finite(step: int, names: list[str], values: list[float]) -> None:
+    """FloatingPointError naming the first non-finite loss term of step ``step`` (1-based, as ``on_step``)."""
     bad = [(n, v) for n, v in zip(names, values) if not math.isfinite(v)]
     if bad:
         terms = ", ".join(f"{n}={v:.4g}" for n, v in zip(names, values))
@@ -623,7 +624,7 @@ def _train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer:
         dist.all_reduce(values)  # a non-finite term on any rank reaches every rank: all stop together
         values /= world_size
     floats = values.tolist()
-    _check_finite(ctx.step, names, floats)
+    _check_finite(ctx.step + 1, names, floats)
     total = result.total
     optimizer.zero_grad(set_to_none=True)
     total.backward()
@@ -634,7 +635,7 @@ def _train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer:
     if config.optim.grad_clip is not None:
         norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.optim.grad_clip))
         if not math.isfinite(norm):
-            raise FloatingPointError(f"non-finite gradient norm at step {ctx.step} (loss terms finite: "
+            raise FloatingPointError(f"non-finite gradient norm at step {ctx.step + 1} (loss terms finite: "
                                      + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, floats)) + ")")
         logs["train/grad_norm"] = norm
     optimizer.step()
