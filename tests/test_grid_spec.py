@@ -125,3 +125,13 @@ def test_shipped_specs_expand_to_valid_unique_cells():
     for name in ("paper.yaml", "smoke.yaml"):
         configs = expand(load_spec(SPECS / name))
         assert len(configs) == 192 and len({c.cell_id for c in configs}) == 192
+
+
+def test_cell_overrides_apply_to_the_selected_cells_only():
+    spec = load_spec(_spec(cell_overrides=[{"when": {"frameworks": ["u2pl"], "partitions": [183]},
+                                            "overrides": {"optim.lr": 0.5}}]))
+    configs = expand(spec)
+    changed = {c.cell_name for c in configs if c.optim.lr == 0.5}
+    assert changed == {"u2pl/synthetic_voc/183/baseline", "u2pl/synthetic_voc/183/np", "u2pl/synthetic_voc/183/np_mean"}
+    with pytest.raises(ValueError, match=r"cell_overrides\[0\].when.partitions: '366'"):
+        load_spec(_spec(cell_overrides=[{"when": {"partitions": ["366"]}, "overrides": {"optim.lr": 0.5}}]))

@@ -1,0 +1,55 @@
+"""The embedded default (``make demo``): the smoke grid on a local Ray with the local MLflow store.
+
+Runs ``jobs/specs/smoke.yaml`` (the paper's axes on the synthetic stand-ins of the three
+datasets, at smoke scale, 1 CPU per cell), prints the paper's tables in Markdown, the
+summary, one JSON line with the timing (for ``benchmarks/RESULTS.md``) and the command that
+opens the MLflow UI on this store. Running it again skips the cells that finished already;
+delete ``mlruns.db``, ``mlartifacts/`` and ``ray_results/`` to start afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from semiseg_platform.grid import run_grid
+from semiseg_platform.tracking import resolve_tracking_uri, ui_hint
+
+SMOKE_SPEC = Path(__file__).resolve().parent / "specs" / "smoke.yaml"
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """The command that serves this store's UI, with the mlflow next to this Python if there is one."""
+    hint = ui_hint(tracking_uri) or f"open {tracking_uri}"
+    local = Path(sys.executable).parent / "mlflow"
+    if hint.startswith("mlflow ") and local.exists():
+        cwd = Path.cwd()
+        executable = local.relative_to(cwd) if local.is_relative_to(cwd) else local
+        hint = f"{executable} {hint[len('mlflow '):]}"
+    return hint + " --port 5000   # then open http://127.0.0.1:5000"
+
+
+def main() -> int:
+    tracking_uri = resolve_tracking_uri(None)
+    summary = run_grid(SMOKE_SPEC, tracking_uri=tracking_uri, storage=os.environ.get("NPSEMISEG_STORAGE"))
+    print()
+    print(summary.tables_markdown)
+    print(summary.format())
+    overhead = summary.median_overhead_seconds
+    print(json.dumps({
+        "bench": "smoke_grid", "cells": len(summary.outcomes),
+        "finished": len(summary.cells("finished")), "skipped": len(summary.cells("skipped")),
+        "failed": len(summary.cells("failed")), "wall_s": round(summary.wall_seconds, 1),
+        "concurrency": summary.concurrency, "cpus": os.cpu_count(),
+        "median_overhead_s": None if overhead is None else round(overhead, 2),
+    }))
+    print()
+    print("MLflow UI on this store:")
+    print(f"  {mlflow_ui_command(tracking_uri)}")
+    return 0 if summary.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
