@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -137,3 +139,23 @@ def test_local_mode_cell_resumes_under_the_same_name(config, tracking_uri, tmp_p
         assert resumed.metrics[key] == pytest.approx(straight.metrics[key], rel=1e-6, abs=1e-8), key
     runs = _runs(tracking_uri, "local")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+
+
+def test_in_process_cell_reports_to_tune(ray_cluster, config, tracking_uri, tmp_path):
+    """The grid/search launcher: a Tune trial runs the loop itself, checkpoints through Tune."""
+    from ray import tune
+
+    from semiseg_platform.cell import TuneReporter
+
+    def trainable(_):
+        run_cell_in_process(config, reporter=TuneReporter(), tracking=tracking_uri, experiment="tune")
+
+    tuner = tune.Tuner(tune.with_resources(trainable, {"CPU": CPUS}),
+                       run_config=tune.RunConfig(name="cell", storage_path=str(tmp_path)))
+    result = tuner.fit()[0]
+    assert result.error is None
+    assert set(FINAL_METRICS) <= set(result.metrics) and result.metrics["step"] == 3
+    assert (Path(result.checkpoint.path) / "state.pt").is_file()
+    runs = _runs(tracking_uri, "tune")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.metrics["miou"] == pytest.approx(result.metrics["miou"])
