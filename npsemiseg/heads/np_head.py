@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
 
@@ -111,6 +110,30 @@ def _per_channel_mean(query: Tensor, centers: Tensor, filled: Tensor) -> Tensor:
     return (score.softmax(dim=1) * c).sum(dim=1).mean(dim=(2, 3))
 
 
+class _PerChannelAttention(torch.autograd.Function):
+    """``_per_channel_mean`` over all channels, in slices of ``chunk`` channels, recomputed slice by
+    slice in backward, so at most ``[B, K, chunk, h, w]`` exists at a time. Gradient for the query
+    only (centers come from the memories, which carry none)."""
+
+    @staticmethod
+    def forward(ctx, query: Tensor, centers: Tensor, filled: Tensor, chunk: int) -> Tensor:
+        ctx.save_for_backward(query, centers, filled)
+        ctx.chunk = chunk
+        return torch.cat([_per_channel_mean(q, c, filled)
+                          for q, c in zip(query.split(chunk, dim=1), centers.split(chunk, dim=1))], dim=1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        query, centers, filled = ctx.saved_tensors
+        grads = []
+        for q, c, g in zip(query.split(ctx.chunk, dim=1), centers.split(ctx.chunk, dim=1), grad_out.split(ctx.chunk, dim=1)):
+            with torch.enable_grad():
+                q = q.detach().requires_grad_(True)
+                grads.append(torch.autograd.grad(_per_channel_mean(q, c, filled), q, g)[0])
+        return torch.cat(grads, dim=1), None, None, None
+
+
 def attention_aggregate(
     query: Tensor, centers: Tensor, filled: Tensor, kind: str = "euclidean", *, channel_chunk: int = 4
 ) -> Tensor:
@@ -122,7 +145,7 @@ def attention_aggregate(
 
     kind: ``"euclidean"`` w = softmax_k(-|q - c_k|) (the paper), ``"squared"`` softmax_k(-|q - c_k|^2),
     ``"per_channel"`` a separate softmax over classes for every channel of the squared residual
-    (the authors' code; computed in channel slices of ``channel_chunk``, recomputed in backward),
+    (the authors' code; computed in slices of ``channel_chunk`` channels, recomputed in backward),
     ``"mean"`` uniform weights over filled classes (the paper's mean-aggregator ablation).
     Runs in float32 (the distance expansion cancels badly in half precision).
     """
@@ -132,14 +155,7 @@ def attention_aggregate(
             weights = filled.float() / filled.sum().clamp_min(1)
             return (weights @ centers).expand(query.shape[0], -1)
         if kind == "per_channel":
-            slices = []
-            for start in range(0, query.shape[1], channel_chunk):
-                q, c = query[:, start : start + channel_chunk], centers[:, start : start + channel_chunk]
-                if torch.is_grad_enabled() and q.requires_grad:
-                    slices.append(checkpoint(_per_channel_mean, q, c, filled, use_reentrant=False))
-                else:
-                    slices.append(_per_channel_mean(q, c, filled))
-            return torch.cat(slices, dim=1)
+            return _PerChannelAttention.apply(query, centers, filled, channel_chunk)
         if kind not in ("euclidean", "squared"):
             raise ValueError(f"attention: expected one of {ATTENTIONS}, got {kind!r}")
         cross = F.conv2d(query, centers[:, :, None, None])  # [B, K, h, w] = q . c_k
@@ -474,10 +490,12 @@ class NPHead(ClassifierHead):
     @staticmethod
     def sample(mean: Tensor, sigma: Tensor, num_samples: int) -> Tensor:
         """T reparameterised samples ``mean + sigma * eps`` from one ``randn(T, B, D)``: ``[T, B, D]``."""
-        return mean + sigma * torch.randn((num_samples, *mean.shape), device=mean.device, dtype=mean.dtype)
+        mean, sigma = mean.float(), sigma.float()  # float32 noise: the same draws with or without autocast
+        return mean + sigma * torch.randn((num_samples, *mean.shape), device=mean.device, dtype=torch.float32)
 
     def kl_divergence(self, mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
         """KL(q_target || q_context) per image ``[B]``: paper Eq. 7, or the authors' sigma-as-variance form."""
+        mean_t, sigma_t, mean_c, sigma_c = (v.float() for v in (mean_t, sigma_t, mean_c, sigma_c))
         if self.kl == "authors":
             return gaussian_kl(mean_t, sigma_t.sqrt(), mean_c, sigma_c.sqrt())
         return gaussian_kl(mean_t, sigma_t, mean_c, sigma_c)

@@ -1,0 +1,386 @@
+"""NPHead as issue 2 section 3 describes it: attention, memories, latent, decoder, inference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
+
+C, K, D = 8, 4, 4
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_np(**options) -> NPHead:
+    defaults = dict(latent_dim=D, memory_size=16, enqueue_per_class=4, hidden_channels=8, num_samples=3)
+    return NPHead(C, K, **{**defaults, **options})
+
+
+def batch(b: int = 2, h: int = 5, w: int = 6, scale: int = 2):
+    features = torch.randn(b, C, h, w)
+    labels = torch.randint(0, K, (b, h * scale, w * scale))
+    labels[:, 0] = IGNORE_INDEX
+    return features, labels
+
+
+def train_step(head: NPHead, features, labels, m: int = 1):
+    head.train()
+    return head(features, labels=labels, context_features=features[:m], context_labels=labels[:m])
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+
+def reference_attention(query, centers, filled, kind):
+    """Direct Eq. 8 with the full [B, K, D, h, w] tensor."""
+    q = query[:, None]  # [B, 1, D, h, w]
+    c = centers[None, :, :, None, None]  # [1, K, D, 1, 1]
+    mask = ~filled[None, :, None, None, None]
+    if kind == "per_channel":
+        score = -(q - c).pow(2)  # [B, K, D, h, w]
+    else:
+        dist2 = (q - c).pow(2).sum(dim=2, keepdim=True)  # [B, K, 1, h, w]
+        score = -dist2 if kind == "squared" else -dist2.sqrt()
+    if kind == "mean":
+        score = torch.zeros_like(score)
+    weights = score.masked_fill(mask, float("-inf")).softmax(dim=1)
+    return (weights * c).sum(dim=1).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "squared", "per_channel", "mean"])
+def test_attention_matches_direct_computation_with_masking(kind):
+    query = torch.randn(2, D, 3, 5, dtype=torch.float64)
+    centers = torch.randn(K, D, dtype=torch.float64)
+    filled = torch.tensor([True, False, True, True])
+    got = attention_aggregate(query, centers, filled, kind, channel_chunk=3)
+    assert got.dtype == torch.float32
+    expected = reference_attention(query, centers, filled, kind).float()
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "squared", "per_channel"])
+def test_attention_gradient_matches_direct_computation(kind):
+    query = torch.randn(2, D, 3, 4, requires_grad=True)
+    centers = torch.randn(K, D)
+    filled = torch.tensor([True, True, False, True])
+    weights = torch.randn(2, D)
+    (grad,) = torch.autograd.grad((attention_aggregate(query, centers, filled, kind, channel_chunk=3) * weights).sum(), query)
+    (expected,) = torch.autograd.grad((reference_attention(query, centers, filled, kind) * weights).sum(), query)
+    assert torch.allclose(grad, expected, atol=1e-5)
+
+
+def test_empty_class_gets_no_weight_even_when_nearest():
+    query = torch.randn(1, D, 2, 2)
+    centers = torch.randn(K, D)
+    centers[1] = query[0, :, 0, 0]  # the empty class sits exactly on a query pixel
+    filled = torch.tensor([True, False, True, True])
+    got = attention_aggregate(query, centers, filled)
+    keep = [0, 2, 3]
+    expected = attention_aggregate(query, centers[keep], torch.ones(3, dtype=torch.bool))
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("kind, bound_channels", [("euclidean", 1), ("squared", 1), ("per_channel", 2)])
+def test_attention_never_builds_b_k_d_h_w(kind, bound_channels):
+    b, d, h, w = 2, 8, 6, 6
+    query = torch.randn(b, d, h, w, requires_grad=True)
+    with LargestOutput() as mode:
+        out = attention_aggregate(query, torch.randn(K, d), torch.ones(K, dtype=torch.bool), kind, channel_chunk=2)
+        out.sum().backward()
+    assert mode.largest <= max(b * K * bound_channels * h * w, b * d * h * w) < b * K * d * h * w
+
+
+# ---- memories -------------------------------------------------------------------------------
+
+
+def identifiable_rows(b: int, h: int, w: int) -> torch.Tensor:
+    """``[b, D, h, w]`` whose pixel (i, j) of image n holds (n, i, j, n*100 + i*10 + j): unique per pixel."""
+    n, i, j = torch.meshgrid(torch.arange(b), torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([n, i, j, n * 100 + i * 10 + j], dim=1).float()
+
+
+def test_memory_rows_are_pixel_feature_vectors_and_ignore_never_enters():
+    head = small_np(memory_size=64, enqueue_per_class=64)
+    b, h, w = 2, 4, 5
+    rows = identifiable_rows(b, h, w)
+    labels = torch.randint(0, K - 1, (b, h, w))  # class K-1 never present
+    labels[:, 1] = IGNORE_INDEX
+    head.enqueue("target", rows, labels)
+    for k in range(K):
+        count = int(head.target_count[k])
+        pixels = rows.permute(0, 2, 3, 1)[labels == k]  # [n_k, D] pixel vectors of class k
+        assert count == len(pixels)  # every class pixel entered (fewer than the bound), ignore did not
+        stored = head.target_memory[k, :count]
+        assert torch.equal(stored[torch.argsort(stored[:, 3])], pixels[torch.argsort(pixels[:, 3])])
+        assert torch.all(head.target_memory[k, count:] == 0)
+        if count:
+            assert torch.allclose(head.target_centers[k], pixels.mean(0))
+    assert int(head.target_count[K - 1]) == 0 and torch.all(head.target_centers[K - 1] == 0)
+    assert not any(int(i) == 1 for i in head.target_memory[:, :, 1][head.target_memory[:, :, 3] > 0])
+
+
+def test_forward_memory_holds_the_query_vectors_of_the_labelled_pixels():
+    head = small_np(memory_size=128, enqueue_per_class=128)
+    features, labels = batch(b=2, h=4, w=4, scale=2)
+    train_step(head, features, labels)
+    query = head.query(features).permute(0, 2, 3, 1)  # [B, h, w, D]
+    small = labels[:, ::2, ::2]  # nearest downsampling
+    for k in range(K):
+        pixels = query[small == k]
+        stored = head.target_memory[k, : int(head.target_count[k])]
+        assert stored.shape == pixels.shape
+        # each stored row equals one pixel's vector of that class
+        assert torch.cdist(stored, pixels).min(dim=1).values.max() < 1e-5
+        context = head.context_memory[k, : int(head.context_count[k])]
+        assert context.shape[0] == int((small[:1] == k).sum())  # context = the labelled slice only
+
+
+def test_enqueue_is_bounded_per_class_and_random():
+    head = small_np(memory_size=16, enqueue_per_class=3)
+    rows = identifiable_rows(1, 6, 6)
+    labels = torch.zeros(1, 6, 6, dtype=torch.long)
+    labels[0, :, :2] = 1  # class 1: 12 pixels, class 0: 24 pixels, classes 2 and 3: none
+    head.enqueue("target", rows, labels)
+    assert head.target_count.tolist() == [3, 3, 0, 0] and head.target_pointer.tolist() == [3, 3, 0, 0]
+    first = head.target_memory[0, :3, 3].clone()
+    picks = {tuple(first.tolist())}
+    for _ in range(5):
+        other = small_np(memory_size=16, enqueue_per_class=3)
+        other.enqueue("target", rows, labels)
+        picks.add(tuple(other.target_memory[0, :3, 3].tolist()))
+        assert set(other.target_memory[1, :3, 2].tolist()) <= {0.0, 1.0}  # class 1 lives in columns 0-1
+    assert len(picks) > 1  # a random subset, not always the same pixels
+
+
+def test_fifo_pointer_wraps():
+    head = small_np(memory_size=10, enqueue_per_class=4)
+    labels = torch.zeros(1, 2, 2, dtype=torch.long)  # exactly 4 pixels of class 0 per step
+    for step in (1, 2, 3):
+        head.enqueue("target", torch.full((1, D, 2, 2), float(step)), labels)
+    assert int(head.target_pointer[0]) == 2 and int(head.target_count[0]) == 10
+    assert head.target_memory[0, :, 0].tolist() == [3, 3, 1, 1, 2, 2, 2, 2, 3, 3]
+    assert torch.allclose(head.target_centers[0], torch.full((D,), 2.2))
+
+
+def test_context_slice_reuse_equals_a_separate_context_pass():
+    features, labels = batch()
+    heads = [small_np(), small_np()]
+    heads[1].load_state_dict(heads[0].state_dict())
+    for head, context in zip(heads, (features[:1], features[:1].clone())):
+        torch.manual_seed(3)
+        train_step_out = head.train()(features, labels=labels, context_features=context, context_labels=labels[:1])
+        assert train_step_out.logits.shape[0] == 3
+    assert torch.equal(heads[0].context_memory, heads[1].context_memory)
+
+
+def test_memories_are_written_only_in_train_mode():
+    head, features, labels = small_np(), *batch()
+    train_step(head, features, labels)
+    before = {k: v.clone() for k, v in head.state_dict().items() if "memory" in k or "count" in k}
+    head.eval()
+    out = head(features, labels=labels, context_features=features[:1], context_labels=labels[:1])
+    assert out.aux_loss.item() > 0  # labels given in eval: KL computed, memories untouched
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())
+
+
+# ---- latent path, KL, gradients -------------------------------------------------------------
+
+
+def test_latent_samples_and_kl():
+    head = small_np(num_samples=4)
+    features, labels = batch()
+    train_step(head, features, labels)
+    query = head.query(features)
+    target = attention_aggregate(query, head.target_centers, head.target_count > 0)
+    context = attention_aggregate(query, head.context_centers, head.context_count > 0)
+    mean_t, sigma_t = head.latent_encoder(target)
+    mean_c, sigma_c = head.latent_encoder(context)
+    assert torch.all(sigma_t >= 0.1)
+    torch.manual_seed(5)
+    latent = head.eval().infer_latent(features)
+    torch.manual_seed(5)
+    eps = torch.randn(4, 2, D)
+    assert torch.allclose(latent.z, mean_t + sigma_t * eps, atol=1e-6)
+    assert torch.allclose(latent.r, context, atol=1e-6)
+    out = head(features, labels=labels)  # eval, no context: stored context centers
+    from npsemiseg.heads import gaussian_kl
+
+    assert out.stats["kl"] == pytest.approx(gaussian_kl(mean_t, sigma_t, mean_c, sigma_c).mean().item(), rel=1e-4)
+
+
+def test_detach_query_blocks_the_backbone_gradient_of_the_query_path():
+    for detach, expect_gradient in ((True, False), (False, True)):
+        head = small_np(detach_query=detach)
+        features, labels = batch()
+        features.requires_grad_(True)
+        out = train_step(head, features, labels)
+        out.aux_loss.backward()  # the KL reaches the features only through the query path
+        has_gradient = features.grad is not None and features.grad.abs().sum() > 0
+        assert has_gradient == expect_gradient
+        assert head.query_net[0].weight.grad.abs().sum() > 0
+
+
+def test_mean_aggregator_ignores_the_query_and_mask_empty_false_uses_zero_centers():
+    head = small_np(attention="mean")
+    head.target_centers.copy_(torch.randn(K, D))
+    head.target_count.copy_(torch.tensor([1, 1, 0, 1]))
+    a = attention_aggregate(torch.randn(2, D, 3, 3), head.target_centers, head.filled("target"), "mean")
+    assert torch.allclose(a, head.target_centers[[0, 1, 3]].mean(0).expand(2, -1))
+    authors = small_np(mask_empty=False)
+    authors.target_count.copy_(torch.tensor([1, 1, 0, 1]))
+    assert authors.filled("target").all() and not head.filled("target").all()
+
+
+# ---- decoder --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 3), (5, 7)])
+def test_split_decoder_equals_concat_including_border(size):
+    decoder = NPDecoder(C, D, K, hidden_channels=8)
+    x = torch.randn(2, C, *size, requires_grad=True)
+    z, r = torch.randn(3, 2, D, requires_grad=True), torch.randn(2, D)
+    split = decoder(x, z, r)
+    grads_split = torch.autograd.grad(split.square().sum(), [x, z])
+    decoder.impl = "concat"
+    concat = decoder(x, z, r)
+    grads_concat = torch.autograd.grad(concat.square().sum(), [x, z])
+    assert split.shape == (3, 2, K, *size)
+    rel = (split - concat).abs().max() / concat.abs().max()
+    assert rel < 1e-4
+    border = torch.ones(size, dtype=torch.bool)
+    border[1:-1, 1:-1] = False
+    assert (split - concat)[..., border].abs().max() / concat.abs().max() < 1e-4
+    for a, b in zip(grads_split, grads_concat):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max().clamp_min(1.0)))
+
+
+def test_split_first_conv_matches_concat_exactly_in_float64():
+    decoder = NPDecoder(C, D, K, hidden_channels=8).double()
+    x, z, r = torch.randn(2, C, 4, 6, dtype=torch.float64), torch.randn(3, 2, D, dtype=torch.float64), torch.randn(2, D, dtype=torch.float64)
+    split = decoder.first_conv(x, z, r)
+    decoder.impl = "concat"
+    assert torch.allclose(split, decoder.first_conv(x, z, r), atol=1e-12)
+
+
+def test_fused_decoder_tail_equals_plain_layers_with_gradients():
+    decoder = NPDecoder(C, D, K, hidden_channels=8).double()
+    x, z, r = torch.randn(2, C, 4, 5, dtype=torch.float64), torch.randn(3, 2, D, dtype=torch.float64), torch.randn(2, D, dtype=torch.float64)
+    params = [decoder.conv1.weight, decoder.tail[2].weight, decoder.tail[2].bias, decoder.tail[5].weight]
+    fused = decoder(x, z, r)
+    g_fused = torch.autograd.grad(fused.sin().sum(), params)
+    plain = decoder.tail(decoder.first_conv(x, z, r)).view(3, 2, K, 4, 5)
+    g_plain = torch.autograd.grad(plain.sin().sum(), params)
+    assert torch.allclose(fused, plain, atol=1e-10)
+    for a, b in zip(g_fused, g_plain):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_np_head_split_and_concat_give_the_same_logits_for_the_same_noise():
+    split, features, labels = small_np(), *batch(h=6, w=6)
+    train_step(split, features, labels)
+    concat = small_np(decoder_impl="concat")
+    concat.load_state_dict(split.state_dict())
+    outs = []
+    for head in (split.eval(), concat.eval()):
+        torch.manual_seed(11)
+        outs.append(head(features).logits)
+    assert (outs[0] - outs[1]).abs().max() / outs[1].abs().max() < 1e-4
+
+
+# ---- inference ------------------------------------------------------------------------------
+
+
+def test_state_dict_round_trip_gives_identical_inference_logits():
+    head, features, labels = small_np(), *batch()
+    for _ in range(3):
+        train_step(head, features, labels)
+    state = head.state_dict()
+    assert {"target_memory", "context_memory", "target_centers", "context_centers", "target_pointer",
+            "context_count"} <= set(state)
+    fresh = small_np()
+    fresh.load_state_dict(state)
+    logits = []
+    for model in (head.eval(), fresh.eval()):
+        torch.manual_seed(7)
+        logits.append(model(features).logits)
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_inference_uses_only_the_centers():
+    head, features, labels = small_np(), *batch()
+    train_step(head, features, labels)
+    head.eval()
+    torch.manual_seed(1)
+    expected = head(features).logits
+    head.target_memory.normal_()  # scramble the memories: centers alone must drive inference
+    head.context_memory.normal_()
+    torch.manual_seed(1)
+    assert torch.equal(head(features).logits, expected)
+
+
+def test_forward_with_a_given_latent_equals_inference():
+    head, features, labels = small_np(), *batch()
+    train_step(head, features, labels)
+    head.eval()
+    torch.manual_seed(2)
+    latent = head.infer_latent(features, num_samples=2)
+    assert isinstance(latent, NPLatent) and latent.z.shape == (2, 2, D) and latent.r.shape == (2, D)
+    torch.manual_seed(2)
+    expected = head(features, num_samples=2).logits
+    assert torch.allclose(head(features, latent=latent).logits, expected, atol=1e-6)
+    # a window of the image decoded with the whole image's latent
+    window = head(features[..., :3, :4].contiguous(), latent=latent).logits
+    assert window.shape == (2, 2, K, 3, 4)
+    with pytest.raises(ValueError, match="latent"):
+        head(features[:1], latent=latent)
+    with pytest.raises(ValueError, match="latent"):
+        head(features, labels=labels, latent=latent)
+
+
+def test_spread_diagnostic_border_exceeds_interior():
+    head = small_np()
+    features, labels = batch(b=2, h=16, w=16)
+    train_step(head, features, labels)
+    stats = head.eval()(features).stats
+    assert stats["spread_border"] > stats["spread_interior"] >= 0.0
+    assert stats["target_classes"] == K
+
+
+def test_bf16_autocast_runs_and_stays_close_to_float32():
+    head, features, labels = small_np(), *batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = train_step(head, features, labels)
+        out.logits.float().mean().backward()
+    assert torch.isfinite(out.logits.float()).all()
+    head.eval()
+    torch.manual_seed(4)
+    reference = head(features).logits
+    torch.manual_seed(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = head(features).logits.float()
+    assert (low - reference).abs().max() < 0.1 * reference.abs().max()
