@@ -355,7 +355,9 @@ class RunConfig(Section):
         """A preset (``"paper"`` or ``"smoke"``) for one cell, then ``overrides``.
 
         ``overrides``: dotted keys (``**{"optim.lr": 0.01}``) or sections (``optim={"lr": 0.01}``),
-        applied as by :meth:`with_overrides`.
+        applied as by :meth:`with_overrides`; a dict given for an option dict (``framework_options``,
+        ``head.options``, ``model.options``, ``data.options``, ``data.augmentation``) is merged into
+        the preset's.
         """
         from npsemiseg.presets import preset_values
 
@@ -525,9 +527,12 @@ def _set_dotted(values: dict[str, Any], key: str, raw: Any) -> None:
         else:
             next_model = None
         if last:
-            if isinstance(raw, Mapping) and isinstance(node.get(part), dict) and dotted not in _FREE_FORM:
-                for sub, item in raw.items():
-                    _set_dotted(values, f"{key}.{sub}", item)
+            if isinstance(raw, Mapping) and isinstance(node.get(part), dict):
+                if dotted in _FREE_FORM:  # option dicts are merged: the preset's other options stay
+                    node[part] = {**node[part], **{k: _parse_scalar(v) for k, v in raw.items()}}
+                else:
+                    for sub, item in raw.items():
+                        _set_dotted(values, f"{key}.{sub}", item)
             else:
                 node[part] = _parse_scalar(raw)
             return

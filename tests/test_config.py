@@ -90,6 +90,14 @@ def test_overrides_parse_strings_and_accept_sections(smoke_config):
         config.seed = 3  # type: ignore[misc]
 
 
+def test_option_dicts_are_merged_into_the_preset(smoke_config):
+    paper = smoke_config(framework="psmt").framework_options
+    changed = smoke_config(framework="psmt", framework_options={"tvat": False})
+    assert changed.framework_options == {**paper, "tvat": False}
+    head = smoke_config(head="np", **{"head.options": {"memory_size": 32}}).head.options
+    assert head["memory_size"] == 32 and head["lambda_kl"] == 0.005
+
+
 def test_switching_head_or_framework_starts_their_options_afresh(smoke_config):
     config = smoke_config(head="np")
     baseline = config.with_overrides({"head.name": "baseline"})
