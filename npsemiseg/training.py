@@ -318,7 +318,8 @@ def save_checkpoint(root: Path, *, step: int, state: dict[str, Any], config: Run
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory from itself or from a checkpoint root holding ``latest``."""
+    """A checkpoint directory from itself or from a checkpoint root: the one ``latest`` names, else
+    (``latest`` missing or stale after an interruption) the newest complete ``step_*`` directory."""
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
@@ -326,6 +327,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         candidate = path / (path / LATEST_FILE).read_text().strip()
         if (candidate / STATE_FILE).is_file():
             return candidate
+    complete = sorted(p for p in path.glob("step_*") if (p / STATE_FILE).is_file())
+    if complete:
+        return complete[-1]
     raise ValueError(f"resume_from: {path} is neither a checkpoint directory (with {STATE_FILE}) nor a "
                      f"checkpoint root with a valid '{LATEST_FILE}' file")
 

@@ -252,6 +252,8 @@ def test_resume_refuses_a_checkpoint_of_another_cell(smoke_config, tmp_path):
 
 
 def test_checkpoints_and_artifacts(smoke_config, tmp_path):
+    from npsemiseg.training import resolve_checkpoint
+
     config = smoke_config(head="mc_dropout", **{"runtime.output_dir": str(tmp_path), "schedule.max_steps": 4,
                                                   "schedule.checkpoint_every_steps": 1, "runtime.keep_checkpoints": 2,
                                                   "evaluation.figures": True, "schedule.eval_every_epochs": 1})
@@ -265,6 +267,8 @@ def test_checkpoints_and_artifacts(smoke_config, tmp_path):
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert {"figures/uncertainty_maps.png", "figures/reliability.png", "tables/per_class_iou.csv"} <= set(recorder.artifacts)
     assert (result.checkpoint / "config.yaml").read_text() == config.to_yaml()
+    (tmp_path / "checkpoints" / "latest").unlink()  # interrupted before ``latest`` was rewritten
+    assert resolve_checkpoint(tmp_path / "checkpoints") == result.checkpoint
     assert recorder.evaluations[-1][0] == 4
 
 
