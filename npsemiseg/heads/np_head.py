@@ -500,6 +500,14 @@ class NPHead(ClassifierHead):
             return gaussian_kl(mean_t, sigma_t.sqrt(), mean_c, sigma_c.sqrt())
         return gaussian_kl(mean_t, sigma_t, mean_c, sigma_c)
 
+    def _latent_from_centers(self, features: Tensor, num_samples: int | None) -> NPLatent:
+        """Inference mode: target centers -> latent samples, context centers -> deterministic path."""
+        t = self.resolve_num_samples(num_samples)
+        self._check_memories_filled()
+        target, context = self._aggregates(self.query(features))
+        mean, sigma = self.latent_encoder(target)
+        return NPLatent(self.sample(mean, sigma, t), context)
+
     @torch.no_grad()
     def infer_latent(self, features: Tensor, num_samples: int | None = None) -> NPLatent:
         """Inference-mode latent from the stored centers: ``z [T, B, D]``, ``r [B, D]``.
@@ -507,11 +515,7 @@ class NPHead(ClassifierHead):
         Used to share one latent per whole image across sliding windows (``forward(..., latent=)``).
         """
         self.check_features(features)
-        t = self.resolve_num_samples(num_samples)
-        self._check_memories_filled()
-        target, context = self._aggregates(self.query(features))
-        mean, sigma = self.latent_encoder(target)
-        return NPLatent(self.sample(mean, sigma, t), context)
+        return self._latent_from_centers(features, num_samples)
 
     def _check_latent(self, latent: NPLatent, features: Tensor, labels: Tensor | None) -> None:
         if labels is not None:
@@ -541,11 +545,8 @@ class NPHead(ClassifierHead):
         elif labels is None:
             if context_features is not None or context_labels is not None:
                 raise ValueError("labels: context_features/context_labels need the targets' labels (training mode)")
-            t = self.resolve_num_samples(num_samples)
-            self._check_memories_filled()
-            target, r = self._aggregates(self.query(features))
-            mean, sigma = self.latent_encoder(target)
-            z, aux = self.sample(mean, sigma, t), self.zero_aux(features)
+            latent = self._latent_from_centers(features, num_samples)
+            z, r, aux = latent.z, latent.r, self.zero_aux(features)
         else:
             z, r, aux, kl = self._training_latent(features, labels, context_features, context_labels, num_samples)
             stats["kl"] = kl
@@ -556,6 +557,7 @@ class NPHead(ClassifierHead):
 
     def _training_latent(self, features: Tensor, labels: Tensor, context_features: Tensor | None,
                          context_labels: Tensor | None, num_samples: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Training mode: enqueue (in ``train()``), then ``z [T, B, D]``, ``r [B, D]``, aux loss, KL."""
         self.check_labels(labels, features)
         check_label_values(labels, self.num_classes)
         if (context_features is None) != (context_labels is None):
