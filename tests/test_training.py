@@ -306,3 +306,13 @@ def test_head_learning_rate_multiplier_and_poly_decay(smoke_config, tmp_path):
     assert [g["lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([lr_step1, 10 * lr_step1])
     assert state["scheduler"] == {"step": 2, "total_steps": 4, "power": 0.9}
     assert state["data"] == {"epoch": 0, "batch": 2}
+
+
+def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config):
+    """Evaluation runs under a forked RNG: the same losses with and without per-epoch evaluation."""
+    config = smoke_config(head="mc_dropout", **{"schedule.epoch_length": "labeled"})  # 1 step per epoch
+    quiet, evaluated = Recorder(), Recorder()
+    train(config, quiet)
+    train(config.with_overrides({"schedule.eval_every_epochs": 1}), evaluated)
+    assert [s for s, _ in evaluated.evaluations] == [1, 2, 3]  # two during training + the final one
+    assert [l["train/loss"] for _, l in quiet.steps] == [l["train/loss"] for _, l in evaluated.steps]
