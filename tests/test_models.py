@@ -274,6 +274,21 @@ def test_imagenet_weights_not_cached_offline(tmp_path, monkeypatch):
         build_backbone("resnet50", deep_stem=True, weights="imagenet")
 
 
+def test_imagenet_weights_download_failure_names_the_cache(tmp_path, monkeypatch):
+    """Downloading allowed but the network unreachable (a proxy on a closed local port): a clear
+    error naming the cache path, and no partial file left in the cache."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    for variable in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    cached = tmp_path / "hub" / "checkpoints" / "resnet50-0676ba61.pth"
+    with pytest.raises(FileNotFoundError, match="download failed") as error:
+        build_backbone("resnet50", weights="imagenet")
+    assert str(cached) in str(error.value)
+    assert not cached.exists()
+
+
 @pytest.mark.integration
 def test_torchvision_resnet50_file_and_cache(tmp_path, monkeypatch):
     """A real torchvision ResNet-50 state dict loads from a path and from torchvision's cache."""
