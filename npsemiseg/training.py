@@ -361,6 +361,7 @@ def _progress(config: RunConfig, callbacks: Callbacks, *, total: int, initial: i
 
 
 def _resolve_device(config: RunConfig) -> torch.device:
+    """``runtime.device``: CPU, or the *current* CUDA device (a DDP caller sets it per local rank)."""
     wanted = config.runtime.device
     if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
