@@ -198,3 +198,17 @@ def test_uncertainty_time_figure_from_benchmark_runs(uri, tmp_path):
 def test_line_panels_rejects_nothing_to_plot():
     with pytest.raises(ValueError, match="panels"):
         T.line_panels({}, xlabel="x", ylabel="y")
+
+
+def test_tables_command_writes_and_prints_the_tables(store, tmp_path):
+    from typer.testing import CliRunner
+
+    from semiseg_platform.cli import app
+
+    uri, expected = store
+    result = CliRunner().invoke(app, ["tables", "--experiment", "study", "--out", str(tmp_path / "t"),
+                                      "--tracking", uri, "--grid-id", GRID])
+    assert result.exit_code == 0, result.output
+    assert "### Table 1: mIoU on VOC (classic)" in result.output
+    assert f"| U2PL | {100 * expected[('u2pl', 'baseline', '92')][0][0]:.2f} |" in result.output
+    assert (tmp_path / "t" / "table6_attention_pavpu.parquet").is_file()
