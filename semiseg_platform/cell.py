@@ -181,6 +181,7 @@ class CheckpointReporter(Callbacks):
         self.stop_at_step: int | None = None
         self.last_uri: str | None = None
         self._last: tuple[int, Path, dict[str, float]] | None = None
+        self._temporary: list[Path] = []
 
     def on_start(self, config, *, total_steps, start_step, rank, world_size) -> None:
         self.rank = rank
@@ -204,6 +205,25 @@ class CheckpointReporter(Callbacks):
     def report(self, step: int, directory: Path, metrics: dict[str, float]) -> None:
         raise NotImplementedError
 
+    def temporary_dir(self) -> Path:
+        """A local directory for a downloaded checkpoint, removed by :meth:`close`."""
+        path = Path(tempfile.mkdtemp(prefix="npsemiseg-resume-"))
+        self._temporary.append(path)
+        return path
+
+    def latest_in(self, store: CheckpointStore) -> Path | None:
+        """``store``'s newest complete checkpoint as a local directory (downloaded when remote), or None."""
+        latest = store.latest()
+        if latest is None:
+            return None
+        return store.local_copy(latest[0], None if store.storage.is_local else self.temporary_dir())
+
+    def close(self) -> None:
+        """Remove downloaded checkpoints (after the loop has restored from them)."""
+        for path in self._temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        self._temporary.clear()
+
 
 class TrainReporter(CheckpointReporter):
     """Ray Train workers: every rank reports, rank 0 with the checkpoint (persisted by Ray).
@@ -216,7 +236,6 @@ class TrainReporter(CheckpointReporter):
     def __init__(self, store: CheckpointStore) -> None:
         super().__init__()
         self.store = store
-        self._downloads: list[Path] = []
 
     def report(self, step, directory, metrics) -> None:
         import ray.train
@@ -232,24 +251,11 @@ class TrainReporter(CheckpointReporter):
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is not None:
-            if self.store.storage.is_local:
-                return Path(checkpoint.path)
-            local = Path(tempfile.mkdtemp(prefix="npsemiseg-resume-"))
-            self._downloads.append(local)
-            return Path(checkpoint.to_directory(str(local)))
-        latest = self.store.latest()
-        return self._local(latest[0]) if latest else None
-
-    def _local(self, step: int) -> Path:
-        path = self.store.local_copy(step)
-        if not self.store.storage.is_local:
-            self._downloads.append(path)
-        return path
-
-    def close(self) -> None:
-        for path in self._downloads:
-            shutil.rmtree(path, ignore_errors=True)
+        if checkpoint is None:
+            return self.latest_in(self.store)
+        if self.store.storage.is_local:
+            return Path(checkpoint.path)
+        return Path(checkpoint.to_directory(str(self.temporary_dir())))
 
 
 class StoreReporter(CheckpointReporter):
@@ -264,30 +270,17 @@ class StoreReporter(CheckpointReporter):
         self.store = store
         self.also_ray_train = also_ray_train
         self.keep = keep
-        self.final_metrics: dict[str, float] | None = None
-        self._downloads: list[Path] = []
 
     def report(self, step, directory, metrics) -> None:
         self.last_uri = self.store.save(step, directory)
         self.store.prune(self.keep)
-        self.final_metrics = metrics
         if self.also_ray_train:
             import ray.train
 
             ray.train.report(metrics)
 
     def resume_from(self) -> Path | None:
-        latest = self.store.latest()
-        if latest is None:
-            return None
-        path = self.store.local_copy(latest[0])
-        if not self.store.storage.is_local:
-            self._downloads.append(path)
-        return path
-
-    def close(self) -> None:
-        for path in self._downloads:
-            shutil.rmtree(path, ignore_errors=True)
+        return self.latest_in(self.store)
 
 
 class TuneReporter(CheckpointReporter):
@@ -297,10 +290,6 @@ class TuneReporter(CheckpointReporter):
     ASHA see them; resumes from ``ray.tune.get_checkpoint()`` (Tune restores it after a trial
     failure or when the experiment is resumed).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._downloads: list[Path] = []
 
     def on_evaluation(self, step, metrics) -> None:
         if step < self.total_steps:
@@ -319,15 +308,7 @@ class TuneReporter(CheckpointReporter):
         import ray.tune
 
         checkpoint = ray.tune.get_checkpoint()
-        if checkpoint is None:
-            return None
-        local = Path(tempfile.mkdtemp(prefix="npsemiseg-resume-"))
-        self._downloads.append(local)
-        return Path(checkpoint.to_directory(str(local)))
-
-    def close(self) -> None:
-        for path in self._downloads:
-            shutil.rmtree(path, ignore_errors=True)
+        return None if checkpoint is None else Path(checkpoint.to_directory(str(self.temporary_dir())))
 
 
 # ----------------------------------------------------------------------------- the shared body
@@ -380,7 +361,7 @@ def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks]
             raise
         finally:
             tracker.close()
-            getattr(reporter, "close", lambda: None)()
+            reporter.close()
 
 
 def train_worker(spec: CellSpec) -> None:
@@ -422,12 +403,13 @@ def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, 
              launch: Callable[[CellSpec], _LoopOutcome]) -> CellResult:
     """Open the cell's MLflow run, ``launch`` the loop, record the outcome; shared by every launcher."""
     started = time.perf_counter()
+    fault = FaultInjection.from_env()
     result = CellResult(name=name, cell_id=config.cell_id, status="RUNNING")
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=grid_id, parent_run_id=parent_run_id)
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
-                    tracking_uri=run.tracking_uri, run_id=run.run_id, fault=FaultInjection.from_env(),
-                    progress=progress, local_mode=local_mode)
+                    tracking_uri=run.tracking_uri, run_id=run.run_id, fault=fault, progress=progress,
+                    local_mode=local_mode)
     try:
         with run:
             outcome = launch(spec)

@@ -127,7 +127,7 @@ def parse_storage(uri: str | os.PathLike | Storage | None = None, *, endpoint_ur
     if not text:
         raise ValueError("storage: expected a local directory or s3://bucket/prefix, got an empty string")
     parsed = urlparse(text)
-    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+    if parsed.scheme in ("", "file"):
         local = Path(parsed.path if parsed.scheme == "file" else text).expanduser().resolve()
         return Storage(uri=str(local), root=str(local), filesystem=pafs.LocalFileSystem())
     if parsed.scheme != "s3":
