@@ -23,8 +23,10 @@ app = typer.Typer(
 
 #: exit status of errors in the user's input (nothing was started)
 USAGE_ERROR = 2
-#: exit status of a cell that started and ended FAILED or KILLED
+#: exit status of a cell that started and ended FAILED
 CELL_FAILED = 1
+#: exit status of a cell stopped by Ctrl-C or SIGTERM (its run ended KILLED)
+INTERRUPTED = 130
 
 
 def fail(message: str, status: int = USAGE_ERROR) -> NoReturn:
@@ -107,7 +109,7 @@ def run(
     """Train one cell on Ray Train, tracked in MLflow; print its metrics and the run's URL."""
     from semiseg_platform.cell import CellFailedError, cell_run_name, run_cell, validate_resources
     from semiseg_platform.storage import parse_storage
-    from semiseg_platform.tracking import resolve_tracking_uri, ui_hint
+    from semiseg_platform.tracking import CellKilled, resolve_tracking_uri, ui_hint
 
     try:
         cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
@@ -130,6 +132,9 @@ def run(
         if failed.run_url:
             typer.echo(f"MLflow run: {failed.run_url}", err=True)
         raise typer.Exit(CELL_FAILED)
+    except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
+        typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
+        raise typer.Exit(INTERRUPTED)
     typer.echo(f"cell {result.name} {result.status} after {result.steps} steps in {result.wall_seconds:.1f} s "
                f"(training loop {result.loop_seconds:.1f} s)")
     shown = [k for k in _SUMMARY_METRICS if k in result.metrics]
