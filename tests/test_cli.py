@@ -120,3 +120,33 @@ def test_run_in_local_mode_prints_metrics_and_url(workdir, tmp_path_factory):
     assert "  miou " in out and "  ece " in out
     assert "MLflow run: http://127.0.0.1:5000/#/experiments/" in out
     assert (workdir / "ckpt").is_dir()
+
+
+@pytest.mark.integration
+def test_sigterm_ends_the_run_killed(workdir, tmp_path_factory):
+    """A cell stopped by SIGTERM mid-training: exit 130, its MLflow run KILLED (never left RUNNING)."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+    from platform_fixtures import fresh_store
+
+    store = fresh_store(tmp_path_factory, "sigterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", "from semiseg_platform.cli import main; main()", *CELL, "--workers", "0",
+         "--set", "schedule.epochs=1000", "--set", "schedule.max_steps=100000", "--tracking", store,
+         "--experiment", "sigterm"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the first progress line: training is under way
+            if line.startswith("step "):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "KILLED (terminated by signal 15)" in stderr
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("sigterm").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "KILLED"
+    assert runs[0].data.tags["error"] == "CellKilled: terminated by signal 15"
