@@ -430,6 +430,8 @@ def test_aux_and_representation_heads():
     output = model(images)
     assert output.aux_logits.shape == (2, K, 4, 4)  # layer 3 at stride 8 (u2pl)
     assert output.representation.shape == (2, 8, 8, 8)
+    # hidden widths follow the ASPP width (U2PL: 256; here the narrow 16)
+    assert model.aux_head.classifier.in_channels == model.representation_head.embed.in_channels == 16
     model.eval()
     output = model(images)
     assert output.aux_logits is None and output.representation.shape == (2, 8, 8, 8)

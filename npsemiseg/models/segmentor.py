@@ -264,6 +264,9 @@ def build_segmentor(
         ``feature_channels(variant, aspp_channels=..., low_level_channels=...)``) or a head name for
         ``npsemiseg.heads.build_head`` with ``head_options``.
     output_stride: defaults to the variant's (u2pl 8, augseg/psmt 16).
+    aux_head / representation_head: U2PL's layer-3 auxiliary classifier (Cityscapes) and its
+        contrastive representation head (``representation_dim``-d); their hidden width is the
+        ASPP width (256 at full size, as U2PL).
     mc_dropout_scope: for an MC-dropout head, ``"decoder"`` (paper: the decoder gets always-active
         dropout after every activation, with the head's dropout rate, and runs S times) or
         ``"head"`` (only the head samples). Ignored for other heads.
@@ -297,6 +300,7 @@ def build_segmentor(
     mc_dropout = 0.0
     if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
         mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
+    hidden = aspp_channels or spec.aspp_channels  # 256 as U2PL's aux/representation heads; narrow in smoke runs
     decoder = DeepLabV3PlusDecoder(
         variant,
         encoder.channels["high_level"],
@@ -310,9 +314,9 @@ def build_segmentor(
         encoder,
         decoder,
         head,
-        aux_head=AuxiliaryHead(encoder.channels["layer3"], num_classes) if aux_head else None,
+        aux_head=AuxiliaryHead(encoder.channels["layer3"], num_classes, hidden) if aux_head else None,
         representation_head=(
-            RepresentationHead(decoder.out_channels, representation_dim) if representation_head else None
+            RepresentationHead(decoder.out_channels, representation_dim, hidden) if representation_head else None
         ),
         samples_per_pass=samples_per_pass,
     )
