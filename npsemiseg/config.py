@@ -178,8 +178,8 @@ class DataConfig(Section):
     ``npsemiseg.data.transforms.train_transform`` besides the crop (``resize``, ``scale_range``,
     ``base_size``, ``strong``, ``flip``, ``label_pad_value``); empty = the framework's pipeline
     from ``paper_augmentation(framework, dataset family)``. ``labeled_strong_view``: labeled images
-    also get the strong view (None = only for PS-MT, whose student sees labeled images strongly
-    augmented).
+    also get the strong view (None = when the framework's ``strong_labeled`` option asks: PS-MT,
+    whose student sees labeled images strongly augmented).
     """
 
     root: str | None = None
@@ -284,8 +284,9 @@ class RunConfig(Section):
         _check_head_options(self.head, info.num_classes)
         data = self.data.model_copy(update={
             "augmentation": _resolve_augmentation(self.framework, info, self.data.augmentation),
-            "labeled_strong_view": (self.framework == "psmt") if self.data.labeled_strong_view is None
-            else self.data.labeled_strong_view,
+            # None: as the framework asks (PS-MT's ``strong_labeled`` option; no other framework uses it)
+            "labeled_strong_view": bool(self.framework_options.get("strong_labeled", False))
+            if self.data.labeled_strong_view is None else self.data.labeled_strong_view,
         })
         # frozen model: the resolved values are written once, here, before anyone sees the object
         object.__setattr__(self, "partition", partition)

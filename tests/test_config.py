@@ -90,6 +90,13 @@ def test_overrides_parse_strings_and_accept_sections(smoke_config):
         config.seed = 3  # type: ignore[misc]
 
 
+def test_labeled_strong_view_follows_the_framework(smoke_config):
+    assert smoke_config(framework="psmt").data.labeled_strong_view is True
+    assert smoke_config(framework="psmt", framework_options={"strong_labeled": False}).data.labeled_strong_view is False
+    assert smoke_config(framework="augseg").data.labeled_strong_view is False
+    assert smoke_config(framework="augseg").data.augmentation["strong"] == "augseg"
+
+
 def test_option_dicts_are_merged_into_the_preset(smoke_config):
     paper = smoke_config(framework="psmt").framework_options
     changed = smoke_config(framework="psmt", framework_options={"tvat": False})
