@@ -328,7 +328,11 @@ def test_reliability_diagram_is_written(tmp_path):
 
 
 def test_time_interleaved_warms_up_and_rotates_the_order():
-    calls = []
-    timings = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1)
+    calls, rounds = [], []
+    timings = time_interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1,
+        on_round=lambda index, so_far: rounds.append((index, len(so_far["a"].seconds))),
+    )
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert rounds == [(0, 1), (1, 2), (2, 3)]
     assert len(timings["a"].seconds) == 3 and timings["b"].median >= 0

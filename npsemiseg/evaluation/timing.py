@@ -47,9 +47,11 @@ def time_interleaved(
     repeats: int = 5,
     warmup: int = 1,
     device: torch.device | str | None = None,
+    on_round: Callable[[int, dict[str, Timing]], None] | None = None,
 ) -> dict[str, Timing]:
     """Time each zero-argument callable ``repeats`` times, round-robin, after ``warmup`` untimed calls
-    of each. The order of the cases is rotated by one every round. Returns ``{name: Timing}``."""
+    of each. The order of the cases is rotated by one every round; ``on_round(round_index, timings)``
+    is called after each round (progress of long runs). Returns ``{name: Timing}``."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats, warmup: expected >= 1 and >= 0, got {repeats}, {warmup}")
     if not cases:
@@ -67,6 +69,8 @@ def time_interleaved(
             cases[name]()
             synchronize(device)
             timings[name].seconds.append(time.perf_counter() - start)
+        if on_round is not None:
+            on_round(round_index, timings)
     return timings
 
 
