@@ -122,6 +122,9 @@ def test_yaml_round_trip_text_and_file(smoke_config, tmp_path):
     path.write_text(text)
     assert RunConfig.from_yaml(path) == config
     assert RunConfig.from_yaml(str(path)) == config
+    import pickle
+
+    assert pickle.loads(pickle.dumps(config)) == config  # Ray ships configs to its workers by pickling
     with pytest.raises(ValueError, match="does not exist"):
         RunConfig.from_yaml(tmp_path / "missing.yaml")
     with pytest.raises(ValueError, match="mapping"):
