@@ -21,14 +21,23 @@ from npsemiseg.evaluation.inference import predict
 
 @dataclass
 class Timing:
-    """Seconds of each timed repeat of one case (warm-up runs excluded)."""
+    """Wall-clock and process-CPU seconds of each timed repeat of one case (warm-up runs excluded).
+
+    On a CPU shared with other work the process-CPU time (all threads of this process) is the
+    steadier measure of the work done; on a GPU it counts only the host side.
+    """
 
     name: str
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu_seconds)
 
     @property
     def minimum(self) -> float:
@@ -65,10 +74,11 @@ def time_interleaved(
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             cases[name]()
             synchronize(device)
             timings[name].seconds.append(time.perf_counter() - start)
+            timings[name].cpu_seconds.append(time.process_time() - cpu_start)
         if on_round is not None:
             on_round(round_index, timings)
     return timings
