@@ -462,7 +462,7 @@ def _parse_scalar(value: Any) -> Any:
         return value
     text = value.strip()
     lowered = text.lower()
-    if lowered in ("null", "none", "~"):
+    if lowered in ("null", "~"):  # not "none": a valid string value of some options (ema_buffers)
         return None
     if lowered in ("true", "false"):
         return lowered == "true"

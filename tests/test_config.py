@@ -84,6 +84,8 @@ def test_overrides_parse_strings_and_accept_sections(smoke_config):
     changed = config.with_overrides({"optim.lr": "0.05", "optim.grad_clip": "5", "schedule.max_steps": "7"})
     assert changed.optim.lr == 0.05 and changed.optim.grad_clip == 5.0 and changed.schedule.max_steps == 7
     assert changed.with_overrides({"optim.grad_clip": "null"}).optim.grad_clip is None
+    u2pl = smoke_config(framework="u2pl", framework_options={"ema_buffers": "none"})
+    assert u2pl.framework_options["ema_buffers"] == "none"  # a string, not null
     sectioned = smoke_config(optim={"lr": 0.05, "grad_clip": 5.0}, schedule={"max_steps": 7})
     assert sectioned.optim == changed.optim and sectioned.schedule == changed.schedule
     with pytest.raises(ValueError, match="frozen"):
