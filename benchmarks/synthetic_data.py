@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -39,15 +40,17 @@ def emit(**record) -> None:
     print(json.dumps(record), flush=True)
 
 
-def time_per_item(fn, n: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` passes of the mean milliseconds of ``fn(i)`` for i < n."""
-    passes = []
+def time_per_item(fn, n: int, repeats: int = 5) -> dict[str, float]:
+    """Median over ``repeats`` passes of the mean milliseconds of ``fn(i)`` for i < n: wall time and
+    this process's CPU time (the CPU time is what a busy shared machine does not inflate)."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for i in range(n):
             fn(i)
-        passes.append((time.perf_counter() - start) / n * 1e3)
-    return statistics.median(passes)
+        wall.append((time.perf_counter() - start) / n * 1e3)
+        cpu.append((time.process_time() - start_cpu) / n * 1e3)
+    return {"ms_per_item": round(statistics.median(wall), 3), "cpu_ms_per_item": round(statistics.median(cpu), 3)}
 
 
 def speed() -> None:
@@ -55,14 +58,14 @@ def speed() -> None:
         for size in (32, 64, 128):
             config = SyntheticConfig.for_dataset(name, image_size=size)
             build_world(config)
-            ms = time_per_item(lambda i: generate(config, "train", i), 100)
-            emit(bench="synthetic_generate", dataset=name, image_size=size, ms_per_item=round(ms, 3))
+            emit(bench="synthetic_generate", dataset=name, image_size=size,
+                 **time_per_item(lambda i: generate(config, "train", i), 100))
     config = SyntheticConfig.for_dataset("synthetic_voc", image_size=64)
     items = [dict(zip(("image", "label"), generate(config, "train", i)[:2]), id=str(i)) for i in range(50)]
     for strong in (None, "augseg", "psmt"):
         transform = train_transform(48, strong=strong)
-        ms = time_per_item(lambda i: transform(items[i]), len(items))
-        emit(bench="train_transform", image_size=64, crop=48, strong=strong, ms_per_item=round(ms, 3))
+        emit(bench="train_transform", image_size=64, crop=48, strong=strong,
+             **time_per_item(lambda i: transform(items[i]), len(items)))
 
 
 class TinyFCN(nn.Module):
@@ -161,7 +164,8 @@ def main() -> None:
     parser.add_argument("--instance-jitter", type=float, default=1.0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    emit(bench="setup", torch=torch.__version__, threads=args.threads)
+    emit(bench="setup", torch=torch.__version__, threads=args.threads, load_average=os.getloadavg()[0],
+         cpus=os.cpu_count())
     if args.what in ("speed", "all"):
         speed()
     if args.what in ("difficulty", "all"):
