@@ -257,7 +257,8 @@ def load_spec(source: str | Path | Mapping[str, Any]) -> GridSpec:
 def _describe(error: Exception) -> str:
     """A validation error on one line: ``key.path: message; ...``."""
     if isinstance(error, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in error.errors())
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in error.errors())
     return " ".join(str(error).split())
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from semiseg_platform.grid import GridSpec, cell_keys, expand, grid_id, load_spec
+from semiseg_platform.grid import Resources, cell_keys, cells_at_once, expand, grid_id, load_spec, trial_resources
 
 SPECS = Path(__file__).resolve().parents[1] / "jobs" / "specs"
 
@@ -135,3 +135,27 @@ def test_cell_overrides_apply_to_the_selected_cells_only():
     assert changed == {"u2pl/synthetic_voc/183/baseline", "u2pl/synthetic_voc/183/np", "u2pl/synthetic_voc/183/np_mean"}
     with pytest.raises(ValueError, match=r"cell_overrides\[0\].when.partitions: '366'"):
         load_spec(_spec(cell_overrides=[{"when": {"partitions": ["366"]}, "overrides": {"optim.lr": 0.5}}]))
+
+
+def test_invalid_spec_file_fails_before_anything_starts(tmp_path, capsys):
+    from jobs.grid import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\npreset: smoke\nframeworks: [supervised]\ndatasets: {synthetic_voc: [99]}\n"
+                   f"heads: [baseline]\ntracking_uri: sqlite:///{tmp_path}/mlruns.db\nstorage: {tmp_path}/ray_results\n")
+    assert main([str(bad)]) == 2
+    assert "99 is not a partition of 'synthetic_voc'" in capsys.readouterr().err
+    assert not (tmp_path / "mlruns.db").exists() and not (tmp_path / "ray_results").exists()
+
+
+def test_cells_at_once_follows_the_cluster_resources():
+    ddp = Resources(workers=4, gpus_per_worker=1, cpus_per_worker=6)
+    assert not ddp.in_process and trial_resources(ddp) == {"CPU": 0.5, "GPU": 0.0}
+    assert cells_at_once(ddp, {"CPU": 64.0, "GPU": 8.0}) == 2  # GPUs bound it
+    assert cells_at_once(ddp, {"CPU": 20.0, "GPU": 8.0}) == 1  # CPUs bound it (4 x 6 + 0.5 > 20: still one)
+    assert cells_at_once(ddp, {"CPU": 64.0, "GPU": 8.0}, limit=1) == 1
+    single = Resources(workers=1, cpus_per_worker=1)
+    assert single.in_process and trial_resources(single) == {"CPU": 1.0, "GPU": 0.0}
+    assert cells_at_once(single, {"CPU": 2.0}) == 2
+    assert cells_at_once(Resources(workers=1, gpus_per_worker=1), {"CPU": 16.0, "GPU": 3.0}) == 3
+    assert cells_at_once(Resources(workers=1, launcher="trainer"), {"CPU": 2.0}) == 1
