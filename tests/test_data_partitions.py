@@ -100,3 +100,25 @@ def test_synthetic_standins_carry_the_real_protocol(name, real):
     assert counts == sorted(counts)
     with pytest.raises(ValueError, match="num_classes"):
         dataset_info(name, num_classes=5)
+
+
+def test_infos_and_datasets_pickle():
+    """Spawned DataLoader workers and Ray workers receive datasets by pickling."""
+    import pickle
+
+    import torch
+
+    from npsemiseg.data import build_dataset
+    from npsemiseg.data.transforms import train_transform
+
+    info = dataset_info("synthetic_cityscapes", image_size=16)
+    assert pickle.loads(pickle.dumps(info)) == info
+    dataset = build_dataset("synthetic_voc", "unlabeled", partition="1/8", image_size=16,
+                            transform=train_transform(12, strong="augseg"))
+    clone = pickle.loads(pickle.dumps(dataset))
+    torch.manual_seed(0)
+    a = dataset[0]
+    torch.manual_seed(0)
+    b = clone[0]
+    assert a["id"] == b["id"]
+    assert all(torch.equal(a[k], b[k]) for k in ("image", "image_strong", "label"))

@@ -11,7 +11,6 @@ scaled to the synthetic train-set size (same labeled ratio).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Mapping
 
 IGNORE_INDEX = 255
@@ -83,7 +82,7 @@ def _real(name: str, classes: tuple[str, ...], counts: tuple[int, ...], *, eval_
     aliases.update(extra_aliases or {})
     return DatasetInfo(
         name=name, num_classes=len(classes), class_names=classes,
-        partitions=MappingProxyType(partitions), partition_aliases=MappingProxyType(aliases),
+        partitions=dict(partitions), partition_aliases=dict(aliases),
         eval_mode=eval_mode, eval_crop_size=crop, train_size=train_size, val_size=val_size,
         list_variants=variants,
     )
@@ -156,10 +155,10 @@ def synthetic_info(name: str, *, num_classes: int | None = None, train_size: int
                                          val_size=val_size, image_size=image_size, **options)
     return DatasetInfo(
         name=name, num_classes=len(class_names), class_names=class_names,
-        partitions=MappingProxyType(partitions), partition_aliases=MappingProxyType(aliases),
+        partitions=dict(partitions), partition_aliases=dict(aliases),
         eval_mode=eval_mode, eval_crop_size=crop, train_size=train_size, val_size=val_size,
         list_variants=variants, real_dataset=real_name, synthetic=True,
-        options=MappingProxyType(config.as_dict()),
+        options=dict(config.as_dict()),
     )
 
 
