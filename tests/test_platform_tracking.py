@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +193,18 @@ def test_sweep_ends_runs_whose_owner_is_gone(tracking_uri, config):
     client.set_tag(orphan.run_id, OWNER_START_TAG, "")
     remote = CellRun.open(config.with_overrides({"seed": 6}), tracking=tracking_uri, experiment=experiment)
     client.set_tag(remote.run_id, OWNER_HOST_TAG, "some-other-host")
+
+    # a cell still running under a live process is not taken over
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        client.set_tag(alive.run_id, OWNER_PID_TAG, str(live.pid))
+        client.set_tag(alive.run_id, OWNER_START_TAG, "")
+        with pytest.raises(RuntimeError, match="is already running"):
+            CellRun.open(config.with_overrides({"seed": 5}), tracking=tracking_uri, experiment=experiment)
+    finally:
+        live.kill()
+        live.wait()
+    client.set_tag(alive.run_id, OWNER_PID_TAG, str(os.getpid()))
 
     assert sweep_orphaned_runs(experiment, tracking=tracking_uri) == [orphan.run_id]
     assert client.get_run(orphan.run_id).info.status == "KILLED"
