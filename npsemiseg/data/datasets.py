@@ -103,12 +103,21 @@ def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
     return array
 
 
+_LAYOUTS = {
+    "pascal_classic": "JPEGImages/<ID>.jpg and SegmentationClassAug/<ID>.png",
+    "pascal_blender": "JPEGImages/<ID>.jpg and SegmentationClassAug/<ID>.png",
+    "cityscapes": "leftImg8bit/<split>/<city>/*_leftImg8bit.png and gtFine/<split>/<city>/*_gtFine_labelTrainIds.png "
+                  "(or *_gtFine_labelIds.png)",
+}
+
+
 def _check_exist(paths: list[Path], dataset: str, root: Path) -> None:
     missing = [p for p in paths if not p.is_file()]
     if missing:
         shown = ", ".join(str(p) for p in missing[:5])
         raise FileNotFoundError(
-            f"{dataset} under {root} is missing {len(missing)} of {len(paths)} listed files, e.g. {shown}"
+            f"{dataset} under {root} is missing {len(missing)} of {len(paths)} listed files, e.g. {shown} "
+            f"(expected {_LAYOUTS[dataset]} for every entry of the list)"
         )
 
 
