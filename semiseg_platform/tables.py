@@ -521,6 +521,29 @@ UNCERTAINTY_TIME_BENCHMARK = "uncertainty_time"
 UNCERTAINTY_TIME_METRIC = "uncertainty_seconds"
 
 
+def log_uncertainty_time_run(
+    tracking_uri: str, experiment: str, *, head: str, eval_mode: str, seconds_by_t: Mapping[int, float],
+    dataset: str = "", framework: str = "u2pl", tags: Mapping[str, str] | None = None,
+) -> str:
+    """Record one uncertainty-time benchmark series as a FINISHED MLflow run (the schema the figure reads).
+
+    ``seconds_by_t``: ``{T: seconds per image}``; logged as ``uncertainty_seconds`` with ``step = T``.
+    ``tags``: extra tags (device, crop size, ...). Creates the experiment if needed; returns the run id.
+    For ``benchmarks/uncertainty_time.py`` and anything else measuring the figure's numbers.
+    """
+    if not seconds_by_t:
+        raise ValueError("seconds_by_t: expected at least one (T, seconds) pair, got none")
+    client = MlflowClient(tracking_uri)
+    experiment_id = _experiment_id(client, experiment) or client.create_experiment(experiment)
+    run = client.create_run(experiment_id, run_name=f"benchmark/{UNCERTAINTY_TIME_BENCHMARK}/{eval_mode}/{head}", tags={
+        "npsemiseg.kind": "benchmark", "benchmark": UNCERTAINTY_TIME_BENCHMARK, "head": head,
+        "eval_mode": eval_mode, "dataset": dataset, "framework": framework, **dict(tags or {})})
+    for t, seconds in sorted(seconds_by_t.items()):
+        client.log_metric(run.info.run_id, UNCERTAINTY_TIME_METRIC, float(seconds), step=int(t))
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
 def load_uncertainty_times(tracking_uri: str, experiment: str) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
     """``{eval_mode: {head label: (Ts, seconds)}}`` from the uncertainty-time benchmark runs.
 

@@ -179,18 +179,20 @@ def test_uncertainty_time_figure_from_benchmark_runs(uri, tmp_path):
     assert T.uncertainty_time_figure(uri, "bench") is None
     for head, slope in (("mc_dropout", 0.5), ("np", 0.05)):
         for mode in ("center_crop", "sliding"):
-            run = client.create_run(experiment_id, tags={
-                "npsemiseg.kind": "benchmark", "benchmark": T.UNCERTAINTY_TIME_BENCHMARK,
-                "head": head, "eval_mode": mode, "framework": "u2pl"})
-            for t in (1, 5, 10):
-                client.log_metric(run.info.run_id, T.UNCERTAINTY_TIME_METRIC, slope * t, step=t)
-            client.set_terminated(run.info.run_id, "FINISHED")
+            T.log_uncertainty_time_run(uri, "bench", head=head, eval_mode=mode,
+                                       seconds_by_t={t: slope * t for t in (10, 1, 5)})
+    # an unfinished run is not plotted
+    client.create_run(experiment_id, tags={"npsemiseg.kind": "benchmark", "benchmark": T.UNCERTAINTY_TIME_BENCHMARK,
+                                           "head": "np", "eval_mode": "whole"})
     panels = T.load_uncertainty_times(uri, "bench")
     assert set(panels) == {"center_crop", "sliding"}
     assert panels["sliding"]["MC dropout"] == ([1, 5, 10], [0.5, 2.5, 5.0])
     figure = T.uncertainty_time_figure(uri, "bench")
     assert [ax.get_title() for ax in figure.axes] == ["center_crop", "sliding"]
     assert len(figure.axes[0].lines) == 2
+    assert list(figure.axes[1].lines[0].get_ydata()) == [0.5, 2.5, 5.0]
+    with pytest.raises(ValueError, match="seconds_by_t"):
+        T.log_uncertainty_time_run(uri, "bench", head="np", eval_mode="sliding", seconds_by_t={})
     _, written = T.write_report(uri, "bench", tmp_path / "out")
     assert (tmp_path / "out" / "uncertainty_time.png").stat().st_size > 1000
 
