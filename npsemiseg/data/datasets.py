@@ -262,26 +262,26 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
         raise ValueError(f"max_items must be a positive int or None, got {max_items!r}")
     if name in SYNTHETIC_STANDINS:
         info = dataset_info(name, **options)
-        config = SyntheticConfig.for_dataset(name, **options)
-        num_labeled = part = None
-        if split != "val":
-            if partition is None:
-                raise ValueError(f"partition is required for the {split} split of {name}; valid: {', '.join(info.partitions)}")
-            part = info.resolve_partition(partition)
-            num_labeled = info.partitions[part]
-        dataset = SyntheticSegmentation(config, split, num_labeled=num_labeled, partition=part, transform=transform)
-        if max_items is not None:
-            dataset.indices, dataset.ids = dataset.indices[:max_items], dataset.ids[:max_items]
-        dataset.info = info
-        dataset.list_variant = list_variant
-        return dataset
+        part = None if split == "val" else _partition_name(info, split, partition)
+        return SyntheticSegmentation(
+            SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
+            partition=part, info=info, list_variant=list_variant, max_items=max_items, transform=transform,
+        )
     if name not in REAL_DATASETS:
         raise ValueError(f"dataset name {name!r} is unknown; valid: {', '.join(list(REAL_DATASETS) + list(SYNTHETIC_STANDINS))}")
     if options:
         raise ValueError(f"{name} takes no options, got {sorted(options)}")
     info = REAL_DATASETS[name]
-    part = None if split == "val" else info.resolve_partition(partition) if partition is not None else None
+    part = None if split == "val" else _partition_name(info, split, partition)
     ids = partition_ids(name, split, part, list_variant=list_variant)[:max_items]
     folder = resolve_root(name, root)
     reader = CityscapesSegmentation if name == "cityscapes" else VOCSegmentation
     return reader(info, folder, split, ids, partition=part, list_variant=list_variant, transform=transform)
+
+
+def _partition_name(info: DatasetInfo, split: str, partition: str | int | None) -> str:
+    if partition is None:
+        raise ValueError(
+            f"partition is required for the {split} split of {info.name}; valid: {', '.join(info.partitions)}"
+        )
+    return info.resolve_partition(partition)

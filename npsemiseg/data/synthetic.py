@@ -270,24 +270,29 @@ class SyntheticSegmentation(Dataset):
 
     split: "labeled" / "unlabeled" (the partition's train indices; unlabeled labels are
     all 255) or "val" (a separate stream). ``transform`` maps an item dict to an item dict.
+    ``max_items`` keeps the first N items; ``info``, ``partition`` and ``list_variant`` are
+    recorded for the run (``build_dataset`` fills them).
     """
 
     def __init__(self, config: SyntheticConfig, split: str, *, num_labeled: int | None = None,
-                 partition: str | None = None, transform=None) -> None:
+                 partition: str | None = None, info: object = None, list_variant: str | None = None,
+                 max_items: int | None = None, transform=None) -> None:
         if split == "val":
-            self.indices = list(range(config.val_size))
+            indices = list(range(config.val_size))
         elif split in ("labeled", "unlabeled"):
             if num_labeled is None:
                 raise ValueError(f"num_labeled (from the partition) is required for the {split} split")
             labeled, unlabeled = labeled_indices(config, num_labeled)
-            self.indices = labeled if split == "labeled" else unlabeled
+            indices = labeled if split == "labeled" else unlabeled
         else:
             raise ValueError(f"split must be 'labeled', 'unlabeled' or 'val', got {split!r}")
         self.config = config
         self.split = split
+        self.indices = indices[:max_items]
         self.partition = partition
         self.num_labeled = num_labeled
-        self.list_variant = None
+        self.info = info
+        self.list_variant = list_variant
         self.transform = transform
         self.stream = "val" if split == "val" else "train"
         self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
