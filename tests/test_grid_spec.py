@@ -159,3 +159,15 @@ def test_cells_at_once_follows_the_cluster_resources():
     assert cells_at_once(single, {"CPU": 2.0}) == 2
     assert cells_at_once(Resources(workers=1, gpus_per_worker=1), {"CPU": 16.0, "GPU": 3.0}) == 3
     assert cells_at_once(Resources(workers=1, launcher="trainer"), {"CPU": 2.0}) == 1
+
+
+def test_dry_run_lists_the_cells_without_running_them(tmp_path, capsys):
+    from jobs.grid import main
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: tiny\npreset: smoke\nframeworks: [supervised, u2pl]\ndatasets: {synthetic_voc: [92]}\n"
+                    f"heads: [baseline, np]\ntracking_uri: sqlite:///{tmp_path}/mlruns.db\n")
+    assert main([str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "4 cells" and any(line.endswith("u2pl/synthetic_voc/92/np  seed 0") for line in out)
+    assert not (tmp_path / "mlruns.db").exists()
