@@ -172,10 +172,17 @@ def _valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 def _instance_norm_(y: Tensor, eps: float = 1e-5) -> Tensor:
-    """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``."""
-    var, mean = torch.var_mean(y, dim=(2, 3), keepdim=True, correction=0)
+    """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``.
+
+    Two-pass (mean, then the variance of the centred map) with sum and a batched dot product,
+    which on CPU run several times faster than ``var_mean`` over the spatial dims.
+    """
+    n, c, h, w = y.shape
+    flat = y.view(n * c, h * w)
+    y.sub_((flat.sum(dim=1) / (h * w)).view(n, c, 1, 1))
+    var = torch.bmm(flat[:, None], flat[:, :, None]).view(n, c, 1, 1) / (h * w)
     rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
-    y.sub_(mean).mul_(rstd)
+    y.mul_(rstd)
     return rstd
 
 
@@ -218,15 +225,54 @@ class _NormReLUConv(torch.autograd.Function):
         for x, r, g_out, g_y in zip(xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks),
                                     grad_y.chunk(ctx.chunks)):
             g = _conv_backward(g_out, x, weight, (True, False, False))[0]  # d loss / d relu(xhat)
-            g.masked_fill_(x <= 0, 0)
+            g = torch.ops.aten.threshold_backward(g, x, 0)  # through the ReLU
             n, c, h, w = x.shape
-            mean_g = g.mean(dim=(2, 3), keepdim=True)
+            mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
             mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
             g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
             _, g_w, g_b = _conv_backward(g_out, x.relu_(), weight, (False, True, True))
             grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
             grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
         return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None
+
+
+class _AddConstantMaps(torch.autograd.Function):
+    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of spatially constant input maps -> ``[T, B, O, h, w]``.
+
+    ``taps [T, B, O, 3, 3]`` holds ``W[:, constant channels, u, v] @ values`` per tap (u, v). Pixel
+    (i, j) receives the sum over the taps that fall inside the map (``rows[i, u] * cols[j, v]``):
+    all nine in the interior, fewer on the border. Forward writes the interior value in one pass
+    and corrects the border rows and columns in place; backward is
+    ``grad_taps = rows^T @ grad @ cols`` (one read of the gradient), so autograd never copies
+    activation-sized tensors for the in-place border writes.
+    """
+
+    @staticmethod
+    def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+        h, w = conv_x.shape[-2:]
+        rows, cols = _valid_taps(h, conv_x.device, taps.dtype), _valid_taps(w, conv_x.device, taps.dtype)
+        interior = taps.sum(dim=(-2, -1))  # [T, B, O]
+        constant = interior if bias is None else interior + bias.to(interior.dtype)
+        out = conv_x + constant[..., None, None]
+        for i in sorted({0, h - 1}):  # whole border rows
+            out[..., i, :] += torch.einsum("u,tnouv,jv->tnoj", rows[i], taps, cols) - interior[..., None]
+        if h > 2:  # border columns of the remaining rows
+            for j in sorted({0, w - 1}):
+                out[..., 1 : h - 1, j] += torch.einsum("iu,tnouv,v->tnoi", rows[1 : h - 1], taps, cols[j]) - interior[..., None]
+        ctx.save_for_backward(rows, cols)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        rows, cols = ctx.saved_tensors
+        grad_cols = torch.matmul(grad, cols.to(grad.dtype))  # [T, B, O, h, 3]
+        grad_taps = torch.matmul(rows.t().to(grad.dtype), grad_cols)  # [T, B, O, 3, 3]
+        grad_bias = None
+        if ctx.bias_dtype is not None:  # the centre tap is inside everywhere: its column sums all pixels
+            grad_bias = grad_cols[..., 1].sum(dim=(0, 1, 3)).to(ctx.bias_dtype)
+        return grad.sum(dim=0), grad_taps, grad_bias
 
 
 class NPDecoder(nn.Module):
@@ -282,17 +328,7 @@ class NPDecoder(nn.Module):
         # per-tap products of the constant channels W[:, z|r, a, b] @ (z|r): [T, B, O, 3, 3]
         w_zr = weight[:, self.in_channels :].permute(1, 0, 2, 3).reshape(2 * d, out_channels * 9)
         taps = (torch.cat([z, r], dim=-1).to(w_zr.dtype) @ w_zr).view(t, b, out_channels, 3, 3)
-        interior = taps.sum(dim=(-2, -1))  # [T, B, O]: all 9 taps inside the map
-        constant = interior if self.conv1.bias is None else interior + self.conv1.bias.to(interior.dtype)
-        out = conv_x.to(constant.dtype) + constant[..., None, None]  # [T, B, O, h, w]: one full-size pass
-        # border pixels: taps falling into the zero padding contribute nothing; correct rows 0, h-1
-        # (whole rows) and columns 0, w-1 (remaining rows) by (valid-tap sum - all-tap sum)
-        rows, cols = _valid_taps(h, x.device, taps.dtype), _valid_taps(w, x.device, taps.dtype)
-        for i in sorted({0, h - 1}):
-            out[..., i, :] += torch.einsum("u,tnouv,jv->tnoj", rows[i], taps, cols) - interior[..., None]
-        if h > 2:
-            for j in sorted({0, w - 1}):
-                out[..., 1 : h - 1, j] += torch.einsum("iu,tnouv,v->tnoi", rows[1 : h - 1], taps, cols[j]) - interior[..., None]
+        out = _AddConstantMaps.apply(conv_x.to(taps.dtype), taps, self.conv1.bias)  # [T, B, O, h, w]
         return out.flatten(0, 1)
 
     def forward(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
