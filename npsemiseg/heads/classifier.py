@@ -97,8 +97,9 @@ class BaselineHead(ClassifierHead):
 class MCDropoutHead(BaselineHead):
     """The classifier block with dropout active in ``eval()``: T stochastic passes, ``logits [T, B, K, h, w]``.
 
-    The T passes run as one batch of ``T x B`` images (every layer, the first conv included,
-    runs T times, as the paper's MC-dropout timing counts it). In training mode a call makes
+    The T passes run one after the other on the B images (every layer, the first conv included,
+    runs T times, as the paper's MC-dropout timing counts it; no T-fold copy of the features).
+    In training mode a call makes
     ``train_samples`` passes (default 1: ordinary dropout training), in eval ``num_samples``.
     """
 
@@ -132,7 +133,5 @@ class MCDropoutHead(BaselineHead):
         """``features [B, C, h, w]`` -> ``HeadOutput(logits [T, B, K, h, w])``."""
         self.check_inputs(features, labels, context_features, context_labels)
         t = self.resolve_num_samples(num_samples)
-        b = features.shape[0]
-        batch = features if t == 1 else features.expand(t, *features.shape).reshape(t * b, *features.shape[1:])
-        logits = self.classifier(batch)
-        return HeadOutput(logits.view(t, b, *logits.shape[1:]), self.zero_aux(features))
+        logits = torch.stack([self.classifier(features) for _ in range(t)])
+        return HeadOutput(logits, self.zero_aux(features))
