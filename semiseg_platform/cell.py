@@ -372,6 +372,7 @@ def train_worker(spec: CellSpec) -> None:
 
 # ----------------------------------------------------------------------------- launchers
 def validate_resources(workers: int, gpus_per_worker: float, cpus_per_worker: float, max_failures: int) -> None:
+    """``ValueError`` naming the first invalid resource argument of :func:`run_cell` (checked before anything starts)."""
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers: expected an integer >= 0 (0 = Ray Train's local mode), got {workers!r}")
     if gpus_per_worker < 0:

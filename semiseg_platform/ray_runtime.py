@@ -52,7 +52,9 @@ def worker_env() -> dict[str, str]:
 def ensure_ray(*, num_cpus: float | None = None, num_gpus: int | None = None, **init_kwargs: Any) -> None:
     """Start (embedded) or join (``RAY_ADDRESS``) Ray once per process; a no-op when already connected.
 
-    ``num_cpus`` / ``num_gpus`` / ``init_kwargs`` apply to the embedded cluster only.
+    ``num_cpus`` / ``num_gpus`` / ``init_kwargs`` apply to the embedded cluster only. Without
+    ``RAY_ADDRESS`` a new local cluster is started even when another one (``ray start``) runs on
+    this machine: plain ``ray.init()`` would join that one.
     """
     import ray
 
@@ -61,4 +63,6 @@ def ensure_ray(*, num_cpus: float | None = None, num_gpus: int | None = None, **
     if in_existing_cluster():
         ray.init()
         return
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": embedded_env()}, **init_kwargs)
+    # address="local": always a new embedded cluster, never a `ray start` cluster found on this machine
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": embedded_env()},
+             **init_kwargs)
