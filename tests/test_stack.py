@@ -1,0 +1,187 @@
+"""The local stack's settings, secrets, client environment and error paths (semiseg_platform.stack).
+
+The fast tests need no service. The integration tests at the end start real PostgreSQL
+processes (a few seconds each) to check that a failure names the service and stops what the
+same call had started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from semiseg_platform.stack import (SECRET_NAMES, SERVICES, Secrets, Stack, StackError, StackSettings, port_in_use,
+                                    process_alive)
+
+
+def _free_port_block(count: int, start: int = 21000) -> int:
+    """A base port such that ``base .. base + count`` are free on 127.0.0.1 (inside 20000-32767)."""
+    for base in range(start, 32000 - count, 37):
+        if not any(port_in_use("127.0.0.1", port) for port in range(base, base + count)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def stack_settings(home: Path, **overrides) -> StackSettings:
+    """Settings on a free block of ports (never the defaults: a developer's stack may be running)."""
+    base = _free_port_block(16)
+    ports = dict(postgres_port=base, s3_port=base + 1, seaweed_master_port=base + 3, seaweed_volume_port=base + 5,
+                 seaweed_filer_port=base + 7, mlflow_port=base + 9, ray_port=base + 10, ray_dashboard_port=base + 11,
+                 ray_dashboard_agent_port=base + 12, ray_client_port=base + 13)
+    return StackSettings(home=home, **{**ports, **overrides})
+
+
+def reachable_home() -> Path:
+    """A stack home the ``postgres`` user can traverse (pytest's tmp_path is 0700 under /tmp/pytest-of-root)."""
+    home = Path(tempfile.mkdtemp(prefix="npsemiseg-stack-test-"))
+    os.chmod(home, 0o711)
+    return home
+
+
+# ----------------------------------------------------------------------------- settings
+def test_settings_read_the_environment_and_reject_unknown_or_public_values(tmp_path):
+    settings = StackSettings.from_env({"NPSEMISEG_STACK_HOME": str(tmp_path), "NPSEMISEG_STACK_MLFLOW_PORT": "25123"})
+    assert settings.home == tmp_path and settings.mlflow_port == 25123
+    assert settings.mlflow_uri == "http://127.0.0.1:25123"
+    assert settings.database_uri("optuna").endswith("@127.0.0.1:25432/optuna")
+    assert "postgresql+psycopg2://npsemiseg@" in settings.database_uri("mlflow")  # no password in the URI
+    with pytest.raises(ValueError, match="NPSEMISEG_STACK_MLFLOW_PROT"):
+        StackSettings.from_env({"NPSEMISEG_STACK_MLFLOW_PROT": "1"})
+    with pytest.raises(ValueError, match="loopback"):
+        StackSettings.from_env({"NPSEMISEG_STACK_HOST": "0.0.0.0"})
+    with pytest.raises(ValueError, match="mlflow_port"):
+        StackSettings.from_env({"NPSEMISEG_STACK_MLFLOW_PORT": "80"})
+
+
+def test_every_service_port_is_listed_and_ray_temp_dir_is_short_and_private(tmp_path):
+    settings = StackSettings(home=tmp_path / ("x" * 120))
+    ports = [port for service in SERVICES for port in settings.ports(service).values()]
+    assert len(ports) == len(set(ports)) == 1 + 8 + 1 + 4
+    # unix sockets under Ray's session directory must stay within 107 bytes, however long home is
+    assert len(str(settings.ray_temp_dir)) < 40
+    assert StackSettings(home=tmp_path / "a").ray_temp_dir != StackSettings(home=tmp_path / "b").ray_temp_dir
+    with pytest.raises(ValueError, match="service"):
+        settings.ports("redis")
+
+
+# ----------------------------------------------------------------------------- secrets and client env
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_secrets_are_generated_once_private_and_distinct(tmp_path):
+    secrets = Secrets(tmp_path)
+    secrets.ensure()
+    first = {name: secrets.get(name) for name in SECRET_NAMES}
+    assert _mode(secrets.directory) == 0o700
+    assert all(_mode(secrets.path(name)) == 0o600 for name in SECRET_NAMES)
+    assert len(set(first.values())) == len(SECRET_NAMES) and all(len(v) >= 20 for v in first.values())
+    secrets.ensure()  # a second start keeps them: the services' stores were created with them
+    assert {name: secrets.get(name) for name in SECRET_NAMES} == first
+    with pytest.raises(StackError, match="stack up"):
+        Secrets(tmp_path / "elsewhere").get("ray_token")
+
+
+def test_export_lines_name_secret_files_never_secret_values(tmp_path):
+    stack = Stack(StackSettings(home=tmp_path))
+    stack.secrets.ensure()
+    stack._write_client_files()
+    lines = "\n".join(stack.export_lines())
+    for value in stack.secrets.values():
+        assert value not in lines
+    assert f'MLFLOW_TRACKING_PASSWORD="$(cat {stack.secrets.path("mlflow_admin_password")})"' in lines
+    assert f"AWS_SHARED_CREDENTIALS_FILE={stack.aws_credentials_path}" in lines
+    assert "RAY_AUTH_MODE=token" in lines and f"RAY_AUTH_TOKEN_PATH={stack.secrets.path('ray_token')}" in lines
+    # the files hold what the clients need, readable by the user only
+    assert _mode(stack.aws_credentials_path) == 0o600 and _mode(stack.pgpass_path) == 0o600
+    assert stack.secrets.get("s3_secret_key") in stack.aws_credentials_path.read_text()
+    # the environment handed to Ray carries no S3 key (Ray Tune would copy it into logged runtime envs)
+    env = stack.client_env(include_secrets=True)
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_ACCESS_KEY_ID" not in env
+    assert env["MLFLOW_TRACKING_PASSWORD"] == stack.secrets.get("mlflow_admin_password")
+    assert "MLFLOW_TRACKING_PASSWORD" not in stack.client_env(include_secrets=False)
+
+
+def test_port_in_use_and_process_alive():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not process_alive(process.pid, "sleep") and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the fork has exec'd
+        assert process_alive(process.pid, "sleep")
+        assert not process_alive(process.pid, "postgres")  # a pid reused by another program is not ours
+    finally:
+        process.kill()
+        process.wait()
+    assert not process_alive(process.pid, "sleep")
+
+
+def test_status_of_a_stack_never_started(tmp_path):
+    rows = Stack(StackSettings(home=tmp_path)).status()
+    assert [row.name for row in rows] == list(SERVICES)
+    assert not any(row.running or row.healthy for row in rows)
+    assert Stack(StackSettings(home=tmp_path)).down() == []
+
+
+def test_cli_env_prints_no_secret(tmp_path):
+    stack = Stack(StackSettings(home=tmp_path))
+    stack.secrets.ensure()
+    result = subprocess.run([str(Path(os.sys.executable).parent / "npsemiseg"), "stack", "env", "--home", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "export MLFLOW_TRACKING_URI=http://127.0.0.1:25000" in result.stdout
+    assert not any(value in result.stdout for value in stack.secrets.values())
+
+
+# ----------------------------------------------------------------------------- failures (real processes)
+@pytest.mark.integration
+def test_a_port_taken_names_the_service_and_stops_what_was_started():
+    home = reachable_home()
+    stack = Stack(stack_settings(home))
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", stack.settings.seaweed_volume_port))
+    blocker.listen()
+    try:
+        with pytest.raises(StackError, match=rf"seaweedfs: port {stack.settings.seaweed_volume_port} \(volume\).*in use"):
+            stack.up()
+        # postgres had started (it comes first) and was stopped again
+        assert (home / "postgres" / "data" / "PG_VERSION").is_file()
+        assert not any(row.running for row in stack.status())
+        assert not port_in_use("127.0.0.1", stack.settings.postgres_port)
+    finally:
+        blocker.close()
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_a_service_that_does_not_come_up_is_named_with_its_log():
+    home = reachable_home()
+    stack = Stack(stack_settings(home, start_timeout_s=60))
+    try:
+        assert stack.up(("postgres",)) == ["postgres"]
+        assert stack.healthy("postgres")
+        assert stack.stop("postgres") and not stack.healthy("postgres")
+        with open(home / "postgres" / "data" / "postgresql.conf", "a") as conf:
+            conf.write("\nwork_mem = not-a-size\n")
+        with pytest.raises(StackError, match="postgres exited") as raised:
+            stack.up(("postgres",))
+        assert "work_mem" in str(raised.value)  # the tail of its log says why
+        assert stack.pid("postgres") is None
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
