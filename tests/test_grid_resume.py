@@ -27,7 +27,7 @@ def ray_with_fault(tmp_path_factory):
     marker = tmp_path_factory.mktemp("fault") / "fired"
     os.environ[FAULT_ENV] = f"rank=0,step=2,marker={marker},action=exit"
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     finally:
         del os.environ[FAULT_ENV]
     yield marker

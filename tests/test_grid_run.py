@@ -28,7 +28,7 @@ FAILING = "u2pl/synthetic_voc/183/np"
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
