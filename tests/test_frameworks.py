@@ -424,3 +424,38 @@ def test_u2pl_without_representation_head_is_a_clear_error(smoke_config):
                           **{"model.representation_head": False})
     with pytest.raises(ValueError, match="representation_head"):
         build_framework(config)
+
+
+def test_u2pl_evaluates_the_student_during_supervised_only_epochs(smoke_config):
+    """U2PL validates the student until its first semi-supervised epoch: the NP teacher's
+    memories are empty then, and evaluating it would fail (as every VOC paper run would)."""
+    from npsemiseg import train
+
+    config = smoke_config(framework="u2pl", head="np", **{
+        "framework_options.sup_only_epochs": 1, "schedule.eval_every_epochs": 1,
+        "schedule.epochs": 2, "schedule.max_steps": None,
+    })
+    seen = []
+
+    from npsemiseg.callbacks import Callbacks
+
+    class Spy(Callbacks):
+        def on_evaluation(self, step, metrics):
+            seen.append((step, metrics["miou"]))
+
+    result = train(config, Spy())
+    framework = result.framework
+    assert framework.teacher_active and framework.eval_model() is framework.teacher
+    assert len(seen) >= 2 and all(0.0 <= m <= 1.0 for _, m in seen)
+    assert set(framework.state_dict()) == {"teacher_active", "queues"}
+
+
+def test_u2pl_teacher_inactive_until_semi_supervised_phase(smoke_config):
+    from npsemiseg.frameworks import build_framework
+
+    framework = build_framework(smoke_config(framework="u2pl", head="np", **{"framework_options.sup_only_epochs": 1}))
+    assert framework.eval_model() is framework.student
+    state = framework.state_dict()
+    state["teacher_active"] = True
+    framework.load_state_dict(state)
+    assert framework.eval_model() is framework.teacher

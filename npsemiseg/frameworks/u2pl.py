@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
+from torch import nn
 from pydantic import Field
 
 from npsemiseg.data.mixing import u2pl_cutmix
@@ -91,6 +92,12 @@ class U2PL(SemiSupervisedFramework):
             dim = _representation_dim(rep_head)
             sizes = [opts.background_queue_size] + [opts.queue_size] * (num_classes - 1)
             self.queues = ClassQueues(sizes, dim)
+        #: False during the supervised-only epochs: the teacher is neither trained nor evaluated
+        #: then (U2PL validates the student until its first semi-supervised epoch)
+        self.teacher_active = opts.sup_only_epochs == 0
+
+    def eval_model(self) -> nn.Module:
+        return self.teacher if self.teacher_active else self.student
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
@@ -105,6 +112,7 @@ class U2PL(SemiSupervisedFramework):
             return self._supervised_step(images_l, labels_l, opts)
         if ctx.epoch == opts.sup_only_epochs:
             self.reset_teacher(self.teacher)
+        self.teacher_active = True
         images_u = require_unlabeled(batch, self.name)["image"]
         self.seed_memories(images_l, labels_l)
 
@@ -183,12 +191,16 @@ class U2PL(SemiSupervisedFramework):
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"queues": self.queues.state_dict()} if self.queues is not None else {}
+        state: dict[str, Any] = {"teacher_active": self.teacher_active}
+        if self.queues is not None:
+            state["queues"] = self.queues.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        expected = {"queues"} if self.queues is not None else set()
+        expected = {"teacher_active"} | ({"queues"} if self.queues is not None else set())
         if set(state) != expected:
             raise ValueError(f"U2PL state: expected keys {sorted(expected)}, got {sorted(state)}")
+        self.teacher_active = bool(state["teacher_active"])
         if self.queues is not None:
             self.queues.load_state_dict(state["queues"])
 
