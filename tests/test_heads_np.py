@@ -259,9 +259,10 @@ def test_mean_aggregator_ignores_the_query_and_mask_empty_false_uses_zero_center
 # ---- decoder --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [(1, 1), (2, 3), (5, 7)])
-def test_split_decoder_equals_concat_including_border(size):
-    decoder = NPDecoder(C, D, K, hidden_channels=8)
+@pytest.mark.parametrize("size, norm", [((1, 1), "instance"), ((2, 3), "instance"), ((5, 7), "instance"),
+                                        ((5, 7), "group"), ((5, 7), "batch")])
+def test_split_decoder_equals_concat_including_border(size, norm):
+    decoder = NPDecoder(C, D, K, hidden_channels=32, norm=norm)
     x = torch.randn(2, C, *size, requires_grad=True)
     z, r = torch.randn(3, 2, D, requires_grad=True), torch.randn(2, D)
     split = decoder(x, z, r)
@@ -296,6 +297,8 @@ def test_fused_decoder_tail_equals_plain_layers_with_gradients():
     plain = decoder.tail(decoder.first_conv(x, z, r)).view(3, 2, K, 4, 5)
     g_plain = torch.autograd.grad(plain.sin().sum(), params)
     assert torch.allclose(fused, plain, atol=1e-10)
+    with torch.no_grad():  # the in-place inference path
+        assert torch.allclose(decoder(x, z, r), plain, atol=1e-10)
     for a, b in zip(g_fused, g_plain):
         assert torch.allclose(a, b, atol=1e-10)
 

@@ -1,4 +1,4 @@
-"""NP-SemiSeg's classifier head (paper Section 3.2 and appendix Tables 7-8).
+"""NP-SemiSeg's classifier head (paper Section 3.2; appendix tables of the small ConvNet and the decoder).
 
 The paper's description is the default; every behaviour of the authors' released code
 that differs is a named option (``../shared/notes/np_head_reference.md``):
@@ -66,7 +66,7 @@ class NPLatent:
 
 
 class SmallConvNet(nn.Sequential):
-    """Appendix Table 7: 1x1 in -> D, IN, ReLU, 1x1 D -> D, IN, ReLU, 1x1 D -> D. ``[B, C, h, w] -> [B, D, h, w]``.
+    """The appendix table of the small ConvNet: 1x1 in -> D, IN, ReLU, 1x1 D -> D, IN, ReLU, 1x1 D -> D. ``[B, C, h, w] -> [B, D, h, w]``.
 
     InstanceNorm without affine parameters, as the authors' code.
     """
@@ -174,13 +174,13 @@ def _valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
 def _instance_norm_(y: Tensor, eps: float = 1e-5) -> Tensor:
     """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``.
 
-    Two-pass (mean, then the variance of the centred map) with sum and a batched dot product,
-    which on CPU run several times faster than ``var_mean`` over the spatial dims.
+    Two-pass (mean, then the norm of the centred map): on CPU several times faster than
+    ``var_mean`` over the spatial dims, and no temporary of the size of ``y``.
     """
     n, c, h, w = y.shape
     flat = y.view(n * c, h * w)
     y.sub_((flat.sum(dim=1) / (h * w)).view(n, c, 1, 1))
-    var = torch.bmm(flat[:, None], flat[:, :, None]).view(n, c, 1, 1) / (h * w)
+    var = torch.linalg.vector_norm(flat, dim=1).square().view(n, c, 1, 1) / (h * w)
     rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
     y.mul_(rstd)
     return rstd
@@ -208,8 +208,6 @@ class _NormReLUConv(torch.autograd.Function):
         weight_, bias_ = weight.to(y.dtype), bias.to(y.dtype)
         rstd = _instance_norm_(y)
         padding = weight.shape[-1] // 2
-        if not any(ctx.needs_input_grad):  # inference: xhat is not needed again, ReLU in place
-            return F.conv2d(y.relu_(), weight_, bias_, padding=padding)
         parts = [F.conv2d(F.relu(part), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
         ctx.save_for_backward(y, rstd, weight_)
         ctx.chunks, ctx.param_dtype = chunks, weight.dtype
@@ -275,8 +273,17 @@ class _AddConstantMaps(torch.autograd.Function):
         return grad.sum(dim=0), grad_taps, grad_bias
 
 
+def _norm_relu_conv(y: Tensor, conv: nn.Conv2d, chunks: int) -> Tensor:
+    """``conv(relu(instance_norm(y)))``, overwriting ``y``: the lean autograd Function when
+    gradients are recorded, otherwise in place (InstanceNorm and ReLU on ``y``, one conv)."""
+    if torch.is_grad_enabled() and (y.requires_grad or conv.weight.requires_grad or conv.bias.requires_grad):
+        return _NormReLUConv.apply(y, conv.weight, conv.bias, chunks)
+    _instance_norm_(y)
+    return F.conv2d(y.relu_(), conv.weight.to(y.dtype), conv.bias.to(y.dtype), padding=conv.weight.shape[-1] // 2)
+
+
 class NPDecoder(nn.Module):
-    """Appendix Table 8 on ``[x, z, r]``: 3x3 -> 256, norm, ReLU, 3x3 256 -> 256, norm, ReLU, 1x1 -> K.
+    """The appendix table of the decoder on ``[x, z, r]``: 3x3 -> 256, norm, ReLU, 3x3 256 -> 256, norm, ReLU, 1x1 -> K.
 
     ``x [B, C, h, w]``, ``z [T, B, D]``, ``r [B, D]`` -> logits ``[T, B, K, h, w]``.
 
@@ -335,9 +342,7 @@ class NPDecoder(nn.Module):
         t, b = z.shape[:2]
         hidden = self.first_conv(x, z, r)
         if isinstance(self.tail[0], nn.InstanceNorm2d):  # same maths as self.tail, a third of the memory
-            conv2, conv3 = self.tail[2], self.tail[5]
-            hidden = _NormReLUConv.apply(hidden, conv2.weight, conv2.bias, t)
-            logits = _NormReLUConv.apply(hidden, conv3.weight, conv3.bias, t)
+            logits = _norm_relu_conv(_norm_relu_conv(hidden, self.tail[2], t), self.tail[5], t)
         else:
             logits = self.tail(hidden)
         return logits.view(t, b, *logits.shape[1:])
