@@ -85,7 +85,7 @@ SMOKE_FRAMEWORK_OPTIONS: dict[str, dict[str, Any]] = {
     "u2pl": {"num_queries": 32, "num_negatives": 16, "queue_size": 1024, "background_queue_size": 1024},
 }
 
-SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 32, "val_size": 4, "image_size": 32}
+SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
 
 
 def _paper_dataset(dataset: str) -> str:

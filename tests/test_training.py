@@ -310,7 +310,8 @@ def test_head_learning_rate_multiplier_and_poly_decay(smoke_config, tmp_path):
 
 def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config):
     """Evaluation runs under a forked RNG: the same losses with and without per-epoch evaluation."""
-    config = smoke_config(head="mc_dropout", **{"schedule.epoch_length": "labeled"})  # 1 step per epoch
+    config = smoke_config(head="mc_dropout", **{"schedule.epoch_length": "labeled",  # 1 step per epoch
+                                                "data.options.train_size": 32})  # 2 labeled images
     quiet, evaluated = Recorder(), Recorder()
     train(config, quiet)
     train(config.with_overrides({"schedule.eval_every_epochs": 1}), evaluated)
