@@ -55,6 +55,9 @@ ERROR_TAG = "error"
 ATTEMPTS_TAG = "npsemiseg.attempts"
 CHECKPOINT_URI_ARTIFACT = "checkpoint_uri.txt"
 CONFIG_ARTIFACT = "config/config.yaml"
+PER_CLASS_IOU_TABLE = "tables/per_class_iou.json"
+#: MLflow's tag holding a run's description (Markdown, shown on the run's page)
+NOTE_TAG = "mlflow.note.content"
 
 #: Final metrics logged without prefix (the tables read these)
 FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc")
@@ -161,7 +164,10 @@ def package_version() -> str:
 
 
 def cell_tags(config: Any, *, grid_id: str | None = None, parent_run_id: str | None = None) -> dict[str, str]:
-    """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``)."""
+    """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``), with the run's
+    description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
+    from semiseg_platform.ui import cell_description
+
     tags = {
         "framework": config.framework,
         "dataset": config.dataset,
@@ -173,6 +179,7 @@ def cell_tags(config: Any, *, grid_id: str | None = None, parent_run_id: str | N
         "git_commit": git_commit(),
         "npsemiseg_version": package_version(),
         KIND_TAG: "cell",
+        NOTE_TAG: cell_description(config, grid_id=grid_id),
     }
     if grid_id:
         tags["grid_id"] = grid_id
@@ -396,16 +403,15 @@ class CellRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._sigterm.__exit__(None, None, None)
+        if exc is None:
+            if self.status is None:
+                self.finish("FINISHED")
+            return False
         try:
-            self._sigterm.__exit__(None, None, None)
-        finally:
-            if exc is None:
-                if self.status is None:
-                    self.finish("FINISHED")
-            elif isinstance(exc, (KeyboardInterrupt, CellKilled)):
-                self.finish("KILLED", exc)
-            else:
-                self.finish("FAILED", exc)
+            self.finish("KILLED" if isinstance(exc, (KeyboardInterrupt, CellKilled)) else "FAILED", exc)
+        except Exception:  # noqa: BLE001 - the store failing too must not replace the cell's own error
+            logger.exception("could not end MLflow run %s; `sweep_orphaned_runs` will", self.run_id)
         return False
 
 
@@ -518,6 +524,19 @@ class MLflowCallbacks(Callbacks):
                 renamed = Path(tmp) / filename
                 renamed.write_bytes(Path(path).read_bytes())
                 self.client.log_artifact(self.run_id, str(renamed), folder or None)
+        if target == PER_CLASS_IOU_TABLE:
+            self._log_per_class_iou_figure(Path(path))
+
+    def _log_per_class_iou_figure(self, table: Path) -> None:
+        """``figures/per_class_iou.png``: the per-class IoU table as a bar chart."""
+        import json
+
+        from semiseg_platform.ui import PER_CLASS_IOU_FIGURE, per_class_iou_figure
+
+        iou = json.loads(table.read_text())
+        if iou:
+            name = self.client.get_run(self.run_id).info.run_name
+            self.client.log_figure(self.run_id, per_class_iou_figure(iou, title=name), PER_CLASS_IOU_FIGURE)
 
     def on_end(self, result: Any) -> None:
         """Final metrics (unprefixed, at the last step) and the loop's timing (``time/...``)."""

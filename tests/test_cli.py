@@ -94,6 +94,7 @@ def test_parse_assignments():
             parse_assignments([bad])
 
 
+@pytest.mark.integration
 def test_console_script_reports_errors(workdir):
     """The installed entry point (``main``) in a fresh process: exit status and one stderr line."""
     proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli import main; main()",
