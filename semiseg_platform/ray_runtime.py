@@ -64,5 +64,5 @@ def ensure_ray(*, num_cpus: float | None = None, num_gpus: int | None = None, **
         ray.init()
         return
     # address="local": always a new embedded cluster, never a `ray start` cluster found on this machine
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": embedded_env()},
-             **init_kwargs)
+    init_kwargs.setdefault("address", "local")
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": embedded_env()}, **init_kwargs)
