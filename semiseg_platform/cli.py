@@ -161,6 +161,9 @@ def sweep_orphans(
     typer.echo(f"{len(swept)} orphaned run(s) ended" + (": " + ", ".join(swept) if swept else ""))
 
 
+from semiseg_platform import search_cli  # noqa: E402,F401 - `npsemiseg search`, `npsemiseg hparams-figure`
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``npsemiseg``)."""
     app(args=argv if argv is not None else sys.argv[1:], prog_name="npsemiseg")
