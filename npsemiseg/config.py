@@ -328,7 +328,20 @@ class RunConfig(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()[:CELL_ID_LENGTH]
 
     def flat(self) -> dict[str, str]:
-        """Every setting as ``{"optim.lr": "0.001", ...}`` (dotted keys, string values; MLflow params)."""
+        """Every setting as ``{"optim.lr": "0.001", ...}`` (dotted keys, string values; MLflow params).
+
+        The key set is the same for every cell, whatever its framework and head, so MLflow's
+        compare view lines cells up: ``framework_options.*`` lists the options of *every*
+        framework, ``head.options.*`` those of every head and ``data.augmentation.*`` every
+        ``train_transform`` keyword; each holds the cell's value, else the default of the cell's
+        framework/head/transform, else :data:`NOT_APPLICABLE` (an option the cell's framework or
+        head does not take). Free-form dicts (``model.options``, ``data.options``) are as given.
+        """
+        data = self.model_dump(mode="json")
+        framework_defaults = dict.fromkeys(_framework_option_keys(), NOT_APPLICABLE)
+        data["framework_options"] = {**framework_defaults, **data["framework_options"]}
+        data["head"]["options"] = {**_head_option_defaults(self.head.name), **data["head"]["options"]}
+        data["data"]["augmentation"] = {**_augmentation_defaults(), **data["data"]["augmentation"]}
         out: dict[str, str] = {}
 
         def walk(prefix: str, value: Any) -> None:
@@ -338,7 +351,7 @@ class RunConfig(Section):
             else:
                 out[prefix] = value if isinstance(value, str) else json.dumps(value)
 
-        walk("", self.model_dump(mode="json"))
+        walk("", data)
         return out
 
     # ----------------------------------------------------------------- construction
@@ -428,6 +441,46 @@ def _resolve_augmentation(framework: str, info: Any, given: Mapping[str, Any]) -
     if "scale_range" in resolved and resolved["scale_range"] is not None:
         resolved["scale_range"] = [float(v) for v in resolved["scale_range"]]
     return resolved
+
+
+#: ``flat()``'s value of an option that the cell's framework or head does not take
+NOT_APPLICABLE = "n/a"
+
+
+@functools.lru_cache(maxsize=1)
+def _framework_option_keys() -> tuple[str, ...]:
+    """Every option name of every framework (sorted)."""
+    from npsemiseg.frameworks import framework_names, get_framework
+
+    return tuple(sorted({key for name in framework_names() for key in get_framework(name).Options.model_fields}))
+
+
+@functools.lru_cache(maxsize=len(HEAD_NAMES))
+def _head_option_defaults(name: str) -> dict[str, Any]:
+    """Every option name of every head -> head ``name``'s default (JSON types), or ``NOT_APPLICABLE``."""
+    import inspect
+
+    from npsemiseg.heads.factory import head_options
+
+    keys = sorted({key for head in HEAD_NAMES for key in head_options(head)})
+    own = {key: value for key, value in head_options(name).items() if value is not inspect.Parameter.empty}
+    return {key: _json_value(own[key]) if key in own else NOT_APPLICABLE for key in keys}
+
+
+@functools.lru_cache(maxsize=1)
+def _augmentation_defaults() -> dict[str, Any]:
+    """``train_transform``'s keywords besides the crop -> their defaults (JSON types)."""
+    import inspect
+
+    from npsemiseg.data.transforms import train_transform
+
+    parameters = inspect.signature(train_transform).parameters.values()
+    return {p.name: _json_value(p.default) for p in parameters if p.name != "crop_size"}
+
+
+def _json_value(value: Any) -> Any:
+    """A default as it reads after a JSON round trip (tuples become lists)."""
+    return json.loads(json.dumps(value))
 
 
 def _check_head_options(head: HeadConfig, num_classes: int) -> None:
