@@ -490,7 +490,9 @@ def _search_trial(tune_config: dict[str, Any], *, context: _TrialContext) -> Non
             if run is not None:
                 tag_trial_run(client, run.info.run_id, search=context.search_id, params=params, trial=trial,
                               stopped_after=reporter.stopped_after)
-            return
+            # end the trial as Tune's stop asked; a normal return would make Tune's wrapper report
+            # once more and wait for a resume that never comes (the actor could not be reused)
+            raise SystemExit(0)
     else:
         resources = context.resources
         result = run_cell(config, workers=resources.workers, gpus_per_worker=resources.gpus_per_worker,
