@@ -696,7 +696,8 @@ class Stack:
     # --------------------------------------------------------------------- ray
     def _start_ray(self) -> None:
         s = self.settings
-        env = {**self._base_env(), **self.client_env(include_secrets=True)}
+        # no Serve replicas to drain on SIGTERM: stop at once (Ray's default waits up to 30 s)
+        env = {**self._base_env(), **self.client_env(include_secrets=True), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
         command = [_executable("ray"), "start", "--head", "--block", "--disable-usage-stats",
                    "--num-cpus", f"{s.ray_num_cpus:g}", "--num-gpus", "0", "--node-ip-address", s.host,
                    "--port", str(s.ray_port), "--include-dashboard", "true", "--dashboard-host", s.host,

@@ -12,7 +12,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,30 +19,7 @@ import pytest
 
 from semiseg_platform.stack import (SECRET_NAMES, SERVICES, Secrets, Stack, StackError, StackSettings, port_in_use,
                                     process_alive)
-
-
-def _free_port_block(count: int, start: int = 21000) -> int:
-    """A base port such that ``base .. base + count`` are free on 127.0.0.1 (inside 20000-32767)."""
-    for base in range(start, 32000 - count, 37):
-        if not any(port_in_use("127.0.0.1", port) for port in range(base, base + count)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def stack_settings(home: Path, **overrides) -> StackSettings:
-    """Settings on a free block of ports (never the defaults: a developer's stack may be running)."""
-    base = _free_port_block(16)
-    ports = dict(postgres_port=base, s3_port=base + 1, seaweed_master_port=base + 3, seaweed_volume_port=base + 5,
-                 seaweed_filer_port=base + 7, mlflow_port=base + 9, ray_port=base + 10, ray_dashboard_port=base + 11,
-                 ray_dashboard_agent_port=base + 12, ray_client_port=base + 13)
-    return StackSettings(home=home, **{**ports, **overrides})
-
-
-def reachable_home() -> Path:
-    """A stack home the ``postgres`` user can traverse (pytest's tmp_path is 0700 under /tmp/pytest-of-root)."""
-    home = Path(tempfile.mkdtemp(prefix="npsemiseg-stack-test-"))
-    os.chmod(home, 0o711)
-    return home
+from stack_fixtures import reachable_home, stack_settings
 
 
 # ----------------------------------------------------------------------------- settings
