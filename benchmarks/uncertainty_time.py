@@ -101,25 +101,35 @@ def machine() -> dict:
 
 
 def plot(records: list[dict], path: Path) -> None:
+    """One column per evaluation (center crop; sliding with the sliding_global NP line added), wall
+    seconds on the top row and process-CPU seconds below."""
     from matplotlib.figure import Figure
 
-    modes = [m for m in MODES if any(r["eval_mode"] == m for r in records)]
-    figure = Figure(figsize=(4.2 * len(modes), 3.6))
-    axes = figure.subplots(1, len(modes), squeeze=False)[0]
-    styles = {"mc_dropout": ("MC dropout", "tab:red", "o"), "np": ("NP-SemiSeg", "tab:blue", "s")}
-    for ax, mode in zip(axes, modes):
-        rows = [r for r in records if r["eval_mode"] == mode]
-        for head, (label, colour, marker) in styles.items():
-            points = sorted((r["num_samples"], r["uncertainty_seconds"]) for r in rows if r["head"] == head)
-            if points:
-                ax.plot(*zip(*points), marker=marker, color=colour, label=label)
-        for r in rows:
-            if r["head"] == "baseline":
-                ax.axhline(r["uncertainty_seconds"], color="grey", linestyle="--", label="baseline (T=1)")
-        size = "x".join(str(s) for s in rows[0]["image_size"])
-        ax.set(title=f"{mode} ({size})", xlabel="number of predictions T", ylabel="seconds per image")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
+    panels = [m for m in ("center_crop", "sliding") if any(r["eval_mode"].startswith(m) for r in records)]
+    figure = Figure(figsize=(4.6 * len(panels), 7.0))
+    axes = figure.subplots(2, len(panels), squeeze=False)
+    lines = {  # (eval_mode, head) -> label, colour, marker, linestyle
+        ("mc_dropout", False): ("MC dropout (decoder)", "tab:red", "o", "-"),
+        ("np", False): ("NP-SemiSeg", "tab:blue", "s", "-"),
+        ("np", True): ("NP-SemiSeg, one global latent", "tab:blue", "^", "--"),
+    }
+    for column, panel in enumerate(panels):
+        rows = [r for r in records if r["eval_mode"] in (panel, panel + "_global")]
+        for row, (measure, unit) in enumerate((("uncertainty_seconds", "wall s"), ("cpu_median", "process-CPU s"))):
+            ax = axes[row][column]
+            for (head, global_), (label, colour, marker, style) in lines.items():
+                points = sorted((r["num_samples"], r[measure]) for r in rows
+                                if r["head"] == head and r["eval_mode"].endswith("_global") == global_)
+                if points:
+                    ax.plot(*zip(*points), marker=marker, color=colour, linestyle=style, label=label)
+            for r in rows:
+                if r["head"] == "baseline":
+                    ax.axhline(r[measure], color="grey", linestyle=":", label="baseline (T=1)")
+            ax.set_xticks(sorted({r["num_samples"] for r in rows}))
+            size = "x".join(str(s) for s in rows[0]["image_size"])
+            ax.set(title=f"{panel} ({size})", xlabel="number of predictions T", ylabel=f"{unit} per image")
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -140,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed T=1 calls per model and mode")
     parser.add_argument("--figure", type=Path, default=FIGURE)
+    parser.add_argument("--replot", type=Path, metavar="JSONL", help="only redraw the figure from a run's output")
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        lines = [json.loads(line) for line in args.replot.read_text().splitlines() if line.startswith("{")]
+        plot([r for r in lines if "eval_mode" in r], args.figure)
+        return 0
 
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
