@@ -161,6 +161,11 @@ def sweep_orphans(
     typer.echo(f"{len(swept)} orphaned run(s) ended" + (": " + ", ".join(swept) if swept else ""))
 
 
+from semiseg_platform.stack import stack_app  # noqa: E402 - the `npsemiseg stack ...` group
+
+app.add_typer(stack_app(), name="stack")
+
+
 from semiseg_platform import search_cli  # noqa: E402,F401 - `npsemiseg search`, `npsemiseg hparams-figure`
 
 
