@@ -424,10 +424,22 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _defined_or_nan(value: Any) -> float | None:
+    """A finite number, or NaN for an undefined one (None for non-numbers and infinities).
+
+    NaN is kept for evaluation metrics, e.g. the IoU of a class absent from the evaluated
+    images: every cell then has the same metric keys (MLflow stores and shows NaN).
+    """
+    number = _finite(value)
+    if number is None and isinstance(value, (int, float)) and math.isnan(value):
+        return math.nan
+    return number
+
+
 def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, Any], *, step: int | None) -> None:
     timestamp = int(time.time() * 1000)
     entries = [Metric(key, number, timestamp, step or 0) for key, value in metrics.items()
-               if (number := _finite(value)) is not None]
+               if (number := _defined_or_nan(value)) is not None]
     for start in range(0, len(entries), _MLFLOW_BATCH):
         client.log_batch(run_id, metrics=entries[start:start + _MLFLOW_BATCH])
 
