@@ -143,3 +143,16 @@ def test_profile_groups_discrete_values_and_bins_continuous_ones():
     assert len(xs) == 4 and xs == sorted(xs) and ys[-1] == 11
     assert all(0.001 <= x <= lambdas[-1] for x in xs)
     assert profile([None, None], [1.0, 2.0]) == ([], [])
+
+
+def test_job_entry_point_exit_status(tmp_path, capsys):
+    from jobs.search import main
+
+    assert main([str(SMOKE_SPEC), "--dry-run", "--partition", "1/8"]) == 0
+    assert "u2pl/synthetic_blender/1323/np" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_spec_data(num_samples=0)))
+    assert main([str(bad)]) == 2
+    assert "num_samples: Input should be greater than 0" in capsys.readouterr().err
+    assert main([str(SMOKE_SPEC), "--set", "optim.lr"]) == 2
+    assert "--set: expected key=value" in capsys.readouterr().err
