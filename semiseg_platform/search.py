@@ -85,6 +85,8 @@ class _Strict(BaseModel):
 
 
 Scalar = bool | int | float | str
+#: ``int`` under another name: inside :class:`Distribution` the field ``int`` shadows the builtin
+_Integer = int
 
 
 class Distribution(_Strict):
@@ -94,7 +96,7 @@ class Distribution(_Strict):
     choice: list[Scalar] | None = Field(None, min_length=1)
     uniform: tuple[float, float] | None = None
     loguniform: tuple[float, float] | None = None
-    int: tuple[int, int] | None = None  # noqa: A003 - the YAML spelling
+    int: tuple[_Integer, _Integer] | None = None  # noqa: A003 - the YAML spelling
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Distribution:
@@ -354,7 +356,7 @@ class StudySearch(OptunaSearch):
     def suggest(self, trial_id: str) -> dict | None:
         from optuna.trial import TrialState
 
-        for attempt in range(MAX_DUPLICATE_PROPOSALS):
+        for _ in range(MAX_DUPLICATE_PROPOSALS):
             config = super().suggest(trial_id)
             if not isinstance(config, dict):
                 return config
@@ -440,7 +442,6 @@ class _TrialContext:
     experiment: str
     parent_run_id: str
     resources: Resources
-    metric: str
 
 
 def tag_trial_run(client: MlflowClient, run_id: str, *, search: str, params: Mapping[str, Any], trial: int | None,
@@ -678,7 +679,7 @@ def run_search(
             scheduler = FIFOScheduler()
         context = _TrialContext(cell_of=cell_of, search_id=sid, storage=store.uri if store.is_local else (storage or spec.storage),
                                 tracking_uri=uri, experiment=spec.experiment, parent_run_id=parent_id,
-                                resources=spec.resources, metric=spec.metric)
+                                resources=spec.resources)
         progress = SearchProgress(spec.name, spec.num_samples, emit)
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(_search_trial, context=context), trial_resources(spec.resources)),

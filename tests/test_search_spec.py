@@ -56,6 +56,16 @@ def test_invalid_spec_names_the_key(changes, message):
     assert str(error.value).startswith("search spec is invalid:")
 
 
+def test_int_and_choice_distributions_map_to_optuna():
+    spec = load_search_spec(_spec_data(space={"head.options.latent_dim": {"int": [4, 16]},
+                                              "head.options.num_samples": {"choice": [1, 2]}}, points_to_evaluate=[]))
+    latent = spec.space["head.options.latent_dim"].optuna()
+    assert isinstance(latent, optuna.distributions.IntDistribution) and (latent.low, latent.high) == (4, 16)
+    assert spec.space["head.options.num_samples"].optuna().choices == (1, 2)
+    with pytest.raises(ValueError, match=r"space.head.options.latent_dim.int.0: Input should be a valid integer"):
+        load_search_spec(_spec_data(space={"head.options.latent_dim": {"int": [4.5, 16]}}, points_to_evaluate=[]))
+
+
 def test_space_values_that_the_config_rejects_are_named():
     with pytest.raises(ValueError, match=r"space.optim.momentum = 1.5 is not a valid setting"):
         load_search_spec(_spec_data(space={"optim.momentum": {"choice": [0.9, 1.5]}}, points_to_evaluate=[]))
