@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -65,17 +65,27 @@ def wait_for_http(url: str, process: subprocess.Popen, log: Path, timeout_s: flo
 
 
 @contextlib.contextmanager
-def running_server(command: list[str], health_url: str, log: Path, timeout_s: float = 180.0) -> Iterator[subprocess.Popen]:
-    """Run ``command`` (a server) in its own session until the block ends; waits for ``health_url``.
+def running_server(command: list[str], health_url: str, log: Path, timeout_s: float = 240.0) -> Iterator[Callable[[], None]]:
+    """Run ``command`` (a server) in its own session until the block ends.
 
-    Stops it with SIGTERM to its process group (the server's workers with it), then SIGKILL.
+    Yields ``ready()``, which blocks until ``health_url`` answers (so the server can start while
+    the caller does other work). Stops it with SIGTERM to its process group (the server's
+    workers with it), then SIGKILL.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    up = False
+
+    def ready() -> None:
+        nonlocal up
+        if not up:
+            wait_for_http(health_url, process, log, max(deadline - time.monotonic(), 1.0))
+            up = True
+
     try:
-        wait_for_http(health_url, process, log, timeout_s)
-        yield process
+        yield ready
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)

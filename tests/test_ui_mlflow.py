@@ -1,0 +1,179 @@
+"""The MLflow UI over a reduced grid, as a person uses it: search the experiment, compare two cells.
+
+A real grid job (``run_grid``, local Ray, MLflow SQLite store) trains 5 smoke cells on
+``synthetic_voc`` partition 92: U2PL with the baseline, MC dropout and NP heads and the
+``np_mean`` ablation, and supervised with the NP head. The store is read through the API (run
+shape, the README's searches) and through the UI: ``mlflow server`` (the command
+``semiseg_platform.ui`` runs) on loopback, driven by headless Chromium (Debian's package)
+through Playwright: the search box, the nested runs table, the Compare button and the compare
+view. Screenshots go to ``test-artifacts/ui/``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from mlflow import MlflowClient
+
+from npsemiseg.config import NOT_APPLICABLE
+from semiseg_platform.grid import load_spec, run_grid
+from semiseg_platform.tracking import FINAL_METRICS, NOTE_TAG
+from semiseg_platform.ui import PER_CLASS_IOU_FIGURE, experiment_url, ready_made_searches, ui_command
+from tests.platform_fixtures import free_ports, fresh_store
+from tests.ui_browser import ARTIFACTS, compare_view_metrics, headless_chromium, running_server
+
+pytestmark = pytest.mark.integration
+
+EXPERIMENT = "ui-study"
+DATASET = "synthetic_voc"
+U2PL = {head: f"u2pl/{DATASET}/92/{head}" for head in ("baseline", "mc_dropout", "np", "np_mean")}
+SUPERVISED_NP = f"supervised/{DATASET}/92/np"
+CELLS = {SUPERVISED_NP, *U2PL.values()}
+#: what each of the README's searches must list, and nothing else
+EXPECTED = {
+    "np_cells": {SUPERVISED_NP, U2PL["np"]},
+    "mc_dropout_vs_np": {U2PL["mc_dropout"], U2PL["np"]},
+    "attention_ablation": {U2PL["np"], U2PL["np_mean"]},
+}
+TIMEOUT_MS = 120_000  # the shared 2-core machine renders MLflow's React app slowly
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A fresh MLflow store and ``mlflow server`` starting on it (free loopback port), so the
+    server comes up while the grid trains: ``(tracking_uri, base_url, ready)``."""
+    uri = fresh_store(tmp_path_factory, "ui-study")
+    (port,) = free_ports(1)
+    base = f"http://127.0.0.1:{port}"
+    with running_server(ui_command(uri, port=port), f"{base}/health", ARTIFACTS / "mlflow-server.log") as ready:
+        yield uri, base, ready
+
+
+@pytest.fixture(scope="module")
+def study(store, tmp_path_factory):
+    """The reduced grid's runs: ``(tracking_uri, experiment_id, parent_run_id, {run name: Run})``."""
+    import ray
+
+    uri = store[0]
+    root = tmp_path_factory.mktemp("ui-grid")
+    spec = load_spec({
+        "name": "ui", "experiment": EXPERIMENT, "preset": "smoke",
+        "frameworks": ["supervised", "u2pl"], "datasets": {DATASET: ["92"]},
+        "heads": {"baseline": None, "mc_dropout": None, "np": None,
+                  "np_mean": {"head": "np", "options": {"attention": "mean"}}},
+        "rules": [{"when": {"frameworks": ["supervised"]}, "only": {"heads": ["np"]}}],
+        "overrides": {"runtime.device": "cpu", "evaluation.figures": True},
+        "resources": {"workers": 1, "cpus_per_worker": 1},
+        "tracking_uri": uri, "storage": str(root / "ray_results"),
+    })
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        summary = run_grid(spec, tables_dir=root / "tables", emit=lambda line: None)
+    finally:
+        ray.shutdown()
+    assert summary.ok, summary.format()
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    runs = {run.info.run_name: run for run in client.search_runs([experiment_id], "tags.`npsemiseg.kind` = 'cell'")}
+    return uri, experiment_id, summary.parent_run_id, runs
+
+
+def test_cells_are_children_of_the_submission_with_one_key_set(study):
+    uri, experiment_id, parent_id, runs = study
+    assert set(runs) == CELLS
+    assert {run.data.tags["mlflow.parentRunId"] for run in runs.values()} == {parent_id}
+    params = [set(run.data.params) for run in runs.values()]
+    assert all(keys == params[0] for keys in params), "cells differ in their parameter keys"
+    # the metrics the study compares: final, evaluation and timing keys are the same in every cell
+    compared = [{k for k in run.data.metrics if not k.startswith("train/")} for run in runs.values()]
+    assert all(keys == compared[0] for keys in compared), "cells differ in their metric keys"
+    assert set(FINAL_METRICS) <= compared[0] and "eval/miou" in compared[0]
+    assert runs[SUPERVISED_NP].data.params["framework_options.ema_decay"] == NOT_APPLICABLE
+    assert runs[U2PL["np_mean"]].data.params["framework_options.ema_decay"] != NOT_APPLICABLE
+    assert runs[U2PL["np_mean"]].data.params["head.options.attention"] == "mean"
+    assert runs[U2PL["np"]].data.params["head.options.attention"] == "euclidean"
+    assert runs[U2PL["baseline"]].data.params["head.options.attention"] == NOT_APPLICABLE
+
+
+def test_every_cell_describes_itself_and_carries_its_figures(study):
+    uri, experiment_id, parent_id, runs = study
+    client = MlflowClient(uri)
+    for name, run in runs.items():
+        note = run.data.tags[NOTE_TAG]
+        assert note.startswith(f"**{name}**") and run.data.tags["cell_id"] in note
+        figures = {item.path for item in client.list_artifacts(run.info.run_id, "figures")}
+        assert figures == {"figures/uncertainty_maps.png", "figures/reliability.png", PER_CLASS_IOU_FIGURE}, name
+    assert "attention = mean" in runs[U2PL["np_mean"]].data.tags[NOTE_TAG]
+
+
+@pytest.mark.parametrize("search", sorted(EXPECTED))
+def test_ready_made_searches_select_exactly_their_cells(study, search):
+    uri, experiment_id, parent_id, runs = study
+    found = MlflowClient(uri).search_runs([experiment_id], ready_made_searches(DATASET, "u2pl")[search])
+    assert {run.info.run_name for run in found} == EXPECTED[search]
+
+
+@pytest.fixture(scope="module")
+def ui_server(store, study):
+    """The base URL of the MLflow server over the study's store, once it answers."""
+    uri, base, ready = store
+    ready()
+    return base
+
+
+@pytest.fixture(scope="module")
+def page(ui_server):
+    with headless_chromium() as browser:
+        context = browser.new_context(viewport={"width": 1600, "height": 1000})
+        context.set_default_timeout(TIMEOUT_MS)
+        yield context.new_page()
+        context.close()
+
+
+def test_search_then_compare_two_cells_in_the_browser(study, ui_server, page):
+    """Paste the README's NP search, expand the submission, tick its two cells, press Compare."""
+    uri, experiment_id, parent_id, runs = study
+    page.goto(experiment_url(ui_server, experiment_id))
+    parent_row = page.locator(f'[role="row"][row-id="{parent_id}"]').first
+    parent_row.wait_for()  # before any search the table lists the submission's parent run
+    box = page.get_by_placeholder(re.compile("metrics.rmse", re.IGNORECASE)).first
+    box.fill(ready_made_searches(DATASET, "u2pl")["np_cells"])
+    box.press("Enter")
+    page.get_by_text(f"{len(EXPECTED['np_cells']) + 1} matching runs").wait_for()  # the cells and their parent
+    parent_row.locator("button").first.click()  # expand the submission's children
+    for name in EXPECTED["np_cells"]:
+        page.locator(f'[role="row"][row-id="{runs[name].info.run_id}"]').first.wait_for()
+    page.screenshot(path=str(ARTIFACTS / "search_np_cells.png"))
+    listed = set(page.locator('[role="row"][row-id]').evaluate_all("rows => rows.map(r => r.getAttribute('row-id'))"))
+    assert listed == {parent_id} | {runs[name].info.run_id for name in EXPECTED["np_cells"]}
+
+    for name in sorted(EXPECTED["np_cells"]):
+        page.locator(f'[role="row"][row-id="{runs[name].info.run_id}"]').first.locator('input[type="checkbox"]').first.check()
+    page.get_by_role("button", name="Compare", exact=True).click()
+    page.get_by_text("Comparing 2 Runs", exact=False).wait_for()
+    attention = page.get_by_text("head.options.attention", exact=True).first
+    attention.wait_for()
+    attention.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "compare_np_cells_params.png"))
+    columns = _row_cells(page, "Run Name:")
+    assert set(columns) == EXPECTED["np_cells"]
+    compared = [runs[name] for name in columns]
+    # one row per parameter key, one column per run: framework options the cell lacks read n/a
+    for key in ("framework", "framework_options.ema_decay", "head.options.attention", "head.options.num_samples"):
+        assert _row_cells(page, key) == [run.data.params[key] for run in compared], key
+    assert _row_cells(page, "framework_options.ema_decay") == [
+        NOT_APPLICABLE if run.data.tags["framework"] == "supervised" else "0.99" for run in compared]
+    page.locator(".ReactVirtualized__Grid").first.scroll_into_view_if_needed()  # the metrics table
+    page.screenshot(path=str(ARTIFACTS / "compare_np_cells_metrics.png"))
+    metrics = compare_view_metrics(page)
+    for key in (*FINAL_METRICS, "eval/miou"):
+        shown = [float(value) for value in metrics[key]]
+        assert shown == pytest.approx([run.data.metrics[key] for run in compared], rel=5e-3, abs=1e-3), key
+
+
+def _row_cells(page, label: str) -> list[str]:
+    """The values of the compare view's table row headed ``label`` (one per run, in column order)."""
+    header = page.locator("th", has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    row = page.locator("tr").filter(has=header).first
+    return [text.strip() for text in row.locator("td").all_inner_texts()]
