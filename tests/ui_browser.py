@@ -39,7 +39,7 @@ def ensure_chromium() -> str:
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         pytest.skip(f"{CHROMIUM} is missing and cannot be installed here (needs apt-get as root)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]):
+    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if done.returncode != 0:
             pytest.fail(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
