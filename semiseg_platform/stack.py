@@ -370,6 +370,9 @@ class Stack:
         self.secrets = Secrets(self.home)
         #: seconds from spawn to healthy, per service started by this object
         self.startup_seconds: dict[str, float] = {}
+        #: seconds from the first signal to the process group's end, per service stopped by :meth:`down`
+        self.stop_seconds: dict[str, float] = {}
+        self._processes: dict[str, subprocess.Popen] = {}  # children spawned by this object (exit codes)
 
     # --------------------------------------------------------------------- paths
     def log_path(self, service: str) -> Path:
@@ -541,8 +544,10 @@ class Stack:
         """Stop every running service (reverse order); returns the names stopped."""
         stopped = []
         for service in reversed(SERVICES):
+            began = time.monotonic()
             if self.stop(service):
                 stopped.append(service)
+                self.stop_seconds[service] = time.monotonic() - began
         return stopped
 
     def restart(self, service: str) -> None:
@@ -590,13 +595,12 @@ class Stack:
             process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=env, cwd=cwd or self.home, start_new_session=True)
         self.pid_path(service).write_text(f"{process.pid}\n")
-        self._processes = getattr(self, "_processes", {})
         self._processes[service] = process
         return process.pid
 
     def _wait_healthy(self, service: str) -> None:
         deadline = time.monotonic() + self.settings.start_timeout_s
-        process = getattr(self, "_processes", {}).get(service)
+        process = self._processes.get(service)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
                 raise StackError(f"{service} exited with status {process.returncode} while starting; "
