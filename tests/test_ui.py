@@ -98,3 +98,13 @@ def test_per_class_iou_figure_draws_one_bar_per_class():
     assert "n/a" in [text.get_text() for text in ax.texts]
     with pytest.raises(ValueError, match="iou"):
         per_class_iou_figure({})
+
+
+def test_the_documented_searches_are_the_ready_made_ones():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for document in ("docs/mlflow_ui.md", "README.md"):
+        text = (root / document).read_text()
+        for name, search in ready_made_searches().items():
+            assert f"`{search}`" in text, f"{document} lacks the {name} search {search!r}"
