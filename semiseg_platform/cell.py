@@ -237,6 +237,14 @@ class TrainReporter(CheckpointReporter):
         super().__init__()
         self.store = store
 
+    def on_evaluation(self, step, metrics) -> None:
+        """Evaluations before the end are reported too (every rank, no checkpoint), so a Train callback
+        such as a search's (``run_cell(train_callbacks=...)``) can pass them on to a Tune scheduler."""
+        if step < self.total_steps:
+            import ray.train
+
+            ray.train.report({**metrics, "step": step})
+
     def report(self, step, directory, metrics) -> None:
         import ray.train
 
@@ -434,7 +442,8 @@ def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, 
 def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1.0,
              storage: str | os.PathLike | Storage | None = None, tracking: str | None = None,
              experiment: str = DEFAULT_EXPERIMENT, max_failures: int = 0, grid_id: str | None = None,
-             parent_run_id: str | None = None, name: str | None = None, progress: bool = False) -> CellResult:
+             parent_run_id: str | None = None, name: str | None = None, progress: bool = False,
+             train_callbacks: list[Any] | None = None) -> CellResult:
     """Train one cell with Ray Train (V2): ``workers`` DDP workers, or ``workers=0`` for local mode.
 
     ``storage``: local directory or ``s3://bucket/prefix[?endpoint_override=...]`` (default
@@ -449,6 +458,8 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
     early (run it again to resume). A failed cell raises :class:`CellFailedError`
     (``result.status`` FAILED, ``result.error``) after its MLflow run ended; Ctrl-C and SIGTERM
     end the run KILLED and propagate (``KeyboardInterrupt``, ``tracking.CellKilled``).
+    ``train_callbacks``: Ray Train ``UserCallback``s for the trainer's ``RunConfig`` (a search passes
+    the workers' evaluations on to Tune with one).
     """
     validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
     storage = parse_storage(storage)
@@ -457,7 +468,7 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
 
     def launch(spec: CellSpec) -> _LoopOutcome:
         fit = _fit(spec, storage, workers=workers, gpus_per_worker=gpus_per_worker,
-                   cpus_per_worker=cpus_per_worker, max_failures=max_failures)
+                   cpus_per_worker=cpus_per_worker, max_failures=max_failures, train_callbacks=train_callbacks)
         reported = dict(fit.metrics or {})
         if fit.checkpoint is not None:
             uri = storage.uri_of(name, Path(fit.checkpoint.path).name)
@@ -474,7 +485,7 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
 
 
 def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: float, cpus_per_worker: float,
-         max_failures: int) -> Any:
+         max_failures: int, train_callbacks: list[Any] | None = None) -> Any:
     """Build and fit the ``TorchTrainer``; returns its ``Result`` (raises ``TrainingFailedError``)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -491,6 +502,7 @@ def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: flo
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),
         worker_runtime_env={"env_vars": worker_env()} if workers else None,
+        callbacks=list(train_callbacks or []),
         **storage.ray_arguments(),
     )
     trainer = TorchTrainer(

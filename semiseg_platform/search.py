@@ -6,11 +6,13 @@ head's memory length Q (``head.options.memory_size``), ``head.options.lambda_kl`
 of latent samples T (``head.options.num_samples``), ``head.options.latent_dim`` and
 ``optim.lr``. :func:`run_search` runs ``num_samples`` trials under Ray Tune:
 
-- Each trial is one cell: a single-device cell trains in-process in a reused Tune actor and
-  reports its metrics to Tune at every evaluation (so ASHA can stop it); a multi-worker cell
-  launches its ``TorchTrainer`` (``semiseg_platform.cell.run_cell``) and reports its final
-  metrics only. The trial's final result is reported after its MLflow run has ended, so a
-  scheduler decision on that last report cannot cut the run's own bookkeeping short.
+- Each trial is one cell, reporting its metrics to Tune at every evaluation so ASHA can stop
+  it: a single-device cell trains in-process in a reused Tune actor (:class:`EvaluationReporter`);
+  a multi-worker cell launches its ``TorchTrainer`` (``semiseg_platform.cell.run_cell``), whose
+  workers' reports reach Tune through Ray's ``TuneReportCallback`` (stopping such a trial kills
+  its Train run; the driver then ends its MLflow run KILLED). The trial's final result is
+  reported after its MLflow run has ended, so a scheduler decision on that last report cannot
+  cut the run's own bookkeeping short.
 - Suggestions come from :class:`StudySearch`, Ray's ``OptunaSearch`` (seeded TPE) on an
   Optuna study in an RDB storage (SQLite file by default, PostgreSQL on a cluster). Running
   the same spec again loads that study and continues it: more trials, and a configuration
@@ -54,6 +56,7 @@ from npsemiseg.frameworks import FRAMEWORK_MODULES
 from npsemiseg.presets import PRESET_NAMES
 
 from ray.tune import Callback
+from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.search.optuna import OptunaSearch
 
 from semiseg_platform.grid import Resources, _describe, _one_of, cells_at_once, trial_resources
@@ -431,6 +434,16 @@ class EvaluationReporter(Callbacks):
                              f"(step {step})") from None
 
 
+class EvaluationsToTune(TuneReportCallback):
+    """Ray Train callback of a multi-worker trial: passes the workers' evaluation reports (those
+    without a checkpoint) on to Tune, so ASHA can stop the trial. Checkpoint reports stay Train's:
+    the cell's final result reaches Tune from the trial once the cell's MLflow run has ended."""
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        if checkpoint is None:
+            super().after_report(run_context, metrics, checkpoint)
+
+
 @dataclass(frozen=True)
 class _TrialContext:
     """What every trial needs besides its sampled values (travels once, through the object store)."""
@@ -497,7 +510,7 @@ def _search_trial(tune_config: dict[str, Any], *, context: _TrialContext) -> Non
     else:
         resources = context.resources
         result = run_cell(config, workers=resources.workers, gpus_per_worker=resources.gpus_per_worker,
-                          cpus_per_worker=resources.cpus_per_worker, **launch)
+                          cpus_per_worker=resources.cpus_per_worker, train_callbacks=[EvaluationsToTune()], **launch)
     tag_trial_run(client, result.run_id, search=context.search_id, params=params, trial=trial)
     tune.report({**result.metrics, "step": result.steps, FINAL_KEY: 1.0, "run_id": result.run_id,
                  "cell_id": config.cell_id, "loop_seconds": result.loop_seconds})
@@ -684,7 +697,7 @@ def run_search(
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(_search_trial, context=context), trial_resources(spec.resources)),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.num_samples,
-                                        max_concurrent_trials=concurrency, reuse_actors=True,
+                                        max_concurrent_trials=concurrency, reuse_actors=spec.resources.in_process,
                                         trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name=f"search-{spec.name}-{sid}-{submission}", verbose=0, callbacks=[progress],
                                       **store.ray_arguments()),

@@ -110,3 +110,24 @@ def test_best_config_round_trips_through_the_cli(searched, tmp_path):
     assert f"({best_cell})" in result.output
     runs = MlflowClient(tracking).search_runs([MlflowClient(tracking).get_experiment_by_name("roundtrip").experiment_id])
     assert [r.data.tags["cell_id"] for r in runs] == [best_cell] and runs[0].info.status == "FINISHED"
+
+
+def test_multi_worker_trials_report_evaluations_so_asha_stops_them(ray_cluster, tmp_path):
+    """Two DDP trials (2 workers each, one TorchTrainer per trial): the good point finishes, the
+    bad one is stopped at evaluation 2 through the trainer's EvaluationsToTune callback."""
+    import yaml
+
+    data = yaml.safe_load(SMOKE_SPEC.read_text())
+    data.update(name="ddp", num_samples=2, resources={"workers": 2, "cpus_per_worker": 0.5})
+    tracking = f"sqlite:///{tmp_path}/mlruns.db"
+    summary = run_search(load_search_spec(data), tracking_uri=tracking, storage=str(tmp_path / "ray_results"),
+                         optuna_storage=f"sqlite:///{tmp_path}/optuna.db", out_dir=tmp_path / "out",
+                         emit=lambda line: None)
+    assert [t.status for t in sorted(summary.trials, key=lambda t: t.optuna_trial)] == ["finished", "stopped"]
+    client = MlflowClient(tracking)
+    runs = {r.data.tags["search.optim.lr"]: r for r in client.search_runs(
+        [client.get_experiment_by_name(summary.experiment).experiment_id], "tags.`npsemiseg.kind` = 'cell'")}
+    assert runs["0.05"].info.status == "FINISHED" and runs["0.05"].data.tags["world_size"] == "2"
+    stopped = runs["1e-07"]
+    assert stopped.info.status == "KILLED" and stopped.data.tags[STOPPED_TAG] == "asha"
+    assert stopped.data.tags["search.stopped_after_evaluation"] == "2"
