@@ -667,7 +667,8 @@ class Stack:
                    "-filer", f"-filer.port={s.seaweed_filer_port}", f"-filer.port.grpc={s.seaweed_filer_port + SEAWEED_GRPC_OFFSET}",
                    f"-filer.localSocket={data}/filer.sock",
                    "-s3", f"-s3.port={s.s3_port}", f"-s3.port.grpc={s.s3_port + SEAWEED_GRPC_OFFSET}", f"-s3.config={config}", f"-s3.localSocket={data}/s3.sock",
-                   "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=0"]
+                   "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+                   "-volume.preStopSeconds=1"]  # one server, no peers to hand over to: stop in seconds
         self._spawn("seaweedfs", command, self._base_env())
 
     # --------------------------------------------------------------------- mlflow

@@ -216,6 +216,7 @@ def test_s3_outage_mid_grid_loses_nothing(stack, client_env, restarted_grid):
         status, logs = wait_job(stack, submit(stack, client_env, job_dir))
         submissions = 2
     assert status == "SUCCEEDED", logs[-4000:]
+    print(f"S3 outage: the grid finished after {submissions} submission(s)")  # shown by pytest -rP
     runs = cell_runs("stack-s3-outage")
     assert sorted(run.data.tags["head"] for run in runs) == HEADS  # one run per cell, reused on re-submission
     client = MlflowClient()
