@@ -161,6 +161,46 @@ def sweep_orphans(
     typer.echo(f"{len(swept)} orphaned run(s) ended" + (": " + ", ".join(swept) if swept else ""))
 
 
+@app.command()
+def tables(
+    experiment: str = typer.Option(..., help="MLflow experiment to read the cell runs from"),
+    out: Path = typer.Option(..., help="directory for the tables (Markdown, LaTeX, CSV, Parquet) and figures"),
+    tracking: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
+    grid_id: Optional[str] = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
+) -> None:
+    """Build the paper's Tables 1-6 (and the uncertainty-time figure) from MLflow runs; print them."""
+    from semiseg_platform.tables import markdown_report, write_report
+    from semiseg_platform.tracking import resolve_tracking_uri
+
+    tracking_uri = resolve_tracking_uri(tracking)
+    built, written = write_report(tracking_uri, experiment, out, grid_id=grid_id)
+    typer.echo(markdown_report(built))
+    typer.echo(f"{len(written)} files written to {out}")
+
+
+@app.command()
+def grid(
+    spec: Path = typer.Argument(..., help="grid spec (YAML), e.g. jobs/specs/smoke.yaml"),
+    tracking: Optional[str] = typer.Option(None, help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
+    storage: Optional[str] = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    tables_dir: Optional[Path] = typer.Option(None, help="where to write the tables (default: under the storage)"),
+) -> None:
+    """Run every cell of a grid spec under Ray Tune (skips finished cells, resumes interrupted ones)."""
+    from semiseg_platform.grid import load_spec, run_grid
+
+    try:
+        loaded = load_spec(spec)
+    except ValueError as error:
+        fail(one_line(error))
+    try:
+        summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir)
+    except ValueError as error:  # an invalid cell setting or storage: found before any cell starts
+        fail(one_line(error))
+    typer.echo(summary.format())
+    if not summary.ok:
+        raise typer.Exit(CELL_FAILED)
+
+
 from semiseg_platform.stack import stack_app  # noqa: E402 - the `npsemiseg stack ...` group
 
 app.add_typer(stack_app(), name="stack")
