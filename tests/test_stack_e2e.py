@@ -86,7 +86,9 @@ def submit(stack: Stack, env: dict[str, str], job_dir: Path) -> str:
 def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -> tuple[str, str]:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    client = JobSubmissionClient(stack.settings.ray_dashboard_url)
+    # the token as an explicit header: Ray reads RAY_AUTH_MODE once per process, perhaps before this module set it
+    client = JobSubmissionClient(stack.settings.ray_dashboard_url,
+                                 headers={"Authorization": f"Bearer {stack.secrets.get('ray_token')}"})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = client.get_job_status(submission_id)
