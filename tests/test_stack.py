@@ -129,10 +129,10 @@ def test_a_port_taken_names_the_service_and_stops_what_was_started():
     home = reachable_home()
     stack = Stack(stack_settings(home))
     blocker = socket.socket()
-    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT from an earlier test
-    blocker.bind(("127.0.0.1", stack.settings.seaweed_volume_port))
-    blocker.listen()
     try:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT from an earlier test
+        blocker.bind(("127.0.0.1", stack.settings.seaweed_volume_port))
+        blocker.listen()
         with pytest.raises(StackError, match=rf"seaweedfs: port {stack.settings.seaweed_volume_port} \(volume\).*in use"):
             stack.up()
         # postgres had started (it comes first) and was stopped again
