@@ -85,10 +85,14 @@ class CellFailedError(RuntimeError):
         self.result = result
 
 
-def cell_run_name(config: Any, grid_id: str | None = None) -> str:
-    """Default name of a cell's checkpoint lineage: readable, filesystem-safe, unique per cell (and grid)."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", config.cell_name).strip("_")
-    return f"{grid_id}-{slug}-{config.cell_id}" if grid_id else f"{slug}-{config.cell_id}"
+def cell_run_name(config: Any, grid_id: str | None = None, experiment: str | None = None) -> str:
+    """Default name of a cell's checkpoint lineage: readable, filesystem-safe, unique per cell, grid
+    and experiment (two experiments sharing a storage never resume each other's checkpoints)."""
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+    parts = [safe(experiment) if experiment else None, grid_id, safe(config.cell_name), config.cell_id]
+    return "-".join(part for part in parts if part)
 
 
 # ----------------------------------------------------------------------------- callbacks
@@ -464,7 +468,7 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
     validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
     storage = parse_storage(storage)
     storage.check()
-    name = name or cell_run_name(config, grid_id)
+    name = name or cell_run_name(config, grid_id, experiment)
 
     def launch(spec: CellSpec) -> _LoopOutcome:
         fit = _fit(spec, storage, workers=workers, gpus_per_worker=gpus_per_worker,
@@ -528,7 +532,7 @@ def run_cell_in_process(config: Any, *, reporter: CheckpointReporter | None = No
     raises as :func:`run_cell` does.
     """
     storage = parse_storage(storage)
-    name = name or cell_run_name(config, grid_id)
+    name = name or cell_run_name(config, grid_id, experiment)
     reporter = reporter or StoreReporter(CheckpointStore(storage, name))
 
     def launch(spec: CellSpec) -> _LoopOutcome:

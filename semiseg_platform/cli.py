@@ -121,7 +121,7 @@ def run(
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         fail(one_line(error))
     typer.echo(f"cell {cell.cell_name} ({cell.cell_id}): {workers or 'local-mode'} worker(s), "
-               f"checkpoints {location.uri_of(name or cell_run_name(cell))}, tracking {tracking_uri}")
+               f"checkpoints {location.uri_of(name or cell_run_name(cell, experiment=experiment))}, tracking {tracking_uri}")
     try:
         result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                           storage=location, tracking=tracking_uri, experiment=experiment, max_failures=max_failures,

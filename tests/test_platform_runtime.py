@@ -83,3 +83,6 @@ def test_cell_run_names_are_path_safe_and_unique():
     assert name == f"supervised_synthetic_1_16_np-{config.cell_id}"
     assert cell_run_name(config, "grid7") == f"grid7-{name}"
     assert cell_run_name(config.with_overrides({"seed": 9})) != name
+    # two experiments sharing a storage never share a checkpoint lineage
+    assert cell_run_name(config, "grid7", "study a/b") == f"study_a_b-grid7-{name}"
+    assert cell_run_name(config, "grid7", "other") != cell_run_name(config, "grid7", "study a/b")
