@@ -798,10 +798,8 @@ def _write_outputs(client: MlflowClient, parent_id: str, summary: SearchSummary,
                     f"{t.run_id or ''}," + ",".join(str(t.params.get(k)) for k in cell_of.keys) + f',"{reason}"')
     (out / "trials.csv").write_text("\n".join(rows) + "\n")
     client.log_artifact(parent_id, str(out / "trials.csv"), "search")
-    figure = hparams_figure(summary.tracking_uri, summary.experiment, search=summary.search_id)
-    if figure is not None:
-        summary.figure_path = out / "hparams.png"
-        figure.savefig(summary.figure_path, dpi=120)
+    summary.figure_path = write_hparams_figure(summary.tracking_uri, summary.experiment, out, search=summary.search_id)
+    if summary.figure_path is not None:
         client.log_artifact(parent_id, str(summary.figure_path), "figures")
 
 
