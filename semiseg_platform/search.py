@@ -281,8 +281,9 @@ def search_id(spec: SearchSpec, base: RunConfig | None = None) -> str:
 
 
 def default_optuna_storage() -> str:
-    """``sqlite:///<cwd>/optuna.db`` (absolute)."""
-    return f"sqlite:///{(Path.cwd() / DEFAULT_OPTUNA_FILE).resolve()}"
+    """``$NPSEMISEG_OPTUNA_STORAGE`` (the local stack exports its PostgreSQL URL there), else
+    ``sqlite:///<cwd>/optuna.db`` (absolute)."""
+    return os.environ.get("NPSEMISEG_OPTUNA_STORAGE") or f"sqlite:///{(Path.cwd() / DEFAULT_OPTUNA_FILE).resolve()}"
 
 
 # ----------------------------------------------------------------------------- the study

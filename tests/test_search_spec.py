@@ -166,3 +166,13 @@ def test_job_entry_point_exit_status(tmp_path, capsys):
     assert "num_samples: Input should be greater than 0" in capsys.readouterr().err
     assert main([str(SMOKE_SPEC), "--set", "optim.lr"]) == 2
     assert "--set: expected key=value" in capsys.readouterr().err
+
+
+def test_default_optuna_storage_follows_the_stack_export(monkeypatch, tmp_path):
+    from semiseg_platform.search import default_optuna_storage
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NPSEMISEG_OPTUNA_STORAGE", raising=False)
+    assert default_optuna_storage() == f"sqlite:///{(tmp_path / 'optuna.db').resolve()}"
+    monkeypatch.setenv("NPSEMISEG_OPTUNA_STORAGE", "postgresql://127.0.0.1:25432/optuna")
+    assert default_optuna_storage() == "postgresql://127.0.0.1:25432/optuna"
