@@ -13,6 +13,7 @@ artifacts or in the services' and jobs' logs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -83,36 +85,29 @@ def submit(stack: Stack, env: dict[str, str], job_dir: Path) -> str:
     return submission_id
 
 
-def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -> tuple[str, str]:
-    from ray.job_submission import JobStatus, JobSubmissionClient
+def jobs_api(stack: Stack, method: str, path: str, timeout: float = 30.0) -> dict:
+    """One call of the Ray Jobs REST API with the stack's token as a Bearer header.
 
-    # the token as an explicit header: Ray reads RAY_AUTH_MODE once per process, perhaps before this module set it
-    client = JobSubmissionClient(stack.settings.ray_dashboard_url,
-                                 headers={"Authorization": f"Bearer {stack.secrets.get('ray_token')}"})
+    Plain HTTP on purpose: Ray's SDK clients take their auth token from process-wide state
+    (RAY_AUTH_MODE / the default token file, read once per process), which another test in the
+    same pytest process may have set to a different cluster's token.
+    """
+    request = urllib.request.Request(f"{stack.settings.ray_dashboard_url}/api/jobs/{path}", method=method,
+                                     headers={"Authorization": f"Bearer {stack.secrets.get('ray_token')}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -> tuple[str, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = client.get_job_status(submission_id)
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            return str(status.value), client.get_job_logs(submission_id)
+        status = jobs_api(stack, "GET", submission_id)["status"]
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return status, jobs_api(stack, "GET", f"{submission_id}/logs")["logs"]
         time.sleep(2)
-    client.stop_job(submission_id)
-    raise AssertionError(f"job {submission_id} still running after {timeout} s:\n{client.get_job_logs(submission_id)[-3000:]}")
-
-
-def cell_runs(experiment: str) -> list:
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return []
-    return client.search_runs([found.experiment_id], "tags.`npsemiseg.kind` = 'cell'")
-
-
-def bucket_keys(stack: Stack, prefix: str) -> list[str]:
-    s3 = stack.s3_client()
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=stack.settings.bucket, Prefix=prefix)
-    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+    jobs_api(stack, "POST", f"{submission_id}/stop")
+    logs = jobs_api(stack, "GET", f"{submission_id}/logs")["logs"]
+    raise AssertionError(f"job {submission_id} still running after {timeout} s:\n{logs[-3000:]}")
 
 
 @pytest.fixture(scope="module")
