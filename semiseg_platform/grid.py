@@ -229,25 +229,31 @@ def _one_of(field: str, value: str, valid: tuple[str, ...]) -> str:
     return value
 
 
+def read_spec(source: str | Path | Mapping[str, Any], kind: str) -> tuple[dict[str, Any], str]:
+    """The raw mapping of a ``kind`` spec ("grid", "search") from a YAML file path or a mapping, and
+    how to name it in errors (``"grid spec jobs/specs/x.yaml"``). ``ValueError`` for a missing file,
+    invalid YAML or a document that is not a mapping."""
+    if isinstance(source, Mapping):
+        return dict(source), f"{kind} spec"
+    path = Path(source)
+    where = f"{kind} spec {path}"
+    if not path.is_file():
+        raise ValueError(f"{where}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{where}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of {kind} settings, got {type(data).__name__}")
+    return data, where
+
+
 def load_spec(source: str | Path | Mapping[str, Any]) -> GridSpec:
     """A validated :class:`GridSpec` from a YAML file path or a mapping.
 
     Raises ``ValueError`` naming the file and every offending key/value.
     """
-    where = "grid spec"
-    if isinstance(source, Mapping):
-        data = dict(source)
-    else:
-        path = Path(source)
-        where = f"grid spec {path}"
-        if not path.is_file():
-            raise ValueError(f"{where}: no such file")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ValueError(f"{where}: not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a mapping of grid settings, got {type(data).__name__}")
+    data, where = read_spec(source, "grid")
     try:
         return GridSpec.model_validate(data)
     except ValidationError as error:

@@ -59,7 +59,7 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.search.optuna import OptunaSearch
 
-from semiseg_platform.grid import Resources, _describe, _one_of, cells_at_once, trial_resources
+from semiseg_platform.grid import Resources, _describe, _one_of, cells_at_once, read_spec, trial_resources
 from semiseg_platform.tracking import ERROR_TAG, FINAL_METRICS, KIND_TAG, CellKilled, find_cell_run
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
@@ -229,20 +229,7 @@ def load_search_spec(source: str | Path | Mapping[str, Any], *, overrides: Mappi
     searched key and per point to evaluate, so a bad key or value fails here, by name.
     Raises ``ValueError`` naming the file and the offending keys.
     """
-    where = "search spec"
-    if isinstance(source, Mapping):
-        data = dict(source)
-    else:
-        path = Path(source)
-        where = f"search spec {path}"
-        if not path.is_file():
-            raise ValueError(f"{where}: no such file")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ValueError(f"{where}: not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a mapping of search settings, got {type(data).__name__}")
+    data, where = read_spec(source, "search")
     data.update({key: value for key, value in changes.items() if value is not None})
     if overrides:
         data["overrides"] = {**dict(data.get("overrides") or {}), **dict(overrides)}
