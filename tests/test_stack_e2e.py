@@ -110,6 +110,22 @@ def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -
     raise AssertionError(f"job {submission_id} still running after {timeout} s:\n{logs[-3000:]}")
 
 
+def cell_runs(experiment: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return client.search_runs([found.experiment_id], "tags.`npsemiseg.kind` = 'cell'")
+
+
+def bucket_keys(stack: Stack, prefix: str) -> list[str]:
+    s3 = stack.s3_client()
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=stack.settings.bucket, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
 @pytest.fixture(scope="module")
 def restarted_grid(stack, client_env):
     """The reduced grid, with the MLflow server restarted while its cells run."""
