@@ -303,6 +303,22 @@ def test_fused_decoder_tail_equals_plain_layers_with_gradients():
         assert torch.allclose(a, b, atol=1e-10)
 
 
+@pytest.mark.parametrize("size", [(3, 3), (2, 7), (1, 5), (9, 4)])
+def test_inference_decoder_matches_the_plain_layers_at_every_map_size_and_offset(size):
+    """The inference path (InstanceNorm statistics of the first conv from its border terms, sample by
+    sample) equals the plain layers in float64, and stays accurate in float32 when the maps carry
+    a large offset and the latent terms are large (cancellation in the variance would show)."""
+    decoder = NPDecoder(C, D, K, hidden_channels=8).double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, C, *size, generator=g, dtype=torch.float64) * 0.5 + 20.0
+    z, r = torch.randn(3, 2, D, generator=g, dtype=torch.float64) * 30, torch.randn(2, D, generator=g, dtype=torch.float64)
+    plain = decoder.tail(decoder.first_conv(x, z, r)).view(3, 2, K, *size)
+    with torch.no_grad():
+        assert torch.allclose(decoder(x, z, r), plain, atol=1e-9)
+        fast32 = decoder.float()(x.float(), z.float(), r.float()).double()
+    assert ((fast32 - plain).abs().max() / plain.abs().max()) < 1e-4
+
+
 def test_np_head_split_and_concat_give_the_same_logits_for_the_same_noise():
     split, features, labels = small_np(), *batch(h=6, w=6)
     train_step(split, features, labels)

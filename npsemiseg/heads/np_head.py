@@ -22,6 +22,7 @@ the decoder's InstanceNorm (which cancels the spatially constant z and r away fr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -273,11 +274,24 @@ class _AddConstantMaps(torch.autograd.Function):
         return grad.sum(dim=0), grad_taps, grad_bias
 
 
+def _records_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _norm_relu_conv(y: Tensor, conv: nn.Conv2d, chunks: int) -> Tensor:
     """``conv(relu(instance_norm(y)))``, overwriting ``y``: the lean autograd Function when
     gradients are recorded, otherwise in place (InstanceNorm and ReLU on ``y``, one conv)."""
-    if torch.is_grad_enabled() and (y.requires_grad or conv.weight.requires_grad or conv.bias.requires_grad):
+    if _records_grad(y, conv.weight, conv.bias):
         return _NormReLUConv.apply(y, conv.weight, conv.bias, chunks)
+    if conv.weight.shape[-1] == 1:  # 1x1: relu((y - mu) * rstd) = rstd * relu(y - mu), rstd folded into the weights
+        n, c, h, w = y.shape
+        flat = y.view(n * c, h * w)
+        flat.sub_((flat.sum(dim=1) / (h * w))[:, None])
+        var = torch.linalg.vector_norm(flat, dim=1).square() / (h * w)
+        rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + 1e-5).to(y.dtype).view(n, 1, c)
+        weight = conv.weight.to(y.dtype).flatten(1)[None] * rstd  # [N, K, C]
+        bias = conv.bias.to(y.dtype)[None, :, None].expand(n, -1, h * w)
+        return torch.baddbmm(bias, weight, y.relu_().view(n, c, h * w)).view(n, -1, h, w)
     _instance_norm_(y)
     return F.conv2d(y.relu_(), conv.weight.to(y.dtype), conv.bias.to(y.dtype), padding=conv.weight.shape[-1] // 2)
 
@@ -329,22 +343,68 @@ class NPDecoder(nn.Module):
             maps = torch.cat([x.expand(t, *x.shape), z[..., None, None].expand(t, b, d, h, w),
                               r[..., None, None].expand(t, b, d, h, w)], dim=2)
             return self.conv1(maps.flatten(0, 1))
+        conv_x, taps = self._split_parts(x, z, r)
+        out = _AddConstantMaps.apply(conv_x, taps, self.conv1.bias)  # [T, B, O, h, w]
+        return out.flatten(0, 1)
+
+    def _split_parts(self, x: Tensor, z: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+        """The split first conv's two parts: ``conv_x [B, O, h, w]`` (x channels, no bias) and the
+        per-tap products of the constant channels ``W[:, z|r, a, b] @ (z|r)``: ``taps [T, B, O, 3, 3]``."""
+        t, b, d = z.shape
         weight = self.conv1.weight
         out_channels = weight.shape[0]
-        conv_x = F.conv2d(x, weight[:, : self.in_channels], None, padding=1)  # [B, O, h, w]
-        # per-tap products of the constant channels W[:, z|r, a, b] @ (z|r): [T, B, O, 3, 3]
+        conv_x = F.conv2d(x, weight[:, : self.in_channels], None, padding=1)
         w_zr = weight[:, self.in_channels :].permute(1, 0, 2, 3).reshape(2 * d, out_channels * 9)
-        taps = (torch.cat([z, r], dim=-1).to(w_zr.dtype) @ w_zr).view(t, b, out_channels, 3, 3)
-        out = _AddConstantMaps.apply(conv_x.to(taps.dtype), taps, self.conv1.bias)  # [T, B, O, h, w]
-        return out.flatten(0, 1)
+        taps = (torch.cat([z, r.expand(t, b, d)], dim=-1).to(w_zr.dtype) @ w_zr).view(t, b, out_channels, 3, 3)
+        return conv_x.to(taps.dtype), taps
+
+    def normalized_first_stage(self, x: Tensor, z: Tensor, r: Tensor, eps: float = 1e-5) -> Iterator[Tensor]:
+        """``relu(instance_norm(first_conv(x, z, r)))`` one sample at a time, without building
+        ``first_conv``: yields T maps ``[B, O, h, w]``.
+
+        Inference only (no autograd), split decoder, maps of at least 3 x 3. The first conv's
+        output is ``conv_x + c + e_t``: c is constant over the map (interior taps and bias) and
+        InstanceNorm removes it; ``e_t``, the missing taps on the border, is all that differs between
+        samples. So ``conv_x`` is centred once for all T samples, the per-sample mean and variance
+        come from its border values and ``e_t`` (``var = var_x + 2 cov(x, e_t) + var(e_t)``), and
+        each sample is written in one pass, ``(x' - mean(e_t)) * rstd``, plus ``e_t * rstd`` on the border.
+        """
+        conv_x, taps = self._split_parts(x, z, r)
+        h, w = conv_x.shape[-2:]
+        rows, cols = _valid_taps(h, conv_x.device, taps.dtype), _valid_taps(w, conv_x.device, taps.dtype)
+        interior = taps.sum(dim=(-2, -1))[..., None, None]  # [T, B, O, 1, 1]
+        edge_rows = torch.einsum("ku,tnouv,jv->tnokj", rows[[0, h - 1]], taps, cols) - interior  # [T, B, O, 2, w]
+        edge_cols = torch.einsum("iu,tnouv,kv->tnoki", rows[1 : h - 1], taps, cols[[0, w - 1]]) - interior  # [.., 2, h-2]
+        area = h * w
+        centred = conv_x.sub_(conv_x.sum(dim=(-2, -1), keepdim=True) / area)  # x' [B, O, h, w]
+        var_x = torch.linalg.vector_norm(centred.flatten(-2), dim=-1).square() / area  # [B, O]
+        x_rows, x_cols = centred[..., [0, h - 1], :], centred[..., 1 : h - 1, [0, w - 1]].transpose(-2, -1)
+        mean_e = (edge_rows.sum(dim=(-2, -1)) + edge_cols.sum(dim=(-2, -1))) / area  # [T, B, O]
+        var_e = (edge_rows.square().sum(dim=(-2, -1)) + edge_cols.square().sum(dim=(-2, -1))) / area - mean_e.square()
+        cov = ((edge_rows * x_rows).sum(dim=(-2, -1)) + (edge_cols * x_cols).sum(dim=(-2, -1))) / area
+        rstd = torch.rsqrt((var_x + 2.0 * cov + var_e).clamp_min(0.0) + eps)[..., None, None]  # [T, B, O, 1, 1]
+        shift = -mean_e[..., None, None] * rstd
+        edge_rows.mul_(rstd)
+        edge_cols.mul_(rstd)
+        for sample in range(z.shape[0]):
+            out = torch.addcmul(shift[sample], centred, rstd[sample])  # [B, O, h, w]
+            out[..., [0, h - 1], :] += edge_rows[sample]
+            out[..., 1 : h - 1, [0, w - 1]] += edge_cols[sample].transpose(-2, -1)
+            yield out.relu_()
 
     def forward(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
         t, b = z.shape[:2]
-        hidden = self.first_conv(x, z, r)
-        if isinstance(self.tail[0], nn.InstanceNorm2d):  # same maths as self.tail, a third of the memory
-            logits = _norm_relu_conv(_norm_relu_conv(hidden, self.tail[2], t), self.tail[5], t)
-        else:
-            logits = self.tail(hidden)
+        if not isinstance(self.tail[0], nn.InstanceNorm2d):
+            logits = self.tail(self.first_conv(x, z, r))
+        elif (self.impl == "split" and min(x.shape[-2:]) >= 3
+              and not _records_grad(x, z, r, *self.conv1.parameters(), *self.tail.parameters())):
+            conv, last = self.tail[2], self.tail[5]
+            logits = torch.cat([
+                _norm_relu_conv(F.conv2d(hidden, conv.weight.to(hidden.dtype), conv.bias.to(hidden.dtype), padding=1), last, 1)
+                for hidden in self.normalized_first_stage(x, z, r)
+            ])
+        else:  # same maths as self.tail, a third of the memory
+            logits = _norm_relu_conv(_norm_relu_conv(self.first_conv(x, z, r), self.tail[2], t), self.tail[5], t)
         return logits.view(t, b, *logits.shape[1:])
 
 
