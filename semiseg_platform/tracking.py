@@ -383,9 +383,16 @@ class CellRun:
         _log_metrics(self.client, self.run_id, metrics, step=step)
 
     def finish(self, status: str = "FINISHED", error: BaseException | str | None = None) -> None:
-        """End the run with ``status``; ``error`` goes to the ``error`` tag (and ``error/traceback.txt``)."""
+        """End the run with ``status``; ``error`` goes to the ``error`` tag (and ``error/traceback.txt``).
+
+        A run that another party already ended KILLED (a search driver recording an ASHA stop while
+        this cell was still being torn down) stays KILLED: the error is the teardown, not a failure.
+        """
         if error is not None:
-            tags = self.client.get_run(self.run_id).data.tags
+            current = self.client.get_run(self.run_id)
+            tags = current.data.tags
+            if status == "FAILED" and current.info.status == "KILLED":
+                status = "KILLED"
             if ERROR_TAG not in tags:  # rank 0 may have recorded the original exception already
                 self.client.set_tag(self.run_id, ERROR_TAG, format_error(error))
             if isinstance(error, BaseException) and error.__traceback__ is not None:

@@ -172,6 +172,20 @@ def test_failed_and_killed_cells_end_with_their_status(tracking_uri, config):
     assert client.get_run(killed.run_id).info.status == "KILLED"
 
 
+def test_a_run_another_party_ended_killed_stays_killed_when_its_teardown_raises(tracking_uri, config):
+    """A search driver records an ASHA stop (KILLED, with its reason) while the cell is still being
+    torn down; the teardown's exception must not turn the run FAILED or replace the reason."""
+    client = MlflowClient(tracking_uri)
+    with pytest.raises(RuntimeError):
+        with CellRun.open(config.with_overrides({"seed": 3}), tracking=tracking_uri, experiment="outcomes") as run:
+            client.set_tag(run.run_id, ERROR_TAG, "stopped early by the ASHA scheduler after evaluation 2")
+            client.set_terminated(run.run_id, status="KILLED")
+            raise RuntimeError("training worker group shut down")
+    stopped = client.get_run(run.run_id)
+    assert stopped.info.status == "KILLED"
+    assert stopped.data.tags[ERROR_TAG] == "stopped early by the ASHA scheduler after evaluation 2"
+
+
 def test_only_rank_zero_logs(tracking_uri, config):
     with CellRun.open(config.with_overrides({"seed": 3}), tracking=tracking_uri, experiment="ranks") as run:
         callbacks = MLflowCallbacks(tracking_uri, run.run_id, flush_every_s=0)
