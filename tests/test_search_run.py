@@ -45,10 +45,13 @@ def searched(tmp_path_factory, ray_cluster):
 
 def _trial_runs(settings, summary) -> pd.DataFrame:
     import mlflow
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-    mlflow.set_tracking_uri(settings["tracking_uri"])
-    return mlflow.search_runs(experiment_names=[summary.experiment],
-                              filter_string=f"tags.{SEARCH_ID_TAG} = '{summary.search_id}' and tags.`npsemiseg.kind` = 'cell'")
+    # scoped, not mlflow.set_tracking_uri: a process-wide URI would leak into every later test
+    with _use_tracking_uri(settings["tracking_uri"]):
+        return mlflow.search_runs(experiment_names=[summary.experiment],
+                                  filter_string=f"tags.{SEARCH_ID_TAG} = '{summary.search_id}' and "
+                                                "tags.`npsemiseg.kind` = 'cell'")
 
 
 def test_asha_stops_the_bad_point_and_mlflow_records_it(searched):

@@ -110,10 +110,14 @@ def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -
     raise AssertionError(f"job {submission_id} still running after {timeout} s:\n{logs[-3000:]}")
 
 
-def cell_runs(experiment: str) -> list:
-    from mlflow import MlflowClient
+def tracking(stack: Stack):
+    """A client of the stack's MLflow server, named explicitly: never the process-wide tracking URI,
+    which an earlier test in the same pytest process may have set (``mlflow.set_tracking_uri``)."""
+    return MlflowClient(tracking_uri=stack.settings.mlflow_uri)
 
-    client = MlflowClient()
+
+def cell_runs(stack: Stack, experiment: str) -> list:
+    client = tracking(stack)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return []
@@ -136,7 +140,7 @@ def restarted_grid(stack, client_env):
     def restart_when_cells_run():
         while not job_done.is_set():
             try:
-                if any(run.info.status == "RUNNING" for run in cell_runs("stack-e2e")):
+                if any(run.info.status == "RUNNING" for run in cell_runs(stack, "stack-e2e")):
                     break
             except Exception:  # noqa: BLE001 - the experiment may not exist yet
                 pass
@@ -157,13 +161,11 @@ def restarted_grid(stack, client_env):
 
 
 def test_grid_job_survives_a_tracking_server_restart(stack, restarted_grid):
-    from mlflow import MlflowClient
-
     assert restarted_grid["status"] == "SUCCEEDED", restarted_grid["logs"][-4000:]
     assert restarted_grid["restarted"]
-    runs = cell_runs("stack-e2e")
+    runs = cell_runs(stack, "stack-e2e")
     assert sorted(run.data.tags["head"] for run in runs) == HEADS
-    client = MlflowClient()
+    client = tracking(stack)
     for run in runs:
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "train/loss")
@@ -174,7 +176,7 @@ def test_grid_job_survives_a_tracking_server_restart(stack, restarted_grid):
 
 
 def test_artifacts_and_checkpoints_are_objects_in_the_bucket(stack, restarted_grid):
-    runs = cell_runs("stack-e2e")
+    runs = cell_runs(stack, "stack-e2e")
     for run in runs:
         experiment_id, run_id = run.info.experiment_id, run.info.run_id
         keys = bucket_keys(stack, f"mlflow/{experiment_id}/{run_id}/artifacts/")
@@ -197,7 +199,7 @@ def test_tables_are_built_through_the_server(stack, restarted_grid, tmp_path):
 
     tables, written = write_report(stack.settings.mlflow_uri, "stack-e2e", tmp_path)
     cells = tables["cells"]
-    runs = {run.data.tags["cell_id"]: run.data.metrics["miou"] for run in cell_runs("stack-e2e")}
+    runs = {run.data.tags["cell_id"]: run.data.metrics["miou"] for run in cell_runs(stack, "stack-e2e")}
     assert sorted(cells["cell_id"]) == sorted(runs)
     for cell_id, miou in runs.items():
         assert cells.loc[cells.cell_id == cell_id, "miou"].item() == pytest.approx(miou)
@@ -208,14 +210,12 @@ def test_s3_outage_mid_grid_loses_nothing(stack, client_env, restarted_grid):
     """S3 stopped for a few seconds while cells train: uploads retry, or the cells fail cleanly and a
     re-submission finishes them from their checkpoints; either way every cell ends FINISHED with
     every step's metric and its checkpoints in the bucket."""
-    from mlflow import MlflowClient
-
     # its own checkpoint prefix: the same cells' lineages of the first grid would be resumed at their last step
     storage = f"s3://{stack.settings.bucket}/checkpoints-outage"
     job_dir = write_spec(Path(tempfile.mkdtemp(dir=stack.home)), "stack-s3-outage", storage)
     submission = submit(stack, client_env, job_dir)
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline and not any(run.info.status == "RUNNING" for run in cell_runs("stack-s3-outage")):
+    while time.monotonic() < deadline and not any(run.info.status == "RUNNING" for run in cell_runs(stack, "stack-s3-outage")):
         time.sleep(0.5)
     stack.stop("seaweedfs")
     try:
@@ -225,14 +225,14 @@ def test_s3_outage_mid_grid_loses_nothing(stack, client_env, restarted_grid):
     status, logs = wait_job(stack, submission)
     submissions = 1
     if status != "SUCCEEDED":  # the cells failed cleanly: submit the same grid again
-        assert "FAILED" in str([run.info.status for run in cell_runs("stack-s3-outage")]), logs[-3000:]
+        assert "FAILED" in str([run.info.status for run in cell_runs(stack, "stack-s3-outage")]), logs[-3000:]
         status, logs = wait_job(stack, submit(stack, client_env, job_dir))
         submissions = 2
     assert status == "SUCCEEDED", logs[-4000:]
     print(f"S3 outage: the grid finished after {submissions} submission(s)")  # shown by pytest -rP
-    runs = cell_runs("stack-s3-outage")
+    runs = cell_runs(stack, "stack-s3-outage")
     assert sorted(run.data.tags["head"] for run in runs) == HEADS  # one run per cell, reused on re-submission
-    client = MlflowClient()
+    client = tracking(stack)
     for run in runs:
         assert run.info.status == "FINISHED" and "miou" in run.data.metrics
         steps = {m.step for m in client.get_metric_history(run.info.run_id, "train/loss")}
@@ -280,11 +280,9 @@ def test_services_listen_on_loopback_only(stack):
 
 def test_no_credential_in_mlflow_or_logs(stack, restarted_grid, tmp_path):
     """Every secret, scanned for in MLflow params / tags / artifacts and every log, job logs included."""
-    from mlflow import MlflowClient
-
     secrets = stack.secrets.values()
     assert len(secrets) >= 6
-    client = MlflowClient()
+    client = tracking(stack)
     texts: dict[str, str] = {"job logs": restarted_grid["logs"]}
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):
