@@ -16,10 +16,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not integration"
-	$(PY) -m pytest -q -m integration --ignore=tests/test_stack_e2e.py
+	$(PY) -m pytest -q -m integration
 
-# The end-to-end test on the real local stack (PostgreSQL, SeaweedFS, MLflow server, Ray head):
-# not yet reliable inside the full suite (it passes alone; see issue 8), so it runs on its own.
+# Only the end-to-end test on the real local stack (PostgreSQL, SeaweedFS, MLflow server, Ray head).
 test-stack: $(STAMP)
 	$(PY) -m pytest -q tests/test_stack_e2e.py
 
