@@ -40,7 +40,7 @@ from ray.tune import Callback
 
 from semiseg_platform.tables import (ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report,
                                      protocol_partitions, search_all_runs)
-from semiseg_platform.tracking import KIND_TAG
+from semiseg_platform.tracking import KIND_TAG, ending_run, error_reason
 
 #: ``partitions: all`` = the dataset's four partition protocols (1/16, 1/8, 1/4, 1/2)
 ALL_PARTITIONS = "all"
@@ -168,19 +168,19 @@ class GridSpec(_Strict):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
-        return _one_of("preset", value, PRESET_NAMES)
+        return one_of("preset", value, PRESET_NAMES)
 
     @field_validator("frameworks")
     @classmethod
     def _known_frameworks(cls, value: list[str]) -> list[str]:
-        return [_one_of("frameworks", name, tuple(FRAMEWORK_MODULES)) for name in value]
+        return [one_of("frameworks", name, tuple(FRAMEWORK_MODULES)) for name in value]
 
     @field_validator("datasets")
     @classmethod
     def _known_datasets_and_partitions(cls, value: dict[str, Any]) -> dict[str, Any]:
         resolved = {}
         for dataset, partitions in value.items():
-            _one_of("datasets", dataset, DATASET_NAMES)
+            one_of("datasets", dataset, DATASET_NAMES)
             if partitions == ALL_PARTITIONS:
                 resolved[dataset] = [name for name, _ in protocol_partitions(dataset)]
             else:
@@ -196,7 +196,7 @@ class GridSpec(_Strict):
         resolved = {}
         for label, variant in value.items():
             if variant is None:
-                _one_of("heads", label, HEAD_NAMES)
+                one_of("heads", label, HEAD_NAMES)
                 variant = HeadVariant(head=label)
             resolved[label] = variant
         return resolved
@@ -223,7 +223,7 @@ class GridSpec(_Strict):
         return {dataset: list(partitions) for dataset, partitions in self.datasets.items()}
 
 
-def _one_of(field: str, value: str, valid: tuple[str, ...]) -> str:
+def one_of(field: str, value: str, valid: tuple[str, ...]) -> str:
     if value not in valid:
         raise ValueError(f"{field}: unknown value {value!r}; expected one of {list(valid)}")
     return value
@@ -257,10 +257,10 @@ def load_spec(source: str | Path | Mapping[str, Any]) -> GridSpec:
     try:
         return GridSpec.model_validate(data)
     except ValidationError as error:
-        raise ValueError(f"{where} is invalid: {_describe(error)}") from None
+        raise ValueError(f"{where} is invalid: {describe_error(error)}") from None
 
 
-def _describe(error: Exception) -> str:
+def describe_error(error: Exception) -> str:
     """A validation error on one line: ``key.path: message; ...``."""
     if isinstance(error, ValidationError):
         return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
@@ -304,7 +304,7 @@ def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
                                      partition=key.partition, head=variant.head, **overrides)
     except (ValueError, TypeError) as error:
         raise ValueError(f"grid spec {spec.name!r}, cell {key.framework}/{key.dataset}/{key.partition}/"
-                         f"{key.head} seed {key.seed}: {_describe(error)}") from None
+                         f"{key.head} seed {key.seed}: {describe_error(error)}") from None
 
 
 def expand(spec: GridSpec) -> list[RunConfig]:
@@ -606,8 +606,7 @@ def run_grid(
     emit(f"[grid {spec.name}] {len(configs)} cells ({len(outcomes)} finished earlier, {len(to_run)} to run); "
          f"grid_id {gid}, parent run {parent_id}")
     concurrency = 0
-    status = "FAILED"
-    try:
+    with ending_run(client, parent_id) as end:
         if to_run:
             ensure_ray(**dict(ray_init or {}))
             import ray
@@ -642,7 +641,7 @@ def run_grid(
                                       loop_seconds=metrics.get("loop_seconds"),
                                       metrics={k: metrics[k] for k in ("miou", "pavpu") if k in metrics})
                 if result.error is not None:
-                    outcome.reason = _error_reason(result.error)
+                    outcome.reason = error_reason(result.error)
                 outcomes[cell_id] = outcome
         _reconcile_with_mlflow(outcomes, previous_cell_runs(uri, spec.experiment, gid), configs)
         ordered = [outcomes[c.cell_id] for c in configs]
@@ -654,25 +653,8 @@ def run_grid(
         summary.tables_dir, summary.tables_markdown = out, markdown_report(tables)
         summary.wall_seconds = time.monotonic() - started
         _log_summary(client, parent_id, summary)
-        status = "FINISHED" if summary.ok else "FAILED"
+        end.status = "FINISHED" if summary.ok else "FAILED"
         return summary
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        client.set_terminated(parent_id, status)
-
-
-def _error_reason(error: BaseException) -> str:
-    """The innermost cause of a trial's error, on one line."""
-    from semiseg_platform.tracking import format_error
-
-    cause = error
-    while True:
-        inner = getattr(cause, "cause", None) or cause.__cause__  # RayTaskError.cause: the trial's exception
-        if not isinstance(inner, BaseException) or inner is cause:
-            return format_error(cause)
-        cause = inner
 
 
 def _reconcile_with_mlflow(outcomes: dict[str, CellOutcome], runs: Mapping[str, Any], configs: list[RunConfig]) -> None:

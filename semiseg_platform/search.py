@@ -59,8 +59,9 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.search.optuna import OptunaSearch
 
-from semiseg_platform.grid import Resources, _describe, _one_of, cells_at_once, read_spec, trial_resources
-from semiseg_platform.tracking import ERROR_TAG, FINAL_METRICS, KIND_TAG, CellKilled, find_cell_run
+from semiseg_platform.grid import Resources, cells_at_once, describe_error, one_of, read_spec, trial_resources
+from semiseg_platform.tracking import (ERROR_TAG, FINAL_METRICS, KIND_TAG, CellKilled, ending_run, error_reason,
+                                       find_cell_run)
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
 DEFAULT_OPTUNA_FILE = "optuna.db"
@@ -201,10 +202,10 @@ class SearchSpec(_Strict):
 
     @model_validator(mode="after")
     def _known_names(self) -> SearchSpec:
-        _one_of("preset", self.preset, PRESET_NAMES)
-        _one_of("framework", self.framework, tuple(FRAMEWORK_MODULES))
-        _one_of("head", self.head, HEAD_NAMES)
-        _one_of("metric", self.metric, FINAL_METRICS)
+        one_of("preset", self.preset, PRESET_NAMES)
+        one_of("framework", self.framework, tuple(FRAMEWORK_MODULES))
+        one_of("head", self.head, HEAD_NAMES)
+        one_of("metric", self.metric, FINAL_METRICS)
         for index, point in enumerate(self.points_to_evaluate):
             missing = sorted(set(self.space) - set(point))
             unknown = sorted(set(point) - set(self.space))
@@ -236,22 +237,22 @@ def load_search_spec(source: str | Path | Mapping[str, Any], *, overrides: Mappi
     try:
         spec = SearchSpec.model_validate(data)
     except ValidationError as error:
-        raise ValueError(f"{where} is invalid: {_describe(error)}") from None
+        raise ValueError(f"{where} is invalid: {describe_error(error)}") from None
     try:
         base = spec.base_config()
     except (ValueError, TypeError) as error:
-        raise ValueError(f"{where}: the cell is invalid: {_describe(error)}") from None
+        raise ValueError(f"{where}: the cell is invalid: {describe_error(error)}") from None
     for key, distribution in spec.space.items():
         for value in distribution.representatives():
             try:
                 base.with_overrides({key: value})
             except (ValueError, TypeError) as error:
-                raise ValueError(f"{where}: space.{key} = {value!r} is not a valid setting: {_describe(error)}") from None
+                raise ValueError(f"{where}: space.{key} = {value!r} is not a valid setting: {describe_error(error)}") from None
     for index, point in enumerate(spec.points_to_evaluate):
         try:
             base.with_overrides(point)
         except (ValueError, TypeError) as error:
-            raise ValueError(f"{where}: points_to_evaluate[{index}] is not a valid setting: {_describe(error)}") from None
+            raise ValueError(f"{where}: points_to_evaluate[{index}] is not a valid setting: {describe_error(error)}") from None
     return spec
 
 
@@ -660,8 +661,7 @@ def run_search(
                                         Param("space", json.dumps(sorted(spec.space))), Param("search_id", sid)])
     emit(f"[search {spec.name}] search_id {sid}, study {study_name!r} ({before} trials so far, {len(evaluated)} "
          f"configurations evaluated), {spec.num_samples} new trial(s); parent run {parent_id}")
-    status = "FAILED"
-    try:
+    with ending_run(client, parent_id):
         ensure_ray(**dict(ray_init or {}))
         import ray
 
@@ -699,13 +699,7 @@ def run_search(
         _write_outputs(client, parent_id, summary, study, cell_of, out)
         summary.wall_seconds = time.monotonic() - started
         _log_summary(client, parent_id, summary)
-        status = "FINISHED"
         return summary
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        client.set_terminated(parent_id, status)
 
 
 def _redacted(url: str) -> str:
@@ -720,8 +714,6 @@ def _redacted(url: str) -> str:
 
 
 def _outcome(result: Any, spec: SearchSpec) -> TrialOutcome:
-    from semiseg_platform.grid import _error_reason
-
     config = dict(result.config or {})
     metrics = dict(result.metrics or {})
     params = {key: config.get(key) for key in spec.space}
@@ -732,7 +724,7 @@ def _outcome(result: Any, spec: SearchSpec) -> TrialOutcome:
     return TrialOutcome(cell_id=config.get("cell_id", ""), params=params, status=status,
                         optuna_trial=config.get("optuna_trial"), run_id=metrics.get("run_id"),
                         value=metrics.get(spec.metric), evaluations=int(metrics.get("training_iteration", 0) or 0),
-                        reason=_error_reason(result.error) if result.error is not None else "")
+                        reason=error_reason(result.error) if result.error is not None else "")
 
 
 def _reconcile_trials(client: MlflowClient, experiment_id: str, sid: str, trials: list[TrialOutcome]) -> None:

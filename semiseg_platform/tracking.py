@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
@@ -205,6 +206,16 @@ def format_error(error: BaseException | str) -> str:
     return text if len(text) <= _MAX_TAG_LENGTH else text[: _MAX_TAG_LENGTH - 3] + "..."
 
 
+def error_reason(error: BaseException) -> str:
+    """The innermost cause of an error raised through Ray (a trial's, a task's), on one line."""
+    cause = error
+    while True:
+        inner = getattr(cause, "cause", None) or cause.__cause__  # RayTaskError.cause: the trial's exception
+        if not isinstance(inner, BaseException) or inner is cause:
+            return format_error(cause)
+        cause = inner
+
+
 # ----------------------------------------------------------------------------- owner
 def _process_start(pid: int) -> str:
     """The kernel's start time of ``pid`` (clock ticks since boot, Linux), or "" where unknown."""
@@ -309,6 +320,31 @@ def sigterm_as_killed() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class RunEnd:
+    """The status a run ends with when its :func:`ending_run` block exits; the block may set it
+    (a grid with failed cells ends its parent run FAILED)."""
+
+    status: str = "FINISHED"
+
+
+@contextlib.contextmanager
+def ending_run(client: MlflowClient, run_id: str) -> Iterator[RunEnd]:
+    """End ``run_id`` when the block exits: with ``end.status`` (FINISHED unless the block set
+    another), FAILED if the block raised, KILLED on Ctrl-C or SIGTERM (:class:`CellKilled`)."""
+    end = RunEnd()
+    try:
+        yield end
+    except (KeyboardInterrupt, CellKilled):
+        end.status = "KILLED"
+        raise
+    except BaseException:
+        end.status = "FAILED"
+        raise
+    finally:
+        client.set_terminated(run_id, end.status)
 
 
 class CellRun:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from semiseg_platform.tracking import (
     CellRun,
     MLflowCallbacks,
     artifact_path,
+    ending_run,
+    error_reason,
     find_cell_run,
     format_error,
     resolve_tracking_uri,
@@ -233,3 +236,48 @@ def test_sweep_ends_runs_whose_owner_is_gone(tracking_uri, config):
 def test_format_error_is_one_line():
     assert format_error(RuntimeError("a\n  b")) == "RuntimeError: a b"
     assert len(format_error("x" * 10_000)) == 4000
+
+
+def test_ending_run_ends_with_the_blocks_outcome(tracking_uri):
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment("ending")
+
+    def ended(body) -> str:
+        run_id = client.create_run(experiment_id).info.run_id
+        with contextlib.suppress(ValueError, KeyboardInterrupt, CellKilled):
+            with ending_run(client, run_id) as end:
+                body(end)
+        return client.get_run(run_id).info.status
+
+    def fail(end):
+        raise ValueError("boom")
+
+    def interrupt(end):
+        raise KeyboardInterrupt
+
+    def terminate(end):
+        raise CellKilled("terminated by signal 15")
+
+    def some_cells_failed(end):
+        end.status = "FAILED"
+
+    assert ended(lambda end: None) == "FINISHED"
+    assert ended(fail) == "FAILED"
+    assert ended(interrupt) == "KILLED"
+    assert ended(terminate) == "KILLED"
+    assert ended(some_cells_failed) == "FAILED"
+
+
+def test_error_reason_is_the_innermost_cause():
+    class Wrapper(Exception):
+        def __init__(self, cause):
+            super().__init__("trial failed")
+            self.cause = cause
+
+    try:
+        try:
+            raise KeyError("lr")
+        except KeyError as inner:
+            raise RuntimeError("cell failed") from inner
+    except RuntimeError as error:
+        assert error_reason(Wrapper(error)) == "KeyError: 'lr'"
