@@ -647,6 +647,10 @@ def _train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer:
     if world_size > 1 and not _synced_batchnorm(config, device):
         broadcast_buffers(_unwrap(framework.student))
     framework.after_optimizer_step(ctx)
+    clash = set(result.logs) & set(names)
+    if clash:
+        raise ValueError(f"{type(framework).__name__}: step logs {sorted(clash)} reuse loss term names; "
+                         "log them under another name (e.g. head/<name>)")
     logs.update({f"train/{k}": float(v) for k, v in result.logs.items()})
     return logs
 

@@ -199,7 +199,9 @@ def test_supervised_smoke_run(smoke_config, head):
     for _, logs in recorder.steps:
         assert all(math.isfinite(v) for v in logs.values())
         assert {"train/loss", "train/sup", "train/lr", "train/sec_per_iter", "train/images_per_sec"} <= set(logs)
-        assert ("train/kl" in logs) is (head == "np")
+        assert ("train/kl" in logs) is ("train/head/kl" in logs) is (head == "np")
+        if head == "np":  # the loss term is lambda_kl x the head's raw KL
+            assert logs["train/kl"] == pytest.approx(config.head.options["lambda_kl"] * logs["train/head/kl"], rel=1e-5)
     assert recorder.steps[0][1]["train/lr"] == config.optim.lr
     assert 0.0 <= result.metrics["miou"] <= 1.0 and 0.0 <= result.metrics["pavpu"] <= 1.0
     assert {"ece", "nll", "brier", "auroc", "pixel_acc"} <= set(result.metrics)

@@ -59,6 +59,12 @@ class StepResult:
         return sum(self.losses.values())  # type: ignore[return-value]
 
 
+def head_logs(stats: dict[str, float]) -> dict[str, float]:
+    """The head's diagnostics (``HeadOutput.stats``) as step logs ``head/<name>``: apart from the
+    loss terms (the NP head's raw ``kl`` is ``train/head/kl``; ``train/kl`` is the lambda_kl x KL term)."""
+    return {f"head/{k}": float(v) for k, v in stats.items()}
+
+
 class Framework:
     """Base class: subclasses set ``name`` and ``Options`` and implement ``train_step``.
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext
+from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext, head_logs
 from npsemiseg.frameworks.ema import BufferMode, copy_model, ema_update, make_teacher, memory_buffer_names, unwrap
 from npsemiseg.frameworks.losses import pixel_cross_entropy
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, mode, teacher_predict
@@ -180,7 +180,7 @@ class SemiSupervisedFramework(Framework):
         return pixel_cross_entropy(logits, labels, form=self.sample_ce)
 
     def step_logs(self, student: StudentPass, **values: float) -> dict[str, float]:
-        logs = {f"head/{k}": float(v) for k, v in student.head.stats.items()}
+        logs = head_logs(student.head.stats)
         logs.update({k: float(v) for k, v in values.items()})
         return logs
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from npsemiseg.frameworks.base import Batch, Framework, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import Batch, Framework, FrameworkOptions, StepContext, StepResult, head_logs
 from npsemiseg.frameworks.losses import supervised_loss
 
 
@@ -40,7 +40,7 @@ class Supervised(Framework):
         losses = supervised_loss_terms(output, labels, self.config)
         if self.config.head.name == "np":
             losses["kl"] = output.head.aux_loss
-        return StepResult(losses=losses, logs=dict(output.head.stats))
+        return StepResult(losses=losses, logs=head_logs(output.head.stats))
 
 
 def supervised_loss_terms(output: Any, labels: Any, config: Any) -> dict[str, Any]:
