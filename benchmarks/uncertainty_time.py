@@ -29,6 +29,8 @@ at T=5; MC dropout at T=20 >= 3 x NP at T=20. Usage::
 
     .venv/bin/python benchmarks/uncertainty_time.py                  # CPU, 2 threads (~25 core-minutes)
     .venv/bin/python benchmarks/uncertainty_time.py --modes center_crop --ts 1 5 --repeats 1   # quick look
+    .venv/bin/python benchmarks/uncertainty_time.py --tracking-uri sqlite:///mlruns.db   # + MLflow runs; then
+    .venv/bin/npsemiseg tables --tracking sqlite:///mlruns.db --experiment npsemiseg-benchmarks   # the figure
     .venv/bin/python benchmarks/uncertainty_time.py --device cuda --crop 513 --sliding-size 1024 2048 \\
         --window 769                                                   # paper scale on a GPU
 """
@@ -151,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="untimed T=1 calls per model and mode")
     parser.add_argument("--figure", type=Path, default=FIGURE)
     parser.add_argument("--replot", type=Path, metavar="JSONL", help="only redraw the figure from a run's output")
+    parser.add_argument("--tracking-uri", help="also record each (mode, head) series as an MLflow benchmark run "
+                        "there, where `npsemiseg tables` builds the paper's figure from them")
+    parser.add_argument("--experiment", default="npsemiseg-benchmarks", help="MLflow experiment of those runs")
     args = parser.parse_args(argv)
     if args.replot is not None:
         lines = [json.loads(line) for line in args.replot.read_text().splitlines() if line.startswith("{")]
@@ -219,7 +224,30 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"benchmark": "uncertainty_time", "event": "end", **machine()}), flush=True)
     if records:
         plot(records, args.figure)
+    if records and args.tracking_uri:
+        for run_id in log_series(records, args.tracking_uri, args.experiment):
+            print(json.dumps({"benchmark": "uncertainty_time", "event": "logged", "run_id": run_id,
+                              "experiment": args.experiment}), flush=True)
     return 0
+
+
+def log_series(records: list[dict], tracking_uri: str, experiment: str) -> list[str]:
+    """One FINISHED MLflow run per (evaluation mode, head): ``uncertainty_seconds`` at step T (the
+    schema of :func:`semiseg_platform.tables.log_uncertainty_time_run`); returns the run ids."""
+    from semiseg_platform.tables import log_uncertainty_time_run
+
+    series: dict[tuple[str, str], dict[int, float]] = {}
+    for record in records:
+        series.setdefault((record["eval_mode"], record["head"]), {})[record["num_samples"]] = record["uncertainty_seconds"]
+    first = {(r["eval_mode"], r["head"]): r for r in records}
+    run_ids = []
+    for (mode, head), seconds_by_t in sorted(series.items()):
+        record = first[(mode, head)]
+        tags = {"device": record["device"], "backbone": record["backbone"], "threads": str(record["threads"]),
+                "image_size": "x".join(map(str, record["image_size"])), "num_classes": str(record["num_classes"])}
+        run_ids.append(log_uncertainty_time_run(tracking_uri, experiment, head=head, eval_mode=mode,
+                                                seconds_by_t=seconds_by_t, framework=record["variant"], tags=tags))
+    return run_ids
 
 
 if __name__ == "__main__":
