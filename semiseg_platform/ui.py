@@ -10,7 +10,7 @@ parameter keys in every cell (``RunConfig.flat()``), the tags ``framework``, ``d
 This module serves the UI itself:
 
 - :func:`ui_command`: the ``mlflow server`` command that serves a local store's UI (on loopback,
-  one worker); ``python -m semiseg_platform.ui`` runs it (``--print`` only prints it);
+  one worker); ``npsemiseg ui`` / ``python -m semiseg_platform.ui`` run it (``--print`` only prints it);
 - :func:`ready_made_searches`: the README's searches, as filter strings for the search box;
 - :func:`experiment_url`, :func:`compare_url`: pages of the UI (MLflow 3's hash routes);
 - :func:`cell_description`, :func:`per_class_iou_figure`: what :mod:`semiseg_platform.tracking`
@@ -159,6 +159,26 @@ def per_class_iou_figure(iou: Mapping[str, float], *, title: str | None = None) 
     return figure
 
 
+def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          print_only: bool = False) -> int:
+    """Replace this process with the MLflow UI server of a local store, after printing the
+    ready-made searches (``print_only``: print the command and return 0). Exit status 2, with the
+    reason on stderr, for a tracking server (it serves its own UI)."""
+    try:
+        command = ui_command(tracking, host=host, port=port)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if print_only:
+        print(" ".join(command))
+        return 0
+    print(f"MLflow UI at http://{host}:{port} (Ctrl-C stops it); searches to paste:", file=sys.stderr)
+    for name, search in ready_made_searches().items():
+        print(f"  {name}: {search}", file=sys.stderr)
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m semiseg_platform.ui [--tracking URI] [--port N] [--print]``: serve a local store's UI."""
     parser = argparse.ArgumentParser(prog="python -m semiseg_platform.ui", description=main.__doc__)
@@ -167,19 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the command, start nothing")
     args = parser.parse_args(argv)
-    try:
-        command = ui_command(args.tracking, host=args.host, port=args.port)
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
-    if args.print_only:
-        print(" ".join(command))
-        return 0
-    print(f"MLflow UI at http://{args.host}:{args.port} (Ctrl-C stops it); searches to paste:", file=sys.stderr)
-    for name, search in ready_made_searches().items():
-        print(f"  {name}: {search}", file=sys.stderr)
-    os.execv(command[0], command)
-    return 0  # not reached
+    return serve(args.tracking, host=args.host, port=args.port, print_only=args.print_only)
 
 
 if __name__ == "__main__":

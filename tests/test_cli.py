@@ -31,11 +31,25 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["sweep-orphans"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["sweep-orphans"], ["tables"], ["grid"], ["ui"], ["stack"],
+                                     ["search"]])
 def test_every_command_has_help(command):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output
+
+
+def test_ui_serves_the_local_store_and_refuses_a_tracking_server(workdir):
+    result = runner.invoke(app, ["ui", "--print", "--port", "5011"])
+    assert result.exit_code == 0, result.output
+    command = result.output.split()
+    assert command[1:4] == ["-m", "mlflow", "server"]
+    assert command[command.index("--backend-store-uri") + 1] == f"sqlite:///{workdir}/mlruns.db"
+    assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "5011"
+    assert command[command.index("--artifacts-destination") + 1] == (workdir / "mlartifacts").as_uri()
+    refused = runner.invoke(app, ["ui", "--tracking", "http://127.0.0.1:5000", "--print"])
+    assert refused.exit_code == 2 and "is a tracking server" in refused.output
+    assert not (workdir / "mlruns.db").exists()
 
 
 def test_run_help_lists_the_options():
