@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate

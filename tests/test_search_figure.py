@@ -6,7 +6,7 @@ import json
 
 import pytest
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from typer.testing import CliRunner
 
 from platform_fixtures import fresh_store

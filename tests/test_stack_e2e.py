@@ -113,6 +113,8 @@ def wait_job(stack: Stack, submission_id: str, timeout: float = JOB_TIMEOUT_S) -
 def tracking(stack: Stack):
     """A client of the stack's MLflow server, named explicitly: never the process-wide tracking URI,
     which an earlier test in the same pytest process may have set (``mlflow.set_tracking_uri``)."""
+    from mlflow import MlflowClient
+
     return MlflowClient(tracking_uri=stack.settings.mlflow_uri)
 
 
