@@ -400,5 +400,6 @@ def test_bf16_autocast_runs_and_stays_close_to_float32():
     reference = head(features).logits
     torch.manual_seed(4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        low = head(features).logits.float()
-    assert (low - reference).abs().max() < 0.1 * reference.abs().max()
+        low = head(features).logits
+    assert low.dtype == torch.bfloat16  # the decoder's convs ran under autocast (its float32 statistics did not leak)
+    assert (low.float() - reference).abs().max() < 0.03 * reference.abs().max()

@@ -370,22 +370,25 @@ class NPDecoder(nn.Module):
         each sample is written in one pass, ``(x' - mean(e_t)) * rstd``, plus ``e_t * rstd`` on the border.
         """
         conv_x, taps = self._split_parts(x, z, r)
+        if conv_x.dtype in (torch.float16, torch.bfloat16):  # the statistics in float32 at least
+            conv_x, taps = conv_x.float(), taps.float()
         h, w = conv_x.shape[-2:]
-        rows, cols = _valid_taps(h, conv_x.device, taps.dtype), _valid_taps(w, conv_x.device, taps.dtype)
-        interior = taps.sum(dim=(-2, -1))[..., None, None]  # [T, B, O, 1, 1]
-        edge_rows = torch.einsum("ku,tnouv,jv->tnokj", rows[[0, h - 1]], taps, cols) - interior  # [T, B, O, 2, w]
-        edge_cols = torch.einsum("iu,tnouv,kv->tnoki", rows[1 : h - 1], taps, cols[[0, w - 1]]) - interior  # [.., 2, h-2]
-        area = h * w
-        centred = conv_x.sub_(conv_x.sum(dim=(-2, -1), keepdim=True) / area)  # x' [B, O, h, w]
-        var_x = torch.linalg.vector_norm(centred.flatten(-2), dim=-1).square() / area  # [B, O]
-        x_rows, x_cols = centred[..., [0, h - 1], :], centred[..., 1 : h - 1, [0, w - 1]].transpose(-2, -1)
-        mean_e = (edge_rows.sum(dim=(-2, -1)) + edge_cols.sum(dim=(-2, -1))) / area  # [T, B, O]
-        var_e = (edge_rows.square().sum(dim=(-2, -1)) + edge_cols.square().sum(dim=(-2, -1))) / area - mean_e.square()
-        cov = ((edge_rows * x_rows).sum(dim=(-2, -1)) + (edge_cols * x_cols).sum(dim=(-2, -1))) / area
-        rstd = torch.rsqrt((var_x + 2.0 * cov + var_e).clamp_min(0.0) + eps)[..., None, None]  # [T, B, O, 1, 1]
-        shift = -mean_e[..., None, None] * rstd
-        edge_rows.mul_(rstd)
-        edge_cols.mul_(rstd)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # (not around the yields: the caller's convs keep it)
+            rows, cols = _valid_taps(h, conv_x.device, taps.dtype), _valid_taps(w, conv_x.device, taps.dtype)
+            interior = taps.sum(dim=(-2, -1))[..., None, None]  # [T, B, O, 1, 1]
+            edge_rows = torch.einsum("ku,tnouv,jv->tnokj", rows[[0, h - 1]], taps, cols) - interior  # [T, B, O, 2, w]
+            edge_cols = torch.einsum("iu,tnouv,kv->tnoki", rows[1 : h - 1], taps, cols[[0, w - 1]]) - interior  # [.., 2, h-2]
+            area = h * w
+            centred = conv_x.sub_(conv_x.sum(dim=(-2, -1), keepdim=True) / area)  # x' [B, O, h, w]
+            var_x = torch.linalg.vector_norm(centred.flatten(-2), dim=-1).square() / area  # [B, O]
+            x_rows, x_cols = centred[..., [0, h - 1], :], centred[..., 1 : h - 1, [0, w - 1]].transpose(-2, -1)
+            mean_e = (edge_rows.sum(dim=(-2, -1)) + edge_cols.sum(dim=(-2, -1))) / area  # [T, B, O]
+            var_e = (edge_rows.square().sum(dim=(-2, -1)) + edge_cols.square().sum(dim=(-2, -1))) / area - mean_e.square()
+            cov = ((edge_rows * x_rows).sum(dim=(-2, -1)) + (edge_cols * x_cols).sum(dim=(-2, -1))) / area
+            rstd = torch.rsqrt((var_x + 2.0 * cov + var_e).clamp_min(0.0) + eps)[..., None, None]  # [T, B, O, 1, 1]
+            shift = -mean_e[..., None, None] * rstd
+            edge_rows.mul_(rstd)
+            edge_cols.mul_(rstd)
         for sample in range(z.shape[0]):
             out = torch.addcmul(shift[sample], centred, rstd[sample])  # [B, O, h, w]
             out[..., [0, h - 1], :] += edge_rows[sample]
