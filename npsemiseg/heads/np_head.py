@@ -172,18 +172,20 @@ def _valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     return ((i >= 0) & (i < size)).to(dtype)
 
 
-def _instance_norm_(y: Tensor, eps: float = 1e-5) -> Tensor:
+def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> Tensor:
     """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``.
 
     Two-pass (mean, then the norm of the centred map): on CPU several times faster than
-    ``var_mean`` over the spatial dims, and no temporary of the size of ``y``.
+    ``var_mean`` over the spatial dims, and no temporary of the size of ``y``. ``scale=False``
+    only centres ``y`` (the caller folds ``rstd`` into what follows).
     """
     n, c, h, w = y.shape
     flat = y.view(n * c, h * w)
     y.sub_((flat.sum(dim=1) / (h * w)).view(n, c, 1, 1))
     var = torch.linalg.vector_norm(flat, dim=1).square().view(n, c, 1, 1) / (h * w)
     rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
-    y.mul_(rstd)
+    if scale:
+        y.mul_(rstd)
     return rstd
 
 
@@ -285,10 +287,7 @@ def _norm_relu_conv(y: Tensor, conv: nn.Conv2d, chunks: int) -> Tensor:
         return _NormReLUConv.apply(y, conv.weight, conv.bias, chunks)
     if conv.weight.shape[-1] == 1:  # 1x1: relu((y - mu) * rstd) = rstd * relu(y - mu), rstd folded into the weights
         n, c, h, w = y.shape
-        flat = y.view(n * c, h * w)
-        flat.sub_((flat.sum(dim=1) / (h * w))[:, None])
-        var = torch.linalg.vector_norm(flat, dim=1).square() / (h * w)
-        rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + 1e-5).to(y.dtype).view(n, 1, c)
+        rstd = _instance_norm_(y, scale=False).view(n, 1, c)
         weight = conv.weight.to(y.dtype).flatten(1)[None] * rstd  # [N, K, C]
         bias = conv.bias.to(y.dtype)[None, :, None].expand(n, -1, h * w)
         return torch.baddbmm(bias, weight, y.relu_().view(n, c, h * w)).view(n, -1, h, w)
