@@ -21,14 +21,14 @@ SMOKE_SPEC = Path(__file__).resolve().parent / "specs" / "smoke.yaml"
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
-    """The command that serves this store's UI, with the mlflow next to this Python if there is one."""
+    """The command that serves this store's UI, with the npsemiseg next to this Python if there is one."""
     hint = ui_hint(tracking_uri) or f"open {tracking_uri}"
-    local = Path(sys.executable).parent / "mlflow"
-    if hint.startswith("mlflow ") and local.exists():
+    local = Path(sys.executable).parent / "npsemiseg"
+    if hint.startswith("npsemiseg ") and local.exists():
         cwd = Path.cwd()
         executable = local.relative_to(cwd) if local.is_relative_to(cwd) else local
-        hint = f"{executable} {hint[len('mlflow '):]}"
-    return hint + " --port 5000   # then open http://127.0.0.1:5000"
+        hint = f"{executable} {hint[len('npsemiseg '):]}"
+    return hint + "   # then open http://127.0.0.1:5000"
 
 
 def main() -> int:

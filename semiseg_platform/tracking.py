@@ -129,17 +129,18 @@ def prepare_experiment(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) 
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Where to look at a run: the server's page, or for a local store the page ``mlflow ui`` serves."""
+    """Where to look at a run: the server's page, or for a local store the page ``npsemiseg ui`` serves."""
     scheme = urlparse(tracking_uri).scheme
     base = tracking_uri.rstrip("/") if scheme in ("http", "https") else "http://127.0.0.1:5000"
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def ui_hint(tracking_uri: str) -> str | None:
-    """The command that serves a local store's UI (None for a tracking server)."""
+    """The command that serves a local store's UI (None for a tracking server): ``npsemiseg ui``,
+    which also serves the store's artifacts and binds loopback only."""
     if urlparse(tracking_uri).scheme in ("http", "https"):
         return None
-    return f"mlflow ui --backend-store-uri {tracking_uri}"
+    return f"npsemiseg ui --tracking {tracking_uri}"
 
 
 # ----------------------------------------------------------------------------- tags
