@@ -9,7 +9,6 @@ import torch
 from torch.distributions import Normal, kl_divergence
 
 from npsemiseg.heads import (
-    IGNORE_INDEX,
     BaselineHead,
     HeadOutput,
     MCDropoutHead,
@@ -20,35 +19,12 @@ from npsemiseg.heads import (
     predictive,
 )
 
-C, K = 8, 4
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
-
-
-def small_np(**options) -> NPHead:
-    defaults = dict(latent_dim=4, memory_size=16, enqueue_per_class=4, hidden_channels=8, num_samples=3)
-    return NPHead(C, K, **{**defaults, **options})
-
-
-def batch(b: int = 2, h: int = 5, w: int = 6, scale: int = 2):
-    features = torch.randn(b, C, h, w)
-    labels = torch.randint(0, K, (b, h * scale, w * scale))
-    labels[:, 0] = IGNORE_INDEX
-    return features, labels
+from head_fixtures import C, K, batch, single_seeded_thread, small_np, train_step  # noqa: F401 - autouse fixture
 
 
 def trained_np(**options) -> tuple[NPHead, torch.Tensor, torch.Tensor]:
-    head = small_np(**options)
-    features, labels = batch()
-    head.train()
-    head(features, labels=labels, context_features=features[:1], context_labels=labels[:1])
+    head, (features, labels) = small_np(**options), batch()
+    train_step(head, features, labels)
     return head, features, labels
 
 

@@ -6,35 +6,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
+from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPLatent, attention_aggregate
 
-C, K, D = 8, 4, 4
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
-
-
-def small_np(**options) -> NPHead:
-    defaults = dict(latent_dim=D, memory_size=16, enqueue_per_class=4, hidden_channels=8, num_samples=3)
-    return NPHead(C, K, **{**defaults, **options})
-
-
-def batch(b: int = 2, h: int = 5, w: int = 6, scale: int = 2):
-    features = torch.randn(b, C, h, w)
-    labels = torch.randint(0, K, (b, h * scale, w * scale))
-    labels[:, 0] = IGNORE_INDEX
-    return features, labels
-
-
-def train_step(head: NPHead, features, labels, m: int = 1):
-    head.train()
-    return head(features, labels=labels, context_features=features[:m], context_labels=labels[:m])
+from head_fixtures import C, D, K, batch, single_seeded_thread, small_np, train_step  # noqa: F401 - autouse fixture
 
 
 # ---- attention ------------------------------------------------------------------------------
