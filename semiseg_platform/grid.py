@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from mlflow import MlflowClient
@@ -516,6 +516,28 @@ def trial_resources(resources: Resources) -> dict[str, float]:
     return {"CPU": DRIVER_CPUS, "GPU": 0.0}
 
 
+class Submission(NamedTuple):
+    """Where one grid or search submission writes (see :func:`open_submission`)."""
+
+    store: Any  # semiseg_platform.storage.Storage
+    tracking_uri: str
+    experiment_id: str
+    client: MlflowClient
+    submission_id: str
+
+
+def open_submission(storage: str | None, tracking_uri: str | None, experiment: str) -> Submission:
+    """Check the checkpoint storage (before anything is written), resolve the MLflow store, create
+    the experiment if needed and draw the submission's id."""
+    from semiseg_platform.storage import parse_storage
+    from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
+
+    store = parse_storage(storage)
+    store.check()
+    uri = resolve_tracking_uri(tracking_uri)
+    return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8])
+
+
 def cells_at_once(resources: Resources, cluster: Mapping[str, float], limit: int | None = None) -> int:
     """How many cells fit the cluster at once (at least 1), capped by ``limit``."""
     if resources.in_process:
@@ -571,20 +593,14 @@ def run_grid(
     from ray import tune
 
     from semiseg_platform.ray_runtime import ensure_ray
-    from semiseg_platform.storage import parse_storage
     from semiseg_platform.tables import write_report
-    from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
 
     started = time.monotonic()
     spec = spec if isinstance(spec, GridSpec) else load_spec(spec)
     configs = expand(spec)  # validates every cell before anything starts
     gid = grid_id(configs)
-    store = parse_storage(storage or spec.storage)
-    store.check()
-    uri = resolve_tracking_uri(tracking_uri or spec.tracking_uri)
-    experiment_id = prepare_experiment(uri, spec.experiment)
-    client = MlflowClient(uri)
-    submission = uuid.uuid4().hex[:8]
+    store, uri, experiment_id, client, submission = open_submission(storage or spec.storage,
+                                                                    tracking_uri or spec.tracking_uri, spec.experiment)
     names = {c.cell_id: c.cell_name for c in configs}
 
     previous = previous_cell_runs(uri, spec.experiment, gid)

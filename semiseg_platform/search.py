@@ -39,7 +39,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +58,8 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.search.optuna import OptunaSearch
 
-from semiseg_platform.grid import Resources, cells_at_once, describe_error, one_of, read_spec, trial_resources
+from semiseg_platform.grid import (Resources, cells_at_once, describe_error, one_of, open_submission, read_spec,
+                                   trial_resources)
 from semiseg_platform.tracking import (ERROR_TAG, FINAL_METRICS, KIND_TAG, CellKilled, ending_run, error_reason,
                                        find_cell_run)
 
@@ -622,20 +622,14 @@ def run_search(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from semiseg_platform.ray_runtime import ensure_ray
-    from semiseg_platform.storage import parse_storage
-    from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
 
     started = time.monotonic()
     spec = spec if isinstance(spec, SearchSpec) else load_search_spec(spec)
     base = spec.base_config()
     sid = search_id(spec, base)
     cell_of = CellOfParams(base, tuple(spec.space))
-    store = parse_storage(storage or spec.storage)
-    store.check()
-    uri = resolve_tracking_uri(tracking_uri or spec.tracking_uri)
-    experiment_id = prepare_experiment(uri, spec.experiment)
-    client = MlflowClient(uri)
-    submission = uuid.uuid4().hex[:8]
+    store, uri, experiment_id, client, submission = open_submission(storage or spec.storage,
+                                                                    tracking_uri or spec.tracking_uri, spec.experiment)
     study_name = spec.study_name or f"{spec.name}-{sid}"
     optuna_url = optuna_storage or spec.optuna_storage or default_optuna_storage()
     rdb = optuna.storages.RDBStorage(optuna_url)
