@@ -16,6 +16,17 @@ def _one_thread_per_test_process():
 
 
 @pytest.fixture
+def single_seeded_thread():
+    """One intra-op thread and seed 0 for each test of a module that asks
+    (``pytestmark = pytest.mark.usefixtures("single_seeded_thread")``): exact, repeatable draws."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def smoke_config():
     """``smoke_config(framework="supervised", head="baseline", dataset="synthetic", **overrides)``:
     the ``smoke`` preset of one cell (a few CPU seconds of training)."""

@@ -1,23 +1,12 @@
-"""What the head tests share: small sizes, one seeded thread per test, a small NP head, a batch."""
+"""What the head tests share: small sizes, a small NP head, a batch, a training step."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from npsemiseg.heads import IGNORE_INDEX, NPHead
 
 C, K, D = 8, 4, 4
-
-
-@pytest.fixture(autouse=True)
-def single_seeded_thread():
-    """Import into a test module to run each of its tests on one thread from seed 0."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
 
 
 def small_np(**options) -> NPHead:

@@ -19,7 +19,9 @@ from npsemiseg.heads import (
     predictive,
 )
 
-from head_fixtures import C, K, batch, single_seeded_thread, small_np, train_step  # noqa: F401 - autouse fixture
+from head_fixtures import C, K, batch, small_np, train_step
+
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
 def trained_np(**options) -> tuple[NPHead, torch.Tensor, torch.Tensor]:

@@ -8,7 +8,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPLatent, attention_aggregate
 
-from head_fixtures import C, D, K, batch, single_seeded_thread, small_np, train_step  # noqa: F401 - autouse fixture
+from head_fixtures import C, D, K, batch, small_np, train_step
+
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
 # ---- attention ------------------------------------------------------------------------------

@@ -34,13 +34,7 @@ WIDTHS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_and_seed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
 class ContextMeanHead(ClassifierHead):
