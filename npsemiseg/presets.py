@@ -38,6 +38,11 @@ from typing import Any
 
 PRESET_NAMES: tuple[str, ...] = ("paper", "smoke")
 
+def preset_names() -> tuple[str, ...]:
+    """Every preset name."""
+    return PRESET_NAMES
+
+
 #: DeepLabv3+ variant of each framework in the paper preset
 MODEL_VARIANT: dict[str, str] = {
     "supervised": "u2pl",

@@ -22,6 +22,7 @@ from npsemiseg.data.info import (
     VOC_CLASSES,
     DatasetInfo,
     dataset_info,
+    dataset_names,
 )
 from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
@@ -30,5 +31,5 @@ __all__ = [
     "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation", "DATASET_NAMES",
     "DATA_ROOT_ENV", "DatasetInfo", "IGNORE_INDEX", "LIST_VARIANTS", "SyntheticConfig",
     "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "build_dataset",
-    "cityscapes_labelids_to_trainids", "dataset_info", "partition_ids", "resolve_root",
+    "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "resolve_root",
 ]

@@ -114,6 +114,11 @@ SYNTHETIC_STANDINS: dict[str, str | None] = {
 DATASET_NAMES: tuple[str, ...] = tuple(REAL_DATASETS) + tuple(SYNTHETIC_STANDINS)
 
 
+def dataset_names() -> tuple[str, ...]:
+    """Every dataset name (the real datasets, then the built-in synthetic ones)."""
+    return DATASET_NAMES
+
+
 def scaled_partition_count(real_count: int, real_train_size: int, train_size: int) -> int:
     """Labeled count of a synthetic partition: the real label ratio applied to ``train_size``.
 

@@ -2,11 +2,11 @@
 
 from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl, predictive
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
-from .factory import HEADS, build_head
+from .factory import HEADS, build_head, head_class, head_names
 from .np_head import NPDecoder, NPHead, NPLatent, LatentEncoder, SmallConvNet, attention_aggregate
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",
     "downsample_labels", "BaselineHead", "MCDropoutHead", "ClassifierBlock", "MCDropout2d", "NPHead", "NPLatent",
-    "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head",
+    "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head", "head_class", "head_names",
 ]

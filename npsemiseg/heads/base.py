@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -67,6 +69,10 @@ class ClassifierHead(nn.Module):
 
     #: number of predictions a forward pass makes by default (S of the logits)
     default_num_samples: int = 1
+    #: how tables name the head beside the framework ("" for the baseline: the framework alone)
+    label: ClassVar[str] = ""
+    #: one line for the MLflow UI and the CLI's help
+    description: ClassVar[str] = ""
     #: True when repeated calls on the same input give different logits (MC dropout, NP)
     stochastic: bool = False
 

@@ -58,6 +58,8 @@ class BaselineHead(ClassifierHead):
     Labels and context are accepted for the common contract and not used (shape-checked only).
     """
 
+    description = "the deterministic baseline classifier (one prediction)"
+
     #: whether the block's dropout stays active in eval()
     mc_dropout: bool = False
 
@@ -104,6 +106,8 @@ class MCDropoutHead(BaselineHead):
     """
 
     stochastic = True
+    label = "MC dropout"
+    description = "MC dropout (uncertainty from T dropout samples)"
     mc_dropout = True
 
     def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, num_samples: int = 5,

@@ -12,6 +12,18 @@ from .np_head import NPHead
 HEADS: dict[str, type[ClassifierHead]] = {"baseline": BaselineHead, "mc_dropout": MCDropoutHead, "np": NPHead}
 
 
+def head_names() -> tuple[str, ...]:
+    """Every registered head name (baseline, mc_dropout, np)."""
+    return tuple(HEADS)
+
+
+def head_class(name: str) -> type[ClassifierHead]:
+    """The head class registered as ``name``; its ``label`` and ``description`` name it in tables and the UI."""
+    if name not in HEADS:
+        raise ValueError(f"head: unknown name {name!r}, expected one of {list(HEADS)}")
+    return HEADS[name]
+
+
 def head_options(name: str) -> dict[str, Any]:
     """The options of head ``name`` with their defaults (constructor keywords after the two sizes)."""
     if name not in HEADS:

@@ -438,6 +438,8 @@ class NPHead(ClassifierHead):
     """
 
     stochastic = True
+    label = "NP-SemiSeg"
+    description = "the NP-SemiSeg neural-process head (uncertainty from T latent samples)"
 
     def __init__(
         self,

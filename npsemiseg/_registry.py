@@ -1,0 +1,80 @@
+"""One name -> object registry, used by frameworks, heads, datasets, model variants and presets.
+
+A class (or builder) registers itself where it is defined::
+
+    HEADS = Registry("head")
+
+    @HEADS.register("np")
+    class NPHead(ClassifierHead): ...
+
+and is found by name everywhere else (``HEADS.get("np")``, ``HEADS.names()``). An unknown name
+raises the same ``ValueError`` everywhere: ``head: unknown name 'foo', expected one of [...]``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Named objects of one kind, in registration order (the paper's order where it has one)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: register the decorated object as ``name`` (a second object under one name is an error)."""
+
+        def add(obj: T) -> T:
+            self.add(name, obj)
+            return obj
+
+        return add
+
+    def add(self, name: str, obj: T) -> None:
+        """Register ``obj`` as ``name``; registering the same object again is a no-op (module reloads)."""
+        if not name or not isinstance(name, str):
+            raise ValueError(f"{self.kind}: a registered name must be a non-empty string, got {name!r}")
+        existing = self._entries.get(name)
+        if existing is not None and existing is not obj and _qualname(existing) != _qualname(obj):
+            raise ValueError(f"{self.kind}: name {name!r} is already registered to {_qualname(existing)}")
+        self._entries[name] = obj
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (tests that register a throwaway entry clean up with this)."""
+        self.get(name)
+        del self._entries[name]
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``; ``ValueError`` listing the valid names otherwise."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"{self.kind}: unknown name {name!r}, expected one of {list(self._entries)}") from None
+
+    def check(self, name: str) -> str:
+        """``name`` if it is registered, else the same ``ValueError`` as :meth:`get`."""
+        self.get(name)
+        return name
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        return iter(list(self._entries.items()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {list(self._entries)})"
+
+
+def _qualname(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
