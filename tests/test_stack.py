@@ -1,4 +1,4 @@
-"""The local stack's settings, secrets, client environment and error paths (semiseg_platform.stack).
+"""The local stack's settings, secrets, client environment and error paths (semiseg_platform.devstack).
 
 The fast tests need no service. The integration tests at the end start real PostgreSQL
 processes (a few seconds each) to check that a failure names the service and stops what the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from semiseg_platform.stack import (SECRET_NAMES, SERVICES, Secrets, Stack, StackError, StackSettings, port_in_use,
-                                    process_alive)
+from semiseg_platform.devstack import (SECRET_NAMES, SERVICES, Secrets, Stack, StackError, StackSettings, port_in_use,
+                                       process_alive)
 from stack_fixtures import reachable_home, stack_settings
 
 
@@ -39,13 +39,14 @@ def test_settings_read_the_environment_and_reject_unknown_or_public_values(tmp_p
 
 def test_every_service_port_is_listed_and_ray_temp_dir_is_short_and_private(tmp_path):
     settings = StackSettings(home=tmp_path / ("x" * 120))
-    ports = [port for service in SERVICES for port in settings.ports(service).values()]
+    stack = Stack(settings)
+    ports = [port for service in SERVICES for port in stack.service(service).ports().values()]
     assert len(ports) == len(set(ports)) == 1 + 8 + 1 + 4
     # unix sockets under Ray's session directory must stay within 107 bytes, however long home is
     assert len(str(settings.ray_temp_dir)) < 40
     assert StackSettings(home=tmp_path / "a").ray_temp_dir != StackSettings(home=tmp_path / "b").ray_temp_dir
     with pytest.raises(ValueError, match="service"):
-        settings.ports("redis")
+        stack.service("redis").ports()
 
 
 # ----------------------------------------------------------------------------- secrets and client env
@@ -69,7 +70,7 @@ def test_secrets_are_generated_once_private_and_distinct(tmp_path):
 def test_export_lines_name_secret_files_never_secret_values(tmp_path):
     stack = Stack(StackSettings(home=tmp_path))
     stack.secrets.ensure()
-    stack._write_client_files()
+    stack.write_client_files()
     lines = "\n".join(stack.export_lines())
     for value in stack.secrets.values():
         assert value not in lines
