@@ -102,13 +102,13 @@ class Stack:
         return [service.status() for service in self.services.values()]
 
     # --------------------------------------------------------------------- start / stop
-    def up(self, services: tuple[str, ...] = SERVICES) -> list[str]:
-        """Start the services not yet running (in order) and wait until each is healthy.
+    def up(self, services: tuple[str, ...] | None = None) -> list[str]:
+        """Start ``services`` (default: all) not yet running, in order, and wait until each is healthy.
 
         Returns the names started by this call. On any failure the services this call started
         are stopped again and :class:`StackError` names the one that failed.
         """
-        selected = {self.service(name).name for name in services}
+        selected = {self.service(name).name for name in (self.services if services is None else services)}
         ensure_installed(self.services.values(), self.settings.install_missing)
         self._prepare_home()
         started: list[Service] = []
