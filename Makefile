@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m jobs.demo
 
-# The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/stack.py
+# The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/devstack/
 stack-up: $(STAMP)
 	$(VENV)/bin/npsemiseg stack up
 

@@ -1,4 +1,4 @@
-"""Start-up and shut-down time of the local stack, per service (semiseg_platform.stack).
+"""Start-up and shut-down time of the local stack, per service (semiseg_platform.devstack).
 
 Starts the stack in a fresh home on free loopback ports (first start: initdb, secrets, bucket),
 stops it, starts it again (warm: data directories exist) and stops it; prints one JSON line per
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from semiseg_platform.stack import Stack  # noqa: E402
+from semiseg_platform.devstack import Stack  # noqa: E402
 from stack_fixtures import reachable_home, stack_settings  # noqa: E402
 
 

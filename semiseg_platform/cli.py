@@ -216,7 +216,7 @@ def ui(
         raise typer.Exit(status)
 
 
-from semiseg_platform.stack import stack_app  # noqa: E402 - the `npsemiseg stack ...` group
+from semiseg_platform.devstack import stack_app  # noqa: E402 - the `npsemiseg stack ...` group
 
 app.add_typer(stack_app(), name="stack")
 

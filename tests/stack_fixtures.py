@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from semiseg_platform.stack import StackSettings, port_in_use
+from semiseg_platform.devstack import StackSettings, port_in_use
 
 
 def free_port_block(count: int, start: int = 21000) -> int:

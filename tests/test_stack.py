@@ -1,4 +1,4 @@
-"""The local stack's settings, secrets, client environment and error paths (semiseg_platform.stack).
+"""The local stack's settings, secrets, client environment and error paths (semiseg_platform.devstack).
 
 The fast tests need no service. The integration tests at the end start real PostgreSQL
 processes (a few seconds each) to check that a failure names the service and stops what the
@@ -12,13 +12,16 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from semiseg_platform.stack import (SECRET_NAMES, SERVICES, Secrets, Stack, StackError, StackSettings, port_in_use,
-                                    process_alive)
+from semiseg_platform.devstack import (SECRET_NAMES, SERVICE_TYPES, SERVICES, Secrets, Service, Stack, StackError,
+                                       StackSettings, http_status, port_in_use, process_alive)
+from semiseg_platform.devstack.process import base_env
 from stack_fixtures import reachable_home, stack_settings
 
 
@@ -39,13 +42,14 @@ def test_settings_read_the_environment_and_reject_unknown_or_public_values(tmp_p
 
 def test_every_service_port_is_listed_and_ray_temp_dir_is_short_and_private(tmp_path):
     settings = StackSettings(home=tmp_path / ("x" * 120))
-    ports = [port for service in SERVICES for port in settings.ports(service).values()]
+    stack = Stack(settings)
+    ports = [port for service in SERVICES for port in stack.service(service).ports().values()]
     assert len(ports) == len(set(ports)) == 1 + 8 + 1 + 4
     # unix sockets under Ray's session directory must stay within 107 bytes, however long home is
     assert len(str(settings.ray_temp_dir)) < 40
     assert StackSettings(home=tmp_path / "a").ray_temp_dir != StackSettings(home=tmp_path / "b").ray_temp_dir
     with pytest.raises(ValueError, match="service"):
-        settings.ports("redis")
+        stack.service("redis").ports()
 
 
 # ----------------------------------------------------------------------------- secrets and client env
@@ -69,7 +73,7 @@ def test_secrets_are_generated_once_private_and_distinct(tmp_path):
 def test_export_lines_name_secret_files_never_secret_values(tmp_path):
     stack = Stack(StackSettings(home=tmp_path))
     stack.secrets.ensure()
-    stack._write_client_files()
+    stack.write_client_files()
     lines = "\n".join(stack.export_lines())
     for value in stack.secrets.values():
         assert value not in lines
@@ -121,6 +125,55 @@ def test_cli_env_prints_no_secret(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "export MLFLOW_TRACKING_URI=http://127.0.0.1:25000" in result.stdout
     assert not any(value in result.stdout for value in stack.secrets.values())
+
+
+# ----------------------------------------------------------------------------- the service interface
+class _HttpServer(Service):
+    """A throwaway service (Python's http.server on a free port): what a new service needs, and nothing else."""
+
+    name = "http_server"
+    port_settings: ClassVar[dict[str, str]] = {}
+    port = 0  # set by the test
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ports(self) -> dict[str, int]:
+        return {"http": self.port}
+
+    def port_setting(self, role: str) -> str:
+        return "http_server_port"
+
+    def start(self) -> None:
+        self.process.spawn([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(self.port)], base_env())
+
+    def probe(self) -> bool:
+        return http_status(self.endpoint + "/") == 200
+
+
+def test_a_new_service_is_one_class_the_stack_starts_checks_and_stops(tmp_path):
+    """Registering one Service subclass is all the orchestrator needs: start, health, status, port check, stop."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        _HttpServer.port = probe.getsockname()[1]
+    SERVICE_TYPES.add(_HttpServer.name, _HttpServer)
+    stack = Stack(StackSettings(home=tmp_path / "a"))
+    try:
+        assert list(stack.services) == [*SERVICES, "http_server"]  # started last, stopped first
+        assert stack.up(("http_server",)) == ["http_server"]
+        assert stack.healthy("http_server") and stack.pid("http_server") is not None
+        assert [row.name for row in stack.status() if row.running and row.healthy] == ["http_server"]
+        assert stack.up(("http_server",)) == []  # already running: nothing to start
+        with pytest.raises(StackError, match=rf"http_server: port {_HttpServer.port} \(http\).*NPSEMISEG_STACK_HTTP_SERVER_PORT"):
+            Stack(StackSettings(home=tmp_path / "b")).up(("http_server",))
+        assert stack.down() == ["http_server"]
+        assert not stack.healthy("http_server") and not port_in_use("127.0.0.1", _HttpServer.port)
+    finally:
+        stack.down()
+        SERVICE_TYPES.remove(_HttpServer.name)
+    with pytest.raises(ValueError, match="service: unknown name 'http_server'"):
+        Stack(StackSettings(home=tmp_path / "a")).up(("http_server",))
 
 
 # ----------------------------------------------------------------------------- failures (real processes)

