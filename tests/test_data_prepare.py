@@ -152,7 +152,7 @@ def test_prepare_voc_bad_inputs_name_the_file(tmp_path):
         prepare_voc(voc, voc)
     bad = sbd / "cls" / f"{sorted(set(sbd_masks) - set(voc_masks))[0]}.mat"  # an SBD-only ID: its .mat is read
     scipy.io.savemat(bad, {"GTinst": {"Segmentation": np.zeros(SIZE, np.uint8)}})
-    with pytest.raises(ValueError, match=rf"SBD file {bad} is not an SBD class annotation .*expected a MATLAB struct GTcls"):
+    with pytest.raises(ValueError, match=rf"SBD file {bad} is not an SBD class annotation .*expected a MATLAB struct"):
         prepare_voc(voc, sbd, tmp_path / "a")
     write_sbd_mat(bad, np.full(SIZE, 30, np.uint8))
     with pytest.raises(ValueError, match=rf"SBD file {bad} holds values \[30\] outside VOC class indices"):

@@ -20,7 +20,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -158,7 +158,8 @@ class _Entry:
     label_ids: bool = False  # a Cityscapes labelIds file, converted to train ids when read
 
 
-def _lists(info: DatasetInfo, partitions, list_variant: str, max_items: int | None) -> dict[str, tuple[list[str], bool]]:
+def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str,
+           max_items: int | None) -> dict[str, tuple[list[str], bool]]:
     """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
     chosen = list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
     lists = {"val": (partition_ids(info.name, "val", list_variant=list_variant)[:max_items], True)}
@@ -199,7 +200,8 @@ def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool,
     problems: list[Problem] = []
     image = _header(entry.image)
     if isinstance(image, Exception):
-        problems.append(Problem("unreadable", str(entry.image), f"image file {entry.image} is corrupt or not an image ({image})"))
+        problems.append(Problem("unreadable", str(entry.image),
+                                f"image file {entry.image} is corrupt or not an image ({image})"))
     elif image is None:
         problems.append(Problem("missing_image", str(entry.image), f"image file {entry.image} does not exist"))
     image_found = image is not None
@@ -210,7 +212,8 @@ def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool,
         problems.append(Problem("missing_label", str(entry.label), f"label file {entry.label} does not exist"))
         return image_found, False, problems
     if isinstance(label, Exception):
-        problems.append(Problem("unreadable", str(entry.label), f"label file {entry.label} is corrupt or not an image ({label})"))
+        problems.append(Problem("unreadable", str(entry.label),
+                                f"label file {entry.label} is corrupt or not an image ({label})"))
         return image_found, True, problems
     (width, height), mode = label
     if mode not in ("L", "P"):
@@ -253,10 +256,12 @@ def _layout(info: DatasetInfo, root: Path, entries: dict[Path, _Entry]) -> list[
     found = []
     for folder in folders:
         path = root / folder
-        found.append(f"{folder}/ ({sum(1 for _ in os.scandir(path))} entries)" if path.is_dir() else f"{folder}/ missing")
+        found.append(f"{folder}/ ({sum(1 for _ in os.scandir(path))} entries)" if path.is_dir()
+                     else f"{folder}/ missing")
     lines = ["layout: " + ", ".join(found)]
     if info.name != "cityscapes" and not (root / "SegmentationClassAug").is_dir():
-        lines.append("SegmentationClassAug/ is missing: build it from VOC 2012 and SBD with `npsemiseg data prepare voc`")
+        lines.append("SegmentationClassAug/ is missing: build it from VOC 2012 and SBD "
+                     "with `npsemiseg data prepare voc`")
     converted = sum(1 for e in entries.values() if e.label_ids)
     if converted:
         lines.append(f"{converted} labels are labelIds files, converted at every read: "
@@ -264,8 +269,9 @@ def _layout(info: DatasetInfo, root: Path, entries: dict[Path, _Entry]) -> list[
     return lines
 
 
-def check_dataset(name: str, root: str | os.PathLike | None = None, *, partitions=None,
-                  list_variant: str = "u2pl", max_items: int | None = None, sample: int | None = None,
+def check_dataset(name: str, root: str | os.PathLike | None = None, *,
+                  partitions: Iterable[str | int] | None = None, list_variant: str = "u2pl",
+                  max_items: int | None = None, sample: int | None = None,
                   progress: Progress | None = None) -> DatasetReport:
     """Check dataset ``name`` under ``root`` (else ``$NPSEMISEG_DATA``), as the readers will read it.
 
