@@ -52,7 +52,7 @@ def test_usable_voc_tree_passes(tmp_path, label_mode):
     assert report.value_counts[21:255].sum() == 0 and report.value_counts[255] > 0
     assert done[-1] == (3 * N, 3 * N) and [i for i, _ in done] == list(range(1, 3 * N + 1))
     text = report.format()
-    assert "usable" in text and "NOT usable" not in text and "92/unlabeled" in text
+    assert "usable" in text and "NOT usable" not in text and "92 (1/16) unlabeled" in text
     assert _loader_reads_all("pascal_classic", tmp_path)
 
 

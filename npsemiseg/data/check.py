@@ -102,12 +102,14 @@ class DatasetReport:
         lines = [f"{self.name} {where} (lists: {self.list_variant}): {verdict}"]
         lines += [f"  {line}" for line in self.layout]
         if self.lists:
-            width = max(len(c.name) for c in self.lists)
+            aliases = {part: alias for alias, part in dataset_info(self.name).partition_aliases.items()}
+            names = [_shown(c.name, aliases) for c in self.lists]
+            width = max(len(n) for n in names)
             lines.append(f"  {'list':<{width}}  {'listed':>7}  {'no image':>8}  {'no label':>8}  {'bad file':>8}")
-            for c in self.lists:
+            for c, shown in zip(self.lists, names):
                 no_label = "-" if c.missing_labels is None else str(c.missing_labels)
                 mark = "" if c.usable else "  <- not usable"
-                lines.append(f"  {c.name:<{width}}  {c.listed:>7}  {c.missing_images:>8}  {no_label:>8}  "
+                lines.append(f"  {shown:<{width}}  {c.listed:>7}  {c.missing_images:>8}  {no_label:>8}  "
                              f"{c.bad_files:>8}{mark}")
         if self.labels_total:
             seen = value_ranges(np.flatnonzero(self.value_counts))
@@ -115,6 +117,14 @@ class DatasetReport:
                          f"(decoded {self.labels_checked} of {self.labels_total} labels)")
         lines += _format_problems(self.name, self.problems, max_lines)
         return "\n".join(lines)
+
+
+def _shown(list_name: str, aliases: dict[str, str]) -> str:
+    """``"92/labeled"`` -> ``"92 (1/16) labeled"``; ``"val"`` as it is."""
+    if "/" not in list_name:
+        return list_name
+    part, split = list_name.split("/")
+    return f"{part} ({aliases[part]}) {split}" if part in aliases else f"{part} {split}"
 
 
 def value_ranges(values) -> str:
