@@ -204,10 +204,12 @@ def test_bad_arguments_and_synthetic():
         check_dataset("voc")
     with pytest.raises(ValueError, match=r"partition '1/32' is not a partition of 'pascal_classic'"):
         check_dataset("pascal_classic", "/nonexistent", partitions=["1/32"])
-    with pytest.raises(ValueError, match="sample must be a non-negative int"):
+    with pytest.raises(ValueError, match=r"sample must be an int >= 0 or None, got -1"):
         check_dataset("pascal_classic", "/nonexistent", sample=-1)
     with pytest.raises(ValueError, match="list_variant must be one of"):
         check_dataset("cityscapes", "/nonexistent", list_variant="cpss")
+    with pytest.raises(ValueError, match=r"max_items must be an int >= 1 or None, got 0"):
+        check_dataset("cityscapes", "/nonexistent", max_items=0)
     report = check_dataset("synthetic_voc")
     assert report.usable and report.synthetic and "generated in memory" in report.format()
 

@@ -93,6 +93,7 @@ class DatasetReport:
         return self.root is not None and bool(self.lists) and not self.problems
 
     def problems_of(self, kind: str) -> list[Problem]:
+        """The problems of one kind (see PROBLEM_KINDS)."""
         return [p for p in self.problems if p.kind == kind]
 
     def format(self, *, max_lines: int = 5) -> str:
@@ -293,10 +294,9 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     info = dataset_info(name)
     if info.synthetic:
         return DatasetReport(name, None, list_variant, ["generated in memory: no files to check"], synthetic=True)
-    for key, value in (("max_items", max_items), ("sample", sample)):
-        if value is not None and (not isinstance(value, int) or value < (key == "max_items")):
-            raise ValueError(f"{key} must be a {'positive' if key == 'max_items' else 'non-negative'} int or None, "
-                             f"got {value!r}")
+    for key, value, least in (("max_items", max_items, 1), ("sample", sample, 0)):
+        if value is not None and (not isinstance(value, int) or value < least):
+            raise ValueError(f"{key} must be an int >= {least} or None, got {value!r}")
     lists = _lists(info, partitions, list_variant, max_items)
     try:
         folder = resolve_root(name, root)
