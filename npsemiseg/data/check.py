@@ -1,0 +1,351 @@
+"""Check a dataset tree before training on it: layout, list counts, label values and sizes.
+
+``check_dataset(name, root=None, ...) -> DatasetReport`` looks at every file the readers of
+``datasets.py`` would open for the chosen lists (val and the labeled / unlabeled list of every
+partition by default), each file once however many lists name it:
+
+* existence of every listed image and label (unlabeled lists need images only);
+* image and label sizes, from the file headers (no decoding);
+* label mode (single-channel "L" / "P", as the readers demand) and label values, decoding the
+  labels (all of them, or an evenly spread ``sample``): values that are neither a class index
+  nor 255 are reported with the file.
+
+``report.usable`` is True only when every checked list can be read by the training loop;
+``report.format()`` is a one-screen summary. The synthetic datasets are generated, always usable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from npsemiseg.data.datasets import (
+    _LAYOUTS, CITYSCAPES_NUM_LABEL_IDS, DATA_ROOT_ENV, cityscapes_label_paths,
+    cityscapes_labelids_to_trainids, load_index_png, resolve_root,
+)
+from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo, dataset_info
+from npsemiseg.data.partitions import partition_ids
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``, called after each file; the CLI turns it into a tqdm bar."""
+
+#: kinds of Problem, in the order the summary lists them
+PROBLEM_KINDS = ("root", "missing_image", "missing_label", "unreadable", "label_mode", "label_values",
+                 "size_mismatch")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that stops training: ``kind`` (one of PROBLEM_KINDS), the file, a full message."""
+
+    kind: str
+    path: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ListCount:
+    """One list (``"val"``, ``"92/labeled"``, ``"92/unlabeled"``) against the files on disk.
+
+    missing_labels is None for the unlabeled lists, whose labels are never read;
+    bad_files counts listed files that exist but cannot be used (unreadable image; label mode,
+    values or size).
+    """
+
+    name: str
+    listed: int
+    missing_images: int
+    missing_labels: int | None
+    bad_files: int
+
+    @property
+    def usable(self) -> bool:
+        return self.listed > 0 and not (self.missing_images or self.missing_labels or self.bad_files)
+
+
+@dataclass
+class DatasetReport:
+    """What ``check_dataset`` found. value_counts: ``[256]`` int64 pixels per label value
+    (train ids for Cityscapes) over the ``labels_checked`` decoded labels of ``labels_total``."""
+
+    name: str
+    root: Path | None
+    list_variant: str
+    layout: list[str] = field(default_factory=list)
+    lists: list[ListCount] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    value_counts: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int64))
+    labels_checked: int = 0
+    labels_total: int = 0
+    synthetic: bool = False
+
+    @property
+    def usable(self) -> bool:
+        """True when every checked list can be trained on (always for a synthetic dataset)."""
+        if self.synthetic:
+            return True
+        return self.root is not None and bool(self.lists) and not self.problems
+
+    def problems_of(self, kind: str) -> list[Problem]:
+        """The problems of one kind (see PROBLEM_KINDS)."""
+        return [p for p in self.problems if p.kind == kind]
+
+    def format(self, *, max_lines: int = 5) -> str:
+        """One-screen summary: verdict, layout, list table, label values, problems by kind."""
+        verdict = "usable" if self.usable else "NOT usable"
+        where = "generated in memory" if self.synthetic else f"under {self.root or '(no root)'}"
+        lines = [f"{self.name} {where} (lists: {self.list_variant}): {verdict}"]
+        lines += [f"  {line}" for line in self.layout]
+        if self.lists:
+            aliases = {part: alias for alias, part in dataset_info(self.name).partition_aliases.items()}
+            names = [_shown(c.name, aliases) for c in self.lists]
+            width = max(len(n) for n in names)
+            lines.append(f"  {'list':<{width}}  {'listed':>7}  {'no image':>8}  {'no label':>8}  {'bad file':>8}")
+            for c, shown in zip(self.lists, names):
+                no_label = "-" if c.missing_labels is None else str(c.missing_labels)
+                mark = "" if c.usable else "  <- not usable"
+                lines.append(f"  {shown:<{width}}  {c.listed:>7}  {c.missing_images:>8}  {no_label:>8}  "
+                             f"{c.bad_files:>8}{mark}")
+        if self.labels_total:
+            seen = value_ranges(np.flatnonzero(self.value_counts))
+            lines.append(f"  label values: {seen or 'none read'} "
+                         f"(decoded {self.labels_checked} of {self.labels_total} labels)")
+        lines += _format_problems(self.name, self.problems, max_lines)
+        return "\n".join(lines)
+
+
+def _shown(list_name: str, aliases: dict[str, str]) -> str:
+    """``"92/labeled"`` -> ``"92 (1/16) labeled"``; ``"val"`` as it is."""
+    if "/" not in list_name:
+        return list_name
+    part, split = list_name.split("/")
+    return f"{part} ({aliases[part]}) {split}" if part in aliases else f"{part} {split}"
+
+
+def value_ranges(values) -> str:
+    """``[0, 1, 2, 5, 255]`` -> ``"0..2, 5, 255"``."""
+    values = sorted(int(v) for v in values)
+    parts, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(v) if start == v else f"{start}..{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def _format_problems(name: str, problems: list[Problem], max_lines: int) -> list[str]:
+    by_kind: dict[str, list[Problem]] = defaultdict(list)
+    for p in problems:
+        by_kind[p.kind].append(p)
+    lines = [f"  problems: {len(problems)}"] if problems else []
+    for kind in PROBLEM_KINDS:
+        found = by_kind.get(kind, [])
+        if kind in ("missing_image", "missing_label") and found:
+            what = kind.split("_")[1] + "s"
+            examples = ", ".join(p.path for p in found[:2])
+            lines.append(f"  missing {what}: {len(found)}, e.g. {examples} (expected {_LAYOUTS[name]})")
+            continue
+        lines += [f"  {p.detail}" for p in found[:max_lines]]
+        if len(found) > max_lines:
+            lines.append(f"  ... and {len(found) - max_lines} more {kind.replace('_', ' ')} problems")
+    return lines
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One listed image and its label (None: only unlabeled lists name it)."""
+
+    image: Path
+    label: Path | None
+    max_value: int        # largest valid label value in the file (Cityscapes labelIds files: 33)
+    what: str             # what the label values are, for messages
+    label_ids: bool = False  # a Cityscapes labelIds file, converted to train ids when read
+
+
+def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str,
+           max_items: int | None) -> dict[str, tuple[list[str], bool]]:
+    """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
+    chosen = list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
+    lists = {"val": (partition_ids(info.name, "val", list_variant=list_variant)[:max_items], True)}
+    for part in chosen:
+        for split in ("labeled", "unlabeled"):
+            entries = partition_ids(info.name, split, part, list_variant=list_variant)[:max_items]
+            lists[f"{part}/{split}"] = (entries, split == "labeled")
+    return lists
+
+
+def _entry(info: DatasetInfo, root: Path, item: str, with_label: bool) -> _Entry:
+    """The files the readers open for one list entry (a VOC ID or a Cityscapes image path)."""
+    classes = (info.num_classes - 1, f"{info.name} class indices")
+    if info.name != "cityscapes":
+        label = root / "SegmentationClassAug" / f"{item}.png" if with_label else None
+        return _Entry(root / "JPEGImages" / f"{item}.jpg", label, *classes)
+    if not with_label:
+        return _Entry(root / item, None, *classes)
+    train_ids, label_ids = (root / p for p in cityscapes_label_paths(item))
+    if not train_ids.is_file() and label_ids.is_file():
+        return _Entry(root / item, label_ids, CITYSCAPES_NUM_LABEL_IDS - 1, "Cityscapes label ids", label_ids=True)
+    return _Entry(root / item, train_ids, *classes)
+
+
+def _header(path: Path) -> tuple[tuple[int, int], str] | None | Exception:
+    """(size (W, H), PIL mode) from the file header; None if missing; the error if unreadable."""
+    try:
+        with Image.open(path) as img:
+            return img.size, img.mode
+    except FileNotFoundError:
+        return None
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        return err
+
+
+def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool, bool | None, list[Problem]]:
+    """(image found, label found or None if not needed, problems); decoded values go into ``counts``."""
+    problems: list[Problem] = []
+    image = _header(entry.image)
+    if isinstance(image, Exception):
+        problems.append(Problem("unreadable", str(entry.image),
+                                f"image file {entry.image} is corrupt or not an image ({image})"))
+    elif image is None:
+        problems.append(Problem("missing_image", str(entry.image), f"image file {entry.image} does not exist"))
+    image_found = image is not None
+    if entry.label is None:
+        return image_found, None, problems
+    label = _header(entry.label)
+    if label is None:
+        problems.append(Problem("missing_label", str(entry.label), f"label file {entry.label} does not exist"))
+        return image_found, False, problems
+    if isinstance(label, Exception):
+        problems.append(Problem("unreadable", str(entry.label),
+                                f"label file {entry.label} is corrupt or not an image ({label})"))
+        return image_found, True, problems
+    (width, height), mode = label
+    if mode not in ("L", "P"):
+        problems.append(Problem("label_mode", str(entry.label),
+                                f"label file {entry.label} has PIL mode {mode!r}; expected a single-channel index "
+                                f"PNG (mode 'L' or 'P') holding {entry.what}"))
+        return image_found, True, problems
+    if isinstance(image, tuple) and image[0] != (width, height):
+        problems.append(Problem("size_mismatch", str(entry.label),
+                                f"label file {entry.label} is {width}x{height} (WxH) but image {entry.image} is "
+                                f"{image[0][0]}x{image[0][1]}; expected the same size"))
+    if decode:
+        problems += _check_values(entry, counts)
+    return image_found, True, problems
+
+
+def _check_values(entry: _Entry, counts: np.ndarray) -> list[Problem]:
+    """Decode one label; values outside ``0..max_value`` and 255 are a problem naming the file."""
+    assert entry.label is not None
+    try:  # max_value=254 accepts every value: the values are judged here, all of them named
+        array = load_index_png(entry.label, max_value=IGNORE_INDEX - 1, what=entry.what)
+    except ValueError as err:
+        return [Problem("unreadable", str(entry.label), str(err))]
+    histogram = np.bincount(array.ravel(), minlength=256)
+    bad = [int(v) for v in np.flatnonzero(histogram) if entry.max_value < v < IGNORE_INDEX]
+    if bad:
+        return [Problem("label_values", str(entry.label),
+                        f"label file {entry.label} holds values {bad[:10]} outside {entry.what} "
+                        f"(0..{entry.max_value}, 255 = ignore)")]
+    if entry.label_ids:
+        histogram = np.bincount(cityscapes_labelids_to_trainids(array).ravel(), minlength=256)
+    counts += histogram
+    return []
+
+
+def _layout(info: DatasetInfo, root: Path, entries: dict[Path, _Entry]) -> list[str]:
+    """Lines saying which folders exist (with file counts) and which label kind is used."""
+    folders = (("JPEGImages", "SegmentationClassAug", "SegmentationClass") if info.name != "cityscapes"
+               else ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train", "gtFine/val"))
+    found = []
+    for folder in folders:
+        path = root / folder
+        found.append(f"{folder}/ ({sum(1 for _ in os.scandir(path))} entries)" if path.is_dir()
+                     else f"{folder}/ missing")
+    lines = ["layout: " + ", ".join(found)]
+    if info.name != "cityscapes" and not (root / "SegmentationClassAug").is_dir():
+        lines.append("SegmentationClassAug/ is missing: build it from VOC 2012 and SBD "
+                     "with `npsemiseg data prepare voc`")
+    converted = sum(1 for e in entries.values() if e.label_ids)
+    if converted:
+        lines.append(f"{converted} labels are labelIds files, converted at every read: "
+                     "`npsemiseg data prepare cityscapes` writes labelTrainIds once")
+    return lines
+
+
+def check_dataset(name: str, root: str | os.PathLike | None = None, *,
+                  partitions: Iterable[str | int] | None = None, list_variant: str = "u2pl",
+                  max_items: int | None = None, sample: int | None = None,
+                  progress: Progress | None = None) -> DatasetReport:
+    """Check dataset ``name`` under ``root`` (else ``$NPSEMISEG_DATA``), as the readers will read it.
+
+    partitions: names or aliases to check (default: all) besides val; max_items: only the first
+    N entries of each list (as ``build_dataset``'s option); sample: decode at most N labels for
+    the value check, evenly spread (default: all; 0: headers only). An unknown dataset, partition
+    or list variant is a ``ValueError``; every finding about the files is in the report.
+    """
+    info = dataset_info(name)
+    if info.synthetic:
+        return DatasetReport(name, None, list_variant, ["generated in memory: no files to check"], synthetic=True)
+    for key, value, least in (("max_items", max_items, 1), ("sample", sample, 0)):
+        if value is not None and (not isinstance(value, int) or value < least):
+            raise ValueError(f"{key} must be an int >= {least} or None, got {value!r}")
+    lists = _lists(info, partitions, list_variant, max_items)
+    try:
+        folder = resolve_root(name, root)
+    except FileNotFoundError as err:
+        where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
+        return DatasetReport(name, None, list_variant, problems=[Problem("root", where, str(err))])
+    entries: dict[Path, _Entry] = {}
+    images: dict[str, list[Path]] = {}
+    for list_name, (items, with_label) in lists.items():
+        images[list_name] = []
+        for item in items:
+            entry = _entry(info, folder, item, with_label)
+            if entry.image not in entries or entry.label is not None:
+                entries[entry.image] = entry
+            images[list_name].append(entry.image)
+    report = DatasetReport(name, folder, list_variant, _layout(info, folder, entries))
+    status = _check_entries(list(entries.values()), sample, progress, report)
+    report.lists = [_count(list_name, [status[i] for i in images[list_name]], lists[list_name][1])
+                    for list_name in lists]
+    return report
+
+
+def _check_entries(entries: list[_Entry], sample: int | None, progress: Progress | None,
+                   report: DatasetReport) -> dict[Path, tuple[bool, bool, bool | None, bool]]:
+    """Check each entry once; image path -> (image found, image ok, label found or None, label ok)."""
+    labeled = [i for i, e in enumerate(entries) if e.label is not None]
+    report.labels_total = len(labeled)
+    if sample is None or sample >= len(labeled):
+        decode = set(labeled)
+    else:
+        decode = {labeled[int(j)] for j in np.linspace(0, len(labeled) - 1, sample).round()} if sample else set()
+    status = {}
+    for i, entry in enumerate(entries):
+        image_found, label_found, problems = _check_entry(entry, i in decode, report.value_counts)
+        report.labels_checked += i in decode and label_found is True
+        report.problems += problems
+        paths = {p.path for p in problems}
+        status[entry.image] = (image_found, str(entry.image) not in paths, label_found, str(entry.label) not in paths)
+        if progress is not None:
+            progress(i + 1, len(entries))
+    return status
+
+
+def _count(name: str, found: list[tuple[bool, bool, bool | None, bool]], with_label: bool) -> ListCount:
+    """Counts of one list from the status of its entries (see ``_check_entries``)."""
+    return ListCount(
+        name=name, listed=len(found),
+        missing_images=sum(not image_found for image_found, _, _, _ in found),
+        missing_labels=sum(label_found is False for _, _, label_found, _ in found) if with_label else None,
+        bad_files=sum((image_found and not image_ok) or (with_label and label_found is True and not label_ok)
+                      for image_found, image_ok, label_found, label_ok in found),
+    )
