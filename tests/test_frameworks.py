@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from npsemiseg.data.mixing import adaptive_confidence
-from npsemiseg.frameworks import build_framework, get_framework
+from npsemiseg.frameworks import get_framework
+from npsemiseg.training import build_framework
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import augseg_decay, ema_update, memory_buffer_names, u2pl_decay, warmup_decay
@@ -451,8 +452,6 @@ def test_u2pl_evaluates_the_student_during_supervised_only_epochs(smoke_config):
 
 
 def test_u2pl_teacher_inactive_until_semi_supervised_phase(smoke_config):
-    from npsemiseg.frameworks import build_framework
-
     framework = build_framework(smoke_config(framework="u2pl", head="np", **{"framework_options.sup_only_epochs": 1}))
     assert framework.eval_model() is framework.student
     state = framework.state_dict()

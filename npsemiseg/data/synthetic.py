@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from npsemiseg.data.info import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 _STREAMS = {"train": 1, "val": 2, "partition": 3, "world": 4}
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from npsemiseg.evaluation.metrics import all_reduce_sum
-from npsemiseg.heads.base import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 #: sum slots of ``Calibration.sums``
 _PIXELS, _NLL, _BRIER = 0, 1, 2

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from npsemiseg.heads.base import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 #: Cityscapes' 19 train-id colours (cityscapesScripts' labels.py)
 CITYSCAPES_PALETTE = (

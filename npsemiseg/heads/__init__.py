@@ -1,4 +1,8 @@
-"""Classifier heads: baseline, MC dropout and NP-SemiSeg, behind one contract (``base.py``)."""
+"""Classifier heads: baseline, MC dropout and NP-SemiSeg, behind one contract (``base.py``).
+
+Each head registers itself in :data:`HEADS` where it is defined; importing this package imports the
+built-in head modules, so their registration has run before anyone looks a head up by name.
+"""
 
 from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl, predictive
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
