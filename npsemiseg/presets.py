@@ -102,8 +102,7 @@ def paper(*, framework: str, dataset: str, partition: str, head: str) -> dict[st
     values.update(framework=framework, dataset=dataset, partition=partition)
     values["framework_options"] = framework_cls.paper_options(_paper_dataset(dataset), partition)
     values["model"].update(variant=framework_cls.model_variant, backbone="resnet50", weights="imagenet")
-    if framework == "augseg" and family == "cityscapes":
-        values["schedule"]["epochs"] = 240  # AugSeg's NP Cityscapes config
+    values["schedule"].update(framework_cls.paper_schedule(family))
     values["optim"]["grad_clip"] = head_cls.paper_grad_clip
     values["head"] = {"name": head, "options": dict(head_cls.paper_options)}
     values["data"] = {"num_workers": 4}

@@ -53,6 +53,11 @@ class AugSeg(SemiSupervisedFramework):
     Options = AugSegOptions
 
     @classmethod
+    def paper_schedule(cls, family: str) -> dict[str, Any]:
+        """240 epochs on Cityscapes (AugSeg's NP Cityscapes config), the shared 80 on VOC."""
+        return {"epochs": 240} if family == "cityscapes" else {}
+
+    @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
         """VOC: EMA 0.999, threshold 0.95, lambda_u 1. Cityscapes: EMA 0.996, no threshold,
         lambda_u 2.0 (NP-SemiSeg's AugSeg Cityscapes config; AugSeg's own uses 1)."""

@@ -106,6 +106,11 @@ class Framework:
         """The paper's settings of this framework's options for one dataset x partition."""
         return {}
 
+    @classmethod
+    def paper_schedule(cls, family: str) -> dict[str, Any]:
+        """The framework's own changes to the paper's shared schedule on dataset family ``"voc"`` or ``"cityscapes"``."""
+        return {}
+
     @property
     def head_aux_term(self) -> str | None:
         """The loss term the head's ``aux_loss`` is optimised as (NP: ``kl``), None for heads without one."""
