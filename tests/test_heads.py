@@ -14,10 +14,10 @@ from npsemiseg.heads import (
     MCDropoutHead,
     NPHead,
     build_head,
-    head_class,
-    head_names,
     downsample_labels,
     gaussian_kl,
+    head_class,
+    head_names,
     predictive,
 )
 

@@ -29,7 +29,9 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from npsemiseg.data.info import (
-    IGNORE_INDEX, DatasetInfo, dataset_info,
+    IGNORE_INDEX,
+    DatasetInfo,
+    dataset_info,
 )
 from npsemiseg.data.partitions import partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation

@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 from pydantic import field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from npsemiseg.constants import IGNORE_INDEX

@@ -12,11 +12,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.evaluation.calibration import Calibration
 from npsemiseg.evaluation.inference import DEFAULT_CROP_SIZE, center_crop, predict
 from npsemiseg.evaluation.metrics import ConfusionMatrix, PAvPU, all_reduce_sum
 from npsemiseg.evaluation.visualize import save_png, save_reliability_diagram, stack_panels, uncertainty_panel
-from npsemiseg.constants import IGNORE_INDEX
 
 
 def _rank_and_world(distributed: bool | None) -> tuple[int, int, bool]:

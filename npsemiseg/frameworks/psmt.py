@@ -54,7 +54,13 @@ from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepC
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import masked_mean
 from npsemiseg.frameworks.schedules import rampup_weight
-from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, labeled_view, require_unlabeled
+from npsemiseg.frameworks.semi import (
+    SemiSupervisedFramework,
+    StudentPass,
+    ignore_where,
+    labeled_view,
+    require_unlabeled,
+)
 from npsemiseg.frameworks.tvat import frozen_classifier, tvat_perturbation
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput

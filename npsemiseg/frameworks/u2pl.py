@@ -35,9 +35,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 from pydantic import Field
+from torch import nn
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
@@ -46,7 +47,6 @@ from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
-from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import downsample_labels, predictive
 
 

@@ -4,8 +4,8 @@ from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbo
 from .deeplab import (
     MODEL_VARIANTS,
     AuxiliaryHead,
-    DeepLabV3PlusDecoder,
     DecoderVariant,
+    DeepLabV3PlusDecoder,
     RepresentationHead,
     feature_channels,
 )
