@@ -99,10 +99,6 @@ class SemiSupervisedFramework(Framework):
     def sample_ce(self) -> str:
         return self.loss.sample_ce
 
-    @property
-    def uses_np_head(self) -> bool:
-        return bool(self._memory_names)
-
     # ----------------------------------------------------------------- teachers
     def ema(self, teacher: nn.Module, decay: float, buffers: BufferMode = "ema") -> None:
         """EMA of the student into ``teacher``; NP memories are copied, not averaged."""
