@@ -15,6 +15,7 @@ sub-package such as ``npsemiseg.heads`` stays light.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -28,8 +29,6 @@ _EXPORTS = {"RunConfig": "npsemiseg.config", "RunResult": "npsemiseg.training", 
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        import importlib
-
+    if name in _EXPORTS:  # on first use: importing npsemiseg must not import torch and every sub-package
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'npsemiseg' has no attribute {name!r}")

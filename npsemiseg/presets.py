@@ -18,39 +18,42 @@ Every framework shares these crops, batches, learning rates and epochs: MT and P
 Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
   stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
   for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).
-Heads: NP with lambda_kl = 0.005, memory length Q = 2560 and gradient clipping at norm 5.0
-  (NP configs, ``np_head_reference.md`` section 2); T = 5 predictions at evaluation for MC
-  dropout and NP (the paper; the authors' Cityscapes script uses 20). The baseline and MC
-  dropout runs are not clipped (the original frameworks do not clip).
+Heads: each head class's ``paper_options`` and ``paper_grad_clip`` (NP: lambda_kl = 0.005, memory
+  length Q = 2560 and gradient clipping at norm 5.0, NP configs, ``np_head_reference.md``
+  section 2); T = 5 predictions at evaluation for MC dropout and NP (the paper; the authors'
+  Cityscapes script uses 20). The baseline and MC dropout runs are not clipped (the original
+  frameworks do not clip).
 Framework options (EMA decays, loss weights, ramp-ups, thresholds): each framework's
-  ``paper_options(dataset, partition)``, which cites its own sources.
+  ``paper_options(dataset, partition)``, which cites its own sources; its model variant is the
+  class's ``model_variant``.
 
 ``smoke``: ``resnet_small`` backbone with narrow decoder widths, random init, 32 x 32 crops
 of a small synthetic dataset, 2 + 2 images per step, a handful of steps, T = 2, evaluation of
 a few whole images; one cell trains in a few seconds on one CPU core. Supervised-only and
 warm-up phases (U2PL's ``sup_only_epochs``, PS-MT's ``warmup_epochs``) are set to 0 so the
-few smoke steps exercise the semi-supervised path.
+few smoke steps exercise the semi-supervised path. Heads and frameworks add their own
+``smoke_options`` (small NP memories; U2PL's contrastive loss on fewer anchors and keys).
+
+Presets are registered in :data:`PRESETS` (name -> function of the cell giving the nested values).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-PRESET_NAMES: tuple[str, ...] = ("paper", "smoke")
+from npsemiseg._registry import Registry
+from npsemiseg.data import dataset_info
+from npsemiseg.frameworks import get_framework
+from npsemiseg.heads import head_class
+
+#: every preset by name: a function ``(framework=, dataset=, partition=, head=) -> nested values``
+PRESETS: Registry[Callable[..., dict[str, Any]]] = Registry("preset")
+
 
 def preset_names() -> tuple[str, ...]:
     """Every preset name."""
-    return PRESET_NAMES
+    return PRESETS.names()
 
-
-#: DeepLabv3+ variant of each framework in the paper preset
-MODEL_VARIANT: dict[str, str] = {
-    "supervised": "u2pl",
-    "mt": "u2pl",
-    "u2pl": "u2pl",
-    "augseg": "augseg",
-    "psmt": "psmt",
-}
 
 _VOC: dict[str, Any] = {
     "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4},
@@ -70,33 +73,11 @@ _CITYSCAPES: dict[str, Any] = {
     "evaluation": {"mode": "sliding", "crop_size": 769, "stride": 513, "num_samples": 5},
 }
 
-#: the paper's head options (``npsemiseg.heads.build_head`` keyword arguments)
-PAPER_HEAD_OPTIONS: dict[str, dict[str, Any]] = {
-    "baseline": {},
-    "mc_dropout": {},
-    "np": {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5},
-}
-
-#: smoke: small memories so that a few steps fill them
-SMOKE_HEAD_OPTIONS: dict[str, dict[str, Any]] = {
-    "baseline": {},
-    "mc_dropout": {"num_samples": 2},
-    "np": {"lambda_kl": 0.005, "memory_size": 64, "num_samples": 2, "latent_dim": 8, "hidden_channels": 16,
-           "enqueue_per_class": 16},
-}
-
-#: smoke: U2PL's contrastive loss on fewer anchors, negatives and queued keys
-SMOKE_FRAMEWORK_OPTIONS: dict[str, dict[str, Any]] = {
-    "u2pl": {"num_queries": 32, "num_negatives": 16, "queue_size": 1024, "background_queue_size": 1024},
-}
-
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
 
 
 def _paper_dataset(dataset: str) -> str:
     """The dataset whose paper settings apply (a synthetic stand-in's real dataset)."""
-    from npsemiseg.data import dataset_info
-
     return dataset_info(dataset).real_dataset or dataset
 
 
@@ -107,34 +88,33 @@ def dataset_family(dataset: str) -> str:
 
 def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
     """The nested dict of configuration values of ``preset`` for one cell (validated by RunConfig)."""
-    from npsemiseg.data import dataset_info
-    from npsemiseg.frameworks import get_framework
+    return PRESETS.get(preset)(framework=framework, dataset=dataset, partition=partition, head=head)
 
-    if preset not in PRESET_NAMES:
-        raise ValueError(f"preset: expected one of {list(PRESET_NAMES)}, got {preset!r}")
-    if head not in PAPER_HEAD_OPTIONS:
-        raise ValueError(f"head: expected one of {list(PAPER_HEAD_OPTIONS)}, got {head!r}")
+
+@PRESETS.register("paper")
+def paper(*, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
+    """The paper's settings for one cell (sources in the module docstring and on the classes)."""
+    head_cls = head_class(head)
     framework_cls = get_framework(framework)
     family = dataset_family(dataset)
     base = _CITYSCAPES if family == "cityscapes" else _VOC
     values: dict[str, Any] = {key: dict(section) for key, section in base.items()}
     values.update(framework=framework, dataset=dataset, partition=partition)
     values["framework_options"] = framework_cls.paper_options(_paper_dataset(dataset), partition)
-    values["model"].update(variant=MODEL_VARIANT[framework], backbone="resnet50", weights="imagenet")
-    if framework == "augseg" and family == "cityscapes":
-        values["schedule"]["epochs"] = 240  # AugSeg's NP Cityscapes config
-    values["optim"]["grad_clip"] = 5.0 if head == "np" else None
-    values["head"] = {"name": head, "options": dict(PAPER_HEAD_OPTIONS[head])}
+    values["model"].update(variant=framework_cls.model_variant, backbone="resnet50", weights="imagenet")
+    values["schedule"].update(framework_cls.paper_schedule(family))
+    values["optim"]["grad_clip"] = head_cls.paper_grad_clip
+    values["head"] = {"name": head, "options": dict(head_cls.paper_options)}
     values["data"] = {"num_workers": 4}
-    if preset == "smoke":
-        _make_smoke(values, head, synthetic=dataset_info(dataset).synthetic)
     return values
 
 
-def _make_smoke(values: dict[str, Any], head: str, *, synthetic: bool) -> None:
-    """Shrink a paper preset to seconds on a CPU: tiny model, images, steps and evaluation.
+@PRESETS.register("smoke")
+def smoke(*, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
+    """Shrink the paper preset to seconds on a CPU: tiny model, images, steps and evaluation.
 
     On a real dataset the files are read as they are (no synthetic generator options)."""
+    values = paper(framework=framework, dataset=dataset, partition=partition, head=head)
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
     values["optim"].update(lr=0.01)
@@ -142,10 +122,16 @@ def _make_smoke(values: dict[str, Any], head: str, *, synthetic: bool) -> None:
                               eval_every_epochs=0, checkpoint_every_steps=0)
     values["loss"].update(ohem_min_kept=64)
     values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False}
+    synthetic = dataset_info(dataset).synthetic
     values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
-    values["head"]["options"] = dict(SMOKE_HEAD_OPTIONS[head])
+    values["head"]["options"] = dict(head_class(head).smoke_options)
     # a handful of steps never leaves a supervised-only phase: start semi-supervised at once
     for phase in ("sup_only_epochs", "warmup_epochs"):
         if phase in values["framework_options"]:
             values["framework_options"][phase] = 0
-    values["framework_options"].update(SMOKE_FRAMEWORK_OPTIONS.get(values["framework"], {}))
+    values["framework_options"].update(get_framework(framework).smoke_options)
+    return values
+
+
+#: kept for callers that read the old name table; :func:`preset_names` is the accessor
+PRESET_NAMES: tuple[str, ...] = preset_names()

@@ -11,9 +11,10 @@ import pytest
 from pydantic import BaseModel
 
 from npsemiseg.config import IDENTITY_EXCLUDED, RunConfig
-from npsemiseg.data import DATASET_NAMES
+from npsemiseg.data import dataset_names
 from npsemiseg.frameworks import framework_names
-from npsemiseg.presets import PRESET_NAMES
+from npsemiseg.heads import head_names
+from npsemiseg.presets import preset_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,10 +227,10 @@ def test_paper_preset_values_per_dataset_family():
 
 
 @pytest.mark.parametrize("framework", framework_names())
-@pytest.mark.parametrize("preset", PRESET_NAMES)
+@pytest.mark.parametrize("preset", preset_names())
 def test_presets_resolve_for_every_framework_dataset_and_head(preset, framework):
-    for dataset in DATASET_NAMES:
-        for head in ("baseline", "mc_dropout", "np"):
+    for dataset in dataset_names():
+        for head in head_names():
             config = RunConfig.from_preset(preset, framework=framework, dataset=dataset, partition="1/8", head=head)
             assert config.framework == framework and config.head.name == head
             assert RunConfig.from_yaml(config.to_yaml()).cell_id == config.cell_id

@@ -90,16 +90,17 @@ def _ddp_worker(rank: int, world_size: int, port: int, queue) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         import npsemiseg.training as training
+        import npsemiseg.training.setup as setup
         from npsemiseg.config import RunConfig
 
         built = {}
-        build = training.build_framework
+        build = setup.build_framework
 
         def keep(config, *args, **kwargs):  # the loop's own builder; keeps the framework to inspect
             built["framework"] = build(config, *args, **kwargs)
             return built["framework"]
 
-        training.build_framework = keep
+        setup.build_framework = keep
         config = RunConfig.from_preset("smoke", framework="u2pl", head="np", framework_options=U2PL_OPTIONS,
                                        **{"schedule.max_steps": 3, "runtime.device": "cpu"})
         training.train(config)

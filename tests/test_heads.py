@@ -16,6 +16,8 @@ from npsemiseg.heads import (
     build_head,
     downsample_labels,
     gaussian_kl,
+    head_class,
+    head_names,
     predictive,
 )
 
@@ -127,9 +129,10 @@ def test_build_head_names_and_options():
         build_head("baseline", C, K, latent_dim=4)
 
 
-@pytest.mark.parametrize("name", ["baseline", "mc_dropout", "np"])
+@pytest.mark.parametrize("name", head_names())
 def test_bad_input_raises_value_error_naming_the_argument(name):
-    head = build_head(name, C, K, **({"memory_size": 16, "enqueue_per_class": 4, "latent_dim": 4} if name == "np" else {}))
+    options = {"memory_size": 16, "enqueue_per_class": 4, "latent_dim": 4} if name == "np" else head_class(name).smoke_options
+    head = build_head(name, C, K, **options)
     features, labels = batch()
     with pytest.raises(ValueError, match="features"):
         head(torch.randn(2, C + 1, 5, 6))

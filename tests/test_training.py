@@ -171,7 +171,7 @@ def test_seeded_items_are_reproducible_and_leave_the_global_rng(smoke_config):
 
 
 def test_data_stream_does_not_depend_on_num_workers(smoke_config):
-    from npsemiseg.training import _Streams
+    from npsemiseg.training.data_order import Streams as _Streams
 
     config = smoke_config(framework="mt")
     datasets = build_datasets(config)

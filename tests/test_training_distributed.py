@@ -18,7 +18,7 @@ def _train_on_rank(rank: int, world_size: int, directory: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world_size)
     try:
         from npsemiseg.config import RunConfig
-        from npsemiseg.frameworks import build_framework
+        from npsemiseg.training import build_framework
         from npsemiseg.training import train
 
         for framework in FRAMEWORKS:

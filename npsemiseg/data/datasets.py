@@ -29,7 +29,9 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from npsemiseg.data.info import (
-    IGNORE_INDEX, REAL_DATASETS, SYNTHETIC_STANDINS, DatasetInfo, dataset_info,
+    IGNORE_INDEX,
+    DatasetInfo,
+    dataset_info,
 )
 from npsemiseg.data.partitions import partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
@@ -260,18 +262,13 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     max_items = options.pop("max_items", None)
     if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
         raise ValueError(f"max_items must be a positive int or None, got {max_items!r}")
-    if name in SYNTHETIC_STANDINS:
-        info = dataset_info(name, **options)
+    info = dataset_info(name, **options)
+    if info.synthetic:
         part = None if split == "val" else _partition_name(info, split, partition)
         return SyntheticSegmentation(
             SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
             partition=part, info=info, list_variant=list_variant, max_items=max_items, transform=transform,
         )
-    if name not in REAL_DATASETS:
-        raise ValueError(f"dataset name {name!r} is unknown; valid: {', '.join(list(REAL_DATASETS) + list(SYNTHETIC_STANDINS))}")
-    if options:
-        raise ValueError(f"{name} takes no options, got {sorted(options)}")
-    info = REAL_DATASETS[name]
     part = None if split == "val" else _partition_name(info, split, partition)
     ids = partition_ids(name, split, part, list_variant=list_variant)[:max_items]
     folder = resolve_root(name, root)

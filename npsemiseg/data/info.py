@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-IGNORE_INDEX = 255
+from npsemiseg._registry import Registry
+from npsemiseg.constants import IGNORE_INDEX
+from npsemiseg.data.synthetic import SyntheticConfig
 
 VOC_CLASSES: tuple[str, ...] = (
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
@@ -111,12 +113,13 @@ SYNTHETIC_STANDINS: dict[str, str | None] = {
     "synthetic_cityscapes": "cityscapes",
 }
 
-DATASET_NAMES: tuple[str, ...] = tuple(REAL_DATASETS) + tuple(SYNTHETIC_STANDINS)
+#: every dataset by name: its DatasetInfo (a synthetic one's at the default generator settings)
+DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 
 def dataset_names() -> tuple[str, ...]:
     """Every dataset name (the real datasets, then the built-in synthetic ones)."""
-    return DATASET_NAMES
+    return DATASETS.names()
 
 
 def scaled_partition_count(real_count: int, real_train_size: int, train_size: int) -> int:
@@ -131,8 +134,6 @@ def scaled_partition_count(real_count: int, real_train_size: int, train_size: in
 def synthetic_info(name: str, *, num_classes: int | None = None, train_size: int = 1024,
                    val_size: int = 128, image_size: int | tuple[int, int] = 64, **options: object) -> DatasetInfo:
     """DatasetInfo of a synthetic dataset with the given generator settings."""
-    from npsemiseg.data.synthetic import SyntheticConfig  # local: synthetic imports this module
-
     if name not in SYNTHETIC_STANDINS:
         raise ValueError(f"name: {name!r} is not a synthetic dataset; valid: {sorted(SYNTHETIC_STANDINS)}")
     if train_size < 4 or val_size < 1:
@@ -168,15 +169,23 @@ def synthetic_info(name: str, *, num_classes: int | None = None, train_size: int
 
 
 def dataset_info(name: str, **options: object) -> DatasetInfo:
-    """Describe dataset ``name`` (one of ``DATASET_NAMES``).
+    """Describe dataset ``name`` (one of :func:`dataset_names`).
 
     ``options`` are the synthetic generator settings (``train_size``, ``image_size``, ...);
     real datasets take none.
     """
-    if name in REAL_DATASETS:
-        if options:
-            raise ValueError(f"dataset_info: {name} takes no options, got {sorted(options)}")
-        return REAL_DATASETS[name]
-    if name in SYNTHETIC_STANDINS:
+    info = DATASETS.get(name)
+    if info.synthetic:
         return synthetic_info(name, **options)  # type: ignore[arg-type]
-    raise ValueError(f"dataset name {name!r} is unknown; valid: {', '.join(DATASET_NAMES)}")
+    if options:
+        raise ValueError(f"dataset_info: {name} takes no options, got {sorted(options)}")
+    return info
+
+
+for _name, _info in REAL_DATASETS.items():
+    DATASETS.add(_name, _info)
+for _name in SYNTHETIC_STANDINS:
+    DATASETS.add(_name, synthetic_info(_name))
+
+#: kept for callers that read the old name table; :func:`dataset_names` is the accessor
+DATASET_NAMES: tuple[str, ...] = dataset_names()

@@ -31,13 +31,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
+from pydantic import field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from npsemiseg.data.info import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 _STREAMS = {"train": 1, "val": 2, "partition": 3, "world": 4}
 
@@ -48,9 +51,9 @@ def _generator(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True)
 class SyntheticConfig:
-    """Generator settings. ``image_size`` is ``(H, W)``."""
+    """Generator settings. ``image_size`` is ``(H, W)`` (an int ``n`` means ``(n, n)``)."""
 
     num_classes: int = 8
     image_size: tuple[int, int] = (64, 64)
@@ -67,15 +70,16 @@ class SyntheticConfig:
     boundary_ignore: int = 0  # width in pixels of the 255 band along class boundaries
     name: str = field(default="synthetic", compare=False)
 
-    def __post_init__(self) -> None:
-        size = self.image_size
+    @field_validator("image_size", mode="before")
+    @classmethod
+    def _square_from_int(cls, size: Any) -> Any:
         if isinstance(size, int):
-            object.__setattr__(self, "image_size", (size, size))
-        elif len(size) != 2:
+            return (size, size)
+        if not isinstance(size, (tuple, list)) or len(size) != 2:
             raise ValueError(f"image_size: expected an int or (H, W), got {size!r}")
-        else:
-            object.__setattr__(self, "image_size", (int(size[0]), int(size[1])))
-        object.__setattr__(self, "shapes_per_image", tuple(int(v) for v in self.shapes_per_image))
+        return tuple(int(v) for v in size)
+
+    def __post_init__(self) -> None:
         if min(self.image_size) < 8:
             raise ValueError(f"image_size must be at least 8x8, got {self.image_size}")
         if self.num_classes < 2 or self.num_classes > 254:
@@ -181,10 +185,29 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
     ignore band) and the scene type.
     """
     world = build_world(config)
-    h, w = config.image_size
     g = _generator(config.seed, _STREAMS[stream], index)
     scene = int(torch.randint(0, config.num_scene_types, (1,), generator=g))
+    top, shape_class = _shapes(config, world, scene, g)
+    # the last shape covering a pixel wins (painter's order); instance 0 = the scene's background
+    instance_class = torch.cat([world.scene_background[scene].view(1), shape_class])
+    label = instance_class[top]
+    image = _texture(config, world, instance_class, top, label, g)
+    image = _lighting(config, image, g)
+    if config.boundary_ignore > 0:
+        label = label.clone()
+        label[boundary_mask(label, config.boundary_ignore)] = IGNORE_INDEX
+    return image.contiguous(), label, scene
 
+
+def _pixel_grid(h: int, w: int) -> tuple[Tensor, Tensor]:
+    """Row and column coordinates ``yy [1, H, 1]``, ``xx [1, 1, W]``."""
+    return torch.arange(h, dtype=torch.float32).view(1, h, 1), torch.arange(w, dtype=torch.float32).view(1, 1, w)
+
+
+def _shapes(config: SyntheticConfig, world: SyntheticWorld, scene: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """2-5 shapes (rectangles, ellipses, blobs) of classes from the scene's prior: ``top [H, W]``, the
+    index (1-based, 0 = background) of the last shape covering each pixel, and ``shape_class [n]``."""
+    h, w = config.image_size
     lo, hi = config.shapes_per_image
     n = int(torch.randint(lo, hi + 1, (1,), generator=g))
     shape_class = torch.multinomial(world.scene_prior[scene], n, replacement=True, generator=g)
@@ -199,8 +222,7 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
     wobble = 0.15 * torch.rand(n, 3, generator=g)
     wobble_phase = 2 * math.pi * torch.rand(n, 3, generator=g)
 
-    yy = torch.arange(h, dtype=torch.float32).view(1, h, 1)
-    xx = torch.arange(w, dtype=torch.float32).view(1, 1, w)
+    yy, xx = _pixel_grid(h, w)
     dy, dx = yy - cy.view(n, 1, 1), xx - cx.view(n, 1, 1)
     cos, sin = angle.cos().view(n, 1, 1), angle.sin().view(n, 1, 1)
     u = (dx * cos + dy * sin) / rx.view(n, 1, 1)
@@ -213,17 +235,21 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
         harmonics = torch.arange(2, 5, dtype=torch.float32).view(1, 3, 1, 1)
         wavy = 1 + (wobble[blobs].view(-1, 3, 1, 1) * torch.sin(harmonics * phi + wobble_phase[blobs].view(-1, 3, 1, 1))).sum(1)
         inside[blobs] = radial[blobs] <= wavy
-    # the last shape covering a pixel wins (painter's order); 0 = background
     top = (inside * torch.arange(1, n + 1).view(n, 1, 1)).amax(0)
-    label = torch.cat([world.scene_background[scene].view(1), shape_class])[top]
+    return top, shape_class
 
-    # texture per instance (background = instance 0): the class's texture with instance jitter
-    instance_class = torch.cat([world.scene_background[scene].view(1), shape_class])
-    jitter = config.instance_jitter * (2 * torch.rand(n + 1, 5, generator=g) - 1)
+
+def _texture(config: SyntheticConfig, world: SyntheticWorld, instance_class: Tensor, top: Tensor, label: Tensor,
+             g: torch.Generator) -> Tensor:
+    """``image [3, H, W]``: every instance's class texture with instance jitter (colour, orientation, frequency)."""
+    h, w = config.image_size
+    yy, xx = _pixel_grid(h, w)
+    n_instances = len(instance_class)
+    jitter = config.instance_jitter * (2 * torch.rand(n_instances, 5, generator=g) - 1)
     colour = (world.colour[instance_class] + 0.08 * jitter[:, :3]).clamp(0, 1)
     theta = world.orientation[instance_class] + 0.35 * jitter[:, 3]
     freq = 2 * math.pi * world.frequency[instance_class] * (1 + 0.2 * jitter[:, 4])
-    phase = 2 * math.pi * torch.rand(n + 1, generator=g)
+    phase = 2 * math.pi * torch.rand(n_instances, generator=g)
     theta_px, freq_px = theta[top], freq[top]
     along = xx[0] * theta_px.cos() + yy[0] * theta_px.sin()
     across = -xx[0] * theta_px.sin() + yy[0] * theta_px.cos()
@@ -231,19 +257,19 @@ def generate(config: SyntheticConfig, stream: str, index: int) -> tuple[Tensor, 
     checker = stripes * torch.sin(freq_px * across)
     texture = torch.where(world.pattern[label] == 0, stripes, checker)
     image = colour[top] + (world.amplitude[label] * texture).unsqueeze(-1) * world.texture_dir[label]
-    image = image.permute(2, 0, 1)  # [3, H, W]
+    return image.permute(2, 0, 1)  # [3, H, W]
 
+
+def _lighting(config: SyntheticConfig, image: Tensor, g: torch.Generator) -> Tensor:
+    """Per-image gain, colour cast and shading gradient, then Gaussian noise, clamped to [0, 1]."""
+    h, w = config.image_size
+    yy, xx = _pixel_grid(h, w)
     look = torch.rand(7, generator=g)
     gain = 1 + config.illumination * (2 * look[0] - 1)
     cast = 0.1 * (look[1:4] - 0.5).view(3, 1, 1)
     shading = 0.2 * (look[4] - 0.5) * (xx[0] / w - 0.5) + 0.2 * (look[5] - 0.5) * (yy[0] / h - 0.5)
     noise = config.noise_std * torch.randn(3, h, w, generator=g)
-    image = (image * gain + cast + shading + noise).clamp_(0, 1)
-
-    if config.boundary_ignore > 0:
-        label = label.clone()
-        label[boundary_mask(label, config.boundary_ignore)] = IGNORE_INDEX
-    return image.contiguous(), label, scene
+    return (image * gain + cast + shading + noise).clamp_(0, 1)
 
 
 def boundary_mask(label: Tensor, width: int) -> Tensor:

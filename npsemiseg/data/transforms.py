@@ -35,7 +35,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import query_size
 
-from npsemiseg.data.info import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
@@ -303,16 +303,22 @@ def val_transform(crop_size: int | Sequence[int] | None = None, *,
     return SegmentationTransform(weak)
 
 
-def paper_augmentation(framework: str, dataset_kind: str) -> dict[str, Any]:
-    """The weak/strong settings a framework uses on ``"voc"`` or ``"cityscapes"`` (kwargs of
+#: the training pipelines a framework names (``Framework.augmentation``): weak/strong settings per dataset family
+PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
+
+
+def paper_augmentation(pipeline: str, dataset_kind: str) -> dict[str, Any]:
+    """The weak/strong settings of training pipeline ``pipeline`` (``u2pl``: U2PL's, also MT's and the
+    supervised reference's; ``augseg``; ``psmt``) on ``"voc"`` or ``"cityscapes"`` (kwargs of
     ``train_transform`` except ``crop_size``); ``strong`` is the view given to unlabeled images.
     """
     if dataset_kind not in ("voc", "cityscapes"):
         raise ValueError(f"dataset_kind must be 'voc' or 'cityscapes', got {dataset_kind!r}")
-    if framework in ("u2pl", "mt", "supervised"):
+    if pipeline == "u2pl":
         return {"resize": "rescale_balanced", "strong": None}
-    if framework in ("augseg", "psmt"):
+    if pipeline in ("augseg", "psmt"):
         if dataset_kind == "voc":
-            return {"resize": "long_side", "base_size": 500 if framework == "augseg" else 600, "strong": framework}
-        return {"resize": "rescale", "strong": framework}
-    raise ValueError(f"framework must be one of supervised, mt, psmt, u2pl, augseg; got {framework!r}")
+            return {"resize": "long_side", "base_size": 500 if pipeline == "augseg" else 600, "strong": pipeline}
+        return {"resize": "rescale", "strong": pipeline}
+    raise ValueError(f"augmentation: unknown name {pipeline!r} (a framework's training pipeline), "
+                     f"expected one of {list(PAPER_AUGMENTATIONS)}")

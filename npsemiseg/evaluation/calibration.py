@@ -21,8 +21,8 @@ import math
 import torch
 from torch import Tensor
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.evaluation.metrics import all_reduce_sum
-from npsemiseg.heads.base import IGNORE_INDEX
 
 #: sum slots of ``Calibration.sums``
 _PIXELS, _NLL, _BRIER = 0, 1, 2

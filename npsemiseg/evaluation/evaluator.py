@@ -12,11 +12,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.evaluation.calibration import Calibration
 from npsemiseg.evaluation.inference import DEFAULT_CROP_SIZE, center_crop, predict
 from npsemiseg.evaluation.metrics import ConfusionMatrix, PAvPU, all_reduce_sum
 from npsemiseg.evaluation.visualize import save_png, save_reliability_diagram, stack_panels, uncertainty_panel
-from npsemiseg.heads.base import IGNORE_INDEX
 
 
 def _rank_and_world(distributed: bool | None) -> tuple[int, int, bool]:
@@ -74,25 +74,12 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def evaluate(
-    model: nn.Module,
-    data: Dataset | Iterable[dict[str, Tensor]],
-    *,
-    num_classes: int,
-    mode: str = "whole",
-    num_samples: int | None = None,
-    crop_size: int | tuple[int, int] | None = None,
-    stride: int | None = None,
-    class_names: Sequence[str] | None = None,
-    max_images: int | None = None,
-    distributed: bool | None = None,
-    ignore_index: int = IGNORE_INDEX,
-    pavpu_window: int = 64,
-    pavpu_accuracy_threshold: float = 0.5,
-    pavpu_uncertainty_threshold: float = 0.4,
-    ece_bins: int = 15,
-    figure_dir: str | Path | None = None,
-    num_figures: int = 0,
-    **predict_options: Any,
+    model: nn.Module, data: Dataset | Iterable[dict[str, Tensor]], *, num_classes: int, mode: str = "whole",
+    num_samples: int | None = None, crop_size: int | tuple[int, int] | None = None, stride: int | None = None,
+    class_names: Sequence[str] | None = None, max_images: int | None = None, distributed: bool | None = None,
+    ignore_index: int = IGNORE_INDEX, pavpu_window: int = 64, pavpu_accuracy_threshold: float = 0.5,
+    pavpu_uncertainty_threshold: float = 0.4, ece_bins: int = 15, figure_dir: str | Path | None = None,
+    num_figures: int = 0, **predict_options: Any,
 ) -> dict[str, float]:
     """Evaluate ``model`` (a Segmentor) on ``data`` with ``predict(mode=..., num_samples=...)``.
 
@@ -116,78 +103,99 @@ def evaluate(
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images: expected >= 1 or None, got {max_images}")
     rank, world_size, distributed = _rank_and_world(distributed)
-    device = _model_device(model)
-    confusion = ConfusionMatrix(num_classes, ignore_index)
-    pavpu_kwargs = dict(
-        window=pavpu_window,
-        accuracy_threshold=pavpu_accuracy_threshold,
-        uncertainty_threshold=pavpu_uncertainty_threshold,
-        ignore_index=ignore_index,
+    counts = _Accumulators(
+        num_classes, ignore_index, ece_bins=ece_bins, num_panels=num_figures if figure_dir is not None and rank == 0 else 0,
+        pavpu=dict(window=pavpu_window, accuracy_threshold=pavpu_accuracy_threshold,
+                   uncertainty_threshold=pavpu_uncertainty_threshold, ignore_index=ignore_index),
     )
-    patches = [PAvPU(num_classes, normalize=False, **pavpu_kwargs), PAvPU(num_classes, normalize=True, **pavpu_kwargs)]
-    calibration = Calibration(num_classes, num_bins=ece_bins, ignore_index=ignore_index)
-    num_panels = num_figures if figure_dir is not None and rank == 0 else 0
-    panels: list[Any] = []
-
-    evaluated_crop = DEFAULT_CROP_SIZE if crop_size is None else crop_size
     was_training = model.training
     model.eval()
-    num_images, seconds = 0, 0.0
     try:
-        for images, labels in _batches(data, rank, world_size, max_images):
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True).long()
-            if mode == "center_crop":
-                images_shown = center_crop(images, evaluated_crop)
-                labels = center_crop(labels, evaluated_crop)
-            else:
-                images_shown = images
-            start = time.perf_counter()
-            probs, entropy = predict(
-                model, images, mode=mode, num_samples=num_samples, crop_size=crop_size, stride=stride,
-                **predict_options,
-            )
-            seconds += time.perf_counter() - start
-            if probs.shape[-2:] != labels.shape[-2:]:
-                raise ValueError(
-                    f"data: labels of size {tuple(labels.shape[-2:])} do not match the predicted "
-                    f"{tuple(probs.shape[-2:])} (mode {mode!r})"
-                )
-            prediction = probs.argmax(dim=1)
-            confusion.update(prediction, labels)
-            for accumulator in patches:
-                accumulator.update(prediction, labels, entropy)
-            calibration.update(probs, labels, entropy)
-            for i in range(min(num_panels - len(panels), images.shape[0])):
-                panels.append(
-                    uncertainty_panel(
-                        images_shown[i], prediction[i], labels[i], entropy[i], num_classes=num_classes,
-                        ignore_index=ignore_index,
-                    )
-                )
-            num_images += images.shape[0]
+        batches = _batches(data, rank, world_size, max_images)
+        num_images, seconds = _predict_batches(model, batches, counts, mode=mode, num_samples=num_samples,
+                                               crop_size=crop_size, stride=stride, **predict_options)
     finally:
         model.train(was_training)
-
     if distributed:
-        for accumulator in (confusion, *patches, calibration):
-            accumulator.all_reduce()
+        counts.all_reduce()
         totals = all_reduce_sum(torch.tensor([float(num_images), seconds], dtype=torch.float64))
         num_images, seconds = int(totals[0].item()), float(totals[1].item())
     if num_images == 0:
         raise ValueError("data: no image to evaluate (empty dataset or loader)")
-
-    segmentation = confusion.compute()
-    metrics: dict[str, float] = {"miou": segmentation["miou"], "pixel_acc": segmentation["pixel_acc"]}
-    for k, iou in enumerate(segmentation["per_class_iou"].tolist()):
-        metrics[f"iou/{class_names[k] if class_names is not None else k}"] = iou
-    for accumulator in patches:
-        metrics.update(accumulator.compute())
-    metrics.update(calibration.compute())
+    metrics = counts.metrics(class_names)
     metrics["num_images"] = float(num_images)
     metrics["seconds_per_image"] = seconds / num_images
     if figure_dir is not None and rank == 0:
-        if panels:
-            save_png(Path(figure_dir) / "uncertainty_maps.png", stack_panels(panels))
-        save_reliability_diagram(Path(figure_dir) / "reliability.png", calibration.reliability())
+        counts.write_figures(Path(figure_dir))
     return metrics
+
+
+def _predict_batches(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], counts: _Accumulators, *,
+                     mode: str, crop_size: int | tuple[int, int] | None, **predict_kwargs: Any) -> tuple[int, float]:
+    """Predict every batch (``images [B, 3, H, W]``, ``labels [B, H, W]``) into ``counts``; returns
+    the number of images and the seconds spent in ``predict``."""
+    device = _model_device(model)
+    evaluated_crop = DEFAULT_CROP_SIZE if crop_size is None else crop_size
+    num_images, seconds = 0, 0.0
+    for images, labels in batches:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True).long()
+        if mode == "center_crop":
+            images_shown = center_crop(images, evaluated_crop)
+            labels = center_crop(labels, evaluated_crop)
+        else:
+            images_shown = images
+        start = time.perf_counter()
+        probs, entropy = predict(model, images, mode=mode, crop_size=crop_size, **predict_kwargs)
+        seconds += time.perf_counter() - start
+        if probs.shape[-2:] != labels.shape[-2:]:
+            raise ValueError(
+                f"data: labels of size {tuple(labels.shape[-2:])} do not match the predicted "
+                f"{tuple(probs.shape[-2:])} (mode {mode!r})"
+            )
+        counts.update(probs, entropy, labels, images_shown)
+        num_images += images.shape[0]
+    return num_images, seconds
+
+
+class _Accumulators:
+    """The evaluation's running counts: confusion matrix, PAvPU (nats and normalised), calibration and
+    the first ``num_panels`` uncertainty-figure rows."""
+
+    def __init__(self, num_classes: int, ignore_index: int, *, ece_bins: int, num_panels: int,
+                 pavpu: dict[str, Any]) -> None:
+        self.num_classes, self.ignore_index, self.num_panels = num_classes, ignore_index, num_panels
+        self.confusion = ConfusionMatrix(num_classes, ignore_index)
+        self.patches = [PAvPU(num_classes, normalize=False, **pavpu), PAvPU(num_classes, normalize=True, **pavpu)]
+        self.calibration = Calibration(num_classes, num_bins=ece_bins, ignore_index=ignore_index)
+        self.panels: list[Any] = []
+
+    def update(self, probs: Tensor, entropy: Tensor, labels: Tensor, images_shown: Tensor) -> None:
+        """``probs [B, K, H, W]``, ``entropy [B, H, W]``, ``labels [B, H, W]``, ``images_shown [B, 3, H, W]``."""
+        prediction = probs.argmax(dim=1)
+        self.confusion.update(prediction, labels)
+        for accumulator in self.patches:
+            accumulator.update(prediction, labels, entropy)
+        self.calibration.update(probs, labels, entropy)
+        for i in range(min(self.num_panels - len(self.panels), images_shown.shape[0])):
+            self.panels.append(uncertainty_panel(images_shown[i], prediction[i], labels[i], entropy[i],
+                                                 num_classes=self.num_classes, ignore_index=self.ignore_index))
+
+    def all_reduce(self) -> None:
+        for accumulator in (self.confusion, *self.patches, self.calibration):
+            accumulator.all_reduce()
+
+    def metrics(self, class_names: Sequence[str] | None) -> dict[str, float]:
+        segmentation = self.confusion.compute()
+        metrics: dict[str, float] = {"miou": segmentation["miou"], "pixel_acc": segmentation["pixel_acc"]}
+        for k, iou in enumerate(segmentation["per_class_iou"].tolist()):
+            metrics[f"iou/{class_names[k] if class_names is not None else k}"] = iou
+        for accumulator in self.patches:
+            metrics.update(accumulator.compute())
+        metrics.update(self.calibration.compute())
+        return metrics
+
+    def write_figures(self, figure_dir: Path) -> None:
+        if self.panels:
+            save_png(figure_dir / "uncertainty_maps.png", stack_panels(self.panels))
+        save_reliability_diagram(figure_dir / "reliability.png", self.calibration.reliability())

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn import functional as F
 
-from npsemiseg.heads.base import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from npsemiseg.heads.base import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX
 
 #: Cityscapes' 19 train-id colours (cityscapesScripts' labels.py)
 CITYSCAPES_PALETTE = (
@@ -140,7 +140,8 @@ def save_uncertainty_figure(
 def save_reliability_diagram(path: str | Path, reliability: dict[str, Tensor], *, title: str | None = None) -> Path:
     """Reliability diagram (accuracy per confidence bin against the diagonal, with the pixel share
     per bin) from ``Calibration.reliability()``, as a PNG at ``path``; returns the path."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend state
+    # heavy (~0.3 s to import), needed only when figures are asked for; no pyplot: no global backend state
+    from matplotlib.figure import Figure
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,81 +1,49 @@
-"""SSL frameworks by name: a lazy registry, so importing one framework never imports the others.
+"""SSL frameworks by name: every framework class registers itself in :data:`FRAMEWORKS` where it is defined.
 
-``get_framework("u2pl")`` imports ``npsemiseg.frameworks.u2pl`` and returns the
-:class:`~npsemiseg.frameworks.base.Framework` subclass in it whose ``name`` is ``"u2pl"``.
-``build_framework(config)`` builds it with the run configuration's options and a model
-factory that builds one segmentor (backbone + decoder + head) per call.
+Importing this package imports the built-in framework modules (so their registration has run);
+``get_framework("u2pl")`` is the class, ``framework_names()`` every name in the paper's order. A
+framework is built by the training loop (``npsemiseg.training.build_framework``) with its options,
+a model factory, the class count and the loss settings.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from npsemiseg.frameworks.base import (
+    FRAMEWORKS,
+    Batch,
+    Framework,
+    FrameworkOptions,
+    StepContext,
+    StepResult,
+)
+from npsemiseg.frameworks.losses import LossSettings
 
-from npsemiseg.frameworks.base import Batch, Framework, FrameworkOptions, StepContext, StepResult
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from npsemiseg.config import RunConfig
-
-#: framework name -> module that defines it
-FRAMEWORK_MODULES: dict[str, str] = {
-    "supervised": "npsemiseg.frameworks.supervised",
-    "mt": "npsemiseg.frameworks.mt",
-    "psmt": "npsemiseg.frameworks.psmt",
-    "u2pl": "npsemiseg.frameworks.u2pl",
-    "augseg": "npsemiseg.frameworks.augseg",
-}
+# the built-in frameworks, in the paper's order: importing them registers them
+from npsemiseg.frameworks import supervised, mt, psmt, u2pl, augseg  # noqa: E402,F401  isort: skip
 
 __all__ = [
+    "FRAMEWORKS",
     "FRAMEWORK_MODULES",
     "Batch",
     "Framework",
     "FrameworkOptions",
+    "LossSettings",
     "StepContext",
     "StepResult",
-    "build_framework",
     "framework_names",
     "get_framework",
 ]
 
 
 def framework_names() -> tuple[str, ...]:
-    """Every registered framework name, in the paper's order."""
-    return tuple(FRAMEWORK_MODULES)
+    """Every registered framework name, in the paper's order (then any registered later)."""
+    return FRAMEWORKS.names()
 
 
 def get_framework(name: str) -> type[Framework]:
-    """The Framework subclass registered as ``name`` (imported on first use)."""
-    if name not in FRAMEWORK_MODULES:
-        raise ValueError(f"framework: expected one of {list(FRAMEWORK_MODULES)}, got {name!r}")
-    module = importlib.import_module(FRAMEWORK_MODULES[name])
-    found = [
-        obj
-        for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, Framework) and obj is not Framework and obj.name == name
-    ]
-    if len(found) != 1:
-        raise ValueError(
-            f"framework {name!r}: module {module.__name__} must define exactly one Framework subclass "
-            f"with name = {name!r}, found {len(found)}"
-        )
-    return found[0]
+    """The Framework subclass registered as ``name``."""
+    return FRAMEWORKS.get(name)
 
 
-def build_framework(config: RunConfig, build_model: Callable[[], nn.Module] | None = None) -> Framework:
-    """The framework of ``config`` with its validated options.
-
-    ``build_model`` builds one fresh segmentor per call; by default
-    :func:`npsemiseg.training.build_model` for ``config``.
-    """
-    cls = get_framework(config.framework)
-    options = cls.Options.model_validate(config.framework_options)
-    if build_model is None:
-        from npsemiseg.training import build_model as build_from_config
-
-        def build_model() -> Any:
-            return build_from_config(config)
-
-    return cls(options, build_model, num_classes=config.num_classes, config=config)
+#: kept for callers that read the old name table (framework name -> module); use :func:`framework_names`
+FRAMEWORK_MODULES: dict[str, str] = {name: cls.__module__ for name, cls in FRAMEWORKS.items()}

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from npsemiseg.data.mixing import adaptive_confidence, augseg_cutmix
-from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.ema import augseg_decay
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, labeled_view, require_unlabeled
 
@@ -43,11 +43,19 @@ class AugSegOptions(FrameworkOptions):
     unlabeled_beta: float = Field(4.0, gt=0.0)
 
 
+@FRAMEWORKS.register("augseg")
 class AugSeg(SemiSupervisedFramework):
     """Student + EMA teacher (parameters and buffers), intensity-augmented adaptive-CutMix view."""
 
     name = "augseg"
+    model_variant = "augseg"
+    augmentation = "augseg"
     Options = AugSegOptions
+
+    @classmethod
+    def paper_schedule(cls, family: str) -> dict[str, Any]:
+        """240 epochs on Cityscapes (AugSeg's NP Cityscapes config), the shared 80 on VOC."""
+        return {"epochs": 240} if family == "cityscapes" else {}
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:

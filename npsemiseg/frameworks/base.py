@@ -10,11 +10,15 @@ and what happens after each optimiser step (EMA).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
+
+from npsemiseg._registry import Registry
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.losses import LossSettings
 
 
 class FrameworkOptions(BaseModel):
@@ -59,6 +63,10 @@ class StepResult:
         return sum(self.losses.values())  # type: ignore[return-value]
 
 
+#: every framework class by name; a framework registers itself where it is defined
+FRAMEWORKS: Registry[type["Framework"]] = Registry("framework")
+
+
 def head_logs(stats: dict[str, float]) -> dict[str, float]:
     """The head's diagnostics (``HeadOutput.stats``) as step logs ``head/<name>``: apart from the
     loss terms (the NP head's raw ``kl`` is ``train/head/kl``; ``train/kl`` is the lambda_kl x KL term)."""
@@ -66,27 +74,52 @@ def head_logs(stats: dict[str, float]) -> dict[str, float]:
 
 
 class Framework:
-    """Base class: subclasses set ``name`` and ``Options`` and implement ``train_step``.
+    """Base class: subclasses register themselves (``@FRAMEWORKS.register(name)``), set ``Options``
+    and implement ``train_step``; the class attributes declare what a run of the framework needs.
 
-    ``build_model`` builds one fresh segmentor (student or teacher) from the run config;
-    the framework calls it as many times as it needs models.
+    Collaborators: ``build_model`` builds one fresh segmentor (student or teacher) per call, as many
+    times as the framework needs models; ``num_classes`` K; ``loss`` the supervised-loss settings.
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[FrameworkOptions]] = FrameworkOptions
     #: False for the supervised reference: the loop then loads no unlabeled data
     uses_unlabeled: ClassVar[bool] = True
+    #: the DeepLabv3+ variant of the framework's paper (``npsemiseg.models.MODEL_VARIANTS``)
+    model_variant: ClassVar[str] = "u2pl"
+    #: the training augmentation pipeline (``npsemiseg.data.transforms.paper_augmentation``)
+    augmentation: ClassVar[str] = "u2pl"
+    #: whether the segmentor needs its representation head (U2PL's contrastive loss)
+    representation_head: ClassVar[bool] = False
+    #: framework options of the ``smoke`` preset (beyond its shared shrinking)
+    smoke_options: ClassVar[Mapping[str, Any]] = {}
 
-    def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int, config: Any = None) -> None:
+    def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
+                 loss: LossSettings = LossSettings()) -> None:
         self.options = options
         self.num_classes = num_classes
-        self.config = config
+        self.loss = loss
         self.student = build_model()
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
         """The paper's settings of this framework's options for one dataset x partition."""
         return {}
+
+    @classmethod
+    def paper_schedule(cls, family: str) -> dict[str, Any]:
+        """The framework's own changes to the paper's shared schedule on dataset family ``"voc"`` or ``"cityscapes"``."""
+        return {}
+
+    @property
+    def head_aux_term(self) -> str | None:
+        """The loss term the head's ``aux_loss`` is optimised as (NP: ``kl``), None for heads without one."""
+        return getattr(getattr(unwrap(self.student), "head", None), "aux_loss_term", None)
+
+    def head_aux_losses(self, head_output: Any) -> dict[str, Tensor]:
+        """``{aux_loss_term: head_output.aux_loss}`` for a head with an auxiliary loss, else ``{}``."""
+        term = self.head_aux_term
+        return {term: head_output.aux_loss} if term else {}
 
     def modules(self) -> dict[str, nn.Module]:
         """Every model the checkpoint must hold, by name (the student under ``student``)."""

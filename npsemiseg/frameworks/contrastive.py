@@ -144,6 +144,43 @@ def contrastive_loss(
     ``[B, h, w]`` bool (for labeled images: every valid pixel). Returns the scalar loss
     (0 connected to the graph when fewer than two classes are present) and logs.
     """
+    _check_shapes(rep_student, rep_teacher, prob_teacher, labels, queues)
+    batch = rep_student.shape[0]
+    num_classes = prob_teacher.shape[1]
+    student = rep_student.permute(0, 2, 3, 1).float()  # [B, h, w, E]
+    teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
+    prob = prob_teacher.detach().float()
+    valid = labels != ignore_index
+    is_labeled = (torch.arange(batch, device=labels.device) < num_labeled).view(batch, 1, 1)
+    rank = _class_ranks(prob)
+
+    losses: list[Tensor] = []
+    present = 0
+    for c in range(num_classes):
+        rank_c = rank[:, c]
+        labeled_negative = is_labeled & valid & (labels != c) & (rank_c < low_rank)
+        unlabeled_negative = ~is_labeled & unreliable & (rank_c >= low_rank) & (rank_c < high_rank)
+        queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
+        reliable_c = reliable & valid & (labels == c)
+        if not bool(reliable_c.any()):
+            continue
+        present += 1
+        anchors = student[reliable_c & (prob[:, c] > anchor_threshold)]
+        negatives = queues.class_keys(c)
+        if anchors.shape[0] == 0 or negatives.shape[0] == 0:
+            continue
+        positive = teacher[reliable_c].mean(dim=0)
+        losses.append(_infonce(anchors, positive, negatives, num_queries=num_queries, num_negatives=num_negatives,
+                               temperature=temperature, generator=generator))
+
+    logs = {"contrastive_classes": float(present)}
+    if present <= 1 or not losses:
+        return rep_student.sum() * 0.0, logs
+    return torch.stack(losses).sum() / present, logs
+
+
+def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor,
+                  queues: ClassQueues) -> None:
     if rep_student.shape != rep_teacher.shape or rep_student.dim() != 4:
         raise ValueError(
             f"rep_student / rep_teacher: expected equal [B, E, h, w], got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}"
@@ -158,44 +195,25 @@ def contrastive_loss(
     if queues.num_classes != num_classes or queues.dim != dim:
         raise ValueError(f"queues: expected {num_classes} classes of {dim}-d keys, got {queues.num_classes} of {queues.dim}")
 
-    student = rep_student.permute(0, 2, 3, 1).float()  # [B, h, w, E]
-    teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
-    prob = prob_teacher.detach().float()
-    valid = labels != ignore_index
-    is_labeled = torch.zeros(batch, 1, 1, dtype=torch.bool, device=labels.device)
-    is_labeled[:num_labeled] = True
-    # rank of every class per pixel: rank[b, c, y, x] = position of c in the descending sort
+
+def _class_ranks(prob: Tensor) -> Tensor:
+    """Rank of every class per pixel: ``rank[b, c, y, x]`` = position of c in the descending sort of ``prob [B, K, h, w]``."""
     order = prob.argsort(dim=1, descending=True)
     rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(num_classes, device=prob.device).view(1, -1, 1, 1).expand_as(order))
+    rank.scatter_(1, order, torch.arange(prob.shape[1], device=prob.device).view(1, -1, 1, 1).expand_as(order))
+    return rank
 
-    losses: list[Tensor] = []
-    present = 0
-    for c in range(num_classes):
-        rank_c = rank[:, c]
-        labeled_negative = is_labeled & valid & (labels != c) & (rank_c < low_rank)
-        unlabeled_negative = ~is_labeled & unreliable & (rank_c >= low_rank) & (rank_c < high_rank)
-        queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
 
-        reliable_c = reliable & valid & (labels == c)
-        if not bool(reliable_c.any()):
-            continue
-        present += 1
-        anchors = student[reliable_c & (prob[:, c] > anchor_threshold)]
-        negatives = queues.class_keys(c)
-        if anchors.shape[0] == 0 or negatives.shape[0] == 0:
-            continue
-        positive = teacher[reliable_c].mean(dim=0)
-        pick = torch.randint(anchors.shape[0], (num_queries,), device=anchors.device, generator=generator)
-        anchor = anchors[pick]  # [Q, E]
-        pick_neg = torch.randint(negatives.shape[0], (num_queries * num_negatives,), device=negatives.device, generator=generator)
-        keys = torch.cat(
-            [positive.expand(num_queries, 1, dim), negatives[pick_neg].view(num_queries, num_negatives, dim)], dim=1
-        )  # [Q, 1 + N, E]
-        logits = F.cosine_similarity(anchor.unsqueeze(1), keys, dim=2) / temperature
-        losses.append(F.cross_entropy(logits, torch.zeros(num_queries, dtype=torch.long, device=logits.device)))
-
-    logs = {"contrastive_classes": float(present)}
-    if present <= 1 or not losses:
-        return rep_student.sum() * 0.0, logs
-    return torch.stack(losses).sum() / present, logs
+def _infonce(anchors: Tensor, positive: Tensor, negatives: Tensor, *, num_queries: int, num_negatives: int,
+             temperature: float, generator: torch.Generator | None) -> Tensor:
+    """InfoNCE of ``num_queries`` anchors drawn from ``anchors [n, E]`` against the class's mean teacher
+    embedding ``positive [E]`` and ``num_negatives`` keys each drawn from ``negatives [m, E]``."""
+    dim = anchors.shape[1]
+    pick = torch.randint(anchors.shape[0], (num_queries,), device=anchors.device, generator=generator)
+    anchor = anchors[pick]  # [Q, E]
+    pick_neg = torch.randint(negatives.shape[0], (num_queries * num_negatives,), device=negatives.device, generator=generator)
+    keys = torch.cat(
+        [positive.expand(num_queries, 1, dim), negatives[pick_neg].view(num_queries, num_negatives, dim)], dim=1
+    )  # [Q, 1 + N, E]
+    logits = F.cosine_similarity(anchor.unsqueeze(1), keys, dim=2) / temperature
+    return F.cross_entropy(logits, torch.zeros(num_queries, dtype=torch.long, device=logits.device))

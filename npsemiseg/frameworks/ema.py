@@ -24,6 +24,8 @@ from typing import Iterable, Literal
 import torch
 from torch import nn
 
+from npsemiseg.heads.base import ClassifierHead
+
 BufferMode = Literal["ema", "copy", "none"]
 BUFFER_MODES: tuple[str, ...] = ("ema", "copy", "none")
 
@@ -36,15 +38,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def memory_buffer_names(model: nn.Module) -> set[str]:
-    """Names (in ``model.named_buffers()``) of every buffer owned by an NP head.
+    """Names (in ``model.named_buffers()``) of every buffer owned by a head with memories (NP).
 
     Those hold class memories, pointers and centers, which a teacher copies rather than averages.
     """
-    from npsemiseg.heads import NPHead
-
     names: set[str] = set()
     for prefix, module in unwrap(model).named_modules():
-        if isinstance(module, NPHead):
+        if isinstance(module, ClassifierHead) and module.has_memories:
             for name, _ in module.named_buffers():
                 names.add(f"{prefix}.{name}" if prefix else name)
     return names

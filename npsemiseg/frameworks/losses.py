@@ -13,16 +13,31 @@ Both coincide for ``S = 1``. Ignored pixels (``ignore_index``) contribute 0.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from npsemiseg.heads.base import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX, SampleCE
+from npsemiseg.models import upsample_logits
 
-SampleCE = Literal["elbo", "mean_logits"]
-SAMPLE_CE_FORMS: tuple[str, ...] = ("elbo", "mean_logits")
+SAMPLE_CE_FORMS: tuple[str, ...] = get_args(SampleCE)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The supervised-loss settings a framework needs: the CE form over the S samples, OHEM, aux weight.
+
+    The run configuration's ``head.sample_ce`` and ``loss`` section, as the framework sees them.
+    """
+
+    sample_ce: SampleCE = "elbo"
+    ohem: bool = False
+    ohem_thresh: float = 0.7
+    ohem_min_kept: int = 100_000
+    aux_weight: float = 0.4
 
 
 def _check_shapes(logits: Tensor, labels: Tensor) -> None:
@@ -136,8 +151,6 @@ def supervised_loss(
     Returns ``{"sup": CE or OHEM CE}`` plus ``{"aux": aux_weight x the same loss on aux_logits}``
     when ``aux_logits`` is given (U2PL's Cityscapes criterion).
     """
-    from npsemiseg.models import upsample_logits
-
     size = tuple(labels.shape[-2:])
 
     def criterion(sample_logits: Tensor) -> Tensor:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import Field
 
 from npsemiseg.data.mixing import u2pl_cutmix
-from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, require_unlabeled, sup_only
 
@@ -40,6 +40,7 @@ class MTOptions(FrameworkOptions):
     sup_only_epochs: int = Field(0, ge=0)
 
 
+@FRAMEWORKS.register("mt")
 class MeanTeacher(SemiSupervisedFramework):
     """Student + one EMA teacher; hard pseudo-labels on CutMixed unlabeled images."""
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from npsemiseg.heads.base import predictive
+from npsemiseg.models import upsample_logits
 
 
 @dataclass
@@ -57,8 +58,6 @@ def mode(model: nn.Module, train: bool) -> Iterator[nn.Module]:
 
 def prediction_from_logits(logits: Tensor, size: tuple[int, int], output: object = None) -> TeacherPrediction:
     """Upsample per-sample logits ``[S, B, K, h, w]`` to ``size`` and summarise them."""
-    from npsemiseg.models import upsample_logits
-
     logits = upsample_logits(logits, size)
     probs, entropy = predictive(logits)
     confidence, label = probs.max(dim=1)

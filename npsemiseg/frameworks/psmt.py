@@ -48,14 +48,22 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from npsemiseg.data import dataset_info
 from npsemiseg.data.mixing import psmt_cutmix
-from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import masked_mean
 from npsemiseg.frameworks.schedules import rampup_weight
-from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, labeled_view, require_unlabeled
+from npsemiseg.frameworks.semi import (
+    SemiSupervisedFramework,
+    StudentPass,
+    ignore_where,
+    labeled_view,
+    require_unlabeled,
+)
 from npsemiseg.frameworks.tvat import frozen_classifier, tvat_perturbation
 from npsemiseg.heads.base import HeadOutput
+from npsemiseg.models import SegmentorOutput
 
 
 class PSMTOptions(FrameworkOptions):
@@ -119,8 +127,6 @@ class TeacherEnsemble(nn.Module):
 
     def forward(self, images: Tensor, *, labels: Tensor | None = None, num_context: int = 0,
                 num_samples: int | None = None, latent: Any = None) -> Any:
-        from npsemiseg.models import SegmentorOutput
-
         if labels is not None:
             raise ValueError("labels: the teacher ensemble is for inference only")
         outputs = [m(images, num_samples=num_samples, latent=latent) for m in self.members]
@@ -129,15 +135,18 @@ class TeacherEnsemble(nn.Module):
         return SegmentorOutput(outputs[0].features, head, None, None)
 
 
+@FRAMEWORKS.register("psmt")
 class PSMT(SemiSupervisedFramework):
     """One student, two alternating EMA teachers, T-VAT and confidence-weighted CE."""
 
     name = "psmt"
+    model_variant = "psmt"
+    augmentation = "psmt"
     Options = PSMTOptions
     teacher_names = ("teacher1", "teacher2")
 
-    def __init__(self, options, build_model, *, num_classes, config=None) -> None:
-        super().__init__(options, build_model, num_classes=num_classes, config=config)
+    def __init__(self, options, build_model, **collaborators: Any) -> None:
+        super().__init__(options, build_model, **collaborators)
         self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names])
 
     @classmethod
@@ -147,8 +156,6 @@ class PSMT(SemiSupervisedFramework):
         if dataset == "cityscapes":
             return PSMTOptions(unsup_weight=3.0, cutmix_variant="cityscapes", eval_teachers="first").model_dump()
         if dataset == "pascal_classic":
-            from npsemiseg.data import dataset_info
-
             labeled = dataset_info(dataset).resolve_partition(partition)
             return PSMTOptions(unsup_weight=0.06 if labeled == "92" else 0.6).model_dump()
         return PSMTOptions().model_dump()
@@ -191,8 +198,6 @@ class PSMT(SemiSupervisedFramework):
     def _perturbed_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor,
                         opts: PSMTOptions) -> StudentPass:
         """Student features of the whole batch, T-VAT perturbation, head on the perturbed features."""
-        from npsemiseg.models import SegmentorOutput, upsample_logits
-
         model = unwrap(self.student)
         images = torch.cat([images_l, images_u], dim=0)
         labels = torch.cat([labels_l, labels_u], dim=0)
@@ -204,7 +209,7 @@ class PSMT(SemiSupervisedFramework):
                                                     released_normalization=opts.tvat_released_normalization)
         head = model.classify(features, labels=labels, num_context=images_l.shape[0])
         output = SegmentorOutput(features, head, None, None)
-        return self._split(output, images.shape[-2:], images_l.shape[0], upsample_logits)
+        return self._split(output, images.shape[-2:], images_l.shape[0])
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: PSMTOptions = self.options  # type: ignore[assignment]

@@ -9,7 +9,7 @@ labeled slice of the student's features, targets = the whole batch, memories upd
 them inside the head, ``aux_loss = lambda_kl x KL`` returned as its own loss term ``kl``.
 The baseline and MC-dropout heads ignore the labels. Logits ``[S, B, K, h, w]`` are
 upsampled to the image size and every cross-entropy is taken over the S samples in the form
-``config.head.sample_ce`` chooses (ELBO by default).
+``loss.sample_ce`` chooses (ELBO by default).
 
 NP memories and the teacher: the NP head's memories are written by the student; a teacher
 copies them after every EMA update (:func:`~npsemiseg.frameworks.ema.memory_buffer_names`).
@@ -26,11 +26,14 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext, head_logs
 from npsemiseg.frameworks.ema import BufferMode, copy_model, ema_update, make_teacher, memory_buffer_names, unwrap
-from npsemiseg.frameworks.losses import pixel_cross_entropy
+from npsemiseg.frameworks.losses import LossSettings, pixel_cross_entropy
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, mode, teacher_predict
-from npsemiseg.heads.base import IGNORE_INDEX, HeadOutput
+from npsemiseg.frameworks.supervised import supervised_loss_terms
+from npsemiseg.heads.base import HeadOutput
+from npsemiseg.models import SegmentorOutput, upsample_logits
 
 
 @dataclass
@@ -53,8 +56,6 @@ class StudentPass:
 
     def labeled_output(self) -> Any:
         """The SegmentorOutput restricted to the labeled images (for the supervised loss)."""
-        from npsemiseg.models import SegmentorOutput
-
         out, m = self.output, self.num_labeled
         head = HeadOutput(out.head.logits[:, :m], out.head.aux_loss, out.head.stats)
         aux = out.aux_logits[:m] if out.aux_logits is not None else None
@@ -77,10 +78,8 @@ class SemiSupervisedFramework(Framework):
     teacher_names: tuple[str, ...] = ("teacher",)
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 config: Any = None) -> None:
-        if config is None:
-            raise ValueError(f"config: the {self.name} framework needs the RunConfig (loss and head settings)")
-        super().__init__(options, build_model, num_classes=num_classes, config=config)
+                 loss: LossSettings = LossSettings()) -> None:
+        super().__init__(options, build_model, num_classes=num_classes, loss=loss)
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
 
@@ -98,11 +97,7 @@ class SemiSupervisedFramework(Framework):
     # ----------------------------------------------------------------- head facts
     @property
     def sample_ce(self) -> str:
-        return self.config.head.sample_ce
-
-    @property
-    def uses_np_head(self) -> bool:
-        return bool(self._memory_names)
+        return self.loss.sample_ce
 
     # ----------------------------------------------------------------- teachers
     def ema(self, teacher: nn.Module, decay: float, buffers: BufferMode = "ema") -> None:
@@ -146,33 +141,26 @@ class SemiSupervisedFramework(Framework):
     def student_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor) -> StudentPass:
         """One student forward over ``cat(images_l, images_u)`` with labels ``cat(labels_l, labels_u)``
         (``labels_u``: pseudo-labels with 255 where ignored) and the labeled slice as NP context."""
-        from npsemiseg.models import upsample_logits
-
         images = torch.cat([images_l, images_u], dim=0)
         labels = torch.cat([labels_l, labels_u], dim=0)
         output = self.student(images, labels=labels, num_context=images_l.shape[0])
-        return self._split(output, images.shape[-2:], images_l.shape[0], upsample_logits)
+        return self._split(output, images.shape[-2:], images_l.shape[0])
 
     def labeled_pass(self, images_l: Tensor, labels_l: Tensor) -> StudentPass:
         """A student forward over the labeled images only (supervised-only epochs, warm-ups);
         the NP head takes them as context and targets."""
-        from npsemiseg.models import upsample_logits
-
         output = self.student(images_l, labels=labels_l, num_context=images_l.shape[0])
-        return self._split(output, images_l.shape[-2:], images_l.shape[0], upsample_logits)
+        return self._split(output, images_l.shape[-2:], images_l.shape[0])
 
-    def _split(self, output: Any, size: Any, num_labeled: int, upsample: Callable[..., Tensor]) -> StudentPass:
-        logits = upsample(output.head.logits, tuple(size))
+    def _split(self, output: Any, size: Any, num_labeled: int) -> StudentPass:
+        logits = upsample_logits(output.head.logits, tuple(size))
         return StudentPass(output, logits[:, :num_labeled], logits[:, num_labeled:], num_labeled)
 
     def supervised_terms(self, student: StudentPass, labels_l: Tensor) -> dict[str, Tensor]:
-        """The supervised loss terms of the run config (CE or OHEM, + aux head) on the labeled slice,
-        plus ``kl`` (the NP head's lambda_kl x KL) when the head is NP."""
-        from npsemiseg.frameworks.supervised import supervised_loss_terms
-
-        terms = supervised_loss_terms(student.labeled_output(), labels_l, self.config)
-        if self.uses_np_head:
-            terms["kl"] = student.head.aux_loss
+        """The supervised loss terms (CE or OHEM, + aux head) on the labeled slice, plus the head's
+        auxiliary term (``kl``: the NP head's lambda_kl x KL) when the head has one."""
+        terms = supervised_loss_terms(student.labeled_output(), labels_l, self.loss)
+        terms.update(self.head_aux_losses(student.head))
         return terms
 
     def pixel_ce(self, logits: Tensor, labels: Tensor) -> Tensor:

@@ -2,24 +2,23 @@
 
 Loss = supervised CE over the head's S predictions (``head.sample_ce`` form; OHEM and the
 0.4-weighted auxiliary head loss when the config asks, as on Cityscapes) + the head's
-auxiliary loss (lambda_kl x KL for NP: context = targets = the labeled batch, so the NP
+auxiliary loss (its ``aux_loss_term``: lambda_kl x KL for NP: context = targets = the labeled batch, so the NP
 memories are filled from ground truth). The loop loads no unlabeled data for it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from torch import nn
-
-from npsemiseg.frameworks.base import Batch, Framework, FrameworkOptions, StepContext, StepResult, head_logs
-from npsemiseg.frameworks.losses import supervised_loss
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, Framework, FrameworkOptions, StepContext, StepResult, head_logs
+from npsemiseg.frameworks.losses import LossSettings, supervised_loss
 
 
 class SupervisedOptions(FrameworkOptions):
     """The supervised reference has no options of its own."""
 
 
+@FRAMEWORKS.register("supervised")
 class Supervised(Framework):
     """Labeled images only; the student is also the evaluation model."""
 
@@ -27,31 +26,23 @@ class Supervised(Framework):
     Options = SupervisedOptions
     uses_unlabeled = False
 
-    def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 config: Any = None) -> None:
-        if config is None:
-            raise ValueError("config: the supervised framework needs the RunConfig (loss and head settings)")
-        super().__init__(options, build_model, num_classes=num_classes, config=config)
-
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         """``batch.labeled``: ``image [B, 3, H, W]``, ``label [B, H, W]`` -> ``sup`` (+ ``aux``, ``kl``)."""
         images, labels = batch.labeled["image"], batch.labeled["label"]
         output = self.student(images, labels=labels, num_context=images.shape[0])
-        losses = supervised_loss_terms(output, labels, self.config)
-        if self.config.head.name == "np":
-            losses["kl"] = output.head.aux_loss
+        losses = supervised_loss_terms(output, labels, self.loss)
+        losses.update(self.head_aux_losses(output.head))
         return StepResult(losses=losses, logs=head_logs(output.head.stats))
 
 
-def supervised_loss_terms(output: Any, labels: Any, config: Any) -> dict[str, Any]:
+def supervised_loss_terms(output: Any, labels: Any, loss: LossSettings) -> dict[str, Any]:
     """:func:`supervised_loss` of a :class:`~npsemiseg.models.SegmentorOutput` whose batch is exactly
-    the labeled images ``labels [B, H, W]``, with the run config's CE form, OHEM and aux weight."""
-    loss = config.loss
+    the labeled images ``labels [B, H, W]``, with the run's CE form, OHEM and aux weight."""
     return supervised_loss(
         output.head.logits,
         output.aux_logits,
         labels,
-        sample_ce=config.head.sample_ce,
+        sample_ce=loss.sample_ce,
         ohem=loss.ohem,
         ohem_thresh=loss.ohem_thresh,
         ohem_min_kept=loss.ohem_min_kept,

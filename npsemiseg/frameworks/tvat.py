@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from npsemiseg.frameworks.pseudo_labels import mode
+
 
 def l2_normalize(d: Tensor, epsilon: float | None = None) -> Tensor:
     """``d [B, ...]`` divided by its L2 norm per batch element.
@@ -104,8 +106,6 @@ def _power_iteration(f: Tensor, classifiers: Sequence[Callable[[Tensor], Tensor]
 def frozen_classifier(model: nn.Module, **head_kwargs) -> Callable[[Tensor], Tensor]:
     """``features -> logits [S, B, K, h, w]`` through ``model.classify`` (a Segmentor's second half),
     with the model in eval mode during the call (PS-MT stops the teachers' BN and dropout)."""
-    from npsemiseg.frameworks.pseudo_labels import mode
-
     def classify(features: Tensor) -> Tensor:
         with mode(model, False):
             return model.classify(features, **head_kwargs).logits

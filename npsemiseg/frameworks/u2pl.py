@@ -35,18 +35,19 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import nn
 from pydantic import Field
+from torch import nn
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
-from npsemiseg.frameworks.base import Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import u2pl_decay
 from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
-from npsemiseg.heads.base import IGNORE_INDEX, downsample_labels, predictive
+from npsemiseg.heads.base import downsample_labels, predictive
 
 
 class U2PLOptions(FrameworkOptions):
@@ -72,14 +73,18 @@ class U2PLOptions(FrameworkOptions):
     background_queue_size: int = Field(50000, ge=1)
 
 
+@FRAMEWORKS.register("u2pl")
 class U2PL(SemiSupervisedFramework):
     """Student + EMA teacher with entropy-filtered pseudo-labels and the contrastive loss."""
 
     name = "u2pl"
+    representation_head = True
+    #: smoke: the contrastive loss on fewer anchors, negatives and queued keys
+    smoke_options = {"num_queries": 32, "num_negatives": 16, "queue_size": 1024, "background_queue_size": 1024}
     Options = U2PLOptions
 
-    def __init__(self, options, build_model, *, num_classes, config=None) -> None:
-        super().__init__(options, build_model, num_classes=num_classes, config=config)
+    def __init__(self, options, build_model, **collaborators: Any) -> None:
+        super().__init__(options, build_model, **collaborators)
         opts: U2PLOptions = self.options  # type: ignore[assignment]
         self.queues: ClassQueues | None = None
         if opts.contrastive:
@@ -90,7 +95,7 @@ class U2PL(SemiSupervisedFramework):
                     "(set model.representation_head=true or framework_options.contrastive=false)"
                 )
             dim = _representation_dim(rep_head)
-            sizes = [opts.background_queue_size] + [opts.queue_size] * (num_classes - 1)
+            sizes = [opts.background_queue_size] + [opts.queue_size] * (self.num_classes - 1)
             self.queues = ClassQueues(sizes, dim)
         #: False during the supervised-only epochs: the teacher is neither trained nor evaluated
         #: then (U2PL validates the student until its first semi-supervised epoch)

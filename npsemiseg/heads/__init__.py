@@ -1,9 +1,21 @@
-"""Classifier heads: baseline, MC dropout and NP-SemiSeg, behind one contract (``base.py``)."""
+"""Classifier heads: baseline, MC dropout and NP-SemiSeg, behind one contract (``base.py``).
 
-from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl, predictive
+Each head registers itself in :data:`HEADS` where it is defined; importing this package imports the
+built-in head modules, so their registration has run before anyone looks a head up by name.
+"""
+
+from .base import (
+    IGNORE_INDEX,
+    ClassifierHead,
+    HeadOutput,
+    check_label_values,
+    downsample_labels,
+    gaussian_kl,
+    predictive,
+)
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
 from .factory import HEADS, build_head, head_class, head_names
-from .np_head import NPDecoder, NPHead, NPLatent, LatentEncoder, SmallConvNet, attention_aggregate
+from .np_head import LatentEncoder, NPDecoder, NPHead, NPLatent, SmallConvNet, attention_aggregate
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",

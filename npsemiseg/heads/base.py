@@ -9,14 +9,18 @@ per-sample softmaxes; uncertainty is the entropy of that mean.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor, nn
 
-IGNORE_INDEX = 255
+from npsemiseg._registry import Registry
+from npsemiseg.constants import IGNORE_INDEX
+
+#: every head class by name; a head registers itself where it is defined (``@HEADS.register("np")``)
+HEADS: Registry[type["ClassifierHead"]] = Registry("head")
 
 
 @dataclass
@@ -75,6 +79,34 @@ class ClassifierHead(nn.Module):
     description: ClassVar[str] = ""
     #: True when repeated calls on the same input give different logits (MC dropout, NP)
     stochastic: bool = False
+    #: True when the head's buffers are memories a teacher copies from the student rather than averages (NP)
+    has_memories: ClassVar[bool] = False
+    #: name of the loss term ``HeadOutput.aux_loss`` is optimised as (NP: ``kl``); None: the head has none
+    aux_loss_term: ClassVar[str | None] = None
+    #: the ``paper`` preset's options of this head (``build_head`` keywords) and its max gradient norm
+    paper_options: ClassVar[Mapping[str, Any]] = {}
+    paper_grad_clip: ClassVar[float | None] = None
+    #: the ``smoke`` preset's options (small memories so that a few steps fill them)
+    smoke_options: ClassVar[Mapping[str, Any]] = {}
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The head's options with their defaults: constructor keywords after the two sizes."""
+        params = list(inspect.signature(cls.__init__).parameters.values())[3:]  # self, in_channels, num_classes
+        return {p.name: p.default for p in params}
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """``ValueError`` naming an unknown option or a bad value, without building the head."""
+        allowed = cls.option_defaults()
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for head {cls.__name__}, expected some of {sorted(allowed)}")
+        cls.check_values(**{**allowed, **dict(options)})
+
+    @classmethod
+    def check_values(cls, **options: Any) -> None:
+        """Value checks of the options (every option given); subclasses with constraints override it."""
 
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .base import ClassifierHead, HeadOutput
+from .base import HEADS, ClassifierHead, HeadOutput
 
 
 class MCDropout2d(nn.Dropout2d):
@@ -52,6 +52,7 @@ class ClassifierBlock(nn.Sequential):
         )
 
 
+@HEADS.register("baseline")
 class BaselineHead(ClassifierHead):
     """The plain (deterministic in eval) classifier head: one prediction, ``logits [1, B, K, h, w]``.
 
@@ -96,6 +97,7 @@ class BaselineHead(ClassifierHead):
         return HeadOutput(self.classifier(features)[None], self.zero_aux(features))
 
 
+@HEADS.register("mc_dropout")
 class MCDropoutHead(BaselineHead):
     """The classifier block with dropout active in ``eval()``: T stochastic passes, ``logits [T, B, K, h, w]``.
 
@@ -109,17 +111,22 @@ class MCDropoutHead(BaselineHead):
     label = "MC dropout"
     description = "MC dropout (uncertainty from T dropout samples)"
     mc_dropout = True
+    smoke_options = {"num_samples": 2}
 
     def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, num_samples: int = 5,
                  train_samples: int = 1) -> None:
-        if dropout <= 0.0:
+        self.check_values(dropout=dropout, num_samples=num_samples, train_samples=train_samples)
+        super().__init__(in_channels, num_classes, dropout)
+        self.num_samples = num_samples
+        self.train_samples = train_samples
+
+    @classmethod
+    def check_values(cls, *, dropout: float, num_samples: int, train_samples: int) -> None:
+        if not dropout > 0.0:
             raise ValueError(f"dropout: MC dropout needs a probability in (0, 1), got {dropout}")
         for name, value in (("num_samples", num_samples), ("train_samples", train_samples)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        super().__init__(in_channels, num_classes, dropout)
-        self.num_samples = num_samples
-        self.train_samples = train_samples
 
     @property
     def default_num_samples(self) -> int:  # type: ignore[override]

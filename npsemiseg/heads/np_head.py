@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
+from .base import HEADS, IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
 
 ATTENTIONS = ("euclidean", "squared", "per_channel", "mean")
 KL_FORMS = ("paper", "authors")
@@ -410,6 +410,7 @@ class NPDecoder(nn.Module):
         return logits.view(t, b, *logits.shape[1:])
 
 
+@HEADS.register("np")
 class NPHead(ClassifierHead):
     """NP-SemiSeg's head: per-class memories, attention aggregator, latent and deterministic paths.
 
@@ -440,6 +441,13 @@ class NPHead(ClassifierHead):
     stochastic = True
     label = "NP-SemiSeg"
     description = "the NP-SemiSeg neural-process head (uncertainty from T latent samples)"
+    aux_loss_term = "kl"
+    has_memories = True
+    #: lambda_kl, memory length Q and T of the NP configs (``np_head_reference.md`` section 2), clipped at 5.0
+    paper_options = {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5}
+    paper_grad_clip = 5.0
+    smoke_options = {"lambda_kl": 0.005, "memory_size": 64, "num_samples": 2, "latent_dim": 8, "hidden_channels": 16,
+                     "enqueue_per_class": 16}
 
     def __init__(
         self,
@@ -460,18 +468,12 @@ class NPHead(ClassifierHead):
         hidden_channels: int = 256,
     ) -> None:
         super().__init__(in_channels, num_classes)
-        self.latent_dim = _positive_int("latent_dim", latent_dim)
-        self.memory_size = _positive_int("memory_size", memory_size)
-        self.num_samples = _positive_int("num_samples", num_samples)
-        self.attention = _choice("attention", attention, ATTENTIONS)
-        self.kl = _choice("kl", kl, KL_FORMS)
-        if enqueue_per_class is None:
-            enqueue_per_class = memory_size
-        if _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
-            raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
-        self.enqueue_per_class = enqueue_per_class
-        if not lambda_kl >= 0.0:
-            raise ValueError(f"lambda_kl: expected a number >= 0, got {lambda_kl!r}")
+        self.check_values(latent_dim=latent_dim, memory_size=memory_size, num_samples=num_samples, attention=attention,
+                          kl=kl, decoder_impl=decoder_impl, enqueue_per_class=enqueue_per_class, lambda_kl=lambda_kl,
+                          decoder_norm=decoder_norm, hidden_channels=hidden_channels)
+        self.latent_dim, self.memory_size, self.num_samples = latent_dim, memory_size, num_samples
+        self.attention, self.kl = attention, kl
+        self.enqueue_per_class = memory_size if enqueue_per_class is None else enqueue_per_class
         self.lambda_kl = float(lambda_kl)
         self.detach_query = bool(detach_query)
         self.mask_empty = bool(mask_empty)
@@ -487,6 +489,22 @@ class NPHead(ClassifierHead):
             self.register_buffer(f"{name}_count", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_centers", torch.zeros(num_classes, latent_dim))
         self.reset_parameters()
+
+    @classmethod
+    def check_values(cls, *, latent_dim: int, memory_size: int, num_samples: int, attention: str, kl: str,
+                     decoder_impl: str, enqueue_per_class: int | None, lambda_kl: float, decoder_norm: str,
+                     hidden_channels: int, **flags: bool) -> None:
+        for name, value in (("latent_dim", latent_dim), ("memory_size", memory_size), ("num_samples", num_samples),
+                            ("hidden_channels", hidden_channels)):
+            _positive_int(name, value)
+        _choice("attention", attention, ATTENTIONS)
+        _choice("kl", kl, KL_FORMS)
+        _choice("decoder_impl", decoder_impl, DECODER_IMPLS)
+        _choice("decoder_norm", decoder_norm, DECODER_NORMS)
+        if enqueue_per_class is not None and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
+            raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
+        if not (isinstance(lambda_kl, (int, float)) and lambda_kl >= 0.0):
+            raise ValueError(f"lambda_kl: expected a number >= 0, got {lambda_kl!r}")
 
     def reset_parameters(self) -> None:
         """Xavier-normal weights and zero biases everywhere (as the authors' head)."""

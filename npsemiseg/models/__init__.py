@@ -1,11 +1,11 @@
 """Segmentation models: dilated ResNet backbones, DeepLabv3+ variants and the segmentor."""
 
-from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
+from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import (
-    VARIANTS,
+    MODEL_VARIANTS,
     AuxiliaryHead,
-    DeepLabV3PlusDecoder,
     DecoderVariant,
+    DeepLabV3PlusDecoder,
     RepresentationHead,
     feature_channels,
 )
@@ -20,7 +20,8 @@ from .segmentor import (
 )
 
 __all__ = [
-    "VARIANTS",
+    "BACKBONES",
+    "MODEL_VARIANTS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "AuxiliaryHead",

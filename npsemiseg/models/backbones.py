@@ -26,6 +26,8 @@ from torch import Tensor, nn
 from torchvision.models import ResNet50_Weights, ResNet101_Weights, WeightsEnum
 from torchvision.models.resnet import Bottleneck, conv1x1
 
+from npsemiseg._registry import Registry
+
 NormLayer = Callable[[int], nn.Module]
 
 
@@ -39,12 +41,12 @@ class ResNetSpec:
     imagenet_weights: WeightsEnum | None
 
 
-RESNET_SPECS: dict[str, ResNetSpec] = {
-    "resnet50": ResNetSpec((3, 4, 6, 3), (64, 128, 256, 512), 64, ResNet50_Weights.IMAGENET1K_V1),
-    "resnet101": ResNetSpec((3, 4, 23, 3), (64, 128, 256, 512), 64, ResNet101_Weights.IMAGENET1K_V1),
-    # CPU smoke runs: same block type, strides and dilations, ~1/8 of the widths.
-    "resnet_small": ResNetSpec((1, 1, 1, 3), (8, 16, 32, 64), 16, None),
-}
+#: every backbone by name
+BACKBONES: Registry[ResNetSpec] = Registry("backbone")
+BACKBONES.add("resnet50", ResNetSpec((3, 4, 6, 3), (64, 128, 256, 512), 64, ResNet50_Weights.IMAGENET1K_V1))
+BACKBONES.add("resnet101", ResNetSpec((3, 4, 23, 3), (64, 128, 256, 512), 64, ResNet101_Weights.IMAGENET1K_V1))
+# CPU smoke runs: same block type, strides and dilations, ~1/8 of the widths.
+BACKBONES.add("resnet_small", ResNetSpec((1, 1, 1, 3), (8, 16, 32, 64), 16, None))
 
 
 class BackboneFeatures(NamedTuple):
@@ -187,9 +189,7 @@ def build_backbone(
     cache under ``torch.hub.get_dir()``; downloaded there when ``allow_download`` and online) or a
     path to a local file (torchvision layout, or the deep-stem layout with ``deep_stem=True``).
     """
-    if name not in RESNET_SPECS:
-        raise ValueError(f"backbone must be one of {sorted(RESNET_SPECS)}, got {name!r}")
-    spec = RESNET_SPECS[name]
+    spec = BACKBONES.get(name)
     state_dict = None
     if isinstance(weights, str) and weights == "imagenet":
         state_dict = imagenet_state_dict(name, deep_stem=deep_stem, allow_download=allow_download)
@@ -216,7 +216,7 @@ def imagenet_state_dict(name: str, *, deep_stem: bool = False, allow_download: b
     Raises ``ValueError`` where none fit (``resnet_small``, deep stem) and ``FileNotFoundError``
     naming the cache path when the file is not cached and cannot be downloaded.
     """
-    weights = RESNET_SPECS[name].imagenet_weights
+    weights = BACKBONES.get(name).imagenet_weights
     if weights is None:
         raise ValueError(f"weights='imagenet': no ImageNet weights exist for backbone {name!r}; use weights=None")
     if deep_stem:

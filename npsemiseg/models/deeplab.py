@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from npsemiseg._registry import Registry
 from npsemiseg.heads.classifier import MCDropout2d
 
 
@@ -44,17 +45,18 @@ class DecoderVariant:
     aspp_dropout: float = 0.0  # train-only dropout after the ASPP projection
 
 
-VARIANTS: dict[str, DecoderVariant] = {
-    "u2pl": DecoderVariant("u2pl", 8, (12, 24, 36), low_level_channels=256, aspp_dropout=0.1),
-    "augseg": DecoderVariant("augseg", 16, (6, 12, 18), low_level_channels=48),
-    "psmt": DecoderVariant("psmt", 16, (6, 12, 18), low_level_channels=48),
-}
+#: every DeepLabv3+ variant by name (a framework names the one it uses: ``Framework.model_variant``)
+MODEL_VARIANTS: Registry[DecoderVariant] = Registry("model variant")
+for _variant in (
+    DecoderVariant("u2pl", 8, (12, 24, 36), low_level_channels=256, aspp_dropout=0.1),
+    DecoderVariant("augseg", 16, (6, 12, 18), low_level_channels=48),
+    DecoderVariant("psmt", 16, (6, 12, 18), low_level_channels=48),
+):
+    MODEL_VARIANTS.add(_variant.name, _variant)
 
 
 def get_variant(variant: str) -> DecoderVariant:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-    return VARIANTS[variant]
+    return MODEL_VARIANTS.get(variant)
 
 
 def feature_channels(variant: str, *, aspp_channels: int | None = None, low_level_channels: int | None = None) -> int:

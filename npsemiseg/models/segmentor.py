@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npsemiseg.heads.base import ClassifierHead, HeadOutput
+from npsemiseg.heads.factory import build_head
 
 from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, feature_channels, get_variant
@@ -237,26 +238,13 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
 
 
 def build_segmentor(
-    *,
-    num_classes: int,
-    head: ClassifierHead | str,
-    head_options: dict[str, Any] | None = None,
-    variant: str = "u2pl",
-    backbone: str = "resnet50",
-    weights: str | os.PathLike | None = None,
-    deep_stem: bool = False,
-    output_stride: int | None = None,
-    multi_grid: Sequence[int] | None = (1, 2, 4),
-    zero_init_residual: bool = True,
-    aspp_channels: int | None = None,
-    low_level_channels: int | None = None,
-    aspp_rates: Sequence[int] | None = None,
-    aux_head: bool = False,
-    representation_head: bool = False,
-    representation_dim: int = 256,
-    mc_dropout_scope: str = "decoder",
-    samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS,
-    allow_download: bool = True,
+    *, num_classes: int, head: ClassifierHead | str, head_options: dict[str, Any] | None = None,
+    variant: str = "u2pl", backbone: str = "resnet50", weights: str | os.PathLike | None = None,
+    deep_stem: bool = False, output_stride: int | None = None, multi_grid: Sequence[int] | None = (1, 2, 4),
+    zero_init_residual: bool = True, aspp_channels: int | None = None, low_level_channels: int | None = None,
+    aspp_rates: Sequence[int] | None = None, aux_head: bool = False, representation_head: bool = False,
+    representation_dim: int = 256, mc_dropout_scope: str = "decoder",
+    samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS, allow_download: bool = True,
 ) -> Segmentor:
     """Build a segmentor for one framework variant.
 
@@ -280,36 +268,19 @@ def build_segmentor(
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
     channels = feature_channels(variant, aspp_channels=aspp_channels, low_level_channels=low_level_channels)
-    if isinstance(head, str):
-        from npsemiseg.heads import build_head
-
-        head = build_head(head, channels, num_classes, **(head_options or {}))
-    elif head_options:
-        raise ValueError("head_options: only used when head is a name, not a built head")
-    if head.num_classes != num_classes:
-        raise ValueError(f"head: built for {head.num_classes} classes, num_classes is {num_classes}")
-    encoder = build_backbone(
-        backbone,
-        output_stride=output_stride or spec.output_stride,
-        multi_grid=multi_grid,
-        deep_stem=deep_stem,
-        weights=weights,
-        zero_init_residual=zero_init_residual,
-        allow_download=allow_download,
-    )
+    head = _classifier_head(head, head_options, channels, num_classes)
+    encoder = build_backbone(backbone, output_stride=output_stride or spec.output_stride, multi_grid=multi_grid,
+                             deep_stem=deep_stem, weights=weights, zero_init_residual=zero_init_residual,
+                             allow_download=allow_download)
     mc_dropout = 0.0
     if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
         mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
-    hidden = aspp_channels or spec.aspp_channels  # 256 as U2PL's aux/representation heads; narrow in smoke runs
     decoder = DeepLabV3PlusDecoder(
-        variant,
-        encoder.channels["high_level"],
-        encoder.channels["low_level"],
-        aspp_channels=aspp_channels,
-        low_level_channels=low_level_channels,
-        aspp_rates=tuple(aspp_rates) if aspp_rates is not None else None,
+        variant, encoder.channels["high_level"], encoder.channels["low_level"], aspp_channels=aspp_channels,
+        low_level_channels=low_level_channels, aspp_rates=tuple(aspp_rates) if aspp_rates is not None else None,
         mc_dropout=mc_dropout,
     )
+    hidden = aspp_channels or spec.aspp_channels  # 256 as U2PL's aux/representation heads; narrow in smoke runs
     return Segmentor(
         encoder,
         decoder,
@@ -320,3 +291,15 @@ def build_segmentor(
         ),
         samples_per_pass=samples_per_pass,
     )
+
+
+def _classifier_head(head: ClassifierHead | str, head_options: dict[str, Any] | None, channels: int,
+                     num_classes: int) -> ClassifierHead:
+    """``head`` built by name with ``head_options`` (or checked, when already built) for ``channels`` features."""
+    if isinstance(head, str):
+        head = build_head(head, channels, num_classes, **(head_options or {}))
+    elif head_options:
+        raise ValueError("head_options: only used when head is a name, not a built head")
+    if head.num_classes != num_classes:
+        raise ValueError(f"head: built for {head.num_classes} classes, num_classes is {num_classes}")
+    return head

@@ -1,25 +1,14 @@
-"""The run configuration: the single, validated description of one cell of the study.
+"""The schema of the run configuration: one frozen pydantic model per section and :class:`RunConfig`.
 
-A :class:`RunConfig` names the framework, dataset, partition and classifier head and
-fixes everything else a run depends on (model, optimisation, schedule, supervised
-loss, evaluation, data, seed). Every section forbids unknown keys and the whole
-object is frozen; changes go through :meth:`RunConfig.with_overrides`, which
-re-validates. The ``runtime`` section (device, AMP, SyncBN, progress, where
-checkpoints go) says *how* a run is executed, not *what* it computes, and is left
-out of :attr:`RunConfig.cell_id`.
-
-Presets (:meth:`RunConfig.from_preset`): ``paper`` holds the paper's settings per
-dataset family and framework (sources cited next to each value in
-``npsemiseg/presets.py``); ``smoke`` is a tiny model on tiny synthetic images that
-trains in seconds on one CPU core.
+Names of frameworks, heads, datasets, model variants and backbones are checked against their
+registries (the same unknown-name error everywhere); fields that depend on others are resolved by
+:mod:`npsemiseg.config.resolve` while validating.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -36,7 +25,21 @@ from pydantic import (
     model_validator,
 )
 
-from npsemiseg.frameworks.losses import SampleCE
+from npsemiseg.config.overrides import apply_overrides
+from npsemiseg.config.resolve import (
+    NOT_APPLICABLE,
+    augmentation_defaults,
+    framework_option_keys,
+    head_option_defaults,
+    resolved_values,
+)
+from npsemiseg.constants import SampleCE
+from npsemiseg.data import dataset_info
+from npsemiseg.data.info import DATASETS
+from npsemiseg.frameworks import FRAMEWORKS
+from npsemiseg.heads import HEADS
+from npsemiseg.models import BACKBONES, MODEL_VARIANTS
+from npsemiseg.presets import preset_values
 
 #: Sections whose fields never change what a run computes (left out of ``cell_id``).
 IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers")
@@ -46,8 +49,6 @@ CELL_ID_LENGTH = 12
 # libyaml's safe loader/dumper when available (10x faster than the pure-Python ones, same output)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-HEAD_NAMES: tuple[str, ...] = ("baseline", "mc_dropout", "np")
 
 
 class Section(BaseModel):
@@ -59,15 +60,20 @@ class Section(BaseModel):
 class HeadConfig(Section):
     """The classifier head: which class (``name``), its label in tables (``variant``), its options.
 
-    ``options`` are keyword arguments of ``npsemiseg.heads.build_head(name, ...)``, checked by
-    building the head once. ``sample_ce``: cross-entropy over the S predictions, ``elbo`` (mean of
+    ``name``: a registered head (``npsemiseg.heads.head_names()``). ``options`` are keyword arguments of
+    ``npsemiseg.heads.build_head(name, ...)``, checked against the head class. ``sample_ce``: cross-entropy over the S predictions, ``elbo`` (mean of
     per-sample CEs, the paper) or ``mean_logits`` (CE of the mean logits, the authors' code).
     """
 
-    name: Literal["baseline", "mc_dropout", "np"] = "baseline"
+    name: str = "baseline"
     variant: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
     sample_ce: SampleCE = "elbo"
+
+    @field_validator("name", mode="after")
+    @classmethod
+    def _registered_head(cls, value: str) -> str:
+        return HEADS.check(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -85,14 +91,24 @@ class ModelConfig(Section):
     ``options``: further ``build_segmentor`` keyword arguments (widths, output stride, ...).
     """
 
-    variant: Literal["u2pl", "augseg", "psmt"] = "u2pl"
-    backbone: Literal["resnet50", "resnet101", "resnet_small"] = "resnet50"
+    variant: str = "u2pl"
+    backbone: str = "resnet50"
     weights: str | None = "imagenet"
     deep_stem: bool = False
     aux_head: bool = False
     representation_head: bool | None = None
     mc_dropout_scope: Literal["decoder", "head"] = "decoder"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("variant", mode="after")
+    @classmethod
+    def _registered_variant(cls, value: str) -> str:
+        return MODEL_VARIANTS.check(value)
+
+    @field_validator("backbone", mode="after")
+    @classmethod
+    def _registered_backbone(cls, value: str) -> str:
+        return BACKBONES.check(value)
 
 
 class OptimConfig(Section):
@@ -177,7 +193,7 @@ class DataConfig(Section):
     ``train_size``, ``image_size``). ``augmentation``: keyword arguments of
     ``npsemiseg.data.transforms.train_transform`` besides the crop (``resize``, ``scale_range``,
     ``base_size``, ``strong``, ``flip``, ``label_pad_value``); empty = the framework's pipeline
-    from ``paper_augmentation(framework, dataset family)``. ``labeled_strong_view``: labeled images
+    (``paper_augmentation(framework.augmentation, dataset family)``). ``labeled_strong_view``: labeled images
     also get the strong view (None = when the framework's ``strong_labeled`` option asks: PS-MT,
     whose student sees labeled images strongly augmented).
     """
@@ -212,12 +228,6 @@ class RuntimeConfig(Section):
     stop_at_step: PositiveInt | None = None
 
 
-def _dataset_info(dataset: str, options: Mapping[str, Any] | None = None):
-    from npsemiseg.data import dataset_info
-
-    return dataset_info(dataset, **dict(options or {}))
-
-
 class RunConfig(Section):
     """One cell: framework x dataset x partition x head, and every setting the run depends on.
 
@@ -243,63 +253,43 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     # ----------------------------------------------------------------- validation
+    @field_validator("framework", mode="after")
+    @classmethod
+    def _registered_framework(cls, value: str) -> str:
+        return FRAMEWORKS.check(value)
+
+    @field_validator("dataset", mode="after")
+    @classmethod
+    def _registered_dataset(cls, value: str) -> str:
+        return DATASETS.check(value)
+
     @field_validator("framework_options", mode="after")
     @classmethod
     def _validate_framework_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         name = info.data.get("framework")
         if name is None:  # the framework name itself failed validation
             return value
-        from npsemiseg.frameworks import get_framework
-
-        options_cls = get_framework(name).Options
         try:
-            return options_cls.model_validate(value).model_dump(mode="json")
+            return FRAMEWORKS.get(name).Options.model_validate(value).model_dump(mode="json")
         except ValueError as error:
             raise ValueError(f"options of framework {name!r}: {error}") from None
 
-    @field_validator("framework", mode="after")
+    @model_validator(mode="wrap")
     @classmethod
-    def _known_framework(cls, value: str) -> str:
-        from npsemiseg.frameworks import FRAMEWORK_MODULES
-
-        if value not in FRAMEWORK_MODULES:
-            raise ValueError(f"expected one of {list(FRAMEWORK_MODULES)}, got {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _resolve_dependent_fields(self) -> RunConfig:
-        info = _dataset_info(self.dataset, self.data.options)
-        partition = info.resolve_partition(self.partition)
-        if self.list_variant not in info.list_variants:
-            raise ValueError(f"list_variant: {self.dataset} has lists {list(info.list_variants)}, got {self.list_variant!r}")
-        evaluation = self.evaluation
-        mode = evaluation.mode or info.eval_mode
-        crop = evaluation.crop_size or info.eval_crop_size
-        stride = evaluation.stride
-        if stride is None and mode in ("sliding", "sliding_global"):
-            stride = math.ceil(crop * 2 / 3)
-        model = self.model
-        if model.representation_head is None:
-            model = model.model_copy(update={"representation_head": self.framework == "u2pl"})
-        _check_head_options(self.head, info.num_classes)
-        data = self.data.model_copy(update={
-            "augmentation": _resolve_augmentation(self.framework, info, self.data.augmentation),
-            # None: as the framework asks (PS-MT's ``strong_labeled`` option; no other framework uses it)
-            "labeled_strong_view": bool(self.framework_options.get("strong_labeled", False))
-            if self.data.labeled_strong_view is None else self.data.labeled_strong_view,
-        })
-        # frozen model: the resolved values are written once, here, before anyone sees the object
-        object.__setattr__(self, "partition", partition)
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "data", data)
-        object.__setattr__(self, "evaluation", evaluation.model_copy(update={"mode": mode, "crop_size": crop, "stride": stride}))
-        return self
+    def _resolve_dependent_fields(cls, data: Any, handler: Any) -> RunConfig:
+        """Validate, then (when a dependent field was unresolved) validate the resolved values once more:
+        the object anyone sees is built with its resolved values, never changed afterwards."""
+        config = handler(data)
+        values = resolved_values(config)
+        if values == config.model_dump(mode="json"):
+            return config
+        return handler(values)
 
     # ----------------------------------------------------------------- derived values
     @property
     def dataset_info(self):
         """``npsemiseg.data.dataset_info`` of this run's dataset (with its data options)."""
-        return _dataset_info(self.dataset, self.data.options)
+        return dataset_info(self.dataset, **dict(self.data.options))
 
     @property
     def num_classes(self) -> int:
@@ -338,20 +328,12 @@ class RunConfig(Section):
         head does not take). Free-form dicts (``model.options``, ``data.options``) are as given.
         """
         data = self.model_dump(mode="json")
-        framework_defaults = dict.fromkeys(_framework_option_keys(), NOT_APPLICABLE)
+        framework_defaults = dict.fromkeys(framework_option_keys(), NOT_APPLICABLE)
         data["framework_options"] = {**framework_defaults, **data["framework_options"]}
-        data["head"]["options"] = {**_head_option_defaults(self.head.name), **data["head"]["options"]}
-        data["data"]["augmentation"] = {**_augmentation_defaults(), **data["data"]["augmentation"]}
+        data["head"]["options"] = {**head_option_defaults(self.head.name), **data["head"]["options"]}
+        data["data"]["augmentation"] = {**augmentation_defaults(), **data["data"]["augmentation"]}
         out: dict[str, str] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict) and value:
-                for key, item in value.items():
-                    walk(f"{prefix}.{key}" if prefix else str(key), item)
-            else:
-                out[prefix] = value if isinstance(value, str) else json.dumps(value)
-
-        walk("", data)
+        _flatten("", data, out)
         return out
 
     # ----------------------------------------------------------------- construction
@@ -373,10 +355,8 @@ class RunConfig(Section):
         ``head.options``, ``model.options``, ``data.options``, ``data.augmentation``) is merged into
         the preset's.
         """
-        from npsemiseg.presets import preset_values
-
         values = preset_values(preset, framework=framework, dataset=dataset, partition=str(partition), head=head)
-        merged = _apply_overrides(values, overrides)
+        merged = apply_overrides(cls, values, overrides)
         return cls.model_validate(merged)
 
     def with_overrides(self, overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> RunConfig:
@@ -397,7 +377,7 @@ class RunConfig(Section):
             values["head"]["options"] = {}
             if self.head.variant == self.head.name:
                 values["head"]["variant"] = ""
-        return type(self).model_validate(_apply_overrides(values, changes))
+        return type(self).model_validate(apply_overrides(type(self), values, changes))
 
     # ----------------------------------------------------------------- YAML
     def to_yaml(self) -> str:
@@ -418,179 +398,10 @@ class RunConfig(Section):
         return cls.model_validate(data)
 
 
-def _resolve_augmentation(framework: str, info: Any, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The training augmentation: the framework's paper pipeline updated with ``given``, checked
-    against ``train_transform``'s keywords (unknown keys -> ValueError naming them).
-
-    On synthetic data a long-side resize is relative to the synthetic image size, not VOC's 500 px.
-    """
-    import inspect
-
-    from npsemiseg.data.transforms import paper_augmentation, train_transform
-    from npsemiseg.presets import dataset_family
-
-    allowed = set(inspect.signature(train_transform).parameters) - {"crop_size"}
-    unknown = sorted(set(given) - allowed)
-    if unknown:
-        raise ValueError(f"data.augmentation: unknown key(s) {unknown}, expected some of {sorted(allowed)}")
-    paper = paper_augmentation(framework, dataset_family(info.name))
-    if info.synthetic and paper.get("base_size") is not None:
-        size = info.options.get("image_size", 64)
-        paper["base_size"] = int(max(size) if isinstance(size, (tuple, list)) else size)
-    resolved = {**paper, **dict(given)}
-    if "scale_range" in resolved and resolved["scale_range"] is not None:
-        resolved["scale_range"] = [float(v) for v in resolved["scale_range"]]
-    return resolved
-
-
-#: ``flat()``'s value of an option that the cell's framework or head does not take
-NOT_APPLICABLE = "n/a"
-
-
-@functools.lru_cache(maxsize=1)
-def _framework_option_keys() -> tuple[str, ...]:
-    """Every option name of every framework (sorted)."""
-    from npsemiseg.frameworks import framework_names, get_framework
-
-    return tuple(sorted({key for name in framework_names() for key in get_framework(name).Options.model_fields}))
-
-
-@functools.lru_cache(maxsize=len(HEAD_NAMES))
-def _head_option_defaults(name: str) -> dict[str, Any]:
-    """Every option name of every head -> head ``name``'s default (JSON types), or ``NOT_APPLICABLE``."""
-    import inspect
-
-    from npsemiseg.heads.factory import head_options
-
-    keys = sorted({key for head in HEAD_NAMES for key in head_options(head)})
-    own = {key: value for key, value in head_options(name).items() if value is not inspect.Parameter.empty}
-    return {key: _json_value(own[key]) if key in own else NOT_APPLICABLE for key in keys}
-
-
-@functools.lru_cache(maxsize=1)
-def _augmentation_defaults() -> dict[str, Any]:
-    """``train_transform``'s keywords besides the crop -> their defaults (JSON types)."""
-    import inspect
-
-    from npsemiseg.data.transforms import train_transform
-
-    parameters = inspect.signature(train_transform).parameters.values()
-    return {p.name: _json_value(p.default) for p in parameters if p.name != "crop_size"}
-
-
-def _json_value(value: Any) -> Any:
-    """A default as it reads after a JSON round trip (tuples become lists)."""
-    return json.loads(json.dumps(value))
-
-
-def _check_head_options(head: HeadConfig, num_classes: int) -> None:
-    """Build the head once on a tiny input width so unknown or invalid options fail here, by name."""
-    error = _head_options_error(head.name, json.dumps(head.options, sort_keys=True), num_classes)
-    if error is not None:
-        raise ValueError(f"head.options for head {head.name!r}: {error}")
-
-
-@functools.lru_cache(maxsize=256)
-def _head_options_error(name: str, options_json: str, num_classes: int) -> str | None:
-    """The error building head ``name`` with these options gives, or None (cached: grids repeat them).
-
-    Under a forked RNG: creating a config must not move torch's global random state."""
-    import torch
-
-    from npsemiseg.heads import build_head
-
-    try:
-        with torch.random.fork_rng(devices=[]):
-            build_head(name, 16, num_classes, **json.loads(options_json))
-    except (TypeError, ValueError) as error:
-        return str(error)
-    return None
-
-
-def _parse_scalar(value: Any) -> Any:
-    """A command-line string as the value it spells: ``"null"`` -> None, ``"true"`` -> True,
-    ``"3"`` -> 3, ``"1e-3"`` -> 0.001, ``"[1, 2]"`` -> [1, 2]; anything else stays a string
-    (YAML 1.1's ``on``/``off``/``yes``/``no`` are *not* booleans here)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    lowered = text.lower()
-    if lowered in ("null", "~"):  # not "none": a valid string value of some options (ema_buffers)
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for number in (int, float):
-        try:
-            return number(text)
-        except ValueError:
-            pass
-    if text[:1] in "[{" and text[-1:] in "]}":
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError:
-            return value
-    return value
-
-
-def _apply_overrides(values: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply dotted-key or section overrides to a nested dict of configuration values.
-
-    Keys must exist in :class:`RunConfig`'s schema, except below free-form option dicts
-    (``framework_options``, ``head.options``, ``model.options``, ``data.options``), which their
-    own validators check. Raises ``ValueError`` naming an unknown key.
-    """
-    result = json.loads(json.dumps(values))  # deep copy of plain data
-    for key, raw in overrides.items():
-        if isinstance(raw, Mapping) and key in _section_models():
-            for sub, item in raw.items():
-                _set_dotted(result, f"{key}.{sub}", item)
-        else:
-            _set_dotted(result, key, raw)
-    return result
-
-
-def _section_models() -> dict[str, type[BaseModel]]:
-    return {
-        name: field.annotation
-        for name, field in RunConfig.model_fields.items()
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-    }
-
-
-_FREE_FORM = {"framework_options", "head.options", "model.options", "data.options", "data.augmentation"}
-
-
-def _set_dotted(values: dict[str, Any], key: str, raw: Any) -> None:
-    parts = key.split(".")
-    model: type[BaseModel] | None = RunConfig
-    node = values
-    path: list[str] = []
-    for index, part in enumerate(parts):
-        path.append(part)
-        dotted = ".".join(path)
-        last = index == len(parts) - 1
-        if model is not None:
-            if part not in model.model_fields:
-                valid = ", ".join(sorted(model.model_fields))
-                where = ".".join(path[:-1]) or "the configuration"
-                raise ValueError(f"unknown configuration key {key!r}: {where} has no field {part!r} (valid: {valid})")
-            annotation = model.model_fields[part].annotation
-            next_model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-            if not last and next_model is None and dotted not in _FREE_FORM:
-                raise ValueError(f"unknown configuration key {key!r}: {dotted} is a value, not a section")
-        else:
-            next_model = None
-        if last:
-            if isinstance(raw, Mapping) and isinstance(node.get(part), dict):
-                if dotted in _FREE_FORM:  # option dicts are merged: the preset's other options stay
-                    node[part] = {**node[part], **{k: _parse_scalar(v) for k, v in raw.items()}}
-                else:
-                    for sub, item in raw.items():
-                        _set_dotted(values, f"{key}.{sub}", item)
-            else:
-                node[part] = _parse_scalar(raw)
-            return
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-        model = next_model
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    """``out[dotted key] = string value`` for every leaf of a nested dict (empty dicts are leaves)."""
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)
+    else:
+        out[prefix] = value if isinstance(value, str) else json.dumps(value)

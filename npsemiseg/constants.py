@@ -1,0 +1,12 @@
+"""Values every layer of the library shares (a leaf module: imports nothing of npsemiseg)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+#: label value of pixels that no loss or metric counts (VOC's outlines, Cityscapes' void, dropped pseudo-labels)
+IGNORE_INDEX = 255
+
+#: cross-entropy over the S predictions of a head: ``elbo`` (mean of per-sample CEs, the paper) or
+#: ``mean_logits`` (CE of the mean logits, the authors' code)
+SampleCE = Literal["elbo", "mean_logits"]

@@ -1,0 +1,91 @@
+"""Evaluation during and at the end of a run, and the files it reports: the uncertainty-map figure,
+the reliability diagram and the per-class IoU tables (``Callbacks.on_artifact``)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
+from npsemiseg.evaluation.evaluator import evaluate
+from npsemiseg.frameworks import Framework
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.training.data_order import derive_seed
+from npsemiseg.training.step import autocast
+
+#: figures the final evaluation reports through ``Callbacks.on_artifact`` (stable artifact names)
+UNCERTAINTY_ARTIFACT = "figures/uncertainty_maps.png"
+RELIABILITY_ARTIFACT = "figures/reliability.png"
+#: validation images shown (one row each) in the uncertainty-map figure
+FIGURE_IMAGES = 4
+
+
+def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
+                 device: torch.device, figure_dir: Path | None = None) -> dict[str, float]:
+    """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG."""
+    ev = config.evaluation
+    model = framework.eval_model()
+    # a deterministic head makes exactly one prediction; T applies to stochastic heads only
+    num_samples = ev.num_samples if getattr(unwrap(model).head, "stochastic", True) else None
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        torch.manual_seed(derive_seed(config.seed, "evaluation", step))
+        with autocast(config, device):
+            metrics = evaluate(
+                model, datasets["val"], num_classes=config.num_classes, mode=ev.mode,
+                num_samples=num_samples, crop_size=ev.crop_size, stride=ev.stride,
+                class_names=config.dataset_info.class_names, max_images=ev.max_images,
+                pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,
+                pavpu_uncertainty_threshold=ev.pavpu_uncertainty_threshold,
+                figure_dir=figure_dir, num_figures=FIGURE_IMAGES if figure_dir is not None else 0,
+            )
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def final_evaluation(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
+                     device: torch.device, rank: int, output_dir: Path | None, callbacks: Callbacks) -> dict[str, float]:
+    """The last evaluation, with the uncertainty-map figure and the reliability diagram when asked."""
+    if not config.evaluation.figures:
+        metrics = evaluate_run(framework, datasets, config, step=step, device=device)
+        callbacks.on_evaluation(step, metrics)
+        return metrics
+    with contextlib.ExitStack() as stack:
+        if output_dir is not None:
+            figure_dir = output_dir / "figures"
+        else:  # the files live while the callbacks copy them
+            figure_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="npsemiseg-figures-")))
+        metrics = evaluate_run(framework, datasets, config, step=step, device=device, figure_dir=figure_dir)
+        callbacks.on_evaluation(step, metrics)
+        if rank == 0:
+            uncertainty = figure_dir / "uncertainty_maps.png"
+            reliability = figure_dir / "reliability.png"
+            if uncertainty.is_file():
+                callbacks.on_artifact(UNCERTAINTY_ARTIFACT, uncertainty)
+            if reliability.is_file():
+                callbacks.on_artifact(RELIABILITY_ARTIFACT, reliability)
+    return metrics
+
+
+def per_class_artifacts(metrics: dict[str, float], output_dir: Path | None, callbacks: Callbacks) -> None:
+    """``tables/per_class_iou.csv`` and ``.json`` from the final metrics' ``iou/<class>`` entries."""
+    rows = [(k.split("/", 1)[1], v) for k, v in metrics.items() if k.startswith("iou/")]
+    if not rows:
+        return
+    with contextlib.ExitStack() as stack:
+        directory = (output_dir / "tables") if output_dir is not None else Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="npsemiseg-tables-")))
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "per_class_iou.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["class", "iou"])
+            writer.writerows(rows)
+        (directory / "per_class_iou.json").write_text(json.dumps(dict(rows), indent=1, allow_nan=True))
+        callbacks.on_artifact("tables/per_class_iou.csv", directory / "per_class_iou.csv")
+        callbacks.on_artifact("tables/per_class_iou.json", directory / "per_class_iou.json")

@@ -1,0 +1,153 @@
+"""Checkpoint I/O: atomic writes with a ``latest`` pointer, resolution of a checkpoint root, exact restore.
+
+A checkpoint holds every module of the framework, its extra state, the optimiser, the schedule and
+data position, every rank's RNG states and the evaluation history, so N steps + checkpoint + restore
++ N steps gives the same weights as 2N straight steps.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import Framework
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.training.data_order import derive_seed
+from npsemiseg.training.plan import Plan
+
+CHECKPOINT_FORMAT = 1
+STATE_FILE = "state.pt"
+LATEST_FILE = "latest"
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch (CPU and, when initialised, CUDA), numpy and python RNG states."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(root: Path, *, step: int, state: dict[str, Any], config: RunConfig, keep: int) -> Path:
+    """Write ``state`` under ``root/step_XXXXXXXX`` atomically (temporary directory + rename), point
+    ``root/latest`` at it and keep only the newest ``keep`` checkpoints. Returns the directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:08d}"
+    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / "config.yaml").write_text(config.to_yaml())
+    final = root / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = root / f".{LATEST_FILE}-{uuid.uuid4().hex[:8]}"
+    latest_tmp.write_text(name + "\n")
+    os.replace(latest_tmp, root / LATEST_FILE)
+    existing = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in existing[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from itself or from a checkpoint root: the one ``latest`` names, else
+    (``latest`` missing or stale after an interruption) the newest complete ``step_*`` directory."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    if (path / LATEST_FILE).is_file():
+        candidate = path / (path / LATEST_FILE).read_text().strip()
+        if (candidate / STATE_FILE).is_file():
+            return candidate
+    complete = sorted(p for p in path.glob("step_*") if (p / STATE_FILE).is_file())
+    if complete:
+        return complete[-1]
+    raise ValueError(f"resume_from: {path} is neither a checkpoint directory (with {STATE_FILE}) nor a "
+                     f"checkpoint root with a valid '{LATEST_FILE}' file")
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    # our own files: optimiser state and numpy/python RNG states need full unpickling
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def restore(path: Path, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer,
+            *, rank: int) -> tuple[int, list[dict[str, float]]]:
+    """Load a checkpoint into the framework, optimiser and this rank's RNGs; returns (step, history)."""
+    state = load_checkpoint(path)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"resume_from: {path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+    if state["cell_id"] != config.cell_id:
+        raise ValueError(f"resume_from: {path} belongs to cell {state['cell_id']}, this run is cell {config.cell_id}")
+    modules = framework.modules()
+    if set(state["modules"]) != set(modules):
+        raise ValueError(f"resume_from: {path} holds modules {sorted(state['modules'])}, expected {sorted(modules)}")
+    for name, module in modules.items():
+        unwrap(module).load_state_dict(state["modules"][name])
+    framework.load_state_dict(state["framework"])
+    optimizer.load_state_dict(state["optimizer"])
+    rngs = state["rng"]
+    if rank < len(rngs):
+        set_rng_state(rngs[rank])
+    else:  # more ranks than when the checkpoint was written: a fresh, reproducible stream
+        torch.manual_seed(derive_seed(config.seed, "train", rank, state["step"]))
+    return int(state["step"]), list(state.get("history", []))
+
+
+class Checkpointer:
+    """Writes the run's checkpoints under ``runtime.output_dir/checkpoints`` (nothing when it is unset)
+    and reports each through ``callbacks.on_checkpoint``; ``last`` is the newest directory written."""
+
+    def __init__(self, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer, plan: Plan,
+                 callbacks: Callbacks, *, rank: int, world_size: int) -> None:
+        output_dir = config.runtime.output_dir
+        self.root = Path(output_dir) / "checkpoints" if output_dir else None
+        self.config, self.framework, self.optimizer, self.plan = config, framework, optimizer, plan
+        self.callbacks, self.rank, self.world_size = callbacks, rank, world_size
+        self.last: Path | None = None
+
+    def save(self, step: int, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
+        """Checkpoint at ``step`` (every rank calls it: the RNG states of all ranks are gathered)."""
+        if self.root is None:
+            return
+        rngs = [rng_state()]
+        if self.world_size > 1:
+            rngs = [None] * self.world_size  # type: ignore[list-item]
+            dist.all_gather_object(rngs, rng_state())
+        if self.rank == 0:
+            self.last = save_checkpoint(self.root, step=step, state=self._state(step, rngs, history),
+                                        config=self.config, keep=self.config.runtime.keep_checkpoints)
+        if self.world_size > 1:
+            dist.barrier()
+        directory = self.last if self.last is not None else self.root / f"step_{step:08d}"
+        self.callbacks.on_checkpoint(step, directory, metrics)
+
+    def _state(self, step: int, rngs: list[Any], history: list[dict[str, float]]) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "format": CHECKPOINT_FORMAT, "cell_id": self.config.cell_id, "step": step,
+            "modules": {name: unwrap(m).state_dict() for name, m in self.framework.modules().items()},
+            "framework": self.framework.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"step": step, "total_steps": plan.total_steps, "power": self.config.schedule.poly_power},
+            "data": {"epoch": step // plan.iters_per_epoch, "batch": step % plan.iters_per_epoch},
+            "rng": rngs, "world_size": self.world_size, "history": history,
+        }

@@ -1,0 +1,120 @@
+"""The order of the training data: a function of ``(seed, epoch)`` only, whatever the workers or resume point.
+
+Every sample's augmentation draws from a generator seeded by ``(seed, stream, epoch, position)``, so data
+and augmentation do not depend on ``num_workers`` or on where a run was resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from npsemiseg.frameworks.base import Batch
+
+
+def derive_seed(*keys: Any) -> int:
+    """A 63-bit seed from any tuple of keys (stable across processes and Python versions)."""
+    digest = hashlib.sha256(repr(keys).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def epoch_order(num_items: int, length: int, *, seed: int, stream: str, epoch: int) -> list[int]:
+    """``length`` dataset indices for one epoch: shuffled passes over ``range(num_items)``
+    concatenated and truncated (the labeled list "repeated to N_u", U2PL/AugSeg)."""
+    if num_items < 1:
+        raise ValueError(f"{stream} dataset is empty: nothing to train on")
+    generator = torch.Generator().manual_seed(derive_seed(seed, stream, epoch))
+    passes = math.ceil(length / num_items)
+    order = torch.cat([torch.randperm(num_items, generator=generator) for _ in range(passes)])
+    return order[:length].tolist()
+
+
+def rank_batches(order: list[int], *, batch_size: int, rank: int, world_size: int, seed: int, stream: str,
+                 epoch: int, start_batch: int = 0) -> list[list[tuple[int, int]]]:
+    """This rank's batches of one epoch, from ``start_batch`` on: lists of ``(index, augmentation seed)``.
+
+    Global batch ``i`` is ``order[i * B * W : (i + 1) * B * W]``; rank ``r`` takes the ``r``-th slice
+    of ``B``. A sample's augmentation seed depends on ``(seed, stream, epoch, position in order)``.
+    """
+    global_batch = batch_size * world_size
+    batches = []
+    for i in range(start_batch, len(order) // global_batch):
+        first = i * global_batch + rank * batch_size
+        batches.append([(order[p], derive_seed(seed, stream, "augment", epoch, p)) for p in range(first, first + batch_size)])
+    return batches
+
+
+class SeededItems(Dataset):
+    """``dataset[(index, seed)]``: item ``index`` passed through ``transform`` with every RNG
+    (torch, numpy, python) seeded by ``seed`` and restored afterwards."""
+
+    def __init__(self, dataset: Dataset, transform: Any) -> None:
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Tensor]:
+        index, seed = key
+        item = self.dataset[index]
+        if self.transform is not None:
+            with seeded_rngs(seed):
+                item = self.transform(item)
+        return {k: v for k, v in item.items() if isinstance(v, Tensor)}
+
+
+@contextlib.contextmanager
+def seeded_rngs(seed: int) -> Iterator[None]:
+    """Run a block with torch's CPU, numpy's and python's global RNGs seeded by ``seed``, then restore them."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+class Streams:
+    """The labeled and (when the framework uses it) unlabeled data loaders of one epoch, zipped."""
+
+    def __init__(self, config: Any, datasets: dict[str, Dataset], transforms: dict[str, Any], plan: Any,
+                 *, use_unlabeled: bool, rank: int, world_size: int, pin_memory: bool) -> None:
+        self.config, self.plan = config, plan
+        self.rank, self.world_size = rank, world_size
+        self.pin_memory = pin_memory
+        self.items = {"labeled": SeededItems(datasets["labeled"], transforms["labeled"])}
+        self.batch_sizes = {"labeled": config.schedule.batch_size}
+        if use_unlabeled:
+            self.items["unlabeled"] = SeededItems(datasets["unlabeled"], transforms["unlabeled"])
+            self.batch_sizes["unlabeled"] = config.schedule.unlabeled_batch_size
+
+    def epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
+        loaders = [self._loader(stream, items, epoch, start_batch) for stream, items in self.items.items()]
+        for parts in zip(*loaders):
+            yield Batch(labeled=parts[0], unlabeled=parts[1] if len(parts) > 1 else None)
+
+    def _loader(self, stream: str, items: SeededItems, epoch: int, start_batch: int) -> DataLoader:
+        seed = self.config.seed
+        batch_size = self.batch_sizes[stream]
+        length = self.plan.iters_per_epoch * batch_size * self.world_size
+        order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
+        batches = rank_batches(order, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
+                               seed=seed, stream=stream, epoch=epoch, start_batch=start_batch)
+        return DataLoader(
+            items, batch_sampler=batches, num_workers=self.config.data.num_workers, pin_memory=self.pin_memory,
+            # a private generator: building a loader must not consume the global RNG (exact resume)
+            generator=torch.Generator().manual_seed(derive_seed(seed, stream, "loader", epoch)),
+        )

@@ -1,0 +1,91 @@
+"""What a run is built from: the segmentor, the dataset splits, the training transforms, the framework
+(wired to a model factory, the class count and the loss settings) and the SGD optimiser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from npsemiseg.config import RunConfig
+from npsemiseg.data import build_dataset
+from npsemiseg.data.transforms import train_transform
+from npsemiseg.frameworks import Framework, LossSettings, get_framework
+from npsemiseg.models import build_segmentor
+
+
+def build_model(config: RunConfig) -> nn.Module:
+    """One fresh segmentor (backbone + DeepLabv3+ + head) as ``config.model``/``config.head`` say."""
+    model = config.model
+    return build_segmentor(
+        num_classes=config.num_classes,
+        head=config.head.name,
+        head_options=dict(config.head.options),
+        variant=model.variant,
+        backbone=model.backbone,
+        weights=model.weights,
+        deep_stem=model.deep_stem,
+        aux_head=model.aux_head,
+        representation_head=bool(model.representation_head),
+        mc_dropout_scope=model.mc_dropout_scope,
+        **dict(model.options),
+    )
+
+
+def build_datasets(config: RunConfig) -> dict[str, Dataset]:
+    """The ``labeled``, ``unlabeled`` and ``val`` splits of the run's dataset (untransformed)."""
+    common = dict(root=config.data.root, list_variant=config.list_variant, **dict(config.data.options))
+    return {
+        "labeled": build_dataset(config.dataset, "labeled", partition=config.partition, **common),
+        "unlabeled": build_dataset(config.dataset, "unlabeled", partition=config.partition, **common),
+        "val": build_dataset(config.dataset, "val", **common),
+    }
+
+
+def train_transforms(config: RunConfig) -> dict[str, Any]:
+    """The weak (+ strong) training transforms of the labeled and unlabeled streams."""
+    augmentation = dict(config.data.augmentation)
+    crop = config.schedule.crop_size
+    labeled = dict(augmentation)
+    if not config.data.labeled_strong_view:
+        labeled["strong"] = None
+    return {"labeled": train_transform(crop, **labeled), "unlabeled": train_transform(crop, **augmentation)}
+
+
+def loss_settings(config: RunConfig) -> LossSettings:
+    """The supervised-loss settings a framework needs: ``head.sample_ce`` and the ``loss`` section."""
+    loss = config.loss
+    return LossSettings(sample_ce=config.head.sample_ce, ohem=loss.ohem, ohem_thresh=loss.ohem_thresh,
+                        ohem_min_kept=loss.ohem_min_kept, aux_weight=loss.aux_weight)
+
+
+def build_framework(config: RunConfig, build_model_fn: Callable[[], nn.Module] | None = None) -> Framework:
+    """The framework of ``config`` with its validated options, a model factory (by default
+    :func:`build_model` of ``config``, one fresh segmentor per call), the class count and loss settings."""
+    cls = get_framework(config.framework)
+    options = cls.Options.model_validate(config.framework_options)
+    factory = build_model_fn if build_model_fn is not None else (lambda: build_model(config))
+    return cls(options, factory, num_classes=config.num_classes, loss=loss_settings(config))
+
+
+@dataclass
+class Optimizer:
+    """SGD over the student's parameter groups: the backbone at ``lr``, the rest at ``lr x head_lr_mult``."""
+
+    sgd: torch.optim.Optimizer
+    parameters: list[nn.Parameter]
+    multipliers: list[float]
+
+
+def build_optimizer(config: RunConfig, student: nn.Module) -> Optimizer:
+    groups = student.parameter_groups()
+    optim = config.optim
+    multipliers = [1.0 if g.get("name") == "backbone" else optim.head_lr_mult for g in groups]
+    sgd = torch.optim.SGD(
+        [{"params": g["params"], "lr": optim.lr * m} for g, m in zip(groups, multipliers)],
+        lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay, nesterov=optim.nesterov,
+    )
+    return Optimizer(sgd, [p for g in groups for p in g["params"]], multipliers)

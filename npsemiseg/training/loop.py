@@ -1,0 +1,167 @@
+"""The training loop of one run (one cell), for every framework and head, in one process or one DDP rank.
+
+``train(config, callbacks)`` sets the run up (:mod:`~npsemiseg.training.setup`), restores a checkpoint
+when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.train_step`
+per batch, evaluation every ``schedule.eval_every_epochs`` epochs, checkpoints every
+``schedule.checkpoint_every_steps`` through the :class:`~npsemiseg.training.checkpoint.Checkpointer`)
+and ends with the final evaluation and its artifacts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import Framework, StepContext
+from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
+from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
+from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
+from npsemiseg.training.step import train_step
+
+
+@dataclass
+class RunResult:
+    """What ``train`` returns.
+
+    metrics: the final evaluation (``miou``, ``pavpu``, ``ece``, ``nll``, ``brier``, ``auroc``,
+    ``pixel_acc``, ``iou/<class>``, ...); empty when the run stopped at ``runtime.stop_at_step``.
+    history: one dict per evaluation (``step``, ``epoch`` and the metrics).
+    checkpoint: the last checkpoint directory written (None when ``runtime.output_dir`` is unset).
+    seconds: wall time of ``train``; train_seconds: time spent in training steps only.
+    framework: the trained framework (``framework.eval_model()`` predicts, ``modules()`` holds the
+    student and teachers), for in-process use; not pickled with the result.
+    """
+
+    metrics: dict[str, float]
+    steps: int
+    checkpoint: Path | None
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+    train_seconds: float = 0.0
+    cell_id: str = ""
+    interrupted: bool = False
+    framework: Framework | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "framework": None}
+
+
+def train(config: RunConfig, callbacks: Callbacks | None = None, *,
+          resume_from: str | os.PathLike | None = None) -> RunResult:
+    """Train one cell; see the package docstring. ``resume_from`` (or ``callbacks.resume_from()``):
+    a checkpoint directory, or a checkpoint root whose ``latest`` file names one."""
+    device = resolve_device(config)
+    with backend_flags(config, device):
+        return _run(config, callbacks if callbacks is not None else Callbacks(), resume_from, device)
+
+
+def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike | None, device: Any) -> RunResult:
+    started = time.perf_counter()
+    run = setup_run(config, device)
+    step, history = 0, []
+    resume = resume_from if resume_from is not None else callbacks.resume_from()
+    if resume is not None:
+        step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.sgd, rank=run.rank)
+    checkpointer = Checkpointer(config, run.framework, run.optimizer.sgd, run.plan, callbacks,
+                                rank=run.rank, world_size=run.world_size)
+    callbacks.on_start(config, total_steps=run.plan.total_steps, start_step=step, rank=run.rank,
+                       world_size=run.world_size)
+    loop = EpochLoop(run, callbacks, checkpointer, step=step, history=history)
+    loop.run()
+    final: dict[str, float] = {}
+    if not loop.interrupted:
+        final = _finish(run, callbacks, checkpointer, loop)
+    result = RunResult(metrics=final, steps=loop.step, checkpoint=checkpointer.last, history=loop.history,
+                       seconds=time.perf_counter() - started, train_seconds=loop.train_seconds,
+                       cell_id=config.cell_id, interrupted=loop.interrupted, framework=run.framework)
+    callbacks.on_end(result)
+    return result
+
+
+def _finish(run: Run, callbacks: Callbacks, checkpointer: Checkpointer, loop: EpochLoop) -> dict[str, float]:
+    """The final evaluation, its artifacts and the last checkpoint."""
+    config, step = run.config, loop.step
+    output_dir = Path(config.runtime.output_dir) if config.runtime.output_dir else None
+    final = final_evaluation(run.framework, run.datasets, config, step=step, device=run.device, rank=run.rank,
+                             output_dir=output_dir, callbacks=callbacks)
+    loop.history.append({"step": float(step), "epoch": float(math.ceil(step / run.plan.iters_per_epoch)), **final})
+    if run.rank == 0:
+        per_class_artifacts(final, output_dir, callbacks)
+    checkpointer.save(step, final, loop.history)
+    return final
+
+
+class EpochLoop:
+    """The steps of a run from ``step`` on: training, periodic evaluation and checkpoints, the stop at
+    ``runtime.stop_at_step`` (``interrupted``, as if pre-empted)."""
+
+    def __init__(self, run: Run, callbacks: Callbacks, checkpointer: Checkpointer, *, step: int,
+                 history: list[dict[str, float]]) -> None:
+        self.run_, self.callbacks, self.checkpointer = run, callbacks, checkpointer
+        self.step, self.history = step, history
+        self.train_seconds = 0.0
+        self.interrupted = False
+        schedule = run.config.schedule
+        unlabeled = schedule.unlabeled_batch_size if run.framework.uses_unlabeled else 0
+        self.images_per_step = (schedule.batch_size + unlabeled) * run.world_size
+
+    def run(self) -> None:
+        """Train until the plan's last step or the stop step."""
+        run = self.run_
+        progress = progress_bar(run.config, self.callbacks, total=run.plan.total_steps, initial=self.step, rank=run.rank)
+        try:
+            while self.step < run.plan.total_steps and not self.interrupted:
+                self._epoch(progress)
+        finally:
+            progress.close()
+
+    def _epoch(self, progress: Any) -> None:
+        run, plan = self.run_, self.run_.plan
+        epoch, start_batch = divmod(self.step, plan.iters_per_epoch)
+        self.tick = time.perf_counter()
+        for batch in run.streams.epoch(epoch, start_batch):
+            ctx = StepContext(step=self.step, total_steps=plan.total_steps, epoch=epoch,
+                              total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
+            logs = train_step(run.framework, batch, ctx, run.optimizer, run.config, run.device, run.world_size)
+            self.step += 1
+            self._report_step(logs, progress)
+            self._after_step()
+            if self.step >= plan.total_steps or self.interrupted:
+                break
+
+    def _report_step(self, logs: dict[str, float], progress: Any) -> None:
+        now = time.perf_counter()
+        seconds = now - self.tick
+        self.train_seconds += seconds
+        self.tick = now
+        logs["train/sec_per_iter"] = seconds
+        logs["train/images_per_sec"] = self.images_per_step / seconds if seconds > 0 else float("inf")
+        self.callbacks.on_step(self.step, self.run_.plan.total_steps, logs)
+        progress.update(1)
+        progress.set_postfix(loss=f"{logs['train/loss']:.4f}")
+
+    def _after_step(self) -> None:
+        """Evaluation at the end of every ``eval_every_epochs``-th epoch, checkpoints, the stop step."""
+        run, step = self.run_, self.step
+        plan, schedule = run.plan, run.config.schedule
+        stop_at = run.config.runtime.stop_at_step
+        metrics: dict[str, float] = {}
+        every = schedule.eval_every_epochs
+        end_of_epoch = step % plan.iters_per_epoch == 0
+        if end_of_epoch and every and (step // plan.iters_per_epoch) % every == 0 and step < plan.total_steps:
+            metrics = evaluate_run(run.framework, run.datasets, run.config, step=step, device=run.device)
+            self.history.append({"step": float(step), "epoch": float(step // plan.iters_per_epoch), **metrics})
+            self.callbacks.on_evaluation(step, metrics)
+            self.tick = time.perf_counter()
+        every_steps = schedule.checkpoint_every_steps
+        if step < plan.total_steps and ((every_steps and step % every_steps == 0) or step == stop_at):
+            self.checkpointer.save(step, metrics, self.history)
+            self.tick = time.perf_counter()
+        if step == stop_at and step < plan.total_steps:
+            self.interrupted = True

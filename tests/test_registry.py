@@ -1,0 +1,192 @@
+"""One registry for frameworks, heads, datasets, model variants, backbones and presets.
+
+A new head and a new framework are one new file each: here both are defined in this test file,
+registered through the public decorators, run as a smoke cell through ``npsemiseg.training.train``
+and removed again. No other module is edited for them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from npsemiseg.config import RunConfig
+from npsemiseg.data.info import DATASETS
+from npsemiseg.data.transforms import PAPER_AUGMENTATIONS
+from npsemiseg.frameworks import FRAMEWORKS, Framework, FrameworkOptions, StepContext, StepResult, framework_names
+from npsemiseg.frameworks.base import Batch, head_logs
+from npsemiseg.frameworks.supervised import supervised_loss_terms
+from npsemiseg.heads import HEADS, ClassifierHead, HeadOutput, build_head, head_class, head_names
+from npsemiseg.models import BACKBONES, MODEL_VARIANTS, upsample_logits
+from npsemiseg.presets import PRESETS, preset_names
+from npsemiseg.training import train
+
+REGISTRIES = {"framework": FRAMEWORKS, "head": HEADS, "dataset": DATASETS, "model variant": MODEL_VARIANTS,
+              "backbone": BACKBONES, "preset": PRESETS}
+
+
+# ------------------------------------------------------------------ a throwaway head and framework
+class LinearHeadForTest(ClassifierHead):
+    """A 1x1 convolution: ``features [B, C, h, w]`` -> ``logits [1, B, K, h, w]`` (one prediction)."""
+
+    label = "linear (test)"
+    description = "a 1x1 convolution, defined in tests/test_registry.py"
+    smoke_options = {"bias": True}
+
+    def __init__(self, in_channels: int, num_classes: int, bias: bool = True) -> None:
+        super().__init__(in_channels, num_classes)
+        self.conv = nn.Conv2d(in_channels, num_classes, 1, bias=bias)
+
+    def forward(self, features: Tensor, *, labels: Tensor | None = None, context_features: Tensor | None = None,
+                context_labels: Tensor | None = None, num_samples: int | None = None) -> HeadOutput:
+        self.check_features(features)
+        return HeadOutput(self.conv(features)[None], self.zero_aux(features))
+
+
+class EntropyMinOptions(FrameworkOptions):
+    entropy_weight: float = 0.1
+
+
+class EntropyMinForTest(Framework):
+    """Supervised CE on the labeled images + entropy minimisation of the student on the unlabeled ones."""
+
+    name = "entropy_min_test"
+    Options = EntropyMinOptions
+    smoke_options = {"entropy_weight": 0.2}
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict:
+        return EntropyMinOptions().model_dump()
+
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        images, labels = batch.labeled["image"], batch.labeled["label"]
+        output = self.student(images, labels=labels, num_context=images.shape[0])
+        losses = supervised_loss_terms(output, labels, self.loss)
+        losses.update(self.head_aux_losses(output.head))
+        unlabeled = self.student(batch.unlabeled["image"]).head.logits
+        probs = torch.softmax(upsample_logits(unlabeled, batch.unlabeled["image"].shape[-2:]), dim=2).mean(0)
+        entropy = -(probs * probs.clamp_min(1e-8).log()).sum(1).mean()
+        losses["entropy"] = self.options.entropy_weight * entropy
+        return StepResult(losses, head_logs(output.head.stats))
+
+
+@pytest.fixture
+def throwaway():
+    """Register the test head and framework through the public decorators; forget them afterwards.
+
+    (Registered here, not at import: tests parametrised over the registries are collected first.)"""
+    HEADS.register("linear_test")(LinearHeadForTest)
+    FRAMEWORKS.register("entropy_min_test")(EntropyMinForTest)
+    try:
+        yield
+    finally:
+        HEADS.remove("linear_test")
+        FRAMEWORKS.remove("entropy_min_test")
+
+
+def test_a_new_head_and_framework_train_and_evaluate_without_editing_another_module(throwaway):
+    assert "linear_test" in head_names() and "entropy_min_test" in framework_names()
+    config = RunConfig.from_preset("smoke", framework="entropy_min_test", head="linear_test",
+                                   **{"runtime.device": "cpu"})
+    assert config.framework_options == {"entropy_weight": 0.2} and config.head.options == {"bias": True}
+    assert config.flat()["head.options.bias"] == "true"
+    seen: list[dict[str, float]] = []
+
+    from npsemiseg.callbacks import Callbacks
+
+    class Spy(Callbacks):
+        def on_step(self, step, total_steps, logs):
+            seen.append(logs)
+
+    result = train(config, Spy())
+    assert result.steps == config.schedule.max_steps == len(seen)
+    assert all({"train/sup", "train/entropy"} <= set(logs) and math.isfinite(logs["train/loss"]) for logs in seen)
+    assert 0.0 <= result.metrics["miou"] <= 1.0 and math.isfinite(result.metrics["ece"])
+    assert isinstance(result.framework.student.head, LinearHeadForTest)
+
+
+def test_throwaway_entries_are_gone_after_the_test():
+    assert "linear_test" not in head_names() and "entropy_min_test" not in framework_names()
+    with pytest.raises(ValueError, match=r"head: unknown name 'linear_test'"):
+        RunConfig.from_preset("smoke", head="linear_test")
+
+
+# ------------------------------------------------------------------ the same unknown-name error everywhere
+@pytest.mark.parametrize("kind", list(REGISTRIES))
+def test_unknown_name_error_has_one_shape(kind):
+    registry = REGISTRIES[kind]
+    expected = re.escape(f"{kind}: unknown name 'nope', expected one of {list(registry.names())}")
+    with pytest.raises(ValueError, match=f"^{expected}$"):
+        registry.get("nope")
+    with pytest.raises(ValueError, match=f"^{expected}$"):
+        registry.check("nope")
+
+
+@pytest.mark.parametrize("key, kind", [("framework", "framework"), ("head.name", "head"), ("dataset", "dataset"),
+                                       ("model.variant", "model variant"), ("model.backbone", "backbone")])
+def test_config_names_are_checked_by_their_registry(smoke_config, key, kind):
+    with pytest.raises(ValueError, match=re.escape(f"{kind}: unknown name 'nope', expected one of [")):
+        smoke_config().with_overrides({key: "nope"})
+
+
+def test_presets_and_accessors_read_the_registries():
+    with pytest.raises(ValueError, match=re.escape("preset: unknown name 'nope', expected one of ['paper', 'smoke']")):
+        RunConfig.from_preset("nope")
+    with pytest.raises(ValueError, match=r"^head: unknown name 'gp'"):
+        head_class("gp")
+    with pytest.raises(ValueError, match=r"^head: unknown name 'gp'"):
+        build_head("gp", 8, 3)
+    assert preset_names() == PRESETS.names() and head_names() == HEADS.names()
+
+
+def test_registering_a_second_class_under_a_taken_name_is_an_error():
+    with pytest.raises(ValueError, match=r"head: name 'np' is already registered"):
+        HEADS.register("np")(LinearHeadForTest)
+    assert head_class("np").__name__ == "NPHead"
+
+
+# ------------------------------------------------------------------ every registered class declares what it needs
+@pytest.mark.parametrize("name", framework_names())
+def test_every_framework_declares_its_model_augmentation_and_options(name):
+    cls = FRAMEWORKS.get(name)
+    assert cls.name == name
+    MODEL_VARIANTS.check(cls.model_variant)
+    assert cls.augmentation in PAPER_AUGMENTATIONS
+    for dataset in ("pascal_classic", "pascal_blender", "cityscapes"):
+        cls.Options.model_validate(cls.paper_options(dataset, "1/8" if dataset != "pascal_classic" else "92"))
+    assert set(cls.smoke_options) <= set(cls.Options.model_fields)
+
+
+@pytest.mark.parametrize("name", head_names())
+def test_every_head_keeps_the_contract_with_its_preset_options(name):
+    cls = head_class(name)
+    assert cls.description
+    for options in (cls.paper_options, cls.smoke_options):
+        cls.check_options(options)
+    torch.manual_seed(0)
+    head = build_head(name, 8, 3, **cls.smoke_options)
+    features = torch.randn(2, 8, 5, 6)
+    labels = torch.randint(0, 3, (2, 5, 6))
+    train_out = head.train()(features, labels=labels, context_features=features[:1], context_labels=labels[:1])
+    assert train_out.logits.dim() == 5 and train_out.logits.shape[1:] == (2, 3, 5, 6)
+    assert train_out.aux_loss.dim() == 0 and torch.isfinite(train_out.aux_loss)
+    eval_out = head.eval()(features)
+    assert eval_out.logits.shape[1:] == (2, 3, 5, 6)
+    assert (eval_out.logits.shape[0] > 1) == (cls.stochastic and head.default_num_samples > 1)
+    with pytest.raises(ValueError, match="unknown option"):
+        cls.check_options({"no_such_option": 1})
+
+
+def test_head_option_values_are_checked_without_building_a_head():
+    with pytest.raises(ValueError, match="memory_size"):
+        head_class("np").check_options({"memory_size": 0})
+    with pytest.raises(ValueError, match="dropout"):
+        head_class("mc_dropout").check_options({"dropout": 0.0})
+    state = torch.get_rng_state()
+    RunConfig.from_preset("smoke", head="np")
+    assert torch.equal(state, torch.get_rng_state())
+
