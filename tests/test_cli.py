@@ -9,7 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from semiseg_platform.cli import app, parse_assignments
+from semiseg_platform.cli.app import parse_assignments
+from semiseg_platform.cli.main import app
 
 runner = CliRunner()
 
@@ -111,7 +112,7 @@ def test_parse_assignments():
 @pytest.mark.integration
 def test_console_script_reports_errors(workdir):
     """The installed entry point (``main``) in a fresh process: exit status and one stderr line."""
-    proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli.main import main; main()",
                            *CELL, "--set", "schedule.max_steps=zero"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "schedule.max_steps" in proc.stderr
@@ -147,7 +148,7 @@ def test_sigterm_ends_the_run_killed(workdir, tmp_path_factory):
 
     store = fresh_store(tmp_path_factory, "sigterm")
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", "from semiseg_platform.cli import main; main()", *CELL, "--workers", "0",
+        [sys.executable, "-u", "-c", "from semiseg_platform.cli.main import main; main()", *CELL, "--workers", "0",
          "--set", "schedule.epochs=1000", "--set", "schedule.max_steps=100000", "--tracking", store,
          "--experiment", "sigterm"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
