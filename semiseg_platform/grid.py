@@ -196,9 +196,9 @@ def _run_cells(spec: GridSpec, to_run: list[RunConfig], context: SweepContext, s
          f"({'in-process, reused actors' if spec.resources.in_process else 'one TorchTrainer per cell'})")
     names = {c.cell_id: c.cell_name for c in to_run}
     progress = GridProgress(names, skipped=skipped, label=spec.name, emit=emit)
-    trainable = tune.with_parameters(_cell_trainable, configs={c.cell_id: c for c in to_run})
-    results = fit(trainable, context, name=f"grid-{spec.name}-{context.sweep_id}-{sub.submission_id}",
+    results = fit(_cell_trainable, context, name=f"grid-{spec.name}-{context.sweep_id}-{sub.submission_id}",
                   progress=progress, store=sub.store, concurrency=concurrency,
+                  parameters={"configs": {c.cell_id: c for c in to_run}},
                   trial_failures=spec.max_failures if spec.resources.in_process else 0,
                   param_space={"cell_id": tune.grid_search([c.cell_id for c in to_run])},
                   reuse_actors=True, trial_dirname_creator=trial_dirname("cell", "cell_id"))
@@ -255,7 +255,8 @@ def run_grid(
     to_run = [c for c in configs if c.cell_id not in outcomes]
     parent_id = open_parent(sub, kind=schema.KIND_GRID, name=spec.name, sweep_id=gid,
                             spec=spec.model_dump(mode="json"),
-                            params={"spec_name": spec.name, "preset": spec.preset, "cells": len(configs), "grid_id": gid})
+                            params={schema.SPEC_NAME: spec.name, "preset": spec.preset, "cells": len(configs),
+                                    schema.GRID_ID: gid})
     emit(f"[grid {spec.name}] {len(configs)} cells ({len(outcomes)} finished earlier, {len(to_run)} to run); "
          f"grid_id {gid}, parent run {parent_id}")
     concurrency = 0
@@ -285,7 +286,7 @@ def _log_summary(sub: Submission, parent_id: str, summary: GridSummary) -> None:
             for o in summary.outcomes]
     body = csv_text(("cell_id", "cell_name", "status", "run_id", "trial_seconds", "loop_seconds", "reason"), rows)
     log_summary(sub.client, parent_id, schema.KIND_GRID, metrics=metrics, text=summary.format(),
-                csv_name="cells.csv", csv_body=body)
+                csv_name=schema.GRID_CELLS_FILE, csv_body=body)
 
 
 def _num(value: float | None) -> str:

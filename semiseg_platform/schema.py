@@ -69,12 +69,11 @@ TRACEBACK_ARTIFACT = "error/traceback.txt"
 PER_CLASS_IOU_TABLE = "tables/per_class_iou.json"
 PER_CLASS_IOU_FIGURE = "figures/per_class_iou.png"
 CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", PER_CLASS_IOU_FIGURE)
-GRID_SPEC_ARTIFACT = "grid/spec.yaml"
-GRID_CELLS_ARTIFACT = "grid/cells.csv"
-GRID_SUMMARY_ARTIFACT = "grid/summary.txt"
+#: A grid's or search's parent run: ``<kind>/spec.yaml``, ``<kind>/summary.txt``, ``grid/cells.csv``,
+#: ``search/trials.csv``, ``search/best_config.yaml`` (:func:`sweep_artifact`); the grid's tables under ``tables/``
+SPEC_FILE, SUMMARY_FILE, GRID_CELLS_FILE, TRIALS_FILE, BEST_CONFIG_FILE = (
+    "spec.yaml", "summary.txt", "cells.csv", "trials.csv", "best_config.yaml")
 GRID_TABLES_DIR = "tables"
-SEARCH_SPEC_ARTIFACT = "search/spec.yaml"
-SEARCH_SUMMARY_ARTIFACT = "search/summary.txt"
 SEARCH_DIR = "search"
 FIGURES_DIR = "figures"
 #: Where files reported through ``on_artifact`` go, by suffix
@@ -94,6 +93,11 @@ UNCERTAINTY_TIME_METRIC = "uncertainty_seconds"
 
 
 # ----------------------------------------------------------------------------- submissions
+def sweep_artifact(kind: str, name: str) -> str:
+    """Where a grid's or search's parent run keeps ``name``: ``grid/spec.yaml``, ``search/summary.txt`` ..."""
+    return f"{kind}/{name}"
+
+
 def submission_tags(kind: str, submission_id: str) -> dict[str, str]:
     """The tag naming a run's grid or search: ``{grid_id: id}`` or ``{search_id: id}``."""
     return {SEARCH_ID if kind == KIND_SEARCH else GRID_ID: submission_id}

@@ -288,8 +288,8 @@ def _scheduler(spec: SearchSpec) -> Any:
 def _open_parent(sub: Submission, spec: SearchSpec, base: RunConfig, sid: str, study_name: str) -> str:
     return open_parent(
         sub, kind=schema.KIND_SEARCH, name=spec.name, sweep_id=sid, spec=spec.model_dump(mode="json", exclude_none=True),
-        params={"spec_name": spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
-                "seed": spec.seed, "space": json.dumps(sorted(spec.space)), "search_id": sid},
+        params={schema.SPEC_NAME: spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
+                "seed": spec.seed, "space": json.dumps(sorted(spec.space)), schema.SEARCH_ID: sid},
         tags={schema.STUDY_NAME: study_name, schema.FRAMEWORK: base.framework, schema.DATASET: base.dataset,
               schema.PARTITION: base.partition, schema.HEAD: base.head.variant})
 
@@ -323,7 +323,7 @@ def run_search(
         concurrency = start_ray(spec.resources, spec.max_concurrent, ray_init)
         context = SweepContext(schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
                                parent_id, spec.resources)
-        results = fit(tune.with_parameters(_search_trial, cell_of=cell_of), context,
+        results = fit(_search_trial, context, parameters={"cell_of": cell_of},
                       name=f"search-{spec.name}-{sid}-{sub.submission_id}",
                       progress=SearchProgress(spec.name, spec.num_samples, emit), store=sub.store,
                       concurrency=concurrency, search_alg=searcher, scheduler=_scheduler(spec),
@@ -383,7 +383,7 @@ def _write_outputs(client: MlflowClient, parent_id: str, summary: SearchSummary,
     found = best_config(study, cell_of)
     if found is not None:
         config, trial = found
-        path = out / "best_config.yaml"
+        path = out / schema.BEST_CONFIG_FILE
         header = (f"# best configuration of search {summary.spec_name} ({summary.search_id}): Optuna trial {trial.number}, "
                   f"{summary.metric} {trial.value:.6f}\n# run it with: npsemiseg run --config {path.name}\n")
         path.write_text(header + config.to_yaml())
@@ -393,8 +393,8 @@ def _write_outputs(client: MlflowClient, parent_id: str, summary: SearchSummary,
     rows = [(t.optuna_trial, t.cell_id, t.status, t.value, t.evaluations, t.run_id,
              *(str(t.params.get(k)) for k in cell_of.keys), t.reason) for t in summary.trials]
     header = ("optuna_trial", "cell_id", "status", "value", "evaluations", "run_id", *cell_of.keys, "reason")
-    (out / "trials.csv").write_text(csv_text(header, rows))
-    client.log_artifact(parent_id, str(out / "trials.csv"), schema.SEARCH_DIR)
+    (out / schema.TRIALS_FILE).write_text(csv_text(header, rows))
+    client.log_artifact(parent_id, str(out / schema.TRIALS_FILE), schema.SEARCH_DIR)
     summary.figure_path = write_hparams_figure(summary.tracking_uri, summary.experiment, out, search=summary.search_id)
     if summary.figure_path is not None:
         client.log_artifact(parent_id, str(summary.figure_path), schema.FIGURES_DIR)

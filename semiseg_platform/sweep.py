@@ -32,6 +32,7 @@ from ray.tune import Callback
 from npsemiseg.callbacks import Callbacks
 
 from semiseg_platform import schema
+from semiseg_platform.logs import PROGRESS
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.specs import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage, parse_storage
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 def log_line(line: str) -> None:
     """The default ``emit`` of a sweep's progress lines: the ``semiseg_platform.progress`` logger."""
-    logging.getLogger("semiseg_platform.progress").info("%s", line)
+    logging.getLogger(PROGRESS).info("%s", line)
 
 
 # ----------------------------------------------------------------------------- submission and parent run
@@ -85,7 +86,8 @@ def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: M
         schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
         schema.SPEC_NAME: name, **dict(tags or {})})
     parent_id = parent.info.run_id
-    sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False), f"{kind}/spec.yaml")
+    sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
+                        schema.sweep_artifact(kind, schema.SPEC_FILE))
     sub.client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()])
     return parent_id
 
@@ -139,12 +141,13 @@ def trial_dirname(prefix: str, *keys: str) -> Callable[[Any], str]:
 
 
 def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, progress: Callback,
-        store: Storage, concurrency: int, trial_failures: int = 0, param_space: Mapping[str, Any] | None = None,
-        **tune_options: Any) -> Any:
-    """Assemble the ``Tuner`` (trainable with its context and resources, concurrency, progress,
-    storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``."""
+        store: Storage, concurrency: int, parameters: Mapping[str, Any] | None = None, trial_failures: int = 0,
+        param_space: Mapping[str, Any] | None = None, **tune_options: Any) -> Any:
+    """Assemble the ``Tuner`` (trainable with its context, ``parameters`` and resources, concurrency,
+    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``."""
+    with_parameters = tune.with_parameters(trainable, context=context, **dict(parameters or {}))
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(trainable, context=context), trial_resources(context.resources)),
+        tune.with_resources(with_parameters, trial_resources(context.resources)),
         param_space=dict(param_space or {}),
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, **tune_options),
         run_config=tune.RunConfig(name=name, verbose=0, callbacks=[progress],
@@ -232,9 +235,10 @@ def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def log_summary(client: MlflowClient, parent_id: str, kind: str, *, metrics: Mapping[str, float],
                 text: str, csv_name: str | None = None, csv_body: str | None = None) -> None:
-    """The submission's metrics, its outcomes' CSV (``<kind>/<csv_name>``) and ``<kind>/summary.txt``."""
+    """The submission's metrics, its outcomes' CSV (``<kind>/<csv_name>``) and ``<kind>/summary.txt``
+    (the paths of :func:`schema.sweep_artifact`)."""
     now = int(time.time() * 1000)
     client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     if csv_name is not None and csv_body is not None:
-        client.log_text(parent_id, csv_body, f"{kind}/{csv_name}")
-    client.log_text(parent_id, text + "\n", f"{kind}/summary.txt")
+        client.log_text(parent_id, csv_body, schema.sweep_artifact(kind, csv_name))
+    client.log_text(parent_id, text + "\n", schema.sweep_artifact(kind, schema.SUMMARY_FILE))

@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from semiseg_platform import schema
+from semiseg_platform.logs import configure_logging
 from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the command, start nothing")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging(logging.INFO)
     return serve(args.tracking, host=args.host, port=args.port, print_only=args.print_only)
 
 

@@ -166,3 +166,27 @@ def test_sigterm_ends_the_run_killed(workdir, tmp_path_factory):
     runs = client.search_runs([client.get_experiment_by_name("sigterm").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "KILLED"
     assert runs[0].data.tags["error"] == "CellKilled: terminated by signal 15"
+
+
+@pytest.mark.parametrize(("option", "shown", "hidden"), [([], "progress", "debug"), (["--quiet"], "warning", "progress"),
+                                                          (["--verbose"], "debug", None)])
+def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, shown, hidden):
+    import logging
+
+    from semiseg_platform.cli.app import main_options
+
+    @app.command("log-probe", hidden=True)
+    def log_probe() -> None:
+        logging.getLogger("semiseg_platform.progress").info("progress")
+        logging.getLogger("semiseg_platform.sweep").debug("debug")
+        logging.getLogger("semiseg_platform.sweep").warning("warning")
+
+    try:
+        result = runner.invoke(app, [*option, "log-probe"])
+    finally:
+        app.registered_commands[:] = [c for c in app.registered_commands if c.name != "log-probe"]
+        main_options(quiet=False, verbose=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert shown in lines and "warning" in lines
+    assert hidden is None or hidden not in lines

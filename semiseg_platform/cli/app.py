@@ -5,10 +5,11 @@ options deciding what of the ``logging`` output reaches the terminal."""
 from __future__ import annotations
 
 import logging
-import sys
 from typing import NoReturn
 
 import typer
+
+from semiseg_platform.logs import configure_logging
 
 app = typer.Typer(
     name="npsemiseg",
@@ -35,21 +36,6 @@ def main_options(
 ) -> None:
     """NP-SemiSeg: train and compare uncertainty-aware semi-supervised segmentation cells."""
     configure_logging(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Progress and diagnostics (``logging``) to the terminal: ``semiseg_platform``'s records at
-    ``level`` as plain lines on stdout; other libraries' warnings on stderr."""
-    ours = logging.getLogger("semiseg_platform")
-    for handler in list(ours.handlers):
-        if getattr(handler, "_npsemiseg", False):
-            ours.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._npsemiseg = True  # type: ignore[attr-defined]
-    ours.addHandler(handler)
-    ours.setLevel(level)
-    ours.propagate = False
 
 
 def fail(message: str, status: int = USAGE_ERROR) -> NoReturn:

@@ -21,10 +21,8 @@ to every worker, e.g. a test's fault injection).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.training import train
 
 from semiseg_platform import schema
+from semiseg_platform.logs import ensure_visible
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
 from semiseg_platform.storage import CheckpointStore, Storage, parse_storage
@@ -130,12 +129,6 @@ class CellSpec:
         return CheckpointStore(parse_storage(self.storage_uri, endpoint_url=self.storage_endpoint), self.name)
 
 
-def show_progress() -> None:
-    """Make this process's progress lines visible when nothing configured logging (a Ray worker)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-
-
 def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks] | None = None) -> Any:
     """Run ``npsemiseg.training.train`` for the cell with the platform's callbacks; returns its ``RunResult``.
 
@@ -146,7 +139,7 @@ def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks]
     tracker = MLflowCallbacks(spec.tracking_uri, spec.run_id, flush_every_s=spec.flush_every_s)
     callbacks: list[Callbacks] = [reporter, tracker]
     if spec.progress:
-        show_progress()
+        ensure_visible()
         callbacks.append(ProgressLogger())
     callbacks.extend(extra or [])
     callbacks.extend(spec.callbacks)

@@ -21,10 +21,11 @@ import ray.tune
 
 from npsemiseg.callbacks import Callbacks
 
+from semiseg_platform.logs import PROGRESS
 from semiseg_platform.storage import CheckpointStore, checkpoint_dir_name, mark_complete
 
 #: The logger of the cells' progress lines (the CLI shows it unless ``--quiet``)
-progress_logger = logging.getLogger("semiseg_platform.progress")
+progress_logger = logging.getLogger(PROGRESS)
 
 
 class ProgressLogger(Callbacks):
