@@ -371,7 +371,9 @@ def _reconcile_trials(client: MlflowClient, experiment_id: str, sid: str, trials
         if run is None:
             continue
         reconcile(trial, run)
-        stopped = int(run.data.tags.get(schema.SEARCH_STOPPED_AFTER, trial.evaluations)) if trial.status == "stopped" else None
+        stopped = None
+        if trial.status == "stopped":
+            stopped = int(run.data.tags.get(schema.SEARCH_STOPPED_AFTER, trial.evaluations))
         tag_trial_run(client, run.info.run_id, search=sid, params=trial.params, trial=trial.optuna_trial,
                       stopped_after=stopped)
 
