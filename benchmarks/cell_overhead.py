@@ -1,7 +1,7 @@
 """Orchestration overhead of one smoke cell: ``run_cell`` wall time minus the training loop's own.
 
 For ``workers`` in 0 (Ray Train's local mode), 1 and 2 (DDP over gloo), runs the ``smoke``
-cell through :func:`semiseg_platform.cell.run_cell` and prints one JSON line per run:
+cell through :func:`semiseg_platform.launch.run_cell` and prints one JSON line per run:
 ``wall_s`` (run_cell), ``loop_s`` (``train()``'s own wall time, last attempt), ``overhead_s``
 (their difference: MLflow run open/close and logging, Ray Train controller and worker start,
 process-group setup, checkpoint persistence), ``train_s`` (training steps only) and the
@@ -35,8 +35,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from npsemiseg.config import RunConfig
-    from semiseg_platform.cell import run_cell
-    from semiseg_platform.ray_runtime import ensure_ray
+    from semiseg_platform.launch import run_cell
+    from semiseg_platform.launch import ensure_ray
     from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
 
     config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",

@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def log_series(records: list[dict], tracking_uri: str, experiment: str) -> list[str]:
     """One FINISHED MLflow run per (evaluation mode, head): ``uncertainty_seconds`` at step T (the
-    schema of :func:`semiseg_platform.tables.log_uncertainty_time_run`); returns the run ids."""
-    from semiseg_platform.tables import log_uncertainty_time_run
+    schema of :func:`semiseg_platform.reports.log_uncertainty_time_run`); returns the run ids."""
+    from semiseg_platform.reports import log_uncertainty_time_run
 
     series: dict[tuple[str, str], dict[int, float]] = {}
     for record in records:

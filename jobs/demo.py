@@ -10,10 +10,12 @@ delete ``mlruns.db``, ``mlartifacts/`` and ``ray_results/`` to start afresh.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
+from semiseg_platform.logs import configure_logging
 from semiseg_platform.grid import run_grid
 from semiseg_platform.tracking import resolve_tracking_uri, ui_hint
 
@@ -32,6 +34,7 @@ def mlflow_ui_command(tracking_uri: str) -> str:
 
 
 def main() -> int:
+    configure_logging(logging.INFO)  # the grid's progress lines, as `npsemiseg grid` shows them
     tracking_uri = resolve_tracking_uri(None)
     summary = run_grid(SMOKE_SPEC, tracking_uri=tracking_uri, storage=os.environ.get("NPSEMISEG_STORAGE"))
     print()

@@ -3,9 +3,13 @@
 The main entry points are importable from here; they load lazily, so ``import
 semiseg_platform`` (and ``npsemiseg --help``) does not pay for importing Ray or MLflow.
 
-- ``run_cell`` / ``run_cell_in_process`` / ``CellResult`` / ``CellFailedError`` (``.cell``)
+- ``run_cell`` / ``run_cell_in_process`` / ``CellResult`` / ``CellFailedError`` / ``ensure_ray`` (``.launch``)
 - ``CellRun`` / ``MLflowCallbacks`` / ``sweep_orphaned_runs`` / ``resolve_tracking_uri`` (``.tracking``)
-- ``parse_storage`` / ``CheckpointStore`` (``.storage``); ``ensure_ray`` (``.ray_runtime``)
+- ``parse_storage`` / ``CheckpointStore`` (``.storage``)
+
+Where things live: ``schema`` (every MLflow name), ``specs`` (the spec base), ``tracking/``,
+``launch/``, ``sweep`` (what grid and search share), ``grid`` / ``grid_spec``, ``search`` /
+``search_spec`` / ``search_study``, ``reports/``, ``ui``, ``cli/``, ``storage``, ``stack``.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "run_cell": "cell", "run_cell_in_process": "cell", "CellResult": "cell", "CellFailedError": "cell",
+    "run_cell": "launch", "run_cell_in_process": "launch", "CellResult": "launch", "CellFailedError": "launch",
     "CellRun": "tracking", "MLflowCallbacks": "tracking", "sweep_orphaned_runs": "tracking",
     "resolve_tracking_uri": "tracking", "parse_storage": "storage", "CheckpointStore": "storage",
-    "ensure_ray": "ray_runtime",
+    "ensure_ray": "launch",
 }
 
 __all__ = sorted(_EXPORTS)

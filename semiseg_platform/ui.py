@@ -13,33 +13,30 @@ This module serves the UI itself:
   one worker); ``npsemiseg ui`` / ``python -m semiseg_platform.ui`` run it (``--print`` only prints it);
 - :func:`ready_made_searches`: the README's searches, as filter strings for the search box;
 - :func:`experiment_url`, :func:`compare_url`: pages of the UI (MLflow 3's hash routes);
-- :func:`cell_description`, :func:`per_class_iou_figure`: what :mod:`semiseg_platform.tracking`
-  writes into each cell run.
+- what each cell run says (its description, the per-class IoU figure) is written by
+  :mod:`semiseg_platform.tracking.describe`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlparse
 
-from matplotlib.figure import Figure
+from semiseg_platform import schema
+from semiseg_platform.logs import configure_logging
+from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
+
+logger = logging.getLogger(__name__)
 
 #: Where the figure drawn from the per-class IoU table goes in a cell run
-PER_CLASS_IOU_FIGURE = "figures/per_class_iou.png"
+PER_CLASS_IOU_FIGURE = schema.PER_CLASS_IOU_FIGURE
 DEFAULT_PORT = 5000
-
-_HEAD_DESCRIPTIONS = {
-    "baseline": "the deterministic baseline classifier (one prediction)",
-    "mc_dropout": "MC dropout (uncertainty from T dropout samples)",
-    "np": "the NP-SemiSeg neural-process head (uncertainty from T latent samples)",
-}
-
 
 def ui_command(tracking: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                workers: int = 1) -> list[str]:
@@ -50,8 +47,6 @@ def ui_command(tracking: str | os.PathLike | None = None, *, host: str = "127.0.
     beside it; the server serves them from there. A tracking server (``http(s)://``) has no
     command: its own address is the UI (``ValueError`` saying so).
     """
-    from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
-
     uri = resolve_tracking_uri(tracking)
     if urlparse(uri).scheme in ("http", "https"):
         raise ValueError(f"tracking: {uri} is a tracking server; open {uri} in a browser (it serves the UI itself)")
@@ -99,66 +94,6 @@ def compare_url(base_url: str, run_ids: Sequence[str], experiment_ids: Sequence[
     return f"{base_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
 
 
-def cell_description(config: Any, *, grid_id: str | None = None) -> str:
-    """What a cell is, in Markdown, for the run's description (``mlflow.note.content``).
-
-    Names the framework, the dataset (and the real dataset a synthetic one stands in for), the
-    partition (labeled count and protocol), the head variant with the options it changes from
-    the head's defaults, the seed, the preset-level scale (steps, crop, T) and the identifiers.
-    """
-    from npsemiseg.heads.factory import head_options
-
-    info = config.dataset_info
-    protocols = [alias for alias, name in info.partition_aliases.items() if name == config.partition and "/" in alias]
-    partition = f"partition `{config.partition}`"
-    if protocols:
-        partition += f" ({protocols[0]} labeled)"
-    dataset = f"`{config.dataset}`"
-    if info.real_dataset and info.real_dataset != config.dataset:
-        dataset += f" (synthetic stand-in for `{info.real_dataset}`)"
-    defaults = head_options(config.head.name)
-    changed = {key: value for key, value in config.head.options.items() if defaults.get(key) != value}
-    head = f"head `{config.head.variant}`: {_HEAD_DESCRIPTIONS[config.head.name]}"
-    if changed and config.head.variant != config.head.name:
-        head += "; " + ", ".join(f"{key} = {value}" for key, value in sorted(changed.items()))
-    schedule = config.schedule
-    steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"
-    lines = [
-        f"**{config.cell_name}**: framework `{config.framework}` on {dataset}, {partition}, {head}; seed {config.seed}.",
-        "",
-        f"Training: {steps}, crop {schedule.crop_size}, batch {schedule.batch_size}; evaluation "
-        f"`{config.evaluation.mode}` with T = {config.evaluation.num_samples} predictions.",
-        "",
-        f"Cell `{config.cell_id}`" + (f", grid `{grid_id}`" if grid_id else "") + ". Figures: "
-        f"`figures/uncertainty_maps.png`, `figures/reliability.png`, `{PER_CLASS_IOU_FIGURE}`; "
-        "configuration: `config/config.yaml`.",
-    ]
-    return "\n".join(lines)
-
-
-def per_class_iou_figure(iou: Mapping[str, float], *, title: str | None = None) -> Figure:
-    """A horizontal bar per class (IoU in %); classes absent from the evaluation (NaN) are marked."""
-    if not iou:
-        raise ValueError("iou: expected at least one class, got none")
-    names = list(iou)
-    values = [float(v) for v in iou.values()]
-    figure = Figure(figsize=(5.0, 0.8 + 0.28 * len(names)), layout="constrained")
-    ax = figure.subplots()
-    positions = range(len(names))
-    ax.barh(positions, [0.0 if v != v else 100 * v for v in values], color="#4c72b0")
-    for y, value in zip(positions, values):
-        ax.text(1 if value != value else 100 * value + 1, y, "n/a" if value != value else f"{100 * value:.1f}",
-                va="center", fontsize=8)
-    ax.set_yticks(list(positions), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 110)
-    ax.set_xlabel("IoU (%)")
-    ax.grid(axis="x", alpha=0.3)
-    if title:
-        ax.set_title(title, fontsize=9)
-    return figure
-
-
 def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           print_only: bool = False) -> int:
     """Replace this process with the MLflow UI server of a local store, after printing the
@@ -167,14 +102,14 @@ def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = D
     try:
         command = ui_command(tracking, host=host, port=port)
     except ValueError as error:
-        print(error, file=sys.stderr)
+        print(error, file=sys.stderr)  # the user-facing answer: this store has no command
         return 2
     if print_only:
         print(" ".join(command))
         return 0
-    print(f"MLflow UI at http://{host}:{port} (Ctrl-C stops it); searches to paste:", file=sys.stderr)
+    logger.info("MLflow UI at http://%s:%s (Ctrl-C stops it); searches to paste:", host, port)
     for name, search in ready_made_searches().items():
-        print(f"  {name}: {search}", file=sys.stderr)
+        logger.info("  %s: %s", name, search)
     os.execv(command[0], command)
     return 0  # not reached
 
@@ -187,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the command, start nothing")
     args = parser.parse_args(argv)
+    configure_logging(logging.INFO)
     return serve(args.tracking, host=args.host, port=args.port, print_only=args.print_only)
 
 

@@ -6,11 +6,17 @@ machine); a store migrated once per test session is copied for each test module 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+from ray import cloudpickle
+
+from npsemiseg.callbacks import Callbacks
 
 
 def fresh_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
@@ -86,3 +92,58 @@ def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
                 pytest.fail(f"SeaweedFS did not start: see {directory / 'weed.log'}")
             time.sleep(1.0)
     return process, f"http://{endpoint}"
+
+
+# ----------------------------------------------------------------------------- fault injection (tests only)
+FAULT_ENV = "NPSEMISEG_INJECT_FAULT"
+
+
+class InjectedFault(RuntimeError):
+    """The failure raised by :class:`FaultInjection` with ``action="raise"``."""
+
+
+@dataclasses.dataclass
+class FaultInjection(Callbacks):
+    """After ``step`` on ``rank``, exit abruptly (``os._exit(1)``, like a lost worker) or raise
+    :class:`InjectedFault`, once: the ``marker`` file records that it happened, so the restarted
+    attempt runs through. Passed to a launcher as a loop callback (``run_cell(callbacks=[...])``,
+    ``run_grid(cell_callbacks=[...])``); travels to Ray workers by value (see the end of this module)."""
+
+    rank: int
+    step: int
+    marker: str
+    action: str = "exit"
+    this_rank: int | None = dataclasses.field(default=None, compare=False)
+
+    @classmethod
+    def from_env(cls) -> FaultInjection | None:
+        """Parse ``rank=R,step=S,marker=PATH[,action=exit|raise]`` from ``NPSEMISEG_INJECT_FAULT``; None when unset."""
+        text = os.environ.get(FAULT_ENV)
+        if not text:
+            return None
+        try:
+            fields = dict(item.split("=", 1) for item in text.split(","))
+            fault = cls(rank=int(fields["rank"]), step=int(fields["step"]), marker=fields["marker"],
+                        action=fields.get("action", "exit"))
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"{FAULT_ENV}: expected 'rank=R,step=S,marker=PATH[,action=exit|raise]', "
+                             f"got {text!r} ({error})") from None
+        if fault.action not in ("exit", "raise"):
+            raise ValueError(f"{FAULT_ENV}: action must be 'exit' or 'raise', got {fault.action!r}")
+        return fault
+
+    def on_start(self, config, *, total_steps, start_step, rank, world_size) -> None:
+        self.this_rank = rank
+
+    def on_step(self, step, total_steps, logs) -> None:
+        if self.this_rank != self.rank or step != self.step or os.path.exists(self.marker):
+            return
+        Path(self.marker).write_text(f"rank {self.rank} failed after step {step}\n")
+        if self.action == "raise":
+            raise InjectedFault(f"injected failure on rank {self.rank} after step {step}")
+        sys.stdout.flush()
+        os._exit(1)
+
+
+# Ray workers cannot import this test module: its classes travel by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

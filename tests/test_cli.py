@@ -9,7 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from semiseg_platform.cli import app, parse_assignments
+from semiseg_platform.cli.app import parse_assignments
+from semiseg_platform.cli.main import app
 
 runner = CliRunner()
 
@@ -111,7 +112,7 @@ def test_parse_assignments():
 @pytest.mark.integration
 def test_console_script_reports_errors(workdir):
     """The installed entry point (``main``) in a fresh process: exit status and one stderr line."""
-    proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli import main; main()",
+    proc = subprocess.run([sys.executable, "-c", "from semiseg_platform.cli.main import main; main()",
                            *CELL, "--set", "schedule.max_steps=zero"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "schedule.max_steps" in proc.stderr
@@ -147,7 +148,7 @@ def test_sigterm_ends_the_run_killed(workdir, tmp_path_factory):
 
     store = fresh_store(tmp_path_factory, "sigterm")
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", "from semiseg_platform.cli import main; main()", *CELL, "--workers", "0",
+        [sys.executable, "-u", "-c", "from semiseg_platform.cli.main import main; main()", *CELL, "--workers", "0",
          "--set", "schedule.epochs=1000", "--set", "schedule.max_steps=100000", "--tracking", store,
          "--experiment", "sigterm"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -165,3 +166,27 @@ def test_sigterm_ends_the_run_killed(workdir, tmp_path_factory):
     runs = client.search_runs([client.get_experiment_by_name("sigterm").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "KILLED"
     assert runs[0].data.tags["error"] == "CellKilled: terminated by signal 15"
+
+
+@pytest.mark.parametrize(("option", "shown", "hidden"), [([], "progress", "debug"), (["--quiet"], "warning", "progress"),
+                                                          (["--verbose"], "debug", None)])
+def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, shown, hidden):
+    import logging
+
+    from semiseg_platform.cli.app import main_options
+
+    @app.command("log-probe", hidden=True)
+    def log_probe() -> None:
+        logging.getLogger("semiseg_platform.progress").info("progress")
+        logging.getLogger("semiseg_platform.sweep").debug("debug")
+        logging.getLogger("semiseg_platform.sweep").warning("warning")
+
+    try:
+        result = runner.invoke(app, [*option, "log-probe"])
+    finally:
+        app.registered_commands[:] = [c for c in app.registered_commands if c.name != "log-probe"]
+        main_options(quiet=False, verbose=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert shown in lines and "warning" in lines
+    assert hidden is None or hidden not in lines

@@ -1,19 +1,17 @@
 """Re-submitting a grid resumes an interrupted cell from its checkpoint (integration, real Ray + MLflow).
 
-The first cell's process dies abruptly after step 2 (the cell runner's test-only fault
-injection, ``os._exit``), leaving its MLflow run RUNNING and a checkpoint at step 1 in the
+The first cell's process dies abruptly after step 2 (the tests' fault injection,
+``platform_fixtures.FaultInjection``, ``os._exit``), leaving its MLflow run RUNNING and a checkpoint at step 1 in the
 storage. The re-submission skips the finished cell and continues the interrupted one in the
 same MLflow run, from step 1.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from mlflow import MlflowClient
 
-from semiseg_platform.cell import FAULT_ENV
+from platform_fixtures import FaultInjection
 from semiseg_platform.grid import load_spec, run_grid
 
 pytestmark = pytest.mark.integration
@@ -21,15 +19,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def ray_with_fault(tmp_path_factory):
-    """Ray whose workers inherit the fault injection (env set before the raylet starts)."""
+    """Ray, and the marker of the fault injected into the first submission's cells."""
     import ray
 
     marker = tmp_path_factory.mktemp("fault") / "fired"
-    os.environ[FAULT_ENV] = f"rank=0,step=2,marker={marker},action=exit"
-    try:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    finally:
-        del os.environ[FAULT_ENV]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield marker
     ray.shutdown()
 
@@ -48,7 +42,8 @@ def test_resubmission_resumes_the_interrupted_cell_from_its_checkpoint(tmp_path,
         "tracking_uri": f"sqlite:///{tmp_path}/mlruns.db",
         "storage": str(tmp_path / "ray_results"),
     })
-    first = run_grid(spec, tables_dir=tmp_path / "tables1", emit=lambda line: None)
+    fault = FaultInjection(rank=0, step=2, marker=str(ray_with_fault), action="exit")
+    first = run_grid(spec, tables_dir=tmp_path / "tables1", emit=lambda line: None, cell_callbacks=(fault,))
     assert ray_with_fault.exists()
     [interrupted] = first.cells("failed")
     assert interrupted.cell_name == "supervised/synthetic_cityscapes/186/baseline"

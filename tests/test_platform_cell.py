@@ -10,10 +10,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.config import RunConfig
-from platform_fixtures import fresh_store, start_seaweedfs
-from semiseg_platform.cell import FAULT_ENV, CellFailedError, run_cell, run_cell_in_process
+from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
+from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
 from semiseg_platform.storage import CheckpointStore, parse_storage
-from semiseg_platform.tracking import ERROR_TAG, FINAL_METRICS
+from semiseg_platform.schema import ERROR as ERROR_TAG
+from semiseg_platform.schema import FINAL_METRICS
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ CPUS = 0.5
 def ray_cluster():
     import ray
 
-    from semiseg_platform.ray_runtime import ensure_ray
+    from semiseg_platform.launch.ray_runtime import ensure_ray
 
     with pytest.MonkeyPatch.context() as env:
         # S3 requests must be signed (any key: the test store has no identities): SeaweedFS keeps
@@ -99,9 +100,9 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
 def test_killed_worker_resumes_as_one_run(ddp_reference, config, tracking_uri, tmp_path, monkeypatch):
     reference, _ = ddp_reference
     marker = tmp_path / "fault-happened"
-    monkeypatch.setenv(FAULT_ENV, f"rank=1,step=2,marker={marker}")
+    fault = FaultInjection(rank=1, step=2, marker=str(marker))
     result = run_cell(config, workers=2, cpus_per_worker=CPUS, storage=tmp_path / "storage", tracking=tracking_uri,
-                      experiment="resume", max_failures=1)
+                      experiment="resume", max_failures=1, callbacks=[fault])
     assert marker.exists(), "the injected failure did not happen"
     assert result.status == "FINISHED" and result.steps == 3
     for key in FINAL_METRICS:
@@ -115,10 +116,10 @@ def test_killed_worker_resumes_as_one_run(ddp_reference, config, tracking_uri, t
 
 
 def test_raising_cell_leaves_its_run_failed(ray_cluster, config, tracking_uri, tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, f"rank=0,step=1,marker={tmp_path / 'marker'},action=raise")
+    fault = FaultInjection(rank=0, step=1, marker=str(tmp_path / "marker"), action="raise")
     with pytest.raises(CellFailedError) as info:
         run_cell(config, workers=1, cpus_per_worker=CPUS, storage=tmp_path / "storage", tracking=tracking_uri,
-                 experiment="failing")
+                 experiment="failing", callbacks=[fault])
     failed = info.value.result
     assert failed.status == "FAILED"
     assert "InjectedFault: injected failure on rank 0 after step 1" in failed.error
@@ -153,7 +154,7 @@ def test_in_process_cell_reports_to_tune(ray_cluster, config, tracking_uri, tmp_
     """The grid/search launcher: a Tune trial runs the loop itself, checkpoints through Tune."""
     from ray import tune
 
-    from semiseg_platform.cell import TuneReporter
+    from semiseg_platform.launch import TuneReporter
 
     def trainable(_):
         run_cell_in_process(config, reporter=TuneReporter(), tracking=tracking_uri, experiment="tune")

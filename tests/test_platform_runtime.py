@@ -7,8 +7,9 @@ import socket
 import pytest
 
 from npsemiseg.config import RunConfig
-from semiseg_platform.cell import FAULT_ENV, FaultInjection, cell_run_name, validate_resources
-from semiseg_platform.ray_runtime import embedded_env, in_existing_cluster, worker_env
+from platform_fixtures import FAULT_ENV, FaultInjection
+from semiseg_platform.launch import cell_run_name, validate_resources
+from semiseg_platform.launch.ray_runtime import embedded_env, in_existing_cluster, worker_env
 
 HAS_LO = "lo" in {name for _, name in socket.if_nameindex()}
 

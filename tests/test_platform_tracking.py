@@ -14,12 +14,12 @@ from mlflow.tracking import MlflowClient
 from npsemiseg.config import RunConfig
 from npsemiseg.training import RunResult
 from platform_fixtures import fresh_store
+from semiseg_platform.schema import ERROR as ERROR_TAG
+from semiseg_platform.schema import FINAL_METRICS
+from semiseg_platform.schema import OWNER_HOST as OWNER_HOST_TAG
+from semiseg_platform.schema import OWNER_PID as OWNER_PID_TAG
+from semiseg_platform.schema import OWNER_START as OWNER_START_TAG
 from semiseg_platform.tracking import (
-    ERROR_TAG,
-    FINAL_METRICS,
-    OWNER_HOST_TAG,
-    OWNER_PID_TAG,
-    OWNER_START_TAG,
     CellKilled,
     CellRun,
     MLflowCallbacks,

@@ -10,7 +10,8 @@ from mlflow.entities import Metric, Param
 from typer.testing import CliRunner
 
 from platform_fixtures import fresh_store
-from semiseg_platform.search import PAPER_PANELS, SEARCH_ID_TAG, STOPPED_TAG, hparams_figure, load_search_trials
+from semiseg_platform.reports import PAPER_PANELS, hparams_figure, load_search_trials
+from semiseg_platform.search import SEARCH_ID_TAG, STOPPED_TAG
 
 Q, KL, T = "head.options.memory_size", "head.options.lambda_kl", "head.options.num_samples"
 
@@ -85,7 +86,7 @@ def test_figure_panels_hold_the_best_miou_per_value(store):
 
 
 def test_cli_writes_the_png(store, tmp_path):
-    from semiseg_platform.cli import app
+    from semiseg_platform.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["hparams-figure", "--experiment", "hp", "--out", str(tmp_path), "--tracking", store])

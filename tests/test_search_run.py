@@ -104,7 +104,7 @@ def test_best_config_round_trips_through_the_cli(searched, tmp_path):
     study = optuna.load_study(study_name=first.study_name, storage=settings["optuna_storage"])
     assert study.best_trial.user_attrs[CELL_ATTR] == best_cell and study.best_value == pytest.approx(second.best_value)
 
-    from semiseg_platform.cli import app
+    from semiseg_platform.cli.main import app
 
     tracking = f"sqlite:///{tmp_path}/mlruns.db"
     result = CliRunner().invoke(app, ["run", "--config", str(path), "--workers", "0", "--tracking", tracking,

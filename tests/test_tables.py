@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from semiseg_platform import tables as T
+from semiseg_platform import reports as T
 
 GRID = "grid-a"
 
@@ -205,7 +205,7 @@ def test_line_panels_rejects_nothing_to_plot():
 def test_tables_command_writes_and_prints_the_tables(store, tmp_path):
     from typer.testing import CliRunner
 
-    from semiseg_platform.cli import app
+    from semiseg_platform.cli.main import app
 
     uri, expected = store
     result = CliRunner().invoke(app, ["tables", "--experiment", "study", "--out", str(tmp_path / "t"),

@@ -14,8 +14,8 @@ from mlflow.utils.search_utils import SearchUtils
 from npsemiseg.config import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
 from semiseg_platform.grid import expand, load_spec
-from semiseg_platform.ui import (cell_description, compare_url, experiment_url, per_class_iou_figure,
-                                 ready_made_searches, ui_command)
+from semiseg_platform.tracking import cell_description, per_class_iou_figure
+from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, ui_command
 
 
 @pytest.fixture(scope="module")

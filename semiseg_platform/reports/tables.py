@@ -32,19 +32,19 @@ latest one counts; seeds (different ``cell_id``) are aggregated.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 from mlflow import MlflowClient
-from mlflow.entities import ViewType
 
-from npsemiseg.data.info import dataset_info
+from npsemiseg.data import dataset_info
+from npsemiseg.heads import head_class, head_names
 
-#: The paper's datasets in the order of Tables 1-3, and in the order of Tables 4-6.
+from semiseg_platform import schema
+from semiseg_platform.tracking import experiment_id, search_all_runs, submission_runs
+
 PAPER_DATASETS = ("pascal_classic", "pascal_blender", "cityscapes")
 ABLATION_DATASET_ORDER = ("cityscapes", "pascal_classic", "pascal_blender")
 #: Table number of Tables 1-3 per (real) dataset.
@@ -60,12 +60,12 @@ ABLATION_FRAMEWORK = "u2pl"
 
 FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2pl": "U2PL", "augseg": "AugSeg"}
 FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
-HEAD_LABELS = {"baseline": "", "mc_dropout": "MC dropout", "np": "NP-SemiSeg", "np_mean": "NP-SemiSeg (mean aggregator)"}
+#: Labels of head variants that are no head class of their own (a head class names itself: ``label``)
+VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
 DATASET_LABELS = {"pascal_classic": "VOC (classic)", "pascal_blender": "VOC (blender)", "cityscapes": "Cityscapes"}
 DATASET_LATEX = {"pascal_classic": "VOC (\\it classic)", "pascal_blender": "VOC (\\it blender)"}
 MISSING_MARK = "—"
-CELL_KEYS = ("dataset", "framework", "head", "partition")
-
+CELL_KEYS = schema.CELL_KEYS
 
 # ----------------------------------------------------------------------------- reading MLflow
 
@@ -74,27 +74,8 @@ def _escape(value: str) -> str:
     return value.replace("'", "\\'")
 
 
-def search_all_runs(client: MlflowClient, experiment_ids: Sequence[str], filter_string: str) -> list:
-    """Every active run matching ``filter_string`` (follows MLflow's pagination)."""
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            list(experiment_ids), filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
-            max_results=1000, page_token=token,
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-def _experiment_id(client: MlflowClient, experiment: str) -> str | None:
-    found = client.get_experiment_by_name(experiment)
-    return None if found is None else found.experiment_id
-
-
 def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = None) -> pd.DataFrame:
-    """One row per cell run of ``experiment`` (optionally only those tagged ``grid_id``).
+    """One row per cell run of ``experiment`` (optionally only those of one grid or search, ``grid_id``).
 
     Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``,
     the cell keys ``dataset``, ``framework``, ``head``, ``partition``, and the final metrics
@@ -102,22 +83,24 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
     """
     columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "miou", "pavpu"]
     client = MlflowClient(tracking_uri)
-    experiment_id = _experiment_id(client, experiment)
-    if experiment_id is None:
+    found = experiment_id(client, experiment)
+    if found is None:
         return pd.DataFrame(columns=columns)
-    filter_string = "tags.`npsemiseg.kind` = 'cell'"
+    kind = f"tags.`{schema.KIND}` = '{schema.KIND_CELL}'"
     if grid_id is not None:
-        filter_string += f" and tags.grid_id = '{_escape(grid_id)}'"
+        runs = submission_runs(client, [found], _escape(grid_id), f" and {kind}")
+    else:
+        runs = search_all_runs(client, [found], kind)
     rows = []
-    for run in search_all_runs(client, [experiment_id], filter_string):
+    for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
         rows.append({
             "run_id": run.info.run_id,
             "status": run.info.status,
             "start_time": run.info.start_time,
             "end_time": run.info.end_time,
-            "cell_id": tags.get("cell_id", run.info.run_id),
-            "seed": tags.get("seed", ""),
+            "cell_id": tags.get(schema.CELL_ID, run.info.run_id),
+            "seed": tags.get(schema.SEED, ""),
             **{key: tags.get(key, "") for key in CELL_KEYS},
             "miou": metrics.get("miou", math.nan),
             "pavpu": metrics.get("pavpu", math.nan),
@@ -218,7 +201,10 @@ def framework_label(framework: str, *, latex: bool = False) -> str:
 
 
 def head_label(head: str) -> str:
-    return HEAD_LABELS.get(head, head)
+    """A head variant's name in the tables: the head class's ``label``, a variant's own, else as given."""
+    if head in VARIANT_LABELS:
+        return VARIANT_LABELS[head]
+    return head_class(head).label if head in head_names() else head
 
 
 def method_label(framework: str, head: str, *, latex: bool = False) -> str:
@@ -366,233 +352,3 @@ def build_tables(
               for spec in paper_table_specs(datasets, frameworks, heads)}
     tables["cells"] = runs
     return tables
-
-
-# ----------------------------------------------------------------------------- writing tables
-
-
-def format_cell(mean: float, std: float, status: str, *, latex: bool = False, digits: int = 2) -> str:
-    """``"48.37"``, ``"48.37 ± 0.52"`` (several seeds) or the missing mark / run status."""
-    if status != "ok":
-        mark = "--" if latex else MISSING_MARK
-        return mark if status == "missing" else f"{mark} ({status})"
-    text = f"{mean:.{digits}f}"
-    if not math.isnan(std):
-        text += f" $\\pm$ {std:.{digits}f}" if latex else f" ± {std:.{digits}f}"
-    return text
-
-
-def layout(table: pd.DataFrame, *, latex: bool = False) -> pd.DataFrame:
-    """The table as the paper prints it: one string per cell, rows and columns in order."""
-    attrs = table.attrs
-    columns = attrs["latex_columns"] if latex else attrs["columns"]
-    display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
-    width = len(columns)
-    rows = []
-    for index in range(0, len(display), width):
-        row = table.iloc[index]
-        block, label = attrs["latex_rows"][index // width] if latex else (row["block"], row["row"])
-        header = [block, label] if attrs["block_is_row_header"] else [label]
-        rows.append([*header, *display[index:index + width]])
-    return pd.DataFrame(rows, columns=[*attrs["row_header"], *columns])
-
-
-def _blocks(table: pd.DataFrame) -> list[str]:
-    width = len(table.attrs["columns"])
-    return list(table["block"].iloc[::width])
-
-
-def to_markdown(table: pd.DataFrame) -> str:
-    """A Markdown table in the paper's layout, preceded by its title."""
-    frame = layout(table)
-    blocks = _blocks(table)
-    lines = [f"### {table.attrs['title']}", "",
-             "| " + " | ".join(frame.columns) + " |",
-             "| " + " | ".join("---" for _ in frame.columns) + " |"]
-    for index, values in enumerate(frame.itertuples(index=False)):
-        values = list(values)
-        if table.attrs["block_is_row_header"] and index and blocks[index] == blocks[index - 1]:
-            values[0] = ""
-        lines.append("| " + " | ".join(str(v) for v in values) + " |")
-    metric = table.attrs["metric"]
-    unit = "x 100" if table.attrs["scale"] == 100 else f"x {table.attrs['scale']:g}"
-    lines += ["", f"{metric} ({unit}); mean ± std over seeds where several; {MISSING_MARK} = no finished run."]
-    return "\n".join(lines) + "\n"
-
-
-def _latex_escape(text: str) -> str:
-    return text.replace("_", "\\_")
-
-
-def to_latex(table: pd.DataFrame) -> str:
-    """A LaTeX table in the paper's layout (booktabs + multirow)."""
-    frame = layout(table, latex=True)
-    blocks = _blocks(table)
-    n_columns = len(frame.columns)
-    align = "|".join("c" for _ in range(n_columns)) if table.attrs["block_is_row_header"] else "c" * n_columns
-    lines = ["% requires \\usepackage{booktabs,multirow}", "\\begin{table}", "\\centering",
-             f"\\begin{{tabular}}{{@{{}}{align}@{{}}}}", "\\toprule[1pt]",
-             " & ".join(frame.columns) + " \\\\", "\\hline"]
-    block_sizes = pd.Series(blocks).value_counts(sort=False).to_dict()
-    for index, values in enumerate(frame.itertuples(index=False)):
-        values = [str(v) for v in values]
-        new_block = index == 0 or blocks[index] != blocks[index - 1]
-        if new_block and index:
-            lines.append("\\hline")
-        if table.attrs["block_is_row_header"]:
-            values[0] = (f"\\multirow{{{block_sizes[blocks[index]]}}}{{*}}{{{values[0]}}}"
-                         if new_block else "")
-        lines.append(" & ".join(values) + " \\\\")
-    lines += ["\\bottomrule[1pt]", "\\end{tabular}",
-              f"\\caption{{{_latex_escape(table.attrs['caption'])}}}",
-              f"\\label{{tab:{table.attrs['name']}}}", "\\end{table}"]
-    return "\n".join(lines) + "\n"
-
-
-def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
-    """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
-    ``NAME.parquet`` (long numeric frame), the cell runs as ``cells.csv`` / ``cells.parquet``,
-    and all Markdown tables together as ``tables.md``. Returns the written paths.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    markdown = []
-    for name, table in tables.items():
-        if name != "cells":
-            text = to_markdown(table)
-            markdown.append(text)
-            written += [_write_text(out / f"{name}.md", text), _write_text(out / f"{name}.tex", to_latex(table))]
-            layout(table).to_csv(out / f"{name}_layout.csv", index=False)
-            written.append(out / f"{name}_layout.csv")
-        plain = pd.DataFrame(table)  # attrs (dicts) are not part of the CSV / Parquet files
-        plain.attrs = {}
-        plain.to_csv(out / f"{name}.csv", index=False)
-        plain.to_parquet(out / f"{name}.parquet", index=False, engine="pyarrow")
-        written += [out / f"{name}.csv", out / f"{name}.parquet"]
-    written.append(_write_text(out / "tables.md", "\n".join(markdown)))
-    return written
-
-
-def _write_text(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
-    """All tables as one Markdown document (what ``make demo`` prints)."""
-    return "\n".join(to_markdown(t) for name, t in tables.items() if name != "cells")
-
-
-# ----------------------------------------------------------------------------- figures
-
-
-def line_panels(
-    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]], *,
-    xlabel: str, ylabel: str, title: str | None = None, logx: bool = False,
-) -> Figure:
-    """One subplot per panel, one line per series: ``{panel: {label: (xs, ys)}}``.
-
-    Serves the uncertainty-time figure (panels = evaluation modes, series = heads) and
-    the hyper-parameter figure (panels = hyper-parameters, series = datasets/frameworks).
-    Uses ``matplotlib.figure.Figure`` directly (no pyplot global state).
-    """
-    if not panels:
-        raise ValueError("panels: expected at least one panel to plot, got none")
-    figure = Figure(figsize=(4.0 * len(panels), 3.2), layout="constrained")
-    axes = figure.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (panel, series) in zip(axes, panels.items()):
-        for label, (xs, ys) in series.items():
-            ax.plot(list(xs), list(ys), marker="o", label=label)
-        ax.set_title(panel)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        if logx:
-            ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    if title:
-        figure.suptitle(title)
-    return figure
-
-
-#: Tracking schema of the uncertainty-time benchmark (docs/CONTRACTS.md).
-UNCERTAINTY_TIME_BENCHMARK = "uncertainty_time"
-UNCERTAINTY_TIME_METRIC = "uncertainty_seconds"
-
-
-def log_uncertainty_time_run(
-    tracking_uri: str, experiment: str, *, head: str, eval_mode: str, seconds_by_t: Mapping[int, float],
-    dataset: str = "", framework: str = "u2pl", tags: Mapping[str, str] | None = None,
-) -> str:
-    """Record one uncertainty-time benchmark series as a FINISHED MLflow run (the schema the figure reads).
-
-    ``seconds_by_t``: ``{T: seconds per image}``; logged as ``uncertainty_seconds`` with ``step = T``.
-    ``tags``: extra tags (device, crop size, ...). Creates the experiment if needed; returns the run id.
-    For ``benchmarks/uncertainty_time.py`` and anything else measuring the figure's numbers.
-    """
-    if not seconds_by_t:
-        raise ValueError("seconds_by_t: expected at least one (T, seconds) pair, got none")
-    client = MlflowClient(tracking_uri)
-    experiment_id = _experiment_id(client, experiment) or client.create_experiment(experiment)
-    run = client.create_run(experiment_id, run_name=f"benchmark/{UNCERTAINTY_TIME_BENCHMARK}/{eval_mode}/{head}", tags={
-        "npsemiseg.kind": "benchmark", "benchmark": UNCERTAINTY_TIME_BENCHMARK, "head": head,
-        "eval_mode": eval_mode, "dataset": dataset, "framework": framework, **dict(tags or {})})
-    for t, seconds in sorted(seconds_by_t.items()):
-        client.log_metric(run.info.run_id, UNCERTAINTY_TIME_METRIC, float(seconds), step=int(t))
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
-
-
-def load_uncertainty_times(tracking_uri: str, experiment: str) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
-    """``{eval_mode: {head label: (Ts, seconds)}}`` from the uncertainty-time benchmark runs.
-
-    Reads runs tagged ``npsemiseg.kind = benchmark`` and ``benchmark = uncertainty_time``; each
-    logs ``uncertainty_seconds`` once per number of predictions T with ``step = T``. When several
-    finished runs share (eval_mode, head, dataset), the latest counts.
-    """
-    client = MlflowClient(tracking_uri)
-    experiment_id = _experiment_id(client, experiment)
-    if experiment_id is None:
-        return {}
-    runs = search_all_runs(client, [experiment_id],
-                           f"tags.`npsemiseg.kind` = 'benchmark' and tags.benchmark = '{UNCERTAINTY_TIME_BENCHMARK}'"
-                           " and attributes.status = 'FINISHED'")
-    latest: dict[tuple[str, str], object] = {}
-    for run in sorted(runs, key=lambda r: r.info.end_time or 0):
-        tags = run.data.tags
-        label = head_label(tags.get("head", "?")) or "baseline"
-        if tags.get("dataset"):
-            label = f"{label} ({dataset_label(tags['dataset'])})"
-        latest[(tags.get("eval_mode", "?"), label)] = run
-    panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
-    for (mode, label), run in sorted(latest.items()):
-        history = sorted(client.get_metric_history(run.info.run_id, UNCERTAINTY_TIME_METRIC), key=lambda m: m.step)
-        if history:
-            panels.setdefault(mode, {})[label] = ([m.step for m in history], [m.value for m in history])
-    return panels
-
-
-def uncertainty_time_figure(tracking_uri: str, experiment: str) -> Figure | None:
-    """The paper's uncertainty-time figure (seconds vs T, MC dropout vs NP-SemiSeg), or None
-    when the experiment holds no uncertainty-time benchmark runs."""
-    panels = load_uncertainty_times(tracking_uri, experiment)
-    if not panels:
-        return None
-    return line_panels(panels, xlabel="number of predictions T", ylabel="seconds per image",
-                       title="Time to estimate uncertainty")
-
-
-def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
-                 datasets: Iterable[str] | None = None, **table_options) -> tuple[dict[str, pd.DataFrame], list[Path]]:
-    """Build the tables (and the uncertainty-time figure when benchmark runs exist) and write them
-    to ``out_dir``; returns the tables and the written paths. What ``npsemiseg tables`` runs."""
-    tables = build_tables(tracking_uri, experiment, grid_id=grid_id,
-                          datasets=None if datasets is None else list(datasets), **table_options)
-    written = write_tables(tables, out_dir)
-    figure = uncertainty_time_figure(tracking_uri, experiment)
-    if figure is not None:
-        path = Path(out_dir) / "uncertainty_time.png"
-        figure.savefig(path, dpi=120)
-        written.append(path)
-    return tables, written

@@ -14,6 +14,8 @@ import os
 import socket
 from typing import Any
 
+import ray
+
 #: Seconds Ray Train waits for its worker group to start on the embedded default (Ray's default: 60)
 WORKER_GROUP_START_TIMEOUT_S = "300"
 
@@ -56,8 +58,6 @@ def ensure_ray(*, num_cpus: float | None = None, num_gpus: int | None = None, **
     ``RAY_ADDRESS`` a new local cluster is started even when another one (``ray start``) runs on
     this machine: plain ``ray.init()`` would join that one.
     """
-    import ray
-
     if ray.is_initialized():
         return
     if in_existing_cluster():

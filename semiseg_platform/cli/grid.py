@@ -1,0 +1,41 @@
+"""``npsemiseg grid`` (and ``python -m jobs.grid``): every cell of a grid spec under Ray Tune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from semiseg_platform.cli.app import CELL_FAILED, app, fail, one_line
+from semiseg_platform.grid import expand, load_spec, run_grid
+
+
+@app.command()
+def grid(
+    spec: Path = typer.Argument(..., help="grid spec (YAML), e.g. jobs/specs/smoke.yaml"),
+    tracking: Optional[str] = typer.Option(None, "--tracking", "--tracking-uri",
+                                           help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
+    storage: Optional[str] = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    tables_dir: Optional[Path] = typer.Option(None, help="where to write the tables (default: under the storage)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),
+) -> None:
+    """Run every cell of a grid spec under Ray Tune (skips finished cells, resumes interrupted ones).
+
+    Exit status: 0 when every cell finished (or had finished earlier), 1 when any cell failed,
+    2 when the spec is invalid (nothing started).
+    """
+    try:
+        loaded = load_spec(spec)
+        if dry_run:
+            configs = expand(loaded)
+            for config in configs:
+                typer.echo(f"{config.cell_id}  {config.cell_name}  seed {config.seed}")
+            typer.echo(f"{len(configs)} cells")
+            return
+        summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir)
+    except ValueError as error:  # an invalid spec, cell setting or storage: found before any cell starts
+        fail(one_line(error))
+    typer.echo(summary.format())
+    if not summary.ok:
+        raise typer.Exit(CELL_FAILED)

@@ -1,0 +1,99 @@
+"""``npsemiseg run``: train one cell on Ray Train, tracked in MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+from npsemiseg.presets import preset_names
+
+from semiseg_platform import schema
+from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
+from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, validate_resources
+from semiseg_platform.storage import parse_storage
+from semiseg_platform.tracking import CellKilled, resolve_tracking_uri, ui_hint
+
+
+def build_config(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
+                 preset: str, config_file: Path | None, assignments: dict[str, str]) -> Any:
+    """The run configuration from ``--config`` or ``--preset`` + the four cell options, then ``--set``."""
+    cell = {"framework": framework, "dataset": dataset, "partition": partition, "head.name": head}
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ValueError(f"--config: file {config_file} does not exist")
+        config = RunConfig.from_yaml(config_file.read_text())
+        overrides = {k: v for k, v in cell.items() if v is not None}
+    else:
+        missing = [f"--{k.split('.')[0]}" for k, v in cell.items() if v is None]
+        if missing:
+            raise ValueError(f"missing option(s) {', '.join(missing)} (or give --config FILE)")
+        config = RunConfig.from_preset(preset, framework=framework, dataset=dataset, partition=partition, head=head)
+        overrides = {}
+    overrides.update(assignments)
+    return config.with_overrides(overrides) if overrides else config
+
+
+#: The final metrics printed first, in this order
+_SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc")
+assert set(_SUMMARY_METRICS) == set(schema.FINAL_METRICS)
+
+
+@app.command()
+def run(
+    framework: Optional[str] = typer.Option(None, help=" | ".join(framework_names())),
+    dataset: Optional[str] = typer.Option(None, help="pascal_classic | pascal_blender | cityscapes | synthetic ..."),
+    partition: Optional[str] = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
+    head: Optional[str] = typer.Option(None, help=" | ".join(head_names())),
+    preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
+    workers: int = typer.Option(1, help="Ray Train DDP workers; 0 = local mode (in this process)"),
+    gpus_per_worker: float = typer.Option(0, help="GPUs per worker (NCCL); 0 = CPU (gloo)"),
+    cpus_per_worker: float = typer.Option(1.0, help="CPUs per worker (fractions allowed)"),
+    storage: Optional[str] = typer.Option(None, help="checkpoint storage: a directory or s3://bucket/prefix[?endpoint_override=URL]"),
+    max_failures: int = typer.Option(0, help="worker-group restarts from the last checkpoint"),
+    experiment: str = typer.Option("npsemiseg", help="MLflow experiment"),
+    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+    name: Optional[str] = typer.Option(None, help="checkpoint lineage name (default: from the cell); the same name resumes"),
+) -> None:
+    """Train one cell on Ray Train, tracked in MLflow; print its metrics and the run's URL."""
+    try:
+        cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
+                            config_file=config, assignments=parse_assignments(set_))
+        validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
+        location = parse_storage(storage)
+        location.check()
+        tracking_uri = resolve_tracking_uri(tracking)
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        fail(one_line(error))
+    typer.echo(f"cell {cell.cell_name} ({cell.cell_id}): {workers or 'local-mode'} worker(s), "
+               f"checkpoints {location.uri_of(name or cell_run_name(cell, experiment=experiment))}, tracking {tracking_uri}")
+    try:
+        result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                          storage=location, tracking=tracking_uri, experiment=experiment, max_failures=max_failures,
+                          name=name, progress=True)
+    except CellFailedError as error:
+        failed = error.result
+        typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
+        if failed.run_url:
+            typer.echo(f"MLflow run: {failed.run_url}", err=True)
+        raise typer.Exit(CELL_FAILED)
+    except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
+        typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
+        raise typer.Exit(INTERRUPTED)
+    typer.echo(f"cell {result.name} {result.status} after {result.steps} steps in {result.wall_seconds:.1f} s "
+               f"(training loop {result.loop_seconds:.1f} s)")
+    shown = [k for k in _SUMMARY_METRICS if k in result.metrics]
+    shown += sorted(k for k in result.metrics if k not in shown)
+    for key in shown:
+        typer.echo(f"  {key:<24} {result.metrics[key]:.4f}")
+    typer.echo(f"checkpoint: {result.checkpoint_uri}")
+    typer.echo(f"MLflow run: {result.run_url}")
+    hint = ui_hint(tracking_uri)
+    if hint:
+        typer.echo(f"  (serve the local store with: {hint})")

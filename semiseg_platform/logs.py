@@ -1,0 +1,32 @@
+"""Where the platform's ``logging`` output goes: progress lines and diagnostics of ``semiseg_platform.*``
+as plain lines on stdout, at a level the CLI chooses (``--quiet`` / ``--verbose``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+#: The logger of the cells' and sweeps' progress lines
+PROGRESS = "semiseg_platform.progress"
+_ROOT = "semiseg_platform"
+_MARK = "_semiseg_platform_handler"
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """``semiseg_platform``'s records at ``level`` and above as plain lines on stdout (replacing an
+    earlier call's handler); they do not propagate to the root logger."""
+    ours = logging.getLogger(_ROOT)
+    for handler in [h for h in ours.handlers if getattr(h, _MARK, False)]:
+        ours.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    setattr(handler, _MARK, True)
+    ours.addHandler(handler)
+    ours.setLevel(level)
+    ours.propagate = False
+
+
+def ensure_visible() -> None:
+    """Show the progress lines in a process where nothing configured logging (a Ray worker)."""
+    if not logging.getLogger(_ROOT).hasHandlers():
+        configure_logging(logging.INFO)

@@ -1,0 +1,27 @@
+"""The paper's tables and figures, built from MLflow runs only (never from local files).
+
+- :mod:`.tables`: reading the cell runs and building Tables 1-6 as long frames;
+- :mod:`.rendering`: Markdown, LaTeX, CSV and Parquet; :func:`write_report` (``npsemiseg tables``);
+- :mod:`.figures`: :func:`line_panels`, the uncertainty-time figure and the hyper-parameter figure.
+"""
+
+from semiseg_platform.reports.figures import (PAPER_PANELS, UNCERTAINTY_TIME_BENCHMARK, UNCERTAINTY_TIME_METRIC,
+                                              hparams_figure, line_panels, load_search_trials, load_uncertainty_times,
+                                              log_uncertainty_time_run, profile, uncertainty_time_figure,
+                                              write_hparams_figure)
+from semiseg_platform.reports.rendering import (format_cell, layout, markdown_report, to_latex, to_markdown,
+                                                write_report, write_tables)
+from semiseg_platform.reports.tables import (ABLATION_FRAMEWORK, ABLATION_HEADS, CELL_KEYS, MISSING_MARK,
+                                             PAPER_DATASETS, PAPER_FRAMEWORKS, PAPER_HEADS, build_table, build_tables,
+                                             dataset_label, framework_label, head_label, latest_per_cell,
+                                             load_cell_runs, method_label, paper_table_specs, protocol_partitions)
+
+__all__ = [
+    "ABLATION_FRAMEWORK", "ABLATION_HEADS", "CELL_KEYS", "MISSING_MARK", "PAPER_DATASETS", "PAPER_FRAMEWORKS",
+    "PAPER_HEADS", "PAPER_PANELS", "UNCERTAINTY_TIME_BENCHMARK", "UNCERTAINTY_TIME_METRIC", "build_table",
+    "build_tables", "dataset_label", "format_cell", "framework_label", "head_label", "hparams_figure", "latest_per_cell",
+    "layout", "line_panels", "load_cell_runs", "load_search_trials", "load_uncertainty_times",
+    "log_uncertainty_time_run", "markdown_report", "method_label", "paper_table_specs", "profile",
+    "protocol_partitions", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
+    "write_report", "write_tables",
+]

@@ -1,0 +1,141 @@
+"""The tables as the paper prints them: Markdown, LaTeX (booktabs + multirow), layout CSV, and the
+long numeric frames as CSV / Parquet; :func:`write_report` writes a whole report."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from semiseg_platform.reports.figures import uncertainty_time_figure
+from semiseg_platform.reports.tables import MISSING_MARK, build_tables
+
+
+def format_cell(mean: float, std: float, status: str, *, latex: bool = False, digits: int = 2) -> str:
+    """``"48.37"``, ``"48.37 ± 0.52"`` (several seeds) or the missing mark / run status."""
+    if status != "ok":
+        mark = "--" if latex else MISSING_MARK
+        return mark if status == "missing" else f"{mark} ({status})"
+    text = f"{mean:.{digits}f}"
+    if not math.isnan(std):
+        text += f" $\\pm$ {std:.{digits}f}" if latex else f" ± {std:.{digits}f}"
+    return text
+
+
+def layout(table: pd.DataFrame, *, latex: bool = False) -> pd.DataFrame:
+    """The table as the paper prints it: one string per cell, rows and columns in order."""
+    attrs = table.attrs
+    columns = attrs["latex_columns"] if latex else attrs["columns"]
+    display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
+    width = len(columns)
+    rows = []
+    for index in range(0, len(display), width):
+        row = table.iloc[index]
+        block, label = attrs["latex_rows"][index // width] if latex else (row["block"], row["row"])
+        header = [block, label] if attrs["block_is_row_header"] else [label]
+        rows.append([*header, *display[index:index + width]])
+    return pd.DataFrame(rows, columns=[*attrs["row_header"], *columns])
+
+
+def _blocks(table: pd.DataFrame) -> list[str]:
+    width = len(table.attrs["columns"])
+    return list(table["block"].iloc[::width])
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A Markdown table in the paper's layout, preceded by its title."""
+    frame = layout(table)
+    blocks = _blocks(table)
+    lines = [f"### {table.attrs['title']}", "",
+             "| " + " | ".join(frame.columns) + " |",
+             "| " + " | ".join("---" for _ in frame.columns) + " |"]
+    for index, values in enumerate(frame.itertuples(index=False)):
+        values = list(values)
+        if table.attrs["block_is_row_header"] and index and blocks[index] == blocks[index - 1]:
+            values[0] = ""
+        lines.append("| " + " | ".join(str(v) for v in values) + " |")
+    metric = table.attrs["metric"]
+    unit = "x 100" if table.attrs["scale"] == 100 else f"x {table.attrs['scale']:g}"
+    lines += ["", f"{metric} ({unit}); mean ± std over seeds where several; {MISSING_MARK} = no finished run."]
+    return "\n".join(lines) + "\n"
+
+
+def _latex_escape(text: str) -> str:
+    return text.replace("_", "\\_")
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    """A LaTeX table in the paper's layout (booktabs + multirow)."""
+    frame = layout(table, latex=True)
+    blocks = _blocks(table)
+    n_columns = len(frame.columns)
+    align = "|".join("c" for _ in range(n_columns)) if table.attrs["block_is_row_header"] else "c" * n_columns
+    lines = ["% requires \\usepackage{booktabs,multirow}", "\\begin{table}", "\\centering",
+             f"\\begin{{tabular}}{{@{{}}{align}@{{}}}}", "\\toprule[1pt]",
+             " & ".join(frame.columns) + " \\\\", "\\hline"]
+    block_sizes = pd.Series(blocks).value_counts(sort=False).to_dict()
+    for index, values in enumerate(frame.itertuples(index=False)):
+        values = [str(v) for v in values]
+        new_block = index == 0 or blocks[index] != blocks[index - 1]
+        if new_block and index:
+            lines.append("\\hline")
+        if table.attrs["block_is_row_header"]:
+            values[0] = (f"\\multirow{{{block_sizes[blocks[index]]}}}{{*}}{{{values[0]}}}"
+                         if new_block else "")
+        lines.append(" & ".join(values) + " \\\\")
+    lines += ["\\bottomrule[1pt]", "\\end{tabular}",
+              f"\\caption{{{_latex_escape(table.attrs['caption'])}}}",
+              f"\\label{{tab:{table.attrs['name']}}}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
+    """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
+    ``NAME.parquet`` (long numeric frame), the cell runs as ``cells.csv`` / ``cells.parquet``,
+    and all Markdown tables together as ``tables.md``. Returns the written paths.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    markdown = []
+    for name, table in tables.items():
+        if name != "cells":
+            text = to_markdown(table)
+            markdown.append(text)
+            written += [_write_text(out / f"{name}.md", text), _write_text(out / f"{name}.tex", to_latex(table))]
+            layout(table).to_csv(out / f"{name}_layout.csv", index=False)
+            written.append(out / f"{name}_layout.csv")
+        plain = pd.DataFrame(table)  # attrs (dicts) are not part of the CSV / Parquet files
+        plain.attrs = {}
+        plain.to_csv(out / f"{name}.csv", index=False)
+        plain.to_parquet(out / f"{name}.parquet", index=False, engine="pyarrow")
+        written += [out / f"{name}.csv", out / f"{name}.parquet"]
+    written.append(_write_text(out / "tables.md", "\n".join(markdown)))
+    return written
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
+    """All tables as one Markdown document (what ``make demo`` prints)."""
+    return "\n".join(to_markdown(t) for name, t in tables.items() if name != "cells")
+
+
+def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
+                 datasets: Iterable[str] | None = None, **table_options) -> tuple[dict[str, pd.DataFrame], list[Path]]:
+    """Build the tables (and the uncertainty-time figure when benchmark runs exist) and write them
+    to ``out_dir``; returns the tables and the written paths. What ``npsemiseg tables`` runs."""
+    tables = build_tables(tracking_uri, experiment, grid_id=grid_id,
+                          datasets=None if datasets is None else list(datasets), **table_options)
+    written = write_tables(tables, out_dir)
+    figure = uncertainty_time_figure(tracking_uri, experiment)
+    if figure is not None:
+        path = Path(out_dir) / "uncertainty_time.png"
+        figure.savefig(path, dpi=120)
+        written.append(path)
+    return tables, written

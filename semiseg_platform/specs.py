@@ -1,0 +1,114 @@
+"""What the grid and search specs share: the strict model base, reading YAML, one-line error
+descriptions, name checks and the per-cell resources (and what they reserve on the cluster)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+#: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
+DRIVER_CPUS = 0.5
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """A frozen model rejecting unknown keys (every spec section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def one_of(field: str, value: str, valid: Iterable[str]) -> str:
+    """``value`` when it is in ``valid``; else ``ValueError`` naming ``field`` and the valid values."""
+    valid = tuple(valid)
+    if value not in valid:
+        raise ValueError(f"{field}: unknown value {value!r}; expected one of {list(valid)}")
+    return value
+
+
+def describe_error(error: Exception) -> str:
+    """A validation error on one line: ``key.path: message; ...``."""
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in error.errors())
+    return " ".join(str(error).split())
+
+
+def read_spec(source: str | Path | Mapping[str, Any], kind: str) -> tuple[dict[str, Any], str]:
+    """The raw mapping of a ``kind`` spec ("grid", "search") from a YAML file path or a mapping, and
+    how to name it in errors (``"grid spec jobs/specs/x.yaml"``). ``ValueError`` for a missing file,
+    invalid YAML or a document that is not a mapping."""
+    if isinstance(source, Mapping):
+        return dict(source), f"{kind} spec"
+    path = Path(source)
+    where = f"{kind} spec {path}"
+    if not path.is_file():
+        raise ValueError(f"{where}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{where}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of {kind} settings, got {type(data).__name__}")
+    return data, where
+
+
+def validate_spec(model: type[SpecT], data: Mapping[str, Any], where: str) -> SpecT:
+    """``model`` validated from ``data``; ``ValueError`` naming ``where`` and every offending key/value."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ValueError(f"{where} is invalid: {describe_error(error)}") from None
+
+
+class Resources(Strict):
+    """Per-cell resources: ``workers`` DDP workers of ``gpus_per_worker`` GPUs and ``cpus_per_worker`` CPUs.
+
+    One worker (and at most one GPU) trains in-process in a reused Tune actor; several workers
+    launch a ``TorchTrainer``. ``launcher`` forces one or the other (``auto``: by ``workers``).
+    """
+
+    workers: PositiveInt = 1
+    gpus_per_worker: float = Field(0.0, ge=0.0)
+    cpus_per_worker: PositiveFloat = 1.0
+    launcher: Literal["auto", "trainer", "in_process"] = "auto"
+
+    @model_validator(mode="after")
+    def _in_process_is_one_device(self) -> Resources:
+        if self.launcher == "in_process" and (self.workers > 1 or self.gpus_per_worker > 1):
+            raise ValueError(f"resources.launcher: in_process runs one worker on at most one GPU, "
+                             f"got workers={self.workers}, gpus_per_worker={self.gpus_per_worker:g}")
+        return self
+
+    @property
+    def in_process(self) -> bool:
+        """Whether cells train in the Tune actor itself (no TorchTrainer)."""
+        if self.launcher != "auto":
+            return self.launcher == "in_process"
+        return self.workers == 1 and self.gpus_per_worker <= 1
+
+
+def trial_resources(resources: Resources) -> dict[str, float]:
+    """What one cell's Tune trial reserves: the whole device for an in-process cell, a small
+    driver for a TorchTrainer cell (whose workers reserve their own)."""
+    if resources.in_process:
+        return {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+    return {"CPU": DRIVER_CPUS, "GPU": 0.0}
+
+
+def cells_at_once(resources: Resources, cluster: Mapping[str, float], limit: int | None = None) -> int:
+    """How many cells fit the cluster at once (at least 1), capped by ``limit``."""
+    if resources.in_process:
+        cpu, gpu = resources.cpus_per_worker, resources.gpus_per_worker
+    else:
+        cpu = DRIVER_CPUS + resources.workers * resources.cpus_per_worker
+        gpu = resources.workers * resources.gpus_per_worker
+    fits = [int(cluster.get("CPU", 0) // cpu + 1e-9)]
+    if gpu:
+        fits.append(int(cluster.get("GPU", 0) // gpu + 1e-9))
+    count = max(1, min(fits))
+    return min(count, limit) if limit else count

@@ -1,0 +1,244 @@
+"""What a grid and a search share: many cells as Ray Tune trials under one MLflow parent run.
+
+A *sweep* is one submission of a grid or a search: :func:`open_submission` checks the storage
+and draws the submission's id, :func:`open_parent` creates the parent run (every cell run is its
+child), :class:`SweepContext` travels to the trials and launches each cell (in-process in a reused
+Tune actor, or through the cell's ``TorchTrainer``), :func:`fit` assembles and runs the Tune
+``Tuner`` with a :class:`SweepProgress` callback, :func:`reconcile` makes MLflow the record of
+each trial's outcome, and :func:`log_summary` writes the submission's metrics, its CSV of
+outcomes and its text summary onto the parent run. ``grid.py`` and ``search.py`` keep what
+differs: their specs, what a trial is, and their summaries.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from ray import tune
+from ray.tune import Callback
+
+from npsemiseg.callbacks import Callbacks
+
+from semiseg_platform import schema
+from semiseg_platform.logs import PROGRESS
+from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
+from semiseg_platform.specs import Resources, cells_at_once, trial_resources
+from semiseg_platform.storage import Storage, parse_storage
+from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
+
+logger = logging.getLogger(__name__)
+
+
+def log_line(line: str) -> None:
+    """The default ``emit`` of a sweep's progress lines: the ``semiseg_platform.progress`` logger."""
+    logging.getLogger(PROGRESS).info("%s", line)
+
+
+# ----------------------------------------------------------------------------- submission and parent run
+@dataclass(frozen=True)
+class Submission:
+    """Where one grid or search submission writes (see :func:`open_submission`)."""
+
+    store: Storage
+    tracking_uri: str
+    experiment_id: str
+    client: MlflowClient
+    submission_id: str
+    #: the storage as given (a remote store's URI keeps its query, e.g. the endpoint)
+    storage_arg: str | None = None
+
+    @property
+    def trial_storage(self) -> str:
+        """The storage the trials write to: the canonical local path, or the remote URI as given."""
+        return self.store.uri if self.store.is_local else self.storage_arg
+
+    def out_dir(self, folder: str, name: str, sweep_id: str) -> Path:
+        """``<storage>/<folder>/<name>-<id>`` (``./<folder>/...`` for a remote storage)."""
+        return Path(self.store.uri if self.store.is_local else ".") / folder / f"{name}-{sweep_id}"
+
+
+def open_submission(storage: str | None, tracking_uri: str | None, experiment: str) -> Submission:
+    """Check the checkpoint storage (before anything is written), resolve the MLflow store, create
+    the experiment if needed and draw the submission's id."""
+    store = parse_storage(storage)
+    store.check()
+    uri = resolve_tracking_uri(tracking_uri)
+    return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
+                      storage)
+
+
+def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: Mapping[str, Any],
+                params: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> str:
+    """Create the submission's parent run (``<kind>/<name>``) with its tags, spec and params; returns its id."""
+    parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
+        schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
+        schema.SPEC_NAME: name, **dict(tags or {})})
+    parent_id = parent.info.run_id
+    sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
+                        schema.sweep_artifact(kind, schema.SPEC_FILE))
+    sub.client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()])
+    return parent_id
+
+
+# ----------------------------------------------------------------------------- trials
+@dataclass(frozen=True)
+class SweepContext:
+    """What every trial needs besides its own values (travels once, through the object store)."""
+
+    kind: str
+    sweep_id: str
+    storage: str
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str
+    resources: Resources
+    max_failures: int = 0
+    #: loop callbacks added to every cell (tests: a fault injection)
+    cell_callbacks: tuple[Callbacks, ...] = ()
+
+    def membership(self) -> dict[str, str]:
+        """``run_cell``'s keywords naming the grid or search and the parent run."""
+        key = "search_id" if self.kind == schema.KIND_SEARCH else "grid_id"
+        return {key: self.sweep_id, "parent_run_id": self.parent_run_id}
+
+    def launch(self, config: Any, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
+               ) -> CellResult:
+        """Train one cell: in-process in this (reused) actor, or through its ``TorchTrainer``."""
+        launch = dict(storage=self.storage, tracking=self.tracking_uri, experiment=self.experiment,
+                      **self.membership())
+        if self.resources.in_process:
+            return run_cell_in_process(config, callbacks=[*callbacks, *self.cell_callbacks], **launch)
+        resources = self.resources
+        return run_cell(config, workers=resources.workers, gpus_per_worker=resources.gpus_per_worker,
+                        cpus_per_worker=resources.cpus_per_worker, max_failures=self.max_failures,
+                        train_callbacks=list(train_callbacks), callbacks=list(self.cell_callbacks), **launch)
+
+
+def start_ray(resources: Resources, max_concurrent: int | None, ray_init: Mapping[str, Any] | None) -> int:
+    """Connect to (or start) Ray; returns how many cells run at once."""
+    ensure_ray(**dict(ray_init or {}))
+    return cells_at_once(resources, ray.cluster_resources(), max_concurrent)
+
+
+def trial_dirname(prefix: str, *keys: str) -> Callable[[Any], str]:
+    """Tune's ``trial_dirname_creator``: ``<prefix>_<config[key]>_...`` (short: Windows-safe and readable)."""
+    def name(trial: Any) -> str:
+        return "_".join([prefix, *(str(trial.config.get(key)) for key in keys)])
+
+    return name
+
+
+def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, progress: Callback,
+        store: Storage, concurrency: int, parameters: Mapping[str, Any] | None = None, trial_failures: int = 0,
+        param_space: Mapping[str, Any] | None = None, **tune_options: Any) -> Any:
+    """Assemble the ``Tuner`` (trainable with its context, ``parameters`` and resources, concurrency,
+    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``."""
+    with_parameters = tune.with_parameters(trainable, context=context, **dict(parameters or {}))
+    tuner = tune.Tuner(
+        tune.with_resources(with_parameters, trial_resources(context.resources)),
+        param_space=dict(param_space or {}),
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, **tune_options),
+        run_config=tune.RunConfig(name=name, verbose=0, callbacks=[progress],
+                                  failure_config=tune.FailureConfig(max_failures=trial_failures),
+                                  **store.ray_arguments()),
+    )
+    return tuner.fit()
+
+
+def duration(seconds: float) -> str:
+    """``1m05s`` / ``2h03m07s``."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class SweepProgress(Callback):
+    """Tune callback emitting one line per started / retried / ended trial; subclasses word the lines.
+
+    ``durations``: each trial's wall time as the driver saw it (start to end), by :meth:`key`.
+    """
+
+    def __init__(self, emit: Callable[[str], None] = log_line) -> None:
+        self.emit = emit
+        self.started = time.monotonic()
+        self.starts: dict[str, float] = {}
+        self.durations: dict[str, float] = {}
+
+    def key(self, trial: Any) -> str:
+        return str(trial.config.get("cell_id"))
+
+    def line(self, trial: Any, event: str, seconds: float | None) -> str:
+        """The line of ``event`` (``started``, ``retrying``, ``finished``, ``stopped``, ``failed``)."""
+        raise NotImplementedError
+
+    def _end(self, trial: Any) -> float:
+        seconds = time.monotonic() - self.starts.pop(self.key(trial), time.monotonic())
+        self.durations[self.key(trial)] = seconds
+        return seconds
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.starts[self.key(trial)] = time.monotonic()
+        self.emit(self.line(trial, "started", None))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.starts.pop(self.key(trial), None)
+        self.emit(self.line(trial, "retrying", None))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.emit(self.line(trial, "finished", self._end(trial)))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.emit(self.line(trial, "failed", self._end(trial)))
+
+
+# ----------------------------------------------------------------------------- outcomes
+@dataclass
+class Outcome:
+    """What happened to one trial's cell: ``status`` (the sweep's words), its MLflow run, why it failed."""
+
+    cell_id: str
+    status: str
+    reason: str = ""
+    run_id: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def reconcile(outcome: Outcome, run: Any | None) -> None:
+    """MLflow is the record: fill the run id and prefer a failed run's ``error`` tag as the reason."""
+    if run is None:
+        return
+    outcome.run_id = outcome.run_id or run.info.run_id
+    if outcome.status == "failed" and run.data.tags.get(schema.ERROR):
+        outcome.reason = run.data.tags[schema.ERROR]
+
+
+def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A CSV document (the ``csv`` module quotes what needs quoting)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    return out.getvalue()
+
+
+def log_summary(client: MlflowClient, parent_id: str, kind: str, *, metrics: Mapping[str, float],
+                text: str, csv_name: str | None = None, csv_body: str | None = None) -> None:
+    """The submission's metrics, its outcomes' CSV (``<kind>/<csv_name>``) and ``<kind>/summary.txt``
+    (the paths of :func:`schema.sweep_artifact`)."""
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+    if csv_name is not None and csv_body is not None:
+        client.log_text(parent_id, csv_body, schema.sweep_artifact(kind, csv_name))
+    client.log_text(parent_id, text + "\n", schema.sweep_artifact(kind, schema.SUMMARY_FILE))

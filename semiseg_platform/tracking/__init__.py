@@ -1,0 +1,30 @@
+"""MLflow tracking of cells: the store, one run per cell, rank-0 logging, orphan sweep.
+
+The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_platform.schema`
+(``docs/CONTRACTS.md``, "Tracking schema"): the grid, the search, the tables and the UI read it.
+
+- :mod:`.store`: the tracking URI, experiments, paging through runs, finding a cell's run, the
+  orphan sweep (:func:`sweep_orphaned_runs` ends RUNNING runs whose owning process is gone);
+- :mod:`.cell_run`: :class:`CellRun`, the run of one cell owned by the launching process (ended
+  FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
+- :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
+- :mod:`.params`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
+  :mod:`.metrics`: writing metrics in batches.
+"""
+
+from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path
+from semiseg_platform.tracking.cell_run import (CellKilled, CellRun, RunEnd, ending_run, error_reason, format_error,
+                                                sigterm_as_killed)
+from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
+from semiseg_platform.tracking.params import cell_tags, git_commit, package_version
+from semiseg_platform.tracking.store import (DEFAULT_ARTIFACT_DIR, DEFAULT_EXPERIMENT, DEFAULT_STORE_FILE,
+                                             experiment_id, find_cell_run, prepare_experiment, resolve_tracking_uri,
+                                             run_url, search_all_runs, submission_runs, sweep_orphaned_runs, ui_hint)
+
+__all__ = [
+    "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "MLflowCallbacks",
+    "RunEnd", "artifact_path", "cell_description", "cell_tags", "ending_run", "error_reason", "experiment_id",
+    "find_cell_run", "format_error", "git_commit", "package_version", "per_class_iou_figure", "prepare_experiment",
+    "resolve_tracking_uri", "run_url", "search_all_runs", "sigterm_as_killed", "submission_runs",
+    "sweep_orphaned_runs", "ui_hint",
+]

@@ -1,0 +1,60 @@
+"""What a cell run is tagged with: its axes, ids, code version and description."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from semiseg_platform import schema
+from semiseg_platform.tracking.describe import cell_description
+
+#: MLflow's limit on a tag's length
+MAX_TAG_LENGTH = 4000
+
+
+def git_commit() -> str:
+    """The commit of the checkout this package runs from (``NPSEMISEG_GIT_COMMIT`` overrides; else "unknown")."""
+    if os.environ.get("NPSEMISEG_GIT_COMMIT"):
+        return os.environ["NPSEMISEG_GIT_COMMIT"]
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def package_version() -> str:
+    try:
+        return version("npsemiseg")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def cell_tags(config: Any, *, grid_id: str | None = None, search_id: str | None = None,
+              parent_run_id: str | None = None) -> dict[str, str]:
+    """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``), with the run's
+    description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
+    tags = {
+        schema.FRAMEWORK: config.framework,
+        schema.DATASET: config.dataset,
+        schema.PARTITION: str(config.partition),
+        schema.HEAD: config.head.variant,
+        schema.HEAD_NAME: config.head.name,
+        schema.SEED: str(config.seed),
+        schema.CELL_ID: config.cell_id,
+        schema.GIT_COMMIT: git_commit(),
+        schema.VERSION: package_version(),
+        schema.KIND: schema.KIND_CELL,
+        schema.NOTE: cell_description(config, grid_id=grid_id, search_id=search_id),
+    }
+    if grid_id:
+        tags[schema.GRID_ID] = grid_id
+    if search_id:
+        tags[schema.SEARCH_ID] = search_id
+    if parent_run_id:
+        tags[schema.PARENT_RUN_ID] = parent_run_id
+    return tags

@@ -1,0 +1,209 @@
+"""The MLflow store: where it is, its experiments, paging through its runs, finding a cell's run,
+and ending RUNNING runs whose owning process is gone (the orphan sweep)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+from urllib.parse import urlparse
+
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from semiseg_platform import schema
+
+DEFAULT_EXPERIMENT = "npsemiseg"
+DEFAULT_STORE_FILE = "mlruns.db"
+DEFAULT_ARTIFACT_DIR = "mlartifacts"
+
+
+def resolve_tracking_uri(tracking: str | os.PathLike | None = None) -> str:
+    """The tracking URI: ``tracking``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlruns.db``.
+
+    Relative SQLite paths and plain paths to a ``.db`` file are made absolute, because Ray
+    workers run in other working directories.
+    """
+    uri = os.fspath(tracking) if tracking else os.environ.get("MLFLOW_TRACKING_URI") or str(Path.cwd() / DEFAULT_STORE_FILE)
+    if "://" not in uri:
+        return f"sqlite:///{Path(uri).expanduser().resolve()}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store, else None."""
+    return Path(tracking_uri[len("sqlite:///"):]) if tracking_uri.startswith("sqlite:///") else None
+
+
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    """An exclusive file lock next to a SQLite store: concurrent creation of a fresh store crashes."""
+    path = sqlite_path(tracking_uri)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_experiment(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """Create the store (SQLite: its tables) and the experiment if missing; returns the experiment id.
+
+    Call in the driver before any worker starts. A SQLite store keeps its artifacts in
+    ``mlartifacts/`` next to the database file (absolute, so every process finds them).
+    """
+    if not experiment:
+        raise ValueError("experiment: expected a non-empty experiment name")
+    with _store_lock(tracking_uri):
+        client = MlflowClient(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            if found.lifecycle_stage == "deleted":
+                client.restore_experiment(found.experiment_id)
+            return found.experiment_id
+        db = sqlite_path(tracking_uri)
+        location = (db.parent / DEFAULT_ARTIFACT_DIR).as_uri() if db is not None else None
+        try:
+            return client.create_experiment(experiment, artifact_location=location)
+        except MlflowException:  # created meanwhile by another process (not SQLite-locked)
+            found = client.get_experiment_by_name(experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+
+def experiment_id(client: MlflowClient, experiment: str) -> str | None:
+    """The id of ``experiment``, or None when the store has no such experiment."""
+    found = client.get_experiment_by_name(experiment)
+    return None if found is None else found.experiment_id
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """Where to look at a run: the server's page, or for a local store the page ``npsemiseg ui`` serves."""
+    scheme = urlparse(tracking_uri).scheme
+    base = tracking_uri.rstrip("/") if scheme in ("http", "https") else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def ui_hint(tracking_uri: str) -> str | None:
+    """The command that serves a local store's UI (None for a tracking server): ``npsemiseg ui``,
+    which also serves the store's artifacts and binds loopback only."""
+    if urlparse(tracking_uri).scheme in ("http", "https"):
+        return None
+    return f"npsemiseg ui --tracking {tracking_uri}"
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: Sequence[str], filter_string: str, *,
+                    newest_first: bool = False) -> list:
+    """Every active run matching ``filter_string`` (follows MLflow's pagination)."""
+    runs, token = [], None
+    order = ["attributes.start_time DESC"] if newest_first else None
+    while True:
+        page = client.search_runs(list(experiment_ids), filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+                                  max_results=1000, page_token=token, order_by=order)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def submission_runs(client: MlflowClient, experiment_ids: Sequence[str], submission: str, extra: str = "") -> list:
+    """The runs of one grid or search (tagged ``grid_id`` or ``search_id``; old stores tagged search
+    runs ``grid_id`` too), newest first. ``extra``: more filter clauses, ``" and ..."``."""
+    found: dict[str, Any] = {}
+    for tag in (schema.SEARCH_ID, schema.GRID_ID):
+        for run in search_all_runs(client, experiment_ids, f"tags.{tag} = '{submission}'{extra}", newest_first=True):
+            found.setdefault(run.info.run_id, run)
+    return sorted(found.values(), key=lambda r: r.info.start_time or 0, reverse=True)
+
+
+def find_cell_run(client: MlflowClient, experiment_id: str, cell_id: str, submission: str | None = None):
+    """The newest run of ``cell_id`` in this grid or search (``submission=None``: outside any), or None."""
+    if submission:
+        runs = submission_runs(client, [experiment_id], submission, f" and tags.{schema.CELL_ID} = '{cell_id}'")
+        return runs[0] if runs else None
+    for run in search_all_runs(client, [experiment_id], f"tags.{schema.CELL_ID} = '{cell_id}'", newest_first=True):
+        if schema.submission_of(run.data.tags) is None:
+            return run
+    return None
+
+
+# ----------------------------------------------------------------------------- owners
+def _process_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (clock ticks since boot, Linux), or "" where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_tags() -> dict[str, str]:
+    """The tags naming this process as the owner of a RUNNING run."""
+    pid = os.getpid()
+    return {schema.OWNER_HOST: socket.gethostname(), schema.OWNER_PID: str(pid), schema.OWNER_START: _process_start(pid)}
+
+
+def owner_alive(tags: dict[str, str]) -> bool | None:
+    """True/False for an owner on this host; None when the owner is elsewhere (cannot tell)."""
+    if tags.get(schema.OWNER_HOST) != socket.gethostname() or not tags.get(schema.OWNER_PID, "").isdigit():
+        return None
+    pid = int(tags[schema.OWNER_PID])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    start = tags.get(schema.OWNER_START, "")
+    return not start or _process_start(pid) == start
+
+
+def _orphan_reason(run: Any, now_ms: float, stale_after_s: float | None) -> str | None:
+    """Why ``run`` is orphaned, or None when its owner may still be alive."""
+    tags = run.data.tags
+    alive = owner_alive(tags)
+    if alive is None:
+        if stale_after_s is None or now_ms - run.info.start_time < stale_after_s * 1000:
+            return None
+        return (f"orphaned: owner {tags.get(schema.OWNER_HOST, '?')}:{tags.get(schema.OWNER_PID, '?')} "
+                f"silent for over {stale_after_s:.0f} s")
+    if alive:
+        return None
+    return f"orphaned: owner process {tags.get(schema.OWNER_PID)} on {tags.get(schema.OWNER_HOST)} is gone"
+
+
+def sweep_orphaned_runs(experiment: str = DEFAULT_EXPERIMENT, *, tracking: str | None = None,
+                        stale_after_s: float | None = None, status: str = "KILLED") -> list[str]:
+    """End RUNNING runs whose owner is gone; returns their ids.
+
+    An owner on this host is gone when its process no longer exists (or the pid was reused).
+    Runs owned on other hosts are ended only when ``stale_after_s`` is given and they started
+    longer ago than that. Each swept run gets ``error = "orphaned: ..."`` and ``status``.
+    """
+    client = MlflowClient(resolve_tracking_uri(tracking))
+    found = experiment_id(client, experiment)
+    if found is None:
+        return []
+    swept = []
+    now_ms = time.time() * 1000
+    for run in search_all_runs(client, [found], "attributes.status = 'RUNNING'", newest_first=True):
+        reason = _orphan_reason(run, now_ms, stale_after_s)
+        if reason is None:
+            continue
+        client.set_tag(run.info.run_id, schema.ERROR, reason)
+        client.set_terminated(run.info.run_id, status=status)
+        swept.append(run.info.run_id)
+    return swept
