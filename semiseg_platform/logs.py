@@ -12,13 +12,29 @@ _ROOT = "semiseg_platform"
 _MARK = "_semiseg_platform_handler"
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stdout`` is when a record is emitted (not the stream of the
+    moment it was made: a captured or replaced stdout may since have been closed)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(level: int = logging.INFO) -> None:
     """``semiseg_platform``'s records at ``level`` and above as plain lines on stdout (replacing an
     earlier call's handler); they do not propagate to the root logger."""
     ours = logging.getLogger(_ROOT)
     for handler in [h for h in ours.handlers if getattr(h, _MARK, False)]:
         ours.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _StdoutHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     setattr(handler, _MARK, True)
     ours.addHandler(handler)

@@ -61,7 +61,7 @@ def test_run_help_lists_the_options():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--framework", "nope"], "framework: expected one of"),
+    (["--framework", "nope"], "framework: unknown name 'nope', expected one of"),
     (["--partition", "1/3"], "partition"),
     (["--set", "optim.lr"], "--set: expected key=value (e.g. optim.lr=0.01), got 'optim.lr'"),
     (["--set", "optim.bogus=1"], "unknown configuration key 'optim.bogus'"),

@@ -200,7 +200,7 @@ def test_sample_decodes_fewer_labels_headers_still_checked(tmp_path):
 
 
 def test_bad_arguments_and_synthetic():
-    with pytest.raises(ValueError, match="dataset name 'voc' is unknown"):
+    with pytest.raises(ValueError, match="dataset: unknown name 'voc', expected one of"):
         check_dataset("voc")
     with pytest.raises(ValueError, match=r"partition '1/32' is not a partition of 'pascal_classic'"):
         check_dataset("pascal_classic", "/nonexistent", partitions=["1/32"])
