@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-stack demo bench clean stack-up stack-down
+.PHONY: install lint test test-fast test-stack demo bench clean stack-up stack-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The guards: ruff (config in pyproject) and the import contracts (layers, no cycles; [tool.importlinter])
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest -q -m "not integration"
 	$(PY) -m pytest -q -m integration
 

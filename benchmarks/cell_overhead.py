@@ -35,8 +35,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from npsemiseg.config import RunConfig
-    from semiseg_platform.launch import run_cell
-    from semiseg_platform.launch import ensure_ray
+    from semiseg_platform.launch import ensure_ray, run_cell
     from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
 
     config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",

@@ -29,7 +29,7 @@ import contextlib
 import json
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F

@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from semiseg_platform.devstack import Stack  # noqa: E402
 from stack_fixtures import reachable_home, stack_settings  # noqa: E402
+
+from semiseg_platform.devstack import Stack  # noqa: E402
 
 
 def main() -> None:

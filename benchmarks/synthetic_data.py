@@ -59,13 +59,13 @@ def speed() -> None:
             config = SyntheticConfig.for_dataset(name, image_size=size)
             build_world(config)
             emit(bench="synthetic_generate", dataset=name, image_size=size,
-                 **time_per_item(lambda i: generate(config, "train", i), 100))
+                 **time_per_item(lambda i, config=config: generate(config, "train", i), 100))
     config = SyntheticConfig.for_dataset("synthetic_voc", image_size=64)
     items = [dict(zip(("image", "label"), generate(config, "train", i)[:2]), id=str(i)) for i in range(50)]
     for strong in (None, "augseg", "psmt"):
         transform = train_transform(48, strong=strong)
         emit(bench="train_transform", image_size=64, crop=48, strong=strong,
-             **time_per_item(lambda i: transform(items[i]), len(items)))
+             **time_per_item(lambda i, transform=transform: transform(items[i]), len(items)))
 
 
 class TinyFCN(nn.Module):

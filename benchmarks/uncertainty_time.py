@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     print(json.dumps({"benchmark": "uncertainty_time", "event": "start", "date": stamp, **machine(),
                       "argv": sys.argv[1:]}), flush=True)
     records: list[dict] = []

@@ -13,7 +13,8 @@ raises the same ``ValueError`` everywhere: ``head: unknown name 'foo', expected 
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

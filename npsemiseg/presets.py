@@ -39,7 +39,8 @@ Presets are registered in :data:`PRESETS` (name -> function of the cell giving t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from npsemiseg._registry import Registry
 from npsemiseg.data import dataset_info

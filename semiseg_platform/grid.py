@@ -25,13 +25,25 @@ from typing import Any
 from ray import tune
 
 from npsemiseg.config import RunConfig
-
 from semiseg_platform import schema
 from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
-from semiseg_platform.sweep import (Outcome, Submission, SweepContext, SweepProgress, csv_text, duration, fit,
-                                    log_line, log_summary, open_parent, open_submission, reconcile, start_ray,
-                                    trial_dirname)
+from semiseg_platform.sweep import (
+    Outcome,
+    Submission,
+    SweepContext,
+    SweepProgress,
+    csv_text,
+    duration,
+    fit,
+    log_line,
+    log_summary,
+    open_parent,
+    open_submission,
+    reconcile,
+    start_ray,
+    trial_dirname,
+)
 from semiseg_platform.tracking import ending_run, error_reason, submission_runs
 
 __all__ = ["CellOutcome", "GridProgress", "GridSpec", "GridSummary", "cell_keys", "expand", "grid_id", "load_spec",

@@ -20,7 +20,6 @@ from npsemiseg.data import dataset_info, dataset_names
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-
 from semiseg_platform.reports import protocol_partitions
 from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 

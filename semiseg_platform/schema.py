@@ -142,7 +142,7 @@ def _framework_option_keys() -> tuple[str, ...]:
     return tuple(sorted({key for name in framework_names() for key in get_framework(name).Options.model_fields}))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _head_option_defaults(name: str) -> dict[str, Any]:
     keys = sorted({key for head in head_names() for key in head_options(head)})
     own = {key: value for key, value in head_options(name).items() if value is not inspect.Parameter.empty}

@@ -17,7 +17,6 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-
 from semiseg_platform import schema
 from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 
@@ -195,8 +194,12 @@ def search_id(spec: SearchSpec, base: RunConfig | None = None) -> str:
     trials' checkpoint names); changing the cell, the space or the metric starts another search.
     """
     base = base or spec.base_config()
-    identity = {"cell": base.cell_id, "space": {k: v.model_dump(mode="json", exclude_none=True) for k, v in sorted(spec.space.items())},
-                "metric": spec.metric, "mode": spec.mode}
+    identity = {
+        "cell": base.cell_id,
+        "space": {k: v.model_dump(mode="json", exclude_none=True) for k, v in sorted(spec.space.items())},
+        "metric": spec.metric,
+        "mode": spec.mode,
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -184,7 +184,8 @@ class CheckpointStore:
         target = self.storage.path(self.name, checkpoint_dir_name(step))
         fs = self.storage.filesystem
         fs.create_dir(target, recursive=True)
-        pafs.copy_files(str(Path(directory).resolve()), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        pafs.copy_files(str(Path(directory).resolve()), target, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
         with fs.open_output_stream(f"{target}/{COMPLETE_MARKER}") as stream:
             stream.write(str(step).encode())
         return self.storage.uri_of(self.name, checkpoint_dir_name(step))
@@ -219,7 +220,9 @@ class CheckpointStore:
             return Path(source)
         destination = Path(destination or tempfile.mkdtemp(prefix="npsemiseg-ckpt-"))
         destination.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(source, str(destination), source_filesystem=self.storage.filesystem, destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(
+            source, str(destination), source_filesystem=self.storage.filesystem, destination_filesystem=pafs.LocalFileSystem()
+        )
         return destination
 
     def prune(self, keep: int) -> None:

@@ -30,10 +30,9 @@ from ray import tune
 from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
-
 from semiseg_platform import schema
-from semiseg_platform.logs import PROGRESS
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
+from semiseg_platform.logs import PROGRESS
 from semiseg_platform.specs import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri

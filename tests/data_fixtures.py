@@ -8,8 +8,8 @@ Labels are blocky random maps with a 255 outline, like VOC's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from PIL import Image

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_fixtures import make_cityscapes_split, make_cityscapes_tree, make_voc_split, random_label, write_label
 from PIL import Image
 
-from data_fixtures import make_cityscapes_split, make_cityscapes_tree, make_voc_split, random_label, write_label
 from npsemiseg.data import DATA_ROOT_ENV, build_dataset, partition_ids
 from npsemiseg.data.check import check_dataset, value_ranges
 
@@ -84,8 +84,7 @@ def _ids(dataset="pascal_classic", split="val", partition=None):
 def _delete_images(root: Path) -> str:
     for image_id in _ids()[:2]:
         (root / "JPEGImages" / f"{image_id}.jpg").unlink()
-    return "missing images: 2, e.g. {root}/JPEGImages/{a}.jpg, {root}/JPEGImages/{b}.jpg".format(
-        root=root, a=_ids()[0], b=_ids()[1])
+    return f"missing images: 2, e.g. {root}/JPEGImages/{_ids()[0]}.jpg, {root}/JPEGImages/{_ids()[1]}.jpg"
 
 
 def _delete_labels(root: Path) -> str:

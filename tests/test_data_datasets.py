@@ -5,11 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from data_fixtures import (
+    make_cityscapes_split,
+    make_cityscapes_tree,
+    make_voc_split,
+    make_voc_tree,
+    random_label,
+    write_label,
+)
 from PIL import Image
 
-from data_fixtures import (
-    make_cityscapes_split, make_cityscapes_tree, make_voc_split, make_voc_tree, random_label, write_label,
-)
 from npsemiseg.data import CITYSCAPES_ID_TO_TRAINID, build_dataset, partition_ids
 from npsemiseg.data.transforms import val_transform
 

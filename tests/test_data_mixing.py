@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from npsemiseg.data.mixing import (
-    adaptive_confidence, augseg_cutmix, box_mask, cutmix_boxes, mix_like, psmt_cutmix, sample_beta, u2pl_boxes,
+    adaptive_confidence,
+    augseg_cutmix,
+    box_mask,
+    cutmix_boxes,
+    mix_like,
+    psmt_cutmix,
+    sample_beta,
+    u2pl_boxes,
     u2pl_cutmix,
 )
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import scipy.io
 import scipy.sparse
+from data_fixtures import make_cityscapes_tree, make_voc_tree, random_label, write_image
 from PIL import Image
 
-from data_fixtures import make_cityscapes_tree, make_voc_tree, random_label, write_image
 from npsemiseg.data import CITYSCAPES_ID_TO_TRAINID, build_dataset, partition_ids
 from npsemiseg.data.check import check_dataset
 from npsemiseg.data.prepare import prepare_cityscapes, prepare_voc, read_sbd_mat

@@ -8,8 +8,17 @@ from torch.utils.data import DataLoader
 
 from npsemiseg.data import build_dataset
 from npsemiseg.data.transforms import (
-    AUGSEG_OPS, IMAGENET_MEAN, RandomIntensityAugment, RandomLongSideResize, RandomRescale,
-    SegmentationTransform, paper_augmentation, strong_pipeline, train_transform, val_transform, weak_pipeline,
+    AUGSEG_OPS,
+    IMAGENET_MEAN,
+    RandomIntensityAugment,
+    RandomLongSideResize,
+    RandomRescale,
+    SegmentationTransform,
+    paper_augmentation,
+    strong_pipeline,
+    train_transform,
+    val_transform,
+    weak_pipeline,
 )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 from mlflow import MlflowClient
-
 from platform_fixtures import FaultInjection
+
 from semiseg_platform.grid import load_spec, run_grid
 
 pytestmark = pytest.mark.integration

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from head_fixtures import C, K, batch, small_np, train_step
 from torch.distributions import Normal, kl_divergence
 
 from npsemiseg.heads import (
@@ -20,8 +21,6 @@ from npsemiseg.heads import (
     head_names,
     predictive,
 )
-
-from head_fixtures import C, K, batch, small_np, train_step
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 

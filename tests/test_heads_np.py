@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from head_fixtures import C, D, K, batch, small_np, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPLatent, attention_aggregate
-
-from head_fixtures import C, D, K, batch, small_np, train_step
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -257,7 +256,8 @@ def test_split_decoder_equals_concat_including_border(size, norm):
 
 def test_split_first_conv_matches_concat_exactly_in_float64():
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
-    x, z, r = torch.randn(2, C, 4, 6, dtype=torch.float64), torch.randn(3, 2, D, dtype=torch.float64), torch.randn(2, D, dtype=torch.float64)
+    x, z, r = (torch.randn(2, C, 4, 6, dtype=torch.float64), torch.randn(3, 2, D, dtype=torch.float64),
+               torch.randn(2, D, dtype=torch.float64))
     split = decoder.first_conv(x, z, r)
     decoder.impl = "concat"
     assert torch.allclose(split, decoder.first_conv(x, z, r), atol=1e-12)
@@ -265,7 +265,11 @@ def test_split_first_conv_matches_concat_exactly_in_float64():
 
 def test_fused_decoder_tail_equals_plain_layers_with_gradients():
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
-    x, z, r = torch.randn(2, C, 4, 5, dtype=torch.float64), torch.randn(3, 2, D, dtype=torch.float64), torch.randn(2, D, dtype=torch.float64)
+    x, z, r = (
+        torch.randn(2, C, 4, 5, dtype=torch.float64),
+        torch.randn(3, 2, D, dtype=torch.float64),
+        torch.randn(2, D, dtype=torch.float64),
+    )
     params = [decoder.conv1.weight, decoder.tail[2].weight, decoder.tail[2].bias, decoder.tail[5].weight]
     fused = decoder(x, z, r)
     g_fused = torch.autograd.grad(fused.sin().sum(), params)
@@ -314,8 +318,9 @@ def test_state_dict_round_trip_gives_identical_inference_logits():
     for _ in range(3):
         train_step(head, features, labels)
     state = head.state_dict()
-    assert {"target_memory", "context_memory", "target_centers", "context_centers", "target_pointer",
-            "context_count"} <= set(state)
+    assert {"target_memory", "context_memory", "target_centers", "context_centers", "target_pointer", "context_count"} <= set(
+        state
+    )
     fresh = small_np()
     fresh.load_state_dict(state)
     logits = []

@@ -62,7 +62,9 @@ def small_segmentor(variant="u2pl", head="baseline", **options) -> Segmentor:
     widths = WIDTHS[variant]
     channels = feature_channels(variant, **widths)
     heads = {"baseline": BaselineHead, "mc_dropout": MCDropoutHead, "context": ContextMeanHead}
-    return build_segmentor(num_classes=K, head=heads[head](channels, K), variant=variant, backbone="resnet_small", **widths, **options)
+    return build_segmentor(
+        num_classes=K, head=heads[head](channels, K), variant=variant, backbone="resnet_small", **widths, **options
+    )
 
 
 # ---------------------------------------------------------------- variants, shapes, strides
@@ -205,8 +207,10 @@ def test_weights_from_local_file(tmp_path, deep_stem):
     torch.save(state, path)
     loaded = build_backbone("resnet_small", deep_stem=deep_stem, weights=path)
     _assert_same_tensors(source, loaded)
-    assert not torch.equal(loaded.state_dict()["conv1.0.weight" if deep_stem else "conv1.weight"],
-                           build_backbone("resnet_small", deep_stem=deep_stem).state_dict()["conv1.0.weight" if deep_stem else "conv1.weight"])
+    assert not torch.equal(
+        loaded.state_dict()["conv1.0.weight" if deep_stem else "conv1.weight"],
+        build_backbone("resnet_small", deep_stem=deep_stem).state_dict()["conv1.0.weight" if deep_stem else "conv1.weight"],
+    )
     # a wrapped DataParallel checkpoint loads the same
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "wrapped.pth")
     _assert_same_tensors(source, build_backbone("resnet_small", deep_stem=deep_stem, weights=str(tmp_path / "wrapped.pth")))
@@ -452,7 +456,14 @@ def test_training_step_reaches_every_part():
     loss = F.cross_entropy(upsample_logits(output.head.logits, (32, 32))[0], labels)
     loss = loss + 0.4 * F.cross_entropy(F.interpolate(output.aux_logits, (32, 32), mode="bilinear"), labels)
     loss.backward()
-    for part in (model.backbone.conv1, model.backbone.layer4, model.decoder.aspp, model.decoder.low_level, model.head, model.aux_head):
+    for part in (
+        model.backbone.conv1,
+        model.backbone.layer4,
+        model.decoder.aspp,
+        model.decoder.low_level,
+        model.head,
+        model.aux_head,
+    ):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters()), part
 
 
@@ -506,19 +517,31 @@ def test_smoke_step_runs_on_small_images():
 
 
 def test_heads_built_by_name():
-    model = build_segmentor(num_classes=K, head="mc_dropout", head_options={"dropout": 0.2, "num_samples": 3},
-                            variant="psmt", backbone="resnet_small", **WIDTHS["psmt"]).eval()
+    model = build_segmentor(
+        num_classes=K,
+        head="mc_dropout",
+        head_options={"dropout": 0.2, "num_samples": 3},
+        variant="psmt",
+        backbone="resnet_small",
+        **WIDTHS["psmt"],
+    ).eval()
     assert model.head.in_channels == feature_channels("psmt", **WIDTHS["psmt"])
     assert model.decoder.mc_dropout == 0.2 and model.decoder_sampling
     assert model(torch.rand(1, 3, 32, 32)).head.logits.shape == (3, 1, K, 8, 8)
     with pytest.raises(ValueError, match="head_options"):
-        build_segmentor(num_classes=K, head=BaselineHead(32, K), head_options={"dropout": 0.2},
-                        backbone="resnet_small", **WIDTHS["u2pl"])
+        build_segmentor(
+            num_classes=K, head=BaselineHead(32, K), head_options={"dropout": 0.2}, backbone="resnet_small", **WIDTHS["u2pl"]
+        )
 
 
 def test_np_head_gets_the_labelled_slice_as_context():
-    model = build_segmentor(num_classes=K, head="np", head_options={"memory_size": 64, "enqueue_per_class": 16, "hidden_channels": 16},
-                            backbone="resnet_small", **WIDTHS["u2pl"])
+    model = build_segmentor(
+        num_classes=K,
+        head="np",
+        head_options={"memory_size": 64, "enqueue_per_class": 16, "hidden_channels": 16},
+        backbone="resnet_small",
+        **WIDTHS["u2pl"],
+    )
     images = torch.rand(3, 3, 32, 32)
     labels = torch.full((3, 32, 32), 2, dtype=torch.long)
     labels[:2] = 1  # the two labelled (context) images hold class 1 only, the unlabelled one class 2
@@ -540,8 +563,13 @@ def test_decoder_passes_batched_or_looped_compute_the_same_function(samples_per_
     """Sample-major batching keeps sample s of image b at logits[s, b]: with a negligible dropout
     rate every sample equals the deterministic decoder + classifier output of its own image."""
     channels = feature_channels("u2pl", **WIDTHS["u2pl"])
-    model = build_segmentor(num_classes=K, head=MCDropoutHead(channels, K, dropout=1e-9), backbone="resnet_small",
-                            samples_per_pass=samples_per_pass, **WIDTHS["u2pl"]).eval()
+    model = build_segmentor(
+        num_classes=K,
+        head=MCDropoutHead(channels, K, dropout=1e-9),
+        backbone="resnet_small",
+        samples_per_pass=samples_per_pass,
+        **WIDTHS["u2pl"],
+    ).eval()
     images = torch.rand(2, 3, 32, 32)
     output = model(images, num_samples=3)
     assert output.head.logits.shape == (3, 2, K, 8, 8)
@@ -551,8 +579,9 @@ def test_decoder_passes_batched_or_looped_compute_the_same_function(samples_per_
         assert torch.allclose(output.head.logits[s], expected, atol=1e-5)
     assert torch.allclose(output.features, model.decoder(encoded.low_level, encoded.high_level), atol=1e-6)
     with pytest.raises(ValueError, match="samples_per_pass"):
-        build_segmentor(num_classes=K, head=BaselineHead(channels, K), backbone="resnet_small", samples_per_pass=0,
-                        **WIDTHS["u2pl"])
+        build_segmentor(
+            num_classes=K, head=BaselineHead(channels, K), backbone="resnet_small", samples_per_pass=0, **WIDTHS["u2pl"]
+        )
 
 
 def test_decoder_passes_in_chunks_are_distinct_samples():

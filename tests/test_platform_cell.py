@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
 
 from npsemiseg.config import RunConfig
-from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
-from semiseg_platform.storage import CheckpointStore, parse_storage
 from semiseg_platform.schema import ERROR as ERROR_TAG
 from semiseg_platform.schema import FINAL_METRICS
+from semiseg_platform.storage import CheckpointStore, parse_storage
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 
 import pytest
+from platform_fixtures import FAULT_ENV, FaultInjection
 
 from npsemiseg.config import RunConfig
-from platform_fixtures import FAULT_ENV, FaultInjection
 from semiseg_platform.launch import cell_run_name, validate_resources
 from semiseg_platform.launch.ray_runtime import embedded_env, in_existing_cluster, worker_env
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from mlflow.tracking import MlflowClient
+from platform_fixtures import fresh_store
 
 from npsemiseg.config import RunConfig
-from platform_fixtures import fresh_store
 from semiseg_platform import schema
 from semiseg_platform.reports import load_cell_runs
 from semiseg_platform.tracking import find_cell_run, prepare_experiment, submission_runs

@@ -63,7 +63,9 @@ def test_bad_storage_uris_are_named(uri, message):
 def test_unreachable_s3_endpoint_is_one_clear_error():
     uri = f"s3://bucket/prefix?endpoint_override=http://127.0.0.1:{_closed_port()}"
     storage = parse_storage(uri, timeout_s=2)
-    with pytest.raises(ValueError, match=r"storage 's3://bucket/prefix' \(endpoint http://127.0.0.1:\d+\) is not reachable") as info:
+    with pytest.raises(
+        ValueError, match=r"storage 's3://bucket/prefix' \(endpoint http://127.0.0.1:\d+\) is not reachable"
+    ) as info:
         storage.check()
     assert "\n" not in str(info.value)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from platform_fixtures import fresh_store
 
 from npsemiseg.config import RunConfig
 from npsemiseg.training import RunResult
-from platform_fixtures import fresh_store
 from semiseg_platform.schema import ERROR as ERROR_TAG
 from semiseg_platform.schema import FINAL_METRICS
 from semiseg_platform.schema import OWNER_HOST as OWNER_HOST_TAG
@@ -112,9 +112,10 @@ def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
         assert stored.data.metrics[name] == pytest.approx(final[name])
     assert stored.data.metrics["time/train_seconds"] == 1.5
     client = MlflowClient(tracking_uri)
-    artifacts = {a.path for folder in ("", "config", "figures", "tables") for a in client.list_artifacts(run.run_id, folder or None)}
-    assert {"config/config.yaml", "figures/uncertainty_maps.png", "tables/per_class_iou.csv",
-            "checkpoint_uri.txt"} <= artifacts
+    artifacts = {
+        a.path for folder in ("", "config", "figures", "tables") for a in client.list_artifacts(run.run_id, folder or None)
+    }
+    assert {"config/config.yaml", "figures/uncertainty_maps.png", "tables/per_class_iou.csv", "checkpoint_uri.txt"} <= artifacts
     local = client.download_artifacts(run.run_id, "config/config.yaml", str(tmp_path))
     assert RunConfig.from_yaml(Path(local).read_text()) == config
     figure_copy = Path(client.download_artifacts(run.run_id, "figures/uncertainty_maps.png", str(tmp_path / "dl")))

@@ -7,9 +7,9 @@ import json
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
+from platform_fixtures import fresh_store
 from typer.testing import CliRunner
 
-from platform_fixtures import fresh_store
 from semiseg_platform.reports import PAPER_PANELS, hparams_figure, load_search_trials
 from semiseg_platform.search import SEARCH_ID_TAG, STOPPED_TAG
 
@@ -79,8 +79,8 @@ def test_figure_panels_hold_the_best_miou_per_value(store):
     xs, ys = lines[(PAPER_PANELS[T], city)]
     assert xs == [2.0, 5.0] and ys == pytest.approx([74.0, 75.0])
     mean = hparams_figure(store, "hp", aggregate="mean")
-    xs, ys = next((list(l.get_xdata()), list(l.get_ydata())) for ax in mean.axes if ax.get_title() == PAPER_PANELS[KL]
-                  for l in ax.get_lines() if l.get_label() == blender)
+    xs, ys = next((list(line.get_xdata()), list(line.get_ydata())) for ax in mean.axes if ax.get_title() == PAPER_PANELS[KL]
+                  for line in ax.get_lines() if line.get_label() == blender)
     assert xs == [0.005, 0.05] and ys == pytest.approx([67.5, 60.0])
     assert hparams_figure(store, "hp", search="nothing") is None
 

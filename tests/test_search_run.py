@@ -13,11 +13,10 @@ import optuna
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
+from test_search_spec import SMOKE_SPEC
 from typer.testing import CliRunner
 
-from semiseg_platform.search import (CELL_ATTR, DUPLICATE_ATTR, SEARCH_ID_TAG, STOPPED_TAG, load_search_spec,
-                                     run_search)
-from test_search_spec import SMOKE_SPEC
+from semiseg_platform.search import CELL_ATTR, DUPLICATE_ATTR, SEARCH_ID_TAG, STOPPED_TAG, load_search_spec, run_search
 
 pytestmark = pytest.mark.integration
 

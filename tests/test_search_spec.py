@@ -12,8 +12,15 @@ import yaml
 
 from semiseg_platform.reports import profile
 from semiseg_platform.search_spec import load_search_spec, search_id
-from semiseg_platform.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
-                                           evaluated_cells, sampler_seed)
+from semiseg_platform.search_study import (
+    CELL_ATTR,
+    DUPLICATE_ATTR,
+    FINAL_KEY,
+    CellOfParams,
+    StudySearch,
+    evaluated_cells,
+    sampler_seed,
+)
 
 SMOKE_SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "search_smoke.yaml"
 PAPER_SPEC = SMOKE_SPEC.with_name("search_np.yaml")

@@ -18,11 +18,22 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-
-from semiseg_platform.devstack import (SECRET_NAMES, SERVICE_TYPES, SERVICES, Secrets, Service, Stack, StackError,
-                                       StackSettings, http_status, port_in_use, process_alive)
-from semiseg_platform.devstack.process import base_env
 from stack_fixtures import reachable_home, stack_settings
+
+from semiseg_platform.devstack import (
+    SECRET_NAMES,
+    SERVICE_TYPES,
+    SERVICES,
+    Secrets,
+    Service,
+    Stack,
+    StackError,
+    StackSettings,
+    http_status,
+    port_in_use,
+    process_alive,
+)
+from semiseg_platform.devstack.process import base_env
 
 
 # ----------------------------------------------------------------------------- settings

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from stack_fixtures import reachable_home, stack_settings
 
 from semiseg_platform.devstack import MLFLOW_ADMIN, Stack, basic_auth_header, http_status
-from stack_fixtures import reachable_home, stack_settings
 
 pytestmark = pytest.mark.integration
 

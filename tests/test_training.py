@@ -281,7 +281,8 @@ def test_non_finite_loss_stops_with_the_step_and_term(smoke_config):
 
 
 def test_python_api_names():
-    from npsemiseg import RunConfig, RunResult, train as api_train
+    from npsemiseg import RunConfig, RunResult
+    from npsemiseg import train as api_train
 
     assert api_train is train and RunResult.__name__ == "RunResult"
     assert RunConfig.from_preset("smoke").cell_id
@@ -318,4 +319,4 @@ def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config)
     train(config, quiet)
     train(config.with_overrides({"schedule.eval_every_epochs": 1}), evaluated)
     assert [s for s, _ in evaluated.evaluations] == [1, 2, 3]  # two during training + the final one
-    assert [l["train/loss"] for _, l in quiet.steps] == [l["train/loss"] for _, l in evaluated.steps]
+    assert [logs["train/loss"] for _, logs in quiet.steps] == [logs["train/loss"] for _, logs in evaluated.steps]

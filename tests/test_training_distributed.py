@@ -18,8 +18,7 @@ def _train_on_rank(rank: int, world_size: int, directory: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world_size)
     try:
         from npsemiseg.config import RunConfig
-        from npsemiseg.training import build_framework
-        from npsemiseg.training import train
+        from npsemiseg.training import build_framework, train
 
         for framework in FRAMEWORKS:
             config = RunConfig.from_preset("smoke", framework=framework, dataset="synthetic", partition="1/16",

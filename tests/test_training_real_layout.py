@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from data_fixtures import make_cityscapes_split
+
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
 from npsemiseg.training import train

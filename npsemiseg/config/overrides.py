@@ -7,7 +7,8 @@ configuration so an unknown key fails by name; command-line strings are parsed a
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel

@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from npsemiseg.data import dataset_info
 from npsemiseg.data.info import DatasetInfo

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -61,7 +62,8 @@ class HeadConfig(Section):
     """The classifier head: which class (``name``), its label in tables (``variant``), its options.
 
     ``name``: a registered head (``npsemiseg.heads.head_names()``). ``options`` are keyword arguments of
-    ``npsemiseg.heads.build_head(name, ...)``, checked against the head class. ``sample_ce``: cross-entropy over the S predictions, ``elbo`` (mean of
+    ``npsemiseg.heads.build_head(name, ...)``, checked against the head class. ``sample_ce``:
+    cross-entropy over the S predictions, ``elbo`` (mean of
     per-sample CEs, the paper) or ``mean_logits`` (CE of the mean logits, the authors' code).
     """
 
@@ -372,7 +374,9 @@ class RunConfig(Section):
             values["framework_options"] = {}
             values["data"]["augmentation"] = {}
             values["data"]["labeled_strong_view"] = None
-        new_head = changes.get("head.name", (changes.get("head") or {}).get("name") if isinstance(changes.get("head"), Mapping) else None)
+        new_head = changes.get(
+            "head.name", (changes.get("head") or {}).get("name") if isinstance(changes.get("head"), Mapping) else None
+        )
         if new_head is not None and new_head != self.head.name:
             values["head"]["options"] = {}
             if self.head.variant == self.head.name:

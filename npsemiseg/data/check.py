@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from npsemiseg.data.datasets import (
-    _LAYOUTS, CITYSCAPES_NUM_LABEL_IDS, DATA_ROOT_ENV, cityscapes_label_paths,
-    cityscapes_labelids_to_trainids, load_index_png, resolve_root,
+    _LAYOUTS,
+    CITYSCAPES_NUM_LABEL_IDS,
+    DATA_ROOT_ENV,
+    cityscapes_label_paths,
+    cityscapes_labelids_to_trainids,
+    load_index_png,
+    resolve_root,
 )
 from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.data.partitions import partition_ids

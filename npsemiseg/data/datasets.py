@@ -20,8 +20,8 @@ values, matching sizes) is checked when the item is loaded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

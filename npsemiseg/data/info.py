@@ -10,8 +10,8 @@ scaled to the synthetic train-set size (same labeled ratio).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from npsemiseg._registry import Registry
 from npsemiseg.constants import IGNORE_INDEX

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import scipy.io
@@ -26,7 +26,9 @@ from PIL import Image
 
 from npsemiseg.data.check import Progress
 from npsemiseg.data.datasets import (
-    CITYSCAPES_NUM_LABEL_IDS, cityscapes_labelids_to_trainids, load_index_png,
+    CITYSCAPES_NUM_LABEL_IDS,
+    cityscapes_labelids_to_trainids,
+    load_index_png,
 )
 from npsemiseg.data.info import IGNORE_INDEX, VOC_CLASSES
 

@@ -99,7 +99,7 @@ class SyntheticConfig:
             raise ValueError("boundary_ignore, noise_std and instance_jitter must be >= 0 and illumination in [0, 1)")
 
     @classmethod
-    def for_dataset(cls, name: str, **options: object) -> "SyntheticConfig":
+    def for_dataset(cls, name: str, **options: object) -> SyntheticConfig:
         """Settings of a named synthetic dataset, with ``options`` overriding its defaults.
 
         ``synthetic_voc`` / ``synthetic_blender``: 21 classes, class 0 the background of every

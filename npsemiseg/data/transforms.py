@@ -26,7 +26,8 @@ generator / worker seeds) makes the pipelines reproducible.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

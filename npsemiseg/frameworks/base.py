@@ -9,8 +9,9 @@ and what happens after each optimiser step (EMA).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -64,7 +65,7 @@ class StepResult:
 
 
 #: every framework class by name; a framework registers itself where it is defined
-FRAMEWORKS: Registry[type["Framework"]] = Registry("framework")
+FRAMEWORKS: Registry[type[Framework]] = Registry("framework")
 
 
 def head_logs(stats: dict[str, float]) -> dict[str, float]:
@@ -95,10 +96,10 @@ class Framework:
     smoke_options: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 loss: LossSettings = LossSettings()) -> None:
+                 loss: LossSettings | None = None) -> None:
         self.options = options
         self.num_classes = num_classes
-        self.loss = loss
+        self.loss = loss if loss is not None else LossSettings()
         self.student = build_model()
 
     @classmethod

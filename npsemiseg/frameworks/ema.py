@@ -19,7 +19,8 @@ times mixes unrelated pixels, so they are always copied verbatim
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 import torch
 from torch import nn

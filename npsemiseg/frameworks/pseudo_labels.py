@@ -9,9 +9,9 @@ framework needs to know which head it trains.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn

@@ -20,8 +20,9 @@ the rest of the network in eval mode so no BN statistics move).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +79,7 @@ class SemiSupervisedFramework(Framework):
     teacher_names: tuple[str, ...] = ("teacher",)
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 loss: LossSettings = LossSettings()) -> None:
+                 loss: LossSettings | None = None) -> None:
         super().__init__(options, build_model, num_classes=num_classes, loss=loss)
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)

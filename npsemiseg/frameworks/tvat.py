@@ -24,7 +24,7 @@ adversarial direction in float32).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F

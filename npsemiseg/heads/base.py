@@ -10,8 +10,9 @@ per-sample softmaxes; uncertainty is the entropy of that mean.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +21,7 @@ from npsemiseg._registry import Registry
 from npsemiseg.constants import IGNORE_INDEX
 
 #: every head class by name; a head registers itself where it is defined (``@HEADS.register("np")``)
-HEADS: Registry[type["ClassifierHead"]] = Registry("head")
+HEADS: Registry[type[ClassifierHead]] = Registry("head")
 
 
 @dataclass

@@ -67,7 +67,8 @@ class NPLatent:
 
 
 class SmallConvNet(nn.Sequential):
-    """The appendix table of the small ConvNet: 1x1 in -> D, IN, ReLU, 1x1 D -> D, IN, ReLU, 1x1 D -> D. ``[B, C, h, w] -> [B, D, h, w]``.
+    """The appendix table of the small ConvNet: 1x1 in -> D, IN, ReLU, 1x1 D -> D, IN, ReLU, 1x1 D -> D.
+    ``[B, C, h, w] -> [B, D, h, w]``.
 
     InstanceNorm without affine parameters, as the authors' code.
     """
@@ -120,8 +121,9 @@ class _PerChannelAttention(torch.autograd.Function):
     def forward(ctx, query: Tensor, centers: Tensor, filled: Tensor, chunk: int) -> Tensor:
         ctx.save_for_backward(query, centers, filled)
         ctx.chunk = chunk
-        return torch.cat([_per_channel_mean(q, c, filled)
-                          for q, c in zip(query.split(chunk, dim=1), centers.split(chunk, dim=1))], dim=1)
+        return torch.cat(
+            [_per_channel_mean(q, c, filled) for q, c in zip(query.split(chunk, dim=1), centers.split(chunk, dim=1))], dim=1
+        )
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -223,8 +225,9 @@ class _NormReLUConv(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grad_y = torch.empty_like(xhat)
         grad_weight = grad_bias = None
-        for x, r, g_out, g_y in zip(xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks),
-                                    grad_y.chunk(ctx.chunks)):
+        for x, r, g_out, g_y in zip(
+            xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks), grad_y.chunk(ctx.chunks)
+        ):
             g = _conv_backward(g_out, x, weight, (True, False, False))[0]  # d loss / d relu(xhat)
             g = torch.ops.aten.threshold_backward(g, x, 0)  # through the ReLU
             n, c, h, w = x.shape
@@ -308,8 +311,16 @@ class NPDecoder(nn.Module):
     ``[T*B, C + 2D, h, w]`` concatenation (the reference).
     """
 
-    def __init__(self, in_channels: int, latent_dim: int, num_classes: int, *, hidden_channels: int = 256,
-                 impl: str = "split", norm: str = "instance") -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        latent_dim: int,
+        num_classes: int,
+        *,
+        hidden_channels: int = 256,
+        impl: str = "split",
+        norm: str = "instance",
+    ) -> None:
         super().__init__()
         self.in_channels = in_channels
         self.latent_dim = latent_dim
@@ -339,8 +350,9 @@ class NPDecoder(nn.Module):
         h, w = x.shape[-2:]
         r = r.expand(t, b, d)
         if self.impl == "concat":
-            maps = torch.cat([x.expand(t, *x.shape), z[..., None, None].expand(t, b, d, h, w),
-                              r[..., None, None].expand(t, b, d, h, w)], dim=2)
+            maps = torch.cat(
+                [x.expand(t, *x.shape), z[..., None, None].expand(t, b, d, h, w), r[..., None, None].expand(t, b, d, h, w)], dim=2
+            )
             return self.conv1(maps.flatten(0, 1))
         conv_x, taps = self._split_parts(x, z, r)
         out = _AddConstantMaps.apply(conv_x, taps, self.conv1.bias)  # [T, B, O, h, w]
@@ -398,13 +410,20 @@ class NPDecoder(nn.Module):
         t, b = z.shape[:2]
         if not isinstance(self.tail[0], nn.InstanceNorm2d):
             logits = self.tail(self.first_conv(x, z, r))
-        elif (self.impl == "split" and min(x.shape[-2:]) >= 3
-              and not _records_grad(x, z, r, *self.conv1.parameters(), *self.tail.parameters())):
+        elif (
+            self.impl == "split"
+            and min(x.shape[-2:]) >= 3
+            and not _records_grad(x, z, r, *self.conv1.parameters(), *self.tail.parameters())
+        ):
             conv, last = self.tail[2], self.tail[5]
-            logits = torch.cat([
-                _norm_relu_conv(F.conv2d(hidden, conv.weight.to(hidden.dtype), conv.bias.to(hidden.dtype), padding=1), last, 1)
-                for hidden in self.normalized_first_stage(x, z, r)
-            ])
+            logits = torch.cat(
+                [
+                    _norm_relu_conv(
+                        F.conv2d(hidden, conv.weight.to(hidden.dtype), conv.bias.to(hidden.dtype), padding=1), last, 1
+                    )
+                    for hidden in self.normalized_first_stage(x, z, r)
+                ]
+            )
         else:  # same maths as self.tail, a third of the memory
             logits = _norm_relu_conv(_norm_relu_conv(self.first_conv(x, z, r), self.tail[2], t), self.tail[5], t)
         return logits.view(t, b, *logits.shape[1:])
@@ -446,8 +465,14 @@ class NPHead(ClassifierHead):
     #: lambda_kl, memory length Q and T of the NP configs (``np_head_reference.md`` section 2), clipped at 5.0
     paper_options = {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5}
     paper_grad_clip = 5.0
-    smoke_options = {"lambda_kl": 0.005, "memory_size": 64, "num_samples": 2, "latent_dim": 8, "hidden_channels": 16,
-                     "enqueue_per_class": 16}
+    smoke_options = {
+        "lambda_kl": 0.005,
+        "memory_size": 64,
+        "num_samples": 2,
+        "latent_dim": 8,
+        "hidden_channels": 16,
+        "enqueue_per_class": 16,
+    }
 
     def __init__(
         self,
@@ -468,9 +493,18 @@ class NPHead(ClassifierHead):
         hidden_channels: int = 256,
     ) -> None:
         super().__init__(in_channels, num_classes)
-        self.check_values(latent_dim=latent_dim, memory_size=memory_size, num_samples=num_samples, attention=attention,
-                          kl=kl, decoder_impl=decoder_impl, enqueue_per_class=enqueue_per_class, lambda_kl=lambda_kl,
-                          decoder_norm=decoder_norm, hidden_channels=hidden_channels)
+        self.check_values(
+            latent_dim=latent_dim,
+            memory_size=memory_size,
+            num_samples=num_samples,
+            attention=attention,
+            kl=kl,
+            decoder_impl=decoder_impl,
+            enqueue_per_class=enqueue_per_class,
+            lambda_kl=lambda_kl,
+            decoder_norm=decoder_norm,
+            hidden_channels=hidden_channels,
+        )
         self.latent_dim, self.memory_size, self.num_samples = latent_dim, memory_size, num_samples
         self.attention, self.kl = attention, kl
         self.enqueue_per_class = memory_size if enqueue_per_class is None else enqueue_per_class
@@ -481,8 +515,9 @@ class NPHead(ClassifierHead):
 
         self.query_net = SmallConvNet(in_channels, latent_dim)
         self.latent_encoder = LatentEncoder(latent_dim, latent_dim)
-        self.decoder = NPDecoder(in_channels, latent_dim, num_classes, hidden_channels=hidden_channels,
-                                 impl=decoder_impl, norm=decoder_norm)
+        self.decoder = NPDecoder(
+            in_channels, latent_dim, num_classes, hidden_channels=hidden_channels, impl=decoder_impl, norm=decoder_norm
+        )
         for name in MEMORIES:
             self.register_buffer(f"{name}_memory", torch.zeros(num_classes, memory_size, latent_dim))
             self.register_buffer(f"{name}_pointer", torch.zeros(num_classes, dtype=torch.long))
@@ -491,11 +526,27 @@ class NPHead(ClassifierHead):
         self.reset_parameters()
 
     @classmethod
-    def check_values(cls, *, latent_dim: int, memory_size: int, num_samples: int, attention: str, kl: str,
-                     decoder_impl: str, enqueue_per_class: int | None, lambda_kl: float, decoder_norm: str,
-                     hidden_channels: int, **flags: bool) -> None:
-        for name, value in (("latent_dim", latent_dim), ("memory_size", memory_size), ("num_samples", num_samples),
-                            ("hidden_channels", hidden_channels)):
+    def check_values(
+        cls,
+        *,
+        latent_dim: int,
+        memory_size: int,
+        num_samples: int,
+        attention: str,
+        kl: str,
+        decoder_impl: str,
+        enqueue_per_class: int | None,
+        lambda_kl: float,
+        decoder_norm: str,
+        hidden_channels: int,
+        **flags: bool,
+    ) -> None:
+        for name, value in (
+            ("latent_dim", latent_dim),
+            ("memory_size", memory_size),
+            ("num_samples", num_samples),
+            ("hidden_channels", hidden_channels),
+        ):
             _positive_int(name, value)
         _choice("attention", attention, ATTENTIONS)
         _choice("kl", kl, KL_FORMS)
@@ -523,9 +574,11 @@ class NPHead(ClassifierHead):
         return self.decoder.impl
 
     def extra_repr(self) -> str:
-        return (f"num_classes={self.num_classes}, latent_dim={self.latent_dim}, memory_size={self.memory_size}, "
-                f"num_samples={self.num_samples}, attention={self.attention!r}, kl={self.kl!r}, "
-                f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}")
+        return (
+            f"num_classes={self.num_classes}, latent_dim={self.latent_dim}, memory_size={self.memory_size}, "
+            f"num_samples={self.num_samples}, attention={self.attention!r}, kl={self.kl!r}, "
+            f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}"
+        )
 
     # ---- memories -------------------------------------------------------------------------
 
@@ -678,8 +731,14 @@ class NPHead(ClassifierHead):
         values = torch.stack([v.float() for v in stats.values()]).tolist()  # one host sync for all stats
         return HeadOutput(logits, aux, dict(zip(stats, values)))
 
-    def _training_latent(self, features: Tensor, labels: Tensor, context_features: Tensor | None,
-                         context_labels: Tensor | None, num_samples: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _training_latent(
+        self,
+        features: Tensor,
+        labels: Tensor,
+        context_features: Tensor | None,
+        context_labels: Tensor | None,
+        num_samples: int | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Training mode: enqueue (in ``train()``), then ``z [T, B, D]``, ``r [B, D]``, aux loss, KL."""
         self.check_labels(labels, features)
         check_label_values(labels, self.num_classes)
@@ -710,8 +769,12 @@ class NPHead(ClassifierHead):
     @staticmethod
     def _is_leading_slice(part: Tensor, whole: Tensor) -> bool:
         """True when ``part`` is the view ``whole[:m]`` (the labelled slice of the batch)."""
-        return (part.data_ptr() == whole.data_ptr() and part.stride() == whole.stride()
-                and part.shape[1:] == whole.shape[1:] and part.shape[0] <= whole.shape[0])
+        return (
+            part.data_ptr() == whole.data_ptr()
+            and part.stride() == whole.stride()
+            and part.shape[1:] == whole.shape[1:]
+            and part.shape[0] <= whole.shape[0]
+        )
 
     @torch.no_grad()
     def _stats(self, logits: Tensor) -> dict[str, Tensor]:

@@ -17,9 +17,10 @@ found or does not fit is an error, never a silent random init.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn

@@ -114,7 +114,10 @@ class ASPP(nn.Module):
     def __init__(self, in_channels: int, channels: int, rates: tuple[int, ...], *, mc_dropout: float = 0.0) -> None:
         super().__init__()
         self.branches = nn.ModuleList(
-            [ImagePooling(in_channels, channels, mc_dropout=mc_dropout), conv_bn_act(in_channels, channels, 1, mc_dropout=mc_dropout)]
+            [
+                ImagePooling(in_channels, channels, mc_dropout=mc_dropout),
+                conv_bn_act(in_channels, channels, 1, mc_dropout=mc_dropout),
+            ]
             + [conv_bn_act(in_channels, channels, 3, dilation=r, mc_dropout=mc_dropout) for r in rates]
         )
         self.out_channels = channels * len(self.branches)
@@ -128,7 +131,9 @@ class PSMTASPP(nn.Module):
     ``out_channels``; plus the image-pooling branch (conv-BN-LeakyReLU, 1x1) added; BN, LeakyReLU.
     Output ``[B, out_channels, h, w]``."""
 
-    def __init__(self, in_channels: int, out_channels: int, rates: tuple[int, ...], *, hidden: int = 256, mc_dropout: float = 0.0) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, rates: tuple[int, ...], *, hidden: int = 256, mc_dropout: float = 0.0
+    ) -> None:
         super().__init__()
         self.branches = nn.ModuleList(
             [nn.Conv2d(in_channels, hidden, 1, bias=False)]
@@ -214,9 +219,7 @@ class RepresentationHead(nn.Module):
 
     def __init__(self, in_channels: int, dim: int = 256, hidden: int = 256) -> None:
         super().__init__()
-        self.block = nn.Sequential(
-            conv_bn_act(in_channels, hidden, 3, dropout=0.1), conv_bn_act(hidden, hidden, 3, dropout=0.1)
-        )
+        self.block = nn.Sequential(conv_bn_act(in_channels, hidden, 3, dropout=0.1), conv_bn_act(hidden, hidden, 3, dropout=0.1))
         self.embed = nn.Conv2d(hidden, dim, 1)
         self.dim = dim
 

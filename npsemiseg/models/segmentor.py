@@ -19,8 +19,9 @@ MC dropout scopes (see :func:`build_segmentor`):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -10,7 +10,8 @@ import contextlib
 import hashlib
 import math
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch

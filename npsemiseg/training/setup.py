@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,10 +13,14 @@ from semiseg_platform.grid import expand, load_spec, run_grid
 @app.command()
 def grid(
     spec: Path = typer.Argument(..., help="grid spec (YAML), e.g. jobs/specs/smoke.yaml"),
-    tracking: Optional[str] = typer.Option(None, "--tracking", "--tracking-uri",
-                                           help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
-    storage: Optional[str] = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
-    tables_dir: Optional[Path] = typer.Option(None, help="where to write the tables (default: under the storage)"),
+    tracking: str | None = typer.Option(
+        None,
+        "--tracking",
+        "--tracking-uri",
+        help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)",
+    ),
+    storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    tables_dir: Path | None = typer.Option(None, help="where to write the tables (default: under the storage)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),
 ) -> None:
     """Run every cell of a grid spec under Ray Tune (skips finished cells, resumes interrupted ones).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ from semiseg_platform.tracking import resolve_tracking_uri
 def hparams_figure(
     experiment: str = typer.Option(..., help="MLflow experiment holding the search trials"),
     out: Path = typer.Option(..., help="directory for hparams.png"),
-    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
-    search_id: Optional[str] = typer.Option(None, help="only the trials of this search (default: every search)"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+    search_id: str | None = typer.Option(None, help="only the trials of this search (default: every search)"),
     aggregate: str = typer.Option("max", help="max | mean of the finished trials at each value"),
 ) -> None:
     """The paper's hyper-parameter figure (mIoU against Q, lambda_kl, T) from finished search trials."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -11,7 +11,6 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-
 from semiseg_platform import schema
 from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
 from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, validate_resources
@@ -45,21 +44,21 @@ assert set(_SUMMARY_METRICS) == set(schema.FINAL_METRICS)
 
 @app.command()
 def run(
-    framework: Optional[str] = typer.Option(None, help=" | ".join(framework_names())),
-    dataset: Optional[str] = typer.Option(None, help="pascal_classic | pascal_blender | cityscapes | synthetic ..."),
-    partition: Optional[str] = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
-    head: Optional[str] = typer.Option(None, help=" | ".join(head_names())),
+    framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
+    dataset: str | None = typer.Option(None, help="pascal_classic | pascal_blender | cityscapes | synthetic ..."),
+    partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
+    head: str | None = typer.Option(None, help=" | ".join(head_names())),
     preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
-    config: Optional[Path] = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
+    config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
+    set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
     workers: int = typer.Option(1, help="Ray Train DDP workers; 0 = local mode (in this process)"),
     gpus_per_worker: float = typer.Option(0, help="GPUs per worker (NCCL); 0 = CPU (gloo)"),
     cpus_per_worker: float = typer.Option(1.0, help="CPUs per worker (fractions allowed)"),
-    storage: Optional[str] = typer.Option(None, help="checkpoint storage: a directory or s3://bucket/prefix[?endpoint_override=URL]"),
+    storage: str | None = typer.Option(None, help="checkpoint storage: a directory or s3://bucket/prefix[?endpoint_override=URL]"),
     max_failures: int = typer.Option(0, help="worker-group restarts from the last checkpoint"),
     experiment: str = typer.Option("npsemiseg", help="MLflow experiment"),
-    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
-    name: Optional[str] = typer.Option(None, help="checkpoint lineage name (default: from the cell); the same name resumes"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+    name: str | None = typer.Option(None, help="checkpoint lineage name (default: from the cell); the same name resumes"),
 ) -> None:
     """Train one cell on Ray Train, tracked in MLflow; print its metrics and the run's URL."""
     try:
@@ -82,10 +81,10 @@ def run(
         typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
         if failed.run_url:
             typer.echo(f"MLflow run: {failed.run_url}", err=True)
-        raise typer.Exit(CELL_FAILED)
+        raise typer.Exit(CELL_FAILED) from None
     except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
-        raise typer.Exit(INTERRUPTED)
+        raise typer.Exit(INTERRUPTED) from None
     typer.echo(f"cell {result.name} {result.status} after {result.steps} steps in {result.wall_seconds:.1f} s "
                f"(training loop {result.loop_seconds:.1f} s)")
     shown = [k for k in _SUMMARY_METRICS if k in result.metrics]

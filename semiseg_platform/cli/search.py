@@ -4,7 +4,6 @@ Optuna (TPE) + ASHA."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,15 +14,19 @@ from semiseg_platform.search import load_search_spec, run_search, search_id
 @app.command()
 def search(
     spec: Path = typer.Argument(..., help="search spec (YAML), e.g. jobs/specs/search_smoke.yaml"),
-    dataset: Optional[str] = typer.Option(None, help="search this dataset instead of the spec's"),
-    partition: Optional[str] = typer.Option(None, help="search this partition instead of the spec's"),
-    num_samples: Optional[int] = typer.Option(None, help="trials in this submission instead of the spec's"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a setting of the cell: key=value (repeatable)"),
-    tracking: Optional[str] = typer.Option(None, "--tracking", "--tracking-uri",
-                                           help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
-    storage: Optional[str] = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
-    optuna_storage: Optional[str] = typer.Option(None, help="Optuna RDB URL (default: the spec's, else sqlite:///./optuna.db)"),
-    out_dir: Optional[Path] = typer.Option(None, help="where best_config.yaml, trials.csv and hparams.png go"),
+    dataset: str | None = typer.Option(None, help="search this dataset instead of the spec's"),
+    partition: str | None = typer.Option(None, help="search this partition instead of the spec's"),
+    num_samples: int | None = typer.Option(None, help="trials in this submission instead of the spec's"),
+    set_: list[str] | None = typer.Option(None, "--set", help="override a setting of the cell: key=value (repeatable)"),
+    tracking: str | None = typer.Option(
+        None,
+        "--tracking",
+        "--tracking-uri",
+        help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)",
+    ),
+    storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    optuna_storage: str | None = typer.Option(None, help="Optuna RDB URL (default: the spec's, else sqlite:///./optuna.db)"),
+    out_dir: Path | None = typer.Option(None, help="where best_config.yaml, trials.csv and hparams.png go"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and print its search id, run nothing"),
 ) -> None:
     """Search hyper-parameters of one cell with Ray Tune + Optuna (TPE) + ASHA; continues the spec's study.
@@ -32,15 +35,17 @@ def search(
     the spec is invalid (nothing started).
     """
     try:
-        loaded = load_search_spec(spec, overrides=parse_assignments(set_), dataset=dataset, partition=partition,
-                                  num_samples=num_samples)
+        loaded = load_search_spec(
+            spec, overrides=parse_assignments(set_), dataset=dataset, partition=partition, num_samples=num_samples
+        )
         if dry_run:
             base = loaded.base_config()
-            typer.echo(f"search {loaded.name}: {base.cell_name}, search_id {search_id(loaded, base)}, "
-                       f"space {sorted(loaded.space)}, {loaded.num_samples} trial(s)")
+            typer.echo(
+                f"search {loaded.name}: {base.cell_name}, search_id {search_id(loaded, base)}, "
+                f"space {sorted(loaded.space)}, {loaded.num_samples} trial(s)"
+            )
             return
-        summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage,
-                             out_dir=out_dir)
+        summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage, out_dir=out_dir)
     except ValueError as error:
         fail(one_line(error))
     typer.echo(summary.format())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from semiseg_platform.cli.app import TRACKING_HELP, app
@@ -13,8 +11,8 @@ from semiseg_platform.tracking import sweep_orphaned_runs
 @app.command("sweep-orphans")
 def sweep_orphans(
     experiment: str = typer.Option("npsemiseg", help="MLflow experiment"),
-    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
-    stale_after: Optional[float] = typer.Option(None, help="also end runs owned on other hosts after this many seconds"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+    stale_after: float | None = typer.Option(None, help="also end runs owned on other hosts after this many seconds"),
 ) -> None:
     """End RUNNING MLflow runs whose owning process is gone (status KILLED, reason in the 'error' tag)."""
     swept = sweep_orphaned_runs(experiment, tracking=tracking, stale_after_s=stale_after)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ from semiseg_platform.tracking import resolve_tracking_uri
 def tables(
     experiment: str = typer.Option(..., help="MLflow experiment to read the cell runs from"),
     out: Path = typer.Option(..., help="directory for the tables (Markdown, LaTeX, CSV, Parquet) and figures"),
-    tracking: Optional[str] = typer.Option(None, help=TRACKING_HELP),
-    grid_id: Optional[str] = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+    grid_id: str | None = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
 ) -> None:
     """Build the paper's Tables 1-6 (and the uncertainty-time figure) from MLflow runs; print them."""
     tracking_uri = resolve_tracking_uri(tracking)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from semiseg_platform.cli.app import app
@@ -12,7 +10,7 @@ from semiseg_platform.ui import serve
 
 @app.command()
 def ui(
-    tracking: Optional[str] = typer.Option(None, help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
+    tracking: str | None = typer.Option(None, help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlruns.db)"),
     host: str = typer.Option("127.0.0.1", help="interface to bind (default: loopback only)"),
     port: int = typer.Option(5000, help="port of the UI"),
     print_only: bool = typer.Option(False, "--print", help="print the command, start nothing"),

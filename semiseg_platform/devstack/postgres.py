@@ -31,7 +31,9 @@ _NOT_INSTALLED = "postgres: the PostgreSQL server (initdb, postgres) is not inst
 
 def find_postgres_bindir() -> Path | None:
     """The directory holding ``initdb`` and ``postgres`` (Debian: /usr/lib/postgresql/<v>/bin), or None."""
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0
+    )
     for directory in reversed(candidates):
         if (Path(directory) / "initdb").is_file() and (Path(directory) / "postgres").is_file():
             return Path(directory)
@@ -73,10 +75,14 @@ class Postgres(Service):
         if not self.settings.install_missing:
             raise StackError(f"{_NOT_INSTALLED}; install Debian's 'postgresql' package")
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            raise StackError(f"{_NOT_INSTALLED} and cannot be installed here (needs root and apt-get); "
-                             "install Debian's 'postgresql' package")
+            raise StackError(
+                f"{_NOT_INSTALLED} and cannot be installed here (needs root and apt-get); install Debian's 'postgresql' package"
+            )
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"]):
+        for command in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+        ):
             result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
             if result.returncode != 0:
                 raise StackError(f"postgres: {' '.join(command)} failed: {result.stderr.strip()[-500:]}")
@@ -90,9 +96,23 @@ class Postgres(Service):
             raise StackError(f"{_NOT_INSTALLED}; install Debian's 'postgresql' package")
         if not (self.pgdata / "PG_VERSION").is_file():
             self._initdb(bindir)
-        command = [str(bindir / "postgres"), "-D", str(self.pgdata), "-p", str(s.postgres_port),
-                   "-c", f"listen_addresses={s.host}", "-c", f"unix_socket_directories={self.pgdata}",
-                   "-c", "shared_buffers=16MB", "-c", "max_connections=60", "-c", "logging_collector=off"]
+        command = [
+            str(bindir / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-p",
+            str(s.postgres_port),
+            "-c",
+            f"listen_addresses={s.host}",
+            "-c",
+            f"unix_socket_directories={self.pgdata}",
+            "-c",
+            "shared_buffers=16MB",
+            "-c",
+            "max_connections=60",
+            "-c",
+            "logging_collector=off",
+        ]
         self.process.spawn(command, base_env(), user=self.run_as)
 
     def _initdb(self, bindir: Path) -> None:
@@ -105,13 +125,26 @@ class Postgres(Service):
             shutil.chown(self.pgdata, user=user, group=user)
             check = subprocess.run(as_user(["test", "-w", str(self.pgdata)], user), capture_output=True, check=False)
             if check.returncode != 0:
-                raise StackError(f"postgres: user {user!r} cannot reach {self.pgdata} (a parent directory is not "
-                                 f"traversable by others); set {ENV_PREFIX}HOME to a directory it can reach")
+                raise StackError(
+                    f"postgres: user {user!r} cannot reach {self.pgdata} (a parent directory is not "
+                    f"traversable by others); set {ENV_PREFIX}HOME to a directory it can reach"
+                )
         pwfile = self.pgdata.parent / "initdb.pw"
         write_private(pwfile, self.secrets.get("postgres_password") + "\n", owner=user)
         try:
-            command = [str(bindir / "initdb"), "-D", str(self.pgdata), "-U", DB_USER, f"--pwfile={pwfile}",
-                       "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-instructions"]
+            command = [
+                str(bindir / "initdb"),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                DB_USER,
+                f"--pwfile={pwfile}",
+                "--auth-host=scram-sha-256",
+                "--auth-local=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ]
             run_checked(as_user(command, user), "postgres: initdb", timeout=300)
         finally:
             pwfile.unlink(missing_ok=True)
@@ -120,8 +153,14 @@ class Postgres(Service):
         """A connection to the maintenance database ``postgres`` as the stack's role."""
         import psycopg2  # the optional `stack` extra: `stack up` installs it when missing
 
-        return psycopg2.connect(host=self.settings.host, port=self.settings.postgres_port, user=DB_USER, dbname="postgres",
-                                password=self.secrets.get("postgres_password"), connect_timeout=timeout_s)
+        return psycopg2.connect(
+            host=self.settings.host,
+            port=self.settings.postgres_port,
+            user=DB_USER,
+            dbname="postgres",
+            password=self.secrets.get("postgres_password"),
+            connect_timeout=timeout_s,
+        )
 
     def probe(self) -> bool:
         with contextlib.closing(self._connect(3)):

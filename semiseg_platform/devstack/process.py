@@ -186,7 +186,8 @@ class ManagedProcess:
         while time.monotonic() < deadline and group_alive(pid):
             time.sleep(0.2)
         if group_alive(pid):
-            logger.warning("%s: still running %.0f s after signal %d, killing its process group", self.name, timeout_s, first_signal)
+            logger.warning("%s: still running %.0f s after signal %d, killing its process group",
+                           self.name, timeout_s, first_signal)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             time.sleep(0.5)

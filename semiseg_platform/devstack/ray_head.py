@@ -39,11 +39,33 @@ class RayHead(Service):
         s = self.settings
         # no Serve replicas to drain on SIGTERM: stop at once (Ray's default waits up to 30 s)
         env = {**base_env(), **client_env(s, self.secrets, include_secrets=True), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-        command = [executable("ray"), "start", "--head", "--block", "--disable-usage-stats",
-                   "--num-cpus", f"{s.ray_num_cpus:g}", "--num-gpus", "0", "--node-ip-address", s.host,
-                   "--port", str(s.ray_port), "--include-dashboard", "true", "--dashboard-host", s.host,
-                   "--dashboard-port", str(s.ray_dashboard_port), "--dashboard-agent-listen-port", str(s.ray_dashboard_agent_port),
-                   "--ray-client-server-port", str(s.ray_client_port), "--temp-dir", str(s.ray_temp_dir)]
+        command = [
+            executable("ray"),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            "--num-cpus",
+            f"{s.ray_num_cpus:g}",
+            "--num-gpus",
+            "0",
+            "--node-ip-address",
+            s.host,
+            "--port",
+            str(s.ray_port),
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            s.host,
+            "--dashboard-port",
+            str(s.ray_dashboard_port),
+            "--dashboard-agent-listen-port",
+            str(s.ray_dashboard_agent_port),
+            "--ray-client-server-port",
+            str(s.ray_client_port),
+            "--temp-dir",
+            str(s.ray_temp_dir),
+        ]
         self.process.spawn(command, env)
 
     def probe(self) -> bool:

@@ -98,10 +98,10 @@ class Service(ABC):
     def probe(self) -> bool:
         """One health probe: a real request through the service's protocol, authenticated."""
 
-    def install(self) -> None:
+    def install(self) -> None:  # noqa: B027 - an optional hook: most services need no system package
         """Install what pip cannot (system packages); nothing by default."""
 
-    def after_start(self) -> None:
+    def after_start(self) -> None:  # noqa: B027 - an optional hook: most services create nothing
         """Create what clients expect once the service is healthy (databases, a bucket); nothing by default."""
 
     def pid_marker(self) -> str:
@@ -177,6 +177,6 @@ def ensure_installed(services: Iterable[Service], install_missing: bool) -> None
             raise StackError(f"{absent}. Install {packages}: pip install -e '.[stack]'")
         logger.info("installing %s", packages)
         run_checked([sys.executable, "-m", "pip", "install", "--quiet", *packages], f"pip install {' '.join(packages)}")
-    for name, requirement in needed:
+    for _name, requirement in needed:
         if not requirement.module and not requirement.present():
             raise StackError(f"{requirement.name}: executable not found next to {sys.executable} or on PATH")

@@ -105,7 +105,8 @@ class StackSettings(BaseModel):
         return f"s3://{self.bucket}/mlflow"
 
     def database_uri(self, database: str) -> str:
-        """``postgresql+psycopg2://npsemiseg@127.0.0.1:<port>/<database>`` (SQLAlchemy); the password comes from ``PGPASSFILE``."""
+        """``postgresql+psycopg2://npsemiseg@127.0.0.1:<port>/<database>`` (SQLAlchemy); the password
+        comes from ``PGPASSFILE``."""
         return f"postgresql+psycopg2://{DB_USER}@{self.host}:{self.postgres_port}/{database}"
 
     @property

@@ -5,11 +5,19 @@
 - :mod:`.ray_runtime`: starting or joining Ray (:func:`ensure_ray`).
 """
 
-from semiseg_platform.launch.cell import (CellFailedError, CellResult, CellSpec, cell_run_name, execute, run_cell,
-                                          run_cell_in_process, train_worker, validate_resources)
+from semiseg_platform.launch.cell import (
+                                          CellFailedError,
+                                          CellResult,
+                                          CellSpec,
+                                          cell_run_name,
+                                          execute,
+                                          run_cell,
+                                          run_cell_in_process,
+                                          train_worker,
+                                          validate_resources,
+)
 from semiseg_platform.launch.ray_runtime import embedded_env, ensure_ray, in_existing_cluster, worker_env
-from semiseg_platform.launch.reporters import (CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter,
-                                               TuneReporter)
+from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter, TuneReporter
 
 __all__ = [
     "CellFailedError", "CellResult", "CellSpec", "CheckpointReporter", "ProgressLogger", "StoreReporter",

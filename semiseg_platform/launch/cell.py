@@ -25,20 +25,20 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.training import train
-
 from semiseg_platform import schema
-from semiseg_platform.logs import ensure_visible
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
+from semiseg_platform.logs import ensure_visible
 from semiseg_platform.storage import CheckpointStore, Storage, parse_storage
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, CellRun, MLflowCallbacks, format_error
 

@@ -20,7 +20,6 @@ import ray.train
 import ray.tune
 
 from npsemiseg.callbacks import Callbacks
-
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.storage import CheckpointStore, checkpoint_dir_name, mark_complete
 

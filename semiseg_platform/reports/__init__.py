@@ -5,16 +5,47 @@
 - :mod:`.figures`: :func:`line_panels`, the uncertainty-time figure and the hyper-parameter figure.
 """
 
-from semiseg_platform.reports.figures import (PAPER_PANELS, UNCERTAINTY_TIME_BENCHMARK, UNCERTAINTY_TIME_METRIC,
-                                              hparams_figure, line_panels, load_search_trials, load_uncertainty_times,
-                                              log_uncertainty_time_run, profile, uncertainty_time_figure,
-                                              write_hparams_figure)
-from semiseg_platform.reports.rendering import (format_cell, layout, markdown_report, to_latex, to_markdown,
-                                                write_report, write_tables)
-from semiseg_platform.reports.tables import (ABLATION_FRAMEWORK, ABLATION_HEADS, CELL_KEYS, MISSING_MARK,
-                                             PAPER_DATASETS, PAPER_FRAMEWORKS, PAPER_HEADS, build_table, build_tables,
-                                             dataset_label, framework_label, head_label, latest_per_cell,
-                                             load_cell_runs, method_label, paper_table_specs, protocol_partitions)
+from semiseg_platform.reports.figures import (
+                                              PAPER_PANELS,
+                                              UNCERTAINTY_TIME_BENCHMARK,
+                                              UNCERTAINTY_TIME_METRIC,
+                                              hparams_figure,
+                                              line_panels,
+                                              load_search_trials,
+                                              load_uncertainty_times,
+                                              log_uncertainty_time_run,
+                                              profile,
+                                              uncertainty_time_figure,
+                                              write_hparams_figure,
+)
+from semiseg_platform.reports.rendering import (
+                                              format_cell,
+                                              layout,
+                                              markdown_report,
+                                              to_latex,
+                                              to_markdown,
+                                              write_report,
+                                              write_tables,
+)
+from semiseg_platform.reports.tables import (
+                                              ABLATION_FRAMEWORK,
+                                              ABLATION_HEADS,
+                                              CELL_KEYS,
+                                              MISSING_MARK,
+                                              PAPER_DATASETS,
+                                              PAPER_FRAMEWORKS,
+                                              PAPER_HEADS,
+                                              build_table,
+                                              build_tables,
+                                              dataset_label,
+                                              framework_label,
+                                              head_label,
+                                              latest_per_cell,
+                                              load_cell_runs,
+                                              method_label,
+                                              paper_table_specs,
+                                              protocol_partitions,
+)
 
 __all__ = [
     "ABLATION_FRAMEWORK", "ABLATION_HEADS", "CELL_KEYS", "MISSING_MARK", "PAPER_DATASETS", "PAPER_FRAMEWORKS",

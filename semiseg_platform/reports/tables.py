@@ -41,7 +41,6 @@ from mlflow import MlflowClient
 
 from npsemiseg.data import dataset_info
 from npsemiseg.heads import head_class, head_names
-
 from semiseg_platform import schema
 from semiseg_platform.tracking import experiment_id, search_all_runs, submission_runs
 

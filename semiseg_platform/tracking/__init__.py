@@ -13,13 +13,31 @@ The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_
 """
 
 from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path
-from semiseg_platform.tracking.cell_run import (CellKilled, CellRun, RunEnd, ending_run, error_reason, format_error,
-                                                sigterm_as_killed)
+from semiseg_platform.tracking.cell_run import (
+                                                CellKilled,
+                                                CellRun,
+                                                RunEnd,
+                                                ending_run,
+                                                error_reason,
+                                                format_error,
+                                                sigterm_as_killed,
+)
 from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
 from semiseg_platform.tracking.params import cell_tags, git_commit, package_version
-from semiseg_platform.tracking.store import (DEFAULT_ARTIFACT_DIR, DEFAULT_EXPERIMENT, DEFAULT_STORE_FILE,
-                                             experiment_id, find_cell_run, prepare_experiment, resolve_tracking_uri,
-                                             run_url, search_all_runs, submission_runs, sweep_orphaned_runs, ui_hint)
+from semiseg_platform.tracking.store import (
+                                                DEFAULT_ARTIFACT_DIR,
+                                                DEFAULT_EXPERIMENT,
+                                                DEFAULT_STORE_FILE,
+                                                experiment_id,
+                                                find_cell_run,
+                                                prepare_experiment,
+                                                resolve_tracking_uri,
+                                                run_url,
+                                                search_all_runs,
+                                                submission_runs,
+                                                sweep_orphaned_runs,
+                                                ui_hint,
+)
 
 __all__ = [
     "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "MLflowCallbacks",

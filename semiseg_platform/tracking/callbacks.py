@@ -13,7 +13,6 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
-
 from semiseg_platform import schema
 from semiseg_platform.tracking.cell_run import format_error
 from semiseg_platform.tracking.describe import per_class_iou_figure

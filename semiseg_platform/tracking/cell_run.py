@@ -14,8 +14,9 @@ import os
 import signal
 import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -24,8 +25,15 @@ from mlflow.tracking import MlflowClient
 from semiseg_platform import schema
 from semiseg_platform.tracking.metrics import log_metrics
 from semiseg_platform.tracking.params import MAX_TAG_LENGTH, cell_tags
-from semiseg_platform.tracking.store import (DEFAULT_EXPERIMENT, find_cell_run, owner_alive, owner_tags,
-                                             prepare_experiment, resolve_tracking_uri, run_url)
+from semiseg_platform.tracking.store import (
+    DEFAULT_EXPERIMENT,
+    find_cell_run,
+    owner_alive,
+    owner_tags,
+    prepare_experiment,
+    resolve_tracking_uri,
+    run_url,
+)
 
 logger = logging.getLogger(__name__)
 

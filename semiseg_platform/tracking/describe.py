@@ -9,7 +9,6 @@ from matplotlib.figure import Figure
 
 from npsemiseg.heads import head_class
 from npsemiseg.heads.factory import head_options
-
 from semiseg_platform import schema
 
 

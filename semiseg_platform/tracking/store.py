@@ -8,8 +8,9 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from mlflow.entities import ViewType
