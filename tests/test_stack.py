@@ -13,7 +13,10 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from http.server import HTTPServer, SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -161,6 +164,25 @@ class _HttpServer(Service):
 
     def probe(self) -> bool:
         return http_status(self.endpoint + "/") == 200
+
+
+def test_health_probes_never_go_through_a_proxy(monkeypatch, tmp_path):
+    """A proxy in the environment (and urllib's process-wide opener built with it) must not carry the
+    probes of services on this machine: they would never become healthy."""
+    for variable in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)
+    urllib.request.install_opener(urllib.request.build_opener())  # what the first urlopen() would cache
+    server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert http_status(f"http://127.0.0.1:{server.server_port}/") == 200
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_new_service_is_one_class_the_stack_starts_checks_and_stops(tmp_path):

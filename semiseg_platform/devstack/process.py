@@ -76,11 +76,15 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
+#: the stack's services listen on this machine: a proxy from the environment must never carry the probes
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_status(url: str, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> int | None:
-    """The HTTP status of a GET (None when nothing answers)."""
+    """The HTTP status of a GET (None when nothing answers), never through a proxy."""
     request = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _DIRECT.open(request, timeout=timeout) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
