@@ -111,7 +111,10 @@ SYNTHETIC_STANDINS: dict[str, str | None] = {
     "synthetic_cityscapes": "cityscapes",
 }
 
-DATASET_NAMES: tuple[str, ...] = tuple(REAL_DATASETS) + tuple(SYNTHETIC_STANDINS)
+#: procedural datasets of the learning study (``npsemiseg.data.study``)
+STUDY_DATASETS: tuple[str, ...] = ("study",)
+
+DATASET_NAMES: tuple[str, ...] = tuple(REAL_DATASETS) + tuple(SYNTHETIC_STANDINS) + STUDY_DATASETS
 
 
 def dataset_names() -> tuple[str, ...]:
@@ -179,4 +182,8 @@ def dataset_info(name: str, **options: object) -> DatasetInfo:
         return REAL_DATASETS[name]
     if name in SYNTHETIC_STANDINS:
         return synthetic_info(name, **options)  # type: ignore[arg-type]
+    if name in STUDY_DATASETS:
+        from npsemiseg.data.study import study_info  # local: study imports this module
+
+        return study_info(name, **options)
     raise ValueError(f"dataset name {name!r} is unknown; valid: {', '.join(DATASET_NAMES)}")
