@@ -39,7 +39,7 @@ from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo
 
 STUDY_DATASETS = ("study",)
 STUDY_SPLITS = ("labeled", "unlabeled", "val", "tune")
-_STREAMS = {"train": 11, "val": 12, "tune": 13, "partition": 14}
+_STREAMS = {"train": 11, "val": 12, "tune": 13, "partition": 14, "pretrain": 15, "pretrain_val": 16}
 _FRACTIONS = ("1/16", "1/8", "1/4", "1/2")
 
 
