@@ -100,6 +100,24 @@ class PretrainResult:
     seconds: float
 
 
+#: named pretrainings a configuration can ask for as ``model.weights: pretrained:<name>``
+PRETRAINED: dict[str, PretrainConfig] = {"default": PretrainConfig()}
+PRETRAINED_PREFIX = "pretrained:"
+
+
+def resolve_weights(weights: str | None, *, cache_dir: str | os.PathLike | None = None) -> str | None:
+    """``model.weights`` as ``build_segmentor`` takes it: ``pretrained:<name>`` becomes the cached
+    backbone file of ``PRETRAINED[name]`` (trained first when the cache has none); anything else
+    is returned unchanged. The name, not a machine's path, is what a cell's identity hashes."""
+    if not isinstance(weights, str) or not weights.startswith(PRETRAINED_PREFIX):
+        return weights
+    name = weights[len(PRETRAINED_PREFIX):]
+    if name not in PRETRAINED:
+        raise ValueError(f"model.weights: unknown pretraining {name!r}, expected one of "
+                         f"{[PRETRAINED_PREFIX + n for n in PRETRAINED]}")
+    return str(pretrain(PRETRAINED[name], cache_dir=cache_dir).path)
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get(CACHE_ENV)
     return (Path(base) if base else Path.home() / ".cache" / "npsemiseg") / "pretrain"

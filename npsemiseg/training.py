@@ -187,6 +187,7 @@ def poly_lr(base_lr: float, step: int, total_steps: int, power: float) -> float:
 def build_model(config: RunConfig) -> nn.Module:
     """One fresh segmentor (backbone + DeepLabv3+ + head) as ``config.model``/``config.head`` say."""
     from npsemiseg.models import build_segmentor
+    from npsemiseg.pretrain import resolve_weights
 
     model = config.model
     return build_segmentor(
@@ -195,7 +196,7 @@ def build_model(config: RunConfig) -> nn.Module:
         head_options=dict(config.head.options),
         variant=model.variant,
         backbone=model.backbone,
-        weights=model.weights,
+        weights=resolve_weights(model.weights),  # pretrained:<name> -> the cached file
         deep_stem=model.deep_stem,
         aux_head=model.aux_head,
         representation_head=bool(model.representation_head),

@@ -58,3 +58,27 @@ def test_tracked_pretraining_is_one_mlflow_run_and_a_hit_reuses_it(tmp_path_fact
     path = pretrain_command(steps=2, corpus_size=8, image_size=32, batch_size=2, cache_dir=str(tmp_path / "cli"),
                             tracking=uri, experiment="pre", emit=lines.append)
     assert lines[-1] == f"model.weights={path}" and path.exists()
+
+
+def test_pretrained_name_resolves_to_the_cached_file(tmp_path, monkeypatch):
+    import pytest
+
+    from npsemiseg import pretrain as module
+
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    path = module.resolve_weights("pretrained:tiny", cache_dir=tmp_path)
+    assert path == str(tmp_path / TINY.key / WEIGHTS_FILE)
+    assert module.resolve_weights("imagenet") == "imagenet" and module.resolve_weights(None) is None
+    with pytest.raises(ValueError, match="unknown pretraining 'nope'"):
+        module.resolve_weights("pretrained:nope")
+
+
+def test_a_cell_trains_from_a_pretrained_name(tmp_path, monkeypatch, smoke_config):
+    from npsemiseg import pretrain as module
+    from npsemiseg.training import train
+
+    monkeypatch.setenv(module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    config = smoke_config(dataset="study", **{"model.weights": "pretrained:tiny", "runtime.device": "cpu"})
+    assert 0.0 <= train(config).metrics["miou"] <= 1.0
+    assert (tmp_path / "pretrain" / TINY.key / WEIGHTS_FILE).exists()
