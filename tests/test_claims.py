@@ -109,3 +109,14 @@ def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory)
         _cell(client, experiment, "u2pl", "np", seed, 0.4, 0.52 + seed / 100)
     c3 = {c.id: c for c in check_claims(uri, "gap")}["C3"]
     assert [p.name for p in c3.parts] == ["1/16"] and c3.verdict == SUPPORTED
+
+
+def test_a_framework_not_run_leaves_s0_without_a_verdict(tmp_path_factory):
+    uri = fresh_store(tmp_path_factory, "claims_partial")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("partial")
+    for seed in SEEDS:
+        for framework in ("supervised", "mt", "u2pl", "augseg"):  # no PS-MT
+            _cell(client, experiment, framework, "baseline", seed, BASELINE[framework] + seed / 100, 0.5)
+    s0 = check_claims(uri, "partial")[0]
+    assert {p.name: p.verdict for p in s0.parts}["psmt"] == NO_DATA and s0.verdict == INCONCLUSIVE
