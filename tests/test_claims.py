@@ -56,7 +56,7 @@ def store(tmp_path_factory):
 def test_each_verdict_is_reached_and_missing_cells_give_no_data(store):
     claims = {c.id: c for c in check_claims(store, "known", search_experiment="known")}
     verdicts = {key: claim.verdict for key, claim in claims.items()}
-    assert verdicts == {"S0": SUPPORTED, "C1": CONTRADICTED, "C2": SUPPORTED, "C3": INCONCLUSIVE,
+    assert verdicts == {"S0": SUPPORTED, "S1": NO_DATA, "C1": CONTRADICTED, "C2": SUPPORTED, "C3": INCONCLUSIVE,
                         "C4": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
     s0 = {p.name: p for p in claims["S0"].parts}
     assert s0["mt"].pairs == 3 and s0["mt"].mean_diff == pytest.approx(10) and s0["mt"].ci_low == pytest.approx(10)
@@ -89,7 +89,7 @@ def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
     printed: list[str] = []
     claims_command("known", tracking=store, out=tmp_path, parent_run_id=parent, emit=printed.append)
     data = json.loads((tmp_path / "claims.json").read_text())
-    assert [c["id"] for c in data] == ["S0", "C1", "C2", "C3", "C4", "C5", "C6"]
+    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "C5", "C6"]
     for key in ("id", "verdict", "mean_diff", "ci_low", "ci_high", "pairs"):
         assert all(key in c for c in data)
     assert set(data[0]["per_framework"]) == {"mt", "psmt", "u2pl", "augseg"}
@@ -104,11 +104,13 @@ def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory)
     client = MlflowClient(uri)
     experiment = client.create_experiment("gap")
     for seed in SEEDS:
-        _cell(client, experiment, "supervised", "baseline", seed, 0.6, 0.5, partition="full")
+        _cell(client, experiment, "supervised", "baseline", seed, 0.6 + seed / 100, 0.5, partition="full")
+        _cell(client, experiment, "supervised", "baseline", seed, 0.4, 0.5)
         _cell(client, experiment, "u2pl", "mc_dropout", seed, 0.4, 0.50)
         _cell(client, experiment, "u2pl", "np", seed, 0.4, 0.52 + seed / 100)
-    c3 = {c.id: c for c in check_claims(uri, "gap")}["C3"]
-    assert [p.name for p in c3.parts] == ["1/16"] and c3.verdict == SUPPORTED
+    claims = {c.id: c for c in check_claims(uri, "gap")}
+    assert [p.name for p in claims["C3"].parts] == ["1/16"] and claims["C3"].verdict == SUPPORTED
+    assert claims["S1"].verdict == SUPPORTED and claims["S1"].pooled.mean_diff == pytest.approx(21)
 
 
 def test_a_framework_not_run_leaves_s0_without_a_verdict(tmp_path_factory):
