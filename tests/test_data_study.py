@@ -9,14 +9,6 @@ from npsemiseg.data import build_dataset, dataset_info
 from npsemiseg.data.study import FAMILIES, StudyConfig, generate
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_info_sizes_and_partitions():
     info = dataset_info("study")
     assert info.train_size >= 1000 and info.val_size >= 200
