@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-fast test-stack demo bench clean stack-up stack-down
+.PHONY: install lint test test-fast test-stack demo study bench clean stack-up stack-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m jobs.demo
+
+# The CPU mini-study (issue 15): numbers that mean something, unlike the 3-step cells of demo.
+study: $(STAMP)
+	$(PY) -m jobs.grid jobs/specs/mini.yaml
 
 # The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/devstack/
 stack-up: $(STAMP)

@@ -20,6 +20,9 @@ from semiseg_platform.logs import configure_logging
 from semiseg_platform.tracking import resolve_tracking_uri, ui_hint
 
 SMOKE_SPEC = Path(__file__).resolve().parent / "specs" / "smoke.yaml"
+PLUMBING_NOTE = ("These tables come from 3-step smoke cells: they show that every cell runs and is tracked, "
+                 "not how the methods compare. For numbers that mean something run `make study` "
+                 "(jobs/specs/mini.yaml: the CPU mini-study and its claims report).")
 
 
 def mlflow_ui_command(tracking_uri: str) -> str:
@@ -39,6 +42,7 @@ def main() -> int:
     summary = run_grid(SMOKE_SPEC, tracking_uri=tracking_uri, storage=os.environ.get("NPSEMISEG_STORAGE"))
     print()
     print(summary.tables_markdown)
+    print(PLUMBING_NOTE)
     print(summary.format())
     overhead = summary.median_overhead_seconds
     print(json.dumps({

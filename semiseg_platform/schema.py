@@ -23,9 +23,12 @@ from npsemiseg.heads import head_names
 from npsemiseg.heads.factory import head_options
 
 # ----------------------------------------------------------------------------- tags
-#: What a run is: ``cell`` | ``grid`` | ``search`` | ``benchmark``
+#: What a run is: ``cell`` | ``grid`` | ``search`` | ``benchmark`` | ``pretrain``
 KIND = "npsemiseg.kind"
 KIND_CELL, KIND_GRID, KIND_SEARCH, KIND_BENCHMARK = "cell", "grid", "search", "benchmark"
+KIND_PRETRAIN = "pretrain"
+#: A pretraining run's cache key (the hash of its configuration)
+PRETRAIN_KEY = "pretrain_key"
 #: The cell's axes (tags, also the tables' keys)
 FRAMEWORK, DATASET, PARTITION, HEAD, HEAD_NAME, SEED, CELL_ID = (
     "framework", "dataset", "partition", "head", "head_name", "seed", "cell_id")

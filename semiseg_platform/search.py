@@ -56,50 +56,19 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
+
 from semiseg_platform import schema
 from semiseg_platform.reports import write_hparams_figure
-from semiseg_platform.search_spec import DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec, search_id
-from semiseg_platform.search_study import (
-    CELL_ATTR,
-    DUPLICATE_ATTR,
-    FINAL_KEY,
-    CellOfParams,
-    StudySearch,
-    best_config,
-    evaluated_cells,
-    sampler_seed,
-)
-from semiseg_platform.sweep import (
-    Outcome,
-    Submission,
-    SweepContext,
-    SweepProgress,
-    csv_text,
-    fit,
-    log_line,
-    log_summary,
-    open_parent,
-    open_submission,
-    reconcile,
-    start_ray,
-    trial_dirname,
-)
+from semiseg_platform.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
+                                          search_id)
+from semiseg_platform.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
+                                           best_config, evaluated_cells, sampler_seed)
+from semiseg_platform.sweep import (Outcome, Submission, SweepContext, SweepProgress, csv_text, fit, log_line,
+                                    log_summary, open_parent, open_submission, reconcile, start_ray, trial_dirname)
 from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, prepare_experiment
 
-__all__ = [
-    "CELL_ATTR",
-    "DEFAULT_EXPERIMENT",
-    "DUPLICATE_ATTR",
-    "FINAL_KEY",
-    "SEARCH_ID_TAG",
-    "STOPPED_TAG",
-    "SearchSpec",
-    "SearchSummary",
-    "TrialOutcome",
-    "load_search_spec",
-    "run_search",
-    "search_id",
-]
+__all__ = ["CELL_ATTR", "DEFAULT_EXPERIMENT", "DUPLICATE_ATTR", "FINAL_KEY", "SEARCH_ID_TAG", "STOPPED_TAG",
+           "SearchSpec", "SearchSummary", "TrialOutcome", "load_search_spec", "run_search", "search_id"]
 
 #: Tags of the search's runs (``semiseg_platform.schema``)
 SEARCH_ID_TAG = schema.SEARCH_ID
@@ -136,7 +105,8 @@ class EvaluationReporter(Callbacks):
             tune.report({**metrics, "step": step})
         except SystemExit:
             self.stopped_after = self.evaluations
-            raise CellKilled(f"stopped early by the ASHA scheduler after evaluation {self.evaluations} (step {step})") from None
+            raise CellKilled(f"stopped early by the ASHA scheduler after evaluation {self.evaluations} "
+                             f"(step {step})") from None
 
 
 class EvaluationsToTune(TuneReportCallback):
@@ -149,15 +119,8 @@ class EvaluationsToTune(TuneReportCallback):
             super().after_report(run_context, metrics, checkpoint)
 
 
-def tag_trial_run(
-    client: MlflowClient,
-    run_id: str,
-    *,
-    search: str,
-    params: Mapping[str, Any],
-    trial: int | None,
-    stopped_after: int | None = None,
-) -> None:
+def tag_trial_run(client: MlflowClient, run_id: str, *, search: str, params: Mapping[str, Any], trial: int | None,
+                  stopped_after: int | None = None) -> None:
     """Tag a trial's cell run: ``search_id``, ``search.<key>``, ``search.trial``; a trial stopped by
     ASHA also gets ``search.stopped = asha`` and ends KILLED (idempotent: the trial and the driver
     both call it)."""
@@ -190,27 +153,17 @@ def _search_trial(tune_config: dict[str, Any], *, cell_of: CellOfParams, context
     except CellKilled:
         if reporter.stopped_after is None:
             raise
-        run = find_cell_run(
-            client, prepare_experiment(context.tracking_uri, context.experiment), config.cell_id, context.sweep_id
-        )
+        run = find_cell_run(client, prepare_experiment(context.tracking_uri, context.experiment),
+                            config.cell_id, context.sweep_id)
         if run is not None:
-            tag_trial_run(
-                client, run.info.run_id, search=context.sweep_id, params=params, trial=trial, stopped_after=reporter.stopped_after
-            )
+            tag_trial_run(client, run.info.run_id, search=context.sweep_id, params=params, trial=trial,
+                          stopped_after=reporter.stopped_after)
         # end the trial as Tune's stop asked; a normal return would make Tune's wrapper report
         # once more and wait for a resume that never comes (the actor could not be reused)
         raise SystemExit(0) from None
     tag_trial_run(client, result.run_id, search=context.sweep_id, params=params, trial=trial)
-    tune.report(
-        {
-            **result.metrics,
-            "step": result.steps,
-            FINAL_KEY: 1.0,
-            "run_id": result.run_id,
-            "cell_id": config.cell_id,
-            "loop_seconds": result.loop_seconds,
-        }
-    )
+    tune.report({**result.metrics, "step": result.steps, FINAL_KEY: 1.0, "run_id": result.run_id,
+                 "cell_id": config.cell_id, "loop_seconds": result.loop_seconds})
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -295,11 +248,9 @@ class SearchProgress(SweepProgress):
             event = "FAILED"
         done = sum(self.counts.values())
         values = {k: v for k, v in trial.config.items() if k not in ("cell_id", "optuna_trial")}
-        return (
-            f"[search {self.label}] {done}/{self.total} done ({self.counts['finished']} finished, "
-            f"{self.counts['stopped']} stopped, {self.counts['failed']} failed) | "
-            f"{time.monotonic() - self.started:.0f} s | {event} trial {trial.config.get('optuna_trial')} {values}"
-        )
+        return (f"[search {self.label}] {done}/{self.total} done ({self.counts['finished']} finished, "
+                f"{self.counts['stopped']} stopped, {self.counts['failed']} failed) | "
+                f"{time.monotonic() - self.started:.0f} s | {event} trial {trial.config.get('optuna_trial')} {values}")
 
 
 def _open_study(spec: SearchSpec, sid: str, optuna_storage: str | None) -> tuple[Any, str, str, Any]:
@@ -310,10 +261,8 @@ def _open_study(spec: SearchSpec, sid: str, optuna_storage: str | None) -> tuple
     direction = "maximize" if spec.mode == "max" else "minimize"
     study = optuna.create_study(storage=rdb, study_name=study_name, direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
-        raise ValueError(
-            f"study_name: study {study_name!r} in {optuna_url} is {study.direction.name.lower()}d, "
-            f"the spec asks mode {spec.mode!r}"
-        )
+        raise ValueError(f"study_name: study {study_name!r} in {optuna_url} is {study.direction.name.lower()}d, "
+                         f"the spec asks mode {spec.mode!r}")
     return study, study_name, optuna_url, rdb
 
 
@@ -321,67 +270,34 @@ def _searcher(spec: SearchSpec, cell_of: CellOfParams, study: Any, study_name: s
     evaluated = evaluated_cells(study, cell_of)
     points = [p for p in spec.points_to_evaluate if cell_of(p) not in evaluated]
     return StudySearch(
-        cell_of=cell_of,
-        evaluated=evaluated,
-        space={key: d.optuna() for key, d in spec.space.items()},
-        metric=spec.metric,
-        mode=spec.mode,
-        points_to_evaluate=points or None,
-        study_name=study_name,
-        storage=rdb,
-        sampler=optuna.samplers.TPESampler(
-            seed=sampler_seed(spec.seed, len(study.trials)), n_startup_trials=spec.n_startup_trials
-        ),
+        cell_of=cell_of, evaluated=evaluated,
+        space={key: d.optuna() for key, d in spec.space.items()}, metric=spec.metric, mode=spec.mode,
+        points_to_evaluate=points or None, study_name=study_name, storage=rdb,
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed(spec.seed, len(study.trials)),
+                                           n_startup_trials=spec.n_startup_trials),
     )
 
 
 def _scheduler(spec: SearchSpec) -> Any:
     if spec.asha is None:
         return FIFOScheduler()
-    return ASHAScheduler(
-        time_attr=TIME_ATTRS[spec.asha.time_attr],
-        metric=spec.metric,
-        mode=spec.mode,
-        max_t=spec.asha.max_t,
-        grace_period=spec.asha.grace_period,
-        reduction_factor=spec.asha.reduction_factor,
-    )
+    return ASHAScheduler(time_attr=TIME_ATTRS[spec.asha.time_attr], metric=spec.metric, mode=spec.mode,
+                         max_t=spec.asha.max_t, grace_period=spec.asha.grace_period,
+                         reduction_factor=spec.asha.reduction_factor)
 
 
 def _open_parent(sub: Submission, spec: SearchSpec, base: RunConfig, sid: str, study_name: str) -> str:
     return open_parent(
-        sub,
-        kind=schema.KIND_SEARCH,
-        name=spec.name,
-        sweep_id=sid,
-        spec=spec.model_dump(mode="json", exclude_none=True),
-        params={
-            schema.SPEC_NAME: spec.name,
-            "num_samples": spec.num_samples,
-            "metric": spec.metric,
-            "mode": spec.mode,
-            "seed": spec.seed,
-            "space": json.dumps(sorted(spec.space)),
-            schema.SEARCH_ID: sid,
-        },
-        tags={
-            schema.STUDY_NAME: study_name,
-            schema.FRAMEWORK: base.framework,
-            schema.DATASET: base.dataset,
-            schema.PARTITION: base.partition,
-            schema.HEAD: base.head.variant,
-        },
-    )
+        sub, kind=schema.KIND_SEARCH, name=spec.name, sweep_id=sid, spec=spec.model_dump(mode="json", exclude_none=True),
+        params={schema.SPEC_NAME: spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
+                "seed": spec.seed, "space": json.dumps(sorted(spec.space)), schema.SEARCH_ID: sid},
+        tags={schema.STUDY_NAME: study_name, schema.FRAMEWORK: base.framework, schema.DATASET: base.dataset,
+              schema.PARTITION: base.partition, schema.HEAD: base.head.variant})
 
 
 def run_search(
-    spec: SearchSpec | str | Path,
-    *,
-    tracking_uri: str | None = None,
-    storage: str | None = None,
-    optuna_storage: str | None = None,
-    out_dir: str | Path | None = None,
-    emit: Callable[[str], None] = log_line,
+    spec: SearchSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
+    optuna_storage: str | None = None, out_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None,
 ) -> SearchSummary:
     """Run ``spec.num_samples`` more trials of the search's Optuna study under Ray Tune.
@@ -402,47 +318,23 @@ def run_search(
     searcher = _searcher(spec, cell_of, study, study_name, rdb)
     out = Path(out_dir) if out_dir is not None else sub.out_dir("search", spec.name, sid)
     parent_id = _open_parent(sub, spec, base, sid, study_name)
-    emit(
-        f"[search {spec.name}] search_id {sid}, study {study_name!r} ({len(study.trials)} trials so far, "
-        f"{len(searcher.evaluated)} configurations evaluated), {spec.num_samples} new trial(s); parent run {parent_id}"
-    )
+    emit(f"[search {spec.name}] search_id {sid}, study {study_name!r} ({len(study.trials)} trials so far, "
+         f"{len(searcher.evaluated)} configurations evaluated), {spec.num_samples} new trial(s); parent run {parent_id}")
     with ending_run(sub.client, parent_id):
         concurrency = start_ray(spec.resources, spec.max_concurrent, ray_init)
-        context = SweepContext(
-            schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment, parent_id, spec.resources
-        )
-        results = fit(
-            _search_trial,
-            context,
-            parameters={"cell_of": cell_of},
-            name=f"search-{spec.name}-{sid}-{sub.submission_id}",
-            progress=SearchProgress(spec.name, spec.num_samples, emit),
-            store=sub.store,
-            concurrency=concurrency,
-            search_alg=searcher,
-            scheduler=_scheduler(spec),
-            num_samples=spec.num_samples,
-            reuse_actors=spec.resources.in_process,
-            trial_dirname_creator=trial_dirname("trial", "optuna_trial", "cell_id"),
-        )
+        context = SweepContext(schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
+                               parent_id, spec.resources)
+        results = fit(_search_trial, context, parameters={"cell_of": cell_of},
+                      name=f"search-{spec.name}-{sid}-{sub.submission_id}",
+                      progress=SearchProgress(spec.name, spec.num_samples, emit), store=sub.store,
+                      concurrency=concurrency, search_alg=searcher, scheduler=_scheduler(spec),
+                      num_samples=spec.num_samples, reuse_actors=spec.resources.in_process,
+                      trial_dirname_creator=trial_dirname("trial", "optuna_trial", "cell_id"))
         trials = [_outcome(result, spec) for result in results]
         _reconcile_trials(sub.client, sub.experiment_id, sid, trials)
-        summary = SearchSummary(
-            spec.name,
-            sid,
-            study_name,
-            _redacted(optuna_url),
-            sub.submission_id,
-            spec.experiment,
-            sub.tracking_uri,
-            parent_id,
-            spec.metric,
-            trials,
-            len(study.trials),
-            searcher.duplicates,
-            time.monotonic() - started,
-            concurrency,
-        )
+        summary = SearchSummary(spec.name, sid, study_name, _redacted(optuna_url), sub.submission_id, spec.experiment,
+                                sub.tracking_uri, parent_id, spec.metric, trials, len(study.trials),
+                                searcher.duplicates, time.monotonic() - started, concurrency)
         _write_outputs(sub.client, parent_id, summary, study, cell_of, out)
         summary.wall_seconds = time.monotonic() - started
         _log_summary(sub.client, parent_id, summary)
@@ -466,16 +358,10 @@ def _outcome(result: Any, spec: SearchSpec) -> TrialOutcome:
         status = "failed"
     else:
         status = "finished" if metrics.get(FINAL_KEY) else "stopped"
-    return TrialOutcome(
-        cell_id=config.get("cell_id", ""),
-        params=params,
-        status=status,
-        optuna_trial=config.get("optuna_trial"),
-        run_id=metrics.get("run_id"),
-        value=metrics.get(spec.metric),
-        evaluations=int(metrics.get("training_iteration", 0) or 0),
-        reason=error_reason(result.error) if result.error is not None else "",
-    )
+    return TrialOutcome(cell_id=config.get("cell_id", ""), params=params, status=status,
+                        optuna_trial=config.get("optuna_trial"), run_id=metrics.get("run_id"),
+                        value=metrics.get(spec.metric), evaluations=int(metrics.get("training_iteration", 0) or 0),
+                        reason=error_reason(result.error) if result.error is not None else "")
 
 
 def _reconcile_trials(client: MlflowClient, experiment_id: str, sid: str, trials: list[TrialOutcome]) -> None:
@@ -489,39 +375,26 @@ def _reconcile_trials(client: MlflowClient, experiment_id: str, sid: str, trials
         stopped = None
         if trial.status == "stopped":
             stopped = int(run.data.tags.get(schema.SEARCH_STOPPED_AFTER, trial.evaluations))
-        tag_trial_run(client, run.info.run_id, search=sid, params=trial.params, trial=trial.optuna_trial, stopped_after=stopped)
+        tag_trial_run(client, run.info.run_id, search=sid, params=trial.params, trial=trial.optuna_trial,
+                      stopped_after=stopped)
 
 
-def _write_outputs(
-    client: MlflowClient, parent_id: str, summary: SearchSummary, study: Any, cell_of: CellOfParams, out: Path
-) -> None:
+def _write_outputs(client: MlflowClient, parent_id: str, summary: SearchSummary, study: Any, cell_of: CellOfParams,
+                   out: Path) -> None:
     """``best_config.yaml``, ``trials.csv`` and ``hparams.png`` into ``out``, logged on the parent run."""
     out.mkdir(parents=True, exist_ok=True)
     found = best_config(study, cell_of)
     if found is not None:
         config, trial = found
         path = out / schema.BEST_CONFIG_FILE
-        header = (
-            f"# best configuration of search {summary.spec_name} ({summary.search_id}): Optuna trial {trial.number}, "
-            f"{summary.metric} {trial.value:.6f}\n# run it with: npsemiseg run --config {path.name}\n"
-        )
+        header = (f"# best configuration of search {summary.spec_name} ({summary.search_id}): Optuna trial {trial.number}, "
+                  f"{summary.metric} {trial.value:.6f}\n# run it with: npsemiseg run --config {path.name}\n")
         path.write_text(header + config.to_yaml())
         client.log_artifact(parent_id, str(path), schema.SEARCH_DIR)
         summary.best_value, summary.best_params, summary.best_config_path = trial.value, dict(trial.params), path
         client.set_tag(parent_id, schema.BEST_CELL_ID, config.cell_id)
-    rows = [
-        (
-            t.optuna_trial,
-            t.cell_id,
-            t.status,
-            t.value,
-            t.evaluations,
-            t.run_id,
-            *(str(t.params.get(k)) for k in cell_of.keys),
-            t.reason,
-        )
-        for t in summary.trials
-    ]
+    rows = [(t.optuna_trial, t.cell_id, t.status, t.value, t.evaluations, t.run_id,
+             *(str(t.params.get(k)) for k in cell_of.keys), t.reason) for t in summary.trials]
     header = ("optuna_trial", "cell_id", "status", "value", "evaluations", "run_id", *cell_of.keys, "reason")
     (out / schema.TRIALS_FILE).write_text(csv_text(header, rows))
     client.log_artifact(parent_id, str(out / schema.TRIALS_FILE), schema.SEARCH_DIR)
@@ -532,9 +405,8 @@ def _write_outputs(
 
 def _log_summary(client: MlflowClient, parent_id: str, summary: SearchSummary) -> None:
     metrics = {f"trials_{s}": float(summary.count(s)) for s in ("finished", "stopped", "failed")}
-    metrics.update(
-        duplicates=float(summary.duplicates), study_trials=float(summary.study_trials), wall_seconds=summary.wall_seconds
-    )
+    metrics.update(duplicates=float(summary.duplicates), study_trials=float(summary.study_trials),
+                   wall_seconds=summary.wall_seconds)
     if summary.best_value is not None:
         metrics[f"best_{summary.metric}"] = float(summary.best_value)
     log_summary(client, parent_id, schema.KIND_SEARCH, metrics=metrics, text=summary.format())

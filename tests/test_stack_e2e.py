@@ -197,7 +197,7 @@ def test_artifacts_and_checkpoints_are_objects_in_the_bucket(stack, restarted_gr
 
 
 def test_tables_are_built_through_the_server(stack, restarted_grid, tmp_path):
-    from semiseg_platform.tables import write_report
+    from semiseg_platform.reports import write_report
 
     tables, written = write_report(stack.settings.mlflow_uri, "stack-e2e", tmp_path)
     cells = tables["cells"]

@@ -17,7 +17,6 @@ from npsemiseg.data.datasets import (
 )
 from npsemiseg.data.info import (
     CITYSCAPES_CLASSES,
-    DATASET_NAMES,
     IGNORE_INDEX,
     VOC_CLASSES,
     DatasetInfo,
@@ -28,7 +27,7 @@ from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
 
 __all__ = [
-    "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation", "DATASET_NAMES",
+    "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation",
     "DATA_ROOT_ENV", "DatasetInfo", "IGNORE_INDEX", "LIST_VARIANTS", "SyntheticConfig",
     "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "build_dataset",
     "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "resolve_root",

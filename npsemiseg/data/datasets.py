@@ -34,6 +34,7 @@ from npsemiseg.data.info import (
     dataset_info,
 )
 from npsemiseg.data.partitions import partition_ids
+from npsemiseg.data.study import STUDY_DATASETS, build_study_dataset
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
 
 DATA_ROOT_ENV = "NPSEMISEG_DATA"
@@ -255,6 +256,8 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     int64 (255 = ignore; all 255 on the unlabeled split), ``id`` str, passed through ``transform``.
     The returned dataset has ``info``, ``split``, ``partition`` and ``list_variant`` attributes.
     """
+    if name in STUDY_DATASETS:  # its own splits (a "tune" split besides val)
+        return build_study_dataset(name, split, partition, list_variant=list_variant, transform=transform, **options)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if list_variant not in ("u2pl", "cps"):

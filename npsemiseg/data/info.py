@@ -10,7 +10,7 @@ scaled to the synthetic train-set size (same labeled ratio).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from npsemiseg._registry import Registry
@@ -63,6 +63,8 @@ class DatasetInfo:
     synthetic: bool = False
     ignore_index: int = IGNORE_INDEX
     options: Mapping[str, object] = field(default_factory=dict)
+    #: for a generated dataset, ``describe(name, **options)``: its info under other generator options
+    describe: Callable[..., DatasetInfo] | None = field(default=None, compare=False, repr=False)
 
     def resolve_partition(self, partition: str | int) -> str:
         """Canonical partition name (``"92"``) from a name, a count or an alias (``"1/16"``).
@@ -163,7 +165,7 @@ def synthetic_info(name: str, *, num_classes: int | None = None, train_size: int
         name=name, num_classes=len(class_names), class_names=class_names,
         partitions=dict(partitions), partition_aliases=dict(aliases),
         eval_mode=eval_mode, eval_crop_size=crop, train_size=train_size, val_size=val_size,
-        list_variants=variants, real_dataset=real_name, synthetic=True,
+        list_variants=variants, real_dataset=real_name, synthetic=True, describe=synthetic_info,
         options=dict(config.as_dict()),
     )
 
@@ -175,8 +177,8 @@ def dataset_info(name: str, **options: object) -> DatasetInfo:
     real datasets take none.
     """
     info = DATASETS.get(name)
-    if info.synthetic:
-        return synthetic_info(name, **options)  # type: ignore[arg-type]
+    if info.describe is not None:
+        return info.describe(name, **options)
     if options:
         raise ValueError(f"dataset_info: {name} takes no options, got {sorted(options)}")
     return info
@@ -186,6 +188,3 @@ for _name, _info in REAL_DATASETS.items():
     DATASETS.add(_name, _info)
 for _name in SYNTHETIC_STANDINS:
     DATASETS.add(_name, synthetic_info(_name))
-
-#: kept for callers that read the old name table; :func:`dataset_names` is the accessor
-DATASET_NAMES: tuple[str, ...] = dataset_names()

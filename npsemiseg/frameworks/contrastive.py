@@ -112,9 +112,8 @@ class ClassQueues:
         for c in range(self.num_classes):
             keys = state[f"keys.{c}"]
             if keys.dim() != 2 or keys.shape[1] != self.dim or keys.shape[0] > self.sizes[c]:
-                raise ValueError(
-                    f"queue state: keys.{c} has shape {tuple(keys.shape)}, expected [<= {self.sizes[c]}, {self.dim}]"
-                )
+                raise ValueError(f"queue state: keys.{c} has shape {tuple(keys.shape)}, "
+                                 f"expected [<= {self.sizes[c]}, {self.dim}]")
             self.keys[c] = keys.float().clone()
         self.pointer = [int(p) for p in state["pointer"].tolist()]
 
@@ -172,17 +171,8 @@ def contrastive_loss(
         if anchors.shape[0] == 0 or negatives.shape[0] == 0:
             continue
         positive = teacher[reliable_c].mean(dim=0)
-        losses.append(
-            _infonce(
-                anchors,
-                positive,
-                negatives,
-                num_queries=num_queries,
-                num_negatives=num_negatives,
-                temperature=temperature,
-                generator=generator,
-            )
-        )
+        losses.append(_infonce(anchors, positive, negatives, num_queries=num_queries, num_negatives=num_negatives,
+                               temperature=temperature, generator=generator))
 
     logs = {"contrastive_classes": float(present)}
     if present <= 1 or not losses:
@@ -190,12 +180,11 @@ def contrastive_loss(
     return torch.stack(losses).sum() / present, logs
 
 
-def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor, queues: ClassQueues) -> None:
+def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor,
+                  queues: ClassQueues) -> None:
     if rep_student.shape != rep_teacher.shape or rep_student.dim() != 4:
-        raise ValueError(
-            "rep_student / rep_teacher: expected equal [B, E, h, w], "
-            f"got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}"
-        )
+        raise ValueError(f"rep_student / rep_teacher: expected equal [B, E, h, w], "
+                         f"got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}")
     batch, dim, h, w = rep_student.shape
     num_classes = prob_teacher.shape[1]
     if prob_teacher.shape != (batch, num_classes, h, w) or labels.shape != (batch, h, w):
@@ -215,16 +204,8 @@ def _class_ranks(prob: Tensor) -> Tensor:
     return rank
 
 
-def _infonce(
-    anchors: Tensor,
-    positive: Tensor,
-    negatives: Tensor,
-    *,
-    num_queries: int,
-    num_negatives: int,
-    temperature: float,
-    generator: torch.Generator | None,
-) -> Tensor:
+def _infonce(anchors: Tensor, positive: Tensor, negatives: Tensor, *, num_queries: int, num_negatives: int,
+             temperature: float, generator: torch.Generator | None) -> Tensor:
     """InfoNCE of ``num_queries`` anchors drawn from ``anchors [n, E]`` against the class's mean teacher
     embedding ``positive [E]`` and ``num_negatives`` keys each drawn from ``negatives [m, E]``."""
     dim = anchors.shape[1]

@@ -16,6 +16,7 @@ from npsemiseg.data import build_dataset
 from npsemiseg.data.transforms import train_transform
 from npsemiseg.frameworks import Framework, LossSettings, get_framework
 from npsemiseg.models import build_segmentor
+from npsemiseg.pretrain import resolve_weights
 
 
 def build_model(config: RunConfig) -> nn.Module:
@@ -27,7 +28,7 @@ def build_model(config: RunConfig) -> nn.Module:
         head_options=dict(config.head.options),
         variant=model.variant,
         backbone=model.backbone,
-        weights=model.weights,
+        weights=resolve_weights(model.weights),  # pretrained:<name> -> the cached file
         deep_stem=model.deep_stem,
         aux_head=model.aux_head,
         representation_head=bool(model.representation_head),

@@ -1,0 +1,58 @@
+"""The label gap of the study dataset (issue 15, section 2): not a test.
+
+Trains the mini-study's ``supervised`` / ``baseline`` cells at 1/16 and with all labels
+(``full``), exactly as ``jobs/specs/mini.yaml`` configures them (pretrained start, schedule,
+evaluation on the 200 validation images), and prints one JSON line per cell: mIoU, pixel
+accuracy, seconds, load average. Target: 1/16 at least 15 mIoU points below ``full``, for every
+dataset seed (``--data-seeds``), otherwise unlabeled data has nothing to add.
+
+Usage::
+
+    .venv/bin/python benchmarks/study_gap.py                               # seed 0, data seed 0
+    .venv/bin/python benchmarks/study_gap.py --seeds 0,1,2 --data-seeds 0,1 --set schedule.max_steps=160
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from npsemiseg.training import train
+from semiseg_platform.grid import expand, load_spec
+
+SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default=str(SPEC))
+    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--data-seeds", default="0", help="dataset instances (data.options.seed), comma-separated")
+    parser.add_argument("--set", action="append", default=[], help="extra dotted override key=value")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    seeds = {int(s) for s in args.seeds.split(",")}
+    extra = dict(item.split("=", 1) for item in args.set)
+    cells = [c for c in expand(load_spec(args.spec))
+             if c.framework == "supervised" and c.head.variant == "baseline" and c.seed in seeds]
+    for data_seed in (int(s) for s in args.data_seeds.split(",")):
+        for config in cells:
+            config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **extra})
+            start = time.perf_counter()
+            result = train(config)
+            print(json.dumps({"partition": config.partition, "seed": config.seed, "data_seed": data_seed,
+                              "steps": result.steps, "miou": round(result.metrics["miou"], 4),
+                              "pixel_acc": round(result.metrics["pixel_acc"], 4),
+                              "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""The ``study`` dataset: a procedural task where labels are the bottleneck (issue 15).
+
+Why another synthetic dataset: on ``synthetic`` classes differ by colour pairs and fine
+texture, which the frameworks' strong photometric views (greyscale, hue, blur, ...) destroy,
+and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md``). Here:
+
+* **Classes are shape x texture.** A *family* fixes the shapes (disc, ring, triangle,
+  cross for the study) and the textures (stripes, dots: bold, period ~ 1/8 of the image,
+  so blur and colour changes keep them); class ``1 + s * T + t`` is shape ``s`` with texture
+  ``t``, class 0 the background. Colour carries no information: every object and the
+  background get a random colour, and a texture is a brightness pattern.
+* **Intra-class variation.** Size, aspect, rotation, position (shapes may leave the
+  image), texture phase and orientation, colour, a per-image gain and noise; 1-4 objects
+  per image painted in order (occlusion).
+* **Splits.** ``train`` (``train_size`` images, the labeled/unlabeled partitions 1/16, 1/8,
+  1/4, 1/2 and ``full`` from one seeded permutation, smaller labeled sets nested in larger
+  ones), ``val`` (``val_size``, reported) and ``tune`` (``tune_size``, for choosing settings:
+  never the validation split), each its own stream of images.
+* **Seed.** ``seed`` (the dataset option ``data.options.seed``) seeds every image by
+  ``(seed, stream, index)``: another seed draws another instance of the same task.
+
+The ``pretrain`` family (star, crescent, T, bar, hexagon x checker, rings) is the corpus of
+``npsemiseg.pretrain``: other shapes, other textures, its own seeds, so it shares no image
+and no class with the study. Every item is generated on demand from its index (~1 ms at
+64 x 64): nothing to download or cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo
+
+STUDY_DATASETS = ("study",)
+STUDY_SPLITS = ("labeled", "unlabeled", "val", "tune")
+_STREAMS = {"train": 11, "val": 12, "tune": 13, "partition": 14, "pretrain": 15, "pretrain_val": 16}
+_FRACTIONS = ("1/16", "1/8", "1/4", "1/2")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A scene family: its shapes and textures (class ``1 + s * len(textures) + t``)."""
+
+    shapes: tuple[str, ...]
+    textures: tuple[str, ...]
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return ("background",) + tuple(f"{s}_{t}" for s in self.shapes for t in self.textures)
+
+
+FAMILIES: dict[str, Family] = {
+    "study": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots")),
+    "pretrain": Family(("star", "crescent", "tee", "bar", "hexagon"), ("checker", "rings")),
+}
+
+
+def _polygon(u: Tensor, v: Tensor, sides: int, inradius: float) -> Tensor:
+    """Inside a regular polygon of circumradius 1 (``inradius`` = cos(pi / sides))."""
+    angles = math.pi / 2 + 2 * math.pi * torch.arange(sides) / sides
+    proj = u.unsqueeze(-1) * angles.cos() + v.unsqueeze(-1) * angles.sin()
+    return proj.amax(-1) <= inradius
+
+
+def shape_mask(shape: str, u: Tensor, v: Tensor) -> Tensor:
+    """Whether object-frame coordinates ``u, v [H, W]`` (radius 1) lie inside ``shape``."""
+    r = (u * u + v * v).sqrt()
+    if shape == "disc":
+        return r <= 1
+    if shape == "ring":
+        return (r <= 1) & (r >= 0.5)
+    if shape == "triangle":
+        return _polygon(u, v, 3, 0.5)
+    if shape == "cross":
+        return ((u.abs() <= 0.3) & (v.abs() <= 1)) | ((v.abs() <= 0.3) & (u.abs() <= 1))
+    if shape == "star":
+        return r <= 0.6 + 0.4 * torch.cos(5 * torch.atan2(v, u))
+    if shape == "crescent":
+        return (r <= 1) & ((u - 0.45) ** 2 + v * v > 0.75 ** 2)
+    if shape == "tee":
+        return ((u.abs() <= 1) & (v >= 0.5) & (v <= 1)) | ((u.abs() <= 0.25) & (v >= -1) & (v < 0.5))
+    if shape == "bar":
+        return (u.abs() <= 1) & (v.abs() <= 0.3)
+    if shape == "hexagon":
+        return _polygon(u, v, 6, math.cos(math.pi / 6))
+    raise ValueError(f"shape: unknown shape {shape!r}, expected one of the families' shapes")
+
+
+def texture_pattern(texture: str, x: Tensor, y: Tensor, period: float) -> Tensor:
+    """A two-tone pattern in {0, 1} over texture coordinates ``x, y [H, W]`` (pixels)."""
+    a, b = 2 * math.pi * x / period, 2 * math.pi * y / period
+    if texture == "stripes":
+        return (torch.sin(a) > 0).float()
+    if texture == "dots":
+        return (torch.cos(a) * torch.cos(b) > 0.35).float()
+    if texture == "checker":
+        return ((torch.sin(a) > 0) ^ (torch.sin(b) > 0)).float()
+    if texture == "rings":
+        return (torch.sin((a * a + b * b).sqrt()) > 0).float()
+    raise ValueError(f"texture: unknown texture {texture!r}, expected one of the families' textures")
+
+
+def _generator(*keys: int) -> torch.Generator:
+    state = np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Generator settings of one study dataset instance (``image_size`` is square)."""
+
+    seed: int = 0
+    family: str = "study"
+    train_size: int = 1024
+    val_size: int = 200
+    tune_size: int = 200
+    image_size: int = 64
+    objects_per_image: tuple[int, int] = (1, 4)
+    noise_std: float = 0.04
+    name: str = field(default="study", compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.image_size, (tuple, list)):
+            if len(set(self.image_size)) != 1:
+                raise ValueError(f"image_size: the study dataset is square, got {self.image_size!r}")
+            object.__setattr__(self, "image_size", int(self.image_size[0]))
+        object.__setattr__(self, "objects_per_image", tuple(int(v) for v in self.objects_per_image))
+        if self.family not in FAMILIES:
+            raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {self.family!r}")
+        if self.image_size < 16:
+            raise ValueError(f"image_size must be at least 16, got {self.image_size}")
+        if self.train_size < 32 or self.val_size < 1 or self.tune_size < 1:
+            raise ValueError(f"train_size must be >= 32, val_size and tune_size >= 1, got "
+                             f"{self.train_size}, {self.val_size}, {self.tune_size}")
+        lo, hi = self.objects_per_image
+        if not 1 <= lo <= hi:
+            raise ValueError(f"objects_per_image must be (min, max) with 1 <= min <= max, got {self.objects_per_image}")
+
+    @classmethod
+    def from_options(cls, name: str = "study", **options: object) -> StudyConfig:
+        """Settings from dataset options (unknown keys -> ValueError naming them)."""
+        valid = {f for f in cls.__dataclass_fields__ if f != "name"}
+        unknown = sorted(set(options) - valid)
+        if unknown:
+            raise ValueError(f"unknown {name} dataset option(s) {unknown}; valid: {sorted(valid)}")
+        return cls(name=name, **{k: v for k, v in options.items() if v is not None})  # type: ignore[arg-type]
+
+    @property
+    def family_spec(self) -> Family:
+        return FAMILIES[self.family]
+
+
+def generate(config: StudyConfig, stream: str, index: int) -> tuple[Tensor, Tensor]:
+    """Image ``index`` of ``stream``: ``image [3, S, S]`` float32 in [0, 1], ``label [S, S]`` int64."""
+    family, size = config.family_spec, config.image_size
+    g = _generator(config.seed, _STREAMS[stream], index)
+    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
+                            indexing="ij")
+    # background: two random colours blended by a smooth random field (colour is uninformative)
+    colours = 0.1 + 0.8 * torch.rand(2, 3, generator=g)
+    wave = torch.rand(4, generator=g)
+    field_ = 0.5 + 0.5 * torch.sin(2 * math.pi * (wave[0] * xx + wave[1] * yy) / (2 * size) + 6.3 * wave[2])
+    image = colours[0].view(3, 1, 1) * field_ + colours[1].view(3, 1, 1) * (1 - field_)
+    label = torch.zeros(size, size, dtype=torch.long)
+
+    lo, hi = config.objects_per_image
+    n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+    num_textures = len(family.textures)
+    for _ in range(n):
+        cls = int(torch.randint(1, len(family.class_names), (1,), generator=g))
+        shape, texture = family.shapes[(cls - 1) // num_textures], family.textures[(cls - 1) % num_textures]
+        p = torch.rand(8, generator=g)
+        radius = size * (0.14 + 0.14 * p[0])
+        aspect = 0.8 + 0.4 * p[1]
+        angle = 2 * math.pi * p[2]
+        cy, cx = size * (0.1 + 0.8 * p[3]), size * (0.1 + 0.8 * p[4])
+        dy, dx = yy - cy, xx - cx
+        u = (dx * math.cos(angle) + dy * math.sin(angle)) / (radius * aspect)
+        v = (-dx * math.sin(angle) + dy * math.cos(angle)) / (radius / aspect)
+        inside = shape_mask(shape, u, v)
+        tex_angle = math.pi * p[5]
+        tx = dx * math.cos(tex_angle) + dy * math.sin(tex_angle)
+        ty = -dx * math.sin(tex_angle) + dy * math.cos(tex_angle)
+        period = size / 8 * (0.85 + 0.3 * p[6])
+        pattern = texture_pattern(texture, tx + period * p[7], ty, period)
+        colour = 0.15 + 0.8 * torch.rand(3, generator=g)
+        painted = colour.view(3, 1, 1) * (1 - 0.6 * pattern)  # texture = brightness pattern
+        image = torch.where(inside, painted, image)
+        label[inside] = cls
+
+    gain = 0.85 + 0.3 * torch.rand(1, generator=g)
+    noise = config.noise_std * torch.randn(3, size, size, generator=g)
+    return (image * gain + noise).clamp_(0, 1).contiguous(), label
+
+
+def partition_counts(train_size: int) -> dict[str, int]:
+    """Labeled images per partition: 1/16, 1/8, 1/4, 1/2 of ``train_size`` and ``full``."""
+    return {**{f: train_size // int(f[2:]) for f in _FRACTIONS}, "full": train_size}
+
+
+def labeled_indices(config: StudyConfig, num_labeled: int) -> tuple[list[int], list[int]]:
+    """Disjoint labeled / unlabeled train indices: the first ``num_labeled`` of one seeded permutation."""
+    if not 1 <= num_labeled <= config.train_size:
+        raise ValueError(f"num_labeled must be in [1, {config.train_size}], got {num_labeled}")
+    order = torch.randperm(config.train_size, generator=_generator(config.seed, _STREAMS["partition"])).tolist()
+    return sorted(order[:num_labeled]), sorted(order[num_labeled:])
+
+
+def study_info(name: str = "study", **options: object) -> DatasetInfo:
+    """DatasetInfo of a study dataset with the given generator options (validated)."""
+    if name not in STUDY_DATASETS:
+        raise ValueError(f"name: {name!r} is not a study dataset; valid: {list(STUDY_DATASETS)}")
+    config = StudyConfig.from_options(name, **options)
+    names = config.family_spec.class_names
+    return DatasetInfo(
+        name=name, num_classes=len(names), class_names=names, partitions=partition_counts(config.train_size),
+        partition_aliases={}, eval_mode="whole", eval_crop_size=config.image_size, train_size=config.train_size,
+        val_size=config.val_size, synthetic=True, options={k: v for k, v in asdict(config).items() if k != "name"},
+        describe=study_info,
+    )
+
+
+for _name in STUDY_DATASETS:
+    DATASETS.add(_name, study_info(_name))
+
+
+class StudySegmentation(Dataset):
+    """One split of a study dataset. Items: ``image [3,S,S]``, ``label [S,S]`` (all 255 on
+    ``unlabeled``), ``id``; ``transform`` maps an item dict to an item dict."""
+
+    def __init__(self, config: StudyConfig, split: str, *, partition: str | None = None, info: DatasetInfo | None = None,
+                 list_variant: str | None = None, max_items: int | None = None, transform=None) -> None:
+        if split not in STUDY_SPLITS:
+            raise ValueError(f"split must be one of {STUDY_SPLITS}, got {split!r}")
+        if split in ("val", "tune"):
+            self.stream, indices = split, list(range(config.val_size if split == "val" else config.tune_size))
+        else:
+            counts = partition_counts(config.train_size)
+            if partition not in counts:
+                raise ValueError(f"partition {partition!r} is not a partition of {config.name!r}; valid: {', '.join(counts)}")
+            labeled, unlabeled = labeled_indices(config, counts[partition])
+            self.stream, indices = "train", labeled if split == "labeled" else unlabeled
+        self.config, self.split, self.partition = config, split, partition
+        self.info, self.list_variant, self.transform = info, list_variant, transform
+        self.indices = indices[:max_items]
+        self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        image, label = generate(self.config, self.stream, self.indices[i])
+        if self.split == "unlabeled":
+            label = torch.full_like(label, IGNORE_INDEX)
+        item = {"image": image, "label": label, "id": self.ids[i]}
+        return self.transform(item) if self.transform is not None else item
+
+
+def build_study_dataset(name: str, split: str, partition: str | int | None = None, *, list_variant: str = "u2pl",
+                        transform=None, max_items: int | None = None, **options: object) -> StudySegmentation:
+    """``build_dataset`` for the study datasets: split ``labeled`` / ``unlabeled`` (need ``partition``),
+    ``val`` or ``tune``."""
+    info = study_info(name, **options)
+    part = None
+    if split in ("labeled", "unlabeled"):
+        if partition is None:
+            raise ValueError(f"partition is required for the {split} split of {name}; valid: {', '.join(info.partitions)}")
+        part = info.resolve_partition(partition)
+    return StudySegmentation(StudyConfig.from_options(name, **options), split, partition=part, info=info,
+                             list_variant=list_variant, max_items=max_items, transform=transform)

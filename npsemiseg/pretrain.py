@@ -1,0 +1,250 @@
+"""A pretrained start without downloads: the backbone trained on a labelled procedural corpus.
+
+The paper's encoders start from ImageNet; the CPU mini-study (issue 15) needs the same thing,
+an encoder that already sees, without a download. ``pretrain(config)`` trains a segmentor
+(``config.backbone`` + the narrow DeepLabv3+ of the smoke model) on the ``pretrain`` family of
+``npsemiseg.data.study`` (star, crescent, tee, bar, hexagon x checker, rings: no shape, texture
+or image in common with the study's train / val / tune splits; its own image streams and seed),
+then keeps only the backbone, in the layout ``model.weights=PATH`` loads
+(``npsemiseg.models.backbones.load_backbone_state_dict``).
+
+Cache: ``<cache_dir>/<key>/backbone.pt`` where ``key`` hashes the configuration. The file is
+written to a temporary name and renamed; its SHA-256 goes to ``backbone.pt.sha256`` (also
+written then renamed) afterwards, so a file without a matching checksum (a crash mid-write, a
+truncated copy) is never loaded: it is rebuilt. A second call with the same configuration is a
+cache hit (a hash of a few hundred KB). ``cache_dir`` defaults to ``$NPSEMISEG_CACHE/pretrain``
+(else ``~/.cache/npsemiseg/pretrain``). Progress goes to ``logging`` and to the optional
+``npsemiseg.callbacks.Callbacks`` (the platform logs an MLflow run through them).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.data.info import IGNORE_INDEX
+from npsemiseg.data.study import FAMILIES, StudyConfig, generate
+from npsemiseg.evaluation.metrics import ConfusionMatrix
+from npsemiseg.models import build_segmentor
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "NPSEMISEG_CACHE"
+WEIGHTS_FILE = "backbone.pt"
+CHECKSUM_SUFFIX = ".sha256"
+RECORD_FILE = "pretrain.json"
+#: bump when the training recipe changes in a way the configuration does not show
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything the pretrained weights depend on (hashed into the cache key).
+
+    ``seed`` seeds the corpus images (streams of their own, never the study's) and the
+    initialisation; ``corpus_size`` images of ``image_size`` px are cycled through in batches of
+    ``batch_size`` for ``steps`` SGD steps (poly LR); ``holdout_size`` further images measure it.
+    """
+
+    backbone: str = "resnet_small"
+    deep_stem: bool = False
+    family: str = "pretrain"
+    seed: int = 1000
+    corpus_size: int = 4096
+    holdout_size: int = 256
+    image_size: int = 64
+    steps: int = 1500
+    batch_size: int = 16
+    lr: float = 0.02
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES or self.family == "study":
+            raise ValueError(f"family: expected a corpus family other than the study's, one of "
+                             f"{sorted(set(FAMILIES) - {'study'})}, got {self.family!r}")
+        for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def key(self) -> str:
+        """16 hex digits of the SHA-256 of the configuration (without ``log_every``) and recipe version."""
+        values = {k: v for k, v in asdict(self).items() if k != "log_every"}
+        text = json.dumps({"recipe": RECIPE_VERSION, **values}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PretrainResult:
+    """Where the weights are (``path``), whether they came from the cache, and the corpus metrics."""
+
+    path: Path
+    key: str
+    cache_hit: bool
+    metrics: dict[str, float]
+    seconds: float
+
+
+#: named pretrainings a configuration can ask for as ``model.weights: pretrained:<name>``
+PRETRAINED: dict[str, PretrainConfig] = {"default": PretrainConfig()}
+PRETRAINED_PREFIX = "pretrained:"
+
+
+def resolve_weights(weights: str | None, *, cache_dir: str | os.PathLike | None = None) -> str | None:
+    """``model.weights`` as ``build_segmentor`` takes it: ``pretrained:<name>`` becomes the cached
+    backbone file of ``PRETRAINED[name]`` (trained first when the cache has none); anything else
+    is returned unchanged. The name, not a machine's path, is what a cell's identity hashes."""
+    if not isinstance(weights, str) or not weights.startswith(PRETRAINED_PREFIX):
+        return weights
+    name = weights[len(PRETRAINED_PREFIX):]
+    if name not in PRETRAINED:
+        raise ValueError(f"model.weights: unknown pretraining {name!r}, expected one of "
+                         f"{[PRETRAINED_PREFIX + n for n in PRETRAINED]}")
+    return str(pretrain(PRETRAINED[name], cache_dir=cache_dir).path)
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get(CACHE_ENV)
+    return (Path(base) if base else Path.home() / ".cache" / "npsemiseg") / "pretrain"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, flush it to disk, rename it over ``path``."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def cached_weights(directory: Path) -> Path | None:
+    """The weights file in ``directory`` when it is complete (its checksum file matches), else None."""
+    weights, checksum = directory / WEIGHTS_FILE, directory / (WEIGHTS_FILE + CHECKSUM_SUFFIX)
+    if not weights.exists():
+        return None
+    if not checksum.exists():
+        log.warning("pretrain cache: %s has no checksum (partial write?); rebuilding", weights)
+        return None
+    if file_sha256(weights) != checksum.read_text().strip():
+        log.warning("pretrain cache: %s does not match its checksum (corrupted); rebuilding", weights)
+        return None
+    return weights
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """One builder per cache entry across processes (a second caller waits, then hits the cache)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pretrain(config: PretrainConfig | None = None, *, cache_dir: str | os.PathLike | None = None,
+             callbacks: Callbacks | None = None) -> PretrainResult:
+    """The pretrained backbone of ``config``: from the cache when complete, else trained and cached."""
+    config = config or PretrainConfig()
+    directory = Path(cache_dir or default_cache_dir()) / config.key
+    start = time.perf_counter()
+    with _locked(directory):
+        found = cached_weights(directory)
+        if found is not None:
+            record = json.loads((directory / RECORD_FILE).read_text()) if (directory / RECORD_FILE).exists() else {}
+            log.info("pretrain cache hit: %s", found)
+            return PretrainResult(found, config.key, True, dict(record.get("metrics", {})), time.perf_counter() - start)
+        log.info("pretrain cache miss (key %s): training %s for %d steps on %d corpus images",
+                 config.key, config.backbone, config.steps, config.corpus_size)
+        state, metrics = train_backbone(config, callbacks=callbacks)
+        path = directory / WEIGHTS_FILE
+        temporary = directory / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
+        torch.save(state, temporary)
+        os.replace(temporary, path)
+        _write_atomic(directory / (WEIGHTS_FILE + CHECKSUM_SUFFIX), file_sha256(path).encode())
+        record = {"key": config.key, "config": asdict(config), "metrics": metrics}
+        _write_atomic(directory / RECORD_FILE, json.dumps(record, indent=2).encode())
+        log.info("pretrained backbone written to %s (%s)", path, metrics)
+        return PretrainResult(path, config.key, False, metrics, time.perf_counter() - start)
+
+
+def _corpus_batch(corpus: StudyConfig, stream: str, indices: list[int]) -> tuple[Tensor, Tensor]:
+    """Images ``[B, 3, S, S]`` and labels ``[B, S, S]`` of corpus items ``indices``."""
+    pairs = [generate(corpus, stream, i) for i in indices]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def train_backbone(config: PretrainConfig, *, callbacks: Callbacks | None = None) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """Train a segmentor on the corpus; returns its backbone's state dict and held-out metrics."""
+    callbacks = callbacks or Callbacks()
+    corpus = StudyConfig(seed=config.seed, family=config.family, image_size=config.image_size,
+                         train_size=max(32, config.corpus_size), objects_per_image=(1, 4))
+    num_classes = len(FAMILIES[config.family].class_names)
+    torch.manual_seed(config.seed)
+    model = build_segmentor(num_classes=num_classes, head="baseline", variant="u2pl", backbone=config.backbone,
+                            deep_stem=config.deep_stem, weights=None, aspp_channels=16, low_level_channels=8,
+                            representation_head=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay)
+    order = torch.randperm(config.corpus_size, generator=torch.Generator().manual_seed(config.seed))
+    callbacks.on_start(config, total_steps=config.steps, start_step=0, rank=0, world_size=1)
+    model.train()
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * (1 - step / config.steps) ** 0.9
+        picks = [int(order[(step * config.batch_size + j) % config.corpus_size]) for j in range(config.batch_size)]
+        images, labels = _corpus_batch(corpus, "pretrain", picks)
+        flip = torch.rand(len(picks)) < 0.5  # horizontal flips, image and label together
+        images[flip], labels[flip] = images[flip].flip(-1), labels[flip].flip(-1)
+        logits = model(images).head.logits[0]
+        loss = F.cross_entropy(F.interpolate(logits, size=labels.shape[-2:], mode="bilinear", align_corners=False),
+                               labels, ignore_index=IGNORE_INDEX)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            logs = {"pretrain/loss": loss.item(), "pretrain/lr": optimizer.param_groups[0]["lr"]}
+            log.info("pretrain step %d/%d loss %.4f", step + 1, config.steps, logs["pretrain/loss"])
+            callbacks.on_step(step + 1, config.steps, logs)
+    metrics = evaluate_corpus(model, corpus, config.holdout_size, num_classes)
+    callbacks.on_evaluation(config.steps, metrics)
+    return {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}, metrics
+
+
+@torch.no_grad()
+def evaluate_corpus(model: torch.nn.Module, corpus: StudyConfig, count: int, num_classes: int) -> dict[str, float]:
+    """mIoU and pixel accuracy of ``model`` on ``count`` held-out corpus images (their own stream)."""
+    model.eval()
+    confusion = ConfusionMatrix(num_classes)
+    for first in range(0, count, 32):
+        images, labels = _corpus_batch(corpus, "pretrain_val", list(range(first, min(count, first + 32))))
+        logits = model(images).head.logits[0]
+        pred = F.interpolate(logits, size=labels.shape[-2:], mode="bilinear", align_corners=False).argmax(1)
+        confusion.update(pred, labels)
+    result = confusion.compute()
+    return {"miou": float(result["miou"]), "pixel_acc": float(result["pixel_acc"])}

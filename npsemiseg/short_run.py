@@ -1,0 +1,76 @@
+"""The one rule that shortens the paper's time-dependent framework settings to a short run.
+
+The mini-study (issue 15, ``jobs/specs/mini.yaml``) keeps every framework and head setting of
+the paper preset except those measured in time, which would otherwise mean something else in
+a run of a few hundred steps. The rule: **a time-dependent setting keeps the share of the run
+it has in the paper**, with two floors where the share would leave nothing:
+
+* phases counted in epochs (``sup_only_epochs`` of MT / U2PL, ``warmup_epochs`` and
+  ``rampup_epochs`` of PS-MT) are multiplied by ``run.epochs / paper.epochs``; whole-epoch
+  phases are rounded, and a phase the paper has (>= 1 epoch) keeps at least one epoch;
+* EMA decays (``ema_decay``; PS-MT's ``ema_keep_rate``): the teacher's horizon ``1 / (1 - d)``
+  steps, which is also where the warm-up ``min(1 - 1/(k+1), d)`` ends, is multiplied by
+  ``run.steps / paper.steps``, floored at ``MIN_EMA_HORIZON`` steps (a teacher averages at
+  least that many steps) and never longer than the paper's: ``d = 1 - 1 / horizon``. Without
+  it a short run's teacher stays near its initialisation (0.99^120 = 30 %, see
+  ``../shared/notes/learning_check.md``) where the paper's has forgotten it;
+* queue lengths (U2PL's ``queue_size``, ``background_queue_size``) keep their age in steps:
+  multiplied by the ratio of pixels per step ``run.pixels_per_step / paper.pixels_per_step``
+  (keys are sampled from the step's feature pixels), floored at ``MIN_QUEUE``.
+
+Nothing else changes (loss weights, thresholds, T-VAT, CutMix, heads). ``PAPER_VOC`` is the
+paper's VOC classic 1/16 run (80 epochs of 874 iterations, 12 + 12 crops of 480 px).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIN_EMA_HORIZON = 10
+MIN_QUEUE = 256
+EPOCH_PHASES = ("sup_only_epochs", "warmup_epochs", "rampup_epochs")
+EMA_DECAYS = ("ema_decay", "ema_keep_rate")
+QUEUES = ("queue_size", "background_queue_size")
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """How long a run is: total optimiser ``steps``, ``epochs`` (steps / iterations per epoch)
+    and ``pixels_per_step`` (labeled + unlabeled crops x crop area, all processes)."""
+
+    steps: int
+    epochs: float
+    pixels_per_step: int
+
+    @classmethod
+    def of(cls, *, steps: int, iters_per_epoch: int, images_per_step: int, crop_size: int) -> RunLength:
+        if min(steps, iters_per_epoch, images_per_step, crop_size) < 1:
+            raise ValueError(f"RunLength.of: expected positive steps, iters_per_epoch, images_per_step and crop_size, "
+                             f"got {steps}, {iters_per_epoch}, {images_per_step}, {crop_size}")
+        return cls(steps, steps / iters_per_epoch, images_per_step * crop_size * crop_size)
+
+
+#: VOC classic 1/16: (10582 - 92) unlabeled / 12 per step = 874 iterations per epoch, 80 epochs
+PAPER_VOC = RunLength.of(steps=80 * 874, iters_per_epoch=874, images_per_step=24, crop_size=480)
+
+
+def scale_time_settings(options: Mapping[str, Any], run: RunLength, paper: RunLength = PAPER_VOC) -> dict[str, Any]:
+    """``options`` (a framework's paper options) with the time-dependent ones scaled to ``run``.
+
+    Returns only the changed keys (what a grid spec's ``cell_overrides`` sets).
+    """
+    epoch_share, step_share = run.epochs / paper.epochs, run.steps / paper.steps
+    changed: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in EPOCH_PHASES and value:
+            scaled = value * epoch_share
+            changed[key] = max(1, round(scaled)) if isinstance(value, int) else round(scaled, 4)
+        elif key in EMA_DECAYS and 0 < value < 1:
+            horizon = min(1 / (1 - value), max(MIN_EMA_HORIZON, step_share / (1 - value)))
+            changed[key] = round(1 - 1 / horizon, 6)
+        elif key in QUEUES:
+            changed[key] = max(MIN_QUEUE, math.ceil(value * run.pixels_per_step / paper.pixels_per_step))
+    return {k: v for k, v in changed.items() if v != options[k]}

@@ -1,0 +1,106 @@
+"""The pretraining of the mini-study's backbone as an MLflow run of its own (issue 15).
+
+``pretrain_tracked(config, ...)`` runs ``npsemiseg.pretrain.pretrain`` and records it: a run
+tagged ``npsemiseg.kind = pretrain`` and ``pretrain_key`` (the cache key), params = the
+``PretrainConfig``, metrics ``pretrain/loss`` / ``pretrain/lr`` per logged step and the held-out
+corpus ``pretrain/miou`` / ``pretrain/pixel_acc``, tag ``weights_path``, artifact
+``pretrain/pretrain.json``. A cache hit trains nothing and logs nothing new when a FINISHED run of
+the same key exists (its id is returned); otherwise it records a run tagged
+``pretrain.cache_hit = true`` with the cached metrics. ``pretrain_command`` is what
+``npsemiseg pretrain`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from npsemiseg.callbacks import Callbacks
+from npsemiseg.pretrain import RECORD_FILE, PretrainConfig, PretrainResult, pretrain
+from semiseg_platform.schema import KIND, KIND_PRETRAIN, PRETRAIN_KEY
+from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
+
+log = logging.getLogger(__name__)
+
+CACHE_HIT_TAG = "pretrain.cache_hit"
+WEIGHTS_PATH_TAG = "weights_path"
+
+
+class PretrainMLflow(Callbacks):
+    """Logs the pretraining's step and held-out metrics to one MLflow run."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+
+    def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
+        self._log(step, logs)
+
+    def on_evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        self._log(step, {f"pretrain/{k}": v for k, v in metrics.items()})
+
+
+def find_pretrain_run(client: MlflowClient, experiment_id: str, key: str) -> str | None:
+    """The latest FINISHED pretraining run of cache key ``key``, or None."""
+    runs = search_all_runs(client, [experiment_id], f"tags.`{KIND}` = '{KIND_PRETRAIN}' and "
+                                                     f"tags.{PRETRAIN_KEY} = '{key}' and attributes.status = 'FINISHED'")
+    return max(runs, key=lambda r: r.info.end_time or 0).info.run_id if runs else None
+
+
+def pretrain_tracked(config: PretrainConfig | None = None, *, cache_dir: str | os.PathLike | None = None,
+                     tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> tuple[PretrainResult, str]:
+    """Pretrain (or hit the cache) and record it in MLflow; returns the result and the run id."""
+    config = config or PretrainConfig()
+    uri = resolve_tracking_uri(tracking)
+    experiment_id = prepare_experiment(uri, experiment)
+    client = MlflowClient(uri)
+    existing = find_pretrain_run(client, experiment_id, config.key)
+    if existing is not None:
+        result = pretrain(config, cache_dir=cache_dir)
+        if result.cache_hit:
+            log.info("pretraining %s: cache hit, recorded by run %s", config.key, existing)
+            return result, existing
+    run = client.create_run(experiment_id, run_name=f"pretrain/{config.backbone}/{config.key}",
+                            tags={KIND: KIND_PRETRAIN, PRETRAIN_KEY: config.key})
+    run_id = run.info.run_id
+    with ending_run(client, run_id):
+        client.log_batch(run_id, params=[Param(f.name, str(getattr(config, f.name))) for f in fields(config)])
+        result = pretrain(config, cache_dir=cache_dir, callbacks=PretrainMLflow(client, run_id))
+        client.set_tag(run_id, CACHE_HIT_TAG, str(result.cache_hit).lower())
+        client.set_tag(run_id, WEIGHTS_PATH_TAG, str(result.path))
+        PretrainMLflow(client, run_id).on_evaluation(config.steps, result.metrics)
+        client.log_metric(run_id, "pretrain/seconds", result.seconds)
+        with tempfile.TemporaryDirectory() as scratch:
+            record = Path(scratch) / RECORD_FILE
+            record.write_text(json.dumps({"key": result.key, "config": asdict(config), "metrics": result.metrics,
+                                          "path": str(result.path), "cache_hit": result.cache_hit}, indent=2))
+            client.log_artifact(run_id, str(record), artifact_path="pretrain")
+    return result, run_id
+
+
+def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainConfig.steps,
+                     seed: int = PretrainConfig.seed, corpus_size: int = PretrainConfig.corpus_size,
+                     image_size: int = PretrainConfig.image_size, batch_size: int = PretrainConfig.batch_size,
+                     lr: float = PretrainConfig.lr, cache_dir: str | None = None, tracking: str | None = None,
+                     experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print) -> Path:
+    """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``."""
+    config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
+                            image_size=image_size, batch_size=batch_size, lr=lr)
+    result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment)
+    source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
+    emit(f"pretrained {backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
+         f"MLflow run {run_id})")
+    emit(f"model.weights={result.path}")
+    return result.path

@@ -1,0 +1,377 @@
+"""The paper's claims checked from MLflow runs only (issue 15): ``npsemiseg claims``.
+
+Every claim compares two groups of runs. A *pair* is two finished cell runs that differ only in
+what the claim compares (same dataset, partition and seed, and the same framework unless the
+framework is what is compared); its *difference* is oriented so that a positive value is what
+the paper claims (e.g. NP minus baseline for C1, baseline minus MC dropout for "MC dropout
+lowers mIoU"). mIoU and PAvPU differences are in points (x 100, the paper's unit); C5's in
+seconds per image. Over the pairs: the mean, a 95 % percentile bootstrap interval (10,000
+resamples of the pairs, seeded: the same runs give the same interval) and a verdict:
+
+* ``supported``: the interval lies above 0; ``contradicted``: it lies below 0;
+* ``inconclusive``: it contains 0, or fewer than 2 pairs exist;
+* ``no data``: no pair exists (the cells were not run).
+
+A claim made of parts (per framework, per partition, per metric) is supported when every part
+is, contradicted when one part is, no data when every part has no data, inconclusive otherwise;
+its top-level numbers pool the pairs of all its parts. The claims: S0 (every SSL framework beats
+supervised, baseline heads), S1 (supervised with all labels beats supervised at 1/16), C1 (NP > baseline
+in mIoU, Tables 1-3), C2 (MC dropout < baseline and
+NP > MC dropout in mIoU), C3 (NP's PAvPU > MC dropout's at every partition, Table 4; every SSL
+framework's cells), C4 (attention > mean aggregator in mIoU and PAvPU, U2PL, Tables 5-6), C5 (NP
+quantifies uncertainty faster than MC dropout and the gap grows with T and with sliding
+evaluation; uncertainty-time benchmark runs), C6 (small Q, lambda_kl = 0.1 and T = 1 hurt; search
+trial runs, compared unpaired: their "pairs" count runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
+from semiseg_platform.schema import KIND, KIND_BENCHMARK, KIND_CELL
+from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
+
+SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+SSL_FRAMEWORKS = tuple(f for f in PAPER_FRAMEWORKS if f != "supervised")
+PAPER_Q, PAPER_LAMBDA_KL = 2560, 0.005
+CLAIMS_ARTIFACT_DIR = "claims"
+
+
+@dataclass
+class Evidence:
+    """One comparison's differences and what they say (``name`` labels a part)."""
+
+    name: str
+    diffs: list[float] = field(default_factory=list)
+    mean_diff: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str = NO_DATA
+    count: int | None = None  # unpaired comparisons: runs compared (else the number of differences)
+
+    @property
+    def pairs(self) -> int:
+        return len(self.diffs) if self.count is None else self.count
+
+    def summary(self) -> dict:
+        return {"name": self.name, "verdict": self.verdict, "mean_diff": self.mean_diff, "ci_low": self.ci_low,
+                "ci_high": self.ci_high, "pairs": self.pairs}
+
+
+@dataclass
+class Claim:
+    """A claim of the paper with its evidence: ``parts`` (``by`` says what they are per) and the pooled numbers."""
+
+    id: str
+    statement: str
+    source: str
+    unit: str
+    by: str = ""
+    parts: list[Evidence] = field(default_factory=list)
+    pooled: Evidence = field(default_factory=lambda: Evidence("all"))
+    detail: list[Evidence] = field(default_factory=list)  # shown, not part of the verdict
+
+    @property
+    def verdict(self) -> str:
+        return combine_verdicts([p.verdict for p in self.parts]) if self.parts else self.pooled.verdict
+
+    def to_dict(self) -> dict:
+        """The JSON object of ``claims.json``."""
+        out = {"id": self.id, "verdict": self.verdict, "mean_diff": self.pooled.mean_diff, "ci_low": self.pooled.ci_low,
+               "ci_high": self.pooled.ci_high, "pairs": self.pooled.pairs, "statement": self.statement,
+               "source": self.source, "unit": self.unit, "parts_by": self.by,
+               "parts": [p.summary() for p in self.parts], "detail": [d.summary() for d in self.detail]}
+        if self.by == "framework":
+            out["per_framework"] = {p.name: p.summary() for p in self.parts or self.detail}
+        return out
+
+
+def bootstrap_interval(diffs: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded)."""
+    values = np.asarray(diffs, dtype=float)
+    if values.size == 0:
+        raise ValueError("bootstrap_interval: expected at least one difference, got none")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def verdict_of(ci_low: float | None, ci_high: float | None, pairs: int) -> str:
+    if pairs == 0:
+        return NO_DATA
+    if pairs < 2 or ci_low is None or ci_high is None:
+        return INCONCLUSIVE
+    return SUPPORTED if ci_low > 0 else CONTRADICTED if ci_high < 0 else INCONCLUSIVE
+
+
+def combine_verdicts(verdicts: Iterable[str]) -> str:
+    """All parts supported -> supported; one contradicted -> contradicted; all no data -> no data."""
+    verdicts = list(verdicts)
+    if not verdicts or all(v == NO_DATA for v in verdicts):
+        return NO_DATA
+    if CONTRADICTED in verdicts:
+        return CONTRADICTED
+    return SUPPORTED if all(v == SUPPORTED for v in verdicts) else INCONCLUSIVE
+
+
+def evidence(name: str, diffs: Sequence[float]) -> Evidence:
+    """Mean, interval and verdict of one list of differences."""
+    diffs = [float(d) for d in diffs if not math.isnan(float(d))]
+    if not diffs:
+        return Evidence(name)
+    low, high = bootstrap_interval(diffs)
+    return Evidence(name, diffs, float(np.mean(diffs)), low, high, verdict_of(low, high, len(diffs)))
+
+
+def _pool(claim: Claim) -> Claim:
+    claim.pooled = evidence("all", [d for p in claim.parts for d in p.diffs])
+    return claim
+
+
+# ----------------------------------------------------------------------------- cell-run claims
+
+
+def finished_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """The latest finished run per (framework, dataset, partition, head, seed)."""
+    cells = latest_per_cell(runs)
+    cells = cells.sort_values(["end_time", "start_time"], na_position="first", kind="stable")
+    return cells.drop_duplicates(["framework", "dataset", "partition", "head", "seed"], keep="last")
+
+
+def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *, scale: float = 100.0,
+                 where: dict | None = None) -> list[float]:
+    """``scale x (metric of better - metric of worse)`` over the pairs sharing every other cell key.
+
+    ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
+    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``).
+    """
+    keys = [k for k in ("framework", "dataset", "partition", "head", "seed") if k not in better]
+
+    def side(selection: dict) -> pd.DataFrame:
+        chosen = cells
+        for key, value in {**(where or {}), **selection}.items():
+            chosen = chosen[chosen[key].isin(value if isinstance(value, (list, tuple)) else [value])]
+        return chosen[keys + [metric]]
+
+    merged = side(better).merge(side(worse), on=keys, suffixes=("_a", "_b"))
+    return [scale * (a - b) for a, b in zip(merged[f"{metric}_a"], merged[f"{metric}_b"])]
+
+
+def _per(name_values: Iterable[str], diffs_of: Callable[[str], list[float]]) -> list[Evidence]:
+    return [evidence(name, diffs_of(name)) for name in name_values]
+
+
+def cell_claims(cells: pd.DataFrame) -> list[Claim]:
+    """S0, S1 and C1-C4 from the finished cell runs."""
+    frameworks = list(SSL_FRAMEWORKS)  # every one of the paper's: a framework not run is "no data"
+    # partitions where one of the compared heads ran (not e.g. the all-labels supervised reference)
+    partitions = sorted(set(cells.loc[cells["head"].isin(["np", "mc_dropout"]), "partition"]))
+    baseline_sup = {"framework": "supervised"}
+    s0 = Claim("S0", "every SSL framework beats supervised at the same partition (baseline heads; mIoU)",
+               "sanity", "mIoU points", "framework", _per(frameworks, lambda f: paired_diffs(
+                   cells, "miou", {"framework": f}, baseline_sup, where={"head": "baseline"})))
+    # "in most cells": one pooled comparison over every SSL framework; per framework shown as detail
+    c1 = Claim("C1", "NP-SemiSeg improves mIoU over the baseline head (in most cells)", "Tables 1-3", "mIoU points",
+               "framework", detail=_per(frameworks, lambda f: paired_diffs(
+                   cells, "miou", {"head": "np"}, {"head": "baseline"}, where={"framework": f})))
+    c1.pooled = evidence("all", [d for e in c1.detail for d in e.diffs])
+    c2 = Claim("C2", "MC dropout lowers mIoU against the baseline (baseline - MC dropout), and NP-SemiSeg beats "
+               "MC dropout (NP - MC dropout)", "Tables 1-3", "mIoU points", "comparison", [
+                   evidence("baseline - mc_dropout", paired_diffs(cells, "miou", {"head": "baseline"},
+                                                                  {"head": "mc_dropout"}, where={"framework": frameworks})),
+                   evidence("np - mc_dropout", paired_diffs(cells, "miou", {"head": "np"}, {"head": "mc_dropout"},
+                                                            where={"framework": frameworks}))])
+    c3 = Claim("C3", "NP-SemiSeg's PAvPU is higher than MC dropout's at every partition", "Table 4", "PAvPU points",
+               "partition", _per(partitions, lambda p: paired_diffs(cells, "pavpu", {"head": "np"}, {"head": "mc_dropout"},
+                                                                    where={"partition": p, "framework": frameworks})))
+    ablation = {"framework": ABLATION_FRAMEWORK}
+    c4 = Claim("C4", "the attention aggregator beats the mean aggregator in mIoU and PAvPU (U2PL)", "Tables 5-6",
+               "points", "metric", _per(("miou", "pavpu"), lambda m: paired_diffs(
+                   cells, m, {"head": "np"}, {"head": "np_mean"}, where=ablation)))
+    s1 = Claim("S1", "labels are the bottleneck: supervised with all labels ('full') beats supervised at 1/16 "
+               "(mIoU; the mini-study's target is >= 15 points)", "sanity", "mIoU points")
+    s1.pooled = evidence("all", paired_diffs(cells, "miou", {"partition": "full"}, {"partition": "1/16"},
+                                             where={"framework": "supervised", "head": "baseline"}))
+    return [_pool(s0), s1, c1, _pool(c2), _pool(c3), _pool(c4)]
+
+
+# ----------------------------------------------------------------------------- benchmark and search claims
+
+
+def load_benchmark_gaps(client: MlflowClient, experiment_ids: list[str]) -> dict[tuple[str, str], dict[int, float]]:
+    """``{(eval_mode, dataset): {T: MC dropout seconds - NP seconds}}`` from the latest finished
+    uncertainty-time benchmark run of each (eval_mode, head, dataset)."""
+    runs = search_all_runs(client, experiment_ids, f"tags.`{KIND}` = '{KIND_BENCHMARK}' and "
+                                                   "tags.benchmark = 'uncertainty_time' and attributes.status = 'FINISHED'")
+    latest: dict[tuple[str, str, str], str] = {}
+    for run in sorted(runs, key=lambda r: r.info.end_time or 0):
+        tags = run.data.tags
+        latest[(tags.get("eval_mode", ""), tags.get("dataset", ""), tags.get("head", ""))] = run.info.run_id
+    seconds = {key: {int(m.step): m.value for m in client.get_metric_history(run_id, "uncertainty_seconds")}
+               for key, run_id in latest.items()}
+    gaps: dict[tuple[str, str], dict[int, float]] = {}
+    for (mode, dataset, head), by_t in seconds.items():
+        np_times = seconds.get((mode, dataset, "np"))
+        if head == "mc_dropout" and np_times:
+            gaps[(mode, dataset)] = {t: by_t[t] - np_times[t] for t in sorted(set(by_t) & set(np_times))}
+    return gaps
+
+
+def timing_claim(gaps: dict[tuple[str, str], dict[int, float]]) -> Claim:
+    """C5: NP faster (gap > 0 at every T), the gap grows with T (increments between consecutive
+    Ts) and with sliding evaluation (sliding gap - center-crop gap at the same dataset and T)."""
+    faster = [g for by_t in gaps.values() for g in by_t.values()]
+    growth = [b - a for by_t in gaps.values() for a, b in zip(list(by_t.values()), list(by_t.values())[1:])]
+    sliding = [by_t[t] - gaps[("center_crop", dataset)][t] for (mode, dataset), by_t in gaps.items()
+               if mode == "sliding" and ("center_crop", dataset) in gaps
+               for t in by_t if t in gaps[("center_crop", dataset)]]
+    claim = Claim("C5", "NP-SemiSeg quantifies uncertainty faster than MC dropout (MC dropout - NP seconds per image), "
+                  "and the gap grows with T and with sliding evaluation", "uncertainty-time figure", "seconds per image",
+                  "comparison", [evidence("faster", faster), evidence("gap grows with T", growth),
+                                 evidence("gap larger with sliding evaluation", sliding)])
+    claim.pooled = claim.parts[0]
+    return claim
+
+
+def load_search_trials(client: MlflowClient, experiment_ids: list[str]) -> pd.DataFrame:
+    """Finished, unstopped search-trial runs: their Q, lambda_kl, T params and final mIoU."""
+    runs = search_all_runs(client, experiment_ids, f"tags.`{KIND}` = '{KIND_CELL}' and attributes.status = 'FINISHED'")
+    rows = []
+    for run in runs:
+        tags, params = run.data.tags, run.data.params
+        if "search_id" not in tags or "search.stopped" in tags or "miou" not in run.data.metrics:
+            continue
+        rows.append({key: _number(params.get(param)) for key, param in (
+            ("q", "head.options.memory_size"), ("lambda_kl", "head.options.lambda_kl"), ("t", "head.options.num_samples"))}
+                    | {"miou": run.data.metrics["miou"]})
+    return pd.DataFrame(rows, columns=["q", "lambda_kl", "t", "miou"])
+
+
+def _number(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
+def unpaired(name: str, good: Sequence[float], bad: Sequence[float], *, scale: float = 100.0) -> Evidence:
+    """Difference of means ``good - bad`` with a bootstrap resampling each group (runs, not pairs)."""
+    good, bad = np.asarray(good, dtype=float), np.asarray(bad, dtype=float)
+    if good.size == 0 or bad.size == 0:
+        return Evidence(name)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = (good[rng.integers(0, good.size, (BOOTSTRAP_RESAMPLES, good.size))].mean(1)
+             - bad[rng.integers(0, bad.size, (BOOTSTRAP_RESAMPLES, bad.size))].mean(1))
+    low, high = (scale * v for v in np.percentile(draws, [2.5, 97.5]))
+    runs = int(good.size + bad.size)
+    verdict = verdict_of(low, high, runs) if min(good.size, bad.size) >= 2 else INCONCLUSIVE
+    return Evidence(name, [], float(scale * (good.mean() - bad.mean())), float(low), float(high), verdict, runs)
+
+
+def hyperparameter_claim(trials: pd.DataFrame) -> Claim:
+    """C6: runs at the paper's setting against runs at the harmful one (small Q, lambda_kl = 0.1, T = 1)."""
+    def parts_of(bad: pd.Series, good: pd.Series, name: str) -> Evidence:
+        return unpaired(name, trials.loc[good, "miou"], trials.loc[bad, "miou"])
+
+    claim = Claim("C6", "small Q, lambda_kl = 0.1 and T = 1 each lower mIoU (runs at other values - runs at it)",
+                  "hyper-parameter figure", "mIoU points", "hyper-parameter", [
+                      parts_of(trials["q"] < PAPER_Q, trials["q"] >= PAPER_Q, "Q < 2560 hurts"),
+                      parts_of(np.isclose(trials["lambda_kl"], 0.1), trials["lambda_kl"] < 0.1,
+                               "lambda_kl = 0.1 hurts"),
+                      parts_of(trials["t"] == 1, trials["t"] > 1, "T = 1 hurts")])
+    claim.pooled = Evidence("all", count=sum(p.pairs for p in claim.parts))
+    return claim
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def check_claims(tracking_uri: str | None, experiment: str, *, grid_id: str | None = None,
+                 search_experiment: str | None = None) -> list[Claim]:
+    """Every claim, from the runs of ``experiment`` (cells: optionally one grid's; benchmark runs)
+    and the search trials of ``search_experiment`` (default: ``experiment``)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(uri)
+    cells = finished_cells(load_cell_runs(uri, experiment, grid_id=grid_id))
+    cells = cells[cells["miou"].notna() | cells["pavpu"].notna()]
+    found = client.get_experiment_by_name(experiment)
+    gaps = load_benchmark_gaps(client, [found.experiment_id]) if found else {}
+    search = client.get_experiment_by_name(search_experiment or experiment)
+    trials = load_search_trials(client, [search.experiment_id]) if search else pd.DataFrame(
+        columns=["q", "lambda_kl", "t", "miou"])
+    return [*cell_claims(cells), timing_claim(gaps), hyperparameter_claim(trials)]
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:+.{digits}f}"
+
+
+def _row(label: str, e: Evidence, digits: int) -> str:
+    interval = "—" if e.ci_low is None else f"[{_fmt(e.ci_low, digits)}, {_fmt(e.ci_high, digits)}]"
+    return f"| {label} | {e.verdict} | {_fmt(e.mean_diff, digits)} | {interval} | {e.pairs} |"
+
+
+def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked") -> str:
+    """The report for people: one summary table, then each claim's parts and details."""
+    head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
+    lines = [f"# {title}", "", "Differences are oriented so that a positive value is what the paper claims; "
+             "intervals: 95 % percentile bootstrap over the pairs (seeded). Supported = interval above 0, "
+             "contradicted = below 0, inconclusive = contains 0 or fewer than 2 pairs, no data = no pair.", "", head]
+    for claim in claims:
+        digits = 4 if claim.unit.startswith("seconds") else 2
+        lines.append(_row(f"{claim.id}", claim.pooled, digits).replace(f"| {claim.pooled.verdict} |",
+                                                                       f"| **{claim.verdict}** |", 1))
+    for claim in claims:
+        digits = 4 if claim.unit.startswith("seconds") else 2
+        lines += ["", f"## {claim.id}: {claim.statement}", "",
+                  f"Source: {claim.source}. Unit: {claim.unit}. Verdict: **{claim.verdict}**."]
+        for label, rows in (("per " + claim.by, claim.parts), ("detail per " + claim.by, claim.detail)):
+            if rows:
+                lines += ["", head.replace("| claim |", f"| {label} |")] + [_row(e.name, e, digits) for e in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_claims(claims: Sequence[Claim], out_dir: str | Path) -> tuple[Path, Path]:
+    """``out_dir/claims.md`` and ``out_dir/claims.json`` (a list with one object per claim)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown, data = out / "claims.md", out / "claims.json"
+    markdown.write_text(claims_markdown(claims))
+    data.write_text(json.dumps([c.to_dict() for c in claims], indent=2) + "\n")
+    return markdown, data
+
+
+def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim]) -> None:
+    """Log ``claims.md`` and ``claims.json`` as artifacts (``claims/``) of ``run_id`` (a grid's parent run)."""
+    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    with tempfile.TemporaryDirectory() as scratch:
+        for path in write_claims(claims, scratch):
+            client.log_artifact(run_id, str(path), artifact_path=CLAIMS_ARTIFACT_DIR)
+
+
+def claims_command(experiment: str, *, tracking: str | None = None, out: str | Path = "claims",
+                   grid_id: str | None = None, search_experiment: str | None = None,
+                   parent_run_id: str | None = None, emit: Callable[[str], None] = print) -> list[Claim]:
+    """``npsemiseg claims --experiment E [--tracking URI] [--out DIR]``: check, write, print (and log
+    on ``parent_run_id`` when given: what the grid job does at its end)."""
+    claims = check_claims(tracking, experiment, grid_id=grid_id, search_experiment=search_experiment)
+    markdown, _ = write_claims(claims, out)
+    if parent_run_id:
+        log_claims(tracking, parent_run_id, claims)
+    emit(markdown.read_text())
+    return claims

@@ -1,0 +1,133 @@
+"""The claims report (issue 15) on runs written to a real MLflow store with known values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from platform_fixtures import fresh_store
+
+from semiseg_platform.reports import log_uncertainty_time_run
+from semiseg_platform.reports.claims import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NO_DATA,
+    SUPPORTED,
+    bootstrap_interval,
+    check_claims,
+    claims_command,
+    evidence,
+    log_claims,
+)
+
+SEEDS = (0, 1, 2)
+#: mIoU of the baseline head per framework; S0 differences vs supervised: +10, +2, +5, +2 points
+BASELINE = {"supervised": 0.30, "mt": 0.40, "psmt": 0.32, "u2pl": 0.35, "augseg": 0.32}
+
+
+def _cell(client: MlflowClient, experiment_id: str, framework: str, head: str, seed: int, miou: float, pavpu: float,
+          *, partition: str = "1/16", params: dict | None = None, tags: dict | None = None) -> None:
+    run = client.create_run(experiment_id, tags={
+        "npsemiseg.kind": "cell", "framework": framework, "dataset": "study", "partition": partition, "head": head,
+        "seed": str(seed), "cell_id": f"{framework}-{head}-{partition}-{seed}-{len(params or {})}", **(tags or {})})
+    client.log_batch(run.info.run_id, metrics=[Metric("miou", miou, 0, 0), Metric("pavpu", pavpu, 0, 0)],
+                     params=[Param(k, str(v)) for k, v in (params or {}).items()])
+    client.set_terminated(run.info.run_id, "FINISHED")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Experiment ``known``: S0 supported, C1 contradicted, C2 supported, C3 inconclusive, C4 no data,
+    C5 supported, C6 inconclusive (only its Q part has runs). Experiment ``worse``: PS-MT below supervised."""
+    uri = fresh_store(tmp_path_factory, "claims")
+    client = MlflowClient(uri)
+    known, worse = client.create_experiment("known"), client.create_experiment("worse")
+    for seed in SEEDS:
+        for framework, base in BASELINE.items():
+            _cell(client, known, framework, "baseline", seed, base + seed / 100, 0.5)
+            _cell(client, worse, framework, "baseline", seed, (0.27 if framework == "psmt" else base) + seed / 100, 0.5)
+            # MC dropout 2 points below the baseline, NP 1 above MC dropout (1 below the baseline);
+            # PAvPU: NP - MC dropout alternates +1 / -1 point
+            _cell(client, known, framework, "mc_dropout", seed, base - 0.02 + seed / 100, 0.50)
+            _cell(client, known, framework, "np", seed, base - 0.01 + seed / 100, 0.51 if seed % 2 else 0.49)
+    for mode, extra in (("center_crop", 0.0), ("sliding", 0.05)):
+        for head, seconds in (("mc_dropout", lambda t, extra=extra: 0.1 * t + extra * t), ("np", lambda t: 0.02 + 0.01 * t)):
+            log_uncertainty_time_run(uri, "known", head=head, eval_mode=mode, dataset="study",
+                                     seconds_by_t={t: seconds(t) for t in (1, 5, 10, 20)})
+    for q, miou in ((256, 0.30), (256, 0.31), (2560, 0.40), (2560, 0.42)):
+        _cell(client, known, "u2pl", "np", 9, miou, 0.5, partition="1/8", tags={"search_id": "s1"},
+              params={"head.options.memory_size": q, "head.options.lambda_kl": 0.005, "head.options.num_samples": 5})
+    return uri
+
+
+def test_each_verdict_is_reached_and_missing_cells_give_no_data(store):
+    claims = {c.id: c for c in check_claims(store, "known", search_experiment="known")}
+    verdicts = {key: claim.verdict for key, claim in claims.items()}
+    assert verdicts == {"S0": SUPPORTED, "S1": NO_DATA, "C1": CONTRADICTED, "C2": SUPPORTED, "C3": INCONCLUSIVE,
+                        "C4": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
+    s0 = {p.name: p for p in claims["S0"].parts}
+    assert s0["mt"].pairs == 3 and s0["mt"].mean_diff == pytest.approx(10) and s0["mt"].ci_low == pytest.approx(10)
+    assert claims["S0"].pooled.pairs == 12
+    assert claims["C1"].pooled.mean_diff == pytest.approx(-1) and claims["C1"].pooled.pairs == 12
+    assert [p.pairs for p in claims["C4"].parts] == [0, 0]
+    assert [p.verdict for p in claims["C6"].parts] == [SUPPORTED, NO_DATA, NO_DATA]
+    assert claims["C6"].parts[0].mean_diff == pytest.approx(10.5) and claims["C6"].parts[0].pairs == 4
+
+
+def test_one_framework_below_supervised_contradicts_s0(store):
+    s0 = check_claims(store, "worse")[0]
+    assert s0.verdict == CONTRADICTED
+    assert {p.name: p.verdict for p in s0.parts}["psmt"] == CONTRADICTED
+
+
+def test_bootstrap_interval_on_hand_computed_cases():
+    # two pairs: resampled means are 1, 2, 3 with probabilities 1/4, 1/2, 1/4
+    assert bootstrap_interval([1.0, 3.0]) == (1.0, 3.0)
+    # [0, 0, 0, 10]: mean = 2.5 K with K ~ Binomial(4, 1/4); P(K=0) = 0.316 > 2.5 %, P(K<=2) = 0.949 < 97.5 %
+    assert bootstrap_interval([0.0, 0.0, 0.0, 10.0]) == (0.0, 7.5)
+    assert bootstrap_interval([0.3, -0.1, 0.5]) == bootstrap_interval([0.3, -0.1, 0.5])  # seeded
+    assert evidence("x", [0.0, 0.0, 0.0, 10.0]).verdict == INCONCLUSIVE
+    assert evidence("x", [2.0]).verdict == INCONCLUSIVE and evidence("x", []).verdict == NO_DATA
+
+
+def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
+    client = MlflowClient(store)
+    parent = client.create_run(client.get_experiment_by_name("known").experiment_id).info.run_id
+    printed: list[str] = []
+    claims_command("known", tracking=store, out=tmp_path, parent_run_id=parent, emit=printed.append)
+    data = json.loads((tmp_path / "claims.json").read_text())
+    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "C5", "C6"]
+    for key in ("id", "verdict", "mean_diff", "ci_low", "ci_high", "pairs"):
+        assert all(key in c for c in data)
+    assert set(data[0]["per_framework"]) == {"mt", "psmt", "u2pl", "augseg"}
+    markdown = (tmp_path / "claims.md").read_text()
+    assert printed == [markdown] and "| S0 | **supported** | +4.75 |" in markdown
+    assert sorted(a.path for a in client.list_artifacts(parent, "claims")) == ["claims/claims.json", "claims/claims.md"]
+    log_claims(store, parent, [])  # an empty report is still a valid pair of files
+
+
+def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory):
+    uri = fresh_store(tmp_path_factory, "claims_full")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("gap")
+    for seed in SEEDS:
+        _cell(client, experiment, "supervised", "baseline", seed, 0.6 + seed / 100, 0.5, partition="full")
+        _cell(client, experiment, "supervised", "baseline", seed, 0.4, 0.5)
+        _cell(client, experiment, "u2pl", "mc_dropout", seed, 0.4, 0.50)
+        _cell(client, experiment, "u2pl", "np", seed, 0.4, 0.52 + seed / 100)
+    claims = {c.id: c for c in check_claims(uri, "gap")}
+    assert [p.name for p in claims["C3"].parts] == ["1/16"] and claims["C3"].verdict == SUPPORTED
+    assert claims["S1"].verdict == SUPPORTED and claims["S1"].pooled.mean_diff == pytest.approx(21)
+
+
+def test_a_framework_not_run_leaves_s0_without_a_verdict(tmp_path_factory):
+    uri = fresh_store(tmp_path_factory, "claims_partial")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("partial")
+    for seed in SEEDS:
+        for framework in ("supervised", "mt", "u2pl", "augseg"):  # no PS-MT
+            _cell(client, experiment, framework, "baseline", seed, BASELINE[framework] + seed / 100, 0.5)
+    s0 = check_claims(uri, "partial")[0]
+    assert {p.name: p.verdict for p in s0.parts}["psmt"] == NO_DATA and s0.verdict == INCONCLUSIVE

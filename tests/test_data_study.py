@@ -1,0 +1,89 @@
+"""The study dataset (issue 15): partitions, splits, determinism by seed, colour-free classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from npsemiseg.data import build_dataset, dataset_info
+from npsemiseg.data.study import FAMILIES, StudyConfig, generate
+
+
+def test_info_sizes_and_partitions():
+    info = dataset_info("study")
+    assert info.train_size >= 1000 and info.val_size >= 200
+    assert dict(info.partitions) == {"1/16": 64, "1/8": 128, "1/4": 256, "1/2": 512, "full": 1024}
+    assert info.num_classes == 9 and info.class_names[0] == "background"
+    assert info.synthetic and info.eval_mode == "whole"
+    from npsemiseg.data import dataset_names
+
+    assert "study" in dataset_names()
+
+
+def test_partitions_are_disjoint_nested_and_cover_train():
+    labeled = {p: set(build_dataset("study", "labeled", partition=p).ids) for p in ("1/16", "1/8", "1/4", "1/2")}
+    for p, ids in labeled.items():
+        unlabeled = set(build_dataset("study", "unlabeled", partition=p).ids)
+        assert not ids & unlabeled and len(ids | unlabeled) == 1024
+    assert labeled["1/16"] < labeled["1/8"] < labeled["1/4"] < labeled["1/2"]
+    assert len(build_dataset("study", "labeled", partition="full")) == 1024
+    assert len(build_dataset("study", "unlabeled", partition="full")) == 0
+
+
+def test_tune_split_is_separate_from_val_and_train():
+    val, tune = build_dataset("study", "val", val_size=8, tune_size=8), build_dataset("study", "tune", val_size=8, tune_size=8)
+    train = build_dataset("study", "labeled", partition="full", train_size=64)
+    assert len(val) == len(tune) == 8
+    images = [d[i]["image"] for d in (val, tune, train) for i in range(8)]
+    for i in range(len(images)):
+        for j in range(i + 1, len(images)):
+            assert not torch.equal(images[i], images[j])
+
+
+def test_seed_option_draws_another_instance_deterministically():
+    a = build_dataset("study", "labeled", partition="1/16", seed=3)
+    b = build_dataset("study", "labeled", partition="1/16", seed=3)
+    c = build_dataset("study", "labeled", partition="1/16", seed=4)
+    assert a.ids == b.ids and a.ids != c.ids
+    for i in (0, 7):
+        assert torch.equal(a[i]["image"], b[i]["image"]) and torch.equal(a[i]["label"], b[i]["label"])
+    assert not torch.equal(build_dataset("study", "val", seed=3)[0]["image"], build_dataset("study", "val", seed=4)[0]["image"])
+
+
+def test_items_follow_the_contract_and_unlabeled_is_ignored():
+    item = build_dataset("study", "labeled", partition="1/8", image_size=32)[0]
+    assert item["image"].dtype == torch.float32 and item["image"].shape == (3, 32, 32)
+    assert 0 <= float(item["image"].min()) and float(item["image"].max()) <= 1
+    assert item["label"].dtype == torch.int64 and int(item["label"].max()) < 9
+    assert bool((build_dataset("study", "unlabeled", partition="1/8", image_size=32)[0]["label"] == 255).all())
+
+
+def test_every_class_appears_and_colour_does_not_decide_the_class():
+    """Mean object colour is the same for every class (within sampling noise): colour carries no label."""
+    config = StudyConfig(image_size=32)
+    sums, counts = torch.zeros(9, 3), torch.zeros(9)
+    for i in range(300):
+        image, label = generate(config, "train", i)
+        for k in label.unique():
+            mask = label == k
+            sums[k] += image[:, mask].mean(1)
+            counts[k] += 1
+    assert bool((counts > 20).all())
+    means = sums[1:] / counts[1:, None]
+    assert float((means - means.mean(0)).abs().max()) < 0.12
+
+
+def test_pretrain_family_shares_no_class_with_the_study():
+    study, pretrain = FAMILIES["study"], FAMILIES["pretrain"]
+    assert not set(study.shapes) & set(pretrain.shapes) and not set(study.textures) & set(pretrain.textures)
+
+
+def test_bad_options_and_splits_name_the_problem():
+    with pytest.raises(ValueError, match="unknown study dataset option"):
+        dataset_info("study", colours=3)
+    with pytest.raises(ValueError, match="split must be one of"):
+        build_dataset("study", "test")
+    with pytest.raises(ValueError, match="partition '1/3' is not a partition"):
+        build_dataset("study", "labeled", partition="1/3")
+    with pytest.raises(ValueError, match="partition is required"):
+        build_dataset("study", "unlabeled")

@@ -1,0 +1,83 @@
+"""The pretraining cache (issue 15): miss trains, hit loads, a corrupted or partial file is rebuilt."""
+
+from __future__ import annotations
+
+import torch
+from mlflow.tracking import MlflowClient
+from platform_fixtures import fresh_store
+
+from npsemiseg.models.backbones import build_backbone
+from npsemiseg.pretrain import CHECKSUM_SUFFIX, WEIGHTS_FILE, PretrainConfig, pretrain
+from semiseg_platform.pretraining import pretrain_command, pretrain_tracked
+from semiseg_platform.schema import PRETRAIN_KEY
+
+TINY = PretrainConfig(corpus_size=8, holdout_size=2, image_size=32, steps=2, batch_size=2, log_every=1)
+
+
+def test_miss_then_hit_and_the_file_loads_as_model_weights(tmp_path):
+    first = pretrain(TINY, cache_dir=tmp_path)
+    assert not first.cache_hit and first.path.name == WEIGHTS_FILE and first.path.parent.name == TINY.key
+    assert set(first.metrics) == {"miou", "pixel_acc"}
+    second = pretrain(TINY, cache_dir=tmp_path)
+    assert second.cache_hit and second.path == first.path and second.metrics == first.metrics
+    backbone = build_backbone("resnet_small", weights=str(first.path))
+    saved = torch.load(first.path, weights_only=True)
+    assert torch.equal(backbone.state_dict()["conv1.weight"], saved["conv1.weight"])
+
+
+def test_another_configuration_is_another_key(tmp_path):
+    other = PretrainConfig(**{**TINY.__dict__, "seed": TINY.seed + 1})
+    assert other.key != TINY.key
+    assert PretrainConfig(**{**TINY.__dict__, "log_every": 7}).key == TINY.key  # logging is not part of it
+
+
+def test_corrupted_or_partial_file_is_rebuilt_never_loaded(tmp_path):
+    first = pretrain(TINY, cache_dir=tmp_path)
+    first.path.write_bytes(first.path.read_bytes()[:100])  # truncated
+    rebuilt = pretrain(TINY, cache_dir=tmp_path)
+    assert not rebuilt.cache_hit
+    build_backbone("resnet_small", weights=str(rebuilt.path))  # a complete file again
+    (rebuilt.path.parent / (WEIGHTS_FILE + CHECKSUM_SUFFIX)).unlink()  # crash before the checksum was written
+    assert not pretrain(TINY, cache_dir=tmp_path).cache_hit
+    assert pretrain(TINY, cache_dir=tmp_path).cache_hit
+
+
+def test_tracked_pretraining_is_one_mlflow_run_and_a_hit_reuses_it(tmp_path_factory, tmp_path):
+    uri = fresh_store(tmp_path_factory, "pretrain")
+    result, run_id = pretrain_tracked(TINY, cache_dir=tmp_path, tracking=uri, experiment="pre")
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[PRETRAIN_KEY] == TINY.key
+    assert run.data.tags["pretrain.cache_hit"] == "false" and run.data.params["steps"] == "2"
+    assert run.data.metrics["pretrain/miou"] == result.metrics["miou"]
+    assert [m.step for m in client.get_metric_history(run_id, "pretrain/loss")] == [1, 2]
+    again, again_id = pretrain_tracked(TINY, cache_dir=tmp_path, tracking=uri, experiment="pre")
+    assert again.cache_hit and again_id == run_id
+    lines: list[str] = []
+    path = pretrain_command(steps=2, corpus_size=8, image_size=32, batch_size=2, cache_dir=str(tmp_path / "cli"),
+                            tracking=uri, experiment="pre", emit=lines.append)
+    assert lines[-1] == f"model.weights={path}" and path.exists()
+
+
+def test_pretrained_name_resolves_to_the_cached_file(tmp_path, monkeypatch):
+    import pytest
+
+    from npsemiseg import pretrain as module
+
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    path = module.resolve_weights("pretrained:tiny", cache_dir=tmp_path)
+    assert path == str(tmp_path / TINY.key / WEIGHTS_FILE)
+    assert module.resolve_weights("imagenet") == "imagenet" and module.resolve_weights(None) is None
+    with pytest.raises(ValueError, match="unknown pretraining 'nope'"):
+        module.resolve_weights("pretrained:nope")
+
+
+def test_a_cell_trains_from_a_pretrained_name(tmp_path, monkeypatch, smoke_config):
+    from npsemiseg import pretrain as module
+    from npsemiseg.training import train
+
+    monkeypatch.setenv(module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    config = smoke_config(dataset="study", **{"model.weights": "pretrained:tiny", "runtime.device": "cpu"})
+    assert 0.0 <= train(config).metrics["miou"] <= 1.0
+    assert (tmp_path / "pretrain" / TINY.key / WEIGHTS_FILE).exists()

@@ -1,0 +1,44 @@
+"""The short-run rule (issue 15) and the mini-study spec that applies it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from npsemiseg.frameworks import get_framework
+from npsemiseg.short_run import MIN_EMA_HORIZON, MIN_QUEUE, PAPER_VOC, RunLength, scale_time_settings
+
+MINI_SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
+
+
+def test_the_paper_run_is_unchanged_and_a_tenth_keeps_the_shares():
+    options = {"sup_only_epochs": 1, "rampup_epochs": 12.0, "ema_decay": 0.999, "queue_size": 30000, "unsup_weight": 1.5}
+    assert scale_time_settings(options, PAPER_VOC) == {}
+    tenth = RunLength(steps=PAPER_VOC.steps // 10, epochs=8, pixels_per_step=PAPER_VOC.pixels_per_step // 10)
+    scaled = scale_time_settings(options, tenth)
+    assert scaled["rampup_epochs"] == pytest.approx(1.2)
+    assert "sup_only_epochs" not in scaled  # round(0.1) = 0, but a phase the paper has keeps one epoch
+    assert scaled["ema_decay"] == pytest.approx(1 - 1 / (1000 * (PAPER_VOC.steps // 10) / PAPER_VOC.steps), abs=1e-6)
+    assert scaled["queue_size"] == 3000 and "unsup_weight" not in scaled
+
+
+def test_floors_keep_a_teacher_and_a_queue():
+    tiny = RunLength(steps=10, epochs=1, pixels_per_step=100)
+    scaled = scale_time_settings({"ema_decay": 0.99, "queue_size": 50000, "warmup_epochs": 0}, tiny)
+    assert scaled == {"ema_decay": pytest.approx(1 - 1 / MIN_EMA_HORIZON), "queue_size": MIN_QUEUE}
+
+
+def test_mini_spec_applies_exactly_the_rule():
+    from semiseg_platform.grid import expand, load_spec
+
+    configs = expand(load_spec(MINI_SPEC))
+    assert len(configs) == 51 and {c.seed for c in configs} == {0, 1, 2}
+    run = RunLength.of(steps=320, iters_per_epoch=64 // 4, images_per_step=8, crop_size=48)
+    for config in configs:
+        schedule = config.schedule
+        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (320, 8, 48)
+        paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
+        expected = {**paper, **scale_time_settings(paper, run)}
+        assert json.loads(json.dumps(dict(config.framework_options))) == json.loads(json.dumps(expected)), config.cell_name
