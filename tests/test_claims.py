@@ -8,7 +8,9 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
+from typer.testing import CliRunner
 
+from semiseg_platform.cli.main import app
 from semiseg_platform.reports import log_uncertainty_time_run
 from semiseg_platform.reports.claims import (
     CONTRADICTED,
@@ -131,3 +133,30 @@ def test_a_framework_not_run_leaves_s0_without_a_verdict(tmp_path_factory):
             _cell(client, experiment, framework, "baseline", seed, BASELINE[framework] + seed / 100, 0.5)
     s0 = check_claims(uri, "partial")[0]
     assert {p.name: p.verdict for p in s0.parts}["psmt"] == NO_DATA and s0.verdict == INCONCLUSIVE
+
+
+def test_cli_writes_and_prints_the_report(store, tmp_path):
+    result = CliRunner().invoke(app, ["claims", "--experiment", "known", "--tracking", store, "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "| S0 | **supported** |" in result.output
+    verdicts = {claim["id"]: claim["verdict"] for claim in json.loads((tmp_path / "c" / "claims.json").read_text())}
+    assert verdicts["S0"] == SUPPORTED and verdicts["C1"] == CONTRADICTED
+
+
+@pytest.mark.parametrize("case", ["no_store", "no_experiment", "out_is_a_file"])
+def test_cli_bad_input_is_one_line_and_writes_nothing(store, tmp_path, case):
+    out, tracking, experiment = tmp_path / "out", store, "known"
+    if case == "no_store":
+        tracking = f"sqlite:///{tmp_path / 'missing' / 'mlruns.db'}"
+    elif case == "no_experiment":
+        experiment = "nope"
+    else:
+        out.write_text("a file")
+    result = CliRunner().invoke(app, ["claims", "--experiment", experiment, "--tracking", tracking, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    expected = {"no_store": "no MLflow store", "no_experiment": "no experiment 'nope'", "out_is_a_file": "is a file"}
+    assert expected[case] in lines[0]
+    assert not (tmp_path / "missing").exists()
+    assert out.is_file() if case == "out_is_a_file" else not out.exists()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
+from typer.testing import CliRunner
 
 from npsemiseg.models.backbones import build_backbone
 from npsemiseg.pretrain import CHECKSUM_SUFFIX, WEIGHTS_FILE, PretrainConfig, pretrain
+from semiseg_platform.cli.main import app
 from semiseg_platform.pretraining import pretrain_command, pretrain_tracked
 from semiseg_platform.schema import PRETRAIN_KEY
 
@@ -81,3 +85,17 @@ def test_a_cell_trains_from_a_pretrained_name(tmp_path, monkeypatch, smoke_confi
     config = smoke_config(dataset="study", **{"model.weights": "pretrained:tiny", "runtime.device": "cpu"})
     assert 0.0 <= train(config).metrics["miou"] <= 1.0
     assert (tmp_path / "pretrain" / TINY.key / WEIGHTS_FILE).exists()
+
+
+def test_cli_prints_the_weights_path_and_rejects_bad_options_before_anything(tmp_path_factory, tmp_path):
+    uri = fresh_store(tmp_path_factory, "pretrain_cli")
+    args = ["pretrain", "--steps", "2", "--corpus-size", "8", "--image-size", "32", "--batch-size", "2",
+            "--cache-dir", str(tmp_path / "cache"), "--tracking", uri, "--experiment", "pre"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    weights = result.output.strip().splitlines()[-1].removeprefix("model.weights=")
+    assert Path(weights).is_file() and "cache hit" not in result.output
+    assert "cache hit" in CliRunner().invoke(app, args).output
+    bad = CliRunner().invoke(app, ["pretrain", "--steps", "0", "--cache-dir", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and bad.stderr.strip() == "error: steps: expected a positive integer, got 0"
+    assert not (tmp_path / "bad").exists()

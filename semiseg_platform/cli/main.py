@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from semiseg_platform.cli import grid, hparams_figure, run, search, stack, sweep_orphans, tables, ui  # noqa: F401 - register
+from semiseg_platform.cli import (  # noqa: F401 - each module registers its command
+    claims, grid, hparams_figure, pretrain, run, search, stack, sweep_orphans, tables, ui)
 from semiseg_platform.cli.app import app
 
 

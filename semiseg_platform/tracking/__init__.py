@@ -28,6 +28,7 @@ from semiseg_platform.tracking.store import (
                                                 DEFAULT_ARTIFACT_DIR,
                                                 DEFAULT_EXPERIMENT,
                                                 DEFAULT_STORE_FILE,
+                                                existing_experiment,
                                                 experiment_id,
                                                 find_cell_run,
                                                 prepare_experiment,
@@ -41,7 +42,8 @@ from semiseg_platform.tracking.store import (
 
 __all__ = [
     "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "MLflowCallbacks",
-    "RunEnd", "artifact_path", "cell_description", "cell_tags", "ending_run", "error_reason", "experiment_id",
+    "RunEnd", "artifact_path", "cell_description", "cell_tags", "ending_run", "error_reason", "existing_experiment",
+    "experiment_id",
     "find_cell_run", "format_error", "git_commit", "package_version", "per_class_iou_figure", "prepare_experiment",
     "resolve_tracking_uri", "run_url", "search_all_runs", "sigterm_as_killed", "submission_runs",
     "sweep_orphaned_runs", "ui_hint",

@@ -91,6 +91,23 @@ def experiment_id(client: MlflowClient, experiment: str) -> str | None:
     return None if found is None else found.experiment_id
 
 
+def existing_experiment(tracking_uri: str, experiment: str) -> str:
+    """The id of ``experiment`` in a store that must already hold it (readers: claims, tables).
+
+    ``ValueError`` naming the store or the experiment (and the ones there are) otherwise; a
+    missing SQLite file is never created by asking.
+    """
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        raise ValueError(f"tracking: no MLflow store at {db} (expected the database file of a store with runs)")
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None or found.lifecycle_stage == "deleted":
+        names = [e.name for e in client.search_experiments()]
+        raise ValueError(f"experiment: no experiment {experiment!r} in {tracking_uri}, expected one of {names}")
+    return found.experiment_id
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """Where to look at a run: the server's page, or for a local store the page ``npsemiseg ui`` serves."""
     scheme = urlparse(tracking_uri).scheme

@@ -1,0 +1,32 @@
+"""``npsemiseg claims``: the paper's claims checked from MLflow runs, with verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from semiseg_platform.cli.app import TRACKING_HELP, app, fail
+from semiseg_platform.reports.claims import claims_command
+from semiseg_platform.tracking import existing_experiment, resolve_tracking_uri
+
+
+@app.command()
+def claims(
+    experiment: str = typer.Option(..., help="MLflow experiment of the study's cell runs"),
+    out: Path = typer.Option(Path("claims"), help="directory for claims.md and claims.json"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+    grid_id: str | None = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
+    search_experiment: str | None = typer.Option(None, help="experiment of the search runs (C6; default: none)"),
+) -> None:
+    """Check every claim of the paper (S0, S1, C1-C6) from MLflow runs: paired differences, mean, 95 %
+    bootstrap interval, verdict. Writes claims.md and claims.json; prints the Markdown."""
+    if out.exists() and not out.is_dir():
+        fail(f"--out: {out} is a file, expected a directory")
+    tracking = resolve_tracking_uri(tracking)
+    try:
+        existing_experiment(tracking, experiment)
+        claims_command(experiment, tracking=tracking, out=out, grid_id=grid_id, search_experiment=search_experiment,
+                       emit=typer.echo)
+    except ValueError as error:
+        fail(str(error))
