@@ -28,6 +28,7 @@ from npsemiseg.config import RunConfig
 from semiseg_platform import schema
 from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
+from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
 from semiseg_platform.sweep import (
     Outcome,
     Submission,
@@ -86,6 +87,7 @@ class GridSummary:
     concurrency: int
     tables_dir: Path | None = None
     tables_markdown: str = ""
+    claims_markdown: str = ""
 
     def cells(self, status: str) -> list[CellOutcome]:
         return [o for o in self.outcomes if o.status == status]
@@ -240,6 +242,10 @@ def _write_tables(spec: GridSpec, sub: Submission, summary: GridSummary, tables_
     tables, _ = write_report(sub.tracking_uri, spec.experiment, out, grid_id=summary.grid_id, **table_layout(spec))
     sub.client.log_artifacts(summary.parent_run_id, str(out), schema.GRID_TABLES_DIR)
     summary.tables_dir, summary.tables_markdown = out, markdown_report(tables)
+    claims = check_claims(sub.tracking_uri, spec.experiment, grid_id=summary.grid_id)
+    write_claims(claims, out)
+    log_claims(sub.tracking_uri, summary.parent_run_id, claims)
+    summary.claims_markdown = claims_markdown(claims)
 
 
 def run_grid(

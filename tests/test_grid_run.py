@@ -9,6 +9,8 @@ hold exactly the MLflow metrics.
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
@@ -108,6 +110,11 @@ def test_tables_on_the_parent_run_equal_the_mlflow_metrics(grid):
     # cells outside the grid (366, 732; psmt, ...) are marked missing, not dropped
     assert (table[table.partition.isin(["366", "732"])].status == "missing").all()
     assert "| U2PL w/ NP-SemiSeg |" in summary.tables_markdown
+    # the claims report of the grid's cells: written beside the tables, logged on the parent run
+    claims = {a.path for a in client.list_artifacts(summary.parent_run_id, "claims")}
+    assert claims == {"claims/claims.md", "claims/claims.json"}
+    by_id = {c["id"]: c for c in json.loads((summary.tables_dir / "claims.json").read_text())}
+    assert set(by_id) >= {"S0", "C1", "C2", "C3", "C4", "C5"} and "| C1 |" in summary.claims_markdown
 
 
 def test_resubmission_skips_finished_cells_and_trains_nothing_twice(grid):

@@ -39,6 +39,8 @@ def grid(
         summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir)
     except ValueError as error:  # an invalid spec, cell setting or storage: found before any cell starts
         fail(one_line(error))
+    typer.echo(summary.tables_markdown)
+    typer.echo(summary.claims_markdown)
     typer.echo(summary.format())
     if not summary.ok:
         raise typer.Exit(CELL_FAILED)

@@ -38,7 +38,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
-from semiseg_platform.schema import KIND, KIND_BENCHMARK, KIND_CELL
+from semiseg_platform.schema import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
@@ -46,7 +46,6 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 SSL_FRAMEWORKS = tuple(f for f in PAPER_FRAMEWORKS if f != "supervised")
 PAPER_Q, PAPER_LAMBDA_KL = 2560, 0.005
-CLAIMS_ARTIFACT_DIR = "claims"
 
 
 @dataclass
@@ -361,7 +360,7 @@ def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim]) -
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
         for path in write_claims(claims, scratch):
-            client.log_artifact(run_id, str(path), artifact_path=CLAIMS_ARTIFACT_DIR)
+            client.log_artifact(run_id, str(path), artifact_path=GRID_CLAIMS_DIR)
 
 
 def claims_command(experiment: str, *, tracking: str | None = None, out: str | Path = "claims",
