@@ -6,6 +6,9 @@ import sys
 
 import click
 
+import semiseg_platform.cli.evaluate  # noqa: F401 - register
+import semiseg_platform.cli.export  # noqa: F401 - register
+import semiseg_platform.cli.predict  # noqa: F401 - register
 from semiseg_platform.cli import grid, hparams_figure, run, search, stack, sweep_orphans, tables, ui  # noqa: F401 - register
 from semiseg_platform.cli.app import app
 
