@@ -164,7 +164,11 @@ def load_checkpoint_model(path: str | os.PathLike, **options: Any) -> Segmentati
     if not directory.exists():
         raise ValueError(f"checkpoint: {directory} does not exist")
     if not (directory / STATE_FILE).is_file():
-        directory = resolve_checkpoint(directory)
+        try:
+            directory = resolve_checkpoint(directory)
+        except ValueError:
+            raise ValueError(f"checkpoint: {directory} holds no checkpoint (no {STATE_FILE}, no 'latest' or "
+                             "step_* checkpoint)") from None
     if not (directory / CONFIG_FILE).is_file():
         raise ValueError(f"checkpoint: {directory} has no {CONFIG_FILE} (the run's configuration)")
     state = _read(directory / STATE_FILE, weights_only=False)  # our own format: optimiser and RNG states
