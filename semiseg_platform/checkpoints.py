@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from semiseg_platform import schema
-from semiseg_platform.storage import CheckpointStore, Storage, parse_storage
+from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, parse_storage
 from semiseg_platform.tracking.metrics import log_metrics
 from semiseg_platform.tracking.store import resolve_tracking_uri, run_url, search_all_runs, sqlite_path
 
@@ -90,38 +90,53 @@ def _kind(storage: Storage, *parts: str) -> pafs.FileType:
     return storage.filesystem.get_file_info(storage.path(*parts)).type
 
 
-def resolve_uri(uri: str, select: str = "last") -> str:
+def _below(storage: Storage, *parts: str) -> Storage:
+    """The location ``parts`` below ``storage``, on the same filesystem (endpoint kept)."""
+    return replace(storage, uri=storage.uri_of(*parts), root=storage.path(*parts))
+
+
+def _parent(storage: Storage) -> Storage:
+    return replace(storage, uri=storage.uri.rsplit("/", 1)[0], root=storage.root.rsplit("/", 1)[0])
+
+
+def resolve(uri: str, select: str = "last") -> Storage:
     """The checkpoint directory (or exported file) that ``uri`` and ``select`` name; ``ValueError``
-    naming ``uri`` when it does not exist or holds no checkpoint."""
+    naming ``uri`` when it does not exist, holds no checkpoint or cannot be reached."""
     storage = parse_storage(uri)
+    try:
+        return _resolve(storage, select)
+    except OSError as error:  # pyarrow's S3 errors: an unreachable endpoint, a refused request
+        raise ValueError(f"--checkpoint: {storage.uri} cannot be read: {' '.join(str(error).split())[:300]}") from None
+
+
+def _resolve(storage: Storage, select: str) -> Storage:
     found = _kind(storage)
     if found == pafs.FileType.NotFound:
         raise ValueError(f"--checkpoint: {storage.uri} does not exist")
     if found == pafs.FileType.File:
         if select == "best":
             raise ValueError(f"--select best: {storage.uri} is an exported model file, not a checkpoint lineage")
-        return storage.uri
+        return storage
     is_checkpoint = _kind(storage, STATE_FILE) == pafs.FileType.File
     if select == "best":
-        lineage = parse_storage(storage.uri.rsplit("/", 1)[0]) if is_checkpoint else storage
+        lineage = _parent(storage) if is_checkpoint else storage
         if _kind(lineage, BEST_DIR, STATE_FILE) != pafs.FileType.File:
             raise ValueError(f"--select best: {lineage.uri} holds no best checkpoint ({BEST_DIR}/{STATE_FILE}); "
                              "use --select last")
-        return lineage.uri_of(BEST_DIR)
+        return _below(lineage, BEST_DIR)
     if is_checkpoint:
-        return storage.uri
+        return storage
     latest = CheckpointStore(storage, "").latest()
     if latest is not None:
-        return latest[1]
+        return _below(storage, checkpoint_dir_name(latest[0]))
     if storage.is_local and any(Path(storage.root).glob(f"step_*/{STATE_FILE}")):
-        return storage.uri  # a training output's checkpoint root (``step_*`` + ``latest``)
+        return storage  # a training output's checkpoint root (``step_*`` + ``latest``)
     raise ValueError(f"--checkpoint: {storage.uri} holds no checkpoint (no {STATE_FILE}, no complete "
                      "checkpoint_* directory)")
 
 
-def local_path(uri: str, scratch: Path) -> Path:
-    """``uri`` as a local path: itself when local, else downloaded under ``scratch``."""
-    storage = parse_storage(uri)
+def local_path(storage: Storage, scratch: Path) -> Path:
+    """The checkpoint at ``storage`` as a local path: itself when local, else downloaded under ``scratch``."""
     if storage.is_local:
         return Path(storage.root)
     target = scratch / Path(storage.root).name
@@ -130,6 +145,7 @@ def local_path(uri: str, scratch: Path) -> Path:
     pafs.copy_files(storage.root, str(target), source_filesystem=storage.filesystem,
                     destination_filesystem=pafs.LocalFileSystem())
     return target
+
 
 def find_cell_run(client: MlflowClient | None, uri: str) -> Any | None:
     """The cell run whose ``checkpoint_uri`` or ``best_checkpoint_uri`` is ``uri``, newest first, or None."""
@@ -156,11 +172,16 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
         raise ValueError(f"--select: expected one of {list(SELECTIONS)}, got {select!r}")
     client, tracking_uri = store_client(tracking, required=run_id is not None)
     run = cell_run(client, run_id) if run_id is not None else None  # type: ignore[arg-type]
-    resolved = resolve_uri(run_checkpoint_uri(run, select) if run is not None else uri, select)  # type: ignore[arg-type]
+    resolved = resolve(run_checkpoint_uri(run, select) if run is not None else uri, select)  # type: ignore[arg-type]
     if run is None:
-        run = find_cell_run(client, resolved)
+        run = find_cell_run(client, resolved.uri)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-checkpoint-") as scratch:
-        yield Checkpoint(resolved, local_path(resolved, Path(scratch)), run, client, tracking_uri)
+        try:
+            local = local_path(resolved, Path(scratch))
+        except OSError as error:
+            reason = " ".join(str(error).split())[:300]
+            raise ValueError(f"--checkpoint: {resolved.uri} could not be downloaded: {reason}") from None
+        yield Checkpoint(resolved.uri, local, run, client, tracking_uri)
 
 
 def log_evaluation(checkpoint: Checkpoint, metrics: dict[str, float], *, mode: str, num_samples: int | None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,16 @@ from npsemiseg.evaluation.visualize import entropy_to_grey
 from semiseg_platform import schema
 from semiseg_platform.cli.main import app
 from semiseg_platform.launch import run_cell_in_process
-from tests.platform_fixtures import fresh_store
+from semiseg_platform.storage import CheckpointStore, parse_storage
+from tests.platform_fixtures import fresh_store, start_seaweedfs
 
 runner = CliRunner()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _files(root: Path) -> set[Path]:
@@ -59,6 +68,8 @@ BAD_INPUTS = [
     (["evaluate", "--run", "abc", "--tracking", "{root}/missing.db"], "--tracking: no MLflow store at"),
     (["evaluate", "--checkpoint", "{root}/nowhere"], "--checkpoint: {root}/nowhere does not exist"),
     (["evaluate", "--checkpoint", "{root}/empty"], "holds no checkpoint"),
+    (["evaluate", "--checkpoint", f"s3://bucket/cell?endpoint_override=http://127.0.0.1:{_closed_port()}"],
+     "--checkpoint: s3://bucket/cell cannot be read"),
     (["evaluate", "--checkpoint", "{root}/corrupt"], "state.pt is not a readable checkpoint file"),
     (["evaluate", "--checkpoint", "{root}/corrupt", "--select", "best"], "holds no best checkpoint"),
     (["evaluate", "--checkpoint", "{root}/corrupt", "--mode", "tiles"], "mode: expected one of"),
@@ -231,3 +242,36 @@ def test_checkpoint_commands_have_help(command):
                    "predict": ("--checkpoint", "--out", "--samples", "--device", "--batch-size"),
                    "export": ("--run", "--checkpoint", "--out")}[command]:
         assert option in result.output, option
+
+
+@pytest.fixture
+def s3_endpoint(tmp_path, monkeypatch):
+    """A real S3-compatible store (SeaweedFS; skipped when ``weed`` is not installed), signed requests."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    process, endpoint = start_seaweedfs(tmp_path / "seaweedfs")
+    yield endpoint
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.integration
+def test_export_from_an_s3_lineage(cell, tmp_path, s3_endpoint):
+    """A lineage on S3 resolves to its newest complete checkpoint, downloaded for the command only."""
+    storage = parse_storage(f"s3://npsemiseg-test/checkpoints?endpoint_override={s3_endpoint}")
+    CheckpointStore(storage, "lineage").save(cell["result"].steps, cell["checkpoint"])
+    uri = f"s3://npsemiseg-test/checkpoints/lineage?endpoint_override={s3_endpoint}"
+    result = runner.invoke(app, ["export", "--checkpoint", uri, "--out", str(tmp_path / "model.pt")])
+    assert result.exit_code == 0, result.output
+    assert f"from s3://npsemiseg-test/checkpoints/lineage/checkpoint_{cell['result'].steps:09d}" in result.output
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    exported, original = npsemiseg.load_model(tmp_path / "model.pt"), npsemiseg.load_model(cell["checkpoint"])
+    assert torch.equal(exported.predict(images)[1], original.predict(images)[1])
+    missing = runner.invoke(app, ["export", "--checkpoint", uri.replace("lineage", "nothing"), "--out",
+                                  str(tmp_path / "other.pt")])
+    assert missing.exit_code == 2 and "s3://npsemiseg-test/checkpoints/nothing does not exist" in missing.stderr
+    assert not (tmp_path / "other.pt").exists()
