@@ -106,13 +106,13 @@ def resolve(uri: str, select: str = "last") -> Storage:
     try:
         return _resolve(storage, select)
     except OSError as error:  # pyarrow's S3 errors: an unreachable endpoint, a refused request
-        raise ValueError(f"--checkpoint: {storage.uri} cannot be read: {' '.join(str(error).split())[:300]}") from None
+        raise ValueError(f"checkpoint {storage.uri} cannot be read: {' '.join(str(error).split())[:300]}") from None
 
 
 def _resolve(storage: Storage, select: str) -> Storage:
     found = _kind(storage)
     if found == pafs.FileType.NotFound:
-        raise ValueError(f"--checkpoint: {storage.uri} does not exist")
+        raise ValueError(f"checkpoint {storage.uri} does not exist")
     if found == pafs.FileType.File:
         if select == "best":
             raise ValueError(f"--select best: {storage.uri} is an exported model file, not a checkpoint lineage")
@@ -131,7 +131,7 @@ def _resolve(storage: Storage, select: str) -> Storage:
         return _below(storage, checkpoint_dir_name(latest[0]))
     if storage.is_local and any(Path(storage.root).glob(f"step_*/{STATE_FILE}")):
         return storage  # a training output's checkpoint root (``step_*`` + ``latest``)
-    raise ValueError(f"--checkpoint: {storage.uri} holds no checkpoint (no {STATE_FILE}, no complete "
+    raise ValueError(f"{storage.uri} holds no checkpoint (no {STATE_FILE}, no complete "
                      "checkpoint_* directory)")
 
 
@@ -180,7 +180,7 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
             local = local_path(resolved, Path(scratch))
         except OSError as error:
             reason = " ".join(str(error).split())[:300]
-            raise ValueError(f"--checkpoint: {resolved.uri} could not be downloaded: {reason}") from None
+            raise ValueError(f"checkpoint {resolved.uri} could not be downloaded: {reason}") from None
         yield Checkpoint(resolved.uri, local, run, client, tracking_uri)
 
 

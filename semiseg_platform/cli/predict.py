@@ -85,7 +85,7 @@ def predict(
     checkpoint: str | None = typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP),
     run: str | None = typer.Option(None, "--run", help=RUN_HELP),
     samples: int | None = typer.Option(None, "--samples", help=SAMPLES_HELP),
-    mode: str = typer.Option("whole", help="whole | sliding | sliding_global | center_crop"),
+    mode: str = typer.Option("whole", help="whole | sliding | sliding_global (one NP latent per image)"),
     device: str | None = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
     batch_size: int = typer.Option(4, "--batch-size", help="images per forward pass (of one size)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
@@ -94,6 +94,8 @@ def predict(
     prediction, grey PNG: 0 = 0 nats, 255 = log K) and an overlay, written to --out."""
     try:
         device = check_options(mode, samples, device)
+        if mode == "center_crop":
+            raise ValueError("--mode: center_crop predicts a crop, not the image; expected whole, sliding or sliding_global")
         if batch_size < 1:
             raise ValueError(f"--batch-size: expected >= 1, got {batch_size}")
         if out.exists() and not out.is_dir():
