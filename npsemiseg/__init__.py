@@ -9,6 +9,11 @@ The Python API runs one cell in-process (no Ray, no MLflow)::
     result = train(config)
     print(config.cell_id, result.metrics["miou"], result.metrics["pavpu"])
 
+and predicts with a trained cell's model (a checkpoint directory or a file ``npsemiseg export`` wrote)::
+
+    model = npsemiseg.load_model("model.pt", num_samples=8)
+    labels, uncertainty = model.predict(images)  # [B, 3, H, W] in [0, 1] -> [B, H, W], [B, H, W] (nats)
+
 ``RunConfig``, ``train`` and ``RunResult`` are imported on first use (PEP 562), so importing a
 sub-package such as ``npsemiseg.heads`` stays light.
 """
@@ -19,13 +24,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["RunConfig", "RunResult", "train", "__version__"]
+__all__ = ["RunConfig", "RunResult", "SegmentationModel", "load_model", "train", "__version__"]
 
 if TYPE_CHECKING:
     from npsemiseg.config import RunConfig
+    from npsemiseg.inference_model import SegmentationModel, load_model
     from npsemiseg.training import RunResult, train
 
-_EXPORTS = {"RunConfig": "npsemiseg.config", "RunResult": "npsemiseg.training", "train": "npsemiseg.training"}
+_EXPORTS = {"RunConfig": "npsemiseg.config", "RunResult": "npsemiseg.training", "train": "npsemiseg.training",
+            "SegmentationModel": "npsemiseg.inference_model", "load_model": "npsemiseg.inference_model"}
 
 
 def __getattr__(name: str) -> Any:

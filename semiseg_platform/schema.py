@@ -29,6 +29,8 @@ KIND_CELL, KIND_GRID, KIND_SEARCH, KIND_BENCHMARK = "cell", "grid", "search", "b
 KIND_PRETRAIN = "pretrain"
 #: A pretraining run's cache key (the hash of its configuration)
 PRETRAIN_KEY = "pretrain_key"
+#: A re-evaluation of a cell's checkpoint (``npsemiseg evaluate``): a nested run of the cell's run
+KIND_EVALUATION = "evaluation"
 #: The cell's axes (tags, also the tables' keys)
 FRAMEWORK, DATASET, PARTITION, HEAD, HEAD_NAME, SEED, CELL_ID = (
     "framework", "dataset", "partition", "head", "head_name", "seed", "cell_id")
@@ -55,6 +57,8 @@ PARAMS_CHANGED = "npsemiseg.params_changed"
 WORLD_SIZE = "world_size"
 ERROR = "error"
 CHECKPOINT_URI = "checkpoint_uri"
+#: The cell's best checkpoint, when the run keeps one (``npsemiseg evaluate --select best``)
+BEST_CHECKPOINT_URI = "best_checkpoint_uri"
 #: A search trial's tags: ``search.<key>`` per searched key, the Optuna trial, an ASHA stop
 SEARCH_PREFIX = "search."
 SEARCH_TRIAL = "search.trial"

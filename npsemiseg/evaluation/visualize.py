@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, PngImagePlugin
 from torch import Tensor
 
 from npsemiseg.constants import IGNORE_INDEX
@@ -54,6 +54,46 @@ def colorize(label: Tensor, palette: np.ndarray | None = None, ignore_index: int
     out = palette[np.where(ignored, 0, values)]
     out[ignored] = IGNORE_COLOUR
     return out
+
+
+def palette_for(num_classes: int) -> np.ndarray:
+    """The colours of ``num_classes`` classes: Cityscapes' train-id colours for 19, else VOC's, ``uint8 [256, 3]``."""
+    palette = voc_palette()
+    if num_classes == len(CITYSCAPES_PALETTE):
+        palette[: num_classes] = np.asarray(CITYSCAPES_PALETTE, dtype=np.uint8)
+    return palette
+
+
+def save_label_png(path: str | Path, label: Tensor, num_classes: int) -> Path:
+    """Write a class map ``[H, W]`` as a palette PNG: pixel values are the class indices (0..K-1),
+    shown in ``palette_for(K)``'s colours. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = label.detach().cpu().to(torch.uint8).numpy()
+    image = Image.frombytes("P", (values.shape[1], values.shape[0]), values.tobytes())
+    image.putpalette(palette_for(num_classes).reshape(-1).tolist())
+    image.save(path)
+    return path
+
+
+def save_uncertainty_png(path: str | Path, entropy: Tensor, num_classes: int) -> Path:
+    """Write an entropy map ``[H, W]`` (nats) as a grey PNG (``entropy_to_grey``: 0 = certain, 255 =
+    log K) with its scale in the PNG's text chunk (``uncertainty_scale``, ``max_nats``). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("uncertainty_scale", f"entropy of the mean prediction: grey 0 = 0 nats, 255 = log {num_classes} = "
+                                       f"{math.log(num_classes):.4f} nats (linear)")
+    info.add_text("max_nats", f"{math.log(num_classes):.6f}")
+    Image.fromarray(entropy_to_grey(entropy, num_classes)).save(path, pnginfo=info)
+    return path
+
+
+def overlay(image: Tensor, label: Tensor, num_classes: int, alpha: float = 0.5) -> np.ndarray:
+    """``image [3, H, W]`` in [0, 1] blended with the colours of ``label [H, W]``: ``uint8 [H, W, 3]``."""
+    rgb = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255
+    colours = colorize(label, palette_for(num_classes)).astype(np.float32)
+    return np.round((1 - alpha) * rgb + alpha * colours).astype(np.uint8)
 
 
 def entropy_to_grey(entropy: Tensor, num_classes: int) -> np.ndarray:

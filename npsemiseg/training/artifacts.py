@@ -30,8 +30,16 @@ FIGURE_IMAGES = 4
 def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
                  device: torch.device, figure_dir: Path | None = None) -> dict[str, float]:
     """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG."""
+    return evaluate_model(framework.eval_model(), datasets["val"], config, step=step, device=device,
+                          figure_dir=figure_dir)
+
+
+def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, step: int, device: torch.device,
+                   figure_dir: Path | None = None) -> dict[str, float]:
+    """Evaluate ``model`` on ``val`` as ``config.evaluation`` says, under an RNG forked and seeded by
+    ``(seed, step)``: the same model, config and step give the same metrics (a checkpoint evaluated
+    again reproduces the run's evaluation)."""
     ev = config.evaluation
-    model = framework.eval_model()
     # a deterministic head makes exactly one prediction; T applies to stochastic heads only
     num_samples = ev.num_samples if getattr(unwrap(model).head, "stochastic", True) else None
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
@@ -39,7 +47,7 @@ def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: Run
         torch.manual_seed(derive_seed(config.seed, "evaluation", step))
         with autocast(config, device):
             metrics = evaluate(
-                model, datasets["val"], num_classes=config.num_classes, mode=ev.mode,
+                model, val, num_classes=config.num_classes, mode=ev.mode,
                 num_samples=num_samples, crop_size=ev.crop_size, stride=ev.stride,
                 class_names=config.dataset_info.class_names, max_images=ev.max_images,
                 pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,

@@ -7,7 +7,20 @@ import sys
 import click
 
 from semiseg_platform.cli import (  # noqa: F401 - each module registers its command
-    claims, grid, hparams_figure, pretrain, run, search, stack, sweep_orphans, tables, ui)
+    claims,
+    evaluate,
+    export,
+    grid,
+    hparams_figure,
+    predict,
+    pretrain,
+    run,
+    search,
+    stack,
+    sweep_orphans,
+    tables,
+    ui,
+)
 from semiseg_platform.cli.app import app
 
 

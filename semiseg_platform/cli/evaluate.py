@@ -1,0 +1,69 @@
+"""``npsemiseg evaluate``: evaluate a trained cell's checkpoint again (another mode, another T),
+logged as a nested MLflow run of the cell's run."""
+
+from __future__ import annotations
+
+import torch
+import typer
+
+from npsemiseg import load_model
+from npsemiseg.inference_model import check_mode, check_samples
+from semiseg_platform import schema
+from semiseg_platform.checkpoints import log_evaluation, open_checkpoint
+from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
+
+RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
+CHECKPOINT_HELP = "a checkpoint directory or lineage (local or s3://...), or a file `npsemiseg export` wrote"
+SAMPLES_HELP = "T predictions per pixel for NP and MC dropout heads (default: the cell's evaluation.num_samples)"
+
+
+def check_options(mode: str | None, samples: int | None, device: str | None) -> str:
+    """The device to use (default: cuda when available); ``ValueError`` naming the option when the
+    mode, T or device is not one the commands take."""
+    if mode is not None:
+        check_mode(mode)
+    if samples is not None and samples < 1:
+        raise ValueError(f"--samples: expected T >= 1, got {samples}")
+    check_samples(samples)
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda asked for, but this machine has no CUDA device")
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def print_metrics(metrics: dict[str, float]) -> None:
+    """The paper's final metrics first, then the others (per-class IoU, counts, time) by name."""
+    shown = [k for k in schema.FINAL_METRICS if k in metrics]
+    for key in shown + sorted(k for k in metrics if k not in shown):
+        typer.echo(f"  {key:<24} {metrics[key]:.4f}")
+
+
+@app.command()
+def evaluate(
+    run: str | None = typer.Option(None, "--run", help=RUN_HELP),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP),
+    mode: str | None = typer.Option(None, help="center_crop | sliding | sliding_global | whole (default: the cell's)"),
+    samples: int | None = typer.Option(None, "--samples", help=SAMPLES_HELP),
+    select: str = typer.Option("last", help="last | best checkpoint of the cell"),
+    data_root: str | None = typer.Option(None, help="the dataset's root here (default: the cell's data.root)"),
+    device: str | None = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
+    tracking: str | None = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """Evaluate a trained cell again on its validation set; log the metrics as a nested run of the cell's run."""
+    try:
+        device = check_options(mode, samples, device)
+        with open_checkpoint(run_id=run, uri=checkpoint, select=select, tracking=tracking) as found:
+            model = load_model(found.local, device=device)
+            metrics = model.evaluate(mode=mode, num_samples=samples, data_root=data_root)
+            used_mode = mode or model.config.evaluation.mode or "whole"
+            url = log_evaluation(found, metrics, mode=used_mode, num_samples=model.samples(samples), select=select,
+                                 step=model.step)
+    except (ValueError, FileNotFoundError) as error:
+        fail(one_line(error))
+    typer.echo(f"cell {model.config.cell_name} ({model.config.cell_id}) step {model.step}: mode {used_mode}, "
+               f"T {model.samples(samples) or 1}, checkpoint {found.uri}")
+    print_metrics(metrics)
+    typer.echo(f"MLflow run: {url} (nested under the cell's run)" if url else
+               "no cell run records this checkpoint: metrics not logged to MLflow")
+
