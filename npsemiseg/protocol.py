@@ -113,11 +113,13 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("np_sample_ce", "head", "head.sample_ce", "mean_logits", "elbo",
            "NP-SemiSeg U2PL/train_semi.py 620-625", "CE on the mean of the T logits instead of the mean of "
            "per-sample CEs", "dev #4 (CE)", heads=_NP),
-    Switch("np_scrambled_memories", "head", None, True, False,
+    Switch("np_scrambled_memories", "head", "head.options.memory_rows", "scrambled", "pixel",
            "NP-SemiSeg model_helper (masked_select(...).view(-1, 32))",
            "memory rows hold one channel of many pixels, not one pixel's feature vector", "np headline 1", heads=_NP),
-    Switch("np_memories_persist", "head", None, False, True, "NP-SemiSeg under torch 1.10 + DDP (lists copied by DDP)",
-           "memories never persist: every inference uses all-zero centers", "np headline 2", heads=_NP),
+    Switch("np_memories_persist", "head", "head.options.persist_memories", False, True,
+           "NP-SemiSeg under torch 1.10 + DDP (lists copied by DDP)",
+           "memories never persist: each training step starts empty, every inference uses all-zero centers",
+           "np headline 2", heads=_NP),
     Switch("np_unfiltered_targets", "framework", None, True, False, "NP-SemiSeg U2PL/train_semi.py 406-411",
            "NP memories and KL targets from unfiltered pseudo-labels", "dev #4 (targets)", heads=_NP),
     # ---------------------------------------------------------------- U2PL
