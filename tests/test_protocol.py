@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import framework_names
 from npsemiseg.protocol import (
     NOT_APPLICABLE,
     PROTOCOLS,
@@ -18,6 +19,7 @@ from npsemiseg.protocol import (
     implemented_switches,
     protocol_markdown,
 )
+from npsemiseg.training import train
 from semiseg_platform import schema
 from semiseg_platform.tracking.params import cell_tags
 
@@ -115,3 +117,17 @@ def test_mlflow_params_and_tags_carry_protocol_and_switches():
     # the same key set for every cell
     other = schema.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
     assert set(other) == set(params)
+
+
+@pytest.mark.parametrize("head", ["baseline", "np"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("framework", framework_names())
+def test_smoke_cell_of_every_framework_under_each_protocol(smoke_config, framework, head, protocol):
+    """Every framework trains and evaluates a smoke cell under both protocols, logging both selections."""
+    config = smoke_config(framework=framework, head=head, protocol=protocol,
+                          **{"schedule.eval_every_epochs": 1, "schedule.epoch_length": "labeled",
+                             "data.options.train_size": 32})
+    result = train(config)
+    assert result.steps == 3 and 0.0 <= result.metrics["miou"] <= 1.0
+    assert {"last/miou", "best/miou", "best/step"} <= set(result.metrics)
+    assert result.metrics["miou"] == result.metrics["best/miou" if protocol == "released" else "last/miou"]
