@@ -120,8 +120,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "NP-SemiSeg under torch 1.10 + DDP (lists copied by DDP)",
            "memories never persist: each training step starts empty, every inference uses all-zero centers",
            "np headline 2", heads=_NP),
-    Switch("np_unfiltered_targets", "framework", None, True, False, "NP-SemiSeg U2PL/train_semi.py 406-411",
-           "NP memories and KL targets from unfiltered pseudo-labels", "dev #4 (targets)", heads=_NP),
+    Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
+           "NP-SemiSeg U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
+           "dev #4 (targets)", frameworks=("u2pl",), heads=_NP),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
@@ -148,7 +149,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT train.py 139-187, scripts --warm_up=5", "supervised warm-up epochs before the semi-supervised "
            "phase", "dev #7", frameworks=("psmt",)),
-    Switch("psmt_teacher_train_mode", "framework", None, True, False, "PS-MT train.py 192",
+    Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False, "PS-MT train.py 192",
            "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
     Switch("psmt_epochs", "loop", None, "psmt", "shared", "PS-MT scripts, docs/before_start.md",
            "PS-MT's own epoch counts (VOC 80/80/200/300, Cityscapes 320/450/550)", "dev #8", frameworks=("psmt",)),

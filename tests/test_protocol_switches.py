@@ -80,17 +80,20 @@ def test_switch_changes_the_training_step(smoke_config, switch):
     assert _steps(released) != _steps(corrected), f"{switch.name}: the released value changes nothing"
 
 
-def test_u2pl_teacher_train_mode_updates_the_teachers_bn_statistics(smoke_config):
-    switch = next(s for s in implemented_switches() if s.name == "u2pl_teacher_train_mode")
+@pytest.mark.parametrize("name", ["u2pl_teacher_train_mode", "psmt_teacher_train_mode"])
+def test_train_mode_teachers_update_their_bn_statistics(smoke_config, name):
+    switch = next(s for s in implemented_switches() if s.name == name)
     for config, moves in zip(_configs(smoke_config, switch), (False, True)):
         torch.manual_seed(0)
         framework = build_framework(config)
-        stats = {k: v.clone() for k, v in framework.teacher.state_dict().items() if "running_mean" in k}
+        teachers = [m for n, m in framework.modules().items() if n != "student"]
+        stats = [{k: v.clone() for k, v in t.state_dict().items() if "running_mean" in k} for t in teachers]
         ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
         framework.train_step(_batch(config, 0), ctx)
-        after = framework.teacher.state_dict()
-        changed = any(not torch.equal(v, after[k]) for k, v in stats.items())
-        assert changed == moves, f"teacher BN statistics changed={changed} with {config.switches()[switch.name]}"
+        for teacher, before in zip(teachers, stats):
+            after = teacher.state_dict()
+            changed = any(not torch.equal(v, after[k]) for k, v in before.items())
+            assert changed == moves, f"teacher BN statistics changed={changed} with {config.switches()[name]}"
 
 
 def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):

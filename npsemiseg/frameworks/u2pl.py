@@ -27,7 +27,9 @@ Quirks of the released code, as options off by default:
 
 The paper's contrastive definitions are used; the released code's negative masks differ
 (see ``contrastive.py``). With the NP head, the student's targets are the labeled images
-plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped).
+plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped);
+``np_targets="unfiltered"`` gives the NP head the unfiltered pseudo-labels, as the NP-SemiSeg code
+does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class U2PLOptions(FrameworkOptions):
     drop_percent: float = Field(80.0, ge=0.0, le=100.0)
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     teacher_train_mode: bool = False
+    np_targets: Literal["filtered", "unfiltered"] = "filtered"
     contrastive: bool = True
     contrastive_weight: float = Field(1.0, ge=0.0)
     alpha_0: float = Field(20.0, ge=0.0, le=50.0)
@@ -133,7 +136,7 @@ class U2PL(SemiSupervisedFramework):
         kept = entropy_filter(entropy_u, pseudo, u2pl_drop_percent(ctx.epoch, ctx.total_epochs, opts.drop_percent))
         num_kept = (kept != IGNORE_INDEX).sum()
 
-        student = self.student_pass(images_l, labels_l, mixed_images, kept)
+        student = self.student_pass(images_l, labels_l, mixed_images, pseudo if opts.np_targets == "unfiltered" else kept)
         losses = self.supervised_terms(student, labels_l)
         scale = kept.numel() / num_kept.clamp_min(1).float()
         losses["unsup"] = opts.unsup_weight * scale * cross_entropy_loss(student.logits_u, kept, form=self.sample_ce)
