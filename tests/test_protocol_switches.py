@@ -29,6 +29,10 @@ NOT_A_STEP_CHANGE = {
     "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
     "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",
     "augseg_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
+    # the smoke step's contrastive term is 0 (too few classes and keys): tested on the loss itself below
+    "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
+    "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
+    "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 
@@ -123,3 +127,63 @@ def test_fp32_switch_turns_autocast_off(smoke_config):
     cuda = torch.device("cuda")
     assert isinstance(autocast(released, cuda), contextlib.nullcontext)
     assert isinstance(autocast(corrected, cuda), torch.autocast)
+
+
+# ---- U2PL's contrastive-loss bugs (switches u2pl_label_onehot, u2pl_labeled_negatives, u2pl_prototype_index)
+
+
+def _contrastive_inputs(seed: int = 0, k: int = 4):
+    gen = torch.Generator().manual_seed(seed)
+    b, e, h, w = 4, 8, 4, 4
+    rep_s, rep_t = torch.randn(b, e, h, w, generator=gen), torch.randn(b, e, h, w, generator=gen)
+    prob = torch.rand(b, k, h, w, generator=gen).softmax(dim=1)
+    labels = torch.randint(1, k, (b, h, w), generator=gen)  # class 0 absent: positions differ from classes
+    reliable = torch.ones(b, h, w, dtype=torch.bool)
+    unreliable = torch.rand(b, h, w, generator=gen) > 0.5
+    return rep_s, rep_t, prob, labels, reliable, unreliable
+
+
+def _queues(k: int = 4):
+    from npsemiseg.frameworks.contrastive import ClassQueues
+
+    return ClassQueues([256] * k, 8)
+
+
+def test_label_onehot_bug_leaves_images_after_the_first_without_labels():
+    from npsemiseg.frameworks.contrastive import class_membership
+
+    labels = torch.tensor([[[0, 1]], [[2, 2]], [[1, 255]], [[3, 3]]])  # 2 labeled, 2 unlabeled images
+    right = class_membership(labels, 2, 4)
+    bugged = class_membership(labels, 2, 4, onehot_bug=True)
+    assert right[1].any() and right[3].any()
+    assert not bugged[1].any() and not bugged[3].any()  # images after the first of each part: no class
+    assert torch.equal(bugged[0], right[:2].any(dim=0)) and torch.equal(bugged[2], right[2:].any(dim=0))
+    assert bugged[0, :, 0, 0].tolist() == [True, False, True, False]  # multi-hot: classes 0 and 2
+
+
+def test_labeled_negatives_bug_enqueues_no_labeled_keys():
+    from npsemiseg.frameworks.contrastive import contrastive_loss
+
+    rep_s, rep_t, prob, labels, reliable, unreliable = _contrastive_inputs()
+    counts = {}
+    for bugs in ((), ("labeled_negatives",)):
+        queues = _queues()
+        contrastive_loss(rep_s, rep_t, prob, labels, reliable, torch.zeros_like(unreliable), 2, queues,
+                         num_queries=4, num_negatives=2, released_bugs=bugs)  # no unlabeled negatives
+        counts[bugs] = sum(queues.class_keys(c).shape[0] for c in range(4))
+    assert counts[()] > 0 and counts[("labeled_negatives",)] == 0
+
+
+def test_prototype_index_bug_pairs_anchors_with_another_class():
+    from npsemiseg.frameworks.contrastive import contrastive_loss
+
+    rep_s, rep_t, prob, labels, reliable, unreliable = _contrastive_inputs()
+    values = {}
+    for bugs in ((), ("prototype_index",)):
+        queues = _queues()
+        loss, _ = contrastive_loss(rep_s, rep_t, prob, labels, reliable, unreliable, 2, queues, num_queries=4,
+                                   num_negatives=2, released_bugs=bugs, generator=torch.Generator().manual_seed(1))
+        values[bugs] = float(loss)
+    assert values[()] != values[("prototype_index",)]
+    with pytest.raises(ValueError, match="released_bugs"):
+        contrastive_loss(rep_s, rep_t, prob, labels, reliable, unreliable, 2, _queues(), released_bugs=("x",))

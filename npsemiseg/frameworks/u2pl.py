@@ -43,7 +43,7 @@ from torch import nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
-from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
+from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import u2pl_decay
 from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
@@ -64,6 +64,10 @@ class U2PLOptions(FrameworkOptions):
     teacher_train_mode: bool = False
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
     contrastive: bool = True
+    #: the released contrastive loss's bugs (``contrastive.U2PL_BUGS``), each reproduced when True
+    label_onehot_bug: bool = False
+    labeled_negatives_bug: bool = False
+    prototype_index_bug: bool = False
     contrastive_weight: float = Field(1.0, ge=0.0)
     alpha_0: float = Field(20.0, ge=0.0, le=50.0)
     anchor_threshold: float = Field(0.3, ge=0.0, le=1.0)
@@ -188,6 +192,7 @@ class U2PL(SemiSupervisedFramework):
             rep_student, rep_teacher, prob_small, labels_small, reliable, unreliable, num_l, self.queues,
             anchor_threshold=opts.anchor_threshold, low_rank=opts.low_rank, high_rank=opts.high_rank,
             temperature=opts.temperature, num_queries=opts.num_queries, num_negatives=opts.num_negatives,
+            released_bugs=[bug for bug in U2PL_BUGS if getattr(opts, f"{bug}_bug")],
         )
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
