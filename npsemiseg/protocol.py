@@ -52,7 +52,8 @@ class Switch:
 
     ``target``: the dotted configuration key the switch sets (None = not yet implemented);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
-    the dataset has that partition-list variant. ``rows``: the notes' rows it covers.
+    the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
+    ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: the notes' rows it covers.
     """
 
     name: str
@@ -66,6 +67,7 @@ class Switch:
     frameworks: tuple[str, ...] | None = None
     heads: tuple[str, ...] | None = None
     needs_lists: str | None = None
+    families: tuple[str, ...] | None = None
 
     def value(self, protocol: str, values: dict[str, Any] | None = None) -> Any:
         """The switch's value under ``protocol`` (a :class:`Derived` one computed from the cell's ``values``)."""
@@ -80,7 +82,15 @@ class Switch:
             return False
         if self.heads is not None and head not in self.heads:
             return False
-        return self.needs_lists is None or self.needs_lists in dataset_info(dataset).list_variants
+        info = dataset_info(dataset)
+        if self.families is not None and _family(info) not in self.families:
+            return False
+        return self.needs_lists is None or self.needs_lists in info.list_variants
+
+
+def _family(info: Any) -> str:
+    """``cityscapes`` for Cityscapes and its stand-in, else ``voc`` (as ``npsemiseg.presets.dataset_family``)."""
+    return "cityscapes" if (info.real_dataset or info.name) == "cityscapes" else "voc"
 
 
 _NP = ("np",)
@@ -156,8 +166,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
     Switch("psmt_epochs", "loop", None, "psmt", "shared", "PS-MT scripts, docs/before_start.md",
            "PS-MT's own epoch counts (VOC 80/80/200/300, Cityscapes 320/450/550)", "dev #8", frameworks=("psmt",)),
-    Switch("psmt_cityscapes_plain_ce", "framework", None, True, False, "PS-MT CityCode EntireModel.py 62",
-           "Cityscapes supervised loss is plain CE", "dev #9", frameworks=("psmt",)),
+    Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True, "PS-MT CityCode EntireModel.py 62",
+           "Cityscapes supervised loss is plain CE (the config says OHEM)", "dev #9", frameworks=("psmt",),
+           families=("cityscapes",)),
     Switch("psmt_single_lr", "loop", None, True, False, "PS-MT helpers.py 38-77",
            "one LR for every parameter, no weight decay on BN and biases", "dev #10", frameworks=("psmt",)),
     Switch("psmt_eval_logits", "evaluation", None, "logits", "probabilities", "PS-MT VOC evaluation",
@@ -170,8 +181,13 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            heads=("baseline",)),
     Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg splitsall.tar.gz",
            "partition lists (CPS's instead of U2PL's)", "dev #14", frameworks=("augseg",), needs_lists="cps"),
-    Switch("augseg_cityscapes_ohem", "framework", None, "no_aux_800", "aux_769", "AugSeg configs",
-           "Cityscapes OHEM without aux head, sliding window 800", "dev #13", frameworks=("augseg",)),
+    Switch("augseg_cityscapes_aux", "framework", "model.aux_head", False, True, "AugSeg Cityscapes configs (aux commented out)",
+           "Cityscapes: OHEM without the auxiliary layer-3 head", "dev #13 (aux)", frameworks=("augseg",),
+           families=("cityscapes",)),
+    Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg Cityscapes configs",
+           "sliding-window size at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
+    Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533, 513, "AugSeg evaluation (stride 2/3 window)",
+           "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("align_corners", "loop", None, True, False, "every official model",
            "logits upsampled with align_corners=True", "dev #15 (upsampling)"),
     Switch("crop_padding", "data", None, "bottom_right", "centered", "U2PL / PS-MT / AugSeg crop code",

@@ -31,6 +31,8 @@ def _cell_for(switch) -> dict[str, str]:
     framework = switch.frameworks[0] if switch.frameworks else "u2pl"
     head = switch.heads[0] if switch.heads else "baseline"
     dataset = "synthetic_blender" if switch.needs_lists else "synthetic"
+    if switch.families == ("cityscapes",):
+        dataset = "synthetic_cityscapes"
     return {"framework": framework, "head": head, "dataset": dataset}
 
 

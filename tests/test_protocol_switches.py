@@ -29,6 +29,9 @@ NOT_A_STEP_CHANGE = {
     "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
     "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",
     "augseg_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
+    "augseg_eval_window": "evaluation only: test_augseg_cityscapes_evaluation_window",
+    "augseg_eval_stride": "evaluation only: test_augseg_cityscapes_evaluation_window",
+    "psmt_cityscapes_plain_ce": "an untrained model keeps every pixel under OHEM: test_psmt_cityscapes_plain_ce",
     # the smoke step's contrastive term is 0 (too few classes and keys): tested on the loss itself below
     "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
     "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
@@ -38,6 +41,8 @@ STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_C
 
 
 def _configs(smoke_config, switch, dataset: str = "synthetic"):
+    if switch.families == ("cityscapes",):
+        dataset = "synthetic_cityscapes"
     framework = switch.frameworks[0] if switch.frameworks else "u2pl"
     head = switch.heads[0] if switch.heads else "baseline"
     options = U2PL_SMALL if framework == "u2pl" else {}
@@ -187,3 +192,25 @@ def test_prototype_index_bug_pairs_anchors_with_another_class():
     assert values[()] != values[("prototype_index",)]
     with pytest.raises(ValueError, match="released_bugs"):
         contrastive_loss(rep_s, rep_t, prob, labels, reliable, unreliable, 2, _queues(), released_bugs=("x",))
+
+
+def test_augseg_cityscapes_evaluation_window():
+    from npsemiseg.config import RunConfig
+
+    cell = {"framework": "augseg", "dataset": "cityscapes", "partition": "186", "head": "baseline"}
+    released = RunConfig.from_preset("paper", protocol="released", **cell)
+    corrected = RunConfig.from_preset("paper", protocol="corrected", **cell)
+    assert (released.evaluation.crop_size, released.evaluation.stride) == (800, 533)
+    assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
+    assert released.model.aux_head is False and corrected.model.aux_head is True
+    voc = RunConfig.from_preset("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
+    assert voc.evaluation.crop_size == 513 and voc.switches()["augseg_eval_window"] == "n/a"
+
+
+def test_psmt_cityscapes_plain_ce(smoke_config):
+    """The framework receives plain CE (released) or OHEM (corrected); OHEM itself: tests/test_training.py."""
+    switch = next(s for s in implemented_switches() if s.name == "psmt_cityscapes_plain_ce")
+    corrected, released = _configs(smoke_config, switch)
+    assert build_framework(corrected).loss.ohem is True and build_framework(released).loss.ohem is False
+    voc = smoke_config(framework="psmt", protocol="corrected")
+    assert voc.loss.ohem is False and voc.switches()[switch.name] == "n/a"
