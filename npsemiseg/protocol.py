@@ -151,7 +151,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "U2PL loss_helper.py 173-188 (#111)",
            "anchors and prototypes indexed by position, not class", "dev #3c", frameworks=("u2pl",)),
     # ---------------------------------------------------------------- MT
-    Switch("mt_variant", "framework", None, "cps", "u2pl_trainer",
+    Switch("mt_variant", "framework", "framework_options.variant", "cps", "shared",
            "TorchSemiSeg MeanTeacher config.py 73-107, train.py 180-213",
            "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)", "dev #1",
            frameworks=("mt",)),

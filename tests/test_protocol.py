@@ -95,14 +95,14 @@ def test_switches_that_do_not_apply_are_not_applicable():
     assert values["np_attention"] == NOT_APPLICABLE and values["u2pl_teacher_train_mode"] == NOT_APPLICABLE
     assert values["evaluation_select"] == "best"
     # an unimplemented row is never applicable: it sets nothing
-    assert values["mt_variant"] == NOT_APPLICABLE
+    assert values["mt_variant"] == NOT_APPLICABLE and values["psmt_epochs"] == NOT_APPLICABLE
 
 
 def test_unknown_and_unimplemented_switches_are_refused():
     with pytest.raises(ValueError, match="switch: unknown name 'nope'"):
         RunConfig.from_preset("smoke", **{"switches.nope": 1})
     with pytest.raises(ValueError, match="not implemented yet"):
-        RunConfig.from_preset("smoke", **{"switches.mt_variant": "cps"})
+        RunConfig.from_preset("smoke", **{"switches.psmt_epochs": "psmt"})
     with pytest.raises(ValueError, match="protocol"):
         RunConfig.from_preset("smoke", protocol="bugged")
     assert get_switch("np_kl").owner == "head"

@@ -214,3 +214,26 @@ def test_psmt_cityscapes_plain_ce(smoke_config):
     assert build_framework(corrected).loss.ohem is True and build_framework(released).loss.ohem is False
     voc = smoke_config(framework="psmt", protocol="corrected")
     assert voc.loss.ohem is False and voc.switches()[switch.name] == "n/a"
+
+
+def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke_config):
+    """CPS's MeanTeacher: unsup = 100 x MSE(student softmax, train-mode teacher softmax); the student is evaluated."""
+    switch = next(s for s in implemented_switches() if s.name == "mt_variant")
+    corrected, released = _configs(smoke_config, switch)
+    cps = build_framework(released)
+    assert cps.eval_model() is cps.student and build_framework(corrected).eval_model() is not None
+    torch.manual_seed(0)
+    cps = build_framework(released)
+    batch = _batch(released, 0)
+    ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    teacher_stats = {k: v.clone() for k, v in cps.teacher.state_dict().items() if "running_mean" in k}
+    torch.manual_seed(5)
+    result = cps.train_step(batch, ctx)
+    assert any(not torch.equal(v, cps.teacher.state_dict()[k]) for k, v in teacher_stats.items())
+    assert set(result.losses) == {"sup", "unsup"}
+    assert 0.0 < float(result.losses["unsup"]) < 100.0  # 100 x a mean squared difference of probabilities
+    # no CutMix, no pseudo-label CE: the shared-trainer MT's loss on the same batch differs
+    torch.manual_seed(0)
+    shared = build_framework(corrected)
+    torch.manual_seed(5)
+    assert float(shared.train_step(batch, ctx).losses["unsup"]) != float(result.losses["unsup"])
