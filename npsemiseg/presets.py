@@ -34,6 +34,10 @@ warm-up phases (U2PL's ``sup_only_epochs``, PS-MT's ``warmup_epochs``) are set t
 few smoke steps exercise the semi-supervised path. Heads and frameworks add their own
 ``smoke_options`` (small NP memories; U2PL's contrastive loss on fewer anchors and keys).
 
+Protocol (``npsemiseg.protocol``): ``paper`` writes every switch of the cell's protocol into its values
+(``released`` = the code behind the paper's numbers, ``corrected`` = the paper done right); ``smoke``
+keeps them, except its own scale settings (T = 2 at evaluation under both protocols).
+
 Presets are registered in :data:`PRESETS` (name -> function of the cell giving the nested values).
 """
 
@@ -46,8 +50,9 @@ from npsemiseg._registry import Registry
 from npsemiseg.data import dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
+from npsemiseg.protocol import apply_protocol
 
-#: every preset by name: a function ``(framework=, dataset=, partition=, head=) -> nested values``
+#: every preset by name: a function ``(framework=, dataset=, partition=, head=, protocol=) -> nested values``
 PRESETS: Registry[Callable[..., dict[str, Any]]] = Registry("preset")
 
 
@@ -87,14 +92,15 @@ def dataset_family(dataset: str) -> str:
     return "cityscapes" if _paper_dataset(dataset) == "cityscapes" else "voc"
 
 
-def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
-    """The nested dict of configuration values of ``preset`` for one cell (validated by RunConfig)."""
-    return PRESETS.get(preset)(framework=framework, dataset=dataset, partition=partition, head=head)
+def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str,
+                  protocol: str = "corrected") -> dict[str, Any]:
+    """The nested dict of configuration values of ``preset`` for one cell under ``protocol`` (validated by RunConfig)."""
+    return PRESETS.get(preset)(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
 
 
 @PRESETS.register("paper")
-def paper(*, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
-    """The paper's settings for one cell (sources in the module docstring and on the classes)."""
+def paper(*, framework: str, dataset: str, partition: str, head: str, protocol: str = "corrected") -> dict[str, Any]:
+    """The paper's settings for one cell under ``protocol`` (sources in the module docstring and on the classes)."""
     head_cls = head_class(head)
     framework_cls = get_framework(framework)
     family = dataset_family(dataset)
@@ -107,25 +113,27 @@ def paper(*, framework: str, dataset: str, partition: str, head: str) -> dict[st
     values["optim"]["grad_clip"] = head_cls.paper_grad_clip
     values["head"] = {"name": head, "options": dict(head_cls.paper_options)}
     values["data"] = {"num_workers": 4}
-    return values
+    return apply_protocol(values, protocol)
 
 
 @PRESETS.register("smoke")
-def smoke(*, framework: str, dataset: str, partition: str, head: str) -> dict[str, Any]:
+def smoke(*, framework: str, dataset: str, partition: str, head: str, protocol: str = "corrected") -> dict[str, Any]:
     """Shrink the paper preset to seconds on a CPU: tiny model, images, steps and evaluation.
 
-    On a real dataset the files are read as they are (no synthetic generator options)."""
-    values = paper(framework=framework, dataset=dataset, partition=partition, head=head)
+    On a real dataset the files are read as they are (no synthetic generator options). The protocol's
+    switches stay (head options are merged with the head's ``smoke_options``), T at evaluation is 2."""
+    values = paper(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
     values["optim"].update(lr=0.01)
     values["schedule"].update(epochs=1, max_steps=3, batch_size=2, unlabeled_batch_size=2, crop_size=32,
                               eval_every_epochs=0, checkpoint_every_steps=0)
     values["loss"].update(ohem_min_kept=64)
-    values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False}
+    values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False,
+                            "select": values["evaluation"].get("select", "last")}
     synthetic = dataset_info(dataset).synthetic
-    values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
-    values["head"]["options"] = dict(head_class(head).smoke_options)
+    values["data"] = {**values["data"], "num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
+    values["head"]["options"] = {**values["head"]["options"], **head_class(head).smoke_options}
     # a handful of steps never leaves a supervised-only phase: start semi-supervised at once
     for phase in ("sup_only_epochs", "warmup_epochs"):
         if phase in values["framework_options"]:

@@ -20,6 +20,7 @@ from npsemiseg.data import dataset_info, dataset_names
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
+from npsemiseg.protocol import PROTOCOLS
 from semiseg_platform.reports import protocol_partitions
 from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 
@@ -50,6 +51,7 @@ class Selection(Strict):
     partitions: list[str] | None = None
     heads: list[str] | None = None
     seeds: list[NonNegativeInt] | None = None
+    protocols: list[str] | None = None
 
     @field_validator("partitions", mode="before")
     @classmethod
@@ -58,7 +60,8 @@ class Selection(Strict):
 
     def matches(self, cell: CellKey) -> bool:
         checks = ((self.frameworks, cell.framework), (self.datasets, cell.dataset),
-                  (self.partitions, cell.partition), (self.heads, cell.head), (self.seeds, cell.seed))
+                  (self.partitions, cell.partition), (self.heads, cell.head), (self.seeds, cell.seed),
+                  (self.protocols, cell.protocol))
         return all(allowed is None or value in allowed for allowed, value in checks)
 
 
@@ -94,7 +97,9 @@ class GridSpec(Strict):
     head names is accepted too. ``overrides`` are dotted RunConfig keys applied to every cell.
     ``tracking_uri`` / ``storage``: None = the platform's defaults (``MLFLOW_TRACKING_URI`` or the
     local store; the local checkpoint directory). ``max_concurrent``: None = as many cells as the
-    cluster's resources allow. ``max_failures``: retries of a failed cell.
+    cluster's resources allow. ``max_failures``: retries of a failed cell. ``protocols``: the cells'
+    protocols (``npsemiseg.protocol``: ``released`` reproduces the code behind the paper's numbers,
+    ``corrected`` is the paper done right); naming both runs every cell under each.
     """
 
     name: str = Field(min_length=1)
@@ -104,6 +109,7 @@ class GridSpec(Strict):
     datasets: dict[str, Literal["all"] | list[str | int]] = Field(min_length=1)
     heads: dict[str, HeadVariant | None] = Field(min_length=1)
     seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
+    protocols: list[str] = Field(default_factory=lambda: ["corrected"], min_length=1)
     rules: list[Rule] = Field(default_factory=list)
     overrides: dict[str, Any] = Field(default_factory=dict)
     cell_overrides: list[ScopedOverrides] = Field(default_factory=list)
@@ -124,6 +130,11 @@ class GridSpec(Strict):
     @classmethod
     def _known_preset(cls, value: str) -> str:
         return one_of("preset", value, preset_names())
+
+    @field_validator("protocols")
+    @classmethod
+    def _known_protocols(cls, value: list[str]) -> list[str]:
+        return [one_of("protocols", name, PROTOCOLS) for name in value]
 
     @field_validator("frameworks")
     @classmethod
@@ -160,7 +171,7 @@ class GridSpec(Strict):
     def _rules_name_known_values(self) -> GridSpec:
         axes = {"frameworks": set(self.frameworks), "datasets": set(self.datasets),
                 "partitions": {p for parts in self.datasets.values() for p in parts},
-                "heads": set(self.heads), "seeds": set(self.seeds)}
+                "heads": set(self.heads), "seeds": set(self.seeds), "protocols": set(self.protocols)}
         selections = [(f"rules[{i}].{part}", selection) for i, rule in enumerate(self.rules)
                       for part, selection in (("when", rule.when), ("only", rule.only)) if selection is not None]
         selections += [(f"cell_overrides[{i}].when", scoped.when) for i, scoped in enumerate(self.cell_overrides)]
@@ -196,18 +207,20 @@ class CellKey:
     partition: str
     head: str
     seed: int
+    protocol: str = "corrected"
 
 
 def cell_keys(spec: GridSpec) -> Iterator[CellKey]:
-    """Every combination of the axes that the rules allow, dataset-major (the tables' order)."""
-    for dataset, partitions in spec.resolved_partitions.items():
-        for partition in partitions:
-            for framework in spec.frameworks:
-                for head in spec.heads:
-                    for seed in spec.seeds:
-                        key = CellKey(framework, dataset, partition, head, seed)
-                        if all(rule.allows(key) for rule in spec.rules):
-                            yield key
+    """Every combination of the axes that the rules allow, protocol- then dataset-major (the tables' order)."""
+    for protocol in spec.protocols:
+        for dataset, partitions in spec.resolved_partitions.items():
+            for partition in partitions:
+                for framework in spec.frameworks:
+                    for head in spec.heads:
+                        for seed in spec.seeds:
+                            key = CellKey(framework, dataset, partition, head, seed, protocol)
+                            if all(rule.allows(key) for rule in spec.rules):
+                                yield key
 
 
 def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
@@ -220,10 +233,10 @@ def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
             overrides.update(scoped.overrides)
     try:
         return RunConfig.from_preset(spec.preset, framework=key.framework, dataset=key.dataset,
-                                     partition=key.partition, head=variant.head, **overrides)
+                                     partition=key.partition, head=variant.head, protocol=key.protocol, **overrides)
     except (ValueError, TypeError) as error:
         raise ValueError(f"grid spec {spec.name!r}, cell {key.framework}/{key.dataset}/{key.partition}/"
-                         f"{key.head} seed {key.seed}: {describe_error(error)}") from None
+                         f"{key.head} seed {key.seed} ({key.protocol}): {describe_error(error)}") from None
 
 
 def expand(spec: GridSpec) -> list[RunConfig]:

@@ -21,6 +21,7 @@ from npsemiseg.data.transforms import train_transform
 from npsemiseg.frameworks import framework_names, get_framework
 from npsemiseg.heads import head_names
 from npsemiseg.heads.factory import head_options
+from npsemiseg.protocol import switch_values
 
 # ----------------------------------------------------------------------------- tags
 #: What a run is: ``cell`` | ``grid`` | ``search`` | ``benchmark`` | ``pretrain``
@@ -35,6 +36,8 @@ KIND_EVALUATION = "evaluation"
 FRAMEWORK, DATASET, PARTITION, HEAD, HEAD_NAME, SEED, CELL_ID = (
     "framework", "dataset", "partition", "head", "head_name", "seed", "cell_id")
 CELL_KEYS = (DATASET, FRAMEWORK, HEAD, PARTITION)
+#: The cell's protocol (``released`` | ``corrected``, ``npsemiseg.protocol``): tables never mix two
+PROTOCOL = "protocol"
 GIT_COMMIT = "git_commit"
 VERSION = "npsemiseg_version"
 #: The grid a run belongs to (grid parent and cell runs; search runs of old stores too)
@@ -120,6 +123,8 @@ def submission_of(tags: dict[str, str]) -> str | None:
 # ----------------------------------------------------------------------------- params
 #: The parameter value of an option that the cell's framework or head does not take
 NOT_APPLICABLE = "n/a"
+#: The params of the protocol's switches: ``switches.<name>``
+SWITCH_PARAM_PREFIX = "switches"
 
 
 def config_params(config: Any) -> dict[str, str]:
@@ -129,12 +134,14 @@ def config_params(config: Any) -> dict[str, str]:
     lists the options of *every* framework, ``head.options.*`` those of every head and
     ``data.augmentation.*`` every ``train_transform`` keyword; each holds the cell's value, else the
     default of the cell's framework/head/transform, else :data:`NOT_APPLICABLE`. Free-form dicts
-    (``model.options``, ``data.options``) are as given.
+    (``model.options``, ``data.options``) are as given. ``protocol`` is a param (and a tag) and every switch
+    of ``npsemiseg.protocol`` is ``switches.<name>`` (its value in the cell, ``n/a`` where it does not apply).
     """
     data = config.model_dump(mode="json")
     data["framework_options"] = {**dict.fromkeys(_framework_option_keys(), NOT_APPLICABLE), **data["framework_options"]}
     data["head"]["options"] = {**_head_option_defaults(config.head.name), **data["head"]["options"]}
     data["data"]["augmentation"] = {**_augmentation_defaults(), **data["data"]["augmentation"]}
+    data[SWITCH_PARAM_PREFIX] = switch_values(data)
     return dict(_flatten("", data))
 
 

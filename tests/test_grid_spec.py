@@ -38,7 +38,9 @@ def test_expansion_applies_rules_variants_seeds_and_overrides():
     assert mean.head.name == "np" and mean.head.options["attention"] == "mean"
     # the variant's options are merged over the preset's NP options, not replacing them
     plain = next(c for c in configs if c.head.variant == "np" and c.framework == "u2pl")
-    assert {k: v for k, v in mean.head.options.items() if k != "attention"} == plain.head.options
+    # (the protocol writes the plain head's attention switch: compare the other options)
+    assert {k: v for k, v in mean.head.options.items() if k != "attention"} == {
+        k: v for k, v in plain.head.options.items() if k != "attention"}
     assert {c.seed for c in configs} == {0, 1}
     assert all(c.optim.lr == 0.05 and c.runtime.device == "cpu" for c in configs)
     assert len({c.cell_id for c in configs}) == len(configs)
@@ -111,21 +113,27 @@ def test_shipped_specs_cover_the_papers_study():
     paper, smoke = load_spec(SPECS / "paper.yaml"), load_spec(SPECS / "smoke.yaml")
     for spec in (paper, smoke):
         keys = list(cell_keys(spec))
-        # 5 frameworks x 3 datasets x 4 partitions x 3 heads, + U2PL x np_mean x 12
-        assert len(keys) == 5 * 3 * 4 * 3 + 12
+        # (5 frameworks x 3 datasets x 4 partitions x 3 heads, + U2PL x np_mean x 12) per protocol
+        assert len(keys) == (5 * 3 * 4 * 3 + 12) * len(spec.protocols)
         assert {k.framework for k in keys if k.head == "np_mean"} == {"u2pl"}
         assert [len(p) for p in spec.resolved_partitions.values()] == [4, 4, 4]
     assert set(paper.datasets) == {"pascal_classic", "pascal_blender", "cityscapes"}
     assert set(smoke.datasets) == {"synthetic_voc", "synthetic_blender", "synthetic_cityscapes"}
     assert paper.preset == "paper" and not paper.resources.in_process and paper.resources.gpus_per_worker == 1
     assert smoke.preset == "smoke" and smoke.resources.in_process and smoke.resources.gpus_per_worker == 0
+    # the reproduction runs released, its twin corrected, make demo both
+    corrected = load_spec(SPECS / "paper_corrected.yaml")
+    assert paper.protocols == ["released"] and corrected.protocols == ["corrected"]
+    assert smoke.protocols == ["released", "corrected"]
+    assert [(k.framework, k.dataset, k.partition, k.head) for k in cell_keys(corrected)] == [
+        (k.framework, k.dataset, k.partition, k.head) for k in cell_keys(paper)]
 
 
 @pytest.mark.integration
 def test_shipped_specs_expand_to_valid_unique_cells():
-    for name in ("paper.yaml", "smoke.yaml"):
+    for name, protocols in (("paper.yaml", 1), ("paper_corrected.yaml", 1), ("smoke.yaml", 2)):
         configs = expand(load_spec(SPECS / name))
-        assert len(configs) == 192 and len({c.cell_id for c in configs}) == 192
+        assert len(configs) == 192 * protocols and len({c.cell_id for c in configs}) == 192 * protocols
 
 
 def test_cell_overrides_apply_to_the_selected_cells_only():
@@ -172,3 +180,18 @@ def test_dry_run_lists_the_cells_without_running_them(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "4 cells" and any(line.endswith("u2pl/synthetic_voc/92/np  seed 0") for line in out)
     assert not (tmp_path / "mlruns.db").exists()
+
+
+def test_protocols_axis_runs_every_cell_under_each_protocol():
+    one = expand(load_spec(_spec()))
+    both = expand(load_spec(_spec(protocols=["released", "corrected"])))
+    assert len(both) == 2 * len(one)
+    assert {c.protocol for c in one} == {"corrected"}
+    released = [c for c in both if c.protocol == "released"]
+    assert len(released) == len(one) and all(c.evaluation.select == "best" for c in released)
+    assert all(c.head.options["attention"] in ("per_channel", "mean") for c in released if c.head.name == "np")
+    ruled = expand(load_spec(_spec(protocols=["released", "corrected"],
+                                   rules=[{"when": {"protocols": ["released"]}, "only": {"frameworks": ["u2pl"]}}])))
+    assert {c.framework for c in ruled if c.protocol == "released"} == {"u2pl"}
+    with pytest.raises(ValueError, match="protocols: unknown value 'bugged'"):
+        load_spec(_spec(protocols=["bugged"]))

@@ -384,3 +384,52 @@ def test_bf16_autocast_runs_and_stays_close_to_float32():
         low = head(features).logits
     assert low.dtype == torch.bfloat16  # the decoder's convs ran under autocast (its float32 statistics did not leak)
     assert (low.float() - reference).abs().max() < 0.03 * reference.abs().max()
+
+
+# ---- the authors' memory bugs as options (protocol switches np_scrambled_memories, np_memories_persist) ----
+
+
+def test_scrambled_memory_rows_hold_one_channel_of_many_pixels():
+    """``memory_rows="scrambled"``: a row is D consecutive values of one channel (the authors'
+    ``masked_select(...).view(-1, D)``); ``"pixel"``: a row is one pixel's feature vector."""
+    h = w = 4  # 16 pixels of class 0, a multiple of D: every scrambled row stays inside one channel
+    rows = torch.arange(D)[None, :, None, None] * 100.0 + torch.arange(h * w, dtype=torch.float).view(1, 1, h, w)
+    labels = torch.zeros(1, h, w, dtype=torch.long)
+    for kind in ("pixel", "scrambled"):
+        head = small_np(memory_rows=kind, enqueue_per_class=None)
+        head.enqueue("target", rows, labels)
+        stored = head.target_memory[0, : int(head.target_count[0])]
+        channels = torch.div(stored, 100, rounding_mode="floor")
+        assert stored.shape[0] == h * w
+        if kind == "pixel":
+            assert (channels == torch.arange(D)).all()
+        else:
+            assert (channels == channels[:, :1]).all() and len(channels[:, 0].unique()) == D
+    with pytest.raises(ValueError, match="memory_rows"):
+        small_np(memory_rows="rows")
+
+
+def test_memories_that_never_persist_give_zero_centers_at_inference():
+    """``persist_memories=False``: each training step starts from empty memories, and inference uses
+    all-zero centers for every class (the authors' banks never leave DDP's forward)."""
+    torch.manual_seed(0)
+    features, labels = batch()
+    head = small_np(persist_memories=False)
+    train_step(head, features, labels)
+    first = head.target_count.clone()
+    train_step(head, features[1:], labels[1:])
+    assert (head.target_count <= first).all()  # not accumulated: the memory holds only the last step
+    head.eval()
+    torch.manual_seed(1)
+    out = head(features).logits
+    reference = small_np(persist_memories=True, mask_empty=False)
+    reference.load_state_dict(head.state_dict())
+    for name in ("target_centers", "context_centers"):
+        getattr(reference, name).zero_()
+    reference.target_count.fill_(1)
+    reference.context_count.fill_(1)
+    reference.eval()
+    torch.manual_seed(1)
+    assert torch.equal(out, reference(features).logits)
+    # an empty head infers (zero centers) instead of refusing
+    small_np(persist_memories=False).eval()(features)

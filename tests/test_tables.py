@@ -15,14 +15,17 @@ GRID = "grid-a"
 
 
 def _cell_run(client, experiment_id, *, framework, head, partition, seed=0, miou=None, pavpu=None,
-              status="FINISHED", dataset="pascal_classic", grid_id=GRID):
+              status="FINISHED", dataset="pascal_classic", grid_id=GRID, protocol=None):
     """A cell run tagged as docs/CONTRACTS.md's tracking schema says; returns its run id."""
-    cell_id = f"{framework}-{dataset}-{partition}-{head}-{seed}"
-    run = client.create_run(experiment_id, run_name=f"{framework}/{dataset}/{partition}/{head}", tags={
+    cell_id = f"{framework}-{dataset}-{partition}-{head}-{seed}" + (f"-{protocol}" if protocol else "")
+    tags = {
         "npsemiseg.kind": "cell", "framework": framework, "dataset": dataset, "partition": partition,
         "head": head, "head_name": head.split("_")[0] if head.startswith("np") else head,
         "seed": str(seed), "cell_id": cell_id, "grid_id": grid_id,
-    })
+    }
+    if protocol:
+        tags["protocol"] = protocol
+    run = client.create_run(experiment_id, run_name=f"{framework}/{dataset}/{partition}/{head}", tags=tags)
     for key, value in (("miou", miou), ("pavpu", pavpu)):
         if value is not None:
             client.log_metric(run.info.run_id, key, value)
@@ -214,3 +217,43 @@ def test_tables_command_writes_and_prints_the_tables(store, tmp_path):
     assert "### Table 1: mIoU on VOC (classic)" in result.output
     assert f"| U2PL | {100 * expected[('u2pl', 'baseline', '92')][0][0]:.2f} |" in result.output
     assert (tmp_path / "t" / "table6_attention_pavpu.parquet").is_file()
+
+
+def test_tables_group_by_protocol_and_never_mix_two(uri):
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("protocols")
+    for protocol, miou in (("released", 0.61), ("corrected", 0.55)):
+        _cell_run(client, experiment_id, framework="u2pl", head="np", partition="92", miou=miou, pavpu=0.8,
+                  protocol=protocol)
+    tables = T.build_tables(uri, "protocols")
+    names = [n for n in tables if n.startswith("table1")]
+    assert names == ["table1_miou_pascal_classic_released", "table1_miou_pascal_classic_corrected"]
+    for protocol, expected in (("released", 61.0), ("corrected", 55.0)):
+        table = tables[f"table1_miou_pascal_classic_{protocol}"]
+        row = _cell(table, "u2pl", "np", "92")
+        assert row["mean"] == pytest.approx(expected) and row.n == 1  # one run: never averaged with the other
+        assert table.attrs["protocol"] == protocol and f"[protocol {protocol}]" in table.attrs["title"]
+    # one protocol only: the tables keep their plain names
+    only = client.create_experiment("released-only")
+    _cell_run(client, only, framework="u2pl", head="np", partition="92", miou=0.6, protocol="released")
+    assert "table1_miou_pascal_classic" in T.build_tables(uri, "released-only")
+
+
+def test_paper_numbers_ship_with_the_package_and_print_beside_ours(store, tmp_path):
+    uri, expected = store
+    results = T.paper_results()
+    # Tables 1-3 (3 x 48 mIoU), Table 4 (24 PAvPU), the mean aggregator of Tables 5-6 (12 + 12; their
+    # attention column repeats Tables 1-3 and 4)
+    assert len(results) == 3 * 48 + 24 + 12 + 12
+    assert T.paper_value("pascal_classic", "mt", "baseline", "92", "miou") == 48.37
+    assert T.paper_value("cityscapes", "u2pl", "np", "186", "pavpu") == 84.05
+    assert T.paper_value("synthetic_voc", "mt", "baseline", "92", "miou") is None
+    table = T.build_tables(uri, "study", grid_id=GRID)["table1_miou_pascal_classic"]
+    row = _cell(table, "mt", "baseline", "92")
+    ours = 100 * expected[("mt", "baseline", "92")][0][0]
+    assert row["paper"] == 48.37 and row["diff"] == pytest.approx(ours - 48.37)
+    assert T.format_versus_paper(48.37, ours, "ok") == f"48.37 / {ours:.2f} ({ours - 48.37:+.2f})"
+    report = T.markdown_report({"table1_miou_pascal_classic": table})
+    assert "paper / ours" in report and f"| MT | 48.37 / {ours:.2f} ({ours - 48.37:+.2f}) |" in report
+    mt_np = next(line for line in report.splitlines() if "| MT w/ NP-SemiSeg | 49.02 / " in line)
+    assert mt_np.split(" | ")[2] == "58.91 / —"  # (mt, np, 183): the paper's value, no run of ours

@@ -320,3 +320,32 @@ def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config)
     train(config.with_overrides({"schedule.eval_every_epochs": 1}), evaluated)
     assert [s for s, _ in evaluated.evaluations] == [1, 2, 3]  # two during training + the final one
     assert [logs["train/loss"] for _, logs in quiet.steps] == [logs["train/loss"] for _, logs in evaluated.steps]
+
+
+@pytest.mark.parametrize("select", ["best", "last"])
+def test_checkpoint_selection_reports_and_restores_the_best_epoch(smoke_config, select):
+    """``evaluation.select``: both last and best metrics are logged; with ``best`` the returned model holds
+    the best evaluation's weights (re-evaluating it gives that evaluation's metrics exactly)."""
+    from npsemiseg.training.artifacts import evaluate_run  # the loop's own evaluation
+
+    found = None
+    for lr in (0.5, 0.2, 1.0, 0.05):  # an erratic run: the best mIoU is not the last one
+        config = smoke_config(**{"schedule.epoch_length": "labeled", "schedule.max_steps": 6, "schedule.epochs": 6,
+                                 "schedule.eval_every_epochs": 1, "data.options.train_size": 32,
+                                 "optim.lr": lr, "evaluation.select": select, "evaluation.max_images": 4})
+        recorder = Recorder()
+        result = train(config, recorder)
+        mious = {step: m["miou"] for step, m in recorder.evaluations}
+        best_step = max(mious, key=lambda s: (mious[s], -s))
+        if best_step != result.steps:
+            found = (config, result, mious, best_step)
+            break
+    assert found is not None, "no learning rate gave a run whose best evaluation is not the last"
+    config, result, mious, best_step = found
+    metrics = result.metrics
+    assert metrics["last/miou"] == mious[result.steps] and metrics["best/miou"] == mious[best_step]
+    assert metrics["best/step"] == best_step
+    selected = best_step if select == "best" else result.steps
+    assert metrics["miou"] == mious[selected]
+    again = evaluate_run(result.framework, build_datasets(config), config, step=selected, device=torch.device("cpu"))
+    assert again["miou"] == pytest.approx(mious[selected], abs=1e-9)

@@ -41,6 +41,7 @@ from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
 from npsemiseg.presets import preset_values
+from npsemiseg.protocol import SWITCH_PREFIX, apply_protocol, switch_overrides, switch_values
 
 #: Sections whose fields never change what a run computes (left out of ``cell_id``).
 IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers")
@@ -174,6 +175,9 @@ class EvaluationConfig(Section):
     PAvPU follows Mukhoti & Gal: ``pavpu_window`` patches, accurate if accuracy >=
     ``pavpu_accuracy_threshold``, uncertain if mean entropy >= ``pavpu_uncertainty_threshold``.
     ``max_images`` evaluates only the first images of the validation set (None = all).
+    ``select``: the weights a run reports, ``last`` (the last epoch's) or ``best`` (the evaluation with the
+    best validation mIoU among those every ``schedule.eval_every_epochs`` epochs and the final one, restored
+    at the end); both the last and the best metrics are logged whatever the selection.
     """
 
     mode: Literal["whole", "center_crop", "sliding", "sliding_global"] | None = None
@@ -186,6 +190,7 @@ class EvaluationConfig(Section):
     pavpu_uncertainty_threshold: float = Field(0.4, ge=0.0)
     max_images: PositiveInt | None = None
     figures: bool = True
+    select: Literal["last", "best"] = "last"
 
 
 class DataConfig(Section):
@@ -240,6 +245,9 @@ class RunConfig(Section):
     """
 
     framework: str = "supervised"
+    #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right); sets the
+    #: switches of ``npsemiseg.protocol`` in :meth:`from_preset` and :meth:`with_overrides`
+    protocol: Literal["released", "corrected"] = "corrected"
     framework_options: dict[str, Any] = Field(default_factory=dict)
     dataset: str = "synthetic"
     partition: str = "1/16"
@@ -336,7 +344,12 @@ class RunConfig(Section):
         data["data"]["augmentation"] = {**augmentation_defaults(), **data["data"]["augmentation"]}
         out: dict[str, str] = {}
         _flatten("", data, out)
+        _flatten(SWITCH_PREFIX.rstrip("."), self.switches(), out)
         return out
+
+    def switches(self) -> dict[str, Any]:
+        """Every switch of ``npsemiseg.protocol`` -> its value in this config (``n/a`` where it does not apply)."""
+        return switch_values(self.model_dump(mode="json"))
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -348,17 +361,19 @@ class RunConfig(Section):
         dataset: str = "synthetic",
         partition: str | int = "1/16",
         head: str = "baseline",
+        protocol: str = "corrected",
         **overrides: Any,
     ) -> RunConfig:
-        """A preset (``"paper"`` or ``"smoke"``) for one cell, then ``overrides``.
+        """A preset (``"paper"`` or ``"smoke"``) for one cell under ``protocol``, then ``overrides``.
 
         ``overrides``: dotted keys (``**{"optim.lr": 0.01}``) or sections (``optim={"lr": 0.01}``),
         applied as by :meth:`with_overrides`; a dict given for an option dict (``framework_options``,
         ``head.options``, ``model.options``, ``data.options``, ``data.augmentation``) is merged into
-        the preset's.
+        the preset's. ``switches.<name>`` keys set one switch of ``npsemiseg.protocol`` (they win over the protocol).
         """
-        values = preset_values(preset, framework=framework, dataset=dataset, partition=str(partition), head=head)
-        merged = apply_overrides(cls, values, overrides)
+        values = preset_values(preset, framework=framework, dataset=dataset, partition=str(partition), head=head,
+                               protocol=protocol)
+        merged = apply_overrides(cls, values, switch_overrides(overrides))
         return cls.model_validate(merged)
 
     def with_overrides(self, overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> RunConfig:
@@ -366,9 +381,11 @@ class RunConfig(Section):
 
         String values are parsed as YAML scalars (``"0.01"`` -> 0.01, ``"null"`` -> None) so
         command-line ``key=value`` pairs work. Unknown keys -> ``ValueError`` naming the key.
-        Changing ``framework`` (``head.name``) starts that framework's (head's) options afresh.
+        Changing ``framework`` (``head.name``) starts that framework's (head's) options afresh. Changing
+        ``protocol``, ``framework``, ``dataset`` or ``head.name`` writes the protocol's switches for the new
+        cell before the other changes; ``switches.<name>`` keys set one switch (they win over the protocol).
         """
-        changes = {**dict(overrides or {}), **kwargs}
+        changes = switch_overrides({**dict(overrides or {}), **kwargs})
         values = self.model_dump(mode="json")
         if "framework" in changes and changes["framework"] != self.framework:
             values["framework_options"] = {}
@@ -381,6 +398,7 @@ class RunConfig(Section):
             values["head"]["options"] = {}
             if self.head.variant == self.head.name:
                 values["head"]["variant"] = ""
+        values = _reapply_protocol(type(self), values, changes)
         return type(self).model_validate(apply_overrides(type(self), values, changes))
 
     # ----------------------------------------------------------------- YAML
@@ -400,6 +418,16 @@ class RunConfig(Section):
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)
+
+
+def _reapply_protocol(root: type[RunConfig], values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the protocol's switches written for the cell ``changes`` make, when they change the
+    protocol or the cell (framework, dataset, head); the explicit ``changes`` are applied afterwards."""
+    cell_keys = ("protocol", "framework", "dataset", "head.name", "head")
+    if not any(key in changes for key in cell_keys):
+        return values
+    cell = apply_overrides(root, values, {k: v for k, v in changes.items() if k in cell_keys})
+    return apply_protocol(cell, cell.get("protocol", "corrected"))
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:

@@ -13,11 +13,13 @@ For every class c present in the batch:
 
 InfoNCE on cosine similarity with temperature 0.5, averaged over the classes present.
 
-This follows the paper's definition. The released code differs in two ways, both
-reported upstream and not reproduced here: (1) its labeled negative mask requires GT == c
-and GT != c at once, so labeled pixels never become negatives (U2PL issue #171), and its
-unlabeled negatives also require pseudo-label == c; (2) it indexes anchors by the
-position in the list of present classes rather than by class (issue #111).
+This follows the paper's definition. The released code differs in three ways, reproduced when
+asked (``released_bugs``, the ``protocol: released`` switches): (0) its ``label_onehot`` gives
+labels to the first labeled and first unlabeled image only (:func:`class_membership`); (1) its
+labeled negative mask requires GT == c and GT != c at once, so labeled pixels never become
+negatives (U2PL issue #171), and its unlabeled negatives also require pseudo-label == c; (2) it
+indexes anchors and prototypes by the position in the list of present classes rather than by
+class (issue #111).
 
 Queues are held by :class:`ClassQueues` and saved in the framework's ``state_dict``, so a
 resumed run continues exactly; keys are gathered across DDP ranks
@@ -112,10 +114,35 @@ class ClassQueues:
         for c in range(self.num_classes):
             keys = state[f"keys.{c}"]
             if keys.dim() != 2 or keys.shape[1] != self.dim or keys.shape[0] > self.sizes[c]:
-                raise ValueError(f"queue state: keys.{c} has shape {tuple(keys.shape)}, "
-                                 f"expected [<= {self.sizes[c]}, {self.dim}]")
+                raise ValueError(
+                    f"queue state: keys.{c} has shape {tuple(keys.shape)}, expected [<= {self.sizes[c]}, {self.dim}]"
+                )
             self.keys[c] = keys.float().clone()
         self.pointer = [int(p) for p in state["pointer"].tolist()]
+
+
+#: the released code's bugs ``contrastive_loss`` can reproduce (``released_bugs``; U2PL utils.py 50-59,
+#: loss_helper.py 127-140 and 173-188; ``protocol_deviations.md`` row 3)
+U2PL_BUGS = ("label_onehot", "labeled_negatives", "prototype_index")
+
+
+def class_membership(labels: Tensor, num_labeled: int, num_classes: int, *, onehot_bug: bool = False,
+                     ignore_index: int = 255) -> Tensor:
+    """``[B, K, h, w]`` bool: pixel of image b belongs to class c (``labels [B, h, w]``, labeled images first).
+
+    ``onehot_bug``: the released ``label_onehot`` scatters over the batch dimension, so only the first
+    labeled and the first unlabeled image hold labels, each the union over its part of the batch (multi-hot);
+    the other images belong to no class.
+    """
+    valid = labels != ignore_index
+    member = F.one_hot(torch.where(valid, labels, 0), num_classes).permute(0, 3, 1, 2).bool() & valid[:, None]
+    if not onehot_bug:
+        return member
+    scrambled = torch.zeros_like(member)
+    for first, part in ((0, member[:num_labeled]), (num_labeled, member[num_labeled:])):
+        if part.shape[0]:
+            scrambled[first] = part.any(dim=0)
+    return scrambled
 
 
 def contrastive_loss(
@@ -136,6 +163,7 @@ def contrastive_loss(
     num_negatives: int = 50,
     ignore_index: int = 255,
     generator: torch.Generator | None = None,
+    released_bugs: Sequence[str] = (),
 ) -> tuple[Tensor, dict[str, float]]:
     """U2PL's contrastive loss; enqueues this batch's negative keys first.
 
@@ -144,47 +172,64 @@ def contrastive_loss(
     pseudo-labels after that, ``ignore_index`` where invalid); reliable / unreliable
     ``[B, h, w]`` bool (for labeled images: every valid pixel). Returns the scalar loss
     (0 connected to the graph when fewer than two classes are present) and logs.
+    ``released_bugs``: any of :data:`U2PL_BUGS` to reproduce the released code.
     """
     _check_shapes(rep_student, rep_teacher, prob_teacher, labels, queues)
-    batch = rep_student.shape[0]
-    num_classes = prob_teacher.shape[1]
+    unknown = sorted(set(released_bugs) - set(U2PL_BUGS))
+    if unknown:
+        raise ValueError(f"released_bugs: unknown {unknown}, expected some of {list(U2PL_BUGS)}")
     student = rep_student.permute(0, 2, 3, 1).float()  # [B, h, w, E]
     teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
     prob = prob_teacher.detach().float()
-    valid = labels != ignore_index
-    is_labeled = (torch.arange(batch, device=labels.device) < num_labeled).view(batch, 1, 1)
-    rank = _class_ranks(prob)
-
-    losses: list[Tensor] = []
-    present = 0
-    for c in range(num_classes):
-        rank_c = rank[:, c]
-        labeled_negative = is_labeled & valid & (labels != c) & (rank_c < low_rank)
-        unlabeled_negative = ~is_labeled & unreliable & (rank_c >= low_rank) & (rank_c < high_rank)
-        queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
-        reliable_c = reliable & valid & (labels == c)
-        if not bool(reliable_c.any()):
-            continue
-        present += 1
-        anchors = student[reliable_c & (prob[:, c] > anchor_threshold)]
-        negatives = queues.class_keys(c)
-        if anchors.shape[0] == 0 or negatives.shape[0] == 0:
-            continue
-        positive = teacher[reliable_c].mean(dim=0)
-        losses.append(_infonce(anchors, positive, negatives, num_queries=num_queries, num_negatives=num_negatives,
-                               temperature=temperature, generator=generator))
-
-    logs = {"contrastive_classes": float(present)}
-    if present <= 1 or not losses:
+    member = class_membership(labels, num_labeled, prob.shape[1], onehot_bug="label_onehot" in released_bugs,
+                              ignore_index=ignore_index)
+    _enqueue_negatives(teacher, prob, member, unreliable, num_labeled, queues, low_rank, high_rank,
+                       bugged="labeled_negatives" in released_bugs)
+    present = [c for c in range(prob.shape[1]) if bool((reliable & member[:, c]).any())]
+    logs = {"contrastive_classes": float(len(present))}
+    if len(present) <= 1:
         return rep_student.sum() * 0.0, logs
-    return torch.stack(losses).sum() / present, logs
+    losses: list[Tensor] = []
+    for position, c in enumerate(present):
+        # the released code takes anchors and positive of the class at this *position*, negatives of class c
+        source = position if "prototype_index" in released_bugs else c
+        reliable_c = reliable & member[:, source]
+        anchors = student[reliable_c & (prob[:, source] > anchor_threshold)]
+        negatives = queues.class_keys(c)
+        if anchors.shape[0] == 0 or negatives.shape[0] == 0 or not bool(reliable_c.any()):
+            continue
+        losses.append(_infonce(anchors, teacher[reliable_c].mean(dim=0), negatives, num_queries=num_queries,
+                               num_negatives=num_negatives, temperature=temperature, generator=generator))
+    if not losses:
+        return rep_student.sum() * 0.0, logs
+    return torch.stack(losses).sum() / len(present), logs
 
 
-def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor,
-                  queues: ClassQueues) -> None:
+def _enqueue_negatives(teacher: Tensor, prob: Tensor, member: Tensor, unreliable: Tensor, num_labeled: int,
+                       queues: ClassQueues, low_rank: int, high_rank: int, *, bugged: bool) -> None:
+    """Enqueue every class's negative keys: labeled pixels not of class c with c in the teacher's top
+    ``low_rank``; unreliable unlabeled pixels where c ranks in ``[low_rank, high_rank)``. ``bugged``: the
+    released masks also require membership of class c, so labeled negatives never occur (U2PL #171).
+    teacher ``[B, h, w, E]``, prob / member ``[B, K, h, w]``, unreliable ``[B, h, w]``."""
+    batch = teacher.shape[0]
+    is_labeled = (torch.arange(batch, device=teacher.device) < num_labeled).view(batch, 1, 1)
+    valid = member.any(dim=1) | ~is_labeled
+    rank = _class_ranks(prob)
+    for c in range(prob.shape[1]):
+        rank_c, member_c = rank[:, c], member[:, c]
+        labeled_negative = is_labeled & valid & ~member_c & (rank_c < low_rank)
+        unlabeled_negative = ~is_labeled & unreliable & (rank_c >= low_rank) & (rank_c < high_rank)
+        if bugged:
+            labeled_negative, unlabeled_negative = labeled_negative & member_c, unlabeled_negative & member_c
+        queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
+
+
+def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor, queues: ClassQueues) -> None:
     if rep_student.shape != rep_teacher.shape or rep_student.dim() != 4:
-        raise ValueError(f"rep_student / rep_teacher: expected equal [B, E, h, w], "
-                         f"got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}")
+        raise ValueError(
+            "rep_student / rep_teacher: expected equal [B, E, h, w], "
+            f"got {tuple(rep_student.shape)} and {tuple(rep_teacher.shape)}"
+        )
     batch, dim, h, w = rep_student.shape
     num_classes = prob_teacher.shape[1]
     if prob_teacher.shape != (batch, num_classes, h, w) or labels.shape != (batch, h, w):
@@ -204,8 +249,16 @@ def _class_ranks(prob: Tensor) -> Tensor:
     return rank
 
 
-def _infonce(anchors: Tensor, positive: Tensor, negatives: Tensor, *, num_queries: int, num_negatives: int,
-             temperature: float, generator: torch.Generator | None) -> Tensor:
+def _infonce(
+    anchors: Tensor,
+    positive: Tensor,
+    negatives: Tensor,
+    *,
+    num_queries: int,
+    num_negatives: int,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> Tensor:
     """InfoNCE of ``num_queries`` anchors drawn from ``anchors [n, E]`` against the class's mean teacher
     embedding ``positive [E]`` and ``num_negatives`` keys each drawn from ``negatives [m, E]``."""
     dim = anchors.shape[1]

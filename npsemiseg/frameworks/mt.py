@@ -9,8 +9,13 @@ with CE on the mixed view, weight 1 (averaged over the pseudo-labeled pixels).
 ``confidence_threshold`` > 0 ignores pixels whose (mixed) teacher confidence is below it
 (0 = every pixel, the reference). As in the U2PL trainer, the first ``sup_only_epochs``
 (``paper_options``: 1 on VOC, 0 on Cityscapes, U2PL's values) train on labeled images only,
-with the teacher following the student. The CPS-style MT (a), with MSE between softmaxes and no
-CutMix, is not implemented.
+with the teacher following the student.
+
+``variant="cps"`` is (a), the MeanTeacher of CPS (TorchSemiSeg MeanTeacher config.py 73-107,
+train.py 180-213) that the paper's MT rows come from: student and teacher (train mode: its BN uses
+and updates batch statistics; EMA over parameters only) see the same weak labeled + unlabeled batch,
+no CutMix; loss = supervised CE + ``mse_weight`` (100) x MSE(student softmax, teacher softmax) over
+every pixel of both; no supervised-only epochs; the student is evaluated.
 
 Teacher: EMA of the student's parameters, decay 0.99; the BN buffers are averaged too (the
 teacher never runs in train mode, so it has no statistics of its own). With the NP head the
@@ -20,9 +25,12 @@ the mean of T passes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import torch
+import torch.nn.functional as F
 from pydantic import Field
+from torch import Tensor, nn
 
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
@@ -38,6 +46,8 @@ class MTOptions(FrameworkOptions):
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     confidence_threshold: float = Field(0.0, ge=0.0, le=1.0)
     sup_only_epochs: int = Field(0, ge=0)
+    variant: Literal["shared", "cps"] = "shared"
+    mse_weight: float = Field(100.0, ge=0.0)
 
 
 @FRAMEWORKS.register("mt")
@@ -52,9 +62,15 @@ class MeanTeacher(SemiSupervisedFramework):
         """The shared U2PL trainer's schedule: one supervised-only epoch except on Cityscapes."""
         return MTOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
 
+    def eval_model(self) -> nn.Module:
+        """The teacher; the student for the CPS variant (CPS evaluates its student)."""
+        return self.student if self.options.variant == "cps" else self.teacher  # type: ignore[attr-defined]
+
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         opts: MTOptions = self.options  # type: ignore[assignment]
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        if opts.variant == "cps":
+            return self._cps_step(images_l, labels_l, require_unlabeled(batch, self.name)["image"], opts)
         if sup_only(ctx, opts.sup_only_epochs):
             student = self.labeled_pass(images_l, labels_l)
             return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
@@ -70,8 +86,22 @@ class MeanTeacher(SemiSupervisedFramework):
         losses["unsup"] = opts.unsup_weight * cross_entropy_loss(student.logits_u, pseudo, form=self.sample_ce)
         return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))
 
+    def _cps_step(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, opts: MTOptions) -> StepResult:
+        """CPS's MeanTeacher: ``mse_weight`` x MSE between the student's and the train-mode teacher's softmaxes
+        on the same weak labeled + unlabeled images ``[B, 3, H, W]`` each."""
+        self.seed_memories(images_l, labels_l)
+        teacher = self.predict(self.teacher, torch.cat([images_l, images_u]), train_mode=True)
+        student = self.student_pass(images_l, labels_l, images_u, teacher.label[images_l.shape[0]:])
+        probs = torch.cat([student.logits_l, student.logits_u], dim=1).float().softmax(dim=2).mean(dim=0)
+        losses = self.supervised_terms(student, labels_l)
+        losses["unsup"] = opts.mse_weight * F.mse_loss(probs, teacher.probs.float())
+        return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))
+
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: MTOptions = self.options  # type: ignore[assignment]
+        if opts.variant == "cps":  # parameters only: the train-mode teacher keeps its own BN statistics
+            self.ema(self.teacher, opts.ema_decay, buffers="none")
+            return
         if sup_only(ctx, opts.sup_only_epochs):
             self.reset_teacher(self.teacher)
         else:

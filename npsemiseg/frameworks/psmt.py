@@ -29,7 +29,9 @@ student (default ``warmup_epochs = 0``); ``warmup_epochs > 0`` trains the studen
 images only (strong view, plain CE, no T-VAT) for that many epochs with both teachers copied
 from it after every step, which is the closest single-optimiser analogue.
 
-Quirk options (off by default): ``tvat_released_normalization`` divides the power iteration's
+Quirk options (off by default): ``teacher_train_mode`` runs both teachers' predictions in train mode
+(``self.model.train()`` in the released train.py 192: BN on the weak batch's statistics, which also
+moves the teachers' running statistics); ``tvat_released_normalization`` divides the power iteration's
 gradient by ``norm + 1e-8`` as the released code does, which at ``xi = 1e-6`` shrinks the
 perturbation to ~1e-4 of ``eps`` (see ``tvat.py``).
 
@@ -84,6 +86,7 @@ class PSMTOptions(FrameworkOptions):
     eval_teachers: Literal["both", "first"] = "both"
     strong_labeled: bool = True
     warmup_epochs: int = Field(0, ge=0)
+    teacher_train_mode: bool = False
 
 
 def assist_combine(core: Tensor, assist: Tensor, topk: int) -> Tensor:
@@ -179,7 +182,8 @@ class PSMT(SemiSupervisedFramework):
         unlabeled = require_unlabeled(batch, self.name)
         self.seed_memories(images_l, labels_l)
 
-        t1, t2 = (self.predict(self.teachers[n], unlabeled["image"]) for n in self.teacher_names)
+        t1, t2 = (self.predict(self.teachers[n], unlabeled["image"], train_mode=opts.teacher_train_mode)
+                  for n in self.teacher_names)
         target = teacher_target(t1.log_probs(), t2.log_probs(), self.core_index(ctx), topk=opts.assist_topk, gamma=opts.gamma)
         confidence, pseudo = torch.softmax(target, dim=1).max(dim=1)
         mixed = psmt_cutmix(labeled_view(unlabeled, strong=True), pseudo, confidence, variant=opts.cutmix_variant)

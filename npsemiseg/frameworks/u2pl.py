@@ -27,7 +27,9 @@ Quirks of the released code, as options off by default:
 
 The paper's contrastive definitions are used; the released code's negative masks differ
 (see ``contrastive.py``). With the NP head, the student's targets are the labeled images
-plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped).
+plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped);
+``np_targets="unfiltered"`` gives the NP head the unfiltered pseudo-labels, as the NP-SemiSeg code
+does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from torch import nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
-from npsemiseg.frameworks.contrastive import ClassQueues, contrastive_loss
+from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import u2pl_decay
 from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
@@ -60,7 +62,12 @@ class U2PLOptions(FrameworkOptions):
     drop_percent: float = Field(80.0, ge=0.0, le=100.0)
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     teacher_train_mode: bool = False
+    np_targets: Literal["filtered", "unfiltered"] = "filtered"
     contrastive: bool = True
+    #: the released contrastive loss's bugs (``contrastive.U2PL_BUGS``), each reproduced when True
+    label_onehot_bug: bool = False
+    labeled_negatives_bug: bool = False
+    prototype_index_bug: bool = False
     contrastive_weight: float = Field(1.0, ge=0.0)
     alpha_0: float = Field(20.0, ge=0.0, le=50.0)
     anchor_threshold: float = Field(0.3, ge=0.0, le=1.0)
@@ -133,7 +140,7 @@ class U2PL(SemiSupervisedFramework):
         kept = entropy_filter(entropy_u, pseudo, u2pl_drop_percent(ctx.epoch, ctx.total_epochs, opts.drop_percent))
         num_kept = (kept != IGNORE_INDEX).sum()
 
-        student = self.student_pass(images_l, labels_l, mixed_images, kept)
+        student = self.student_pass(images_l, labels_l, mixed_images, pseudo if opts.np_targets == "unfiltered" else kept)
         losses = self.supervised_terms(student, labels_l)
         scale = kept.numel() / num_kept.clamp_min(1).float()
         losses["unsup"] = opts.unsup_weight * scale * cross_entropy_loss(student.logits_u, kept, form=self.sample_ce)
@@ -185,6 +192,7 @@ class U2PL(SemiSupervisedFramework):
             rep_student, rep_teacher, prob_small, labels_small, reliable, unreliable, num_l, self.queues,
             anchor_threshold=opts.anchor_threshold, low_rank=opts.low_rank, high_rank=opts.high_rank,
             temperature=opts.temperature, num_queries=opts.num_queries, num_negatives=opts.num_negatives,
+            released_bugs=[bug for bug in U2PL_BUGS if getattr(opts, f"{bug}_bug")],
         )
 
     def after_optimizer_step(self, ctx: StepContext) -> None:

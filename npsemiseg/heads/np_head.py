@@ -12,10 +12,13 @@ option                    default (paper / careful)         authors' code
 ``detach_query``          True                              True
 ``sync_memories``         True (all_gather under DDP)       False
 ``enqueue_per_class``     256 random pixels per class/step  None (everything; newest Q kept)
+``memory_rows``           ``"pixel"`` (a pixel's vector)     ``"scrambled"`` (one channel, many pixels)
+``persist_memories``      True                              False (each step starts empty; zero
+                                                            centers at inference)
 ========================  ================================  ======================================
 
-Two behaviours of the released code are bugs and are not reproduced: memory rows there hold
-channels of different pixels, and the memories never persist (all-zero centers at inference).
+The last two are bugs of the released code (``np_head_reference.md`` headlines 1-2), kept as options so
+the ``released`` protocol (``npsemiseg.protocol``) reproduces them.
 ``attention="mean"`` is the paper's ablation (mean aggregator), ``decoder_norm`` an ablation of
 the decoder's InstanceNorm (which cancels the spatially constant z and r away from the border).
 """
@@ -33,6 +36,7 @@ from torch.nn import functional as F
 from .base import HEADS, IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
 
 ATTENTIONS = ("euclidean", "squared", "per_channel", "mean")
+MEMORY_ROWS = ("pixel", "scrambled")
 KL_FORMS = ("paper", "authors")
 DECODER_IMPLS = ("split", "concat")
 DECODER_NORMS = ("instance", "group", "batch")
@@ -491,6 +495,8 @@ class NPHead(ClassifierHead):
         sync_memories: bool = True,
         decoder_norm: str = "instance",
         hidden_channels: int = 256,
+        memory_rows: str = "pixel",
+        persist_memories: bool = True,
     ) -> None:
         super().__init__(in_channels, num_classes)
         self.check_values(
@@ -504,7 +510,9 @@ class NPHead(ClassifierHead):
             lambda_kl=lambda_kl,
             decoder_norm=decoder_norm,
             hidden_channels=hidden_channels,
+            memory_rows=memory_rows,
         )
+        self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
         self.latent_dim, self.memory_size, self.num_samples = latent_dim, memory_size, num_samples
         self.attention, self.kl = attention, kl
         self.enqueue_per_class = memory_size if enqueue_per_class is None else enqueue_per_class
@@ -539,6 +547,7 @@ class NPHead(ClassifierHead):
         lambda_kl: float,
         decoder_norm: str,
         hidden_channels: int,
+        memory_rows: str = "pixel",
         **flags: bool,
     ) -> None:
         for name, value in (
@@ -552,6 +561,7 @@ class NPHead(ClassifierHead):
         _choice("kl", kl, KL_FORMS)
         _choice("decoder_impl", decoder_impl, DECODER_IMPLS)
         _choice("decoder_norm", decoder_norm, DECODER_NORMS)
+        _choice("memory_rows", memory_rows, MEMORY_ROWS)
         if enqueue_per_class is not None and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
             raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
         if not (isinstance(lambda_kl, (int, float)) and lambda_kl >= 0.0):
@@ -583,9 +593,31 @@ class NPHead(ClassifierHead):
     # ---- memories -------------------------------------------------------------------------
 
     def filled(self, memory: str) -> Tensor:
-        """``[K]`` bool: classes taking part in attention (with ``mask_empty=False``: all)."""
+        """``[K]`` bool: classes taking part in attention (with ``mask_empty=False`` or memories that
+        never persist: all, empty classes with a zero center)."""
         count = getattr(self, f"{memory}_count")
-        return count > 0 if self.mask_empty else torch.ones_like(count, dtype=torch.bool)
+        if self.mask_empty and self.persist_memories:
+            return count > 0
+        return torch.ones_like(count, dtype=torch.bool)
+
+    @torch.no_grad()
+    def reset_memories(self) -> None:
+        """Empty both memories and zero their centers (``persist_memories=False``: every training step)."""
+        for name in MEMORIES:
+            for kind in ("memory", "pointer", "count", "centers"):
+                getattr(self, f"{name}_{kind}").zero_()
+
+    def _scramble(self, picked: Tensor, valid: Tensor) -> Tensor:
+        """The authors' rows (``memory_rows="scrambled"``): ``masked_select(feat, mask).view(-1, D)`` reads a
+        class's values channel by channel, so row i holds D consecutive values of one channel from different
+        pixels. picked ``[K, P, D]``, valid ``[K, P]`` (the first n_k valid) -> ``[K, P, D]``."""
+        d = picked.shape[-1]
+        n = valid.sum(dim=1).clamp(min=1)[:, None, None]  # [K, 1, 1]
+        flat = (torch.arange(picked.shape[1], device=picked.device)[:, None] * d
+                + torch.arange(d, device=picked.device)[None])[None]  # [1, P, D] index in the channel-major order
+        pixel, channel = flat % n, (flat // n).clamp(max=d - 1)  # [K, P, D] each
+        classes = torch.arange(picked.shape[0], device=picked.device)[:, None, None]
+        return picked[classes, pixel, channel]
 
     def _candidates(self, rows: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """A random subset of at most P pixels per class, without a host sync.
@@ -606,6 +638,8 @@ class NPHead(ClassifierHead):
         valid = j[None] < counts[:k, None]
         pixel = order[(starts[:k, None] + j[None]).clamp(max=n - 1)]  # [K, P]
         picked = rows.flatten(2)[pixel // (h * w), :, pixel % (h * w)]  # [K, P, D]
+        if self.memory_rows == "scrambled":
+            picked = self._scramble(picked, valid)
         return picked.float(), valid
 
     def _gather_ranks(self, rows: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -643,6 +677,8 @@ class NPHead(ClassifierHead):
         centers.copy_(store.sum(dim=1) / count.clamp(min=1)[:, None].to(store.dtype))
 
     def _check_memories_filled(self) -> None:
+        if not self.persist_memories:  # the authors' empty banks: zero centers, never an error
+            return
         filled = torch.stack([self.target_count.sum(), self.context_count.sum()]).tolist()
         for name, rows in zip(MEMORIES, filled):
             if rows == 0:
@@ -657,10 +693,14 @@ class NPHead(ClassifierHead):
         """Small ConvNet on the features (detached unless ``detach_query=False``): ``[B, D, h, w]``."""
         return self.query_net(features.detach() if self.detach_query else features)
 
-    def _aggregates(self, query: Tensor) -> tuple[Tensor, Tensor]:
-        """Pooled attention of the queries on the target and on the context centers: 2 x ``[B, D]``."""
-        target = attention_aggregate(query, self.target_centers, self.filled("target"), self.attention)
-        context = attention_aggregate(query, self.context_centers, self.filled("context"), self.attention)
+    def _aggregates(self, query: Tensor, *, inference: bool = False) -> tuple[Tensor, Tensor]:
+        """Pooled attention of the queries on the target and on the context centers: 2 x ``[B, D]``.
+        In inference with ``persist_memories=False`` every center is zero (the authors' banks never persist)."""
+        zero = inference and not self.persist_memories
+        target_centers = torch.zeros_like(self.target_centers) if zero else self.target_centers
+        context_centers = torch.zeros_like(self.context_centers) if zero else self.context_centers
+        target = attention_aggregate(query, target_centers, self.filled("target"), self.attention)
+        context = attention_aggregate(query, context_centers, self.filled("context"), self.attention)
         return target, context
 
     @staticmethod
@@ -680,7 +720,7 @@ class NPHead(ClassifierHead):
         """Inference mode: target centers -> latent samples, context centers -> deterministic path."""
         t = self.resolve_num_samples(num_samples)
         self._check_memories_filled()
-        target, context = self._aggregates(self.query(features))
+        target, context = self._aggregates(self.query(features), inference=True)
         mean, sigma = self.latent_encoder(target)
         return NPLatent(self.sample(mean, sigma, t), context)
 
@@ -751,6 +791,8 @@ class NPHead(ClassifierHead):
         t = self.resolve_num_samples(num_samples)
         query = self.query(features)
         size = tuple(query.shape[-2:])
+        if self.training and not self.persist_memories:
+            self.reset_memories()
         if self.training:
             self.enqueue("target", query, downsample_labels(labels, size))
             if context_features is not None:

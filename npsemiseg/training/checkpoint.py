@@ -91,8 +91,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def restore(path: Path, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer,
-            *, rank: int) -> tuple[int, list[dict[str, float]]]:
-    """Load a checkpoint into the framework, optimiser and this rank's RNGs; returns (step, history)."""
+            *, rank: int, best: Any = None) -> tuple[int, list[dict[str, float]]]:
+    """Load a checkpoint into the framework, optimiser, this rank's RNGs and ``best`` (the run's
+    :class:`~npsemiseg.training.selection.BestWeights`, when given); returns (step, history)."""
     state = load_checkpoint(path)
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"resume_from: {path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
@@ -105,6 +106,8 @@ def restore(path: Path, config: RunConfig, framework: Framework, optimizer: torc
         unwrap(module).load_state_dict(state["modules"][name])
     framework.load_state_dict(state["framework"])
     optimizer.load_state_dict(state["optimizer"])
+    if best is not None:
+        best.load(state.get("best"))
     rngs = state["rng"]
     if rank < len(rngs):
         set_rng_state(rngs[rank])
@@ -118,11 +121,12 @@ class Checkpointer:
     and reports each through ``callbacks.on_checkpoint``; ``last`` is the newest directory written."""
 
     def __init__(self, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer, plan: Plan,
-                 callbacks: Callbacks, *, rank: int, world_size: int) -> None:
+                 callbacks: Callbacks, *, rank: int, world_size: int, best: Any = None) -> None:
         output_dir = config.runtime.output_dir
         self.root = Path(output_dir) / "checkpoints" if output_dir else None
         self.config, self.framework, self.optimizer, self.plan = config, framework, optimizer, plan
         self.callbacks, self.rank, self.world_size = callbacks, rank, world_size
+        self.best = best  # the run's BestWeights (evaluation.select), saved with every checkpoint
         self.last: Path | None = None
 
     def save(self, step: int, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
@@ -150,4 +154,5 @@ class Checkpointer:
             "scheduler": {"step": step, "total_steps": plan.total_steps, "power": self.config.schedule.poly_power},
             "data": {"epoch": step // plan.iters_per_epoch, "batch": step % plan.iters_per_epoch},
             "rng": rngs, "world_size": self.world_size, "history": history,
+            "best": self.best.state() if self.best is not None else None,
         }

@@ -4,7 +4,8 @@
 when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.train_step`
 per batch, evaluation every ``schedule.eval_every_epochs`` epochs, checkpoints every
 ``schedule.checkpoint_every_steps`` through the :class:`~npsemiseg.training.checkpoint.Checkpointer`)
-and ends with the final evaluation and its artifacts.
+and ends with the final evaluation and its artifacts. ``evaluation.select`` chooses the reported weights
+(:mod:`~npsemiseg.training.selection`: the last epoch's, or the best validation mIoU's, restored at the end).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Framework, StepContext
 from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
 from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
+from npsemiseg.training.selection import BestWeights
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
 from npsemiseg.training.step import train_step
 
@@ -29,8 +31,9 @@ from npsemiseg.training.step import train_step
 class RunResult:
     """What ``train`` returns.
 
-    metrics: the final evaluation (``miou``, ``pavpu``, ``ece``, ``nll``, ``brier``, ``auroc``,
-    ``pixel_acc``, ``iou/<class>``, ...); empty when the run stopped at ``runtime.stop_at_step``.
+    metrics: the final evaluation of the selected weights (``miou``, ``pavpu``, ``ece``, ``nll``, ``brier``,
+    ``auroc``, ``pixel_acc``, ``iou/<class>``, ...) with ``last/<metric>``, ``best/<metric>``, ``best/step``,
+    ``best/epoch`` (``evaluation.select``); empty when the run stopped at ``runtime.stop_at_step``.
     history: one dict per evaluation (``step``, ``epoch`` and the metrics).
     checkpoint: the last checkpoint directory written (None when ``runtime.output_dir`` is unset).
     seconds: wall time of ``train``; train_seconds: time spent in training steps only.
@@ -65,14 +68,16 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
     started = time.perf_counter()
     run = setup_run(config, device)
     step, history = 0, []
+    best = BestWeights(run.framework, keep_weights=config.evaluation.select == "best")
     resume = resume_from if resume_from is not None else callbacks.resume_from()
     if resume is not None:
-        step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.sgd, rank=run.rank)
+        step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.sgd, rank=run.rank,
+                                best=best)
     checkpointer = Checkpointer(config, run.framework, run.optimizer.sgd, run.plan, callbacks,
-                                rank=run.rank, world_size=run.world_size)
+                                rank=run.rank, world_size=run.world_size, best=best)
     callbacks.on_start(config, total_steps=run.plan.total_steps, start_step=step, rank=run.rank,
                        world_size=run.world_size)
-    loop = EpochLoop(run, callbacks, checkpointer, step=step, history=history)
+    loop = EpochLoop(run, callbacks, checkpointer, step=step, history=history, best=best)
     loop.run()
     final: dict[str, float] = {}
     if not loop.interrupted:
@@ -85,12 +90,15 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
 
 
 def _finish(run: Run, callbacks: Callbacks, checkpointer: Checkpointer, loop: EpochLoop) -> dict[str, float]:
-    """The final evaluation, its artifacts and the last checkpoint."""
+    """The final evaluation (of the last weights), the selection (``evaluation.select``: restores the best
+    evaluation's weights when asked), its artifacts and the last checkpoint."""
     config, step = run.config, loop.step
     output_dir = Path(config.runtime.output_dir) if config.runtime.output_dir else None
-    final = final_evaluation(run.framework, run.datasets, config, step=step, device=run.device, rank=run.rank,
-                             output_dir=output_dir, callbacks=callbacks)
-    loop.history.append({"step": float(step), "epoch": float(math.ceil(step / run.plan.iters_per_epoch)), **final})
+    last = final_evaluation(run.framework, run.datasets, config, step=step, device=run.device, rank=run.rank,
+                            output_dir=output_dir, callbacks=callbacks)
+    epoch = float(math.ceil(step / run.plan.iters_per_epoch))
+    loop.history.append({"step": float(step), "epoch": epoch, **last})
+    final = loop.best.select(last, step=step, epoch=epoch)
     if run.rank == 0:
         per_class_artifacts(final, output_dir, callbacks)
     checkpointer.save(step, final, loop.history)
@@ -102,8 +110,8 @@ class EpochLoop:
     ``runtime.stop_at_step`` (``interrupted``, as if pre-empted)."""
 
     def __init__(self, run: Run, callbacks: Callbacks, checkpointer: Checkpointer, *, step: int,
-                 history: list[dict[str, float]]) -> None:
-        self.run_, self.callbacks, self.checkpointer = run, callbacks, checkpointer
+                 history: list[dict[str, float]], best: BestWeights) -> None:
+        self.run_, self.callbacks, self.checkpointer, self.best = run, callbacks, checkpointer, best
         self.step, self.history = step, history
         self.train_seconds = 0.0
         self.interrupted = False
@@ -157,6 +165,7 @@ class EpochLoop:
         if end_of_epoch and every and (step // plan.iters_per_epoch) % every == 0 and step < plan.total_steps:
             metrics = evaluate_run(run.framework, run.datasets, run.config, step=step, device=run.device)
             self.history.append({"step": float(step), "epoch": float(step // plan.iters_per_epoch), **metrics})
+            self.best.offer(step, step // plan.iters_per_epoch, metrics)
             self.callbacks.on_evaluation(step, metrics)
             self.tick = time.perf_counter()
         every_steps = schedule.checkpoint_every_steps

@@ -18,8 +18,11 @@ from semiseg_platform.reports.figures import (
                                               uncertainty_time_figure,
                                               write_hparams_figure,
 )
+from semiseg_platform.reports.paper_results import paper_results, paper_value
 from semiseg_platform.reports.rendering import (
                                               format_cell,
+                                              format_versus_paper,
+                                              has_paper_values,
                                               layout,
                                               markdown_report,
                                               to_latex,
@@ -44,15 +47,16 @@ from semiseg_platform.reports.tables import (
                                               load_cell_runs,
                                               method_label,
                                               paper_table_specs,
+                                              protocol_groups,
                                               protocol_partitions,
 )
 
 __all__ = [
     "ABLATION_FRAMEWORK", "ABLATION_HEADS", "CELL_KEYS", "MISSING_MARK", "PAPER_DATASETS", "PAPER_FRAMEWORKS",
     "PAPER_HEADS", "PAPER_PANELS", "UNCERTAINTY_TIME_BENCHMARK", "UNCERTAINTY_TIME_METRIC", "build_table",
-    "build_tables", "dataset_label", "format_cell", "framework_label", "head_label", "hparams_figure", "latest_per_cell",
-    "layout", "line_panels", "load_cell_runs", "load_search_trials", "load_uncertainty_times",
-    "log_uncertainty_time_run", "markdown_report", "method_label", "paper_table_specs", "profile",
-    "protocol_partitions", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
-    "write_report", "write_tables",
+    "build_tables", "dataset_label", "format_cell", "format_versus_paper", "framework_label", "has_paper_values",
+    "head_label", "hparams_figure", "latest_per_cell", "layout", "line_panels", "load_cell_runs",
+    "load_search_trials", "load_uncertainty_times", "log_uncertainty_time_run", "markdown_report", "method_label",
+    "paper_results", "paper_table_specs", "paper_value", "profile", "protocol_groups", "protocol_partitions",
+    "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure", "write_report", "write_tables",
 ]

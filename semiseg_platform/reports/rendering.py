@@ -24,11 +24,23 @@ def format_cell(mean: float, std: float, status: str, *, latex: bool = False, di
     return text
 
 
-def layout(table: pd.DataFrame, *, latex: bool = False) -> pd.DataFrame:
-    """The table as the paper prints it: one string per cell, rows and columns in order."""
+def format_versus_paper(paper: float, mean: float, status: str, *, digits: int = 2) -> str:
+    """``"48.37 / 47.10 (-1.27)"``: the paper's value / ours (ours - paper); the mark where either is missing."""
+    if math.isnan(paper):
+        return MISSING_MARK
+    ours = f"{mean:.{digits}f} ({mean - paper:+.{digits}f})" if status == "ok" else MISSING_MARK
+    return f"{paper:.{digits}f} / {ours}"
+
+
+def layout(table: pd.DataFrame, *, latex: bool = False, versus_paper: bool = False) -> pd.DataFrame:
+    """The table as the paper prints it: one string per cell, rows and columns in order
+    (``versus_paper``: each cell as "paper / ours (difference)")."""
     attrs = table.attrs
     columns = attrs["latex_columns"] if latex else attrs["columns"]
-    display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
+    if versus_paper:
+        display = [format_versus_paper(p, m, st) for p, m, st in zip(table["paper"], table["mean"], table["status"])]
+    else:
+        display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
     width = len(columns)
     rows = []
     for index in range(0, len(display), width):
@@ -44,11 +56,17 @@ def _blocks(table: pd.DataFrame) -> list[str]:
     return list(table["block"].iloc[::width])
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    """A Markdown table in the paper's layout, preceded by its title."""
-    frame = layout(table)
+def has_paper_values(table: pd.DataFrame) -> bool:
+    """Whether any cell of the table has a value printed in the paper (a real dataset's table)."""
+    return "paper" in table and bool(table["paper"].notna().any())
+
+
+def to_markdown(table: pd.DataFrame, *, versus_paper: bool = False) -> str:
+    """A Markdown table in the paper's layout, preceded by its title (``versus_paper``: "paper / ours")."""
+    frame = layout(table, versus_paper=versus_paper)
     blocks = _blocks(table)
-    lines = [f"### {table.attrs['title']}", "",
+    title = table.attrs["title"] + (" — paper / ours (ours − paper)" if versus_paper else "")
+    lines = [f"### {title}", "",
              "| " + " | ".join(frame.columns) + " |",
              "| " + " | ".join("---" for _ in frame.columns) + " |"]
     for index, values in enumerate(frame.itertuples(index=False)):
@@ -93,8 +111,8 @@ def to_latex(table: pd.DataFrame) -> str:
 
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
-    ``NAME.parquet`` (long numeric frame), the cell runs as ``cells.csv`` / ``cells.parquet``,
-    and all Markdown tables together as ``tables.md``. Returns the written paths.
+    ``NAME.parquet`` (long numeric frame), ``NAME_vs_paper.md`` where the paper prints values, the cell
+    runs as ``cells.csv`` / ``cells.parquet``, and all Markdown tables together as ``tables.md``. Returns the written paths.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,6 +122,10 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> lis
         if name != "cells":
             text = to_markdown(table)
             markdown.append(text)
+            if has_paper_values(table):
+                versus = to_markdown(table, versus_paper=True)
+                markdown.append(versus)
+                written.append(_write_text(out / f"{name}_vs_paper.md", versus))
             written += [_write_text(out / f"{name}.md", text), _write_text(out / f"{name}.tex", to_latex(table))]
             layout(table).to_csv(out / f"{name}_layout.csv", index=False)
             written.append(out / f"{name}_layout.csv")
@@ -122,8 +144,11 @@ def _write_text(path: Path, text: str) -> Path:
 
 
 def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
-    """All tables as one Markdown document (what ``make demo`` prints)."""
-    return "\n".join(to_markdown(t) for name, t in tables.items() if name != "cells")
+    """All tables as one Markdown document (what ``make demo`` prints), then every table of a real dataset
+    once more as "paper / ours (difference)" against the paper's printed numbers."""
+    shown = [t for name, t in tables.items() if name != "cells"]
+    return "\n".join([*(to_markdown(t) for t in shown),
+                      *(to_markdown(t, versus_paper=True) for t in shown if has_paper_values(t))])
 
 
 def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,

@@ -16,17 +16,23 @@ keys (``dataset``, ``framework``, ``head``, ``partition``), ``metric``, ``mean``
 ``std`` (sample std over seeds, NaN for one seed), ``n`` (number of seeds),
 ``seeds``, ``run_ids`` and ``status`` (``ok``, or ``missing`` / ``failed`` /
 ``running`` when no finished run exists: such a cell is kept and marked, never
-dropped). ``mean``/``std`` are the MLflow metric times ``scale`` (100: percent,
-as the paper prints). Layout metadata (title, caption, column order, row header)
-lives in ``DataFrame.attrs``. The writers turn a long table into Markdown and
-LaTeX in the paper's layout, a ``*_layout.csv`` with the displayed strings, and
+dropped), ``paper`` (the paper's printed value, :mod:`.paper_results`; NaN for a
+synthetic stand-in or a value the paper does not print) and ``diff`` (mean - paper).
+``mean``/``std`` are the MLflow metric times ``scale`` (100: percent, as the paper
+prints). Layout metadata (title, caption, column order, row header) lives in
+``DataFrame.attrs``. The writers turn a long table into Markdown and LaTeX in the
+paper's layout, a ``*_layout.csv`` with the displayed strings, and
 CSV / Parquet holding the long numeric frame.
 
 Which runs count is fixed by the tracking schema (``docs/CONTRACTS.md``): cell
 runs carry ``npsemiseg.kind = cell`` and the tags ``framework``, ``dataset``,
 ``partition``, ``head`` (variant), ``seed``, ``cell_id``; the final metrics are
 ``miou`` and ``pavpu``. When several finished runs share a ``cell_id`` the
-latest one counts; seeds (different ``cell_id``) are aggregated.
+latest one counts; seeds (different ``cell_id``) are aggregated. Runs are grouped by
+their ``protocol`` tag (``released`` | ``corrected``, ``npsemiseg.protocol``) and a table
+never mixes two: with several protocols every table exists once per protocol
+(``table1_miou_pascal_classic_released``, ...); runs without the tag (written before
+protocols existed) form their own group.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from mlflow import MlflowClient
 from npsemiseg.data import dataset_info
 from npsemiseg.heads import head_class, head_names
 from semiseg_platform import schema
+from semiseg_platform.reports.paper_results import paper_value
 from semiseg_platform.tracking import experiment_id, search_all_runs, submission_runs
 
 PAPER_DATASETS = ("pascal_classic", "pascal_blender", "cityscapes")
@@ -65,6 +72,8 @@ DATASET_LABELS = {"pascal_classic": "VOC (classic)", "pascal_blender": "VOC (ble
 DATASET_LATEX = {"pascal_classic": "VOC (\\it classic)", "pascal_blender": "VOC (\\it blender)"}
 MISSING_MARK = "—"
 CELL_KEYS = schema.CELL_KEYS
+#: The order of the protocol groups (runs without the tag last)
+PROTOCOL_ORDER = ("released", "corrected")
 
 # ----------------------------------------------------------------------------- reading MLflow
 
@@ -77,10 +86,10 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
     """One row per cell run of ``experiment`` (optionally only those of one grid or search, ``grid_id``).
 
     Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``,
-    the cell keys ``dataset``, ``framework``, ``head``, ``partition``, and the final metrics
+    the cell keys ``dataset``, ``framework``, ``head``, ``partition``, ``protocol`` ("" when untagged), the final metrics
     ``miou`` / ``pavpu`` (NaN when not logged). An unknown experiment gives an empty frame.
     """
-    columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "miou", "pavpu"]
+    columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "protocol", "miou", "pavpu"]
     client = MlflowClient(tracking_uri)
     found = experiment_id(client, experiment)
     if found is None:
@@ -101,6 +110,7 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             "cell_id": tags.get(schema.CELL_ID, run.info.run_id),
             "seed": tags.get(schema.SEED, ""),
             **{key: tags.get(key, "") for key in CELL_KEYS},
+            "protocol": tags.get(schema.PROTOCOL, ""),
             "miou": metrics.get("miou", math.nan),
             "pavpu": metrics.get("pavpu", math.nan),
         })
@@ -310,12 +320,13 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, *, scale: float = 100.0) ->
             else:
                 mean = std = math.nan
                 status, seeds, run_ids = _cell_status(runs, key), "", ""
+            paper = _paper(key, spec.metric, scale)
             records.append({
                 "block": row.block, "row": row.label, "column": column,
                 "dataset": key.dataset, "framework": key.framework, "head": key.head,
                 "partition": key.partition, "metric": spec.metric,
                 "mean": mean, "std": std, "n": len(values), "seeds": seeds, "run_ids": run_ids,
-                "status": status,
+                "status": status, "paper": paper, "diff": mean - paper,
             })
     table = pd.DataFrame.from_records(records)
     table.attrs.update({
@@ -325,6 +336,21 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, *, scale: float = 100.0) ->
         "block_is_row_header": spec.block_is_row_header,
     })
     return table
+
+
+def _paper(key: CellKey, metric: str, scale: float) -> float:
+    """The paper's value of a cell in the table's scale (NaN for stand-ins and values the paper lacks)."""
+    value = paper_value(key.dataset, key.framework, key.head, key.partition, metric)
+    return math.nan if value is None else value / 100.0 * scale
+
+
+def protocol_groups(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """``[(protocol, its runs), ...]``: released, corrected, any other, untagged (""); one empty group
+    ("", runs) when there are no runs."""
+    found = list(dict.fromkeys(runs["protocol"])) if len(runs) else []
+    order = [p for p in PROTOCOL_ORDER if p in found] + sorted(p for p in found if p not in PROTOCOL_ORDER and p)
+    order += [""] if "" in found or not found else []
+    return [(protocol, runs[runs["protocol"] == protocol] if found else runs) for protocol in order]
 
 
 def discover_datasets(runs: pd.DataFrame) -> list[str]:
@@ -342,12 +368,21 @@ def build_tables(
 
     ``datasets`` defaults to those the runs cover; ``frameworks`` / ``heads`` are the rows of
     Tables 1-3. The result maps table names (``table1_miou_pascal_classic``, ...,
-    ``table4_pavpu``, ``table5_attention_miou``, ``table6_attention_pavpu``) to long frames,
-    plus ``cells``: every cell run read (one row per run, metrics unscaled).
+    ``table4_pavpu``, ``table5_attention_miou``, ``table6_attention_pavpu``; suffixed ``_<protocol>``
+    when the runs hold several protocols) to long frames (``attrs["protocol"]``), plus ``cells``: every
+    cell run read (one row per run, metrics unscaled).
     """
     runs = load_cell_runs(tracking_uri, experiment, grid_id=grid_id)
     datasets = list(datasets) if datasets is not None else discover_datasets(runs)
-    tables = {spec.name: build_table(spec, runs, scale=scale)
-              for spec in paper_table_specs(datasets, frameworks, heads)}
+    groups = protocol_groups(runs)
+    tables = {}
+    for protocol, group in groups:
+        suffix = f"_{protocol or 'untagged'}" if len(groups) > 1 else ""
+        for spec in paper_table_specs(datasets, frameworks, heads):
+            table = build_table(spec, group, scale=scale)
+            table.attrs["protocol"] = protocol
+            if protocol:
+                table.attrs["title"] += f" [protocol {protocol}]"
+            tables[spec.name + suffix] = table
     tables["cells"] = runs
     return tables

@@ -45,6 +45,7 @@ def cell_tags(config: Any, *, grid_id: str | None = None, search_id: str | None 
         schema.HEAD: config.head.variant,
         schema.HEAD_NAME: config.head.name,
         schema.SEED: str(config.seed),
+        schema.PROTOCOL: config.protocol,
         schema.CELL_ID: config.cell_id,
         schema.GIT_COMMIT: git_commit(),
         schema.VERSION: package_version(),

@@ -1,0 +1,302 @@
+"""The two protocols of every cell and the switches they set: one table, defined once.
+
+``released`` reproduces the code behind the paper's numbers, bug for bug; ``corrected`` is the paper
+done right (today's behaviour where it already is). Each difference between the two is a named
+:class:`Switch` of :data:`SWITCHES`: who owns it, its ``released`` and ``corrected`` values, where
+the official code has it, what it changes and which configuration field it sets (``target``, a dotted
+key of :class:`~npsemiseg.config.RunConfig`: frameworks and heads receive the value through their own
+options). ``RunConfig.protocol`` sets every switch that applies to the cell; an explicit override of
+one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured.
+
+Rows whose ``target`` is None are differences the notes list that are not yet a switch
+(``../shared/notes/protocol_deviations.md`` = "dev #n", ``np_head_reference.md`` = "np #n");
+``docs/PROTOCOL.md`` is generated from this table (:func:`protocol_markdown`) and a test keeps them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from npsemiseg.data import dataset_info
+
+PROTOCOLS: tuple[str, ...] = ("released", "corrected")
+Protocol = Literal["released", "corrected"]
+Owner = Literal["framework", "head", "evaluation", "loop", "data"]
+#: prefix of a switch given by name in overrides (``switches.np_attention=euclidean``) and of its MLflow param
+SWITCH_PREFIX = "switches."
+#: the value (and param) of a switch that does not apply to the cell
+NOT_APPLICABLE = "n/a"
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A switch value that depends on the cell's other values (``compute(values)``), shown as ``text``."""
+
+    text: str
+    compute: Callable[[dict[str, Any]], Any]
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _bounded_enqueue(values: dict[str, Any]) -> int:
+    """The NP head's bounded enqueue: 256 rows per class and step (Q / 10 at Q = 2560), at most Q."""
+    return min(256, int(values.get("head", {}).get("options", {}).get("memory_size", 2560)))
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One difference between the released code and the paper done right.
+
+    ``target``: the dotted configuration key the switch sets (None = not yet implemented);
+    ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
+    the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
+    ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: the notes' rows it covers.
+    """
+
+    name: str
+    owner: Owner
+    target: str | None
+    released: Any
+    corrected: Any
+    source: str
+    changes: str
+    rows: str
+    frameworks: tuple[str, ...] | None = None
+    heads: tuple[str, ...] | None = None
+    needs_lists: str | None = None
+    families: tuple[str, ...] | None = None
+
+    def value(self, protocol: str, values: dict[str, Any] | None = None) -> Any:
+        """The switch's value under ``protocol`` (a :class:`Derived` one computed from the cell's ``values``)."""
+        value = self.released if check_protocol(protocol) == "released" else self.corrected
+        return value.compute(values or {}) if isinstance(value, Derived) else value
+
+    def applies(self, *, framework: str, dataset: str, head: str) -> bool:
+        """Whether the switch is implemented and concerns the cell."""
+        if self.target is None:
+            return False
+        if self.frameworks is not None and framework not in self.frameworks:
+            return False
+        if self.heads is not None and head not in self.heads:
+            return False
+        info = dataset_info(dataset)
+        if self.families is not None and _family(info) not in self.families:
+            return False
+        return self.needs_lists is None or self.needs_lists in info.list_variants
+
+
+def _family(info: Any) -> str:
+    """``cityscapes`` for Cityscapes and its stand-in, else ``voc`` (as ``npsemiseg.presets.dataset_family``)."""
+    return "cityscapes" if (info.real_dataset or info.name) == "cityscapes" else "voc"
+
+
+_NP = ("np",)
+_SWITCH_LIST: tuple[Switch, ...] = (
+    # ---------------------------------------------------------------- evaluation
+    Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
+           "U2PL train_semi.py 218-222 (ckpt_best.pth); AugSeg train_semi.py; NP-SemiSeg eval script loads ckpt_best",
+           "reports the best validation epoch's weights instead of the last epoch's (both are logged)", "dev #2"),
+    Switch("np_eval_samples", "evaluation", "evaluation.num_samples", 20, 5,
+           "NP-SemiSeg eval script (T = 20; the paper says 5)", "T latent samples averaged at evaluation",
+           "np 3", heads=_NP),
+    Switch("fp32", "loop", "runtime.amp", False, True, "every official trainer (fp32)",
+           "bf16 autocast on GPU (corrected) or float32 (released)", "dev #15 (precision)"),
+    # ---------------------------------------------------------------- NP head
+    Switch("np_attention", "head", "head.options.attention", "per_channel", "euclidean",
+           "NP-SemiSeg model_helper (attention over squared per-channel residuals)",
+           "softmax over classes per channel instead of one Euclidean distance per class", "np headline 5", heads=_NP),
+    Switch("np_kl", "head", "head.options.kl", "authors", "paper", "NP-SemiSeg loss (KL with sigma as variance)",
+           "closed-form Gaussian KL with sigma used where sigma^2 belongs", "np headline 4", heads=_NP),
+    Switch("np_zero_centers", "head", "head.options.mask_empty", False, True,
+           "NP-SemiSeg model_helper (zeros(1,32) initial rows, absent classes' zero centers)",
+           "classes with empty memories take part in attention with a zero center", "np 1", heads=_NP),
+    Switch("np_sync_memories", "head", "head.options.sync_memories", False, True,
+           "NP-SemiSeg (no all_gather of memories)", "each rank enqueues only its own pixels", "np 1", heads=_NP),
+    Switch("np_push_every_pixel", "head", "head.options.enqueue_per_class", None,
+           Derived("min(256, memory_size)", _bounded_enqueue),
+           "NP-SemiSeg model_helper (masked_select of every pixel, FIFO to Q)",
+           "every pixel of a class enters the memory each step (the memory is the last image) "
+           "instead of a bounded random subset", "np 1 / np 5.3", heads=_NP),
+    Switch("np_sample_ce", "head", "head.sample_ce", "mean_logits", "elbo",
+           "NP-SemiSeg U2PL/train_semi.py 620-625", "CE on the mean of the T logits instead of the mean of "
+           "per-sample CEs", "dev #4 (CE)", heads=_NP),
+    Switch("np_scrambled_memories", "head", "head.options.memory_rows", "scrambled", "pixel",
+           "NP-SemiSeg model_helper (masked_select(...).view(-1, 32))",
+           "memory rows hold one channel of many pixels, not one pixel's feature vector", "np headline 1", heads=_NP),
+    Switch("np_memories_persist", "head", "head.options.persist_memories", False, True,
+           "NP-SemiSeg under torch 1.10 + DDP (lists copied by DDP)",
+           "memories never persist: each training step starts empty, every inference uses all-zero centers",
+           "np headline 2", heads=_NP),
+    Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
+           "NP-SemiSeg U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
+           "dev #4 (targets)", frameworks=("u2pl",), heads=_NP),
+    # ---------------------------------------------------------------- U2PL
+    Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
+           "U2PL train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
+           "statistics)", "dev #5", frameworks=("u2pl",)),
+    Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL augmentation.py 243",
+           "weak crops pad labels with background (0) instead of ignore (255)", "dev #5 (padding)",
+           frameworks=("u2pl",)),
+    Switch("u2pl_label_onehot", "framework", "framework_options.label_onehot_bug", True, False,
+           "U2PL utils.py 50-59",
+           "only image 0 of each batch gets (multi-hot) labels in the contrastive loss", "dev #3a",
+           frameworks=("u2pl",)),
+    Switch("u2pl_labeled_negatives", "framework", "framework_options.labeled_negatives_bug", True, False,
+           "U2PL loss_helper.py 127-140 (issue #171)",
+           "negative masks also require class membership: labeled negatives impossible", "dev #3b", frameworks=("u2pl",)),
+    Switch("u2pl_prototype_index", "framework", "framework_options.prototype_index_bug", True, False,
+           "U2PL loss_helper.py 173-188 (#111)",
+           "anchors and prototypes indexed by position, not class", "dev #3c", frameworks=("u2pl",)),
+    # ---------------------------------------------------------------- MT
+    Switch("mt_variant", "framework", "framework_options.variant", "cps", "shared",
+           "TorchSemiSeg MeanTeacher config.py 73-107, train.py 180-213",
+           "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)", "dev #1",
+           frameworks=("mt",)),
+    # ---------------------------------------------------------------- PS-MT
+    Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
+           "PS-MT encoder_decoder.py 53-89", "float32 power iteration at xi = 1e-6 (almost no perturbation)",
+           "dev #16", frameworks=("psmt",)),
+    Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
+           "PS-MT train.py 139-187, scripts --warm_up=5", "supervised warm-up epochs before the semi-supervised "
+           "phase", "dev #7", frameworks=("psmt",)),
+    Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False, "PS-MT train.py 192",
+           "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
+    Switch("psmt_epochs", "loop", None, "psmt", "shared", "PS-MT scripts, docs/before_start.md",
+           "PS-MT's own epoch counts (VOC 80/80/200/300, Cityscapes 320/450/550)", "dev #8", frameworks=("psmt",)),
+    Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True, "PS-MT CityCode EntireModel.py 62",
+           "Cityscapes supervised loss is plain CE (the config says OHEM)", "dev #9", frameworks=("psmt",),
+           families=("cityscapes",)),
+    Switch("psmt_single_lr", "loop", None, True, False, "PS-MT helpers.py 38-77",
+           "one LR for every parameter, no weight decay on BN and biases", "dev #10", frameworks=("psmt",)),
+    Switch("psmt_eval_logits", "evaluation", None, "logits", "probabilities", "PS-MT VOC evaluation",
+           "both teachers' logits averaged instead of their softmaxes", "dev #11", frameworks=("psmt",)),
+    Switch("psmt_blur_kernel", "data", None, "psmt", "sigma", "PS-MT VocCode base_dataset.py 133-150",
+           "strong-view blur kernel 1/3/5 instead of 2 ceil(3 sigma) + 1", "dev #17", frameworks=("psmt",)),
+    # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
+    Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg decoder.py 41-49",
+           "dropout in the baseline classifier block", "dev #12", frameworks=("augseg", "psmt"),
+           heads=("baseline",)),
+    Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg splitsall.tar.gz",
+           "partition lists (CPS's instead of U2PL's)", "dev #14", frameworks=("augseg",), needs_lists="cps"),
+    Switch("augseg_cityscapes_aux", "framework", "model.aux_head", False, True, "AugSeg Cityscapes configs (aux commented out)",
+           "Cityscapes: OHEM without the auxiliary layer-3 head", "dev #13 (aux)", frameworks=("augseg",),
+           families=("cityscapes",)),
+    Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg Cityscapes configs",
+           "sliding-window size at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
+    Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533, 513, "AugSeg evaluation (stride 2/3 window)",
+           "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
+    Switch("align_corners", "loop", None, True, False, "every official model",
+           "logits upsampled with align_corners=True", "dev #15 (upsampling)"),
+    Switch("crop_padding", "data", None, "bottom_right", "centered", "U2PL / PS-MT / AugSeg crop code",
+           "crops padded on the bottom and right only", "dev #18"),
+    Switch("head_settings", "loop", None, "per_head", "shared", "protocol_deviations.md, Provenance",
+           "baseline rows at each framework's own full crops and batches, MC dropout and NP at 480/580 and "
+           "12/8 (released); one setting for all heads of a framework (corrected)", "provenance"),
+)
+
+#: every switch by name (the one table)
+SWITCHES: dict[str, Switch] = {switch.name: switch for switch in _SWITCH_LIST}
+
+
+def check_protocol(protocol: str) -> str:
+    """``protocol`` if it is one of :data:`PROTOCOLS`, else ``ValueError`` naming it."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol: unknown name {protocol!r}, expected one of {list(PROTOCOLS)}")
+    return protocol
+
+
+def get_switch(name: str) -> Switch:
+    """The switch ``name``; ``ValueError`` listing the switches for an unknown name."""
+    if name not in SWITCHES:
+        raise ValueError(f"switch: unknown name {name!r}, expected one of {sorted(SWITCHES)}")
+    return SWITCHES[name]
+
+
+def implemented_switches() -> tuple[Switch, ...]:
+    """The switches that set a configuration field (the others are rows still to do)."""
+    return tuple(switch for switch in _SWITCH_LIST if switch.target is not None)
+
+
+def protocol_overrides(protocol: str, *, framework: str, dataset: str, head: str,
+                       values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{target: value}`` of every implemented switch applying to the cell under ``protocol``
+    (``values``: the cell's nested configuration values, for derived values)."""
+    check_protocol(protocol)
+    return {s.target: s.value(protocol, values) for s in _SWITCH_LIST
+            if s.applies(framework=framework, dataset=dataset, head=head)}
+
+
+def apply_protocol(values: dict[str, Any], protocol: str) -> dict[str, Any]:
+    """Nested configuration ``values`` of one cell (``framework``, ``dataset``, ``head.name`` set) with
+    ``protocol`` and every switch of it that applies to the cell written in (in place; returned)."""
+    values["protocol"] = protocol
+    cell = {"framework": values["framework"], "dataset": values["dataset"], "head": values["head"]["name"]}
+    for dotted, value in protocol_overrides(protocol, **cell, values=values).items():
+        *parents, leaf = dotted.split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return values
+
+
+def switch_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with every ``switches.<name>`` key replaced by the switch's configuration key."""
+    return {switch_target(k) if k.startswith(SWITCH_PREFIX) else k: v for k, v in overrides.items()}
+
+
+def switch_target(key: str) -> str:
+    """The configuration key behind ``switches.<name>`` (``ValueError`` for an unknown or unimplemented one)."""
+    switch = get_switch(key.removeprefix(SWITCH_PREFIX))
+    if switch.target is None:
+        raise ValueError(f"switch {switch.name!r} is not implemented yet (rows {switch.rows}); see docs/PROTOCOL.md")
+    return switch.target
+
+
+def switch_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Every switch's value in the configuration ``values`` (a RunConfig's JSON dump), ``n/a`` where it does not apply."""
+    out: dict[str, Any] = {}
+    for switch in _SWITCH_LIST:
+        applies = switch.applies(framework=values["framework"], dataset=values["dataset"], head=values["head"]["name"])
+        out[switch.name] = _read(values, switch.target) if applies else NOT_APPLICABLE
+    return out
+
+
+def _read(values: dict[str, Any], dotted: str) -> Any:
+    node: Any = values
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def protocol_markdown() -> str:
+    """``docs/PROTOCOL.md``: the table of switches as Markdown (the test compares the file with this)."""
+    lines = [
+        "# The two protocols: `released` and `corrected`",
+        "",
+        "Generated from `npsemiseg/protocol.py` (`python -m npsemiseg.protocol > docs/PROTOCOL.md`); a test fails",
+        "when this file and the table disagree. `protocol: released` reproduces the code behind the paper's",
+        "numbers; `protocol: corrected` is the paper done right. Set one switch on its own with",
+        "`switches.<name>=<value>` (or its configuration key); it wins over the protocol.",
+        "A switch whose key is `-` is a difference the notes list that is not yet implemented.",
+        "",
+        "| switch | owner | key | released | corrected | applies to | official source | what it changes | rows |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in _SWITCH_LIST:
+        scope = ", ".join(part for part in (
+            "frameworks " + "/".join(s.frameworks) if s.frameworks else "",
+            "heads " + "/".join(s.heads) if s.heads else "",
+            f"datasets with {s.needs_lists} lists" if s.needs_lists else "",
+        ) if part) or "all"
+        key = f"`{s.target}`" if s.target else "-"
+        lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "
+                     f"{s.source} | {s.changes} | {s.rows} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(protocol_markdown(), end="")

@@ -1,0 +1,85 @@
+"""Checkpoint selection (``evaluation.select``): the last epoch's weights, or the best validation mIoU's.
+
+U2PL, AugSeg and NP-SemiSeg report the epoch with the best validation mIoU (``ckpt_best.pth``); the
+paper done right reports the last epoch. Whatever the selection, a run logs both: ``last/<metric>`` and
+``best/<metric>`` beside the selected metrics, plus ``best/step`` and ``best/epoch``, so a table can say
+how much selecting on the validation set adds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from npsemiseg.frameworks import Framework
+from npsemiseg.frameworks.ema import unwrap
+
+#: the metric the selection maximises
+SELECT_METRIC = "miou"
+#: evaluation entries that time the evaluation rather than measure the weights (not repeated as last/best)
+TIMING_METRICS = frozenset({"seconds_per_image"})
+
+
+def _scalars(metrics: dict[str, float]) -> dict[str, float]:
+    """The run-level metrics (``miou``, ``pavpu``, ...) without per-class entries (``iou/<class>``) and timings."""
+    return {k: v for k, v in metrics.items() if "/" not in k and k not in TIMING_METRICS}
+
+
+class BestWeights:
+    """The evaluation with the best validation mIoU so far and, when ``keep_weights``, a CPU copy of every
+    module's weights at that evaluation (in the checkpoint too, so a resumed run can still restore it)."""
+
+    def __init__(self, framework: Framework, *, keep_weights: bool) -> None:
+        self.framework, self.keep_weights = framework, keep_weights
+        self.step: int | None = None
+        self.epoch = 0.0
+        self.metrics: dict[str, float] = {}
+        self.modules: dict[str, Any] | None = None
+
+    @property
+    def miou(self) -> float:
+        return self.metrics.get(SELECT_METRIC, float("-inf"))
+
+    def offer(self, step: int, epoch: float, metrics: dict[str, float]) -> bool:
+        """Keep this evaluation (and the weights) if its mIoU beats the best so far; True when it does."""
+        if SELECT_METRIC not in metrics or not metrics[SELECT_METRIC] > self.miou:
+            return False
+        self.step, self.epoch, self.metrics = step, float(epoch), dict(metrics)
+        if self.keep_weights:
+            self.modules = {name: {k: v.detach().to("cpu", copy=True) for k, v in unwrap(m).state_dict().items()}
+                            for name, m in self.framework.modules().items()}
+        return True
+
+    def restore(self) -> None:
+        """Load the kept weights into the framework's modules (select = best)."""
+        if self.modules is None:
+            raise ValueError("evaluation.select=best: no weights were kept (no evaluation reported a miou)")
+        for name, module in self.framework.modules().items():
+            target = unwrap(module)
+            device = next(iter(target.state_dict().values()), torch.empty(0)).device
+            target.load_state_dict({k: v.to(device) for k, v in self.modules[name].items()})
+
+    def select(self, last: dict[str, float], *, step: int, epoch: float) -> dict[str, float]:
+        """The run's final metrics: the selected evaluation's (restoring its weights when it is not the last)
+        plus ``last/*``, ``best/*``, ``best/step`` and ``best/epoch``."""
+        is_best = self.offer(step, epoch, last) or self.step == step
+        chosen = last
+        if self.keep_weights and not is_best:
+            self.restore()
+            chosen = self.metrics
+        summary = {f"last/{k}": v for k, v in _scalars(last).items()}
+        summary.update({f"best/{k}": v for k, v in _scalars(self.metrics or last).items()})
+        summary.update({"best/step": float(self.step if self.step is not None else step),
+                        "best/epoch": float(self.epoch if self.step is not None else epoch)})
+        return {**chosen, **summary}
+
+    def state(self) -> dict[str, Any]:
+        """For checkpoints: the best evaluation and (when kept) its weights."""
+        return {"step": self.step, "epoch": self.epoch, "metrics": self.metrics, "modules": self.modules}
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state` (None: a checkpoint written before selection existed)."""
+        if state:
+            self.step, self.epoch = state["step"], float(state["epoch"])
+            self.metrics, self.modules = dict(state["metrics"]), state["modules"]

@@ -1,0 +1,135 @@
+"""The protocol mechanism: one table of switches, ``protocol`` sets them all, an explicit switch wins,
+the doc is the table, and the MLflow params / tags carry them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import framework_names
+from npsemiseg.protocol import (
+    NOT_APPLICABLE,
+    PROTOCOLS,
+    SWITCHES,
+    Derived,
+    get_switch,
+    implemented_switches,
+    protocol_markdown,
+)
+from npsemiseg.training import train
+from semiseg_platform import schema
+from semiseg_platform.tracking.params import cell_tags
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
+
+
+def _cell_for(switch) -> dict[str, str]:
+    """A smoke cell the switch applies to."""
+    framework = switch.frameworks[0] if switch.frameworks else "u2pl"
+    head = switch.heads[0] if switch.heads else "baseline"
+    dataset = "synthetic_blender" if switch.needs_lists else "synthetic"
+    if switch.families == ("cityscapes",):
+        dataset = "synthetic_cityscapes"
+    return {"framework": framework, "head": head, "dataset": dataset}
+
+
+def test_doc_is_generated_from_the_table():
+    assert DOC.read_text() == protocol_markdown(), "docs/PROTOCOL.md is stale: python -m npsemiseg.protocol > docs/PROTOCOL.md"
+    for name in SWITCHES:
+        assert f"`{name}`" in DOC.read_text()
+
+
+def test_every_switch_has_distinct_values_and_a_source():
+    for switch in SWITCHES.values():
+        assert switch.released != switch.corrected, switch.name
+        assert switch.source and switch.changes and switch.rows, switch.name
+    assert len(implemented_switches()) >= 14
+
+
+@pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_protocol_sets_every_switch_on_the_paper_preset(switch, protocol):
+    config = RunConfig.from_preset("paper", protocol=protocol, **_cell_for(switch))
+    expected = getattr(switch, protocol)
+    if isinstance(expected, Derived):
+        expected = expected.compute(config.model_dump(mode="json"))
+    assert config.protocol == protocol
+    assert config.switches()[switch.name] == expected
+    assert config.flat()[f"switches.{switch.name}"] == (expected if isinstance(expected, str) else json.dumps(expected))
+
+
+@pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
+def test_an_explicit_switch_wins_over_the_protocol(switch):
+    cell = _cell_for(switch)
+    value = switch.corrected
+    if isinstance(value, Derived):
+        value = 8
+    by_name = RunConfig.from_preset("smoke", protocol="released", **cell, **{f"switches.{switch.name}": value})
+    assert by_name.switches()[switch.name] == value
+    assert by_name.protocol == "released"
+    released = RunConfig.from_preset("smoke", protocol="released", **cell)
+    assert released.with_overrides({f"switches.{switch.name}": value}) == by_name
+    # every other switch keeps its released value
+    others = {k: v for k, v in by_name.switches().items() if k != switch.name}
+    assert others == {k: v for k, v in released.switches().items() if k != switch.name}
+
+
+def test_changing_the_protocol_rewrites_the_switches():
+    released = RunConfig.from_preset("paper", framework="u2pl", head="np", protocol="released")
+    corrected = RunConfig.from_preset("paper", framework="u2pl", head="np", protocol="corrected")
+    assert released.with_overrides({"protocol": "corrected"}) == corrected
+    assert corrected.with_overrides(protocol="released") == released
+    assert released.cell_id != corrected.cell_id
+    assert released.head.options["attention"] == "per_channel" and corrected.head.options["attention"] == "euclidean"
+    # a new framework under the same protocol gets that framework's switches
+    psmt = released.with_overrides(framework="psmt")
+    assert psmt.framework_options["tvat_released_normalization"] is True and psmt.framework_options["warmup_epochs"] == 5
+
+
+def test_switches_that_do_not_apply_are_not_applicable():
+    config = RunConfig.from_preset("smoke", framework="supervised", head="baseline", protocol="released")
+    values = config.switches()
+    assert values["np_attention"] == NOT_APPLICABLE and values["u2pl_teacher_train_mode"] == NOT_APPLICABLE
+    assert values["evaluation_select"] == "best"
+    # an unimplemented row is never applicable: it sets nothing
+    assert values["mt_variant"] == NOT_APPLICABLE and values["psmt_epochs"] == NOT_APPLICABLE
+
+
+def test_unknown_and_unimplemented_switches_are_refused():
+    with pytest.raises(ValueError, match="switch: unknown name 'nope'"):
+        RunConfig.from_preset("smoke", **{"switches.nope": 1})
+    with pytest.raises(ValueError, match="not implemented yet"):
+        RunConfig.from_preset("smoke", **{"switches.psmt_epochs": "psmt"})
+    with pytest.raises(ValueError, match="protocol"):
+        RunConfig.from_preset("smoke", protocol="bugged")
+    assert get_switch("np_kl").owner == "head"
+
+
+def test_mlflow_params_and_tags_carry_protocol_and_switches():
+    config = RunConfig.from_preset("smoke", framework="u2pl", head="np", protocol="released")
+    params = schema.config_params(config)
+    assert params["protocol"] == "released"
+    assert {f"switches.{name}" for name in SWITCHES} <= set(params)
+    assert params["switches.np_attention"] == "per_channel"
+    assert params["switches.psmt_warmup_epochs"] == NOT_APPLICABLE
+    assert cell_tags(config)[schema.PROTOCOL] == "released"
+    # the same key set for every cell
+    other = schema.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
+    assert set(other) == set(params)
+
+
+@pytest.mark.parametrize("head", ["baseline", "np"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("framework", framework_names())
+def test_smoke_cell_of_every_framework_under_each_protocol(smoke_config, framework, head, protocol):
+    """Every framework trains and evaluates a smoke cell under both protocols, logging both selections."""
+    config = smoke_config(framework=framework, head=head, protocol=protocol,
+                          **{"schedule.eval_every_epochs": 1, "schedule.epoch_length": "labeled",
+                             "data.options.train_size": 32})
+    result = train(config)
+    assert result.steps == 3 and 0.0 <= result.metrics["miou"] <= 1.0
+    assert {"last/miou", "best/miou", "best/step"} <= set(result.metrics)
+    assert result.metrics["miou"] == result.metrics["best/miou" if protocol == "released" else "last/miou"]

@@ -1,0 +1,239 @@
+"""Each switch of ``npsemiseg.protocol`` changes behaviour as documented.
+
+Framework and head switches: flipping the one switch from its corrected to its released value (and
+nothing else) changes the framework's training steps on the same seeded batch; switches with a stated
+effect (train-mode teachers update BN statistics, label padding, precision) are checked for that effect.
+``evaluation_select`` is tested with the loop (tests/test_training.py), the NP head's options in
+tests/test_heads_np.py and tests/test_heads_ddp.py (``sync_memories`` only differs across ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from npsemiseg.frameworks.base import Batch, StepContext
+from npsemiseg.protocol import implemented_switches
+from npsemiseg.training import build_framework, train_transforms
+from npsemiseg.training.step import autocast
+
+#: tiny U2PL queues for CPU tests (as tests/test_frameworks.py)
+U2PL_SMALL = {"num_queries": 8, "num_negatives": 4, "queue_size": 64, "background_queue_size": 64}
+#: switches whose effect is not a different training step in one CPU process (tested below or elsewhere)
+NOT_A_STEP_CHANGE = {
+    "np_sync_memories": "only differs across ranks: tests/test_heads_ddp.py",
+    "np_eval_samples": "evaluation only",
+    "evaluation_select": "tests/test_training.py::test_checkpoint_selection_reports_and_restores_the_best_epoch",
+    "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
+    "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",
+    "augseg_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
+    "augseg_eval_window": "evaluation only: test_augseg_cityscapes_evaluation_window",
+    "augseg_eval_stride": "evaluation only: test_augseg_cityscapes_evaluation_window",
+    "psmt_cityscapes_plain_ce": "an untrained model keeps every pixel under OHEM: test_psmt_cityscapes_plain_ce",
+    # the smoke step's contrastive term is 0 (too few classes and keys): tested on the loss itself below
+    "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
+    "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
+    "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
+}
+STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
+
+
+def _configs(smoke_config, switch, dataset: str = "synthetic"):
+    if switch.families == ("cityscapes",):
+        dataset = "synthetic_cityscapes"
+    framework = switch.frameworks[0] if switch.frameworks else "u2pl"
+    head = switch.heads[0] if switch.heads else "baseline"
+    options = U2PL_SMALL if framework == "u2pl" else {}
+    corrected = smoke_config(framework=framework, head=head, dataset=dataset, protocol="corrected",
+                             framework_options=options)
+    released = corrected.with_overrides({f"switches.{switch.name}": switch.released})
+    assert released.switches()[switch.name] != corrected.switches()[switch.name]
+    return corrected, released
+
+
+def _batch(config, seed: int) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    size, k = config.schedule.crop_size, config.num_classes
+    labels = torch.randint(0, min(k, 2), (2, size, size), generator=gen)  # classes >= 2 absent: empty memories
+    labeled = {"image": torch.rand(2, 3, size, size, generator=gen), "label": labels}
+    labeled["image_strong"] = (labeled["image"] * 0.8).clamp(0, 1)
+    unlabeled = {"image": torch.rand(2, 3, size, size, generator=gen)}
+    unlabeled["image_strong"] = unlabeled["image"].flip(-1)
+    return Batch(labeled=labeled, unlabeled=unlabeled)
+
+
+def _steps(config) -> list[dict[str, float]]:
+    """Two training steps (epoch 1, so warm-ups and ramp-ups differ) of a freshly built framework."""
+    torch.manual_seed(0)
+    framework = build_framework(config)
+    optimizer = torch.optim.SGD([p for p in framework.student.parameters() if p.requires_grad], lr=0.05)
+    losses = []
+    for step in range(2):
+        torch.manual_seed(100 + step)
+        ctx = StepContext(step=2 + step, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+        result = framework.train_step(_batch(config, step), ctx)
+        losses.append({k: float(v.detach()) for k, v in result.losses.items()})
+        optimizer.zero_grad()
+        result.total.backward()
+        optimizer.step()
+        framework.after_optimizer_step(ctx)
+    return losses
+
+
+@pytest.mark.parametrize("switch", STEP_SWITCHES, ids=lambda s: s.name)
+def test_switch_changes_the_training_step(smoke_config, switch):
+    corrected, released = _configs(smoke_config, switch)
+    assert _steps(corrected) == _steps(corrected)  # the comparison is deterministic
+    assert _steps(released) != _steps(corrected), f"{switch.name}: the released value changes nothing"
+
+
+@pytest.mark.parametrize("name", ["u2pl_teacher_train_mode", "psmt_teacher_train_mode"])
+def test_train_mode_teachers_update_their_bn_statistics(smoke_config, name):
+    switch = next(s for s in implemented_switches() if s.name == name)
+    for config, moves in zip(_configs(smoke_config, switch), (False, True)):
+        torch.manual_seed(0)
+        framework = build_framework(config)
+        teachers = [m for n, m in framework.modules().items() if n != "student"]
+        stats = [{k: v.clone() for k, v in t.state_dict().items() if "running_mean" in k} for t in teachers]
+        ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+        framework.train_step(_batch(config, 0), ctx)
+        for teacher, before in zip(teachers, stats):
+            after = teacher.state_dict()
+            changed = any(not torch.equal(v, after[k]) for k, v in before.items())
+            assert changed == moves, f"teacher BN statistics changed={changed} with {config.switches()[name]}"
+
+
+def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):
+    switch = next(s for s in implemented_switches() if s.name == "u2pl_label_pad")
+    corrected, released = _configs(smoke_config, switch)
+    for config, pad in ((corrected, 255), (released, 0)):
+        config = config.with_overrides({"data.augmentation.scale_range": [0.5, 0.5],
+                                        "data.augmentation.resize": "rescale"})
+        labeled = train_transforms(config)["labeled"]
+        item = {"image": torch.rand(3, 16, 16), "label": torch.ones(16, 16, dtype=torch.long), "id": "x"}
+        out = labeled(item)["label"]
+        assert (out == pad).any() and set(out.unique().tolist()) <= {1, pad}
+
+
+def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config):
+    switch = next(s for s in implemented_switches() if s.name == "augseg_cps_lists")
+    corrected, released = _configs(smoke_config, switch, dataset="synthetic_blender")
+    assert corrected.list_variant == "u2pl" and released.list_variant == "cps"
+    # where the dataset has only one list variant the switch does not apply
+    plain = smoke_config(framework="augseg", dataset="synthetic", protocol="released")
+    assert plain.list_variant == "u2pl" and plain.switches()[switch.name] == "n/a"
+
+
+def test_fp32_switch_turns_autocast_off(smoke_config):
+    switch = next(s for s in implemented_switches() if s.name == "fp32")
+    corrected, released = _configs(smoke_config, switch)
+    cuda = torch.device("cuda")
+    assert isinstance(autocast(released, cuda), contextlib.nullcontext)
+    assert isinstance(autocast(corrected, cuda), torch.autocast)
+
+
+# ---- U2PL's contrastive-loss bugs (switches u2pl_label_onehot, u2pl_labeled_negatives, u2pl_prototype_index)
+
+
+def _contrastive_inputs(seed: int = 0, k: int = 4):
+    gen = torch.Generator().manual_seed(seed)
+    b, e, h, w = 4, 8, 4, 4
+    rep_s, rep_t = torch.randn(b, e, h, w, generator=gen), torch.randn(b, e, h, w, generator=gen)
+    prob = torch.rand(b, k, h, w, generator=gen).softmax(dim=1)
+    labels = torch.randint(1, k, (b, h, w), generator=gen)  # class 0 absent: positions differ from classes
+    reliable = torch.ones(b, h, w, dtype=torch.bool)
+    unreliable = torch.rand(b, h, w, generator=gen) > 0.5
+    return rep_s, rep_t, prob, labels, reliable, unreliable
+
+
+def _queues(k: int = 4):
+    from npsemiseg.frameworks.contrastive import ClassQueues
+
+    return ClassQueues([256] * k, 8)
+
+
+def test_label_onehot_bug_leaves_images_after_the_first_without_labels():
+    from npsemiseg.frameworks.contrastive import class_membership
+
+    labels = torch.tensor([[[0, 1]], [[2, 2]], [[1, 255]], [[3, 3]]])  # 2 labeled, 2 unlabeled images
+    right = class_membership(labels, 2, 4)
+    bugged = class_membership(labels, 2, 4, onehot_bug=True)
+    assert right[1].any() and right[3].any()
+    assert not bugged[1].any() and not bugged[3].any()  # images after the first of each part: no class
+    assert torch.equal(bugged[0], right[:2].any(dim=0)) and torch.equal(bugged[2], right[2:].any(dim=0))
+    assert bugged[0, :, 0, 0].tolist() == [True, False, True, False]  # multi-hot: classes 0 and 2
+
+
+def test_labeled_negatives_bug_enqueues_no_labeled_keys():
+    from npsemiseg.frameworks.contrastive import contrastive_loss
+
+    rep_s, rep_t, prob, labels, reliable, unreliable = _contrastive_inputs()
+    counts = {}
+    for bugs in ((), ("labeled_negatives",)):
+        queues = _queues()
+        contrastive_loss(rep_s, rep_t, prob, labels, reliable, torch.zeros_like(unreliable), 2, queues,
+                         num_queries=4, num_negatives=2, released_bugs=bugs)  # no unlabeled negatives
+        counts[bugs] = sum(queues.class_keys(c).shape[0] for c in range(4))
+    assert counts[()] > 0 and counts[("labeled_negatives",)] == 0
+
+
+def test_prototype_index_bug_pairs_anchors_with_another_class():
+    from npsemiseg.frameworks.contrastive import contrastive_loss
+
+    rep_s, rep_t, prob, labels, reliable, unreliable = _contrastive_inputs()
+    values = {}
+    for bugs in ((), ("prototype_index",)):
+        queues = _queues()
+        loss, _ = contrastive_loss(rep_s, rep_t, prob, labels, reliable, unreliable, 2, queues, num_queries=4,
+                                   num_negatives=2, released_bugs=bugs, generator=torch.Generator().manual_seed(1))
+        values[bugs] = float(loss)
+    assert values[()] != values[("prototype_index",)]
+    with pytest.raises(ValueError, match="released_bugs"):
+        contrastive_loss(rep_s, rep_t, prob, labels, reliable, unreliable, 2, _queues(), released_bugs=("x",))
+
+
+def test_augseg_cityscapes_evaluation_window():
+    from npsemiseg.config import RunConfig
+
+    cell = {"framework": "augseg", "dataset": "cityscapes", "partition": "186", "head": "baseline"}
+    released = RunConfig.from_preset("paper", protocol="released", **cell)
+    corrected = RunConfig.from_preset("paper", protocol="corrected", **cell)
+    assert (released.evaluation.crop_size, released.evaluation.stride) == (800, 533)
+    assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
+    assert released.model.aux_head is False and corrected.model.aux_head is True
+    voc = RunConfig.from_preset("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
+    assert voc.evaluation.crop_size == 513 and voc.switches()["augseg_eval_window"] == "n/a"
+
+
+def test_psmt_cityscapes_plain_ce(smoke_config):
+    """The framework receives plain CE (released) or OHEM (corrected); OHEM itself: tests/test_training.py."""
+    switch = next(s for s in implemented_switches() if s.name == "psmt_cityscapes_plain_ce")
+    corrected, released = _configs(smoke_config, switch)
+    assert build_framework(corrected).loss.ohem is True and build_framework(released).loss.ohem is False
+    voc = smoke_config(framework="psmt", protocol="corrected")
+    assert voc.loss.ohem is False and voc.switches()[switch.name] == "n/a"
+
+
+def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke_config):
+    """CPS's MeanTeacher: unsup = 100 x MSE(student softmax, train-mode teacher softmax); the student is evaluated."""
+    switch = next(s for s in implemented_switches() if s.name == "mt_variant")
+    corrected, released = _configs(smoke_config, switch)
+    cps = build_framework(released)
+    assert cps.eval_model() is cps.student and build_framework(corrected).eval_model() is not None
+    torch.manual_seed(0)
+    cps = build_framework(released)
+    batch = _batch(released, 0)
+    ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    teacher_stats = {k: v.clone() for k, v in cps.teacher.state_dict().items() if "running_mean" in k}
+    torch.manual_seed(5)
+    result = cps.train_step(batch, ctx)
+    assert any(not torch.equal(v, cps.teacher.state_dict()[k]) for k, v in teacher_stats.items())
+    assert set(result.losses) == {"sup", "unsup"}
+    assert 0.0 < float(result.losses["unsup"]) < 100.0  # 100 x a mean squared difference of probabilities
+    # no CutMix, no pseudo-label CE: the shared-trainer MT's loss on the same batch differs
+    torch.manual_seed(0)
+    shared = build_framework(corrected)
+    torch.manual_seed(5)
+    assert float(shared.train_step(batch, ctx).losses["unsup"]) != float(result.losses["unsup"])
