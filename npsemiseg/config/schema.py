@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -381,7 +382,14 @@ class RunConfig(Section):
             values["head"]["options"] = {}
             if self.head.variant == self.head.name:
                 values["head"]["variant"] = ""
+        if "evaluation.crop_size" in changes and "evaluation.stride" not in changes and self._derived_stride():
+            values["evaluation"]["stride"] = None  # the derived stride follows the new crop
         return type(self).model_validate(apply_overrides(type(self), values, changes))
+
+    def _derived_stride(self) -> bool:
+        """Whether the evaluation stride is the one derived from the crop (ceil(2/3 x crop))."""
+        evaluation = self.evaluation
+        return evaluation.stride is not None and evaluation.stride == math.ceil(evaluation.crop_size * 2 / 3)
 
     # ----------------------------------------------------------------- YAML
     def to_yaml(self) -> str:
