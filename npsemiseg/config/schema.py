@@ -124,6 +124,18 @@ class OptimConfig(Section):
     nesterov: bool = False
     #: max global gradient norm (None = no clipping)
     grad_clip: PositiveFloat | None = None
+    #: ``linear``: lr x global batch / ``reference_batch`` (the global batch ``lr`` was tuned for);
+    #: ``none``: ``lr`` as it is, whatever the number of devices
+    lr_scaling: Literal["none", "linear"] = "none"
+    #: the preset's global labeled batch (paper: 3 x 4 GPUs = 12 on VOC, 2 x 4 = 8 on Cityscapes)
+    reference_batch: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _linear_needs_a_reference(self) -> OptimConfig:
+        if self.lr_scaling == "linear" and self.reference_batch is None:
+            raise ValueError("optim.reference_batch: expected the global batch optim.lr was tuned for "
+                             "(optim.lr_scaling=linear scales lr by global batch / reference_batch), got null")
+        return self
 
 
 class ScheduleConfig(Section):
@@ -306,6 +318,8 @@ class RunConfig(Section):
     def identity(self) -> dict[str, Any]:
         """The resolved configuration minus the fields in ``IDENTITY_EXCLUDED`` (JSON types)."""
         data = self.model_dump(mode="json")
+        if data["optim"]["lr_scaling"] == "none":  # no effect on training: cells keep the ids they had before
+            del data["optim"]["lr_scaling"], data["optim"]["reference_batch"]
         for dotted in IDENTITY_EXCLUDED:
             *parents, leaf = dotted.split(".")
             node = data
