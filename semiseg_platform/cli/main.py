@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from semiseg_platform.cli import grid, hparams_figure, run, search, stack, sweep_orphans, tables, ui  # noqa: F401 - register
+from semiseg_platform.cli import data, grid, hparams_figure, run, search, stack, sweep_orphans, tables, ui  # noqa: F401 - register
 from semiseg_platform.cli.app import app
 
 
