@@ -61,13 +61,11 @@ def _progress(line: str) -> None:
 # ----------------------------------------------------------------------------- data and weights
 def check_data(configs: Iterable[Any]) -> None:
     """Every dataset the cells read, under its root, with the partitions they read (headers only)."""
-    wanted: dict[tuple[str, str | None, str, int | None], set[str]] = {}
+    wanted: dict[tuple[str, str | None, str], set[str]] = {}
     for config in configs:
-        key = (config.dataset, config.data.root, config.list_variant, config.data.options.get("max_items"))
-        wanted.setdefault(key, set()).add(config.partition)
-    for (dataset, root, list_variant, max_items), partitions in wanted.items():
-        report = check_dataset(dataset, root, partitions=sorted(partitions), list_variant=list_variant,
-                               max_items=max_items, sample=0)
+        wanted.setdefault((config.dataset, config.data.root, config.list_variant), set()).add(config.partition)
+    for (dataset, root, list_variant), partitions in wanted.items():
+        report = check_dataset(dataset, root, partitions=sorted(partitions), list_variant=list_variant, sample=0)
         if not report.usable:
             raise PreflightError(data_problem(report))
 

@@ -18,7 +18,8 @@ from tqdm import tqdm
 from npsemiseg.data import dataset_names
 from npsemiseg.data.check import check_dataset
 from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
-from semiseg_platform.cli.app import USAGE_ERROR, app, fail, one_line
+from semiseg_platform.cli.app import app, fail, one_line
+from semiseg_platform.preflight import data_problem
 
 data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes labels.", no_args_is_help=True)
 prepare_app = typer.Typer(help="Build the label files the readers expect.", no_args_is_help=True)
@@ -28,7 +29,7 @@ app.add_typer(data_app, name="data")
 
 @contextmanager
 def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
-    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr (closed at the end)."""
+    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr when it is a terminal (closed at the end)."""
     bar: tqdm | None = None
 
     def update(done: int, total: int) -> None:
@@ -36,7 +37,7 @@ def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int
         if not enabled:
             return
         if bar is None:
-            bar = tqdm(total=total, desc=what, unit="file", leave=False, dynamic_ncols=True)
+            bar = tqdm(total=total, desc=what, unit="file", leave=False, dynamic_ncols=True, disable=None)
         bar.update(done - bar.n)
 
     try:
@@ -66,7 +67,7 @@ def check(
         fail(one_line(error))
     typer.echo(report.format())
     if not report.usable:
-        raise typer.Exit(USAGE_ERROR)
+        fail(data_problem(report))
 
 
 def _prepared(result: PrepareResult) -> None:
