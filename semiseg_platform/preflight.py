@@ -81,8 +81,9 @@ def data_problem(report: Any) -> str:
         missing = report.problems_of(kind)
         if missing:
             examples = ", ".join(p.path for p in missing[:2])
-            return (f"{where}: {len(missing)} listed {what} missing, e.g. {examples} "
-                    f"(expected the standard layout; npsemiseg data check --dataset {report.name} tells more)")
+            hints = [line for line in report.layout if "npsemiseg data prepare" in line]
+            hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
+            return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
     if report.problems:
         first = report.problems[0]
         more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""

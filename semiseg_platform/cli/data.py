@@ -56,13 +56,14 @@ def check(
     list_variant: str = typer.Option("u2pl", help="the partition lists: u2pl | cps"),
     sample: int | None = typer.Option(None, help="decode at most N labels for the value check (default: all; "
                                                  "0: headers only)"),
+    max_items: int | None = typer.Option(None, help="only the first N entries of each list"),
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise)."""
     try:
         with progress_bar(f"checking {dataset}", progress) as update:
             report = check_dataset(dataset, root, partitions=partition or None, list_variant=list_variant,
-                                   sample=sample, progress=update)
+                                   max_items=max_items, sample=sample, progress=update)
     except ValueError as error:
         fail(one_line(error))
     typer.echo(report.format())
