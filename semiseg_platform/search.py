@@ -412,23 +412,14 @@ def run_search(
     )
     with ending_run(sub.client, parent_id):
         concurrency = start_ray(spec.resources, spec.max_concurrent, ray_init)
-        context = SweepContext(
-            schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment, parent_id, spec.resources
-        )
-        results = fit(
-            _search_trial,
-            context,
-            parameters={"cell_of": cell_of},
-            name=f"search-{spec.name}-{sid}-{sub.submission_id}",
-            progress=SearchProgress(spec.name, spec.num_samples, emit),
-            store=sub.store,
-            concurrency=concurrency,
-            search_alg=searcher,
-            scheduler=_scheduler(spec),
-            num_samples=spec.num_samples,
-            reuse_actors=spec.resources.in_process,
-            trial_dirname_creator=trial_dirname("trial", "optuna_trial", "cell_id"),
-        )
+        context = SweepContext(schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
+                               parent_id, spec.resources)
+        results = fit(_search_trial, context, parameters={"cell_of": cell_of},
+                      name=f"search-{spec.name}-{sid}-{sub.submission_id}",
+                      progress=SearchProgress(spec.name, spec.num_samples, emit), store=sub.store,
+                      concurrency=concurrency, search_alg=searcher, scheduler=_scheduler(spec),
+                      num_samples=spec.num_samples, reuse_actors=spec.resources.in_process,
+                      trial_dirname_creator=trial_dirname("trial", "optuna_trial", "cell_id"))
         trials = [_outcome(result, spec) for result in results]
         _reconcile_trials(sub.client, sub.experiment_id, sid, trials)
         summary = SearchSummary(spec.name, sid, study_name, _redacted(optuna_url), sub.submission_id, spec.experiment,
