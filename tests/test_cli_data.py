@@ -43,3 +43,11 @@ def test_prepare_cityscapes_then_check_names_the_missing_unlabeled_images(tmp_pa
     first_unlabeled = partition_ids("cityscapes", "unlabeled", "186")[0]
     assert f"{N} listed images missing, e.g. " in checked.stderr and first_unlabeled in checked.stderr
     assert "<- not usable" in checked.stdout
+
+
+def test_data_commands_have_help():
+    for command in (["data"], ["data", "check"], ["data", "prepare"], ["data", "prepare", "voc"],
+                    ["data", "prepare", "cityscapes"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0 and "Usage:" in result.output, command
+    assert "Check a dataset tree, or prepare VOC" in runner.invoke(app, ["--help"], terminal_width=200).output
