@@ -6,7 +6,8 @@ configs, ``np_head_reference.md`` section 3; "conventions" = ``ssl_frameworks.md
 VOC family (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``):
   crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = 12 + 12; the paper's
   batch 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs
-  (NP configs; conventions); evaluation center crop 513 (U2PL).
+  (NP configs; conventions); evaluation center crop 513 (U2PL). ``optim.reference_batch`` is that
+  global batch (12; Cityscapes 8): ``optim.lr_scaling=linear`` scales the lr to another one.
 Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8 + 8), lr 5e-3, head 1x, weight
   decay 5e-4, 200 epochs (240 for AugSeg), OHEM (0.7, min_kept 100000) + 0.4 x auxiliary
   layer-3 head loss, sliding-window evaluation 769 / stride 513 (NP configs; U2PL).
@@ -62,7 +63,7 @@ def preset_names() -> tuple[str, ...]:
 
 
 _VOC: dict[str, Any] = {
-    "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4},
+    "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4, "reference_batch": 12},
     "schedule": {"epochs": 80, "batch_size": 3, "unlabeled_batch_size": 3, "crop_size": 480, "poly_power": 0.9,
                  "epoch_length": "unlabeled", "eval_every_epochs": 1},
     "loss": {"ohem": False},
@@ -71,12 +72,13 @@ _VOC: dict[str, Any] = {
 }
 
 _CITYSCAPES: dict[str, Any] = {
-    "optim": {"lr": 5e-3, "head_lr_mult": 1.0, "momentum": 0.9, "weight_decay": 5e-4},
+    "optim": {"lr": 5e-3, "head_lr_mult": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "reference_batch": 8},
     "schedule": {"epochs": 200, "batch_size": 2, "unlabeled_batch_size": 2, "crop_size": 580, "poly_power": 0.9,
                  "epoch_length": "unlabeled", "eval_every_epochs": 1},
     "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
     "model": {"aux_head": True},
-    "evaluation": {"mode": "sliding", "crop_size": 769, "stride": 513, "num_samples": 5},
+    # stride None = ceil(2/3 x crop): 513 at 769, and it follows a changed crop
+    "evaluation": {"mode": "sliding", "crop_size": 769, "num_samples": 5},
 }
 
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
@@ -125,7 +127,7 @@ def smoke(*, framework: str, dataset: str, partition: str, head: str, protocol: 
     values = paper(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
-    values["optim"].update(lr=0.01)
+    values["optim"].update(lr=0.01, reference_batch=2)  # one process of 2 labeled images
     values["schedule"].update(epochs=1, max_steps=3, batch_size=2, unlabeled_batch_size=2, crop_size=32,
                               eval_every_epochs=0, checkpoint_every_steps=0)
     values["loss"].update(ohem_min_kept=64)

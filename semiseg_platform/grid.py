@@ -27,6 +27,7 @@ from ray import tune
 from npsemiseg.config import RunConfig
 from semiseg_platform import schema
 from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
 from semiseg_platform.sweep import (
@@ -252,6 +253,7 @@ def run_grid(
     spec: GridSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
     tables_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None, cell_callbacks: tuple[Any, ...] = (),
+    resource_timeout: float = RESOURCE_TIMEOUT_S,
 ) -> GridSummary:
     """Run every cell of ``spec`` under Ray Tune; returns the :class:`GridSummary`.
 
@@ -262,13 +264,16 @@ def run_grid(
     ``ensure_ray`` arguments). The tables are written to ``tables_dir`` (default: a folder
     next to the storage) and logged as artifacts of the parent run. ``emit``: the progress lines
     (default: the ``semiseg_platform.progress`` logger); ``cell_callbacks``: loop callbacks added to
-    every cell (picklable). Never raises for a failing cell: see :attr:`GridSummary.ok`.
+    every cell (picklable). Never raises for a failing cell: see :attr:`GridSummary.ok`; a cell's data,
+    weights or resources that cannot work, an unreachable store or storage raise ``PreflightError`` (a
+    ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources.
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, GridSpec) else load_spec(spec)
     configs = expand(spec)  # validates every cell before anything starts
     gid = grid_id(configs)
-    sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment)
+    sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment, configs=configs,
+                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
     outcomes: dict[str, CellOutcome] = _skipped(configs, previous_cell_runs(sub, gid))
     to_run = [c for c in configs if c.cell_id not in outcomes]
     parent_id = open_parent(sub, kind=schema.KIND_GRID, name=spec.name, sweep_id=gid,

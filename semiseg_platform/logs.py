@@ -1,5 +1,6 @@
 """Where the platform's ``logging`` output goes: progress lines and diagnostics of ``semiseg_platform.*``
-as plain lines on stdout, at a level the CLI chooses (``--quiet`` / ``--verbose``)."""
+(and the training loop's ``npsemiseg.training``: each cell's global batch and learning rate) as plain
+lines on stdout, at a level the CLI chooses (``--quiet`` / ``--verbose``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 #: The logger of the cells' and sweeps' progress lines
 PROGRESS = "semiseg_platform.progress"
 _ROOT = "semiseg_platform"
+#: every logger whose records the platform shows
+_ROOTS = (_ROOT, "npsemiseg.training")
 _MARK = "_semiseg_platform_handler"
 
 
@@ -31,15 +34,16 @@ class _StdoutHandler(logging.StreamHandler):
 def configure_logging(level: int = logging.INFO) -> None:
     """``semiseg_platform``'s records at ``level`` and above as plain lines on stdout (replacing an
     earlier call's handler); they do not propagate to the root logger."""
-    ours = logging.getLogger(_ROOT)
-    for handler in [h for h in ours.handlers if getattr(h, _MARK, False)]:
-        ours.removeHandler(handler)
     handler = _StdoutHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     setattr(handler, _MARK, True)
-    ours.addHandler(handler)
-    ours.setLevel(level)
-    ours.propagate = False
+    for name in _ROOTS:
+        ours = logging.getLogger(name)
+        for old in [h for h in ours.handlers if getattr(h, _MARK, False)]:
+            ours.removeHandler(old)
+        ours.addHandler(handler)
+        ours.setLevel(level)
+        ours.propagate = False
 
 
 def ensure_visible() -> None:

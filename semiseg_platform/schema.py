@@ -99,6 +99,9 @@ FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc")
 TRIAL_METRICS = ("miou", "pavpu")
 TRAIN_PREFIX, EVAL_PREFIX, TIME_PREFIX = "train/", "eval/", "time/"
 TOTAL_STEPS = "train/total_steps"
+#: At the last step of every epoch: images per second over the epoch's steps, peak accelerator memory
+#: (CPU: peak RSS) in MiB (``npsemiseg.training.loop``'s names)
+EPOCH_IMAGES_PER_SEC, PEAK_MEMORY_MB = "train/epoch_images_per_sec", "train/peak_memory_mb"
 CELL_WALL_SECONDS = "time/cell_wall_seconds"
 ORCHESTRATION_SECONDS = "time/orchestration_seconds"
 UNCERTAINTY_TIME_METRIC = "uncertainty_seconds"
@@ -121,6 +124,15 @@ def submission_of(tags: dict[str, str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- params
+#: What a cell trained with: the global labeled batch (per process x processes) and the base learning
+#: rate after ``optim.lr_scaling`` (params of every cell, beside :func:`config_params`)
+EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
+
+
+def effective_params(scaling: Any) -> dict[str, str]:
+    """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH` / :data:`EFFECTIVE_LR` params."""
+    return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_LR: f"{scaling.lr:.6g}"}
+
 #: The parameter value of an option that the cell's framework or head does not take
 NOT_APPLICABLE = "n/a"
 #: The params of the protocol's switches: ``switches.<name>``

@@ -58,6 +58,7 @@ from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
 
 from semiseg_platform import schema
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.reports import write_hparams_figure
 from semiseg_platform.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
                                           search_id)
@@ -299,6 +300,7 @@ def run_search(
     spec: SearchSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
     optuna_storage: str | None = None, out_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None,
+    resource_timeout: float = RESOURCE_TIMEOUT_S,
 ) -> SearchSummary:
     """Run ``spec.num_samples`` more trials of the search's Optuna study under Ray Tune.
 
@@ -306,14 +308,16 @@ def run_search(
     ``MLFLOW_TRACKING_URI`` or ``./mlruns.db``; ``./ray_results``; ``./optuna.db``). ``out_dir``:
     where ``best_config.yaml``, ``trials.csv`` and ``hparams.png`` go (default
     ``<storage>/search/<name>-<search_id>``). Never raises for a failing trial: see
-    :attr:`SearchSummary.ok` and the counts.
+    :attr:`SearchSummary.ok` and the counts; bad inputs raise ``PreflightError`` before anything is written
+    (as :func:`~.grid.run_grid`).
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, SearchSpec) else load_search_spec(spec)
     base = spec.base_config()
     sid = search_id(spec, base)
     cell_of = CellOfParams(base, tuple(spec.space))
-    sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment)
+    sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment, configs=[base],
+                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
     study, study_name, optuna_url, rdb = _open_study(spec, sid, optuna_storage)
     searcher = _searcher(spec, cell_of, study, study_name, rdb)
     out = Path(out_dir) if out_dir is not None else sub.out_dir("search", spec.name, sid)

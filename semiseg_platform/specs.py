@@ -48,13 +48,23 @@ def read_spec(source: str | Path | Mapping[str, Any], kind: str) -> tuple[dict[s
     where = f"{kind} spec {path}"
     if not path.is_file():
         raise ValueError(f"{where}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ValueError(f"{where}: not valid YAML: {error}") from None
+    data = read_yaml(path, where)
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping of {kind} settings, got {type(data).__name__}")
     return data, where
+
+
+def read_yaml(path: Path, where: str) -> Any:
+    """The YAML document of ``path``; ``ValueError`` naming ``where``, the file, line and column of a syntax
+    error (``grid spec x.yaml: not valid YAML at x.yaml:3:7: mapping values are not allowed here``)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" at {path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f" in {path}"
+        problem = getattr(error, "problem", None) or " ".join(str(error).split())
+        context = getattr(error, "context", None)
+        raise ValueError(f"{where}: not valid YAML{at}: {problem}" + (f" ({context})" if context else "")) from None
 
 
 def validate_spec(model: type[SpecT], data: Mapping[str, Any], where: str) -> SpecT:

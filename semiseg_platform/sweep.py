@@ -33,9 +33,10 @@ from npsemiseg.callbacks import Callbacks
 from semiseg_platform import schema
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
 from semiseg_platform.specs import Resources, cells_at_once, trial_resources
-from semiseg_platform.storage import Storage, parse_storage
-from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
+from semiseg_platform.storage import Storage
+from semiseg_platform.tracking import prepare_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +69,17 @@ class Submission:
         return Path(self.store.uri if self.store.is_local else ".") / folder / f"{name}-{sweep_id}"
 
 
-def open_submission(storage: str | None, tracking_uri: str | None, experiment: str) -> Submission:
-    """Check the checkpoint storage (before anything is written), resolve the MLflow store, create
-    the experiment if needed and draw the submission's id."""
-    store = parse_storage(storage)
-    store.check()
-    uri = resolve_tracking_uri(tracking_uri)
+def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[Any] = (),
+                    resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
+                    resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
+    """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
+    and the checkpoint storage before anything is written (:func:`~.preflight.preflight`), then create the
+    experiment if needed and draw the submission's id."""
+    resources = resources or Resources()
+    needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
+                       in_process=resources.in_process)
+    uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
+                           ray_init=ray_init)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
                       storage)
 

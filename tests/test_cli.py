@@ -190,3 +190,49 @@ def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, show
     lines = result.stdout.splitlines()
     assert shown in lines and "warning" in lines
     assert hidden is None or hidden not in lines
+
+
+@pytest.mark.integration
+def test_one_device_run_trains_in_process_with_its_batch_lr_and_throughput(workdir, tmp_path_factory):
+    """The default launcher of a one-device cell on the embedded default: this process (no Ray started),
+    same checkpoints and tracking; the start line, params and per-epoch metrics of issue 17 section 4."""
+    import ray
+    from mlflow.tracking import MlflowClient
+    from platform_fixtures import fresh_store
+
+    from semiseg_platform import schema
+
+    store = fresh_store(tmp_path_factory, "inproc")
+    result = runner.invoke(app, [*CELL, "--set", "schedule.max_steps=2", "--tracking", store, "--storage", "ckpt",
+                                 "--experiment", "inproc"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "in this process" in out and "FINISHED after 2 steps" in out and not ray.is_initialized()
+    assert "global batch 2 (reference 2), lr 0.01 (lr_scaling none)" in out
+    assert any(p.name.startswith("checkpoint_") for p in (workdir / "ckpt").rglob("*"))
+    client = MlflowClient(store)
+    run = client.search_runs([client.get_experiment_by_name("inproc").experiment_id])[0]
+    assert run.data.params[schema.EFFECTIVE_GLOBAL_BATCH] == "2" and run.data.params[schema.EFFECTIVE_LR] == "0.01"
+    assert run.data.metrics[schema.PEAK_MEMORY_MB] > 10 and run.data.metrics[schema.EPOCH_IMAGES_PER_SEC] > 0
+
+
+@pytest.mark.integration
+def test_a_cluster_short_of_resources_prints_waiting_lines_then_fails():
+    """``wait_for_resources`` on a real (local) Ray: a line at once and every ``every_s``, then the timeout."""
+    import ray
+
+    from semiseg_platform.preflight import Needed, PreflightError, wait_for_resources
+
+    lines: list[str] = []
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        wait_for_resources(Needed(1, 0), timeout_s=5, emit=lines.append)  # fits: returns at once
+        assert lines == []
+        with pytest.raises(PreflightError, match=r"resources: the cluster still lacks 2 GPU\(s\) \(has 0\).*after 1.5 s"):
+            wait_for_resources(Needed(1, 2), timeout_s=1.5, emit=lines.append, every_s=0.5, poll_s=0.1)
+    finally:
+        if started:
+            ray.shutdown()
+    assert 2 <= len(lines) <= 4 and all(line.startswith("waiting for resources: 1 CPU(s) and 2 GPU(s)") for line in lines)

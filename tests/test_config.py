@@ -258,3 +258,16 @@ def test_identity_is_json_of_the_resolved_config(smoke_config):
     identity = config.identity()
     assert "runtime" not in identity and "root" not in identity["data"]
     assert json.loads(json.dumps(identity)) == identity
+
+
+def test_dependent_defaults_follow_what_they_depend_on():
+    """Defaults that depend on another value follow it: the paper's sliding stride follows a smaller crop,
+    an NP memory smaller than 256 takes the NP head's default enqueue; only explicit contradictions are errors."""
+    city = RunConfig.from_preset("paper", framework="u2pl", dataset="cityscapes", partition="1/16", head="np")
+    small = city.with_overrides({"evaluation.crop_size": "385", "head.options.memory_size": "64"})
+    assert (small.evaluation.crop_size, small.evaluation.stride) == (385, 257)
+    assert city.with_overrides({"evaluation.crop_size": "769"}).cell_id == city.cell_id
+    with pytest.raises(ValueError, match=r"evaluation.stride: expected at most evaluation.crop_size=385.*got 513"):
+        city.with_overrides({"evaluation.crop_size": "385", "evaluation.stride": "513"})
+    with pytest.raises(ValueError, match="enqueue_per_class: expected at most memory_size=64, got 256"):
+        city.with_overrides({"head.options.memory_size": "64", "head.options.enqueue_per_class": "256"})

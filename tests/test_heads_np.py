@@ -7,7 +7,7 @@ import torch
 from head_fixtures import C, D, K, batch, small_np, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPLatent, attention_aggregate
+from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -433,3 +433,21 @@ def test_memories_that_never_persist_give_zero_centers_at_inference():
     assert torch.equal(out, reference(features).logits)
     # an empty head infers (zero centers) instead of refusing
     small_np(persist_memories=False).eval()(features)
+
+
+@pytest.mark.parametrize("memory_size, expected", [(64, 64), (255, 255), (256, 256), (2560, 256)])
+def test_enqueue_default_follows_memory_size(memory_size, expected):
+    """The default ``enqueue_per_class`` is min(256, Q): a small memory never trips over a value the caller never set."""
+    head = NPHead(8, 3, memory_size=memory_size)
+    assert head.enqueue_per_class == expected
+    NPHead.check_options({"memory_size": memory_size})  # the config path accepts it too
+
+
+def test_enqueue_explicit_contradiction_is_an_error():
+    """Only a value the caller gave above Q is refused, naming both numbers; None means up to Q."""
+    with pytest.raises(ValueError, match=r"enqueue_per_class: expected at most memory_size=64, got 256"):
+        NPHead(8, 3, memory_size=64, enqueue_per_class=256)
+    with pytest.raises(ValueError, match="enqueue_per_class: expected a positive int, got 'some'"):
+        NPHead(8, 3, memory_size=64, enqueue_per_class="some")
+    assert NPHead(8, 3, memory_size=64, enqueue_per_class=None).enqueue_per_class == 64
+    assert NPHead(8, 3, memory_size=64, enqueue_per_class="auto").enqueue_per_class == 64

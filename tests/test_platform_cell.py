@@ -12,8 +12,8 @@ from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
 
 from npsemiseg.config import RunConfig
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
+from semiseg_platform.schema import EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR, FINAL_METRICS
 from semiseg_platform.schema import ERROR as ERROR_TAG
-from semiseg_platform.schema import FINAL_METRICS
 from semiseg_platform.storage import CheckpointStore, parse_storage
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,8 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
         "framework": "supervised", "dataset": "synthetic", "partition": config.partition, "head": "np",
         "head_name": "np", "cell_id": config.cell_id, "world_size": "2"}
     assert ERROR_TAG not in tags and "grid_id" not in tags
-    assert run.data.params == config.flat()
+    # the configuration, plus what the cell trained with on its 2 workers (issue 17: global batch 2 x 2, lr unscaled)
+    assert run.data.params == {**config.flat(), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_LR: f"{config.optim.lr:.6g}"}
     client = MlflowClient(tracking_uri)
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == [1, 2, 3]

@@ -349,3 +349,45 @@ def test_checkpoint_selection_reports_and_restores_the_best_epoch(smoke_config, 
     assert metrics["miou"] == mious[selected]
     again = evaluate_run(result.framework, build_datasets(config), config, step=selected, device=torch.device("cpu"))
     assert again["miou"] == pytest.approx(mious[selected], abs=1e-9)
+
+
+def test_linear_lr_scaling_follows_the_global_batch(smoke_config, tmp_path, caplog):
+    """optim.lr_scaling=linear: base lr = lr x global batch / reference; the start line and the warning say so."""
+    from npsemiseg.training import batch_scaling, load_checkpoint, resolve_checkpoint
+
+    config = smoke_config(**{"optim.lr": 0.02, "optim.lr_scaling": "linear", "optim.reference_batch": 4,
+                             "schedule.max_steps": 4, "runtime.output_dir": str(tmp_path), "runtime.stop_at_step": 2})
+    assert batch_scaling(config, 1).lr == pytest.approx(0.01) and batch_scaling(config, 2).lr == pytest.approx(0.02)
+    assert not batch_scaling(config, 2).differs and batch_scaling(config, 1).differs
+    with caplog.at_level("INFO", logger="npsemiseg.training"):
+        train(config)
+    state = load_checkpoint(resolve_checkpoint(tmp_path / "checkpoints"))
+    lr_step1 = poly_lr(0.01, 1, 4, 0.9)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([lr_step1, 10 * lr_step1])
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("global batch 2 (reference 4), lr 0.01 (lr_scaling linear)" in m for m in messages)
+    assert any("global batch 2 differs from the preset's reference 4" in m for m in messages)
+
+
+def test_lr_scaling_none_keeps_cell_ids_and_linear_needs_a_reference(smoke_config):
+    config = smoke_config()
+    assert config.optim.lr_scaling == "none" and config.optim.reference_batch == 2
+    assert "lr_scaling" not in config.identity()["optim"]
+    assert config.with_overrides({"optim.reference_batch": "12"}).cell_id == config.cell_id
+    assert config.with_overrides({"optim.lr_scaling": "linear"}).cell_id != config.cell_id
+    with pytest.raises(ValueError, match="optim.reference_batch: expected the global batch"):
+        config.with_overrides({"optim.lr_scaling": "linear", "optim.reference_batch": "null"})
+
+
+def test_epoch_throughput_and_peak_memory_at_the_end_of_each_epoch(smoke_config):
+    class Steps(Callbacks):
+        logs: list = []
+
+        def on_step(self, step, total_steps, logs):
+            self.logs.append(dict(logs))
+
+    steps = Steps()
+    train(smoke_config(**{"schedule.max_steps": 3}), steps)
+    last = steps.logs[-1]
+    assert last["train/epoch_images_per_sec"] > 0 and last["train/peak_memory_mb"] > 10  # a Python process's RSS
+    assert "train/peak_memory_mb" not in steps.logs[0]

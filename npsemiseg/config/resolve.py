@@ -50,6 +50,9 @@ def _evaluation(evaluation: Any, info: DatasetInfo) -> dict[str, Any]:
     stride = evaluation.stride
     if stride is None and mode in ("sliding", "sliding_global"):
         stride = math.ceil(crop * 2 / 3)
+    elif stride is not None and mode in ("sliding", "sliding_global") and stride > crop:
+        raise ValueError(f"evaluation.stride: expected at most evaluation.crop_size={crop} so windows cover the image, "
+                         f"got {stride}")
     return {"mode": mode, "crop_size": crop, "stride": stride}
 
 

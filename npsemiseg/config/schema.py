@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -124,6 +125,18 @@ class OptimConfig(Section):
     nesterov: bool = False
     #: max global gradient norm (None = no clipping)
     grad_clip: PositiveFloat | None = None
+    #: ``linear``: lr x global batch / ``reference_batch`` (the global batch ``lr`` was tuned for);
+    #: ``none``: ``lr`` as it is, whatever the number of devices
+    lr_scaling: Literal["none", "linear"] = "none"
+    #: the preset's global labeled batch (paper: 3 x 4 GPUs = 12 on VOC, 2 x 4 = 8 on Cityscapes)
+    reference_batch: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _linear_needs_a_reference(self) -> OptimConfig:
+        if self.lr_scaling == "linear" and self.reference_batch is None:
+            raise ValueError("optim.reference_batch: expected the global batch optim.lr was tuned for "
+                             "(optim.lr_scaling=linear scales lr by global batch / reference_batch), got null")
+        return self
 
 
 class ScheduleConfig(Section):
@@ -313,6 +326,8 @@ class RunConfig(Section):
     def identity(self) -> dict[str, Any]:
         """The resolved configuration minus the fields in ``IDENTITY_EXCLUDED`` (JSON types)."""
         data = self.model_dump(mode="json")
+        if data["optim"]["lr_scaling"] == "none":  # no effect on training: cells keep the ids they had before
+            del data["optim"]["lr_scaling"], data["optim"]["reference_batch"]
         for dotted in IDENTITY_EXCLUDED:
             *parents, leaf = dotted.split(".")
             node = data
@@ -398,8 +413,15 @@ class RunConfig(Section):
             values["head"]["options"] = {}
             if self.head.variant == self.head.name:
                 values["head"]["variant"] = ""
+        if "evaluation.crop_size" in changes and "evaluation.stride" not in changes and self._derived_stride():
+            values["evaluation"]["stride"] = None  # the derived stride follows the new crop
         values = _reapply_protocol(type(self), values, changes)
         return type(self).model_validate(apply_overrides(type(self), values, changes))
+
+    def _derived_stride(self) -> bool:
+        """Whether the evaluation stride is the one derived from the crop (ceil(2/3 x crop))."""
+        evaluation = self.evaluation
+        return evaluation.stride is not None and evaluation.stride == math.ceil(evaluation.crop_size * 2 / 3)
 
     # ----------------------------------------------------------------- YAML
     def to_yaml(self) -> str:

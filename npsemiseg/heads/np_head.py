@@ -11,7 +11,7 @@ option                    default (paper / careful)         authors' code
 ``mask_empty``            True (empty classes masked)       False (zero centers take part)
 ``detach_query``          True                              True
 ``sync_memories``         True (all_gather under DDP)       False
-``enqueue_per_class``     256 random pixels per class/step  None (everything; newest Q kept)
+``enqueue_per_class``     ``"auto"``: min(256, Q)/step     None (everything; newest Q kept)
 ``memory_rows``           ``"pixel"`` (a pixel's vector)     ``"scrambled"`` (one channel, many pixels)
 ``persist_memories``      True                              False (each step starts empty; zero
                                                             centers at inference)
@@ -47,6 +47,18 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
     return value
+
+
+#: ``enqueue_per_class="auto"``: this many pixels per class and step, at most the memory length Q
+AUTO_ENQUEUE_PER_CLASS = 256
+
+
+def enqueue_limit(enqueue_per_class: int | str | None, memory_size: int) -> int:
+    """Pixels per class and step a memory of ``memory_size`` rows takes: ``"auto"`` = min(256, Q),
+    ``None`` = Q, an int = itself (checked by :meth:`NPHead.check_values`)."""
+    if enqueue_per_class == "auto":
+        return min(AUTO_ENQUEUE_PER_CLASS, memory_size)
+    return memory_size if enqueue_per_class is None else int(enqueue_per_class)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -455,9 +467,10 @@ class NPHead(ClassifierHead):
     ``*_pointer`` ``[K]`` (next write row), ``*_count`` ``[K]`` (filled rows),
     ``target_centers``/``context_centers`` ``[K, D]``.
 
-    ``enqueue_per_class`` (default 256 = Q / 10 at the paper's Q): at most this many pixels of a
-    class enter a memory per step and rank, so a full memory spans >= 10 steps of images rather
-    than the last image; ``None`` enqueues up to Q (the authors push every pixel). Under
+    ``enqueue_per_class`` (default ``"auto"`` = min(256, Q): Q / 10 at the paper's Q): at most this
+    many pixels of a class enter a memory per step and rank, so a full memory spans >= 10 steps of
+    images rather than the last image; ``None`` enqueues up to Q (the authors push every pixel). The
+    default follows Q (``memory_size=64`` enqueues 64); only an explicit value above Q is an error. Under
     torch.distributed every rank gathers the candidates of all ranks and enqueues the same rows.
     """
 
@@ -488,7 +501,7 @@ class NPHead(ClassifierHead):
         attention: str = "euclidean",
         kl: str = "paper",
         decoder_impl: str = "split",
-        enqueue_per_class: int | None = 256,
+        enqueue_per_class: int | str | None = "auto",
         lambda_kl: float = 0.005,
         detach_query: bool = True,
         mask_empty: bool = True,
@@ -515,7 +528,7 @@ class NPHead(ClassifierHead):
         self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
         self.latent_dim, self.memory_size, self.num_samples = latent_dim, memory_size, num_samples
         self.attention, self.kl = attention, kl
-        self.enqueue_per_class = memory_size if enqueue_per_class is None else enqueue_per_class
+        self.enqueue_per_class = enqueue_limit(enqueue_per_class, memory_size)
         self.lambda_kl = float(lambda_kl)
         self.detach_query = bool(detach_query)
         self.mask_empty = bool(mask_empty)
@@ -543,7 +556,7 @@ class NPHead(ClassifierHead):
         attention: str,
         kl: str,
         decoder_impl: str,
-        enqueue_per_class: int | None,
+        enqueue_per_class: int | str | None,
         lambda_kl: float,
         decoder_norm: str,
         hidden_channels: int,
@@ -562,7 +575,7 @@ class NPHead(ClassifierHead):
         _choice("decoder_impl", decoder_impl, DECODER_IMPLS)
         _choice("decoder_norm", decoder_norm, DECODER_NORMS)
         _choice("memory_rows", memory_rows, MEMORY_ROWS)
-        if enqueue_per_class is not None and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
+        if enqueue_per_class not in (None, "auto") and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
             raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
         if not (isinstance(lambda_kl, (int, float)) and lambda_kl >= 0.0):
             raise ValueError(f"lambda_kl: expected a number >= 0, got {lambda_kl!r}")

@@ -39,12 +39,12 @@ from npsemiseg.training.data_order import SeededItems, Streams, derive_seed, epo
 from npsemiseg.training.distributed import average_gradients, broadcast_buffers, broadcast_state
 from npsemiseg.training.factories import build_datasets, build_framework, build_model, loss_settings, train_transforms
 from npsemiseg.training.loop import RunResult, train
-from npsemiseg.training.plan import Plan, plan_run, poly_lr
+from npsemiseg.training.plan import BatchScaling, Plan, batch_scaling, plan_run, poly_lr
 
 __all__ = [
     "CHECKPOINT_FORMAT", "FIGURE_IMAGES", "LATEST_FILE", "RELIABILITY_ARTIFACT", "STATE_FILE", "UNCERTAINTY_ARTIFACT",
     "Checkpointer", "Plan", "RunResult", "SeededItems", "Streams", "average_gradients", "broadcast_buffers",
     "broadcast_state", "build_datasets", "build_framework", "build_model", "derive_seed", "epoch_order",
-    "load_checkpoint", "loss_settings", "plan_run", "poly_lr", "rank_batches", "resolve_checkpoint",
-    "save_checkpoint", "seeded_rngs", "train", "train_transforms",
+    "load_checkpoint", "loss_settings", "plan_run", "poly_lr", "BatchScaling", "batch_scaling", "rank_batches",
+    "resolve_checkpoint", "save_checkpoint", "seeded_rngs", "train", "train_transforms",
 ]

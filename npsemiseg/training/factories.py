@@ -17,6 +17,7 @@ from npsemiseg.data.transforms import train_transform
 from npsemiseg.frameworks import Framework, LossSettings, get_framework
 from npsemiseg.models import build_segmentor
 from npsemiseg.pretrain import resolve_weights
+from npsemiseg.training.plan import batch_scaling
 
 
 def build_model(config: RunConfig) -> nn.Module:
@@ -80,14 +81,18 @@ class Optimizer:
     sgd: torch.optim.Optimizer
     parameters: list[nn.Parameter]
     multipliers: list[float]
+    #: the backbone's base learning rate (``optim.lr``, scaled by ``optim.lr_scaling``; poly-decayed per step)
+    base_lr: float
 
 
-def build_optimizer(config: RunConfig, student: nn.Module) -> Optimizer:
+def build_optimizer(config: RunConfig, student: nn.Module, *, world_size: int = 1) -> Optimizer:
+    """SGD at the base learning rate of :func:`~npsemiseg.training.plan.batch_scaling` on ``world_size`` processes."""
     groups = student.parameter_groups()
     optim = config.optim
+    base_lr = batch_scaling(config, world_size).lr
     multipliers = [1.0 if g.get("name") == "backbone" else optim.head_lr_mult for g in groups]
     sgd = torch.optim.SGD(
-        [{"params": g["params"], "lr": optim.lr * m} for g, m in zip(groups, multipliers)],
-        lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay, nesterov=optim.nesterov,
+        [{"params": g["params"], "lr": base_lr * m} for g, m in zip(groups, multipliers)],
+        lr=base_lr, momentum=optim.momentum, weight_decay=optim.weight_decay, nesterov=optim.nesterov,
     )
-    return Optimizer(sgd, [p for g in groups for p in g["params"]], multipliers)
+    return Optimizer(sgd, [p for g in groups for p in g["params"]], multipliers, base_lr)

@@ -10,12 +10,16 @@ and ends with the final evaluation and its artifacts. ``evaluation.select`` choo
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
@@ -23,8 +27,14 @@ from npsemiseg.frameworks import Framework, StepContext
 from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
 from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
 from npsemiseg.training.selection import BestWeights
+from npsemiseg.training.plan import batch_scaling
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
 from npsemiseg.training.step import train_step
+
+logger = logging.getLogger(__name__)
+
+#: The per-epoch metrics of ``on_step``'s logs at the last step of each epoch
+EPOCH_IMAGES_PER_SEC, PEAK_MEMORY_MB = "train/epoch_images_per_sec", "train/peak_memory_mb"
 
 
 @dataclass
@@ -67,6 +77,11 @@ def train(config: RunConfig, callbacks: Callbacks | None = None, *,
 def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike | None, device: Any) -> RunResult:
     started = time.perf_counter()
     run = setup_run(config, device)
+    if run.rank == 0:
+        scaling = batch_scaling(config, run.world_size)
+        logger.info("cell %s: %s", config.cell_name, scaling.describe())
+        if scaling.warning():
+            logger.warning("cell %s: %s", config.cell_name, scaling.warning())
     step, history = 0, []
     best = BestWeights(run.framework, keep_weights=config.evaluation.select == "best")
     resume = resume_from if resume_from is not None else callbacks.resume_from()
@@ -133,6 +148,7 @@ class EpochLoop:
         run, plan = self.run_, self.run_.plan
         epoch, start_batch = divmod(self.step, plan.iters_per_epoch)
         self.tick = time.perf_counter()
+        self.epoch_seconds, self.epoch_steps = 0.0, 0
         for batch in run.streams.epoch(epoch, start_batch):
             ctx = StepContext(step=self.step, total_steps=plan.total_steps, epoch=epoch,
                               total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
@@ -150,6 +166,13 @@ class EpochLoop:
         self.tick = now
         logs["train/sec_per_iter"] = seconds
         logs["train/images_per_sec"] = self.images_per_step / seconds if seconds > 0 else float("inf")
+        self.epoch_seconds += seconds
+        self.epoch_steps += 1
+        plan = self.run_.plan
+        if self.step % plan.iters_per_epoch == 0 or self.step >= plan.total_steps:
+            images = self.epoch_steps * self.images_per_step
+            logs[EPOCH_IMAGES_PER_SEC] = images / self.epoch_seconds if self.epoch_seconds > 0 else float("inf")
+            logs[PEAK_MEMORY_MB] = peak_memory_mb(self.run_.device)
         self.callbacks.on_step(self.step, self.run_.plan.total_steps, logs)
         progress.update(1)
         progress.set_postfix(loss=f"{logs['train/loss']:.4f}")
@@ -174,3 +197,10 @@ class EpochLoop:
             self.tick = time.perf_counter()
         if step == stop_at and step < plan.total_steps:
             self.interrupted = True
+
+
+def peak_memory_mb(device: Any) -> float:
+    """Peak memory of this process so far, in MiB: allocated on the accelerator (CUDA), else peak RSS."""
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux

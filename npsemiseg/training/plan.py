@@ -32,3 +32,47 @@ def plan_run(config: RunConfig, *, num_labeled: int, num_unlabeled: int, world_s
 def poly_lr(base_lr: float, step: int, total_steps: int, power: float) -> float:
     """Poly schedule ``base_lr * (1 - step / total_steps) ** power``, stepped per iteration (0-based)."""
     return base_lr * (1.0 - step / total_steps) ** power
+
+
+@dataclass(frozen=True)
+class BatchScaling:
+    """The global labeled batch of a run and its base learning rate.
+
+    global_batch = ``schedule.batch_size`` x world size; reference_batch = ``optim.reference_batch``
+    (the preset's global batch; None: unknown); lr = ``optim.lr``, times global / reference batch
+    under ``optim.lr_scaling=linear``.
+    """
+
+    global_batch: int
+    reference_batch: int | None
+    lr: float
+    lr_scaling: str
+
+    @property
+    def differs(self) -> bool:
+        """Whether the global batch is not the one the preset's learning rate was tuned for."""
+        return self.reference_batch is not None and self.global_batch != self.reference_batch
+
+    def describe(self) -> str:
+        """``global batch 2 (reference 12), lr 0.01 (lr_scaling none)``."""
+        reference = f" (reference {self.reference_batch})" if self.reference_batch is not None else ""
+        return f"global batch {self.global_batch}{reference}, lr {self.lr:.6g} (lr_scaling {self.lr_scaling})"
+
+    def warning(self) -> str | None:
+        """The warning of a global batch other than the reference (None when they agree)."""
+        if not self.differs:
+            return None
+        advice = ("lr scaled linearly" if self.lr_scaling == "linear"
+                  else "lr left as it is; set optim.lr_scaling=linear to scale it")
+        return (f"global batch {self.global_batch} differs from the preset's reference {self.reference_batch} "
+                f"({advice})")
+
+
+def batch_scaling(config: RunConfig, world_size: int) -> BatchScaling:
+    """The global batch and base learning rate of ``config`` on ``world_size`` processes."""
+    optim = config.optim
+    global_batch = config.schedule.batch_size * world_size
+    lr = optim.lr
+    if optim.lr_scaling == "linear":
+        lr = optim.lr * global_batch / optim.reference_batch
+    return BatchScaling(global_batch, optim.reference_batch, lr, optim.lr_scaling)

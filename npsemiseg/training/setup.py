@@ -78,7 +78,7 @@ def setup_run(config: RunConfig, device: torch.device) -> Run:
     framework = _framework_on_device(config, device, world_size)
     student = unwrap(framework.student)
     student.train()
-    optimizer = build_optimizer(config, student)
+    optimizer = build_optimizer(config, student, world_size=world_size)
     seed_training_rngs(config.seed, rank)
     streams = Streams(config, datasets, transforms, plan, use_unlabeled=framework.uses_unlabeled, rank=rank,
                       world_size=world_size, pin_memory=device.type == "cuda")

@@ -44,7 +44,7 @@ def check_finite(step: int, names: list[str], values: list[float]) -> None:
 def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
                device: torch.device, world_size: int) -> dict[str, float]:
     """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks)."""
-    lr = poly_lr(config.optim.lr, ctx.step, ctx.total_steps, config.schedule.poly_power)
+    lr = poly_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power)
     for group, multiplier in zip(optimizer.sgd.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
     batch = Batch(labeled=_to_device(batch.labeled, device),

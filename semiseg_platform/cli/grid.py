@@ -8,6 +8,7 @@ import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, app, fail, one_line
 from semiseg_platform.grid import expand, load_spec, run_grid
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 
 
 @app.command()
@@ -21,6 +22,7 @@ def grid(
     ),
     storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
     tables_dir: Path | None = typer.Option(None, help="where to write the tables (default: under the storage)"),
+    resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),
 ) -> None:
     """Run every cell of a grid spec under Ray Tune (skips finished cells, resumes interrupted ones).
@@ -36,7 +38,8 @@ def grid(
                 typer.echo(f"{config.cell_id}  {config.cell_name}  seed {config.seed}")
             typer.echo(f"{len(configs)} cells")
             return
-        summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir)
+        summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir,
+                           resource_timeout=resource_timeout)
     except ValueError as error:  # an invalid spec, cell setting or storage: found before any cell starts
         fail(one_line(error))
     typer.echo(summary.tables_markdown)

@@ -13,9 +13,17 @@ from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
 from semiseg_platform import schema
 from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
-from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, validate_resources
-from semiseg_platform.storage import parse_storage
-from semiseg_platform.tracking import CellKilled, resolve_tracking_uri, ui_hint
+from semiseg_platform.launch import (
+    CellFailedError,
+    cell_run_name,
+    in_existing_cluster,
+    run_cell,
+    run_cell_in_process,
+    validate_resources,
+)
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
+from semiseg_platform.specs import read_yaml
+from semiseg_platform.tracking import CellKilled, ui_hint
 
 
 def build_config(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
@@ -25,6 +33,8 @@ def build_config(*, framework: str | None, dataset: str | None, partition: str |
     if config_file is not None:
         if not config_file.is_file():
             raise ValueError(f"--config: file {config_file} does not exist")
+        if not isinstance(read_yaml(config_file, f"--config {config_file}"), dict):
+            raise ValueError(f"--config {config_file}: expected a mapping of configuration sections")
         config = RunConfig.from_yaml(config_file.read_text())
         overrides = {k: v for k, v in cell.items() if v is not None}
     else:
@@ -35,6 +45,18 @@ def build_config(*, framework: str | None, dataset: str | None, partition: str |
         overrides = {}
     overrides.update(assignments)
     return config.with_overrides(overrides) if overrides else config
+
+
+def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, max_failures: int) -> bool:
+    """Whether the cell trains in this process: ``auto`` = a one-device cell on the embedded default
+    (seconds to the first step instead of a TorchTrainer's start-up); ``trainer`` = Ray Train always."""
+    one_device = workers == 1 and gpus_per_worker <= 1 and max_failures == 0
+    if launcher == "in_process" and not one_device:
+        raise ValueError(f"--launcher in_process: trains one worker on at most one GPU without restarts, got "
+                         f"--workers {workers} --gpus-per-worker {gpus_per_worker:g} --max-failures {max_failures}")
+    if launcher not in ("auto", "trainer", "in_process"):
+        raise ValueError(f"--launcher: expected one of ['auto', 'trainer', 'in_process'], got {launcher!r}")
+    return launcher == "in_process" or (launcher == "auto" and one_device and not in_existing_cluster())
 
 
 #: The final metrics printed first, in this order
@@ -51,31 +73,45 @@ def run(
     preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
-    workers: int = typer.Option(1, help="Ray Train DDP workers; 0 = local mode (in this process)"),
+    workers: int = typer.Option(1, help="DDP workers on Ray Train; 0 = Ray Train's local mode (in this process)"),
     gpus_per_worker: float = typer.Option(0, help="GPUs per worker (NCCL); 0 = CPU (gloo)"),
     cpus_per_worker: float = typer.Option(1.0, help="CPUs per worker (fractions allowed)"),
+    launcher: str = typer.Option("auto", help="auto: a one-device cell on the embedded default trains in this "
+                                              "process, others on Ray Train | trainer | in_process"),
+    resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
     storage: str | None = typer.Option(None, help="checkpoint storage: a directory or s3://bucket/prefix[?endpoint_override=URL]"),
     max_failures: int = typer.Option(0, help="worker-group restarts from the last checkpoint"),
     experiment: str = typer.Option("npsemiseg", help="MLflow experiment"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
     name: str | None = typer.Option(None, help="checkpoint lineage name (default: from the cell); the same name resumes"),
 ) -> None:
-    """Train one cell on Ray Train, tracked in MLflow; print its metrics and the run's URL."""
+    """Train one cell (in this process, or on Ray Train), tracked in MLflow; print its metrics and the run's URL.
+
+    Everything that can be checked first is (data, weights, resources, tracking store, storage): a bad
+    input is one ``error:`` line and exit status 2, with nothing written.
+    """
     try:
         cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
                             config_file=config, assignments=parse_assignments(set_))
         validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
-        location = parse_storage(storage)
-        location.check()
-        tracking_uri = resolve_tracking_uri(tracking)
+        in_process = in_process_launch(launcher, workers=workers, gpus_per_worker=gpus_per_worker,
+                                       max_failures=max_failures)
+        needed = Needed.of(workers, gpus_per_worker, cpus_per_worker, in_process=in_process)
+        tracking_uri, location = preflight([cell], needed, tracking=tracking, storage=storage,
+                                           resource_timeout=resource_timeout)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         fail(one_line(error))
-    typer.echo(f"cell {cell.cell_name} ({cell.cell_id}): {workers or 'local-mode'} worker(s), "
-               f"checkpoints {location.uri_of(name or cell_run_name(cell, experiment=experiment))}, tracking {tracking_uri}")
+    name = name or cell_run_name(cell, experiment=experiment)
+    how = "in this process" if in_process else f"{workers or 'local-mode'} Ray Train worker(s)"
+    typer.echo(f"cell {cell.cell_name} ({cell.cell_id}): {how}, checkpoints {location.uri_of(name)}, "
+               f"tracking {tracking_uri}")
+    launch = dict(storage=location, tracking=tracking_uri, experiment=experiment, name=name, progress=True)
     try:
-        result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
-                          storage=location, tracking=tracking_uri, experiment=experiment, max_failures=max_failures,
-                          name=name, progress=True)
+        if in_process:
+            result = run_cell_in_process(cell, **launch)
+        else:
+            result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                              max_failures=max_failures, **launch)
     except CellFailedError as error:
         failed = error.result
         typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
@@ -85,6 +121,11 @@ def run(
     except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
         raise typer.Exit(INTERRUPTED) from None
+    _print_result(result, tracking_uri)
+
+
+def _print_result(result: Any, tracking_uri: str) -> None:
+    """The cell's status, steps and time, its final metrics, checkpoint and MLflow run."""
     typer.echo(f"cell {result.name} {result.status} after {result.steps} steps in {result.wall_seconds:.1f} s "
                f"(training loop {result.loop_seconds:.1f} s)")
     shown = [k for k in _SUMMARY_METRICS if k in result.metrics]

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, app, fail, one_line, parse_assignments
+from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.search import load_search_spec, run_search, search_id
 
 
@@ -27,6 +28,7 @@ def search(
     storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
     optuna_storage: str | None = typer.Option(None, help="Optuna RDB URL (default: the spec's, else sqlite:///./optuna.db)"),
     out_dir: Path | None = typer.Option(None, help="where best_config.yaml, trials.csv and hparams.png go"),
+    resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and print its search id, run nothing"),
 ) -> None:
     """Search hyper-parameters of one cell with Ray Tune + Optuna (TPE) + ASHA; continues the spec's study.
@@ -45,7 +47,8 @@ def search(
                 f"space {sorted(loaded.space)}, {loaded.num_samples} trial(s)"
             )
             return
-        summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage, out_dir=out_dir)
+        summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage,
+                             out_dir=out_dir, resource_timeout=resource_timeout)
     except ValueError as error:
         fail(one_line(error))
     typer.echo(summary.format())

@@ -34,7 +34,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
-from npsemiseg.training import train
+from npsemiseg.training import batch_scaling, train
 from semiseg_platform import schema
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
@@ -209,12 +209,14 @@ def _record(run: CellRun, result: CellResult, outcome: _LoopOutcome, started: fl
 
 def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, experiment: str,
              member: Membership, progress: bool, local_mode: bool, callbacks: list[Callbacks] | None,
-             launch: Callable[[CellSpec], _LoopOutcome]) -> CellResult:
-    """Open the cell's MLflow run, ``launch`` the loop, record the outcome; shared by every launcher."""
+             launch: Callable[[CellSpec], _LoopOutcome], world_size: int = 1) -> CellResult:
+    """Open the cell's MLflow run (with the global batch and learning rate of ``world_size`` processes),
+    ``launch`` the loop, record the outcome; shared by every launcher."""
     started = time.perf_counter()
     result = CellResult(name=name, cell_id=config.cell_id, status="RUNNING")
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=member.grid_id,
-                       search_id=member.search_id, parent_run_id=member.parent_run_id)
+                       search_id=member.search_id, parent_run_id=member.parent_run_id,
+                       params=schema.effective_params(batch_scaling(config, world_size)))
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
                     tracking_uri=run.tracking_uri, run_id=run.run_id, progress=progress, local_mode=local_mode,
@@ -275,7 +277,8 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
                             interrupted=bool(reported.get("interrupted", 0.0)))
 
     return _tracked(config, storage=storage, name=name, tracking=tracking, experiment=experiment, member=member,
-                    progress=progress, local_mode=workers == 0, callbacks=callbacks, launch=launch)
+                    progress=progress, local_mode=workers == 0, callbacks=callbacks, launch=launch,
+                    world_size=max(1, workers))
 
 
 def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: float, cpus_per_worker: float,

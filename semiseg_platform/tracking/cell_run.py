@@ -133,13 +133,14 @@ class CellRun:
 
     @classmethod
     def open(cls, config: Any, *, tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
-             grid_id: str | None = None, search_id: str | None = None, parent_run_id: str | None = None) -> CellRun:
+             grid_id: str | None = None, search_id: str | None = None, parent_run_id: str | None = None,
+             params: dict[str, str] | None = None) -> CellRun:
         """Find the cell's run (``cell_id`` + its grid or search) or create it, mark it RUNNING and owned here.
 
         A run still RUNNING under another live process on this host is not taken over
         (``RuntimeError``): the same cell must not train twice at once into one lineage.
 
-        Logs the schema's tags, :func:`schema.config_params` as params (a reused run keeps its
+        Logs the schema's tags, :func:`schema.config_params` and ``params`` as params (a reused run keeps its
         params; keys whose value changed are listed in the ``npsemiseg.params_changed`` tag) and
         the configuration YAML.
         """
@@ -153,7 +154,7 @@ class CellRun:
         else:
             run_id, old_params = existing.info.run_id, existing.data.params
             _take_over(client, existing, config)
-        params = schema.config_params(config)
+        params = {**schema.config_params(config), **dict(params or {})}
         changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
         if changed:
             tags[schema.PARAMS_CHANGED] = ",".join(changed)[:MAX_TAG_LENGTH]

@@ -1,0 +1,108 @@
+"""``npsemiseg data check`` / ``npsemiseg data prepare voc|cityscapes``: a dataset tree before training on it.
+
+``check`` prints ``npsemiseg.data.check_dataset``'s one-screen summary (layout, counts per list,
+label values, missing files with examples, size mismatches) and exits 0 only when the dataset is
+usable, 2 otherwise. ``prepare voc`` builds ``SegmentationClassAug/`` from VOC 2012 and SBD,
+``prepare cityscapes`` writes ``*_labelTrainIds.png``; both resumable, with a progress bar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from tqdm import tqdm
+
+from npsemiseg.data import dataset_names
+from npsemiseg.data.check import check_dataset
+from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
+from semiseg_platform.cli.app import app, fail, one_line
+from semiseg_platform.preflight import data_problem
+
+data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes labels.", no_args_is_help=True)
+prepare_app = typer.Typer(help="Build the label files the readers expect.", no_args_is_help=True)
+data_app.add_typer(prepare_app, name="prepare")
+app.add_typer(data_app, name="data")
+
+
+@contextmanager
+def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr when it is a terminal (closed at the end)."""
+    bar: tqdm | None = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if not enabled:
+            return
+        if bar is None:
+            bar = tqdm(total=total, desc=what, unit="file", leave=False, dynamic_ncols=True, disable=None)
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+@data_app.command("check")
+def check(
+    dataset: str = typer.Option(..., help=" | ".join(dataset_names())),
+    root: Path | None = typer.Option(None, help="the data root (default: $NPSEMISEG_DATA)"),
+    partition: list[str] | None = typer.Option(None, help="check only this partition besides val (repeatable; "
+                                                           "default: all), e.g. 92 or 1/16"),
+    list_variant: str = typer.Option("u2pl", help="the partition lists: u2pl | cps"),
+    sample: int | None = typer.Option(None, help="decode at most N labels for the value check (default: all; "
+                                                 "0: headers only)"),
+    max_items: int | None = typer.Option(None, help="only the first N entries of each list"),
+    progress: bool = typer.Option(True, help="a progress bar on stderr"),
+) -> None:
+    """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise)."""
+    try:
+        with progress_bar(f"checking {dataset}", progress) as update:
+            report = check_dataset(dataset, root, partitions=partition or None, list_variant=list_variant,
+                                   max_items=max_items, sample=sample, progress=update)
+    except ValueError as error:
+        fail(one_line(error))
+    typer.echo(report.format())
+    if not report.usable:
+        fail(data_problem(report))
+
+
+def _prepared(result: PrepareResult) -> None:
+    sources = ", ".join(f"{count} from {source}" for source, count in result.sources.items())
+    typer.echo(f"{result.total} label files in {result.out} ({result.written} written now, {result.existing} there "
+               f"before{', ' + sources if sources else ''}"
+               f"{f'; removed {result.temp_removed} leftover temporary files' if result.temp_removed else ''})")
+
+
+@prepare_app.command("voc")
+def prepare_voc_command(
+    voc: Path = typer.Option(..., help="VOC 2012 (holding SegmentationClass/, or its VOC2012 / VOCdevkit/VOC2012)"),
+    sbd: Path = typer.Option(..., help="SBD (holding cls/, or dataset/cls, benchmark_RELEASE/dataset/cls)"),
+    out: Path | None = typer.Option(None, help="where SegmentationClassAug/ goes (default: the VOC folder)"),
+    progress: bool = typer.Option(True, help="a progress bar on stderr"),
+) -> None:
+    """Build SegmentationClassAug/ from VOC 2012 and SBD (the standard 'aug' set); resumable, idempotent."""
+    try:
+        with progress_bar("SegmentationClassAug", progress) as update:
+            result = prepare_voc(voc, sbd, out, progress=update)
+    except (ValueError, FileNotFoundError) as error:
+        fail(one_line(error))
+    _prepared(result)
+
+
+@prepare_app.command("cityscapes")
+def prepare_cityscapes_command(
+    root: Path = typer.Option(..., help="the Cityscapes folder (holding gtFine/) or a folder holding cityscapes/"),
+    progress: bool = typer.Option(True, help="a progress bar on stderr"),
+) -> None:
+    """Write *_labelTrainIds.png beside every *_labelIds.png under gtFine/ once; resumable, idempotent."""
+    try:
+        with progress_bar("labelTrainIds", progress) as update:
+            result = prepare_cityscapes(root, progress=update)
+    except (ValueError, FileNotFoundError) as error:
+        fail(one_line(error))
+    _prepared(result)

@@ -1,0 +1,251 @@
+"""Checks before launch: what the driver can check before Ray, MLflow or the storage are touched.
+
+``npsemiseg run``, ``grid`` and ``search`` call :func:`preflight` once their cells are known. Each
+check raises :class:`PreflightError` (a ``ValueError``: the CLI prints it as one ``error:`` line
+and exits 2) naming the thing and what was expected, so a bad input never leaves an MLflow run,
+a checkpoint folder or ``ray_results/`` behind. In order:
+
+- data: every dataset the cells read, with the partitions they read, through
+  ``npsemiseg.data.check_dataset`` (headers only): root, layout, the list files' images and labels
+  (how many are missing, with two examples);
+- weights: a ``model.weights`` file must exist;
+- resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
+  an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
+  ``waiting for resources: ...`` every 30 s and fails after ``--resource-timeout`` seconds;
+- tracking: the MLflow store answers one quick probe (a short timeout, not MLflow's retries);
+- storage: the checkpoint storage is reachable and writable (last: it creates the directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import ray
+import torch
+
+from npsemiseg.data.check import check_dataset
+from semiseg_platform.launch import ensure_ray, in_existing_cluster
+from semiseg_platform.logs import PROGRESS
+from semiseg_platform.specs import DRIVER_CPUS
+from semiseg_platform.storage import Storage, parse_storage
+from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
+
+#: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
+RESOURCE_TIMEOUT_S = 600.0
+#: Seconds between two ``waiting for resources`` lines
+WAIT_LINE_EVERY_S = 30.0
+#: Seconds the tracking probe waits for an answer
+TRACKING_PROBE_TIMEOUT_S = 3.0
+#: Default ports of the database schemes MLflow accepts as tracking URIs
+_DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
+
+
+class PreflightError(ValueError):
+    """A check before launch failed; the message names the thing and what was expected."""
+
+
+def _progress(line: str) -> None:
+    logging.getLogger(PROGRESS).info("%s", line)
+
+
+# ----------------------------------------------------------------------------- data and weights
+def check_data(configs: Iterable[Any]) -> None:
+    """Every dataset the cells read, under its root, with the partitions they read (headers only)."""
+    wanted: dict[tuple[str, str | None, str], set[str]] = {}
+    for config in configs:
+        wanted.setdefault((config.dataset, config.data.root, config.list_variant), set()).add(config.partition)
+    for (dataset, root, list_variant), partitions in wanted.items():
+        report = check_dataset(dataset, root, partitions=sorted(partitions), list_variant=list_variant, sample=0)
+        if not report.usable:
+            raise PreflightError(data_problem(report))
+
+
+def data_problem(report: Any) -> str:
+    """The first reason a ``DatasetReport`` is not usable, as one line naming the dataset."""
+    where = f"data: dataset {report.name}"
+    if report.root is None:
+        detail = report.problems[0].detail if report.problems else "no data root"
+        return f"{where}: {detail} (command line: --set data.root=DIR)"
+    where += f" under {report.root}"
+    for kind, what in (("missing_image", "images"), ("missing_label", "labels")):
+        missing = report.problems_of(kind)
+        if missing:
+            examples = ", ".join(p.path for p in missing[:2])
+            hints = [line for line in report.layout if "npsemiseg data prepare" in line]
+            hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
+            return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
+    if report.problems:
+        first = report.problems[0]
+        more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
+        return f"{where}: {first.detail}{more}"
+    return f"{where}: no list could be read (expected the dataset's list files and folders)"
+
+
+def check_weights(configs: Iterable[Any]) -> None:
+    """A ``model.weights`` path (not ``imagenet`` / None) must be an existing file."""
+    for config in configs:
+        weights = config.model.weights
+        if weights is None or weights == "imagenet":
+            continue
+        if not Path(weights).expanduser().is_file():
+            raise PreflightError(f"model.weights: file {weights} does not exist (expected a ResNet state dict .pth, "
+                                 "'imagenet' or null for random init)")
+
+
+# ----------------------------------------------------------------------------- resources
+@dataclass(frozen=True)
+class Needed:
+    """What one cell reserves: CPUs and GPUs in all (its workers, plus a driver for a TorchTrainer cell)."""
+
+    cpus: float
+    gpus: float
+
+    @classmethod
+    def of(cls, workers: int, gpus_per_worker: float, cpus_per_worker: float, *, in_process: bool) -> Needed:
+        if in_process:
+            return cls(cpus_per_worker, gpus_per_worker)
+        driver = DRIVER_CPUS if workers > 1 else 0.0
+        return cls(driver + max(1, workers) * cpus_per_worker, max(1, workers) * gpus_per_worker)
+
+    def describe(self) -> str:
+        return f"{self.cpus:g} CPU(s) and {self.gpus:g} GPU(s) per cell"
+
+    def missing(self, available: Mapping[str, float]) -> list[str]:
+        """What does not fit ``available`` (``{"CPU": n, "GPU": m}``), e.g. ``["1 GPU(s) (has 0)"]``."""
+        short = []
+        for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)):
+            has = float(available.get(name, 0.0))
+            if amount > has + 1e-9:
+                short.append(f"{amount:g} {name}(s) (has {has:g})")
+        return short
+
+
+def machine_resources(ray_init: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """What the embedded default will have: the running Ray's resources, else ``ray_init``'s or this machine's."""
+    if ray.is_initialized():
+        return dict(ray.cluster_resources())
+    init = dict(ray_init or {})
+    cpus = init.get("num_cpus") if init.get("num_cpus") is not None else os.cpu_count() or 1
+    gpus = init.get("num_gpus") if init.get("num_gpus") is not None else torch.cuda.device_count()
+    return {"CPU": float(cpus), "GPU": float(gpus)}
+
+
+def check_resources(needed: Needed, *, resource_timeout: float = RESOURCE_TIMEOUT_S,
+                    ray_init: Mapping[str, Any] | None = None, emit: Callable[[str], None] = _progress) -> None:
+    """Embedded default: ``PreflightError`` at once when one cell does not fit the machine. Cluster
+    (``RAY_ADDRESS``): join it and :func:`wait_for_resources`."""
+    if in_existing_cluster():
+        ensure_ray()
+        wait_for_resources(needed, timeout_s=resource_timeout, emit=emit)
+        return
+    short = needed.missing(machine_resources(ray_init))
+    if short:
+        raise PreflightError(f"resources: one cell asks for {needed.describe()}, this machine (the embedded default) "
+                             f"lacks {', '.join(short)}; ask for less (e.g. --gpus-per-worker 0) or run on a "
+                             "cluster (RAY_ADDRESS)")
+
+
+def wait_for_resources(needed: Needed, *, timeout_s: float, emit: Callable[[str], None] = _progress,
+                       every_s: float = WAIT_LINE_EVERY_S, poll_s: float = 1.0) -> None:
+    """Wait until the connected Ray cluster's resources hold one cell (an autoscaler may add nodes),
+    printing ``waiting for resources: ...`` every ``every_s``; ``PreflightError`` after ``timeout_s``."""
+    started = time.monotonic()
+    last_line = None
+    while True:
+        short = needed.missing(ray.cluster_resources())
+        if not short:
+            return
+        waited = time.monotonic() - started
+        if waited >= timeout_s:
+            raise PreflightError(f"resources: the cluster still lacks {', '.join(short)} for {needed.describe()} "
+                                 f"after {timeout_s:g} s (--resource-timeout)")
+        if last_line is None or time.monotonic() - last_line >= every_s:
+            emit(f"waiting for resources: {needed.describe()}, the cluster lacks {', '.join(short)} "
+                 f"({waited:.0f} s of {timeout_s:g} s --resource-timeout)")
+            last_line = time.monotonic()
+        time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+
+
+# ----------------------------------------------------------------------------- tracking and storage
+def check_tracking(tracking: str | None, *, timeout_s: float = TRACKING_PROBE_TIMEOUT_S) -> str:
+    """The resolved tracking URI, after one quick probe: a SQLite store's folder can be created and
+    written, a server or database answers within ``timeout_s``. Nothing is written."""
+    uri = resolve_tracking_uri(tracking)
+    db = sqlite_path(uri)
+    if db is not None:
+        _check_writable_folder(db.parent, f"tracking: SQLite store {db}")
+        if db.is_dir():
+            raise PreflightError(f"tracking: SQLite store {db} is a directory (expected a database file)")
+        return uri
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        _probe_http(uri, timeout_s)
+    elif parsed.scheme.split("+")[0] in _DB_PORTS:
+        _probe_tcp(uri, parsed.hostname, parsed.port or _DB_PORTS[parsed.scheme.split("+")[0]], timeout_s)
+    return uri
+
+
+def _check_writable_folder(folder: Path, what: str) -> None:
+    """The nearest existing ancestor of ``folder`` must be a writable directory (nothing is created)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise PreflightError(f"{what}: cannot create or write {folder} ({existing} is not a writable directory)")
+
+
+def _probe_http(uri: str, timeout_s: float) -> None:
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # it answered (e.g. 401 behind basic auth): reachable
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise PreflightError(f"tracking: MLflow server {uri} did not answer within {timeout_s:g} s ({reason}); "
+                             "expected a running tracking server (or leave --tracking unset for ./mlruns.db)") from None
+
+
+def _probe_tcp(uri: str, host: str | None, port: int, timeout_s: float) -> None:
+    try:
+        socket.create_connection((host or "localhost", port), timeout=timeout_s).close()
+    except OSError as error:
+        shown = uri.split("@")[-1]  # never print credentials
+        raise PreflightError(f"tracking: database {shown} did not answer within {timeout_s:g} s ({error}); "
+                             "expected a running database server") from None
+
+
+def check_storage(storage: str | os.PathLike | Storage | None) -> Storage:
+    """The parsed checkpoint storage, reachable and writable (``PreflightError`` naming it otherwise)."""
+    try:
+        location = parse_storage(storage)
+        location.check()
+    except PreflightError:
+        raise
+    except ValueError as error:
+        raise PreflightError(str(error)) from None
+    return location
+
+
+# ----------------------------------------------------------------------------- all of them
+def preflight(configs: Iterable[Any], needed: Needed, *, tracking: str | None,
+              storage: str | os.PathLike | Storage | None, resource_timeout: float = RESOURCE_TIMEOUT_S,
+              ray_init: Mapping[str, Any] | None = None, emit: Callable[[str], None] = _progress,
+              ) -> tuple[str, Storage]:
+    """Every check above, in order (data, weights, resources, tracking, storage); returns the tracking
+    URI and the storage. Raises :class:`PreflightError` at the first failure."""
+    configs = list(configs)
+    check_data(configs)
+    check_weights(configs)
+    check_resources(needed, resource_timeout=resource_timeout, ray_init=ray_init, emit=emit)
+    uri = check_tracking(tracking)
+    return uri, check_storage(storage)
