@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -46,6 +47,21 @@ def checkpoint_step(name: str) -> int | None:
     """The step of a directory named by :func:`checkpoint_dir_name`, else None."""
     match = _CHECKPOINT_DIR_RE.match(name)
     return int(match.group(1)) if match else None
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write ``path`` through ``write(temporary path)`` then rename it into place, so that a reader
+    sees the old file or the whole new one, never a half-written one (a process killed while it
+    writes leaves only a hidden ``.<name>.tmp-*`` file behind). The temporary file keeps the suffix
+    (writers pick their format by it)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
 
 
 def mark_complete(directory: Path, step: int) -> None:

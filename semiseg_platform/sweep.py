@@ -35,7 +35,7 @@ from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_i
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.specs import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage, parse_storage
-from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
+from semiseg_platform.tracking import owner_tags, prepare_experiment, reconcile_submission, resolve_tracking_uri
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,13 @@ def open_submission(storage: str | None, tracking_uri: str | None, experiment: s
 
 def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: Mapping[str, Any],
                 params: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> str:
-    """Create the submission's parent run (``<kind>/<name>``) with its tags, spec and params; returns its id."""
+    """Create the submission's parent run (``<kind>/<name>``, owned by this process) with its tags,
+    spec and params; returns its id. First, the runs that earlier submissions of ``sweep_id`` left
+    RUNNING with their owner gone end KILLED (:func:`reconcile_submission`)."""
+    reconcile_submission(sub.client, [sub.experiment_id], sweep_id)
     parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
         schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
-        schema.SPEC_NAME: name, **dict(tags or {})})
+        schema.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
     parent_id = parent.info.run_id
     sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
                         schema.sweep_artifact(kind, schema.SPEC_FILE))
@@ -143,7 +146,9 @@ def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, pro
         store: Storage, concurrency: int, parameters: Mapping[str, Any] | None = None, trial_failures: int = 0,
         param_space: Mapping[str, Any] | None = None, **tune_options: Any) -> Any:
     """Assemble the ``Tuner`` (trainable with its context, ``parameters`` and resources, concurrency,
-    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``."""
+    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``.
+    Afterwards no run of this submission is left RUNNING (a trial whose process died, or whose
+    store was away when it ended, ends KILLED: a re-submission resumes it)."""
     with_parameters = tune.with_parameters(trainable, context=context, **dict(parameters or {}))
     tuner = tune.Tuner(
         tune.with_resources(with_parameters, trial_resources(context.resources)),
@@ -153,7 +158,11 @@ def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, pro
                                   failure_config=tune.FailureConfig(max_failures=trial_failures),
                                   **store.ray_arguments()),
     )
-    return tuner.fit()
+    results = tuner.fit()
+    client = MlflowClient(context.tracking_uri)
+    reconcile_submission(client, [client.get_experiment_by_name(context.experiment).experiment_id], context.sweep_id,
+                         ended_parent=context.parent_run_id)
+    return results
 
 
 def duration(seconds: float) -> str:
