@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,30 +96,37 @@ class Storage:
         """A URI below the root (``/abs/dir/a/b`` or ``s3://bucket/prefix/a/b``)."""
         return "/".join([self.uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
-    def check(self) -> None:
+    def check(self, wait_s: float = 0.0) -> None:
         """Raise ``ValueError`` naming the storage unless it can be reached and written.
 
         Local: the directory is created (with parents) and a probe file written. S3: the bucket
-        must exist and a probe object is written and deleted under the prefix.
+        must exist and a probe object is written and deleted under the prefix. ``wait_s``: an
+        unreachable S3 store is tried again every 2 s for that long (a store restarting); a missing
+        bucket or a local error is not.
         """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._probe()
+            except OSError as error:  # pyarrow raises OSError subclasses with the SDK's message
+                if not self.is_local and time.monotonic() + 2.0 <= deadline:
+                    time.sleep(2.0)
+                    continue
+                where = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
+                message = " ".join(str(error).split())
+                raise ValueError(f"storage {self.uri!r}{where} is not reachable or not writable: {message}") from None
+
+    def _probe(self) -> None:
         probe = self.path(f".probe-{uuid.uuid4().hex}")
-        try:
-            if self.is_local:
-                Path(self.root).mkdir(parents=True, exist_ok=True)
-            else:
-                bucket = self.root.split("/", 1)[0]
-                info = self.filesystem.get_file_info(bucket)
-                if info.type == pafs.FileType.NotFound:
-                    raise ValueError(f"storage {self.uri!r}: bucket {bucket!r} does not exist")
-            with self.filesystem.open_output_stream(probe) as stream:
-                stream.write(b"ok")
-            self.filesystem.delete_file(probe)
-        except ValueError:
-            raise
-        except Exception as error:  # pyarrow raises OSError subclasses with the SDK's message
-            where = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
-            message = " ".join(str(error).split())
-            raise ValueError(f"storage {self.uri!r}{where} is not reachable or not writable: {message}") from None
+        if self.is_local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        else:
+            bucket = self.root.split("/", 1)[0]
+            if self.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise ValueError(f"storage {self.uri!r}: bucket {bucket!r} does not exist")
+        with self.filesystem.open_output_stream(probe) as stream:
+            stream.write(b"ok")
+        self.filesystem.delete_file(probe)
 
     def ray_arguments(self) -> dict[str, object]:
         """``storage_path`` / ``storage_filesystem`` keyword arguments for ``ray.train.RunConfig``."""

@@ -68,11 +68,16 @@ class Submission:
         return Path(self.store.uri if self.store.is_local else ".") / folder / f"{name}-{sweep_id}"
 
 
+#: Seconds a submission waits for an unreachable checkpoint storage (an S3 server restarting) before giving up
+STORAGE_WAIT_S = 60.0
+
+
 def open_submission(storage: str | None, tracking_uri: str | None, experiment: str) -> Submission:
-    """Check the checkpoint storage (before anything is written), resolve the MLflow store, create
-    the experiment if needed and draw the submission's id."""
+    """Check the checkpoint storage (before anything is written; an unreachable one is retried for
+    :data:`STORAGE_WAIT_S`), resolve the MLflow store, create the experiment if needed and draw the
+    submission's id."""
     store = parse_storage(storage)
-    store.check()
+    store.check(wait_s=STORAGE_WAIT_S)
     uri = resolve_tracking_uri(tracking_uri)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
                       storage)
