@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -285,6 +286,11 @@ def final_metrics(run) -> dict[str, float]:
     return {key: run.data.metrics[key] for key in schema.FINAL_METRICS if key in run.data.metrics}
 
 
+def same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Identical metrics, a NaN equal to a NaN (AUROC is NaN when an image has one class only)."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
 def table_files(directory: Path) -> dict[str, str]:
     """The grid's paper tables (Markdown; ``cells`` lists run ids and times, so it is left out)."""
     return {p.name: p.read_text() for p in sorted(directory.glob("*.md"))}
@@ -324,7 +330,7 @@ def compare(client, reference: str, chaotic: str, *, cell_ids: set[str], tables:
     checks["finished_cells"] = "ok" if finished == ref_finished == cell_ids else \
         f"chaos {len(finished)}, reference {len(ref_finished)}, grid {len(cell_ids)}"
     differ = [c for c in cell_ids if c in finished and c in ref_finished
-              and final_metrics(got["cells"][c][0]) != final_metrics(ref["cells"][c][0])]
+              and not same_metrics(final_metrics(got["cells"][c][0]), final_metrics(ref["cells"][c][0]))]
     checks["final_metrics"] = "ok" if not differ else f"{len(differ)} cell(s) differ: " + "; ".join(
         f"{c}: {final_metrics(got['cells'][c][0])} vs {final_metrics(ref['cells'][c][0])}" for c in differ[:3])
     duplicates = {c: len(runs) for c, runs in got["cells"].items() if len(runs) > 1}

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +23,16 @@ def _chaos_module():
     return module
 
 
+def test_identical_metrics_count_nan_as_equal_to_nan():
+    chaos = _chaos_module()
+    nan = float("nan")
+    assert chaos.same_metrics({"miou": 0.5, "auroc": nan}, {"miou": 0.5, "auroc": nan})
+    assert not chaos.same_metrics({"miou": 0.5, "auroc": nan}, {"miou": 0.5, "auroc": 0.7})
+    assert not chaos.same_metrics({"miou": 0.5}, {"miou": 0.5000001})
+    assert not chaos.same_metrics({"miou": 0.5}, {"miou": 0.5, "ece": 0.1})
+
+
+@pytest.mark.integration
 def test_a_grid_killed_in_every_way_ends_as_the_undisturbed_one():
     chaos = _chaos_module()
     args = chaos.parse_args(["--only", "synthetic_voc=92", "--frameworks", "supervised", "--heads", "baseline",
