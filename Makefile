@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-fast test-stack demo study bench clean stack-up stack-down
+.PHONY: install lint test test-fast test-stack demo study bench clean stack-up stack-down chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ demo: $(STAMP)
 # The CPU mini-study (issue 15): numbers that mean something, unlike the 3-step cells of demo.
 study: $(STAMP)
 	$(PY) -m jobs.grid jobs/specs/mini.yaml
+
+# Chaos (issue 18): the smoke grid on a fresh local stack while its processes are killed at random
+# (seeded), compared with an undisturbed run; e.g. make chaos CHAOS_ARGS="--interval 30 --seed 1"
+CHAOS_ARGS ?= --interval 20 --seed 0
+chaos: $(STAMP)
+	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
 
 # The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/devstack/
 stack-up: $(STAMP)

@@ -224,11 +224,12 @@ def _probe_tcp(uri: str, host: str | None, port: int, timeout_s: float) -> None:
                              "expected a running database server") from None
 
 
-def check_storage(storage: str | os.PathLike | Storage | None) -> Storage:
-    """The parsed checkpoint storage, reachable and writable (``PreflightError`` naming it otherwise)."""
+def check_storage(storage: str | os.PathLike | Storage | None, wait_s: float = 0.0) -> Storage:
+    """The parsed checkpoint storage, reachable and writable (``PreflightError`` naming it otherwise);
+    an unreachable S3 store is tried again for ``wait_s`` seconds (a store restarting)."""
     try:
         location = parse_storage(storage)
-        location.check()
+        location.check(wait_s=wait_s)
     except PreflightError:
         raise
     except ValueError as error:
@@ -240,7 +241,7 @@ def check_storage(storage: str | os.PathLike | Storage | None) -> Storage:
 def preflight(configs: Iterable[Any], needed: Needed, *, tracking: str | None,
               storage: str | os.PathLike | Storage | None, resource_timeout: float = RESOURCE_TIMEOUT_S,
               ray_init: Mapping[str, Any] | None = None, emit: Callable[[str], None] = _progress,
-              ) -> tuple[str, Storage]:
+              storage_wait_s: float = 0.0) -> tuple[str, Storage]:
     """Every check above, in order (data, weights, resources, tracking, storage); returns the tracking
     URI and the storage. Raises :class:`PreflightError` at the first failure."""
     configs = list(configs)
@@ -248,4 +249,4 @@ def preflight(configs: Iterable[Any], needed: Needed, *, tracking: str | None,
     check_weights(configs)
     check_resources(needed, resource_timeout=resource_timeout, ray_init=ray_init, emit=emit)
     uri = check_tracking(tracking)
-    return uri, check_storage(storage)
+    return uri, check_storage(storage, storage_wait_s)

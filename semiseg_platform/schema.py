@@ -55,6 +55,8 @@ PARENT_RUN_ID = "mlflow.parentRunId"
 OWNER_HOST = "npsemiseg.owner_host"
 OWNER_PID = "npsemiseg.owner_pid"
 OWNER_START = "npsemiseg.owner_start"
+#: When the owner of a RUNNING run last said it is alive (epoch seconds; ``tracking.store.Heartbeat``)
+HEARTBEAT = "npsemiseg.heartbeat"
 ATTEMPTS = "npsemiseg.attempts"
 PARAMS_CHANGED = "npsemiseg.params_changed"
 WORLD_SIZE = "world_size"

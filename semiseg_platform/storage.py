@@ -18,7 +18,9 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -46,6 +48,21 @@ def checkpoint_step(name: str) -> int | None:
     """The step of a directory named by :func:`checkpoint_dir_name`, else None."""
     match = _CHECKPOINT_DIR_RE.match(name)
     return int(match.group(1)) if match else None
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write ``path`` through ``write(temporary path)`` then rename it into place, so that a reader
+    sees the old file or the whole new one, never a half-written one (a process killed while it
+    writes leaves only a hidden ``.<name>.tmp-*`` file behind). The temporary file keeps the suffix
+    (writers pick their format by it)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
 
 
 def mark_complete(directory: Path, step: int) -> None:
@@ -79,30 +96,37 @@ class Storage:
         """A URI below the root (``/abs/dir/a/b`` or ``s3://bucket/prefix/a/b``)."""
         return "/".join([self.uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
-    def check(self) -> None:
+    def check(self, wait_s: float = 0.0) -> None:
         """Raise ``ValueError`` naming the storage unless it can be reached and written.
 
         Local: the directory is created (with parents) and a probe file written. S3: the bucket
-        must exist and a probe object is written and deleted under the prefix.
+        must exist and a probe object is written and deleted under the prefix. ``wait_s``: an
+        unreachable S3 store is tried again every 2 s for that long (a store restarting); a missing
+        bucket or a local error is not.
         """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._probe()
+            except OSError as error:  # pyarrow raises OSError subclasses with the SDK's message
+                if not self.is_local and time.monotonic() + 2.0 <= deadline:
+                    time.sleep(2.0)
+                    continue
+                where = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
+                message = " ".join(str(error).split())
+                raise ValueError(f"storage {self.uri!r}{where} is not reachable or not writable: {message}") from None
+
+    def _probe(self) -> None:
         probe = self.path(f".probe-{uuid.uuid4().hex}")
-        try:
-            if self.is_local:
-                Path(self.root).mkdir(parents=True, exist_ok=True)
-            else:
-                bucket = self.root.split("/", 1)[0]
-                info = self.filesystem.get_file_info(bucket)
-                if info.type == pafs.FileType.NotFound:
-                    raise ValueError(f"storage {self.uri!r}: bucket {bucket!r} does not exist")
-            with self.filesystem.open_output_stream(probe) as stream:
-                stream.write(b"ok")
-            self.filesystem.delete_file(probe)
-        except ValueError:
-            raise
-        except Exception as error:  # pyarrow raises OSError subclasses with the SDK's message
-            where = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
-            message = " ".join(str(error).split())
-            raise ValueError(f"storage {self.uri!r}{where} is not reachable or not writable: {message}") from None
+        if self.is_local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        else:
+            bucket = self.root.split("/", 1)[0]
+            if self.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise ValueError(f"storage {self.uri!r}: bucket {bucket!r} does not exist")
+        with self.filesystem.open_output_stream(probe) as stream:
+            stream.write(b"ok")
+        self.filesystem.delete_file(probe)
 
     def ray_arguments(self) -> dict[str, object]:
         """``storage_path`` / ``storage_filesystem`` keyword arguments for ``ray.train.RunConfig``."""

@@ -36,7 +36,7 @@ from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
 from semiseg_platform.specs import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage
-from semiseg_platform.tracking import prepare_experiment
+from semiseg_platform.tracking import owner_tags, prepare_experiment, reconcile_submission
 
 logger = logging.getLogger(__name__)
 
@@ -69,27 +69,35 @@ class Submission:
         return Path(self.store.uri if self.store.is_local else ".") / folder / f"{name}-{sweep_id}"
 
 
+#: Seconds a submission waits for an unreachable checkpoint storage (an S3 server restarting) before giving up
+STORAGE_WAIT_S = 60.0
+
+
 def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[Any] = (),
                     resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
                     resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
-    and the checkpoint storage before anything is written (:func:`~.preflight.preflight`), then create the
-    experiment if needed and draw the submission's id."""
+    and the checkpoint storage (an unreachable S3 store is retried for :data:`STORAGE_WAIT_S`: a store
+    restarting) before anything is written (:func:`~.preflight.preflight`), then create the experiment
+    if needed and draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
                        in_process=resources.in_process)
     uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
-                           ray_init=ray_init)
+                           ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
                       storage)
 
 
 def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: Mapping[str, Any],
                 params: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> str:
-    """Create the submission's parent run (``<kind>/<name>``) with its tags, spec and params; returns its id."""
+    """Create the submission's parent run (``<kind>/<name>``, owned by this process) with its tags,
+    spec and params; returns its id. First, the runs that earlier submissions of ``sweep_id`` left
+    RUNNING with their owner gone end KILLED (:func:`reconcile_submission`)."""
+    reconcile_submission(sub.client, [sub.experiment_id], sweep_id)
     parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
         schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
-        schema.SPEC_NAME: name, **dict(tags or {})})
+        schema.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
     parent_id = parent.info.run_id
     sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
                         schema.sweep_artifact(kind, schema.SPEC_FILE))
@@ -149,7 +157,9 @@ def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, pro
         store: Storage, concurrency: int, parameters: Mapping[str, Any] | None = None, trial_failures: int = 0,
         param_space: Mapping[str, Any] | None = None, **tune_options: Any) -> Any:
     """Assemble the ``Tuner`` (trainable with its context, ``parameters`` and resources, concurrency,
-    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``."""
+    progress, storage) and fit it; returns Tune's ``ResultGrid``. ``tune_options`` go to ``TuneConfig``.
+    Afterwards no run of this submission is left RUNNING (a trial whose process died, or whose
+    store was away when it ended, ends KILLED: a re-submission resumes it)."""
     with_parameters = tune.with_parameters(trainable, context=context, **dict(parameters or {}))
     tuner = tune.Tuner(
         tune.with_resources(with_parameters, trial_resources(context.resources)),
@@ -159,7 +169,11 @@ def fit(trainable: Callable[..., None], context: SweepContext, *, name: str, pro
                                   failure_config=tune.FailureConfig(max_failures=trial_failures),
                                   **store.ray_arguments()),
     )
-    return tuner.fit()
+    results = tuner.fit()
+    client = MlflowClient(context.tracking_uri)
+    reconcile_submission(client, [client.get_experiment_by_name(context.experiment).experiment_id], context.sweep_id,
+                         ended_parent=context.parent_run_id)
+    return results
 
 
 def duration(seconds: float) -> str:

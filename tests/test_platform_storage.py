@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -68,6 +69,14 @@ def test_unreachable_s3_endpoint_is_one_clear_error():
     ) as info:
         storage.check()
     assert "\n" not in str(info.value)
+
+
+def test_an_unreachable_store_is_retried_for_wait_s_then_named():
+    storage = parse_storage(f"s3://bucket/prefix?endpoint_override=http://127.0.0.1:{_closed_port()}", timeout_s=1)
+    began = time.monotonic()
+    with pytest.raises(ValueError, match="is not reachable"):
+        storage.check(wait_s=5)
+    assert time.monotonic() - began >= 3  # tried again every 2 s, not given up at the first refusal
 
 
 def test_unwritable_local_storage_is_an_error(tmp_path):

@@ -11,6 +11,7 @@ import pandas as pd
 
 from semiseg_platform.reports.figures import uncertainty_time_figure
 from semiseg_platform.reports.tables import MISSING_MARK, build_tables
+from semiseg_platform.storage import atomic_write
 
 
 def format_cell(mean: float, std: float, status: str, *, latex: bool = False, digits: int = 2) -> str:
@@ -112,7 +113,9 @@ def to_latex(table: pd.DataFrame) -> str:
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
     ``NAME.parquet`` (long numeric frame), ``NAME_vs_paper.md`` where the paper prints values, the cell
-    runs as ``cells.csv`` / ``cells.parquet``, and all Markdown tables together as ``tables.md``. Returns the written paths.
+    runs as ``cells.csv`` / ``cells.parquet``, and all Markdown tables together as ``tables.md``. Returns
+    the written paths. Each file is replaced atomically (:func:`~semiseg_platform.storage.atomic_write`):
+    never read half-written.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,20 +130,17 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> lis
                 markdown.append(versus)
                 written.append(_write_text(out / f"{name}_vs_paper.md", versus))
             written += [_write_text(out / f"{name}.md", text), _write_text(out / f"{name}.tex", to_latex(table))]
-            layout(table).to_csv(out / f"{name}_layout.csv", index=False)
-            written.append(out / f"{name}_layout.csv")
+            written.append(atomic_write(out / f"{name}_layout.csv", lambda p, t=table: layout(t).to_csv(p, index=False)))
         plain = pd.DataFrame(table)  # attrs (dicts) are not part of the CSV / Parquet files
         plain.attrs = {}
-        plain.to_csv(out / f"{name}.csv", index=False)
-        plain.to_parquet(out / f"{name}.parquet", index=False, engine="pyarrow")
-        written += [out / f"{name}.csv", out / f"{name}.parquet"]
+        written += [atomic_write(out / f"{name}.csv", lambda p, f=plain: f.to_csv(p, index=False)),
+                    atomic_write(out / f"{name}.parquet", lambda p, f=plain: f.to_parquet(p, index=False, engine="pyarrow"))]
     written.append(_write_text(out / "tables.md", "\n".join(markdown)))
     return written
 
 
 def _write_text(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
 def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
@@ -161,6 +161,5 @@ def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, gri
     figure = uncertainty_time_figure(tracking_uri, experiment)
     if figure is not None:
         path = Path(out_dir) / "uncertainty_time.png"
-        figure.savefig(path, dpi=120)
-        written.append(path)
+        written.append(atomic_write(path, lambda p: figure.savefig(p, dpi=120)))
     return tables, written

@@ -4,7 +4,9 @@ The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_
 (``docs/CONTRACTS.md``, "Tracking schema"): the grid, the search, the tables and the UI read it.
 
 - :mod:`.store`: the tracking URI, experiments, paging through runs, finding a cell's run, the
-  orphan sweep (:func:`sweep_orphaned_runs` ends RUNNING runs whose owning process is gone);
+  orphan sweep (:func:`sweep_orphaned_runs` ends RUNNING runs whose owning process is gone;
+  :func:`reconcile_submission` does it for one grid or search on every submission; owners beat a
+  :class:`Heartbeat` so that owners on other hosts can be judged too);
 - :mod:`.cell_run`: :class:`CellRun`, the run of one cell owned by the launching process (ended
   FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
 - :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
@@ -29,9 +31,12 @@ from semiseg_platform.tracking.store import (
                                                 DEFAULT_EXPERIMENT,
                                                 DEFAULT_STORE_FILE,
                                                 existing_experiment,
+                                                Heartbeat,
                                                 experiment_id,
                                                 find_cell_run,
+                                                owner_tags,
                                                 prepare_experiment,
+                                                reconcile_submission,
                                                 resolve_tracking_uri,
                                                 run_url,
                                                 search_all_runs,
@@ -41,10 +46,10 @@ from semiseg_platform.tracking.store import (
 )
 
 __all__ = [
-    "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "MLflowCallbacks",
-    "RunEnd", "artifact_path", "cell_description", "cell_tags", "ending_run", "error_reason", "existing_experiment",
-    "experiment_id",
-    "find_cell_run", "format_error", "git_commit", "package_version", "per_class_iou_figure", "prepare_experiment",
-    "resolve_tracking_uri", "run_url", "search_all_runs", "sigterm_as_killed", "submission_runs",
+    "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "Heartbeat",
+    "MLflowCallbacks", "RunEnd", "artifact_path", "cell_description", "cell_tags", "ending_run", "error_reason",
+    "existing_experiment", "experiment_id", "find_cell_run", "format_error", "git_commit", "owner_tags",
+    "package_version", "per_class_iou_figure", "prepare_experiment", "reconcile_submission", "resolve_tracking_uri",
+    "run_url", "search_all_runs", "sigterm_as_killed", "submission_runs",
     "sweep_orphaned_runs", "ui_hint",
 ]

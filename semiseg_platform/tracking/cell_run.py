@@ -27,6 +27,7 @@ from semiseg_platform.tracking.metrics import log_metrics
 from semiseg_platform.tracking.params import MAX_TAG_LENGTH, cell_tags
 from semiseg_platform.tracking.store import (
     DEFAULT_EXPERIMENT,
+    Heartbeat,
     find_cell_run,
     owner_alive,
     owner_tags,
@@ -97,10 +98,12 @@ class RunEnd:
 @contextlib.contextmanager
 def ending_run(client: MlflowClient, run_id: str) -> Iterator[RunEnd]:
     """End ``run_id`` when the block exits: with ``end.status`` (FINISHED unless the block set
-    another), FAILED if the block raised, KILLED on Ctrl-C or SIGTERM (:class:`CellKilled`)."""
+    another), FAILED if the block raised, KILLED on Ctrl-C or SIGTERM (:class:`CellKilled`).
+    The run's :class:`Heartbeat` beats meanwhile."""
     end = RunEnd()
     try:
-        yield end
+        with Heartbeat(client, run_id):
+            yield end
     except (KeyboardInterrupt, CellKilled):
         end.status = "KILLED"
         raise
@@ -198,9 +201,11 @@ class CellRun:
     def __enter__(self) -> CellRun:
         self._sigterm = sigterm_as_killed()
         self._sigterm.__enter__()
+        self._heartbeat = Heartbeat(self.client, self.run_id).__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._heartbeat.__exit__()
         self._sigterm.__exit__(None, None, None)
         if exc is None:
             if self.status is None:

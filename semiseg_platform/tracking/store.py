@@ -1,12 +1,23 @@
 """The MLflow store: where it is, its experiments, paging through its runs, finding a cell's run,
-and ending RUNNING runs whose owning process is gone (the orphan sweep)."""
+and ending RUNNING runs whose owning process is gone (the orphan sweep, and the reconciliation of
+a study's earlier submissions).
+
+Whether a RUNNING run's owner is gone: an owner on this host is asked directly (its pid exists
+and has the recorded start time); an owner on another host cannot be asked, so it counts as gone
+once it has not been heard from for ``stale_after_s``: its :class:`Heartbeat` stamps the run's
+``npsemiseg.heartbeat`` tag every :data:`HEARTBEAT_INTERVAL_S`, and the reconciliation of a
+submission waits :data:`REMOTE_STALE_AFTER_S` (ten missed heartbeats) after the last stamp (or
+the run's start) before ending it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +33,12 @@ from semiseg_platform import schema
 DEFAULT_EXPERIMENT = "npsemiseg"
 DEFAULT_STORE_FILE = "mlruns.db"
 DEFAULT_ARTIFACT_DIR = "mlartifacts"
+#: Seconds between two heartbeats of a RUNNING run's owner
+HEARTBEAT_INTERVAL_S = 30.0
+#: Seconds without a heartbeat after which an owner on another host counts as gone
+REMOTE_STALE_AFTER_S = 10 * HEARTBEAT_INTERVAL_S
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_tracking_uri(tracking: str | os.PathLike | None = None) -> str:
@@ -171,7 +188,8 @@ def _process_start(pid: int) -> str:
 def owner_tags() -> dict[str, str]:
     """The tags naming this process as the owner of a RUNNING run."""
     pid = os.getpid()
-    return {schema.OWNER_HOST: socket.gethostname(), schema.OWNER_PID: str(pid), schema.OWNER_START: _process_start(pid)}
+    return {schema.OWNER_HOST: socket.gethostname(), schema.OWNER_PID: str(pid), schema.OWNER_START: _process_start(pid),
+            schema.HEARTBEAT: f"{time.time():.0f}"}
 
 
 def owner_alive(tags: dict[str, str]) -> bool | None:
@@ -189,12 +207,21 @@ def owner_alive(tags: dict[str, str]) -> bool | None:
     return not start or _process_start(pid) == start
 
 
+def last_heard_ms(run: Any) -> float:
+    """When ``run``'s owner was last heard from (epoch ms): its newest heartbeat, else the run's start."""
+    try:
+        beat_ms = float(run.data.tags.get(schema.HEARTBEAT, "")) * 1000
+    except ValueError:
+        beat_ms = 0.0
+    return max(float(run.info.start_time or 0), beat_ms)
+
+
 def _orphan_reason(run: Any, now_ms: float, stale_after_s: float | None) -> str | None:
     """Why ``run`` is orphaned, or None when its owner may still be alive."""
     tags = run.data.tags
     alive = owner_alive(tags)
     if alive is None:
-        if stale_after_s is None or now_ms - run.info.start_time < stale_after_s * 1000:
+        if stale_after_s is None or now_ms - last_heard_ms(run) < stale_after_s * 1000:
             return None
         return (f"orphaned: owner {tags.get(schema.OWNER_HOST, '?')}:{tags.get(schema.OWNER_PID, '?')} "
                 f"silent for over {stale_after_s:.0f} s")
@@ -203,25 +230,80 @@ def _orphan_reason(run: Any, now_ms: float, stale_after_s: float | None) -> str 
     return f"orphaned: owner process {tags.get(schema.OWNER_PID)} on {tags.get(schema.OWNER_HOST)} is gone"
 
 
-def sweep_orphaned_runs(experiment: str = DEFAULT_EXPERIMENT, *, tracking: str | None = None,
-                        stale_after_s: float | None = None, status: str = "KILLED") -> list[str]:
-    """End RUNNING runs whose owner is gone; returns their ids.
-
-    An owner on this host is gone when its process no longer exists (or the pid was reused).
-    Runs owned on other hosts are ended only when ``stale_after_s`` is given and they started
-    longer ago than that. Each swept run gets ``error = "orphaned: ..."`` and ``status``.
-    """
-    client = MlflowClient(resolve_tracking_uri(tracking))
-    found = experiment_id(client, experiment)
-    if found is None:
-        return []
+def end_orphans(client: MlflowClient, runs: Sequence[Any], *, stale_after_s: float | None,
+                status: str = "KILLED", ended_parent: str | None = None) -> list[str]:
+    """End the RUNNING ``runs`` whose owner is gone with ``status`` and ``error = "orphaned: ..."``;
+    returns their ids (a run ended meanwhile by its owner is left as it is). ``ended_parent``: a
+    parent run whose trials are all over, so that a child of it still RUNNING is orphaned too."""
     swept = []
     now_ms = time.time() * 1000
-    for run in search_all_runs(client, [found], "attributes.status = 'RUNNING'", newest_first=True):
-        reason = _orphan_reason(run, now_ms, stale_after_s)
-        if reason is None:
+    for run in runs:
+        reason = None if run.info.status != "RUNNING" else _orphan_reason(run, now_ms, stale_after_s)
+        if reason is None and ended_parent and run.data.tags.get(schema.PARENT_RUN_ID) == ended_parent \
+                and run.info.status == "RUNNING" and run.info.run_id != ended_parent:
+            reason = f"orphaned: the trials of submission {ended_parent} are over and none ended this run"
+        if reason is None or client.get_run(run.info.run_id).info.status != "RUNNING":
             continue
         client.set_tag(run.info.run_id, schema.ERROR, reason)
         client.set_terminated(run.info.run_id, status=status)
         swept.append(run.info.run_id)
     return swept
+
+
+def sweep_orphaned_runs(experiment: str = DEFAULT_EXPERIMENT, *, tracking: str | None = None,
+                        stale_after_s: float | None = None, status: str = "KILLED") -> list[str]:
+    """End RUNNING runs whose owner is gone; returns their ids.
+
+    An owner on this host is gone when its process no longer exists (or the pid was reused).
+    Runs owned on other hosts are ended only when ``stale_after_s`` is given and their owner
+    was last heard from (heartbeat, else start) longer ago than that. Each swept run gets
+    ``error = "orphaned: ..."`` and ``status``.
+    """
+    client = MlflowClient(resolve_tracking_uri(tracking))
+    found = experiment_id(client, experiment)
+    if found is None:
+        return []
+    runs = search_all_runs(client, [found], "attributes.status = 'RUNNING'", newest_first=True)
+    return end_orphans(client, runs, stale_after_s=stale_after_s, status=status)
+
+
+def reconcile_submission(client: MlflowClient, experiment_ids: Sequence[str], submission: str, *,
+                         stale_after_s: float = REMOTE_STALE_AFTER_S, ended_parent: str | None = None) -> list[str]:
+    """End KILLED every RUNNING run of grid or search ``submission`` (parent runs of earlier
+    submissions, cell runs) whose owner is gone; returns their ids. Run on every submission
+    (before its parent run is created) and after its trials (``ended_parent``: its parent run)."""
+    runs = submission_runs(client, experiment_ids, submission, " and attributes.status = 'RUNNING'")
+    swept = end_orphans(client, runs, stale_after_s=stale_after_s, ended_parent=ended_parent)
+    if swept:
+        logger.warning("%s: ended %d run(s) left RUNNING by a dead process: %s", submission, len(swept), swept)
+    return swept
+
+
+class Heartbeat:
+    """Stamps ``npsemiseg.heartbeat`` (epoch seconds) on a run every ``interval_s`` from a daemon
+    thread while the ``with`` block runs (the first stamp is one of :func:`owner_tags`), so that the
+    owner's liveness is visible from other hosts. A store that cannot be reached is skipped (the
+    next beat retries)."""
+
+    def __init__(self, client: MlflowClient, run_id: str, interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.client, self.run_id, self.interval_s = client, run_id, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat_until_stopped, name=f"heartbeat-{run_id}", daemon=True)
+
+    def beat(self) -> None:
+        try:
+            self.client.set_tag(self.run_id, schema.HEARTBEAT, f"{time.time():.0f}")
+        except Exception as error:  # noqa: BLE001 - a missed beat is retried; the run must not fail for it
+            logger.debug("heartbeat of run %s missed: %s", self.run_id, error)
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
