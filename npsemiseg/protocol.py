@@ -41,11 +41,6 @@ class Derived:
         return self.text
 
 
-def _bounded_enqueue(values: dict[str, Any]) -> int:
-    """The NP head's bounded enqueue: 256 rows per class and step (Q / 10 at Q = 2560), at most Q."""
-    return min(256, int(values.get("head", {}).get("options", {}).get("memory_size", 2560)))
-
-
 @dataclass(frozen=True)
 class Switch:
     """One difference between the released code and the paper done right.
@@ -116,7 +111,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("np_sync_memories", "head", "head.options.sync_memories", False, True,
            "NP-SemiSeg (no all_gather of memories)", "each rank enqueues only its own pixels", "np 1", heads=_NP),
     Switch("np_push_every_pixel", "head", "head.options.enqueue_per_class", None,
-           Derived("min(256, memory_size)", _bounded_enqueue),
+           "auto",
            "NP-SemiSeg model_helper (masked_select of every pixel, FIFO to Q)",
            "every pixel of a class enters the memory each step (the memory is the last image) "
            "instead of a bounded random subset", "np 1 / np 5.3", heads=_NP),
