@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
@@ -439,7 +440,10 @@ def run_on_stack(args: argparse.Namespace) -> dict:
     stack = Stack(StackSettings.from_env(home=home) if args.home else stack_settings(home))
     try:
         stack.up()
-        return run_chaos(args, stack, Path(tempfile.mkdtemp(prefix="chaos-", dir=home)))
+        # run_chaos points this process's MLflow / AWS variables at the stack: restore them afterwards
+        # (the test runs in pytest's process; later tests must not see a stack that is gone)
+        with mock.patch.dict(os.environ):
+            return run_chaos(args, stack, Path(tempfile.mkdtemp(prefix="chaos-", dir=home)))
     finally:
         if not args.keep:
             stack.down()
