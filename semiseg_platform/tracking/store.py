@@ -189,7 +189,13 @@ def owner_tags() -> dict[str, str]:
     """The tags naming this process as the owner of a RUNNING run."""
     pid = os.getpid()
     return {schema.OWNER_HOST: socket.gethostname(), schema.OWNER_PID: str(pid), schema.OWNER_START: _process_start(pid),
-            schema.HEARTBEAT: f"{time.time():.0f}"}
+            schema.HEARTBEAT: heartbeat_stamp()}
+
+
+def heartbeat_stamp() -> str:
+    """Now, as a heartbeat tag value: epoch seconds to the millisecond (a whole-second stamp
+    rounds up to half a second into the future and reads as "heard from later than now")."""
+    return f"{time.time():.3f}"
 
 
 def owner_alive(tags: dict[str, str]) -> bool | None:
@@ -292,7 +298,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            self.client.set_tag(self.run_id, schema.HEARTBEAT, f"{time.time():.0f}")
+            self.client.set_tag(self.run_id, schema.HEARTBEAT, heartbeat_stamp())
         except Exception as error:  # noqa: BLE001 - a missed beat is retried; the run must not fail for it
             logger.debug("heartbeat of run %s missed: %s", self.run_id, error)
 
