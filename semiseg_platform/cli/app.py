@@ -5,7 +5,7 @@ options deciding what of the ``logging`` output reaches the terminal."""
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -27,6 +27,11 @@ CELL_FAILED = 1
 INTERRUPTED = 130
 #: the MLflow tracking option's help, the same for every command
 TRACKING_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlruns.db)"
+
+#: the options of the commands that submit a spec (grid, search): where it is tracked and stored
+SpecTracking = Annotated[str | None, typer.Option(
+    "--tracking", "--tracking-uri", help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)")]
+SpecStorage = Annotated[str | None, typer.Option(help="checkpoint storage (default: the spec's, else ./ray_results)")]
 
 
 @app.callback()

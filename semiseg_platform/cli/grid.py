@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from semiseg_platform.cli.app import CELL_FAILED, app, fail, one_line
+from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line
 from semiseg_platform.grid import expand, load_spec, run_grid
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 
@@ -14,13 +14,8 @@ from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 @app.command()
 def grid(
     spec: Path = typer.Argument(..., help="grid spec (YAML), e.g. jobs/specs/smoke.yaml"),
-    tracking: str | None = typer.Option(
-        None,
-        "--tracking",
-        "--tracking-uri",
-        help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)",
-    ),
-    storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    tracking: SpecTracking = None,
+    storage: SpecStorage = None,
     tables_dir: Path | None = typer.Option(None, help="where to write the tables (default: under the storage)"),
     resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from semiseg_platform.cli.app import CELL_FAILED, app, fail, one_line, parse_assignments
+from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line, parse_assignments
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.search import load_search_spec, run_search, search_id
 
@@ -19,13 +19,8 @@ def search(
     partition: str | None = typer.Option(None, help="search this partition instead of the spec's"),
     num_samples: int | None = typer.Option(None, help="trials in this submission instead of the spec's"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting of the cell: key=value (repeatable)"),
-    tracking: str | None = typer.Option(
-        None,
-        "--tracking",
-        "--tracking-uri",
-        help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)",
-    ),
-    storage: str | None = typer.Option(None, help="checkpoint storage (default: the spec's, else ./ray_results)"),
+    tracking: SpecTracking = None,
+    storage: SpecStorage = None,
     optuna_storage: str | None = typer.Option(None, help="Optuna RDB URL (default: the spec's, else sqlite:///./optuna.db)"),
     out_dir: Path | None = typer.Option(None, help="where best_config.yaml, trials.csv and hparams.png go"),
     resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
