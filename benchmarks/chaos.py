@@ -3,11 +3,12 @@
 Starts the local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head; a fresh home on free
 loopback ports unless ``--home`` names a running one), runs the grid once undisturbed (the
 reference), then again in another experiment while, every ``--interval`` seconds, one process
-chosen with a seeded RNG is killed with SIGKILL: the grid driver (then resubmitted), a cell's
-worker (a Tune trial actor), the MLflow server, the S3 server or the Ray head (then restarted, and
-the driver resubmitted). A driver that exits unsuccessfully is resubmitted too. At the end the two
-studies are compared: the same FINISHED cells, identical final metrics per cell, identical
-tables, one run per cell id, no run left RUNNING, one complete checkpoint lineage per cell.
+(``--burst N``: N processes of different kinds at once) chosen with a seeded RNG is killed with
+SIGKILL: the grid driver (then resubmitted), a cell's worker (a Tune trial actor), the MLflow
+server, the S3 server or the Ray head (then restarted together, and the driver resubmitted). A
+driver that exits unsuccessfully is resubmitted too. At the end the two studies are compared: the
+same FINISHED cells, identical final metrics per cell, identical tables, one run per cell id, no
+run left RUNNING, one complete checkpoint lineage per cell.
 
     make chaos                                   # the smoke grid, a kill every 20 s, seed 0
     .venv/bin/python benchmarks/chaos.py --spec jobs/specs/smoke.yaml --interval 20 --seed 0 \\
@@ -60,10 +61,11 @@ TRIAL_ACTOR = b"ray::ImplicitFunc"
 
 # ----------------------------------------------------------------------------- the spec
 def chaos_spec(path: Path, *, experiment: str, storage: str, only: dict[str, list[str]] | None = None,
-               frameworks: list[str] | None = None, heads: list[str] | None = None, steps: int | None = None,
+               frameworks: list[str] | None = None, heads: list[str] | None = None,
+               protocols: list[str] | None = None, steps: int | None = None,
                checkpoint_every: int | None = None, max_failures: int = 1) -> dict:
     """The grid spec at ``path`` in its own experiment and storage, optionally reduced: ``only``
-    (dataset -> partitions), ``frameworks``, ``heads`` (names of the spec's head entries), and
+    (dataset -> partitions), ``frameworks``, ``heads`` (names of the spec's head entries), ``protocols``, and
     longer cells with checkpoints (``steps``, ``checkpoint_every``) so that kills hit mid-cell."""
     spec = yaml.safe_load(path.read_text())
     spec.update(experiment=experiment, storage=storage, max_failures=max_failures)
@@ -72,6 +74,8 @@ def chaos_spec(path: Path, *, experiment: str, storage: str, only: dict[str, lis
         spec["datasets"] = {name: partitions for name, partitions in only.items()}
     if frameworks:
         spec["frameworks"] = frameworks
+    if protocols:
+        spec["protocols"] = protocols
     if heads:
         spec["heads"] = {name: entry for name, entry in spec["heads"].items() if name in heads}
         spec["rules"] = [rule for rule in spec.get("rules", [])
@@ -163,13 +167,16 @@ def trial_actor_pids(ray_temp_dir: Path) -> list[int]:
 
 @dataclass
 class Chaos:
-    """Kills one process every ``interval_s`` (kind and victim drawn from ``rng``) while ``driver`` runs."""
+    """Every ``interval_s``, kills ``burst`` processes of different kinds at once (kinds and victims
+    drawn from ``rng``) while ``driver`` runs, restarts the killed services together and resubmits
+    the driver where it died or lost its Ray cluster."""
 
     stack: Stack
     driver: Driver
     rng: random.Random
     interval_s: float
     kinds: tuple[str, ...] = KINDS
+    burst: int = 1
     kills: Counter = field(default_factory=Counter)
     resubmissions: Counter = field(default_factory=Counter)
     events: list[str] = field(default_factory=list)
@@ -180,22 +187,28 @@ class Chaos:
         self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
         logger.info("%s", text)
 
-    def kill_one(self) -> None:
-        """Kill a process of the next kind of the round (kinds drawn without replacement, so every kind
-        is hit once per round); a kind with nothing to kill right now waits for the next turn."""
+    def kill_burst(self, limit: int | None = None) -> int:
+        """Kill up to ``burst`` (and ``limit``) processes of the next kinds of the round (kinds drawn
+        without replacement, so every kind is hit once per round; a kind with nothing to kill right
+        now waits for the next turn), then bring back what they took down. Returns the kills made."""
         if not self.bag:
             self.bag = self.rng.sample(self.kinds, len(self.kinds))
-        for index, kind in enumerate(self.bag):
+        wanted = min(self.burst, len(self.bag), limit if limit is not None else self.burst)
+        killed: list[str] = []
+        for kind in list(self.bag):
+            if len(killed) == wanted:
+                break
             if getattr(self, f"_kill_{kind}")():
-                self.kills[kind] += 1
-                del self.bag[index]
-                return
+                killed.append(kind)
+                self.bag.remove(kind)
+        self.kills.update(killed)
+        self._recover(killed)
+        return len(killed)
 
     def _kill_driver(self) -> bool:
         if not self.driver.kill():
             return False
-        self.note("killed the grid driver; resubmitting")
-        self._resubmit("driver killed")
+        self.note("killed the grid driver")
         return True
 
     def _kill_worker(self) -> bool:
@@ -208,23 +221,15 @@ class Chaos:
         return True
 
     def _kill_service(self, kind: str) -> bool:
-        name = SERVICE_OF[kind]
-        pid = self.stack.pid(name)
+        pid = self.stack.pid(SERVICE_OF[kind])
         if pid is None:
             return False
         os.killpg(pid, signal.SIGKILL)
         if kind == "ray":  # its workers are not all in the head's process group
             for actor in trial_actor_pids(self.stack.settings.ray_temp_dir):
                 os.kill(actor, signal.SIGKILL)
-        downtime = self.rng.uniform(1.0, 5.0)
-        self.note(f"killed {name} (pid {pid}); restarting it in {downtime:.1f} s")
-        time.sleep(downtime)
+        self.note(f"killed {SERVICE_OF[kind]} (pid {pid})")
         self._wait_gone(pid)
-        self.stack.up((name,))
-        self.note(f"{name} is back")
-        if kind == "ray" and self.driver.kill():  # the driver's cluster is gone: resubmit to the new one
-            self.note("killed the driver of the dead Ray cluster; resubmitting")
-            self._resubmit("ray head killed")
         return True
 
     def _kill_mlflow(self) -> bool:
@@ -235,6 +240,21 @@ class Chaos:
 
     def _kill_ray(self) -> bool:
         return self._kill_service("ray")
+
+    def _recover(self, killed: list[str]) -> None:
+        """Restart the killed services after 1-5 s (together), then resubmit the driver if it was
+        killed or its Ray cluster was (a driver of a dead cluster is killed first)."""
+        services = tuple(SERVICE_OF[kind] for kind in killed if kind in SERVICE_OF)
+        if services:
+            downtime = self.rng.uniform(1.0, 5.0)
+            self.note(f"restarting {', '.join(services)} in {downtime:.1f} s")
+            time.sleep(downtime)
+            self.stack.up(services)
+            self.note(f"{', '.join(services)} back")
+        if "ray" in killed and self.driver.kill():
+            self.note("killed the driver of the dead Ray cluster")
+        if "driver" in killed or "ray" in killed:
+            self._resubmit("driver killed" if "driver" in killed else "ray head killed")
 
     @staticmethod
     def _wait_gone(pgid: int, timeout_s: float = 30.0) -> None:
@@ -265,8 +285,9 @@ class Chaos:
             if time.monotonic() - began > timeout_s:
                 self.driver.kill()
                 raise RuntimeError(f"the grid did not finish under chaos in {timeout_s:.0f} s")
-            if time.monotonic() >= next_kill and (max_kills is None or sum(self.kills.values()) < max_kills):
-                self.kill_one()
+            left = None if max_kills is None else max_kills - sum(self.kills.values())
+            if time.monotonic() >= next_kill and (left is None or left > 0):
+                self.kill_burst(left)
                 next_kill = time.monotonic() + self.interval_s
             time.sleep(0.5)
 
@@ -367,11 +388,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seeds the choice of what is killed and when")
     parser.add_argument("--interval", type=float, default=20.0, help="seconds between two kills")
     parser.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="processes of different kinds killed at once at every turn (services restarted together)")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"what may be killed, of {','.join(KINDS)}")
     parser.add_argument("--only", action="append", default=[], metavar="DATASET=P1,P2",
                         help="reduce the grid to these datasets and partitions (repeatable)")
     parser.add_argument("--frameworks", default="", help="reduce the grid to these frameworks (comma-separated)")
     parser.add_argument("--heads", default="", help="reduce the grid to these head entries (comma-separated)")
+    parser.add_argument("--protocols", default="", help="reduce the grid to these protocols (comma-separated)")
     parser.add_argument("--steps", type=int, default=12, help="schedule.max_steps of every cell")
     parser.add_argument("--checkpoint-every", type=int, default=4, help="schedule.checkpoint_every_steps")
     parser.add_argument("--home", type=Path, default=None, help="a stack home to use (default: a fresh one)")
@@ -400,6 +424,7 @@ def write_specs(args: argparse.Namespace, work: Path, stack: Stack, tag: str) ->
         spec = chaos_spec(args.spec, experiment=f"chaos-{tag}-{role}", only=only or None,
                           storage=f"{stack.settings.checkpoint_storage}/chaos-{tag}/{role}",
                           frameworks=_split(args.frameworks) or None, heads=_split(args.heads) or None,
+                          protocols=_split(args.protocols) or None,
                           steps=args.steps, checkpoint_every=args.checkpoint_every)
         paths[role] = work / f"{role}.yaml"
         paths[role].write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -416,7 +441,8 @@ def run_chaos(args: argparse.Namespace, stack: Stack, work: Path) -> dict:
     os.environ.update({k: v for k, v in env.items() if k.startswith(("MLFLOW_", "AWS_"))})
     drivers = {role: Driver(specs[role], work / f"tables-{role}", env, work / f"{role}.log") for role in specs}
     reference_s = run_driver_to_the_end(drivers["reference"], args.timeout)
-    chaos = Chaos(stack, drivers["chaos"], random.Random(args.seed), args.interval, _kinds(args.kinds))
+    chaos = Chaos(stack, drivers["chaos"], random.Random(args.seed), args.interval, _kinds(args.kinds),
+                  burst=args.burst)
     chaos_s = chaos.run(args.timeout, args.max_kills)
     spec = load_spec(specs["chaos"])
     configs = expand(spec)
@@ -425,7 +451,8 @@ def run_chaos(args: argparse.Namespace, stack: Stack, work: Path) -> dict:
                      storage=spec.storage, lineage_prefix=f"chaos-{tag}-chaos-{grid_id(configs)}-",
                      max_steps=args.steps)
     return {"bench": "chaos", "spec": str(args.spec), "cells": len(configs), "seed": args.seed,
-            "interval_s": args.interval, "kills": dict(chaos.kills), "kills_total": sum(chaos.kills.values()),
+            "interval_s": args.interval, "burst": args.burst, "kills": dict(chaos.kills),
+            "kills_total": sum(chaos.kills.values()),
             "resubmissions": dict(chaos.resubmissions), "submissions": drivers["chaos"].submissions,
             "reference_s": round(reference_s, 1), "chaos_s": round(chaos_s, 1),
             "time_lost_s": round(chaos_s - reference_s, 1), "checks": checks,

@@ -209,6 +209,43 @@ def test_a_new_service_is_one_class_the_stack_starts_checks_and_stops(tmp_path):
         Stack(StackSettings(home=tmp_path / "a")).up(("http_server",))
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_services_start_in_waves_of_met_needs(tmp_path):
+    """A service starts only once what it ``needs`` is healthy; services that need nothing start side by
+    side (the second is spawned before the first answers)."""
+    started: list[tuple[str, list[str]]] = []  # (service, the services already healthy when it was spawned)
+
+    def service_type(name: str, needs: tuple[str, ...] = ()) -> type[_HttpServer]:
+        class Recorded(_HttpServer):
+            port = _free_port()
+
+            def start(self) -> None:
+                healthy = [other for other, kind in types.items() if http_status(f"http://127.0.0.1:{kind.port}/") == 200]
+                started.append((self.name, healthy))
+                super().start()
+
+        Recorded.name, Recorded.needs = name, needs
+        return Recorded
+
+    types = {"svc_a": service_type("svc_a"), "svc_b": service_type("svc_b", ("svc_a",)), "svc_c": service_type("svc_c")}
+    for name, kind in types.items():
+        SERVICE_TYPES.add(name, kind)
+    stack = Stack(StackSettings(home=tmp_path / "a"))
+    try:
+        assert stack.up(tuple(types)) == ["svc_a", "svc_c", "svc_b"]
+        assert started == [("svc_a", []), ("svc_c", []), ("svc_b", ["svc_a", "svc_c"])]
+        assert all(stack.healthy(name) for name in types)
+    finally:
+        stack.down()
+        for name in types:
+            SERVICE_TYPES.remove(name)
+
+
 # ----------------------------------------------------------------------------- failures (real processes)
 @pytest.mark.integration
 def test_a_port_taken_names_the_service_and_stops_what_was_started():
@@ -217,11 +254,11 @@ def test_a_port_taken_names_the_service_and_stops_what_was_started():
     blocker = socket.socket()
     try:
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT from an earlier test
-        blocker.bind(("127.0.0.1", stack.settings.seaweed_volume_port))
+        blocker.bind(("127.0.0.1", stack.settings.mlflow_port))
         blocker.listen()
-        with pytest.raises(StackError, match=rf"seaweedfs: port {stack.settings.seaweed_volume_port} \(volume\).*in use"):
+        with pytest.raises(StackError, match=rf"mlflow: port {stack.settings.mlflow_port} \(mlflow\).*in use"):
             stack.up()
-        # postgres had started (it comes first) and was stopped again
+        # the first wave (postgres, seaweedfs, the Ray head) had started and was stopped again
         assert (home / "postgres" / "data" / "PG_VERSION").is_file()
         assert not any(row.running for row in stack.status())
         assert not port_in_use("127.0.0.1", stack.settings.postgres_port)

@@ -21,6 +21,7 @@ class MlflowServer(Service):
     """The tracking server of the stack (see the module docs)."""
 
     name = "mlflow"
+    needs = ("postgres", "seaweedfs")  # its backend store (database created) and artifact bucket
     port_settings: ClassVar[dict[str, str]] = {"mlflow": "mlflow_port"}
     requirements = (Requirement("flask_wtf", "mlflow[auth]", module=True),
                     Requirement("psycopg2", "psycopg2-binary", module=True))

@@ -78,6 +78,8 @@ class Service(ABC):
     requirements: ClassVar[tuple[Requirement, ...]] = ()
     #: the first signal :meth:`stop` sends to its process group
     stop_signal: ClassVar[int] = signal.SIGTERM
+    #: the services that must be healthy before it starts (the others start beside it)
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: StackSettings, secrets: Secrets) -> None:
         self.settings = settings

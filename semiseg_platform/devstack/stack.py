@@ -1,8 +1,9 @@
 """The orchestrator of the local stack: starts, checks and stops the registered services in order.
 
 :class:`Stack` knows services only through :class:`~semiseg_platform.devstack.service.Service`:
-it starts them in registration order (PostgreSQL, SeaweedFS, MLflow, Ray: each needs the ones
-before it), waits for each one's health check, and stops them in reverse order. A port already
+it starts them in waves (every service whose ``needs`` are healthy at once: PostgreSQL, SeaweedFS and
+the Ray head together, then the MLflow server), waits for their health checks side by side, and
+stops them in reverse registration order. A port already
 taken, a missing binary or a service that does not come up raises
 :class:`~semiseg_platform.devstack.settings.StackError` naming it (with the tail of its log),
 after stopping the services the same call had already started.
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from npsemiseg._registry import Registry
@@ -24,7 +26,7 @@ from semiseg_platform.devstack.ray_head import RayHead
 from semiseg_platform.devstack.seaweedfs import SeaweedFS
 from semiseg_platform.devstack.secrets import Secrets
 from semiseg_platform.devstack.service import Service, ServiceStatus, ensure_installed
-from semiseg_platform.devstack.settings import StackSettings
+from semiseg_platform.devstack.settings import StackError, StackSettings
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +105,8 @@ class Stack:
 
     # --------------------------------------------------------------------- start / stop
     def up(self, services: tuple[str, ...] | None = None) -> list[str]:
-        """Start ``services`` (default: all) not yet running, in order, and wait until each is healthy.
+        """Start ``services`` (default: all) not yet running, in waves of services whose needs are
+        met, and wait until each is healthy.
 
         Returns the names started by this call. On any failure the services this call started
         are stopped again and :class:`StackError` names the one that failed.
@@ -111,26 +114,36 @@ class Stack:
         selected = {self.service(name).name for name in (self.services if services is None else services)}
         ensure_installed(self.services.values(), self.settings.install_missing)
         self._prepare_home()
+        pending = [s for name, s in self.services.items() if name in selected and s.pid() is None]
         started: list[Service] = []
         try:
-            for service in (s for name, s in self.services.items() if name in selected):
-                if service.pid() is not None:
-                    continue
-                service.check_ports()
-                began = time.monotonic()
-                logger.info("starting %s", service.name)
-                service.start()
-                started.append(service)
-                service.wait_healthy()
-                self.startup_seconds[service.name] = time.monotonic() - began
-                logger.info("%s healthy after %.1f s", service.name, self.startup_seconds[service.name])
-                service.after_start()
+            while pending:
+                waiting_for = {service.name for service in pending}
+                wave = [service for service in pending if not waiting_for.intersection(service.needs)]
+                if not wave:
+                    raise StackError(f"services that need each other: {sorted(waiting_for)}")
+                for service in wave:
+                    service.check_ports()
+                for service in wave:
+                    logger.info("starting %s", service.name)
+                    service.start()
+                    started.append(service)
+                with ThreadPoolExecutor(len(wave), thread_name_prefix="stack-up") as pool:
+                    list(pool.map(self._until_healthy, wave, [time.monotonic()] * len(wave)))
+                pending = [service for service in pending if service not in wave]
         except BaseException:
             for service in reversed(started):
                 with contextlib.suppress(Exception):
                     service.stop()
             raise
         return [service.name for service in started]
+
+    def _until_healthy(self, service: Service, began: float) -> None:
+        """Wait for ``service``'s health check, record its start-up time, run its after-start hook."""
+        service.wait_healthy()
+        self.startup_seconds[service.name] = time.monotonic() - began
+        logger.info("%s healthy after %.1f s", service.name, self.startup_seconds[service.name])
+        service.after_start()
 
     def _prepare_home(self) -> None:
         """The home's directories, the secrets (generated on first start) and the clients' credential files."""
