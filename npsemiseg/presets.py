@@ -15,7 +15,11 @@ Every framework shares these crops, batches, learning rates and epochs: MT and P
   no public NP integration, so they run in the shared trainer for comparability
   (``ssl_frameworks.md`` section 7, quirks 4-5). AugSeg's NP config uses 2 images per GPU
   (8 in all) where the paper says 12: the paper's 12 is used. PS-MT's own 0.01 learning rate
-  and 80-550 epoch schedules belong to its 8+8 x 4 GPU setup and are not used.
+  belongs to its 8+8 x 4 GPU setup and is not used; its 80-550 epoch schedules are switch ``psmt_epochs``.
+Head settings (switch ``head_settings``, ``head_schedule``): under ``released`` the baseline head trains at its
+  framework's own publication crop and batch (``Framework.publication_settings``), as the paper's baseline rows
+  were copied from the frameworks' papers; the MC-dropout and NP heads (and every head under ``corrected``) at
+  the shared reduced crop and batch above.
 Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
   stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
   for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).

@@ -187,7 +187,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
            "dev #10", frameworks=("psmt",)),
     Switch("psmt_eval_logits", "evaluation", "framework_options.eval_average", "logits", "probabilities",
-           "PS-MT VOC evaluation (both teachers' logits summed)",
+           "PS-MT VocCode train.py 332-333 ((output1 + output2) / 2)",
            "both teachers' logits averaged instead of their softmaxes", "dev #11", frameworks=("psmt",),
            families=("voc",)),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
@@ -208,10 +208,11 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533, 513, "AugSeg evaluation (stride 2/3 window)",
            "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
-           "the logits to label size)", "logits upsampled to label size with align_corners=True (training losses, "
+           "the logits to label size; e.g. PS-MT encoder_decoder.py 116, train.py 334-337)",
+           "logits upsampled to label size with align_corners=True (training losses, "
            "pseudo-labels and evaluation)", "dev #15 (upsampling)"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
-           "U2PL augmentation.py RandomCrop, PS-MT base_dataset.py _crop, AugSeg augmentation.py",
+           "U2PL augmentation.py RandomCrop, PS-MT VocCode base_dataset.py 60-80 (_crop), AugSeg augmentation.py",
            "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings)",
@@ -313,6 +314,7 @@ def protocol_markdown() -> str:
             "frameworks " + "/".join(s.frameworks) if s.frameworks else "",
             "heads " + "/".join(s.heads) if s.heads else "",
             f"datasets with {s.needs_lists} lists" if s.needs_lists else "",
+            "family " + "/".join(s.families) if s.families else "",
         ) if part) or "all"
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "

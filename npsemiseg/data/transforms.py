@@ -17,7 +17,9 @@ Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
 * strong, AugSeg: k ~ U{1, 2, 3} operations drawn with replacement from 11 intensity
   operations with uniform strengths (``RandomIntensityAugment``).
 * strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
-  sigma in [0.1, 2] p=0.5.
+  sigma in [0.1, 2] p=0.5 (kernel 2 ceil(3 sigma) + 1, or PS-MT's own 1 / 3 / 5 with ``blur_kernel="psmt"``).
+* crops larger than the image are padded evenly on both sides, or on the bottom and right only as the
+  official crop code does (``crop_padding="bottom_right"``).
 
 Every random draw uses torch's global RNG, so seeding torch (and a DataLoader's
 generator / worker seeds) makes the pipelines reproducible.
