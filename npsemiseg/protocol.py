@@ -212,8 +212,10 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "logits upsampled to label size with align_corners=True (training losses, "
            "pseudo-labels and evaluation)", "dev #15 (upsampling)"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
-           "U2PL augmentation.py RandomCrop, PS-MT VocCode base_dataset.py 60-80 (_crop), AugSeg augmentation.py",
-           "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18"),
+           "PS-MT VocCode base_dataset.py 60-80 (_crop), AugSeg augs_TIBA.py 111-124 (U2PL's Crop, augmentation.py "
+           "249-256, pads evenly: not U2PL)",
+           "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18",
+           frameworks=("augseg", "psmt")),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings)",
            "baseline rows at each framework's own full crops and batches, MC dropout and NP at 480/580 and "

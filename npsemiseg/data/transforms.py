@@ -18,8 +18,8 @@ Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
   operations with uniform strengths (``RandomIntensityAugment``).
 * strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
   sigma in [0.1, 2] p=0.5 (kernel 2 ceil(3 sigma) + 1, or PS-MT's own 1 / 3 / 5 with ``blur_kernel="psmt"``).
-* crops larger than the image are padded evenly on both sides, or on the bottom and right only as the
-  official crop code does (``crop_padding="bottom_right"``).
+* crops larger than the image are padded evenly on both sides (as U2PL), or on the bottom and right only as
+  PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``).
 
 Every random draw uses torch's global RNG, so seeding torch (and a DataLoader's
 generator / worker seeds) makes the pipelines reproducible.
@@ -43,8 +43,8 @@ from npsemiseg.constants import IGNORE_INDEX
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
 STRONG_KINDS = ("augseg", "psmt")
-#: where a crop larger than the image is padded: evenly on both sides, or on the bottom and right only
-#: (U2PL / PS-MT / AugSeg crop code; switch ``crop_padding``)
+#: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
+#: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
 CROP_PADDINGS = ("centered", "bottom_right")
 #: the blur kernel of PS-MT's strong view: ``sigma`` = 2 ceil(3 sigma) + 1, ``psmt`` = 1, 3 or 5 as PS-MT draws it
 BLUR_KERNELS = ("sigma", "psmt")
@@ -112,7 +112,7 @@ class RandomLongSideResize(v2.Transform):
 
 def crop_pad_sides(pad_h: int, pad_w: int, placement: str) -> list[int]:
     """``[left, top, right, bottom]`` padding of ``pad_h`` rows and ``pad_w`` columns: split evenly
-    (``centered``) or all on the bottom and right (``bottom_right``, the official crop code)."""
+    (``centered``, U2PL) or all on the bottom and right (``bottom_right``, PS-MT's and AugSeg's crop code)."""
     if placement == "centered":
         return [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2]
     if placement == "bottom_right":
