@@ -15,7 +15,11 @@ Every framework shares these crops, batches, learning rates and epochs: MT and P
   no public NP integration, so they run in the shared trainer for comparability
   (``ssl_frameworks.md`` section 7, quirks 4-5). AugSeg's NP config uses 2 images per GPU
   (8 in all) where the paper says 12: the paper's 12 is used. PS-MT's own 0.01 learning rate
-  and 80-550 epoch schedules belong to its 8+8 x 4 GPU setup and are not used.
+  belongs to its 8+8 x 4 GPU setup and is not used; its 80-550 epoch schedules are switch ``psmt_epochs``.
+Head settings (switch ``head_settings``, ``head_schedule``): under ``released`` the baseline head trains at its
+  framework's own publication crop and batch (``Framework.publication_settings``), as the paper's baseline rows
+  were copied from the frameworks' papers; the MC-dropout and NP heads (and every head under ``corrected``) at
+  the shared reduced crop and batch above.
 Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
   stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
   for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).
@@ -50,6 +54,7 @@ from typing import Any
 from npsemiseg._registry import Registry
 from npsemiseg.data import dataset_info
 from npsemiseg.frameworks import get_framework
+from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 from npsemiseg.heads import head_class
 from npsemiseg.protocol import apply_protocol
 
@@ -64,8 +69,8 @@ def preset_names() -> tuple[str, ...]:
 
 _VOC: dict[str, Any] = {
     "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4, "reference_batch": 12},
-    "schedule": {"epochs": 80, "batch_size": 3, "unlabeled_batch_size": 3, "crop_size": 480, "poly_power": 0.9,
-                 "epoch_length": "unlabeled", "eval_every_epochs": 1},
+    "schedule": {"epochs": SHARED_EPOCHS["voc"], "batch_size": 3, "unlabeled_batch_size": 3, "crop_size": 480,
+                 "poly_power": 0.9, "epoch_length": "unlabeled", "eval_every_epochs": 1},
     "loss": {"ohem": False},
     "model": {"aux_head": False},
     "evaluation": {"mode": "center_crop", "crop_size": 513, "num_samples": 5},
@@ -73,8 +78,8 @@ _VOC: dict[str, Any] = {
 
 _CITYSCAPES: dict[str, Any] = {
     "optim": {"lr": 5e-3, "head_lr_mult": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "reference_batch": 8},
-    "schedule": {"epochs": 200, "batch_size": 2, "unlabeled_batch_size": 2, "crop_size": 580, "poly_power": 0.9,
-                 "epoch_length": "unlabeled", "eval_every_epochs": 1},
+    "schedule": {"epochs": SHARED_EPOCHS["cityscapes"], "batch_size": 2, "unlabeled_batch_size": 2, "crop_size": 580,
+                 "poly_power": 0.9, "epoch_length": "unlabeled", "eval_every_epochs": 1},
     "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
     "model": {"aux_head": True},
     # stride None = ceil(2/3 x crop): 513 at 769, and it follows a changed crop
@@ -82,6 +87,10 @@ _CITYSCAPES: dict[str, Any] = {
 }
 
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
+#: processes of the paper's setting (4 GPUs): the per-process batch is the global batch / 4
+PAPER_PROCESSES = 4
+#: the keys :func:`head_schedule` sets
+HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unlabeled_batch_size", "optim.reference_batch")
 
 
 def _paper_dataset(dataset: str) -> str:
@@ -92,6 +101,47 @@ def _paper_dataset(dataset: str) -> str:
 def dataset_family(dataset: str) -> str:
     """``"cityscapes"`` for Cityscapes and its stand-in, else ``"voc"`` (VOC, blender, synthetic)."""
     return "cityscapes" if _paper_dataset(dataset) == "cityscapes" else "voc"
+
+
+def head_schedule(*, framework: str, dataset: str, head: str, head_settings: str) -> dict[str, int]:
+    """The crop, per-process labeled / unlabeled batch and global batch (``optim.reference_batch``) of a cell.
+
+    ``shared`` (switch ``head_settings``, corrected): every head of a framework at the reduced setting the paper
+    trained its MC-dropout and NP rows with (VOC crop 480, batch 12; Cityscapes 580, 8). ``per_head`` (released):
+    the same for the stochastic heads, but a deterministic head (the baseline, whose rows the paper copied from
+    each framework's publication) at the framework's ``publication_settings`` (``protocol_deviations.md``,
+    Provenance)."""
+    family = dataset_family(dataset)
+    base = _CITYSCAPES if family == "cityscapes" else _VOC
+    crop, batch = base["schedule"]["crop_size"], base["optim"]["reference_batch"]
+    if head_settings not in ("per_head", "shared"):
+        raise ValueError(f"schedule.head_settings: expected 'per_head' or 'shared', got {head_settings!r}")
+    if head_settings == "per_head" and not head_class(head).stochastic:
+        crop, batch = get_framework(framework).publication_settings[family]
+    per_process = max(1, batch // PAPER_PROCESSES)
+    return dict(zip(HEAD_SCHEDULE_KEYS, (crop, per_process, per_process, batch)))
+
+
+def _cell_schedule(values: dict[str, Any]) -> dict[str, int]:
+    """:func:`head_schedule` of the cell in nested configuration ``values``."""
+    return head_schedule(framework=values["framework"], dataset=values["dataset"], head=values["head"]["name"],
+                         head_settings=values["schedule"].get("head_settings", "shared"))
+
+
+def follow_head_settings(before: dict[str, Any], after: dict[str, Any], explicit: Any = ()) -> dict[str, Any]:
+    """``after`` (nested values) with its crop and batches moved to its cell's :func:`head_schedule` where they
+    still hold ``before``'s derived ones and no key of ``explicit`` set them: a change of ``head_settings``, head,
+    framework or protocol keeps the schedule derived. Only where one side is ``per_head`` (``shared`` cells keep
+    today's behaviour); a shrunk schedule (smoke) never matches and stays. ``after`` is changed in place."""
+    settings = {before["schedule"].get("head_settings"), after["schedule"].get("head_settings")}
+    if "per_head" not in settings:
+        return after
+    old, new = _cell_schedule(before), _cell_schedule(after)
+    for key, value in new.items():
+        section, leaf = key.split(".")
+        if key not in explicit and section not in explicit and after[section].get(leaf) == old[key]:
+            after[section][leaf] = value
+    return after
 
 
 def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str,
@@ -115,7 +165,11 @@ def paper(*, framework: str, dataset: str, partition: str, head: str, protocol: 
     values["optim"]["grad_clip"] = head_cls.paper_grad_clip
     values["head"] = {"name": head, "options": dict(head_cls.paper_options)}
     values["data"] = {"num_workers": 4}
-    return apply_protocol(values, protocol)
+    apply_protocol(values, protocol)
+    for key, value in _cell_schedule(values).items():  # the crop and batches the protocol's head settings give
+        section, leaf = key.split(".")
+        values[section][leaf] = value
+    return values
 
 
 @PRESETS.register("smoke")

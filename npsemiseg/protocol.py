@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from npsemiseg.data import dataset_info
+from npsemiseg.frameworks import get_framework
+from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
 Protocol = Literal["released", "corrected"]
-Owner = Literal["framework", "head", "evaluation", "loop", "data"]
+Owner = Literal["framework", "head", "model", "evaluation", "loop", "data"]
 #: prefix of a switch given by name in overrides (``switches.np_attention=euclidean``) and of its MLflow param
 SWITCH_PREFIX = "switches."
 #: the value (and param) of a switch that does not apply to the cell
@@ -86,6 +88,20 @@ class Switch:
 def _family(info: Any) -> str:
     """``cityscapes`` for Cityscapes and its stand-in, else ``voc`` (as ``npsemiseg.presets.dataset_family``)."""
     return "cityscapes" if (info.real_dataset or info.name) == "cityscapes" else "voc"
+
+
+def _publication_epochs(values: dict[str, Any]) -> int:
+    """The framework's own epochs for the cell (``Framework.publication_epochs``; the shared ones where it has none)."""
+    info = dataset_info(values["dataset"])
+    own = get_framework(values["framework"]).publication_epochs(info.real_dataset or info.name,
+                                                                 info.resolve_partition(str(values["partition"])))
+    return own if own is not None else _shared_epochs(values)
+
+
+def _shared_epochs(values: dict[str, Any]) -> int:
+    """The shared schedule's epochs of the cell's dataset family (with the framework's ``paper_schedule``)."""
+    family = _family(dataset_info(values["dataset"]))
+    return get_framework(values["framework"]).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
 
 
 _NP = ("np",)
@@ -159,17 +175,25 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "phase", "dev #7", frameworks=("psmt",)),
     Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False, "PS-MT train.py 192",
            "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
-    Switch("psmt_epochs", "loop", None, "psmt", "shared", "PS-MT scripts, docs/before_start.md",
-           "PS-MT's own epoch counts (VOC 80/80/200/300, Cityscapes 320/450/550)", "dev #8", frameworks=("psmt",)),
+    Switch("psmt_epochs", "loop", "schedule.epochs", Derived("PS-MT's own", _publication_epochs),
+           Derived("shared", _shared_epochs), "PS-MT scripts/train_voc_blender.sh, train_city.sh, docs/before_start.md",
+           "PS-MT's own epoch counts (VOC blender 80/80/200/300 for 662/1323/2646/5291, classic 80; Cityscapes "
+           "320/450/550 for 372/744/1488) instead of the shared 80 / 200", "dev #8", frameworks=("psmt",)),
     Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True, "PS-MT CityCode EntireModel.py 62",
            "Cityscapes supervised loss is plain CE (the config says OHEM)", "dev #9", frameworks=("psmt",),
            families=("cityscapes",)),
-    Switch("psmt_single_lr", "loop", None, True, False, "PS-MT helpers.py 38-77",
-           "one LR for every parameter, no weight decay on BN and biases", "dev #10", frameworks=("psmt",)),
-    Switch("psmt_eval_logits", "evaluation", None, "logits", "probabilities", "PS-MT VOC evaluation",
-           "both teachers' logits averaged instead of their softmaxes", "dev #11", frameworks=("psmt",)),
-    Switch("psmt_blur_kernel", "data", None, "psmt", "sigma", "PS-MT VocCode base_dataset.py 133-150",
-           "strong-view blur kernel 1/3/5 instead of 2 ceil(3 sigma) + 1", "dev #17", frameworks=("psmt",)),
+    Switch("psmt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
+           "PS-MT helpers.py 38-77 (group_weight), base_trainer.py 88-115",
+           "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
+           "dev #10", frameworks=("psmt",)),
+    Switch("psmt_eval_logits", "evaluation", "framework_options.eval_average", "logits", "probabilities",
+           "PS-MT VocCode train.py 332-333 ((output1 + output2) / 2)",
+           "both teachers' logits averaged instead of their softmaxes", "dev #11", frameworks=("psmt",),
+           families=("voc",)),
+    Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
+           "PS-MT VocCode base_dataset.py 133-150 (data_aug)",
+           "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",
+           "dev #17", frameworks=("psmt",)),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg decoder.py 41-49",
            "dropout in the baseline classifier block", "dev #12", frameworks=("augseg", "psmt"),
@@ -183,11 +207,17 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "sliding-window size at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533, 513, "AugSeg evaluation (stride 2/3 window)",
            "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
-    Switch("align_corners", "loop", None, True, False, "every official model",
-           "logits upsampled with align_corners=True", "dev #15 (upsampling)"),
-    Switch("crop_padding", "data", None, "bottom_right", "centered", "U2PL / PS-MT / AugSeg crop code",
-           "crops padded on the bottom and right only", "dev #18"),
-    Switch("head_settings", "loop", None, "per_head", "shared", "protocol_deviations.md, Provenance",
+    Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
+           "the logits to label size; e.g. PS-MT encoder_decoder.py 116, train.py 334-337)",
+           "logits upsampled to label size with align_corners=True (training losses, "
+           "pseudo-labels and evaluation)", "dev #15 (upsampling)"),
+    Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
+           "PS-MT VocCode base_dataset.py 60-80 (_crop), AugSeg augs_TIBA.py 111-124 (U2PL's Crop, augmentation.py "
+           "249-256, pads evenly: not U2PL)",
+           "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18",
+           frameworks=("augseg", "psmt")),
+    Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
+           "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings)",
            "baseline rows at each framework's own full crops and batches, MC dropout and NP at 480/580 and "
            "12/8 (released); one setting for all heads of a framework (corrected)", "provenance"),
 )
@@ -286,6 +316,7 @@ def protocol_markdown() -> str:
             "frameworks " + "/".join(s.frameworks) if s.frameworks else "",
             "heads " + "/".join(s.heads) if s.heads else "",
             f"datasets with {s.needs_lists} lists" if s.needs_lists else "",
+            "family " + "/".join(s.families) if s.families else "",
         ) if part) or "all"
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "

@@ -47,6 +47,7 @@ def test_every_switch_has_distinct_values_and_a_source():
         assert switch.released != switch.corrected, switch.name
         assert switch.source and switch.changes and switch.rows, switch.name
     assert len(implemented_switches()) >= 14
+    assert all(switch.target is not None for switch in SWITCHES.values())  # every row of both notes is a switch
 
 
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
@@ -98,11 +99,16 @@ def test_switches_that_do_not_apply_are_not_applicable():
     assert values["mt_variant"] == NOT_APPLICABLE and values["psmt_epochs"] == NOT_APPLICABLE
 
 
-def test_unknown_and_unimplemented_switches_are_refused():
+def test_unknown_and_unimplemented_switches_are_refused(monkeypatch):
+    import npsemiseg.protocol as protocol
+
     with pytest.raises(ValueError, match="switch: unknown name 'nope'"):
         RunConfig.from_preset("smoke", **{"switches.nope": 1})
+    # every row of the notes is implemented now: a row without a key is refused by name
+    todo = protocol.Switch("todo", "loop", None, 1, 2, "notes", "nothing yet", "dev #0")
+    monkeypatch.setitem(protocol.SWITCHES, "todo", todo)
     with pytest.raises(ValueError, match="not implemented yet"):
-        RunConfig.from_preset("smoke", **{"switches.psmt_epochs": "psmt"})
+        RunConfig.from_preset("smoke", **{"switches.todo": 1})
     with pytest.raises(ValueError, match="protocol"):
         RunConfig.from_preset("smoke", protocol="bugged")
     assert get_switch("np_kl").owner == "head"

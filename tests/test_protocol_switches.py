@@ -36,6 +36,12 @@ NOT_A_STEP_CHANGE = {
     "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
     "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
     "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
+    "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",
+    "psmt_blur_kernel": "the data pipeline: test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5",
+    "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",
+    "psmt_single_lr": "the optimiser: test_psmt_single_lr_switch_groups_the_parameters",
+    "psmt_epochs": "the schedule: test_psmt_epochs_switch_sets_psmt_epoch_counts",
+    "head_settings": "the preset's crop and batches: test_head_settings_switch_trains_the_baseline_at_publication_settings",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 
@@ -237,3 +243,162 @@ def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke
     shared = build_framework(corrected)
     torch.manual_seed(5)
     assert float(shared.train_step(batch, ctx).losses["unsup"]) != float(result.losses["unsup"])
+
+
+# ---- data, optimiser, schedule, evaluation and preset switches (issue 16, second part)
+
+
+def _switch(name: str):
+    return next(s for s in implemented_switches() if s.name == name)
+
+
+def test_crop_padding_switch_pads_on_the_bottom_and_right(smoke_config):
+    """A 16 x 16 image in a 32 crop: released pads rows and columns 16.. only, corrected 8 on each side."""
+    corrected, released = _configs(smoke_config, _switch("crop_padding"))
+    item = {"image": torch.rand(3, 16, 16), "label": torch.ones(16, 16, dtype=torch.long), "id": "x"}
+    for config, corner in ((released, (0, 0)), (corrected, (8, 8))):
+        config = config.with_overrides({"data.augmentation.resize": "none", "data.augmentation.flip": False})
+        label = train_transforms(config)["labeled"](item)["label"]
+        assert label.shape == (32, 32)
+        top, left = corner
+        assert bool((label[top:top + 16, left:left + 16] == 1).all()) and int((label == 1).sum()) == 256
+
+
+def _blur(config):
+    from npsemiseg.data.transforms import RandomGaussianBlur
+
+    strong = train_transforms(config)["unlabeled"].strong
+    return next(t for t in strong.transforms if isinstance(t, RandomGaussianBlur))
+
+
+def test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5(smoke_config):
+    from npsemiseg.data.transforms import gaussian_blur
+
+    corrected, released = _configs(smoke_config, _switch("psmt_blur_kernel"))
+    image = torch.rand(3, 32, 32)
+    torch.manual_seed(0)
+    sizes = [_blur(released).make_params([image])["size"] for _ in range(2000)]
+    assert set(sizes) == {1, 3, 5}
+    assert abs(sizes.count(1) / 2000 - 2 / 4.95) < 0.04 and abs(sizes.count(5) / 2000 - 0.95 / 4.95) < 0.04
+    assert _blur(corrected).make_params([image])["size"] is None  # kernel 2 ceil(3 sigma) + 1
+    assert torch.equal(gaussian_blur(image, 2.0, kernel_size=1), image)  # 40 % of PS-MT's blurs change nothing
+    assert not torch.allclose(gaussian_blur(image, 2.0, kernel_size=5), gaussian_blur(image, 2.0))
+
+
+def test_psmt_eval_logits_switch_averages_the_teachers_logits(smoke_config):
+    from npsemiseg.heads.base import predictive
+
+    corrected, released = _configs(smoke_config, _switch("psmt_eval_logits"))
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    probs = {}
+    for config in (corrected, released):
+        torch.manual_seed(0)
+        framework = build_framework(config)
+        with torch.no_grad():
+            for p in framework.teachers["teacher2"].parameters():
+                p.add_(0.5 * torch.randn_like(p))
+        ensemble = framework.eval_model().eval()
+        members = [m(images).head.logits for m in ensemble.members]
+        logits = ensemble(images).head.logits
+        if config is released:
+            assert torch.allclose(logits, (members[0] + members[1]) / 2)
+        else:
+            assert torch.equal(logits, torch.cat(members))
+        probs[config.framework_options["eval_average"]] = predictive(logits)[0]
+    assert not torch.allclose(probs["logits"], probs["probabilities"])
+
+
+def test_psmt_single_lr_switch_groups_the_parameters(smoke_config):
+    from npsemiseg.training.factories import build_optimizer
+
+    corrected, released = _configs(smoke_config, _switch("psmt_single_lr"))
+    for config in (corrected, released):
+        student = build_framework(config).student
+        sgd = build_optimizer(config, student).sgd
+        groups = {id(p): g for g in sgd.param_groups for p in g["params"]}
+        assert len(groups) == len([p for p in student.parameters() if p.requires_grad])
+        bn = next(m for m in student.modules() if isinstance(m, torch.nn.BatchNorm2d))
+        conv = next(m for m in student.head.modules() if isinstance(m, torch.nn.Conv2d) and m.bias is not None)
+        wd = config.optim.weight_decay
+        if config is released:  # one LR; no decay on BN and biases, decay on conv weights
+            assert {g["lr"] for g in sgd.param_groups} == {sgd.defaults["lr"]}
+            assert groups[id(bn.weight)]["weight_decay"] == groups[id(conv.bias)]["weight_decay"] == 0.0
+            assert groups[id(conv.weight)]["weight_decay"] == wd
+        else:  # backbone at lr, the rest at lr x head_lr_mult, decay everywhere
+            lrs = sorted(g["lr"] for g in sgd.param_groups)
+            assert lrs[1] == pytest.approx(lrs[0] * config.optim.head_lr_mult) and lrs[1] != lrs[0]
+            assert {g["weight_decay"] for g in sgd.param_groups} == {wd}
+
+
+def test_psmt_epochs_switch_sets_psmt_epoch_counts():
+    from npsemiseg.config import RunConfig
+    from npsemiseg.training.plan import plan_run
+
+    def epochs(dataset, partition, protocol):
+        return RunConfig.from_preset("paper", framework="psmt", dataset=dataset, partition=partition,
+                                     protocol=protocol).schedule.epochs
+
+    blender = ["662", "1323", "2646", "5291"]
+    assert [epochs("pascal_blender", p, "released") for p in blender] == [80, 80, 200, 300]
+    assert [epochs("cityscapes", p, "released") for p in ["372", "744", "1488"]] == [320, 450, 550]
+    assert [epochs("pascal_blender", p, "corrected") for p in blender] == [80] * 4
+    assert epochs("cityscapes", "744", "corrected") == 200 and epochs("pascal_classic", "732", "released") == 80
+    released = RunConfig.from_preset("paper", framework="psmt", dataset="pascal_blender", partition="5291",
+                                     head="np", protocol="released")  # the NP head: the same batch under both
+    corrected = released.with_overrides(protocol="corrected")
+    plans = [plan_run(c, num_labeled=5291, num_unlabeled=5291, world_size=4) for c in (released, corrected)]
+    assert plans[0].total_steps == 300 / 80 * plans[1].total_steps
+    # other frameworks keep the shared schedule under both protocols
+    u2pl = RunConfig.from_preset("paper", framework="u2pl", dataset="pascal_blender", partition="5291", protocol="released")
+    assert u2pl.schedule.epochs == 80 and u2pl.switches()["psmt_epochs"] == "n/a"
+
+
+def test_head_settings_switch_trains_the_baseline_at_publication_settings():
+    """released: the baseline head at the framework's own crop and batch, MC dropout / NP at the reduced ones;
+    corrected: every head of a framework alike. The crop and batch stay derived when the switch, the head or the
+    protocol change, and an explicit crop wins."""
+    from npsemiseg.config import RunConfig
+
+    def setting(framework, head, protocol, dataset="pascal_classic", **overrides):
+        c = RunConfig.from_preset("paper", framework=framework, dataset=dataset, head=head, protocol=protocol,
+                                  **overrides)
+        return c.schedule.crop_size, c.schedule.batch_size, c.schedule.unlabeled_batch_size, c.optim.reference_batch
+
+    assert setting("psmt", "baseline", "released") == (512, 8, 8, 32)
+    assert setting("u2pl", "baseline", "released", dataset="cityscapes") == (769, 4, 4, 16)
+    assert setting("augseg", "baseline", "released", dataset="cityscapes") == (800, 4, 4, 16)
+    for head in ("mc_dropout", "np"):
+        assert setting("psmt", head, "released") == (480, 3, 3, 12)
+        assert setting("psmt", head, "released", dataset="cityscapes") == (580, 2, 2, 8)
+    for head in ("baseline", "mc_dropout", "np"):
+        assert setting("psmt", head, "corrected") == (480, 3, 3, 12)
+    # one switch on its own, and the derived schedule following a change of switch, head or protocol
+    assert setting("psmt", "baseline", "corrected", **{"switches.head_settings": "per_head"}) == (512, 8, 8, 32)
+    released = RunConfig.from_preset("paper", framework="psmt", dataset="pascal_classic", head="baseline",
+                                     protocol="released")
+    assert released.with_overrides({"switches.head_settings": "shared"}).schedule.crop_size == 480
+    assert released.with_overrides({"head.name": "np"}).schedule.crop_size == 480
+    assert released.with_overrides(protocol="corrected").schedule.crop_size == 480
+    assert released.with_overrides({"schedule.crop_size": 300}).schedule.crop_size == 300
+    assert setting("psmt", "baseline", "released", **{"schedule.crop_size": 300})[0] == 300
+    # the crop reaches the training transform
+    item = {"image": torch.rand(3, 600, 600), "label": torch.zeros(600, 600, dtype=torch.long), "id": "x"}
+    assert train_transforms(released)["labeled"](item)["image"].shape[-2:] == (512, 512)
+
+
+def test_align_corners_switch_reaches_the_model_and_the_evaluation(smoke_config):
+    from npsemiseg.evaluation.inference import sample_logits
+    from npsemiseg.models import logit_align_corners
+    from npsemiseg.training import build_model
+
+    corrected, released = _configs(smoke_config, _switch("align_corners"))
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    logits = []
+    for config, expected in ((corrected, False), (released, True)):
+        torch.manual_seed(0)
+        model = build_model(config).eval()
+        assert logit_align_corners(model) is expected
+        assert logit_align_corners(build_framework(config).eval_model()) is expected
+        with torch.no_grad():
+            logits.append(sample_logits(model, images, None))
+    assert logits[0].shape == logits[1].shape and not torch.allclose(logits[0], logits[1])

@@ -84,7 +84,7 @@ def test_cell_description_says_what_the_cell_is(study_cells):
     text = cell_description(config, grid_id="0123456789ab")
     assert text.startswith("**u2pl/synthetic_voc/92/np_mean**")
     for fragment in ("`pascal_classic`", "1/16 labeled", "attention = mean", config.cell_id, "0123456789ab",
-                     "figures/per_class_iou.png"):
+                     "figures/per_class_iou.png", f"protocol `{config.protocol}`"):
         assert fragment in text, fragment
     plain = cell_description(study_cells["u2pl/synthetic_voc/92/np"])
     assert "attention" not in plain and "grid" not in plain

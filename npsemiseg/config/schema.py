@@ -41,7 +41,7 @@ from npsemiseg.data.info import DATASETS
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
-from npsemiseg.presets import preset_values
+from npsemiseg.presets import follow_head_settings, preset_values
 from npsemiseg.protocol import SWITCH_PREFIX, apply_protocol, switch_overrides, switch_values
 
 #: Sections whose fields never change what a run computes (left out of ``cell_id``).
@@ -102,6 +102,9 @@ class ModelConfig(Section):
     aux_head: bool = False
     representation_head: bool | None = None
     mc_dropout_scope: Literal["decoder", "head"] = "decoder"
+    #: bilinear upsampling of logits to label size (losses, pseudo-labels, evaluation) with align_corners=True
+    #: (every official model) or False; switch ``align_corners``
+    align_corners: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("variant", mode="after")
@@ -116,13 +119,19 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
-    """SGD with momentum; the head (everything but the backbone) at ``lr x head_lr_mult``."""
+    """SGD with momentum; the head (everything but the backbone) at ``lr x head_lr_mult``.
+
+    ``parameter_groups``: ``backbone_head`` (the backbone at ``lr``, the rest at ``lr x head_lr_mult``, weight
+    decay on every parameter) or ``single_lr`` (PS-MT's: every parameter at ``lr``, no weight decay on biases and
+    normalisation layers; ``head_lr_mult`` unused); switch ``psmt_single_lr``.
+    """
 
     lr: PositiveFloat = 1e-3
     head_lr_mult: PositiveFloat = 10.0
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(1e-4, ge=0.0)
     nesterov: bool = False
+    parameter_groups: Literal["backbone_head", "single_lr"] = "backbone_head"
     #: max global gradient norm (None = no clipping)
     grad_clip: PositiveFloat | None = None
     #: ``linear``: lr x global batch / ``reference_batch`` (the global batch ``lr`` was tuned for);
@@ -156,6 +165,10 @@ class ScheduleConfig(Section):
     crop_size: PositiveInt = 480
     poly_power: float = Field(0.9, ge=0.0)
     epoch_length: Literal["unlabeled", "labeled"] = "unlabeled"
+    #: ``shared`` (one crop and batch for every head of a framework) or ``per_head`` (the baseline head at the
+    #: framework's own publication settings); the preset derives ``crop_size`` and the batches from it
+    #: (``npsemiseg.presets.head_schedule``); switch ``head_settings``
+    head_settings: Literal["per_head", "shared"] = "shared"
     eval_every_epochs: NonNegativeInt = 0
     checkpoint_every_steps: NonNegativeInt = 0
 
@@ -388,7 +401,8 @@ class RunConfig(Section):
         """
         values = preset_values(preset, framework=framework, dataset=dataset, partition=str(partition), head=head,
                                protocol=protocol)
-        merged = apply_overrides(cls, values, switch_overrides(overrides))
+        changes = switch_overrides(overrides)
+        merged = follow_head_settings(values, apply_overrides(cls, values, changes), changes)
         return cls.model_validate(merged)
 
     def with_overrides(self, overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> RunConfig:
@@ -415,8 +429,8 @@ class RunConfig(Section):
                 values["head"]["variant"] = ""
         if "evaluation.crop_size" in changes and "evaluation.stride" not in changes and self._derived_stride():
             values["evaluation"]["stride"] = None  # the derived stride follows the new crop
-        values = _reapply_protocol(type(self), values, changes)
-        return type(self).model_validate(apply_overrides(type(self), values, changes))
+        after = apply_overrides(type(self), _reapply_protocol(type(self), values, changes), changes)
+        return type(self).model_validate(follow_head_settings(self.model_dump(mode="json"), after, changes))
 
     def _derived_stride(self) -> bool:
         """Whether the evaluation stride is the one derived from the crop (ceil(2/3 x crop))."""

@@ -17,7 +17,9 @@ Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
 * strong, AugSeg: k ~ U{1, 2, 3} operations drawn with replacement from 11 intensity
   operations with uniform strengths (``RandomIntensityAugment``).
 * strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
-  sigma in [0.1, 2] p=0.5.
+  sigma in [0.1, 2] p=0.5 (kernel 2 ceil(3 sigma) + 1, or PS-MT's own 1 / 3 / 5 with ``blur_kernel="psmt"``).
+* crops larger than the image are padded evenly on both sides (as U2PL), or on the bottom and right only as
+  PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``).
 
 Every random draw uses torch's global RNG, so seeding torch (and a DataLoader's
 generator / worker seeds) makes the pipelines reproducible.
@@ -41,6 +43,11 @@ from npsemiseg.constants import IGNORE_INDEX
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
 STRONG_KINDS = ("augseg", "psmt")
+#: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
+#: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
+CROP_PADDINGS = ("centered", "bottom_right")
+#: the blur kernel of PS-MT's strong view: ``sigma`` = 2 ceil(3 sigma) + 1, ``psmt`` = 1, 3 or 5 as PS-MT draws it
+BLUR_KERNELS = ("sigma", "psmt")
 
 
 def _uniform(low: float, high: float) -> float:
@@ -103,8 +110,18 @@ class RandomLongSideResize(v2.Transform):
         return resize_pair_member(inpt, params["size"])
 
 
+def crop_pad_sides(pad_h: int, pad_w: int, placement: str) -> list[int]:
+    """``[left, top, right, bottom]`` padding of ``pad_h`` rows and ``pad_w`` columns: split evenly
+    (``centered``, U2PL) or all on the bottom and right (``bottom_right``, PS-MT's and AugSeg's crop code)."""
+    if placement == "centered":
+        return [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2]
+    if placement == "bottom_right":
+        return [0, 0, pad_w, pad_h]
+    raise ValueError(f"crop_padding: expected one of {list(CROP_PADDINGS)}, got {placement!r}")
+
+
 class PadCrop(v2.Transform):
-    """Pad to at least ``crop_size`` (evenly on both sides), then crop ``crop_size``.
+    """Pad to at least ``crop_size`` (``padding``: evenly on both sides or bottom/right only), then crop ``crop_size``.
 
     The image is padded with ``image_fill`` (ImageNet mean: zero after normalisation),
     the label with ``label_pad_value`` (255 = ignore). ``random=True`` draws the crop
@@ -112,8 +129,11 @@ class PadCrop(v2.Transform):
     """
 
     def __init__(self, crop_size: int | Sequence[int], *, random: bool = True,
-                 image_fill: Sequence[float] = IMAGENET_MEAN, label_pad_value: int = IGNORE_INDEX) -> None:
+                 image_fill: Sequence[float] = IMAGENET_MEAN, label_pad_value: int = IGNORE_INDEX,
+                 padding: str = "centered") -> None:
         super().__init__()
+        crop_pad_sides(0, 0, padding)  # checks the name
+        self.padding = padding
         size = (crop_size, crop_size) if isinstance(crop_size, int) else tuple(crop_size)
         if len(size) != 2 or min(size) < 1:
             raise ValueError(f"crop_size must be a positive int or (H, W), got {crop_size!r}")
@@ -128,7 +148,7 @@ class PadCrop(v2.Transform):
         height, width = query_size(flat_inputs)
         crop_h, crop_w = self.crop_size
         pad_h, pad_w = max(crop_h - height, 0), max(crop_w - width, 0)
-        padding = [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2]  # left, top, right, bottom
+        padding = crop_pad_sides(pad_h, pad_w, self.padding)  # left, top, right, bottom
         room_h, room_w = height + pad_h - crop_h, width + pad_w - crop_w
         if self.random:
             top, left = int(torch.randint(0, room_h + 1, ())), int(torch.randint(0, room_w + 1, ()))
@@ -144,30 +164,47 @@ class PadCrop(v2.Transform):
                                  height=self.crop_size[0], width=self.crop_size[1])
 
 
-def gaussian_blur(image: Tensor, sigma: float) -> Tensor:
-    """Gaussian blur with a kernel of 2*ceil(3 sigma)+1 (PIL's GaussianBlur(radius=sigma) analogue)."""
-    size = 2 * math.ceil(3 * sigma) + 1
+def gaussian_blur(image: Tensor, sigma: float, kernel_size: int | None = None) -> Tensor:
+    """Gaussian blur with a kernel of 2*ceil(3 sigma)+1 (PIL's GaussianBlur(radius=sigma) analogue), or of
+    ``kernel_size`` (odd) when given; 1 leaves the image as it is."""
+    size = 2 * math.ceil(3 * sigma) + 1 if kernel_size is None else int(kernel_size)
+    if size == 1:
+        return image
     largest = 2 * (min(image.shape[-2:]) - 1) - 1  # reflect padding must stay inside the image
     size = max(1, min(size, largest if largest % 2 else largest - 1))
     return F.gaussian_blur(image, kernel_size=[size, size], sigma=[sigma, sigma])
 
 
-class RandomGaussianBlur(v2.Transform):
-    """With probability ``p``, blur with sigma ~ U[sigma_range] (images only)."""
+def psmt_blur_kernel_size() -> int:
+    """PS-MT's blur kernel (VocCode base_dataset.py ``data_aug``): ``int(u x 4.95)`` for u ~ U[0, 1), made odd
+    by adding 1 to an even value: 1, 3 or 5 with p = 0.40 / 0.40 / 0.19 (a kernel of 1 leaves the image as it is)."""
+    size = int(float(torch.rand(())) * 4.95)
+    return size + 1 if size % 2 == 0 else size
 
-    def __init__(self, sigma_range: Sequence[float] = (0.1, 2.0), p: float = 0.5) -> None:
+
+class RandomGaussianBlur(v2.Transform):
+    """With probability ``p``, blur with sigma ~ U[sigma_range] (images only).
+
+    ``kernel``: ``sigma`` = the kernel :func:`gaussian_blur` derives from sigma; ``psmt`` = a kernel of
+    :func:`psmt_blur_kernel_size` (drawn before sigma, as PS-MT does, whether the blur applies or not)."""
+
+    def __init__(self, sigma_range: Sequence[float] = (0.1, 2.0), p: float = 0.5, *, kernel: str = "sigma") -> None:
         super().__init__()
+        if kernel not in BLUR_KERNELS:
+            raise ValueError(f"blur_kernel: expected one of {list(BLUR_KERNELS)}, got {kernel!r}")
         self.sigma_range = (float(sigma_range[0]), float(sigma_range[1]))
         self.p = p
+        self.kernel = kernel
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        size = psmt_blur_kernel_size() if self.kernel == "psmt" else None
         apply = float(torch.rand(())) < self.p
-        return {"sigma": _uniform(*self.sigma_range) if apply else None}
+        return {"sigma": _uniform(*self.sigma_range) if apply else None, "size": size}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         if params["sigma"] is None or isinstance(inpt, tv_tensors.Mask):
             return inpt
-        return gaussian_blur(inpt, params["sigma"])
+        return gaussian_blur(inpt, params["sigma"], kernel_size=params["size"])
 
 
 def _enhance_factor() -> float:
@@ -224,23 +261,25 @@ class RandomIntensityAugment(v2.Transform):
         return inpt
 
 
-def strong_pipeline(kind: str) -> v2.Transform:
-    """The strong (photometric) view: ``"augseg"`` or ``"psmt"`` (see module docstring)."""
+def strong_pipeline(kind: str, *, blur_kernel: str = "sigma") -> v2.Transform:
+    """The strong (photometric) view: ``"augseg"`` or ``"psmt"`` (see module docstring); ``blur_kernel``
+    is the PS-MT view's (:class:`RandomGaussianBlur`)."""
     if kind == "augseg":
         return RandomIntensityAugment()
     if kind == "psmt":
         return v2.Compose([
             v2.RandomApply([v2.ColorJitter(0.5, 0.5, 0.5, 0.25)], p=0.8),
             v2.RandomGrayscale(p=0.2),
-            RandomGaussianBlur((0.1, 2.0), p=0.5),
+            RandomGaussianBlur((0.1, 2.0), p=0.5, kernel=blur_kernel),
         ])
     raise ValueError(f"strong kind must be one of {STRONG_KINDS}, got {kind!r}")
 
 
 def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                   scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
-                  flip: bool = True, label_pad_value: int = IGNORE_INDEX) -> v2.Compose:
-    """Random resize, horizontal flip, random crop (pads image with the mean, label with 255).
+                  flip: bool = True, label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered") -> v2.Compose:
+    """Random resize, horizontal flip, random crop (pads image with the mean, label with 255, on the sides
+    ``crop_padding`` names: :func:`crop_pad_sides`).
 
     resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]), ``"long_side"``
     (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
@@ -256,7 +295,7 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
         steps.append(RandomLongSideResize(round(scale_range[0] * base_size), round(scale_range[1] * base_size)))
     if flip:
         steps.append(v2.RandomHorizontalFlip(p=0.5))
-    steps.append(PadCrop(crop_size, random=True, label_pad_value=label_pad_value))
+    steps.append(PadCrop(crop_size, random=True, label_pad_value=label_pad_value, padding=crop_padding))
     return v2.Compose(steps)
 
 
@@ -290,11 +329,13 @@ class SegmentationTransform:
 def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                     scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
-                    label_pad_value: int = IGNORE_INDEX) -> SegmentationTransform:
-    """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view."""
+                    label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
+                    blur_kernel: str = "sigma") -> SegmentationTransform:
+    """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
+    (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`)."""
     weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
-                         flip=flip, label_pad_value=label_pad_value)
-    return SegmentationTransform(weak, strong_pipeline(strong) if strong is not None else None)
+                         flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding)
+    return SegmentationTransform(weak, strong_pipeline(strong, blur_kernel=blur_kernel) if strong is not None else None)
 
 
 def val_transform(crop_size: int | Sequence[int] | None = None, *,

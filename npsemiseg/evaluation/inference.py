@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from npsemiseg.heads.base import predictive
-from npsemiseg.models import IMAGENET_MEAN, upsample_logits
+from npsemiseg.models import IMAGENET_MEAN, logit_align_corners, upsample_logits
 
 MODES = ("whole", "center_crop", "sliding", "sliding_global")
 
@@ -159,11 +159,12 @@ def sliding_windows(height: int, width: int, scheme: SlidingScheme) -> list[tupl
 
 
 def sample_logits(model: nn.Module, images: Tensor, num_samples: int | None, **forward_kwargs: Any) -> Tensor:
-    """Per-sample logits of ``images [B, 3, H, W]`` upsampled to ``[S, B, K, H, W]``."""
+    """Per-sample logits of ``images [B, 3, H, W]`` upsampled to ``[S, B, K, H, W]`` (as the model says:
+    :func:`~npsemiseg.models.logit_align_corners`)."""
     if num_samples is not None:
         forward_kwargs["num_samples"] = num_samples
     logits = model(images, **forward_kwargs).head.logits
-    return upsample_logits(logits, images.shape[-2:])
+    return upsample_logits(logits, images.shape[-2:], align_corners=logit_align_corners(model))
 
 
 def probs_entropy(probs: Tensor) -> tuple[Tensor, Tensor]:

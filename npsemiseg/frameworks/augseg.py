@@ -51,6 +51,8 @@ class AugSeg(SemiSupervisedFramework):
     model_variant = "augseg"
     augmentation = "augseg"
     Options = AugSegOptions
+    #: AugSeg's configs: VOC crop 513, 2 GPUs x 8 = 16; Cityscapes crop 800, 4 x 4 = 16
+    publication_settings = {"voc": (513, 16), "cityscapes": (800, 16)}
 
     @classmethod
     def paper_schedule(cls, family: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from npsemiseg._registry import Registry
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import LossSettings
+from npsemiseg.models import logit_align_corners
 
 
 class FrameworkOptions(BaseModel):
@@ -94,6 +95,10 @@ class Framework:
     representation_head: ClassVar[bool] = False
     #: framework options of the ``smoke`` preset (beyond its shared shrinking)
     smoke_options: ClassVar[Mapping[str, Any]] = {}
+    #: the framework's own publication settings per dataset family, ``(crop, global labeled batch)``: the paper's
+    #: baseline rows are copied from them (switch ``head_settings``). Default U2PL's (configs: VOC 513 and
+    #: 16 = 4 GPUs x 4, Cityscapes 769 and 16 = 8 x 2), which the supervised reference follows.
+    publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {"voc": (513, 16), "cityscapes": (769, 16)}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None) -> None:
@@ -101,6 +106,8 @@ class Framework:
         self.num_classes = num_classes
         self.loss = loss if loss is not None else LossSettings()
         self.student = build_model()
+        #: the student's logit upsampling to label size (losses and teacher predictions use the same)
+        self.align_corners = logit_align_corners(self.student)
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
@@ -111,6 +118,12 @@ class Framework:
     def paper_schedule(cls, family: str) -> dict[str, Any]:
         """The framework's own changes to the paper's shared schedule on dataset family ``"voc"`` or ``"cityscapes"``."""
         return {}
+
+    @classmethod
+    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
+        """The framework's own epoch count for a real ``dataset`` x canonical ``partition`` where it differs from
+        the shared schedule (None = none of its own)."""
+        return None
 
     @property
     def head_aux_term(self) -> str | None:

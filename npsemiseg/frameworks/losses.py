@@ -143,18 +143,19 @@ def supervised_loss(
     ohem_thresh: float = 0.7,
     ohem_min_kept: int = 100_000,
     aux_weight: float = 0.4,
+    align_corners: bool = False,
 ) -> dict[str, Tensor]:
     """The supervised terms every framework uses on its labeled images.
 
     logits: ``[S, B, K, h, w]`` head logits at feature resolution (upsampled here to the labels);
     aux_logits: ``[B, K, h', w']`` of the layer-3 auxiliary head or None; labels ``[B, H, W]``.
     Returns ``{"sup": CE or OHEM CE}`` plus ``{"aux": aux_weight x the same loss on aux_logits}``
-    when ``aux_logits`` is given (U2PL's Cityscapes criterion).
+    when ``aux_logits`` is given (U2PL's Cityscapes criterion). ``align_corners``: the model's logit upsampling.
     """
     size = tuple(labels.shape[-2:])
 
     def criterion(sample_logits: Tensor) -> Tensor:
-        upsampled = upsample_logits(sample_logits, size)
+        upsampled = upsample_logits(sample_logits, size, align_corners=align_corners)
         if ohem:
             return ohem_cross_entropy(upsampled, labels, thresh=ohem_thresh, min_kept=ohem_min_kept, form=sample_ce)
         return cross_entropy_loss(upsampled, labels, form=sample_ce)

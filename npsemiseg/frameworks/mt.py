@@ -56,6 +56,9 @@ class MeanTeacher(SemiSupervisedFramework):
 
     name = "mt"
     Options = MTOptions
+    #: CPS's MeanTeacher (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher config.py 81-96): crop 512, batch 16;
+    #: it has no Cityscapes MeanTeacher config: U2PL's there
+    publication_settings = {"voc": (512, 16), "cityscapes": (769, 16)}
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:

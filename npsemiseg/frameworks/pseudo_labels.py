@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from npsemiseg.heads.base import predictive
-from npsemiseg.models import upsample_logits
+from npsemiseg.models import logit_align_corners, upsample_logits
 
 
 @dataclass
@@ -56,9 +56,10 @@ def mode(model: nn.Module, train: bool) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-def prediction_from_logits(logits: Tensor, size: tuple[int, int], output: object = None) -> TeacherPrediction:
-    """Upsample per-sample logits ``[S, B, K, h, w]`` to ``size`` and summarise them."""
-    logits = upsample_logits(logits, size)
+def prediction_from_logits(logits: Tensor, size: tuple[int, int], output: object = None, *,
+                           align_corners: bool = False) -> TeacherPrediction:
+    """Upsample per-sample logits ``[S, B, K, h, w]`` to ``size`` (the model's ``align_corners``) and summarise them."""
+    logits = upsample_logits(logits, size, align_corners=align_corners)
     probs, entropy = predictive(logits)
     confidence, label = probs.max(dim=1)
     return TeacherPrediction(probs, entropy, confidence, label, logits, output)
@@ -77,7 +78,9 @@ def teacher_predict(
     Eval mode by default (the NP head then uses its stored centers; MC dropout keeps its
     dropout active and draws ``num_samples`` passes). ``train_mode=True`` is U2PL's quirk
     (batch BN statistics and train-time dropout; no labels, so NP memories are not written).
+    Logits are upsampled as the model says (:func:`~npsemiseg.models.logit_align_corners`).
     """
     with mode(model, train_mode):
         output = model(images, num_samples=num_samples)
-    return prediction_from_logits(output.head.logits, tuple(images.shape[-2:]), output)
+    return prediction_from_logits(output.head.logits, tuple(images.shape[-2:]), output,
+                                  align_corners=logit_align_corners(model))

@@ -20,7 +20,8 @@ Per iteration (after ``warmup_epochs``):
 Teachers: initialised from the student; EMA of the student's full state (parameters and
 buffers) with keep rate 0.996 after every step, alternating: teacher 1 in the first (odd,
 1-based) epoch, teacher 2 in the next, and so on. Evaluation: both teachers' predictions
-averaged (VOC), teacher 1 alone (Cityscapes).
+averaged (VOC; their softmaxes, or their logits as the released code with ``eval_average="logits"``),
+teacher 1 alone (Cityscapes).
 
 The released code's teachers start from a random backbone and get a 5-epoch supervised
 warm-up with their own optimisers (``ssl_frameworks.md`` quirk 3). The single training loop
@@ -65,7 +66,7 @@ from npsemiseg.frameworks.semi import (
 )
 from npsemiseg.frameworks.tvat import frozen_classifier, tvat_perturbation
 from npsemiseg.heads.base import HeadOutput
-from npsemiseg.models import SegmentorOutput
+from npsemiseg.models import SegmentorOutput, logit_align_corners
 
 
 class PSMTOptions(FrameworkOptions):
@@ -84,6 +85,9 @@ class PSMTOptions(FrameworkOptions):
     tvat_released_normalization: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
+    #: how both teachers are averaged at evaluation: their per-sample softmaxes (``probabilities``) or their
+    #: logits (``logits``, the released VOC evaluation); switch ``psmt_eval_logits``
+    eval_average: Literal["probabilities", "logits"] = "probabilities"
     strong_labeled: bool = True
     warmup_epochs: int = Field(0, ge=0)
     teacher_train_mode: bool = False
@@ -108,14 +112,19 @@ def teacher_target(logits_1: Tensor, logits_2: Tensor, core: int, *, topk: int, 
 
 
 class TeacherEnsemble(nn.Module):
-    """Evaluation model averaging several segmentors: their per-sample logits are concatenated
-    along the sample axis, so the prediction (mean of per-sample softmaxes) averages them all.
+    """Evaluation model averaging several segmentors.
 
-    ``extract`` / ``head`` are the first teacher's (used by NP's whole-image latent)."""
+    ``average="probabilities"``: their per-sample logits are concatenated along the sample axis, so the
+    prediction (mean of per-sample softmaxes) averages them all. ``average="logits"`` (PS-MT's released VOC
+    evaluation): the members' logits ``[S, B, K, h, w]`` are averaged sample by sample, and the prediction is
+    the softmax of the mean logits. ``extract`` / ``head`` are the first teacher's (used by NP's whole-image latent)."""
 
-    def __init__(self, members: list[nn.Module]) -> None:
+    def __init__(self, members: list[nn.Module], *, average: str = "probabilities") -> None:
         super().__init__()
+        if average not in ("probabilities", "logits"):
+            raise ValueError(f"average: expected 'probabilities' or 'logits', got {average!r}")
         self.members = nn.ModuleList(members)
+        self.average = average
 
     @property
     def head(self) -> nn.Module:
@@ -125,6 +134,10 @@ class TeacherEnsemble(nn.Module):
     def num_classes(self) -> int:
         return self.members[0].num_classes
 
+    @property
+    def align_corners(self) -> bool:
+        return logit_align_corners(self.members[0])
+
     def extract(self, images: Tensor) -> Tensor:
         return self.members[0].extract(images)
 
@@ -133,7 +146,11 @@ class TeacherEnsemble(nn.Module):
         if labels is not None:
             raise ValueError("labels: the teacher ensemble is for inference only")
         outputs = [m(images, num_samples=num_samples, latent=latent) for m in self.members]
-        logits = torch.cat([o.head.logits for o in outputs], dim=0)
+        member_logits = [o.head.logits for o in outputs]
+        if self.average == "logits":
+            logits = torch.stack(member_logits).mean(dim=0)
+        else:
+            logits = torch.cat(member_logits, dim=0)
         head = HeadOutput(logits, logits.new_zeros((), dtype=torch.float32), {})
         return SegmentorOutput(outputs[0].features, head, None, None)
 
@@ -147,10 +164,13 @@ class PSMT(SemiSupervisedFramework):
     augmentation = "psmt"
     Options = PSMTOptions
     teacher_names = ("teacher1", "teacher2")
+    #: PS-MT's docs/before_start.md and configs: VOC crop 512, 4 GPUs x 8 = 32; Cityscapes crop 800, 8 in all
+    publication_settings = {"voc": (512, 32), "cityscapes": (800, 8)}
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)
-        self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names])
+        self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names],
+                                         average=options.eval_average)  # type: ignore[attr-defined]
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
@@ -162,6 +182,17 @@ class PSMT(SemiSupervisedFramework):
             labeled = dataset_info(dataset).resolve_partition(partition)
             return PSMTOptions(unsup_weight=0.06 if labeled == "92" else 0.6).model_dump()
         return PSMTOptions().model_dump()
+
+    @classmethod
+    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
+        """PS-MT's scripts (``train_voc_blender.sh``, ``train_city.sh``, docs/before_start.md): VOC blender 80 /
+        80 / 200 / 300 (662 / 1323 / 2646 / 5291), classic 80; Cityscapes 320 / 450 / 550 (372 / 744 / 1488; the
+        script's fallback 320 for any other partition)."""
+        if dataset == "cityscapes":
+            return {"744": 450, "1488": 550}.get(partition, 320)
+        if dataset == "pascal_blender":
+            return {"2646": 200, "5291": 300}.get(partition, 80)
+        return 80
 
     def eval_model(self) -> nn.Module:
         if self.options.eval_teachers == "both":  # type: ignore[attr-defined]

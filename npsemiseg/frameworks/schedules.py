@@ -10,6 +10,10 @@ import math
 
 from torch import Tensor
 
+#: the epochs every framework shares per dataset family (NP configs: VOC 80, Cityscapes 200), unless its
+#: ``paper_schedule`` says otherwise (AugSeg's 240 on Cityscapes)
+SHARED_EPOCHS: dict[str, int] = {"voc": 80, "cityscapes": 200}
+
 
 def cosine_rampup(current: float, length: float) -> float:
     """PS-MT's cosine ramp-up: ``0.5 * (1 - cos(pi * c / L))`` with ``c`` clipped to [0, L].

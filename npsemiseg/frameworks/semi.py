@@ -154,13 +154,13 @@ class SemiSupervisedFramework(Framework):
         return self._split(output, images_l.shape[-2:], images_l.shape[0])
 
     def _split(self, output: Any, size: Any, num_labeled: int) -> StudentPass:
-        logits = upsample_logits(output.head.logits, tuple(size))
+        logits = upsample_logits(output.head.logits, tuple(size), align_corners=self.align_corners)
         return StudentPass(output, logits[:, :num_labeled], logits[:, num_labeled:], num_labeled)
 
     def supervised_terms(self, student: StudentPass, labels_l: Tensor) -> dict[str, Tensor]:
         """The supervised loss terms (CE or OHEM, + aux head) on the labeled slice, plus the head's
         auxiliary term (``kl``: the NP head's lambda_kl x KL) when the head has one."""
-        terms = supervised_loss_terms(student.labeled_output(), labels_l, self.loss)
+        terms = supervised_loss_terms(student.labeled_output(), labels_l, self.loss, align_corners=self.align_corners)
         terms.update(self.head_aux_losses(student.head))
         return terms
 

@@ -30,14 +30,15 @@ class Supervised(Framework):
         """``batch.labeled``: ``image [B, 3, H, W]``, ``label [B, H, W]`` -> ``sup`` (+ ``aux``, ``kl``)."""
         images, labels = batch.labeled["image"], batch.labeled["label"]
         output = self.student(images, labels=labels, num_context=images.shape[0])
-        losses = supervised_loss_terms(output, labels, self.loss)
+        losses = supervised_loss_terms(output, labels, self.loss, align_corners=self.align_corners)
         losses.update(self.head_aux_losses(output.head))
         return StepResult(losses=losses, logs=head_logs(output.head.stats))
 
 
-def supervised_loss_terms(output: Any, labels: Any, loss: LossSettings) -> dict[str, Any]:
+def supervised_loss_terms(output: Any, labels: Any, loss: LossSettings, *, align_corners: bool = False) -> dict[str, Any]:
     """:func:`supervised_loss` of a :class:`~npsemiseg.models.SegmentorOutput` whose batch is exactly
-    the labeled images ``labels [B, H, W]``, with the run's CE form, OHEM and aux weight."""
+    the labeled images ``labels [B, H, W]``, with the run's CE form, OHEM and aux weight (logits upsampled
+    with the model's ``align_corners``)."""
     return supervised_loss(
         output.head.logits,
         output.aux_logits,
@@ -47,4 +48,5 @@ def supervised_loss_terms(output: Any, labels: Any, loss: LossSettings) -> dict[
         ohem_thresh=loss.ohem_thresh,
         ohem_min_kept=loss.ohem_min_kept,
         aux_weight=loss.aux_weight,
+        align_corners=align_corners,
     )

@@ -172,7 +172,7 @@ class U2PL(SemiSupervisedFramework):
         # teacher probabilities at feature resolution (mean of per-sample softmaxes)
         prob_small, _ = predictive(stats.output.head.logits)
         if tuple(prob_small.shape[-2:]) != size:
-            prob_small = prediction_from_logits(stats.output.head.logits, size).probs
+            prob_small = prediction_from_logits(stats.output.head.logits, size, align_corners=self.align_corners).probs
 
         alpha = contrastive_alpha(ctx.epoch, ctx.total_epochs, opts.alpha_0)
         valid_u = pseudo != IGNORE_INDEX

@@ -16,6 +16,7 @@ from .segmentor import (
     SegmentorOutput,
     build_segmentor,
     convert_sync_batchnorm,
+    logit_align_corners,
     upsample_logits,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "build_segmentor",
     "convert_sync_batchnorm",
     "feature_channels",
+    "logit_align_corners",
     "upsample_logits",
 ]

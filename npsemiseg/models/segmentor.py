@@ -69,6 +69,12 @@ def upsample_logits(logits: Tensor, size: Sequence[int], *, align_corners: bool 
     return resized.view(s, b, *resized.shape[1:])
 
 
+def logit_align_corners(model: nn.Module) -> bool:
+    """How ``model`` upsamples its logits to label size (``Segmentor.align_corners``; a DDP wrapper's module,
+    an ensemble's property; False for models without one): every caller of :func:`upsample_logits` asks here."""
+    return bool(getattr(getattr(model, "module", model), "align_corners", False))
+
+
 def _repeat(x: Tensor, times: int) -> Tensor:
     """``[B, ...] -> [times x B, ...]``, sample-major (rows ``s * B + b``)."""
     return x if times == 1 else x.expand(times, *x.shape).reshape(times * x.shape[0], *x.shape[1:])
@@ -91,6 +97,7 @@ class Segmentor(nn.Module):
         aux_head: AuxiliaryHead | None = None,
         representation_head: RepresentationHead | None = None,
         samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS,
+        align_corners: bool = False,
     ) -> None:
         super().__init__()
         if samples_per_pass is not None and (
@@ -98,6 +105,9 @@ class Segmentor(nn.Module):
         ):
             raise ValueError(f"samples_per_pass: expected a positive int or None, got {samples_per_pass!r}")
         self.samples_per_pass = samples_per_pass
+        #: bilinear logit upsampling to label size with ``align_corners`` (True in every official model; switch
+        #: ``align_corners`` of ``npsemiseg.protocol``); read through :func:`logit_align_corners`
+        self.align_corners = bool(align_corners)
         if head.in_channels != decoder.out_channels:
             raise ValueError(
                 f"head: in_channels {head.in_channels} does not match the decoder's feature channels "
@@ -246,6 +256,7 @@ def build_segmentor(
     aspp_rates: Sequence[int] | None = None, aux_head: bool = False, representation_head: bool = False,
     representation_dim: int = 256, mc_dropout_scope: str = "decoder",
     samples_per_pass: int | None = DEFAULT_SAMPLES_PER_PASS, allow_download: bool = True,
+    align_corners: bool = False,
 ) -> Segmentor:
     """Build a segmentor for one framework variant.
 
@@ -262,6 +273,7 @@ def build_segmentor(
     samples_per_pass: decoder scope only, how many of the S decoder passes run as one batch
         (None: all; 1: one at a time). Same result distribution, different speed and memory.
     allow_download: with ``weights="imagenet"``, whether torchvision may download a missing file.
+    align_corners: how the segmentor's logits are upsampled to label size (:func:`logit_align_corners`).
     """
     spec = get_variant(variant)
     if mc_dropout_scope not in ("decoder", "head"):
@@ -291,6 +303,7 @@ def build_segmentor(
             RepresentationHead(decoder.out_channels, representation_dim, hidden) if representation_head else None
         ),
         samples_per_pass=samples_per_pass,
+        align_corners=align_corners,
     )
 
 

@@ -34,6 +34,7 @@ def build_model(config: RunConfig) -> nn.Module:
         aux_head=model.aux_head,
         representation_head=bool(model.representation_head),
         mc_dropout_scope=model.mc_dropout_scope,
+        align_corners=model.align_corners,
         **dict(model.options),
     )
 
@@ -74,9 +75,14 @@ def build_framework(config: RunConfig, build_model_fn: Callable[[], nn.Module] |
     return cls(options, factory, num_classes=config.num_classes, loss=loss_settings(config))
 
 
+#: modules whose parameters PS-MT's ``group_weight`` exempts from weight decay (with every bias)
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+
+
 @dataclass
 class Optimizer:
-    """SGD over the student's parameter groups: the backbone at ``lr``, the rest at ``lr x head_lr_mult``."""
+    """SGD over the student's parameter groups: the backbone at ``lr``, the rest at ``lr x head_lr_mult``
+    (``optim.parameter_groups=backbone_head``), or every parameter at ``lr`` (``single_lr``)."""
 
     sgd: torch.optim.Optimizer
     parameters: list[nn.Parameter]
@@ -85,14 +91,32 @@ class Optimizer:
     base_lr: float
 
 
+def single_lr_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """PS-MT's groups (helpers.py ``group_weight``): every parameter at one LR, weight decay on the weights of
+    convolutions and linear layers only (none on biases and normalisation layers); trainable parameters only."""
+    decay, no_decay = [], []
+    for layer in module.modules():
+        for name, parameter in layer.named_parameters(recurse=False):
+            if not parameter.requires_grad:
+                continue
+            exempt = name == "bias" or isinstance(layer, NORM_LAYERS)
+            (no_decay if exempt else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def build_optimizer(config: RunConfig, student: nn.Module, *, world_size: int = 1) -> Optimizer:
-    """SGD at the base learning rate of :func:`~npsemiseg.training.plan.batch_scaling` on ``world_size`` processes."""
-    groups = student.parameter_groups()
+    """SGD at the base learning rate of :func:`~npsemiseg.training.plan.batch_scaling` on ``world_size`` processes,
+    over the groups ``optim.parameter_groups`` names (switch ``psmt_single_lr``)."""
     optim = config.optim
     base_lr = batch_scaling(config, world_size).lr
-    multipliers = [1.0 if g.get("name") == "backbone" else optim.head_lr_mult for g in groups]
+    if optim.parameter_groups == "single_lr":
+        groups = single_lr_groups(student, optim.weight_decay)
+        multipliers = [1.0] * len(groups)
+    else:
+        groups = student.parameter_groups()
+        multipliers = [1.0 if g.get("name") == "backbone" else optim.head_lr_mult for g in groups]
     sgd = torch.optim.SGD(
-        [{"params": g["params"], "lr": base_lr * m} for g, m in zip(groups, multipliers)],
+        [{**{k: v for k, v in g.items() if k != "name"}, "lr": base_lr * m} for g, m in zip(groups, multipliers)],
         lr=base_lr, momentum=optim.momentum, weight_decay=optim.weight_decay, nesterov=optim.nesterov,
     )
     return Optimizer(sgd, [p for g in groups for p in g["params"]], multipliers, base_lr)
