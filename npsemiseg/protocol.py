@@ -170,6 +170,10 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
            "PS-MT encoder_decoder.py 53-89", "float32 power iteration at xi = 1e-6 (almost no perturbation)",
            "dev #16", frameworks=("psmt",)),
+    Switch("psmt_tvat_crop_kl", "framework", "framework_options.tvat_kl_at_crop_size", True, False,
+           "PS-MT encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
+           "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
+           "dev #16", frameworks=("psmt",)),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT train.py 139-187, scripts --warm_up=5", "supervised warm-up epochs before the semi-supervised "
            "phase", "dev #7", frameworks=("psmt",)),

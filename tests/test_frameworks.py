@@ -29,7 +29,7 @@ from npsemiseg.frameworks.schedules import (
     u2pl_drop_percent,
 )
 from npsemiseg.frameworks.semi import SemiSupervisedFramework
-from npsemiseg.frameworks.tvat import l2_normalize, tvat_perturbation
+from npsemiseg.frameworks.tvat import at_size, l2_normalize, tvat_perturbation
 from npsemiseg.heads import head_class, head_names
 from npsemiseg.training import build_framework
 
@@ -161,6 +161,26 @@ def test_tvat_direction_by_hand():
     r2 = tvat_perturbation(features, [_Linear2Class(w), _Linear2Class(w2)], xi=1e-6, eps=1.0)
     mean_w = (w + w2) / 2  # the ensemble's logits are (mean_w . f, 0)
     assert torch.allclose(r2.flatten(1).abs(), (mean_w / mean_w.norm()).abs().expand(4, 3), atol=1e-6)
+
+
+def test_tvat_kl_at_crop_size_reweights_the_pixels_of_the_direction():
+    """The released variant (switch psmt_tvat_crop_kl) compares crop-size predictions: the classifier's
+    logits come out at the crop's size, and the direction, still along w at every pixel, weights the
+    pixels differently than the feature-size KL."""
+    w = torch.tensor([3.0, -4.0, 0.0], dtype=torch.float64)
+    features = torch.randn(2, 3, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    crop_size = at_size(_Linear2Class(w), (12, 12), align_corners=True)
+    assert crop_size(features).shape == (1, 2, 2, 12, 12)
+    directions = []
+    for classifier in (_Linear2Class(w), crop_size):
+        torch.manual_seed(0)
+        directions.append(tvat_perturbation(features, [classifier], xi=1e-3, eps=2.0))
+    unit = w / w.norm()
+    for r in directions:
+        along = torch.einsum("c,bchw->bhw", unit, r)
+        assert torch.allclose(r, along[:, None] * unit[None, :, None, None], atol=1e-9)  # nothing orthogonal to w
+        assert torch.allclose(r.flatten(1).norm(dim=1), torch.full((2,), 2.0, dtype=torch.float64))
+    assert not torch.allclose(directions[0].abs(), directions[1].abs(), atol=1e-3)
 
 
 def test_l2_normalize_per_image():

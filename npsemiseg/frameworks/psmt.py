@@ -64,7 +64,7 @@ from npsemiseg.frameworks.semi import (
     labeled_view,
     require_unlabeled,
 )
-from npsemiseg.frameworks.tvat import frozen_classifier, tvat_perturbation
+from npsemiseg.frameworks.tvat import at_size, frozen_classifier, tvat_perturbation
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput, logit_align_corners
 
@@ -83,6 +83,9 @@ class PSMTOptions(FrameworkOptions):
     tvat_eps: float = Field(2.0, ge=0.0)
     tvat_iterations: int = Field(1, ge=1)
     tvat_released_normalization: bool = False
+    #: the KL of the T-VAT search between crop-size predictions (the released decoder upsamples first)
+    #: instead of feature-size ones; switch ``psmt_tvat_crop_kl``
+    tvat_kl_at_crop_size: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
     #: how both teachers are averaged at evaluation: their per-sample softmaxes (``probabilities``) or their
@@ -239,6 +242,8 @@ class PSMT(SemiSupervisedFramework):
         features = model.extract(images)
         if opts.tvat:
             teachers = [frozen_classifier(self.teachers[n]) for n in self.teacher_names]
+            if opts.tvat_kl_at_crop_size:
+                teachers = [at_size(t, images.shape[-2:], align_corners=logit_align_corners(model)) for t in teachers]
             features = features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
                                                     iterations=opts.tvat_iterations,
                                                     released_normalization=opts.tvat_released_normalization)

@@ -7,10 +7,11 @@ teachers, and over samples for stochastic heads) and the normalisation is per im
 ``[C, h, w]``. The student then classifies ``f + r``.
 
 Differences from the released code, by design: the KL is taken at feature resolution (the
-released decoder upsamples first; upsampling is linear, so the direction changes only by
-a pixel weighting); for stochastic heads (MC dropout, NP) both teacher passes draw the same
-random numbers (forked RNG with one seed), so the KL measures the perturbation and not the
-sampling noise. The search runs with autocast off (bf16 cannot resolve ``xi * d``).
+released decoder upsamples first; upsampling is linear, so the direction changes only by a pixel
+weighting; :func:`at_size` gives the released variant, switch ``psmt_tvat_crop_kl``); for
+stochastic heads (MC dropout, NP) both teacher passes draw the same random numbers (forked RNG
+with one seed), so the KL measures the perturbation and not the sampling noise. The search runs
+with autocast off (bf16 cannot resolve ``xi * d``).
 
 Precision note (measured on the smoke model, 6144-element feature maps): the KL is quadratic
 around ``d = 0``, so its gradient is of order ``xi^2``. At the paper's ``xi = 1e-6`` in float32
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npsemiseg.frameworks.pseudo_labels import mode
+from npsemiseg.models.segmentor import upsample_logits
 
 
 def l2_normalize(d: Tensor, epsilon: float | None = None) -> Tensor:
@@ -101,6 +103,15 @@ def _power_iteration(f: Tensor, classifiers: Sequence[Callable[[Tensor], Tensor]
             (grad,) = torch.autograd.grad(distance, d)
         d = l2_normalize(grad, epsilon)
     return d.detach()
+
+
+def at_size(classify: Callable[[Tensor], Tensor], size: Sequence[int], *, align_corners: bool) -> Callable[[Tensor], Tensor]:
+    """``classify`` with its logits ``[S, B, K, h, w]`` upsampled to ``size`` (the crop): the released
+    decoder's T-VAT takes the KL between crop-size predictions."""
+    def classify_at_size(features: Tensor) -> Tensor:
+        return upsample_logits(classify(features), size, align_corners=align_corners)
+
+    return classify_at_size
 
 
 def frozen_classifier(model: nn.Module, **head_kwargs) -> Callable[[Tensor], Tensor]:
