@@ -219,7 +219,7 @@ def test_tables_command_writes_and_prints_the_tables(store, tmp_path):
     assert (tmp_path / "t" / "table6_attention_pavpu.parquet").is_file()
 
 
-def test_tables_group_by_protocol_and_never_mix_two(uri):
+def test_tables_group_by_protocol_and_never_mix_two(uri, tmp_path):
     client = MlflowClient(uri)
     experiment_id = client.create_experiment("protocols")
     for protocol, miou in (("released", 0.61), ("corrected", 0.55)):
@@ -233,10 +233,22 @@ def test_tables_group_by_protocol_and_never_mix_two(uri):
         row = _cell(table, "u2pl", "np", "92")
         assert row["mean"] == pytest.approx(expected) and row.n == 1  # one run: never averaged with the other
         assert table.attrs["protocol"] == protocol and f"[protocol {protocol}]" in table.attrs["title"]
-    # one protocol only: the tables keep their plain names
+    # both protocols side by side: released / corrected (corrected - released), a side without a run marked
+    _cell_run(client, experiment_id, framework="u2pl", head="baseline", partition="92", miou=0.5, protocol="released")
+    compared = T.protocols_side_by_side(tables := T.build_tables(uri, "protocols"))
+    assert set(compared) >= {"table1_miou_pascal_classic", "table4_pavpu"}
+    table1 = compared["table1_miou_pascal_classic"]
+    assert "released / corrected (corrected − released)" in table1 and "[protocol" not in table1
+    assert "| 61.00 / 55.00 (-6.00) |" in table1 and "| 50.00 / — |" in table1
+    assert "61.00 / 55.00 (-6.00)" in T.markdown_report(tables)
+    written = {p.name for p in T.write_tables(tables, tmp_path)}
+    assert "table1_miou_pascal_classic_protocols.md" in written
+    assert table1 in (tmp_path / "tables.md").read_text()
+    # one protocol only: the tables keep their plain names, nothing to put side by side
     only = client.create_experiment("released-only")
     _cell_run(client, only, framework="u2pl", head="np", partition="92", miou=0.6, protocol="released")
     assert "table1_miou_pascal_classic" in T.build_tables(uri, "released-only")
+    assert T.protocols_side_by_side(T.build_tables(uri, "released-only")) == {}
 
 
 def test_paper_numbers_ship_with_the_package_and_print_beside_ours(store, tmp_path):

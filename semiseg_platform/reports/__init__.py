@@ -25,6 +25,7 @@ from semiseg_platform.reports.rendering import (
                                               has_paper_values,
                                               layout,
                                               markdown_report,
+                                              protocols_side_by_side,
                                               to_latex,
                                               to_markdown,
                                               write_report,
@@ -58,5 +59,6 @@ __all__ = [
     "head_label", "hparams_figure", "latest_per_cell", "layout", "line_panels", "load_cell_runs",
     "load_search_trials", "load_uncertainty_times", "log_uncertainty_time_run", "markdown_report", "method_label",
     "paper_results", "paper_table_specs", "paper_value", "profile", "protocol_groups", "protocol_partitions",
-    "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure", "write_report", "write_tables",
+    "protocols_side_by_side", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
+    "write_report", "write_tables",
 ]

@@ -33,14 +33,23 @@ def format_versus_paper(paper: float, mean: float, status: str, *, digits: int =
     return f"{paper:.{digits}f} / {ours}"
 
 
-def layout(table: pd.DataFrame, *, latex: bool = False, versus_paper: bool = False) -> pd.DataFrame:
+def format_protocol_pair(released: float, corrected: float, *, digits: int = 2) -> str:
+    """``"61.00 / 55.00 (-6.00)"``: the released protocol's value / the corrected one's (corrected -
+    released); the missing mark for a side without a finished run."""
+    sides = [MISSING_MARK if math.isnan(v) else f"{v:.{digits}f}" for v in (released, corrected)]
+    difference = "" if math.isnan(released) or math.isnan(corrected) else f" ({corrected - released:+.{digits}f})"
+    return f"{sides[0]} / {sides[1]}{difference}"
+
+
+def layout(table: pd.DataFrame, *, latex: bool = False, versus_paper: bool = False,
+           display: list[str] | None = None) -> pd.DataFrame:
     """The table as the paper prints it: one string per cell, rows and columns in order
-    (``versus_paper``: each cell as "paper / ours (difference)")."""
+    (``versus_paper``: each cell as "paper / ours (difference)"; ``display``: the cells' strings given)."""
     attrs = table.attrs
     columns = attrs["latex_columns"] if latex else attrs["columns"]
-    if versus_paper:
+    if display is None and versus_paper:
         display = [format_versus_paper(p, m, st) for p, m, st in zip(table["paper"], table["mean"], table["status"])]
-    else:
+    elif display is None:
         display = [format_cell(m, s, st, latex=latex) for m, s, st in zip(table["mean"], table["std"], table["status"])]
     width = len(columns)
     rows = []
@@ -62,11 +71,13 @@ def has_paper_values(table: pd.DataFrame) -> bool:
     return "paper" in table and bool(table["paper"].notna().any())
 
 
-def to_markdown(table: pd.DataFrame, *, versus_paper: bool = False) -> str:
-    """A Markdown table in the paper's layout, preceded by its title (``versus_paper``: "paper / ours")."""
-    frame = layout(table, versus_paper=versus_paper)
+def to_markdown(table: pd.DataFrame, *, versus_paper: bool = False, display: list[str] | None = None,
+                title: str | None = None) -> str:
+    """A Markdown table in the paper's layout, preceded by its title (``versus_paper``: "paper / ours";
+    ``display`` and ``title``: the cells' strings and the title given, as :func:`protocols_side_by_side`)."""
+    frame = layout(table, versus_paper=versus_paper, display=display)
     blocks = _blocks(table)
-    title = table.attrs["title"] + (" — paper / ours (ours − paper)" if versus_paper else "")
+    title = title or table.attrs["title"] + (" — paper / ours (ours − paper)" if versus_paper else "")
     lines = [f"### {title}", "",
              "| " + " | ".join(frame.columns) + " |",
              "| " + " | ".join("---" for _ in frame.columns) + " |"]
@@ -110,9 +121,26 @@ def to_latex(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def protocols_side_by_side(tables: Mapping[str, pd.DataFrame]) -> dict[str, str]:
+    """``{NAME: markdown}`` for every table built under both protocols (``NAME_released`` and
+    ``NAME_corrected``): one table whose cells read "released / corrected (corrected - released)"."""
+    compared = {}
+    for name, released in tables.items():
+        corrected = tables.get(name.removesuffix("_released") + "_corrected")
+        if released.attrs.get("protocol") != "released" or corrected is None:
+            continue
+        values = [[m if st == "ok" else math.nan for m, st in zip(t["mean"], t["status"])] for t in (released, corrected)]
+        display = [format_protocol_pair(r, c) for r, c in zip(*values)]
+        title = corrected.attrs["title"].replace(" [protocol corrected]", "")
+        compared[name.removesuffix("_released")] = to_markdown(
+            corrected, display=display, title=f"{title} — released / corrected (corrected − released)")
+    return compared
+
+
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     """Write every table as ``NAME.md``, ``NAME.tex``, ``NAME_layout.csv``, ``NAME.csv`` and
-    ``NAME.parquet`` (long numeric frame), ``NAME_vs_paper.md`` where the paper prints values, the cell
+    ``NAME.parquet`` (long numeric frame), ``NAME_vs_paper.md`` where the paper prints values,
+    ``NAME_protocols.md`` where both protocols ran (:func:`protocols_side_by_side`), the cell
     runs as ``cells.csv`` / ``cells.parquet``, and all Markdown tables together as ``tables.md``. Returns
     the written paths. Each file is replaced atomically (:func:`~semiseg_platform.storage.atomic_write`):
     never read half-written.
@@ -135,6 +163,9 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: str | Path) -> lis
         plain.attrs = {}
         written += [atomic_write(out / f"{name}.csv", lambda p, f=plain: f.to_csv(p, index=False)),
                     atomic_write(out / f"{name}.parquet", lambda p, f=plain: f.to_parquet(p, index=False, engine="pyarrow"))]
+    for name, text in protocols_side_by_side(tables).items():
+        markdown.append(text)
+        written.append(_write_text(out / f"{name}_protocols.md", text))
     written.append(_write_text(out / "tables.md", "\n".join(markdown)))
     return written
 
@@ -145,10 +176,12 @@ def _write_text(path: Path, text: str) -> Path:
 
 def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
     """All tables as one Markdown document (what ``make demo`` prints), then every table of a real dataset
-    once more as "paper / ours (difference)" against the paper's printed numbers."""
+    once more as "paper / ours (difference)" against the paper's printed numbers, and every table built
+    under both protocols as "released / corrected (difference)"."""
     shown = [t for name, t in tables.items() if name != "cells"]
     return "\n".join([*(to_markdown(t) for t in shown),
-                      *(to_markdown(t, versus_paper=True) for t in shown if has_paper_values(t))])
+                      *(to_markdown(t, versus_paper=True) for t in shown if has_paper_values(t)),
+                      *protocols_side_by_side(tables).values()])
 
 
 def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
