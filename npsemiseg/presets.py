@@ -14,12 +14,14 @@ Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8 + 8), lr 5e-3, head 1x, 
 Every framework shares these crops, batches, learning rates and epochs: MT and PS-MT have
   no public NP integration, so they run in the shared trainer for comparability
   (``ssl_frameworks.md`` section 7, quirks 4-5). AugSeg's NP config uses 2 images per GPU
-  (8 in all) where the paper says 12: the paper's 12 is used. PS-MT's own 0.01 learning rate
-  belongs to its 8+8 x 4 GPU setup and is not used; its 80-550 epoch schedules are switch ``psmt_epochs``.
+  (8 in all) where the paper says 12: the paper's 12 under ``corrected``, the config's 8 under ``released``.
+  PS-MT's 80-550 epoch schedules are switch ``psmt_epochs``.
 Head settings (switch ``head_settings``, ``head_schedule``): under ``released`` the baseline head trains at its
-  framework's own publication crop and batch (``Framework.publication_settings``), as the paper's baseline rows
-  were copied from the frameworks' papers; the MC-dropout and NP heads (and every head under ``corrected``) at
-  the shared reduced crop and batch above.
+  framework's own publication crop and batch (``Framework.publication_settings``), LR (``publication_lr``: PS-MT
+  0.01 at 32 on VOC = 2.5e-3 x 4 GPUs, 4.5e-3 on Cityscapes) and epochs (``publication_epochs``: CPS's MeanTeacher
+  34 on VOC), as the paper's baseline rows were copied from the frameworks' papers; the MC-dropout and NP heads
+  at the NP configs' crop and batch (``np_config_settings``: AugSeg VOC 8 in all, otherwise the shared reduced
+  ones above); every head under ``corrected`` at the shared ones.
 Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
   stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
   for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).
@@ -56,7 +58,7 @@ from npsemiseg.data import dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 from npsemiseg.heads import head_class
-from npsemiseg.protocol import apply_protocol
+from npsemiseg.protocol import apply_protocol, protocol_overrides
 
 #: every preset by name: a function ``(framework=, dataset=, partition=, head=, protocol=) -> nested values``
 PRESETS: Registry[Callable[..., dict[str, Any]]] = Registry("preset")
@@ -89,8 +91,9 @@ _CITYSCAPES: dict[str, Any] = {
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
 #: processes of the paper's setting (4 GPUs): the per-process batch is the global batch / 4
 PAPER_PROCESSES = 4
-#: the keys :func:`head_schedule` sets
-HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unlabeled_batch_size", "optim.reference_batch")
+#: the keys :func:`head_schedule` sets: the crop and batches, then the LR and epochs of a framework's publication
+HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unlabeled_batch_size",
+                      "optim.reference_batch", "optim.lr", "schedule.epochs")
 
 
 def _paper_dataset(dataset: str) -> str:
@@ -103,43 +106,75 @@ def dataset_family(dataset: str) -> str:
     return "cityscapes" if _paper_dataset(dataset) == "cityscapes" else "voc"
 
 
-def head_schedule(*, framework: str, dataset: str, head: str, head_settings: str) -> dict[str, int]:
-    """The crop, per-process labeled / unlabeled batch and global batch (``optim.reference_batch``) of a cell.
+def _protocol_epochs(*, framework: str, dataset: str, partition: str, head: str, protocol: str) -> int:
+    """The cell's epochs without a publication's own: a switch's (``psmt_epochs``) where one sets them, else the
+    shared schedule's (with the framework's ``paper_schedule``)."""
+    family = dataset_family(dataset)
+    cell = {"framework": framework, "dataset": dataset, "partition": partition}
+    shared = get_framework(framework).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
+    return protocol_overrides(protocol, framework=framework, dataset=dataset, head=head,
+                              values=cell).get("schedule.epochs", shared)
+
+
+def head_schedule(*, framework: str, dataset: str, partition: str, head: str, head_settings: str,
+                  protocol: str = "corrected") -> dict[str, Any]:
+    """The crop, per-process labeled / unlabeled batch, global batch (``optim.reference_batch``), LR and epochs
+    of a cell (keys :data:`HEAD_SCHEDULE_KEYS`).
 
     ``shared`` (switch ``head_settings``, corrected): every head of a framework at the reduced setting the paper
-    trained its MC-dropout and NP rows with (VOC crop 480, batch 12; Cityscapes 580, 8). ``per_head`` (released):
-    the same for the stochastic heads, but a deterministic head (the baseline, whose rows the paper copied from
-    each framework's publication) at the framework's ``publication_settings`` (``protocol_deviations.md``,
-    Provenance)."""
+    trained its MC-dropout and NP rows with (VOC crop 480, batch 12; Cityscapes 580, 8), the shared LR and the
+    protocol's epochs. ``per_head`` (released): each head at the settings of the code behind its rows
+    (``protocol_deviations.md``, Provenance): a deterministic head (the baseline, whose rows the paper copied
+    from each framework's publication) at the framework's ``publication_settings``, ``publication_lr`` and
+    ``publication_epochs`` where it has them; the stochastic heads at the NP-SemiSeg configs' crop and batch
+    (``np_config_settings`` where they differ from the shared ones: AugSeg VOC 8)."""
     family = dataset_family(dataset)
     base = _CITYSCAPES if family == "cityscapes" else _VOC
     crop, batch = base["schedule"]["crop_size"], base["optim"]["reference_batch"]
+    lr = base["optim"]["lr"]
+    epochs = _protocol_epochs(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
     if head_settings not in ("per_head", "shared"):
         raise ValueError(f"schedule.head_settings: expected 'per_head' or 'shared', got {head_settings!r}")
-    if head_settings == "per_head" and not head_class(head).stochastic:
-        crop, batch = get_framework(framework).publication_settings[family]
+    framework_cls = get_framework(framework)
+    if head_settings == "per_head" and head_class(head).stochastic:
+        crop, batch = framework_cls.np_config_settings.get(family, (crop, batch))
+    elif head_settings == "per_head":
+        crop, batch = framework_cls.publication_settings[family]
+        lr = framework_cls.publication_lr.get(family, lr)
+        info = dataset_info(dataset)
+        own = framework_cls.publication_epochs(_paper_dataset(dataset), info.resolve_partition(str(partition)))
+        epochs = own if own is not None else epochs
     per_process = max(1, batch // PAPER_PROCESSES)
-    return dict(zip(HEAD_SCHEDULE_KEYS, (crop, per_process, per_process, batch)))
+    return dict(zip(HEAD_SCHEDULE_KEYS, (crop, per_process, per_process, batch, lr, epochs)))
 
 
-def _cell_schedule(values: dict[str, Any]) -> dict[str, int]:
+def _cell_schedule(values: dict[str, Any]) -> dict[str, Any]:
     """:func:`head_schedule` of the cell in nested configuration ``values``."""
-    return head_schedule(framework=values["framework"], dataset=values["dataset"], head=values["head"]["name"],
-                         head_settings=values["schedule"].get("head_settings", "shared"))
+    return head_schedule(framework=values["framework"], dataset=values["dataset"], partition=str(values["partition"]),
+                         head=values["head"]["name"], head_settings=values["schedule"].get("head_settings", "shared"),
+                         protocol=values.get("protocol", "corrected"))
 
 
 def follow_head_settings(before: dict[str, Any], after: dict[str, Any], explicit: Any = ()) -> dict[str, Any]:
-    """``after`` (nested values) with its crop and batches moved to its cell's :func:`head_schedule` where they
-    still hold ``before``'s derived ones and no key of ``explicit`` set them: a change of ``head_settings``, head,
-    framework or protocol keeps the schedule derived. Only where one side is ``per_head`` (``shared`` cells keep
-    today's behaviour); a shrunk schedule (smoke) never matches and stays. ``after`` is changed in place."""
+    """``after`` (nested values) with its crop, batches, LR and epochs moved to its cell's :func:`head_schedule`
+    where they still hold ``before``'s derived ones and no key of ``explicit`` set them: a change of
+    ``head_settings``, head, framework or protocol keeps the schedule derived. Only where one side is ``per_head``
+    (``shared`` cells keep today's behaviour) and only while one of the crop and batches is still derived: a
+    shrunk schedule (smoke) never matches and stays, its LR and epochs too. ``after`` is changed in place."""
     settings = {before["schedule"].get("head_settings"), after["schedule"].get("head_settings")}
     if "per_head" not in settings:
         return after
     old, new = _cell_schedule(before), _cell_schedule(after)
-    for key, value in new.items():
+
+    def derived(key: str) -> bool:
         section, leaf = key.split(".")
-        if key not in explicit and section not in explicit and after[section].get(leaf) == old[key]:
+        return key not in explicit and section not in explicit and after[section].get(leaf) == old[key]
+
+    if not any(derived(key) for key in HEAD_SCHEDULE_KEYS[:4]):
+        return after
+    for key, value in new.items():
+        if derived(key):
+            section, leaf = key.split(".")
             after[section][leaf] = value
     return after
 

@@ -221,9 +221,13 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18",
            frameworks=("augseg", "psmt")),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
-           "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings)",
-           "baseline rows at each framework's own full crops and batches, MC dropout and NP at 480/580 and "
-           "12/8 (released); one setting for all heads of a framework (corrected)", "provenance"),
+           "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings, "
+           "publication_lr, publication_epochs: PS-MT VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config "
+           "4.5e-3; CPS MeanTeacher config.py 102, 34 epochs); NP-SemiSeg AugSeg VOC config_semi.yaml 9 "
+           "(Framework.np_config_settings)",
+           "baseline rows at each framework's own full crops and batches, LR and epochs, MC dropout and NP at "
+           "the NP configs' 480/580 and 12/8 (AugSeg VOC 8) (released); one setting for all heads of a framework "
+           "(corrected)", "provenance"),
 )
 
 #: every switch by name (the one table)

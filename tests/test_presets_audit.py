@@ -9,6 +9,7 @@ import pytest
 
 from npsemiseg.config import RunConfig
 from npsemiseg.config.overrides import parse_scalar
+from npsemiseg.presets import HEAD_SCHEDULE_KEYS, head_schedule
 from npsemiseg.protocol import SWITCHES
 
 AUDIT = Path(__file__).resolve().parents[1] / "npsemiseg" / "presets_audit.md"
@@ -33,12 +34,32 @@ def test_audit_row_matches_the_preset(row):
     config = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
                                    partition=PARTITION[row["dataset"]], head="np", protocol="corrected")
     assert _value(config, row["key"]) == parse_scalar(row["ours"].replace("True", "true").replace("False", "false"))
-    if row["status"].startswith("switch "):
+    if row["status"].startswith("switch head_settings") and row["key"] != "schedule.head_settings":
+        _check_head_schedule_row(row)
+    elif row["status"].startswith("switch "):
         switch = SWITCHES[row["status"].split()[1]]
         assert switch.target == row["key"]
         released = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
                                          partition=PARTITION[row["dataset"]], head="np", protocol="released")
         assert _value(released, row["key"]) == switch.value("released", released.model_dump(mode="json"))
+
+
+def _check_head_schedule_row(row):
+    """A value ``head_settings`` derives: ``released`` gives the official value (first word) for the baseline or
+    the NP head, as :func:`head_schedule` derives it, and differs from ``corrected`` there."""
+    assert row["key"] in HEAD_SCHEDULE_KEYS
+    official = parse_scalar(next(v for k, v in row.items() if k.startswith("official")).split()[0])
+    released = {}
+    for head in ("baseline", "np"):
+        cell = dict(framework=row["framework"], dataset=row["dataset"], partition=PARTITION[row["dataset"]], head=head)
+        config = RunConfig.from_preset("paper", **cell, protocol="released")
+        released[head] = _value(config, row["key"])
+        assert released[head] == head_schedule(**cell, head_settings="per_head", protocol="released")[row["key"]]
+    assert official in released.values()
+    head = next(h for h, value in released.items() if value == official)
+    corrected = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
+                                      partition=PARTITION[row["dataset"]], head=head, protocol="corrected")
+    assert _value(corrected, row["key"]) != official
 
 
 def test_audit_covers_every_framework_and_family():

@@ -386,6 +386,55 @@ def test_head_settings_switch_trains_the_baseline_at_publication_settings():
     assert train_transforms(released)["labeled"](item)["image"].shape[-2:] == (512, 512)
 
 
+def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
+    """released (per_head): the baseline head at its framework's publication LR and epochs (PS-MT 0.01 at 32 on
+    VOC, 4.5e-3 on Cityscapes; MT 34 epochs), AugSeg's VOC MC-dropout / NP rows at the NP config's 8 in all;
+    corrected keeps the shared 1e-3, 80 and 12. Values follow a change of head, switch or protocol; an explicit
+    LR or epoch count wins; the smoke preset's own LR stays."""
+    from npsemiseg.config import RunConfig
+
+    def cell(framework, head, protocol, dataset="pascal_classic", partition="92", **overrides):
+        return RunConfig.from_preset("paper", framework=framework, dataset=dataset, partition=partition, head=head,
+                                     protocol=protocol, **overrides)
+
+    psmt = cell("psmt", "baseline", "released")
+    assert (psmt.optim.lr, psmt.optim.reference_batch, psmt.optim.parameter_groups) == (0.01, 32, "single_lr")
+    assert cell("psmt", "baseline", "released", dataset="cityscapes", partition="744").optim.lr == 4.5e-3
+    assert cell("psmt", "np", "released").optim.lr == cell("psmt", "baseline", "corrected").optim.lr == 1e-3
+    # PS-MT's own epochs under psmt_epochs stay for every head
+    assert cell("psmt", "np", "released", dataset="pascal_blender", partition="5291").schedule.epochs == 300
+    assert cell("psmt", "baseline", "released", dataset="pascal_blender", partition="5291").schedule.epochs == 300
+    mt = cell("mt", "baseline", "released")
+    assert mt.schedule.epochs == 34
+    assert cell("mt", "np", "released").schedule.epochs == cell("mt", "baseline", "corrected").schedule.epochs == 80
+    assert cell("u2pl", "baseline", "released").schedule.epochs == 80
+    for head in ("mc_dropout", "np"):
+        augseg = cell("augseg", head, "released")
+        assert (augseg.schedule.batch_size, augseg.optim.reference_batch, augseg.optim.lr) == (2, 8, 1e-3)
+        assert cell("augseg", head, "corrected").schedule.batch_size == 3
+        assert cell("augseg", head, "released", dataset="cityscapes", partition="744").optim.reference_batch == 8
+    assert cell("augseg", "baseline", "released").optim.reference_batch == 16
+    # derived values follow the cell; explicit ones win
+    assert mt.with_overrides({"head.name": "np"}).schedule.epochs == 80
+    assert mt.with_overrides(protocol="corrected").schedule.epochs == 80
+    assert mt.with_overrides({"head.name": "np", "schedule.epochs": 50}).schedule.epochs == 50
+    assert psmt.with_overrides({"switches.head_settings": "shared"}).optim.lr == 1e-3
+    assert psmt.with_overrides({"head.name": "np", "optim.lr": 0.5}).optim.lr == 0.5
+    assert cell("mt", "baseline", "corrected", **{"switches.head_settings": "per_head"}).schedule.epochs == 34
+    assert cell("augseg", "np", "released").with_overrides({"head.name": "baseline"}).optim.reference_batch == 16
+    smoke = RunConfig.from_preset("smoke", framework="psmt", dataset="pascal_classic", head="baseline",
+                                  protocol="released")
+    assert smoke.with_overrides({"head.name": "np"}).optim.lr == smoke.optim.lr == 0.01
+    # the epochs and the LR reach the training plan
+    from npsemiseg.training.plan import batch_scaling, plan_run
+
+    plan = plan_run(mt, num_labeled=92, num_unlabeled=1372, world_size=4)
+    assert plan.total_steps == 34 * plan.iters_per_epoch
+    assert batch_scaling(psmt, 4).lr == 0.01
+    # PS-MT's own rule (2.5e-3 per GPU of 8 images, VocCode/main.py 200) is linear scaling from reference 32
+    assert batch_scaling(psmt.with_overrides({"optim.lr_scaling": "linear"}), 2).lr == 0.005
+
+
 def test_align_corners_switch_reaches_the_model_and_the_evaluation(smoke_config):
     from npsemiseg.evaluation.inference import sample_logits
     from npsemiseg.models import logit_align_corners

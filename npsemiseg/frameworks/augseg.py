@@ -53,6 +53,10 @@ class AugSeg(SemiSupervisedFramework):
     Options = AugSegOptions
     #: AugSeg's configs: VOC crop 513, 2 GPUs x 8 = 16; Cityscapes crop 800, 4 x 4 = 16
     publication_settings = {"voc": (513, 16), "cityscapes": (800, 16)}
+    #: NP-SemiSeg's AugSeg VOC run (AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9: batch_size 2,
+    #: scripts/zsing_run_voc.sh ngpu=4): 8 labeled images in all where the paper says 12; its LR stays 0.001
+    #: (config line 43). Cityscapes: 2 x 4 = 8 as shared
+    np_config_settings = {"voc": (480, 8)}
 
     @classmethod
     def paper_schedule(cls, family: str) -> dict[str, Any]:

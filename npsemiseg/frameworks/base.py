@@ -99,6 +99,13 @@ class Framework:
     #: baseline rows are copied from them (switch ``head_settings``). Default U2PL's (configs: VOC 513 and
     #: 16 = 4 GPUs x 4, Cityscapes 769 and 16 = 8 x 2), which the supervised reference follows.
     publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {"voc": (513, 16), "cityscapes": (769, 16)}
+    #: the learning rate of the framework's own publication per dataset family where it differs from the shared
+    #: one (VOC 1e-3, Cityscapes 5e-3): the baseline head's under switch ``head_settings`` (per_head)
+    publication_lr: ClassVar[Mapping[str, float]] = {}
+    #: ``(crop, global labeled batch)`` of the NP-SemiSeg configs behind the MC-dropout and NP rows per dataset
+    #: family where they differ from the shared reduced ones (VOC 480 and 12, Cityscapes 580 and 8): those heads'
+    #: under switch ``head_settings`` (per_head)
+    np_config_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None) -> None:
@@ -122,7 +129,8 @@ class Framework:
     @classmethod
     def publication_epochs(cls, dataset: str, partition: str) -> int | None:
         """The framework's own epoch count for a real ``dataset`` x canonical ``partition`` where it differs from
-        the shared schedule (None = none of its own)."""
+        the shared schedule (None = none of its own): the baseline head's under switch ``head_settings``
+        (per_head); PS-MT's also every head's under switch ``psmt_epochs``."""
         return None
 
     @property

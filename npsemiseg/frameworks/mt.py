@@ -61,6 +61,12 @@ class MeanTeacher(SemiSupervisedFramework):
     publication_settings = {"voc": (512, 16), "cityscapes": (769, 16)}
 
     @classmethod
+    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
+        """CPS's MeanTeacher: 34 epochs on VOC (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher config.py 102,
+        ``C.nepochs = 34``); no Cityscapes MeanTeacher config (the shared 200 there)."""
+        return None if dataset == "cityscapes" else 34
+
+    @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
         """The shared U2PL trainer's schedule: one supervised-only epoch except on Cityscapes."""
         return MTOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()

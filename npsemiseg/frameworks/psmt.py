@@ -169,6 +169,12 @@ class PSMT(SemiSupervisedFramework):
     teacher_names = ("teacher1", "teacher2")
     #: PS-MT's docs/before_start.md and configs: VOC crop 512, 4 GPUs x 8 = 32; Cityscapes crop 800, 8 in all
     publication_settings = {"voc": (512, 32), "cityscapes": (800, 8)}
+    #: VOC: scripts/train_voc_*.sh pass --learning-rate=2.5e-3, which VocCode/main.py 194-200 multiplies by the
+    #: world size (4 GPUs in docs/before_start.md): 0.01 at 32 labeled images, one LR for all parameters (switch
+    #: ``psmt_single_lr``); PS-MT scales it linearly with the GPUs at 8 per GPU, i.e. ``optim.lr_scaling=linear``
+    #: with ``optim.reference_batch`` 32. Cityscapes: CityCode/configs/config_deeplab_v3+.json 25 (4.5e-3, not
+    #: scaled: main.py leaves the config's LR) at 2 GPUs x 4 (scripts/train_city.sh --batch_size=4)
+    publication_lr = {"voc": 1e-2, "cityscapes": 4.5e-3}
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)
