@@ -10,6 +10,9 @@ Usage::
 
     .venv/bin/python benchmarks/study_gap.py                               # seed 0, data seed 0
     .venv/bin/python benchmarks/study_gap.py --seeds 0,1,2 --data-seeds 0,1 --set schedule.max_steps=160
+    # the input the probe (benchmarks/study_probe.py) found learns shape: whole images, batch 8, no rescale
+    .venv/bin/python benchmarks/study_gap.py --set model.weights=null --set schedule.max_steps=300 \
+        --set schedule.batch_size=8 --set schedule.crop_size=64 --set data.augmentation.resize=none
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main() -> None:
             print(json.dumps({"partition": config.partition, "seed": config.seed, "data_seed": data_seed,
                               "steps": result.steps, "miou": round(result.metrics["miou"], 4),
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
+                              "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0]}), flush=True)
 
 

@@ -87,3 +87,14 @@ def test_bad_options_and_splits_name_the_problem():
         build_dataset("study", "labeled", partition="1/3")
     with pytest.raises(ValueError, match="partition is required"):
         build_dataset("study", "unlabeled")
+
+
+def test_object_radius_option_scales_objects_and_is_validated():
+    """Larger ``object_radius`` paints larger objects (more object pixels) from the same draws."""
+    small = StudyConfig(image_size=32, object_radius=(0.1, 0.1), objects_per_image=(1, 1))
+    large = StudyConfig(image_size=32, object_radius=(0.3, 0.3), objects_per_image=(1, 1))
+    pixels = [sum(int((generate(c, "train", i)[1] > 0).sum()) for i in range(20)) for c in (small, large)]
+    assert pixels[1] > 4 * pixels[0]
+    assert dataset_info("study", object_radius=[0.2, 0.3]).options["object_radius"] == (0.2, 0.3)
+    with pytest.raises(ValueError, match="object_radius must be"):
+        StudyConfig(object_radius=(0.3, 0.2))

@@ -122,6 +122,7 @@ class StudyConfig:
     tune_size: int = 200
     image_size: int = 64
     objects_per_image: tuple[int, int] = (1, 4)
+    object_radius: tuple[float, float] = (0.14, 0.28)  # object radius range, as a fraction of image_size
     noise_std: float = 0.04
     name: str = field(default="study", compare=False)
 
@@ -131,6 +132,7 @@ class StudyConfig:
                 raise ValueError(f"image_size: the study dataset is square, got {self.image_size!r}")
             object.__setattr__(self, "image_size", int(self.image_size[0]))
         object.__setattr__(self, "objects_per_image", tuple(int(v) for v in self.objects_per_image))
+        object.__setattr__(self, "object_radius", tuple(float(v) for v in self.object_radius))
         if self.family not in FAMILIES:
             raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {self.family!r}")
         if self.image_size < 16:
@@ -141,6 +143,9 @@ class StudyConfig:
         lo, hi = self.objects_per_image
         if not 1 <= lo <= hi:
             raise ValueError(f"objects_per_image must be (min, max) with 1 <= min <= max, got {self.objects_per_image}")
+        r_lo, r_hi = self.object_radius
+        if not 0 < r_lo <= r_hi <= 0.5:
+            raise ValueError(f"object_radius must be (min, max) with 0 < min <= max <= 0.5, got {self.object_radius}")
 
     @classmethod
     def from_options(cls, name: str = "study", **options: object) -> StudyConfig:
@@ -176,7 +181,8 @@ def generate(config: StudyConfig, stream: str, index: int) -> tuple[Tensor, Tens
         cls = int(torch.randint(1, len(family.class_names), (1,), generator=g))
         shape, texture = family.shapes[(cls - 1) // num_textures], family.textures[(cls - 1) % num_textures]
         p = torch.rand(8, generator=g)
-        radius = size * (0.14 + 0.14 * p[0])
+        r_lo, r_hi = config.object_radius
+        radius = size * (r_lo + (r_hi - r_lo) * p[0])
         aspect = 0.8 + 0.4 * p[1]
         angle = 2 * math.pi * p[2]
         cy, cx = size * (0.1 + 0.8 * p[3]), size * (0.1 + 0.8 * p[4])
