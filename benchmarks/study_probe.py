@@ -22,10 +22,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.study import FAMILIES, Family, StudyConfig, generate, labeled_indices
 from npsemiseg.data.transforms import train_transform
 from npsemiseg.evaluation.metrics import ConfusionMatrix
-from npsemiseg.models import build_segmentor
+from npsemiseg.models import build_segmentor, upsample_logits
+from npsemiseg.training.plan import poly_lr
 
 PROBE_FAMILIES = {"shapeonly": Family(("disc", "ring", "triangle", "cross"), ("stripes",)),
                   "textonly": Family(("disc",), ("stripes", "dots"))}
@@ -70,7 +72,7 @@ def main() -> None:
     model.train()
     for step in range(a.steps):
         for group in optimizer.param_groups:
-            group["lr"] = a.lr * (1 - step / a.steps) ** 0.9
+            group["lr"] = poly_lr(a.lr, step, a.steps, 0.9)
         items = []
         for i in torch.randint(len(labeled), (a.bs,), generator=g).tolist():
             if labeled[i] not in cache:
@@ -82,8 +84,8 @@ def main() -> None:
         if a.crop and transform is None:
             y, x = torch.randint(a.size - a.crop + 1, (2,), generator=g).tolist()
             images, labels = images[..., y:y + a.crop, x:x + a.crop], labels[..., y:y + a.crop, x:x + a.crop]
-        logits = F.interpolate(model(images).head.logits[0], size=labels.shape[-2:], mode="bilinear", align_corners=False)
-        loss = F.cross_entropy(logits, labels, ignore_index=255)
+        logits = upsample_logits(model(images).head.logits, labels.shape[-2:])[0]
+        loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -93,8 +95,7 @@ def main() -> None:
         for first in range(0, a.tune, 25):
             pairs = [generate(cfg, "tune", i) for i in range(first, min(a.tune, first + 25))]
             images, labels = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-            logits = model(images).head.logits[0]
-            confusion.update(F.interpolate(logits, size=labels.shape[-2:], mode="bilinear").argmax(1), labels)
+            confusion.update(upsample_logits(model(images).head.logits, labels.shape[-2:])[0].argmax(1), labels)
     result = confusion.compute()
     print(json.dumps({**vars(a), "loss": round(loss.item(), 3), "miou": round(float(result["miou"]), 4),
                       "pixel_acc": round(result["pixel_acc"], 4),
