@@ -124,12 +124,13 @@ class Stack:
                     raise StackError(f"services that need each other: {sorted(waiting_for)}")
                 for service in wave:
                     service.check_ports()
+                began = time.monotonic()
                 for service in wave:
                     logger.info("starting %s", service.name)
                     service.start()
                     started.append(service)
                 with ThreadPoolExecutor(len(wave), thread_name_prefix="stack-up") as pool:
-                    list(pool.map(self._until_healthy, wave, [time.monotonic()] * len(wave)))
+                    list(pool.map(self._until_healthy, wave, [began] * len(wave)))
                 pending = [service for service in pending if service not in wave]
         except BaseException:
             for service in reversed(started):
