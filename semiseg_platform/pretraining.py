@@ -93,11 +93,12 @@ def pretrain_tracked(config: PretrainConfig | None = None, *, cache_dir: str | o
 def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainConfig.steps,
                      seed: int = PretrainConfig.seed, corpus_size: int = PretrainConfig.corpus_size,
                      image_size: int = PretrainConfig.image_size, batch_size: int = PretrainConfig.batch_size,
-                     lr: float = PretrainConfig.lr, cache_dir: str | None = None, tracking: str | None = None,
+                     lr: float = PretrainConfig.lr, optimizer: str = PretrainConfig.optimizer,
+                     cache_dir: str | None = None, tracking: str | None = None,
                      experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print) -> Path:
     """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``."""
     config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
-                            image_size=image_size, batch_size=batch_size, lr=lr)
+                            image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer)
     result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment)
     source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
     emit(f"pretrained {backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
@@ -33,6 +34,16 @@ def test_another_configuration_is_another_key(tmp_path):
     other = PretrainConfig(**{**TINY.__dict__, "seed": TINY.seed + 1})
     assert other.key != TINY.key
     assert PretrainConfig(**{**TINY.__dict__, "log_every": 7}).key == TINY.key  # logging is not part of it
+
+
+def test_the_optimizer_is_part_of_the_recipe_and_changes_the_weights(tmp_path):
+    sgd = PretrainConfig(**{**TINY.__dict__, "optimizer": "sgd"})
+    assert sgd.key != TINY.key and TINY.optimizer == "adamw"
+    adamw_state = torch.load(pretrain(TINY, cache_dir=tmp_path).path, weights_only=True)
+    sgd_state = torch.load(pretrain(sgd, cache_dir=tmp_path).path, weights_only=True)
+    assert not torch.equal(adamw_state["conv1.weight"], sgd_state["conv1.weight"])
+    with pytest.raises(ValueError, match="optimizer: expected one of \\['adamw', 'sgd'\\], got 'adam'"):
+        PretrainConfig(optimizer="adam")
 
 
 def test_corrupted_or_partial_file_is_rebuilt_never_loaded(tmp_path):
