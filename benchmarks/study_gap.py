@@ -13,6 +13,8 @@ Usage::
     # the input the probe (benchmarks/study_probe.py) found learns shape: whole images, batch 8, no rescale
     .venv/bin/python benchmarks/study_gap.py --set model.weights=null --set schedule.max_steps=300 \
         --set schedule.batch_size=8 --set schedule.crop_size=64 --set data.augmentation.resize=none
+    # any other cells of the spec (e.g. an SSL framework against supervised), scored on the tune split
+    .venv/bin/python benchmarks/study_gap.py --frameworks supervised,mt --partitions 1/16 --set evaluation.split=tune
 """
 
 from __future__ import annotations
@@ -38,21 +40,27 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     parser.add_argument("--data-seeds", default="0", help="dataset instances (data.options.seed), comma-separated")
     parser.add_argument("--set", action="append", default=[], help="extra dotted override key=value")
+    parser.add_argument("--frameworks", default="supervised", help="frameworks of the spec's cells, comma-separated")
+    parser.add_argument("--heads", default="baseline", help="head names of the spec's cells, comma-separated")
+    parser.add_argument("--partitions", default="", help="partitions (default: all of the spec's)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     seeds = {int(s) for s in args.seeds.split(",")}
     extra = dict(item.split("=", 1) for item in args.set)
-    cells = [c for c in expand(load_spec(args.spec))
-             if c.framework == "supervised" and c.head.variant == "baseline" and c.seed in seeds]
+    frameworks, heads = set(args.frameworks.split(",")), set(args.heads.split(","))
+    partitions = set(args.partitions.split(",")) if args.partitions else None
+    cells = [c for c in expand(load_spec(args.spec)) if c.framework in frameworks and c.head.variant in heads
+             and c.seed in seeds and (partitions is None or c.partition in partitions)]
     for data_seed in (int(s) for s in args.data_seeds.split(",")):
         for config in cells:
             config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **extra})
             start = time.perf_counter()
             result = train(config)
-            print(json.dumps({"partition": config.partition, "seed": config.seed, "data_seed": data_seed,
-                              "steps": result.steps, "miou": round(result.metrics["miou"], 4),
+            print(json.dumps({"framework": config.framework, "head": config.head.variant,
+                              "partition": config.partition, "seed": config.seed, "data_seed": data_seed,
+                              "split": config.evaluation.split, "steps": result.steps, "miou": round(result.metrics["miou"], 4),
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
                               "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0]}), flush=True)

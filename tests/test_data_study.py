@@ -98,3 +98,16 @@ def test_object_radius_option_scales_objects_and_is_validated():
     assert dataset_info("study", object_radius=[0.2, 0.3]).options["object_radius"] == (0.2, 0.3)
     with pytest.raises(ValueError, match="object_radius must be"):
         StudyConfig(object_radius=(0.3, 0.2))
+
+
+def test_evaluation_split_tune_evaluates_the_tune_images_and_val_stays_the_default(smoke_config):
+    from npsemiseg.training.factories import build_datasets
+
+    default = build_datasets(smoke_config(dataset="study"))["val"]
+    tune = build_datasets(smoke_config(dataset="study", **{"evaluation.split": "tune"}))["val"]
+    assert default.split == "val" and all("/val/" in i for i in default.ids)
+    assert tune.split == "tune" and all("/tune/" in i for i in tune.ids) and not set(tune.ids) & set(default.ids)
+    with pytest.raises(ValueError, match="split must be one of"):  # no tune split outside the study datasets
+        build_datasets(smoke_config(dataset="synthetic", **{"evaluation.split": "tune"}))
+    with pytest.raises(ValueError, match="evaluation.split"):
+        smoke_config(dataset="study", **{"evaluation.split": "test"})

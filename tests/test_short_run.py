@@ -35,10 +35,10 @@ def test_mini_spec_applies_exactly_the_rule():
 
     configs = expand(load_spec(MINI_SPEC))
     assert len(configs) == 51 and {c.seed for c in configs} == {0, 1, 2}
-    run = RunLength.of(steps=320, iters_per_epoch=64 // 4, images_per_step=8, crop_size=48)
+    run = RunLength.of(steps=320, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
     for config in configs:
         schedule = config.schedule
-        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (320, 8, 48)
+        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (320, 16, 64)
         paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
         expected = {**paper, **scale_time_settings(paper, run)}
         assert json.loads(json.dumps(dict(config.framework_options))) == json.loads(json.dumps(expected)), config.cell_name

@@ -204,8 +204,11 @@ class EvaluationConfig(Section):
     ``select``: the weights a run reports, ``last`` (the last epoch's) or ``best`` (the evaluation with the
     best validation mIoU among those every ``schedule.eval_every_epochs`` epochs and the final one, restored
     at the end); both the last and the best metrics are logged whatever the selection.
+    ``split``: the images evaluated, ``val`` (what the tables report) or ``tune`` (the study dataset's
+    held-out tuning split, where settings are chosen: never on val).
     """
 
+    split: Literal["val", "tune"] = "val"
     mode: Literal["whole", "center_crop", "sliding", "sliding_global"] | None = None
     crop_size: PositiveInt | None = None
     stride: PositiveInt | None = None

@@ -40,12 +40,13 @@ def build_model(config: RunConfig) -> nn.Module:
 
 
 def build_datasets(config: RunConfig) -> dict[str, Dataset]:
-    """The ``labeled``, ``unlabeled`` and ``val`` splits of the run's dataset (untransformed)."""
+    """The ``labeled`` and ``unlabeled`` splits of the run's dataset and, as ``val``, the split it is
+    evaluated on (``evaluation.split``: val, or the study dataset's tune split); untransformed."""
     common = dict(root=config.data.root, list_variant=config.list_variant, **dict(config.data.options))
     return {
         "labeled": build_dataset(config.dataset, "labeled", partition=config.partition, **common),
         "unlabeled": build_dataset(config.dataset, "unlabeled", partition=config.partition, **common),
-        "val": build_dataset(config.dataset, "val", **common),
+        "val": build_dataset(config.dataset, config.evaluation.split, **common),
     }
 
 
