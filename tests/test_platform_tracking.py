@@ -59,6 +59,7 @@ def test_resolve_tracking_uri_is_absolute(tmp_path, monkeypatch):
     assert resolve_tracking_uri() == f"sqlite:///{tmp_path}/mlruns.db"
     assert resolve_tracking_uri("sqlite:///rel/x.db") == f"sqlite:///{tmp_path}/rel/x.db"
     assert resolve_tracking_uri("other.db") == f"sqlite:///{tmp_path}/other.db"
+    assert resolve_tracking_uri("file:/abs/mlruns") == "file:/abs/mlruns"  # a URI without "//", not a path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert resolve_tracking_uri() == "http://tracking.example:5000"
     assert resolve_tracking_uri("sqlite:////abs/y.db") == "sqlite:////abs/y.db"

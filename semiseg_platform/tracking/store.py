@@ -45,10 +45,11 @@ def resolve_tracking_uri(tracking: str | os.PathLike | None = None) -> str:
     """The tracking URI: ``tracking``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlruns.db``.
 
     Relative SQLite paths and plain paths to a ``.db`` file are made absolute, because Ray
-    workers run in other working directories.
+    workers run in other working directories. A URI with a scheme (``file:/abs/mlruns`` too, which
+    has no ``//``) is not a path.
     """
     uri = os.fspath(tracking) if tracking else os.environ.get("MLFLOW_TRACKING_URI") or str(Path.cwd() / DEFAULT_STORE_FILE)
-    if "://" not in uri:
+    if len(urlparse(uri).scheme) < 2:  # a path (a one-letter "scheme" would be a Windows drive)
         return f"sqlite:///{Path(uri).expanduser().resolve()}"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
