@@ -8,7 +8,7 @@ a checkpoint folder or ``ray_results/`` behind. In order:
 - data: every dataset the cells read, with the partitions they read, through
   ``npsemiseg.data.check_dataset`` (headers only): root, layout, the list files' images and labels
   (how many are missing, with two examples);
-- weights: a ``model.weights`` file must exist;
+- weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining;
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
   ``waiting for resources: ...`` every 30 s and fails after ``--resource-timeout`` seconds;
@@ -34,6 +34,7 @@ import ray
 import torch
 
 from npsemiseg.data.check import check_dataset
+from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.specs import DRIVER_CPUS
@@ -92,10 +93,16 @@ def data_problem(report: Any) -> str:
 
 
 def check_weights(configs: Iterable[Any]) -> None:
-    """A ``model.weights`` path (not ``imagenet`` / None) must be an existing file."""
+    """A ``model.weights`` path (not ``imagenet`` / None) must be an existing file; a ``pretrained:<name>``
+    must name a pretraining of ``npsemiseg.pretrain.PRETRAINED`` (its file is built on first use)."""
     for config in configs:
         weights = config.model.weights
         if weights is None or weights == "imagenet":
+            continue
+        if weights.startswith(PRETRAINED_PREFIX):
+            if weights[len(PRETRAINED_PREFIX):] not in PRETRAINED:
+                raise PreflightError(f"model.weights: unknown pretraining {weights!r}, expected one of "
+                                     f"{[PRETRAINED_PREFIX + name for name in PRETRAINED]}")
             continue
         if not Path(weights).expanduser().is_file():
             raise PreflightError(f"model.weights: file {weights} does not exist (expected a ResNet state dict .pth, "

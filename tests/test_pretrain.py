@@ -110,3 +110,11 @@ def test_cli_prints_the_weights_path_and_rejects_bad_options_before_anything(tmp
     bad = CliRunner().invoke(app, ["pretrain", "--steps", "0", "--cache-dir", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and bad.stderr.strip() == "error: steps: expected a positive integer, got 0"
     assert not (tmp_path / "bad").exists()
+
+
+def test_preflight_accepts_a_pretrained_name_before_its_file_exists(tmp_path, monkeypatch, smoke_config):
+    from semiseg_platform.preflight import check_weights
+
+    monkeypatch.setenv("NPSEMISEG_CACHE", str(tmp_path))  # an empty cache: nothing built yet
+    check_weights([smoke_config(dataset="study", **{"model.weights": "pretrained:default"})])
+    assert not (tmp_path / "pretrain").exists()  # preflight does not build it
