@@ -314,7 +314,7 @@ def test_psmt_single_lr_switch_groups_the_parameters(smoke_config):
     corrected, released = _configs(smoke_config, _switch("psmt_single_lr"))
     for config in (corrected, released):
         student = build_framework(config).student
-        sgd = build_optimizer(config, student).sgd
+        sgd = build_optimizer(config, student).torch_optimizer
         groups = {id(p): g for g in sgd.param_groups for p in g["params"]}
         assert len(groups) == len([p for p in student.parameters() if p.requires_grad])
         bn = next(m for m in student.modules() if isinstance(m, torch.nn.BatchNorm2d))

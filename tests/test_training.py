@@ -216,10 +216,10 @@ def _weights(result_dir: Path) -> dict[str, torch.Tensor]:
     return {f"{m}.{k}": v for m, sd in state["modules"].items() for k, v in sd.items()}
 
 
-@pytest.mark.parametrize("framework", ["supervised", "u2pl"])
-def test_resume_is_exact(smoke_config, tmp_path, framework):
+@pytest.mark.parametrize("framework,optimizer", [("supervised", "sgd"), ("u2pl", "sgd"), ("supervised", "adamw")])
+def test_resume_is_exact(smoke_config, tmp_path, framework, optimizer):
     """2 steps + checkpoint + restore + 2 steps == 4 straight steps: weights, NP memories, losses."""
-    base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4})
+    base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4, "optim.name": optimizer})
     straight = Recorder()
     train(base.with_overrides({"runtime.output_dir": str(tmp_path / "straight")}), straight)
 
@@ -309,6 +309,19 @@ def test_head_learning_rate_multiplier_and_poly_decay(smoke_config, tmp_path):
     assert [g["lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([lr_step1, 10 * lr_step1])
     assert state["scheduler"] == {"step": 2, "total_steps": 4, "power": 0.9}
     assert state["data"] == {"epoch": 0, "batch": 2}
+
+
+def test_adamw_takes_the_same_groups_and_checkpoints_its_moments(smoke_config, tmp_path):
+    from npsemiseg.training import load_checkpoint, resolve_checkpoint
+
+    config = smoke_config(**{"optim.name": "adamw", "optim.lr": 0.02, "optim.head_lr_mult": 10.0, "schedule.max_steps": 4,
+                             "runtime.output_dir": str(tmp_path), "runtime.stop_at_step": 2})
+    train(config)
+    optimizer = load_checkpoint(resolve_checkpoint(tmp_path / "checkpoints"))["optimizer"]
+    lr_step1 = poly_lr(0.02, 1, 4, 0.9)
+    assert [g["lr"] for g in optimizer["param_groups"]] == pytest.approx([lr_step1, 10 * lr_step1])
+    assert all("betas" in g and "momentum" not in g for g in optimizer["param_groups"])  # AdamW, not SGD
+    assert optimizer["state"] and all({"exp_avg", "exp_avg_sq"} <= set(s) for s in optimizer["state"].values())
 
 
 def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config):

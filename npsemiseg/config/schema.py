@@ -119,13 +119,15 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
-    """SGD with momentum; the head (everything but the backbone) at ``lr x head_lr_mult``.
+    """SGD with momentum (``name: sgd``, every preset's) or AdamW (``adamw``: decoupled ``weight_decay``;
+    ``momentum`` and ``nesterov`` unused); the head (everything but the backbone) at ``lr x head_lr_mult``.
 
     ``parameter_groups``: ``backbone_head`` (the backbone at ``lr``, the rest at ``lr x head_lr_mult``, weight
     decay on every parameter) or ``single_lr`` (PS-MT's: every parameter at ``lr``, no weight decay on biases and
     normalisation layers; ``head_lr_mult`` unused); switch ``psmt_single_lr``.
     """
 
+    name: Literal["sgd", "adamw"] = "sgd"
     lr: PositiveFloat = 1e-3
     head_lr_mult: PositiveFloat = 10.0
     momentum: float = Field(0.9, ge=0.0, lt=1.0)

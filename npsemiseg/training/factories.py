@@ -82,10 +82,10 @@ NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 @dataclass
 class Optimizer:
-    """SGD over the student's parameter groups: the backbone at ``lr``, the rest at ``lr x head_lr_mult``
-    (``optim.parameter_groups=backbone_head``), or every parameter at ``lr`` (``single_lr``)."""
+    """``optim.name`` (SGD or AdamW) over the student's parameter groups: the backbone at ``lr``, the rest at
+    ``lr x head_lr_mult`` (``optim.parameter_groups=backbone_head``), or every parameter at ``lr`` (``single_lr``)."""
 
-    sgd: torch.optim.Optimizer
+    torch_optimizer: torch.optim.Optimizer
     parameters: list[nn.Parameter]
     multipliers: list[float]
     #: the backbone's base learning rate (``optim.lr``, scaled by ``optim.lr_scaling``; poly-decayed per step)
@@ -106,8 +106,8 @@ def single_lr_groups(module: nn.Module, weight_decay: float) -> list[dict[str, A
 
 
 def build_optimizer(config: RunConfig, student: nn.Module, *, world_size: int = 1) -> Optimizer:
-    """SGD at the base learning rate of :func:`~npsemiseg.training.plan.batch_scaling` on ``world_size`` processes,
-    over the groups ``optim.parameter_groups`` names (switch ``psmt_single_lr``)."""
+    """``optim.name`` at the base learning rate of :func:`~npsemiseg.training.plan.batch_scaling` on ``world_size``
+    processes, over the groups ``optim.parameter_groups`` names (switch ``psmt_single_lr``)."""
     optim = config.optim
     base_lr = batch_scaling(config, world_size).lr
     if optim.parameter_groups == "single_lr":
@@ -116,8 +116,10 @@ def build_optimizer(config: RunConfig, student: nn.Module, *, world_size: int = 
     else:
         groups = student.parameter_groups()
         multipliers = [1.0 if g.get("name") == "backbone" else optim.head_lr_mult for g in groups]
-    sgd = torch.optim.SGD(
-        [{**{k: v for k, v in g.items() if k != "name"}, "lr": base_lr * m} for g, m in zip(groups, multipliers)],
-        lr=base_lr, momentum=optim.momentum, weight_decay=optim.weight_decay, nesterov=optim.nesterov,
-    )
-    return Optimizer(sgd, [p for g in groups for p in g["params"]], multipliers, base_lr)
+    torch_groups = [{**{k: v for k, v in g.items() if k != "name"}, "lr": base_lr * m} for g, m in zip(groups, multipliers)]
+    if optim.name == "adamw":
+        torch_optimizer: torch.optim.Optimizer = torch.optim.AdamW(torch_groups, lr=base_lr, weight_decay=optim.weight_decay)
+    else:
+        torch_optimizer = torch.optim.SGD(torch_groups, lr=base_lr, momentum=optim.momentum,
+                                          weight_decay=optim.weight_decay, nesterov=optim.nesterov)
+    return Optimizer(torch_optimizer, [p for g in groups for p in g["params"]], multipliers, base_lr)

@@ -86,9 +86,9 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
     best = BestWeights(run.framework, keep_weights=config.evaluation.select == "best")
     resume = resume_from if resume_from is not None else callbacks.resume_from()
     if resume is not None:
-        step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.sgd, rank=run.rank,
+        step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.torch_optimizer, rank=run.rank,
                                 best=best)
-    checkpointer = Checkpointer(config, run.framework, run.optimizer.sgd, run.plan, callbacks,
+    checkpointer = Checkpointer(config, run.framework, run.optimizer.torch_optimizer, run.plan, callbacks,
                                 rank=run.rank, world_size=run.world_size, best=best)
     callbacks.on_start(config, total_steps=run.plan.total_steps, start_step=step, rank=run.rank,
                        world_size=run.world_size)

@@ -45,14 +45,14 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
                device: torch.device, world_size: int) -> dict[str, float]:
     """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks)."""
     lr = poly_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power)
-    for group, multiplier in zip(optimizer.sgd.param_groups, optimizer.multipliers):
+    for group, multiplier in zip(optimizer.torch_optimizer.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
     batch = Batch(labeled=_to_device(batch.labeled, device),
                   unlabeled=_to_device(batch.unlabeled, device) if batch.unlabeled is not None else None)
     with autocast(config, device):
         result = framework.train_step(batch, ctx)
     names, floats = _loss_values(framework, result, ctx, world_size)
-    optimizer.sgd.zero_grad(set_to_none=True)
+    optimizer.torch_optimizer.zero_grad(set_to_none=True)
     result.total.backward()
     if world_size > 1:
         average_gradients(optimizer.parameters, world_size)
@@ -60,7 +60,7 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
     logs.update({f"train/{n}": v for n, v in zip(names, floats)})
     if config.optim.grad_clip is not None:
         logs["train/grad_norm"] = _clip(optimizer, config.optim.grad_clip, ctx, names, floats)
-    optimizer.sgd.step()
+    optimizer.torch_optimizer.step()
     if world_size > 1 and not synced_batchnorm(config.runtime.sync_bn, device):
         broadcast_buffers(framework.student)
     framework.after_optimizer_step(ctx)
