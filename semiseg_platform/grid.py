@@ -28,6 +28,7 @@ from npsemiseg.config import RunConfig
 from semiseg_platform import schema
 from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
+from semiseg_platform.pretraining import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
 from semiseg_platform.sweep import (
@@ -285,6 +286,8 @@ def run_grid(
     concurrency = 0
     with ending_run(sub.client, parent_id) as end:
         if to_run:
+            build_named_pretrainings(to_run, tracking=sub.tracking_uri, experiment=spec.experiment,
+                                     emit=lambda line: emit(f"[grid {spec.name}] {line}"))
             context = SweepContext(schema.KIND_GRID, gid, sub.trial_storage, sub.tracking_uri, spec.experiment,
                                    parent_id, spec.resources, spec.max_failures, tuple(cell_callbacks))
             ran, concurrency = _run_cells(spec, to_run, context, sub, skipped=len(outcomes), emit=emit,

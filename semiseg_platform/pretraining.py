@@ -7,7 +7,7 @@ corpus ``pretrain/miou`` / ``pretrain/pixel_acc``, tag ``weights_path``, artifac
 ``pretrain/pretrain.json``. A cache hit trains nothing and logs nothing new when a FINISHED run of
 the same key exists (its id is returned); otherwise it records a run tagged
 ``pretrain.cache_hit = true`` with the cached metrics. ``pretrain_command`` is what
-``npsemiseg pretrain`` calls.
+``npsemiseg pretrain`` calls; ``build_named_pretrainings`` is what a grid calls before its cells.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
-from npsemiseg.pretrain import RECORD_FILE, PretrainConfig, PretrainResult, pretrain
+from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
 from semiseg_platform.schema import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
 
@@ -105,3 +105,22 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
          f"MLflow run {run_id})")
     emit(f"model.weights={result.path}")
     return result.path
+
+
+def build_named_pretrainings(configs: Iterable[object], *, tracking: str, experiment: str,
+                             emit: Callable[[str], None] = print) -> dict[str, str]:
+    """Build (or find cached) every ``pretrained:<name>`` the cells' ``model.weights`` name, in this process, each
+    recorded as its MLflow run, so a first ``make study`` shows the pretraining instead of a cell that seems to hang
+    for its first minutes. Returns name -> run id. Each node of a cluster still builds its own cache on first use."""
+    names = sorted({w[len(PRETRAINED_PREFIX):] for w in (c.model.weights for c in configs)  # type: ignore[attr-defined]
+                    if isinstance(w, str) and w.startswith(PRETRAINED_PREFIX)})
+    runs = {}
+    for name in names:
+        config = PRETRAINED[name]
+        emit(f"{PRETRAINED_PREFIX}{name}: {config.backbone}, {config.steps} steps on {config.corpus_size} corpus images "
+             f"(key {config.key}; nothing to do when cached)")
+        result, runs[name] = pretrain_tracked(config, tracking=tracking, experiment=experiment)
+        source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
+        emit(f"{PRETRAINED_PREFIX}{name}: {source}, corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
+             f"MLflow run {runs[name]}")
+    return runs

@@ -118,3 +118,22 @@ def test_preflight_accepts_a_pretrained_name_before_its_file_exists(tmp_path, mo
     monkeypatch.setenv("NPSEMISEG_CACHE", str(tmp_path))  # an empty cache: nothing built yet
     check_weights([smoke_config(dataset="study", **{"model.weights": "pretrained:default"})])
     assert not (tmp_path / "pretrain").exists()  # preflight does not build it
+
+
+def test_a_grid_builds_its_named_pretrainings_once_before_its_cells(tmp_path_factory, tmp_path, monkeypatch, smoke_config):
+    from npsemiseg import pretrain as module
+    from semiseg_platform.pretraining import build_named_pretrainings
+
+    uri = fresh_store(tmp_path_factory, "pretrain_grid")
+    monkeypatch.setenv(module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    cells = [smoke_config(dataset="study", **{"model.weights": "pretrained:tiny"}),
+             smoke_config(dataset="study", framework="mt", **{"model.weights": "pretrained:tiny"}),
+             smoke_config(dataset="study")]  # random init: nothing to build
+    lines: list[str] = []
+    runs = build_named_pretrainings(cells, tracking=uri, experiment="pre", emit=lines.append)
+    assert list(runs) == ["tiny"] and len(lines) == 2 and "trained in" in lines[1]
+    assert (tmp_path / "pretrain" / TINY.key / WEIGHTS_FILE).exists()
+    assert MlflowClient(uri).get_run(runs["tiny"]).data.tags[PRETRAIN_KEY] == TINY.key
+    assert build_named_pretrainings(cells, tracking=uri, experiment="pre", emit=lines.append) == runs
+    assert "cache hit" in lines[-1]
