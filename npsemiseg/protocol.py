@@ -166,6 +166,11 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "TorchSemiSeg MeanTeacher config.py 73-107, train.py 180-213",
            "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)", "dev #1",
            frameworks=("mt",)),
+    Switch("mt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
+           "TorchSemiSeg MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
+           "furnace/utils/init_func.py 44-75",
+           "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
+           "Provenance (MT rows)", frameworks=("mt",)),
     # ---------------------------------------------------------------- PS-MT
     Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
            "PS-MT encoder_decoder.py 53-89", "float32 power iteration at xi = 1e-6 (almost no perturbation)",

@@ -39,7 +39,8 @@ NOT_A_STEP_CHANGE = {
     "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",
     "psmt_blur_kernel": "the data pipeline: test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5",
     "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",
-    "psmt_single_lr": "the optimiser: test_psmt_single_lr_switch_groups_the_parameters",
+    "psmt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
+    "mt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
     "psmt_epochs": "the schedule: test_psmt_epochs_switch_sets_psmt_epoch_counts",
     "head_settings": "the preset's crop and batches: test_head_settings_switch_trains_the_baseline_at_publication_settings",
 }
@@ -308,10 +309,11 @@ def test_psmt_eval_logits_switch_averages_the_teachers_logits(smoke_config):
     assert not torch.allclose(probs["logits"], probs["probabilities"])
 
 
-def test_psmt_single_lr_switch_groups_the_parameters(smoke_config):
+@pytest.mark.parametrize("name", ["psmt_single_lr", "mt_single_lr"])
+def test_single_lr_switches_group_the_parameters(smoke_config, name):
     from npsemiseg.training.factories import build_optimizer
 
-    corrected, released = _configs(smoke_config, _switch("psmt_single_lr"))
+    corrected, released = _configs(smoke_config, _switch(name))
     for config in (corrected, released):
         student = build_framework(config).student
         sgd = build_optimizer(config, student).torch_optimizer
@@ -404,8 +406,10 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     # PS-MT's own epochs under psmt_epochs stay for every head
     assert cell("psmt", "np", "released", dataset="pascal_blender", partition="5291").schedule.epochs == 300
     assert cell("psmt", "baseline", "released", dataset="pascal_blender", partition="5291").schedule.epochs == 300
-    mt = cell("mt", "baseline", "released")
-    assert mt.schedule.epochs == 34
+    mt = cell("mt", "baseline", "released")  # CPS's MeanTeacher: batch 8 over 4 GPUs, 0.0025 x 4, one LR, 34 epochs
+    assert (mt.schedule.epochs, mt.schedule.crop_size, mt.schedule.batch_size, mt.optim.reference_batch) == (34, 512, 2, 8)
+    assert (mt.optim.lr, mt.optim.parameter_groups) == (0.01, "single_lr")
+    assert cell("mt", "baseline", "corrected").optim.parameter_groups == "backbone_head"
     assert cell("mt", "np", "released").schedule.epochs == cell("mt", "baseline", "corrected").schedule.epochs == 80
     assert cell("u2pl", "baseline", "released").schedule.epochs == 80
     for head in ("mc_dropout", "np"):

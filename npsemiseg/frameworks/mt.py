@@ -56,9 +56,13 @@ class MeanTeacher(SemiSupervisedFramework):
 
     name = "mt"
     Options = MTOptions
-    #: CPS's MeanTeacher (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher config.py 81-96): crop 512, batch 16;
-    #: it has no Cityscapes MeanTeacher config: U2PL's there
-    publication_settings = {"voc": (512, 16), "cityscapes": (769, 16)}
+    #: CPS's MeanTeacher as run (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher): crop 512 (config.py 81-82), global
+    #: batch 8 (script.sh ``batch_size=8``; dataloader.py 86-91 splits it over NGPUS=4: 2 labeled + 2 unlabeled per
+    #: GPU; config.py's default 16 is overridden); it has no Cityscapes MeanTeacher config: U2PL's there
+    publication_settings = {"voc": (512, 8), "cityscapes": (769, 16)}
+    #: script.sh ``learning_rate=0.0025`` x world size 4 (train.py 91-93) = 0.01, one LR for backbone and head
+    #: (train.py 95-100: ``group_weight(..., base_lr)`` for both; switch ``mt_single_lr``)
+    publication_lr = {"voc": 1e-2}
 
     @classmethod
     def publication_epochs(cls, dataset: str, partition: str) -> int | None:
