@@ -81,8 +81,8 @@ def test_first_submission_runs_every_cell_and_isolates_the_failure(grid):
     runs = _cell_runs(client, spec.experiment)
     assert len(runs) == 12 and runs.cell_id.is_unique
     assert set(runs.parent) == {summary.parent_run_id}
-    assert runs.set_index("name").status.to_dict()[FAILING] == "FAILED"
-    assert (runs[runs.name != FAILING].status == "FINISHED").all()
+    assert runs.set_index("name").status.to_dict()[f"{FAILING}/corrected"] == "FAILED"  # run name: cell / protocol
+    assert (runs[runs.name != f"{FAILING}/corrected"].status == "FINISHED").all()
     parent = client.get_run(summary.parent_run_id)
     assert parent.info.status == "FAILED" and parent.data.tags["grid_id"] == summary.grid_id
     assert parent.data.metrics["cells_finished"] == 11 and parent.data.metrics["cells_failed"] == 1
@@ -133,7 +133,7 @@ def test_resubmission_skips_finished_cells_and_trains_nothing_twice(grid):
     assert after.loc[finished, "end_time"].equals(before.loc[finished, "end_time"])
     assert set(after.loc[finished, "parent"]) == {first.parent_run_id}
     # the failing cell ran again in its own run, now a child of the second submission
-    failing_run = before.index[before.name == FAILING].item()
+    failing_run = before.index[before.name == f"{FAILING}/corrected"].item()
     assert after.loc[failing_run, "parent"] == second.parent_run_id
     assert sum("started" in line for line in lines) == 1
     # the tables of the second submission still hold every finished cell (same grid_id): the one

@@ -78,7 +78,7 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
     assert len(runs) == 1
     run = runs[0]
     assert run.info.run_id == result.run_id and run.info.status == "FINISHED"
-    assert run.info.run_name == config.cell_name
+    assert run.info.run_name == config.run_name == f"{config.cell_name}/corrected"
     tags = run.data.tags
     assert {k: tags[k] for k in ("framework", "dataset", "partition", "head", "head_name", "cell_id", "world_size")} == {
         "framework": "supervised", "dataset": "synthetic", "partition": config.partition, "head": "np",

@@ -95,7 +95,7 @@ def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
     assert len(runs) == 1
     stored = runs[0]
     assert stored.info.status == "FINISHED"
-    assert stored.info.run_name == config.cell_name
+    assert stored.info.run_name == config.run_name
     tags = stored.data.tags
     expected_tags = {"framework": "supervised", "dataset": "synthetic", "partition": config.partition, "head": "np",
                      "head_name": "np", "seed": "0", "cell_id": config.cell_id, "grid_id": "g1", "npsemiseg.kind": "cell",

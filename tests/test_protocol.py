@@ -125,6 +125,10 @@ def test_mlflow_params_and_tags_carry_protocol_and_switches():
     # the same key set for every cell
     other = schema.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
     assert set(other) == set(params)
+    # one cell under both protocols: two runs with two names, the same coordinates
+    corrected = config.with_overrides(protocol="corrected")
+    assert (config.run_name, corrected.run_name) == ("u2pl/synthetic/1/16/np/released", "u2pl/synthetic/1/16/np/corrected")
+    assert config.cell_name == corrected.cell_name and config.cell_id != corrected.cell_id
 
 
 @pytest.mark.parametrize("head", ["baseline", "np"])

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.integration
 
 EXPERIMENT = "ui-study"
 DATASET = "synthetic_voc"
-U2PL = {head: f"u2pl/{DATASET}/92/{head}" for head in ("baseline", "mc_dropout", "np", "np_mean")}
-SUPERVISED_NP = f"supervised/{DATASET}/92/np"
+U2PL = {head: f"u2pl/{DATASET}/92/{head}/corrected" for head in ("baseline", "mc_dropout", "np", "np_mean")}
+SUPERVISED_NP = f"supervised/{DATASET}/92/np/corrected"  # run names: cell name / protocol
 CELLS = {SUPERVISED_NP, *U2PL.values()}
 #: what each of the README's searches must list, and nothing else
 EXPECTED = {

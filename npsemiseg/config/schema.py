@@ -338,8 +338,13 @@ class RunConfig(Section):
 
     @property
     def cell_name(self) -> str:
-        """``{framework}/{dataset}/{partition}/{head variant}``: the MLflow run name."""
+        """``{framework}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines, lineages)."""
         return f"{self.framework}/{self.dataset}/{self.partition}/{self.head.variant}"
+
+    @property
+    def run_name(self) -> str:
+        """``{cell_name}/{protocol}``: the MLflow run name (one cell under both protocols is two runs, two names)."""
+        return f"{self.cell_name}/{self.protocol}"
 
     def identity(self) -> dict[str, Any]:
         """The resolved configuration minus the fields in ``IDENTITY_EXCLUDED`` (JSON types)."""

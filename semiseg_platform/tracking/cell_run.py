@@ -153,7 +153,7 @@ class CellRun:
         tags = {**cell_tags(config, grid_id=grid_id, search_id=search_id, parent_run_id=parent_run_id), **owner_tags()}
         existing = find_cell_run(client, experiment_id, config.cell_id, search_id or grid_id)
         if existing is None:
-            run_id, old_params = client.create_run(experiment_id, run_name=config.cell_name, tags=tags).info.run_id, {}
+            run_id, old_params = client.create_run(experiment_id, run_name=config.run_name, tags=tags).info.run_id, {}
         else:
             run_id, old_params = existing.info.run_id, existing.data.params
             _take_over(client, existing, config)

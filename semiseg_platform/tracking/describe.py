@@ -36,7 +36,7 @@ def cell_description(config: Any, *, grid_id: str | None = None, search_id: str 
     steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"
     member = (f", grid `{grid_id}`" if grid_id else "") + (f", search `{search_id}`" if search_id else "")
     lines = [
-        f"**{config.cell_name}**: framework `{config.framework}` on {dataset}, {partition}, {head}; seed {config.seed}; "
+        f"**{config.run_name}**: framework `{config.framework}` on {dataset}, {partition}, {head}; seed {config.seed}; "
         f"protocol `{config.protocol}`.",
         "",
         f"Training: {steps}, crop {schedule.crop_size}, batch {schedule.batch_size}; evaluation "
