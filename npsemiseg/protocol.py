@@ -180,8 +180,10 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
            "dev #16", frameworks=("psmt",)),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
-           "PS-MT train.py 139-187, scripts --warm_up=5", "supervised warm-up epochs before the semi-supervised "
-           "phase", "dev #7", frameworks=("psmt",)),
+           "PS-MT VocCode/Base/base_trainer.py 137-145 and train.py 139-187 (_warm_up), scripts --warm_up=5",
+           "supervised warm-up epochs before the semi-supervised phase, in which teacher 1, teacher 2 (models of "
+           "their own, weak view, optimisers of their own) and the student (strong view) each train on the labeled "
+           "batch", "dev #7", frameworks=("psmt",)),
     Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False, "PS-MT train.py 192",
            "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
     Switch("psmt_epochs", "loop", "schedule.epochs", Derived("PS-MT's own", _publication_epochs),

@@ -455,3 +455,31 @@ def test_align_corners_switch_reaches_the_model_and_the_evaluation(smoke_config)
         with torch.no_grad():
             logits.append(sample_logits(model, images, None))
     assert logits[0].shape == logits[1].shape and not torch.allclose(logits[0], logits[1])
+
+
+def test_psmt_warm_up_trains_each_teacher_with_an_optimiser_of_its_own(smoke_config):
+    """released (5 warm-up epochs): the teachers are models of their own (not copies of the student), each
+    trained on the labeled batch by its own optimiser in a warm-up step; afterwards they are frozen and the
+    optimisers dropped. corrected (0): teachers start as copies of the student."""
+    corrected, released = _configs(smoke_config, _switch("psmt_warmup_epochs"))
+    copied = build_framework(corrected)
+    assert all(torch.equal(a, b) for a, b in zip(copied.teacher.parameters(), copied.student.parameters()))
+    framework = build_framework(released)
+    teacher1, teacher2 = (framework.teachers[n] for n in framework.teacher_names)
+    assert not all(torch.equal(a, b) for a, b in zip(teacher1.parameters(), teacher2.parameters()))
+    before = {n: [p.detach().clone() for p in t.parameters()] for n, t in framework.teachers.items()}
+    batch = _batch(released, seed=0)
+    ctx = StepContext(step=0, total_steps=40, epoch=0, total_epochs=10, iters_per_epoch=4)
+    result = framework.train_step(batch, ctx)
+    assert {"warmup/teacher1_loss", "warmup/teacher2_loss"} <= set(result.logs)
+    for name, teacher in framework.teachers.items():
+        assert not teacher.training and all(p.grad is not None for p in teacher.parameters() if p.requires_grad)
+        assert any(not torch.equal(a, b) for a, b in zip(before[name], teacher.parameters())), name
+    state = framework.state_dict()["teacher_optimizers"]
+    assert set(state) == {"teacher1", "teacher2"} and all(s["state"] for s in state.values())
+    framework.after_optimizer_step(ctx)  # no copy of the student into the teachers
+    assert not all(torch.equal(a, b) for a, b in zip(teacher1.parameters(), framework.student.parameters()))
+    semi = StepContext(step=20, total_steps=40, epoch=5, total_epochs=10, iters_per_epoch=4)  # after the warm-up
+    framework.train_step(batch, semi)
+    assert not any(p.requires_grad for t in framework.teachers.values() for p in t.parameters())
+    assert framework.state_dict()["teacher_optimizers"] == {}

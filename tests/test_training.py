@@ -216,10 +216,14 @@ def _weights(result_dir: Path) -> dict[str, torch.Tensor]:
     return {f"{m}.{k}": v for m, sd in state["modules"].items() for k, v in sd.items()}
 
 
-@pytest.mark.parametrize("framework,optimizer", [("supervised", "sgd"), ("u2pl", "sgd"), ("supervised", "adamw")])
-def test_resume_is_exact(smoke_config, tmp_path, framework, optimizer):
+@pytest.mark.parametrize("framework,overrides", [
+    ("supervised", {}), ("u2pl", {}), ("supervised", {"optim.name": "adamw"}),
+    # PS-MT's released warm-up: teachers with optimisers of their own, resumed in the middle of it
+    ("psmt", {"framework_options.warmup_epochs": 100}),
+], ids=["supervised", "u2pl", "adamw", "psmt-warmup"])
+def test_resume_is_exact(smoke_config, tmp_path, framework, overrides):
     """2 steps + checkpoint + restore + 2 steps == 4 straight steps: weights, NP memories, losses."""
-    base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4, "optim.name": optimizer})
+    base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4, **overrides})
     straight = Recorder()
     train(base.with_overrides({"runtime.output_dir": str(tmp_path / "straight")}), straight)
 

@@ -108,10 +108,13 @@ class Framework:
     np_config_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 loss: LossSettings | None = None) -> None:
+                 loss: LossSettings | None = None,
+                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> None:
         self.options = options
         self.num_classes = num_classes
         self.loss = loss if loss is not None else LossSettings()
+        #: the run's optimizer over another model's parameters (PS-MT's released teacher warm-up trains its teachers)
+        self.build_optimizer = build_optimizer
         self.student = build_model()
         #: the student's logit upsampling to label size (losses and teacher predictions use the same)
         self.align_corners = logit_align_corners(self.student)

@@ -23,12 +23,19 @@ buffers) with keep rate 0.996 after every step, alternating: teacher 1 in the fi
 averaged (VOC; their softmaxes, or their logits as the released code with ``eval_average="logits"``),
 teacher 1 alone (Cityscapes).
 
-The released code's teachers start from a random backbone and get a 5-epoch supervised
-warm-up with their own optimisers (``ssl_frameworks.md`` quirk 3). The single training loop
-optimises the student only, so that quirk is not reproduced: teachers start as copies of the
-student (default ``warmup_epochs = 0``); ``warmup_epochs > 0`` trains the student on labeled
-images only (strong view, plain CE, no T-VAT) for that many epochs with both teachers copied
-from it after every step, which is the closest single-optimiser analogue.
+Warm-up (``warmup_epochs``, switch ``psmt_warmup_epochs``: 5 released, 0 corrected): the released code
+trains teacher 1, teacher 2 and the student separately on labeled images for 5 epochs before the
+semi-supervised ones, each with an optimiser of its own (VocCode/Base/base_trainer.py 137-145, 214-260:
+``_warm_up(epoch, id)`` for id 1, 2, 3; teachers on the weak view, the student on the strong view;
+EntireModel.py 42-53: plain CE; the three models have their own randomly initialised decoders, and the
+teachers' optimisers are built like the student's and never scheduled). Here, in the warm-up epochs, each
+step trains the student (strong view, the loop's optimiser) and each teacher (weak view of the same batch,
+its own optimiser from ``build_optimizer``: the run's optimiser and groups at the base LR, no decay), the
+teachers built as models of their own (own head initialisation), not copies of the student. Sharing the
+batch (the released teachers draw their own passes of the labeled loader) keeps one data stream. The
+teachers' optimiser states are framework state (checkpointed); teacher gradients are averaged over the
+processes under DDP; after the warm-up the teachers are frozen and follow the student by EMA. With
+``warmup_epochs = 0`` the teachers start as copies of the student.
 
 Quirk options (off by default): ``teacher_train_mode`` runs both teachers' predictions in train mode
 (``self.model.train()`` in the released train.py 192: BN on the weak batch's statistics, which also
@@ -158,6 +165,17 @@ class TeacherEnsemble(nn.Module):
         return SegmentorOutput(outputs[0].features, head, None, None)
 
 
+def _average_gradients(model: nn.Module) -> None:
+    """Average ``model``'s gradients over the processes (DDP does this for the student, not for a teacher)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    world_size = torch.distributed.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            torch.distributed.all_reduce(parameter.grad)
+            parameter.grad /= world_size
+
+
 @FRAMEWORKS.register("psmt")
 class PSMT(SemiSupervisedFramework):
     """One student, two alternating EMA teachers, T-VAT and confidence-weighted CE."""
@@ -178,6 +196,9 @@ class PSMT(SemiSupervisedFramework):
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)
+        self._teacher_optimizers: dict[str, torch.optim.Optimizer] = {}
+        if options.warmup_epochs > 0:  # teachers of their own, trained in the warm-up (see the module docstring)
+            self.teachers.update((name, build_model().eval()) for name in self.teacher_names)
         self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names],
                                          average=options.eval_average)  # type: ignore[attr-defined]
 
@@ -217,8 +238,10 @@ class PSMT(SemiSupervisedFramework):
         images_l = labeled_view(batch.labeled, strong=opts.strong_labeled)
         labels_l = batch.labeled["label"]
         if ctx.epoch < opts.warmup_epochs:
+            teacher_logs = self._warm_up_teachers(batch.labeled)
             student = self.labeled_pass(images_l, labels_l)
-            return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
+            return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student, **teacher_logs))
+        self._freeze_teachers()
         unlabeled = require_unlabeled(batch, self.name)
         self.seed_memories(images_l, labels_l)
 
@@ -238,6 +261,48 @@ class PSMT(SemiSupervisedFramework):
         losses["unsup"] = weight * masked_mean(per_pixel, confident)
         logs = self.step_logs(student, unsup_weight=weight, kept_fraction=float(confident.float().mean()))
         return StepResult(losses, logs)
+
+    def _warm_up_teachers(self, labeled: dict[str, Tensor]) -> dict[str, float]:
+        """One supervised step of each teacher on the weak labeled view with its own optimiser; returns
+        ``{"warmup/<teacher>_loss": loss}``."""
+        images, labels = labeled_view(labeled, strong=False), labeled["label"]
+        logs = {}
+        for name in self.teacher_names:
+            teacher, optimizer = self.teachers[name], self._teacher_optimizer(name)
+            teacher.train()
+            loss = sum(self.supervised_terms(self.labeled_pass(images, labels, model=teacher), labels).values())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            _average_gradients(teacher)
+            optimizer.step()
+            teacher.eval()
+            logs[f"warmup/{name}_loss"] = float(loss.detach())
+        return logs
+
+    def _teacher_optimizer(self, name: str) -> torch.optim.Optimizer:
+        if name not in self._teacher_optimizers:
+            if self.build_optimizer is None:
+                raise ValueError("psmt: warmup_epochs > 0 trains the teachers and needs build_optimizer (the run's "
+                                 "optimizer factory; npsemiseg.training.build_framework passes it)")
+            for parameter in self.teachers[name].parameters():
+                parameter.requires_grad_(True)
+            self._teacher_optimizers[name] = self.build_optimizer(self.teachers[name])
+        return self._teacher_optimizers[name]
+
+    def _freeze_teachers(self) -> None:
+        """After the warm-up: EMA teachers take no gradients and their optimisers are dropped (as the released code)."""
+        if self._teacher_optimizers or any(p.requires_grad for t in self.teachers.values() for p in t.parameters()):
+            for parameter in (p for t in self.teachers.values() for p in t.parameters()):
+                parameter.requires_grad_(False)
+            self._teacher_optimizers.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The warm-up teachers' optimiser states (empty outside the warm-up)."""
+        return {"teacher_optimizers": {n: o.state_dict() for n, o in self._teacher_optimizers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, optimizer_state in state.get("teacher_optimizers", {}).items():
+            self._teacher_optimizer(name).load_state_dict(optimizer_state)
 
     def _perturbed_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor,
                         opts: PSMTOptions) -> StudentPass:
@@ -259,9 +324,7 @@ class PSMT(SemiSupervisedFramework):
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: PSMTOptions = self.options  # type: ignore[assignment]
-        if ctx.epoch < opts.warmup_epochs:
-            for teacher in self.teachers.values():
-                self.reset_teacher(teacher)
+        if ctx.epoch < opts.warmup_epochs:  # the teachers trained themselves in train_step
             return
         core = self.teachers[self.teacher_names[self.core_index(ctx)]]
         self.ema(core, opts.ema_keep_rate, buffers="ema")

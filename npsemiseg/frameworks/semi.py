@@ -79,8 +79,9 @@ class SemiSupervisedFramework(Framework):
     teacher_names: tuple[str, ...] = ("teacher",)
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 loss: LossSettings | None = None) -> None:
-        super().__init__(options, build_model, num_classes=num_classes, loss=loss)
+                 loss: LossSettings | None = None,
+                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> None:
+        super().__init__(options, build_model, num_classes=num_classes, loss=loss, build_optimizer=build_optimizer)
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
 
@@ -147,10 +148,10 @@ class SemiSupervisedFramework(Framework):
         output = self.student(images, labels=labels, num_context=images_l.shape[0])
         return self._split(output, images.shape[-2:], images_l.shape[0])
 
-    def labeled_pass(self, images_l: Tensor, labels_l: Tensor) -> StudentPass:
-        """A student forward over the labeled images only (supervised-only epochs, warm-ups);
-        the NP head takes them as context and targets."""
-        output = self.student(images_l, labels=labels_l, num_context=images_l.shape[0])
+    def labeled_pass(self, images_l: Tensor, labels_l: Tensor, model: nn.Module | None = None) -> StudentPass:
+        """A forward of ``model`` (default: the student) over the labeled images only (supervised-only epochs,
+        warm-ups); the NP head takes them as context and targets."""
+        output = (model or self.student)(images_l, labels=labels_l, num_context=images_l.shape[0])
         return self._split(output, images_l.shape[-2:], images_l.shape[0])
 
     def _split(self, output: Any, size: Any, num_labeled: int) -> StudentPass:

@@ -69,11 +69,13 @@ def loss_settings(config: RunConfig) -> LossSettings:
 
 def build_framework(config: RunConfig, build_model_fn: Callable[[], nn.Module] | None = None) -> Framework:
     """The framework of ``config`` with its validated options, a model factory (by default
-    :func:`build_model` of ``config``, one fresh segmentor per call), the class count and loss settings."""
+    :func:`build_model` of ``config``, one fresh segmentor per call), the class count, loss settings and the
+    run's optimizer for another model (:func:`build_optimizer` at the base LR of one process)."""
     cls = get_framework(config.framework)
     options = cls.Options.model_validate(config.framework_options)
     factory = build_model_fn if build_model_fn is not None else (lambda: build_model(config))
-    return cls(options, factory, num_classes=config.num_classes, loss=loss_settings(config))
+    return cls(options, factory, num_classes=config.num_classes, loss=loss_settings(config),
+               build_optimizer=lambda module: build_optimizer(config, module).torch_optimizer)
 
 
 #: modules whose parameters PS-MT's ``group_weight`` exempts from weight decay (with every bias)
