@@ -166,6 +166,10 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "TorchSemiSeg MeanTeacher config.py 73-107, train.py 180-213",
            "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)", "dev #1",
            frameworks=("mt",)),
+    Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
+           "TorchSemiSeg MeanTeacher script.sh (eval.py -e 20-34)",
+           "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
+           "dev #2 (MT)", frameworks=("mt",)),
     Switch("mt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
            "TorchSemiSeg MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
            "furnace/utils/init_func.py 44-75",

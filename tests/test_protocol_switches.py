@@ -41,6 +41,7 @@ NOT_A_STEP_CHANGE = {
     "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",
     "psmt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
     "mt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
+    "mt_select_from_epoch": "evaluation only: test_best_epoch_candidates_start_at_select_from_epoch (test_training)",
     "psmt_epochs": "the schedule: test_psmt_epochs_switch_sets_psmt_epoch_counts",
     "head_settings": "the preset's crop and batches: test_head_settings_switch_trains_the_baseline_at_publication_settings",
 }
@@ -409,6 +410,7 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     mt = cell("mt", "baseline", "released")  # CPS's MeanTeacher: batch 8 over 4 GPUs, 0.0025 x 4, one LR, 34 epochs
     assert (mt.schedule.epochs, mt.schedule.crop_size, mt.schedule.batch_size, mt.optim.reference_batch) == (34, 512, 2, 8)
     assert (mt.optim.lr, mt.optim.parameter_groups) == (0.01, "single_lr")
+    assert (mt.evaluation.select, mt.evaluation.select_from_epoch) == ("best", 20)  # eval.py -e 20-34
     assert cell("mt", "baseline", "corrected").optim.parameter_groups == "backbone_head"
     assert cell("mt", "np", "released").schedule.epochs == cell("mt", "baseline", "corrected").schedule.epochs == 80
     assert cell("u2pl", "baseline", "released").schedule.epochs == 80

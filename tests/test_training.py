@@ -339,6 +339,18 @@ def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config)
     assert [logs["train/loss"] for _, logs in quiet.steps] == [logs["train/loss"] for _, logs in evaluated.steps]
 
 
+def test_best_epoch_candidates_start_at_select_from_epoch():
+    """``evaluation.select_from_epoch`` (CPS's MeanTeacher reports the best of epochs 20-34): earlier evaluations
+    never become ``best``, however good."""
+    from npsemiseg.training.selection import BestWeights
+
+    best = BestWeights(None, keep_weights=False, from_epoch=20)  # type: ignore[arg-type]
+    assert not best.offer(190, 19, {"miou": 0.9})
+    assert best.offer(200, 20, {"miou": 0.5}) and not best.offer(210, 21, {"miou": 0.4})
+    summary = best.select({"miou": 0.45}, step=340, epoch=34)
+    assert (summary["best/epoch"], summary["best/miou"], summary["last/miou"]) == (20, 0.5, 0.45)
+
+
 @pytest.mark.parametrize("select", ["best", "last"])
 def test_checkpoint_selection_reports_and_restores_the_best_epoch(smoke_config, select):
     """``evaluation.select``: both last and best metrics are logged; with ``best`` the returned model holds

@@ -205,7 +205,8 @@ class EvaluationConfig(Section):
     ``max_images`` evaluates only the first images of the validation set (None = all).
     ``select``: the weights a run reports, ``last`` (the last epoch's) or ``best`` (the evaluation with the
     best validation mIoU among those every ``schedule.eval_every_epochs`` epochs and the final one, restored
-    at the end); both the last and the best metrics are logged whatever the selection.
+    at the end); both the last and the best metrics are logged whatever the selection. ``select_from_epoch``: the
+    evaluations after fewer completed epochs are not candidates for ``best`` (CPS's MeanTeacher: epochs 20-34).
     ``split``: the images evaluated, ``val`` (what the tables report) or ``tune`` (the study dataset's
     held-out tuning split, where settings are chosen: never on val).
     """
@@ -222,6 +223,7 @@ class EvaluationConfig(Section):
     max_images: PositiveInt | None = None
     figures: bool = True
     select: Literal["last", "best"] = "last"
+    select_from_epoch: NonNegativeInt = 0
 
 
 class DataConfig(Section):

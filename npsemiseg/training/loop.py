@@ -83,7 +83,8 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
         if scaling.warning():
             logger.warning("cell %s: %s", config.cell_name, scaling.warning())
     step, history = 0, []
-    best = BestWeights(run.framework, keep_weights=config.evaluation.select == "best")
+    best = BestWeights(run.framework, keep_weights=config.evaluation.select == "best",
+                       from_epoch=config.evaluation.select_from_epoch)
     resume = resume_from if resume_from is not None else callbacks.resume_from()
     if resume is not None:
         step, history = restore(resolve_checkpoint(resume), config, run.framework, run.optimizer.torch_optimizer, rank=run.rank,

@@ -30,8 +30,8 @@ class BestWeights:
     """The evaluation with the best validation mIoU so far and, when ``keep_weights``, a CPU copy of every
     module's weights at that evaluation (in the checkpoint too, so a resumed run can still restore it)."""
 
-    def __init__(self, framework: Framework, *, keep_weights: bool) -> None:
-        self.framework, self.keep_weights = framework, keep_weights
+    def __init__(self, framework: Framework, *, keep_weights: bool, from_epoch: int = 0) -> None:
+        self.framework, self.keep_weights, self.from_epoch = framework, keep_weights, from_epoch
         self.step: int | None = None
         self.epoch = 0.0
         self.metrics: dict[str, float] = {}
@@ -42,8 +42,9 @@ class BestWeights:
         return self.metrics.get(SELECT_METRIC, float("-inf"))
 
     def offer(self, step: int, epoch: float, metrics: dict[str, float]) -> bool:
-        """Keep this evaluation (and the weights) if its mIoU beats the best so far; True when it does."""
-        if SELECT_METRIC not in metrics or not metrics[SELECT_METRIC] > self.miou:
+        """Keep this evaluation (and the weights) if it is a candidate (``epoch`` completed epochs >= ``from_epoch``)
+        and its mIoU beats the best so far; True when it does."""
+        if epoch < self.from_epoch or SELECT_METRIC not in metrics or not metrics[SELECT_METRIC] > self.miou:
             return False
         self.step, self.epoch, self.metrics = step, float(epoch), dict(metrics)
         if self.keep_weights:
