@@ -221,7 +221,8 @@ def smoke(*, framework: str, dataset: str, partition: str, head: str, protocol: 
                               eval_every_epochs=0, checkpoint_every_steps=0)
     values["loss"].update(ohem_min_kept=64)
     values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False,
-                            "select": values["evaluation"].get("select", "last")}
+                            "select": values["evaluation"].get("select", "last"),
+                            "select_from_epoch": values["evaluation"].get("select_from_epoch", 0)}
     synthetic = dataset_info(dataset).synthetic
     values["data"] = {**values["data"], "num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
     values["head"]["options"] = {**values["head"]["options"], **head_class(head).smoke_options}

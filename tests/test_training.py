@@ -349,6 +349,8 @@ def test_best_epoch_candidates_start_at_select_from_epoch():
     assert best.offer(200, 20, {"miou": 0.5}) and not best.offer(210, 21, {"miou": 0.4})
     summary = best.select({"miou": 0.45}, step=340, epoch=34)
     assert (summary["best/epoch"], summary["best/miou"], summary["last/miou"]) == (20, 0.5, 0.45)
+    short = BestWeights(None, keep_weights=True, from_epoch=20)  # type: ignore[arg-type]  # a run shorter than that
+    assert short.select({"miou": 0.3}, step=30, epoch=3)["miou"] == 0.3  # the last evaluation, nothing to restore
 
 
 @pytest.mark.parametrize("select", ["best", "last"])

@@ -64,7 +64,7 @@ class BestWeights:
     def select(self, last: dict[str, float], *, step: int, epoch: float) -> dict[str, float]:
         """The run's final metrics: the selected evaluation's (restoring its weights when it is not the last)
         plus ``last/*``, ``best/*``, ``best/step`` and ``best/epoch``."""
-        is_best = self.offer(step, epoch, last) or self.step == step
+        is_best = self.offer(step, epoch, last) or self.step in (step, None)  # None: no candidate, the last stays
         chosen = last
         if self.keep_weights and not is_best:
             self.restore()
