@@ -82,7 +82,7 @@ def test_urls_point_at_the_runs_table_and_the_compare_view():
 def test_cell_description_says_what_the_cell_is(study_cells):
     config = study_cells["u2pl/synthetic_voc/92/np_mean"]
     text = cell_description(config, grid_id="0123456789ab")
-    assert text.startswith("**u2pl/synthetic_voc/92/np_mean**")
+    assert text.startswith("**u2pl/synthetic_voc/92/np_mean/corrected**")  # the run name: cell / protocol
     for fragment in ("`pascal_classic`", "1/16 labeled", "attention = mean", config.cell_id, "0123456789ab",
                      "figures/per_class_iou.png", f"protocol `{config.protocol}`"):
         assert fragment in text, fragment
