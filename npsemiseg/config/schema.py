@@ -236,6 +236,11 @@ class DataConfig(Section):
     (``paper_augmentation(framework.augmentation, dataset family)``). ``labeled_strong_view``: labeled images
     also get the strong view (None = when the framework's ``strong_labeled`` option asks: PS-MT,
     whose student sees labeled images strongly augmented).
+    ``unlabeled_truth``: a diagnostic of the frameworks' pseudo-labels:
+    ``hidden`` (every real run), ``measured`` (the unlabeled images keep their labels and each step logs how
+    often the teacher's pseudo-labels are right, ``train/pseudo_label_accuracy``) or ``oracle`` (the teacher's
+    prediction on the unlabeled images is replaced by their ground truth: a teacher always right and always
+    confident; an SSL framework that does not beat supervised with it cannot with any teacher).
     """
 
     root: str | None = None
@@ -243,6 +248,7 @@ class DataConfig(Section):
     options: dict[str, Any] = Field(default_factory=dict)
     augmentation: dict[str, Any] = Field(default_factory=dict)
     labeled_strong_view: bool | None = None
+    unlabeled_truth: Literal["hidden", "measured", "oracle"] = "hidden"
 
 
 class RuntimeConfig(Section):

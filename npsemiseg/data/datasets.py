@@ -175,9 +175,11 @@ class SegmentationFiles(Dataset):
 class VOCSegmentation(SegmentationFiles):
     """PASCAL VOC 2012 + SBD (``pascal_classic`` / ``pascal_blender``) for one list of IDs."""
 
-    def __init__(self, info: DatasetInfo, root: Path, split: str, ids: list[str], **kwargs) -> None:
+    def __init__(self, info: DatasetInfo, root: Path, split: str, ids: list[str], *, reveal_labels: bool = False,
+                 **kwargs) -> None:
         images = [root / "JPEGImages" / f"{i}.jpg" for i in ids]
-        labels = None if split == "unlabeled" else [root / "SegmentationClassAug" / f"{i}.png" for i in ids]
+        hidden = split == "unlabeled" and not reveal_labels
+        labels = None if hidden else [root / "SegmentationClassAug" / f"{i}.png" for i in ids]
         super().__init__(info, root, split, ids, images, labels, **kwargs)
 
 
@@ -192,11 +194,12 @@ def cityscapes_label_paths(image_entry: str) -> tuple[str, str]:
 class CityscapesSegmentation(SegmentationFiles):
     """Cityscapes fine annotations; ``labelTrainIds`` files, else ``labelIds`` converted 34 -> 19."""
 
-    def __init__(self, info: DatasetInfo, root: Path, split: str, ids: list[str], **kwargs) -> None:
+    def __init__(self, info: DatasetInfo, root: Path, split: str, ids: list[str], *, reveal_labels: bool = False,
+                 **kwargs) -> None:
         images = [root / entry for entry in ids]
         labels: list[Path] | None = None
         self.converted: list[bool] = []
-        if split != "unlabeled":
+        if split != "unlabeled" or reveal_labels:
             labels = []
             for entry in ids:
                 train_ids, label_ids = (root / p for p in cityscapes_label_paths(entry))
@@ -244,7 +247,7 @@ def resolve_root(name: str, root: str | os.PathLike | None = None) -> Path:
 
 def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
                   partition: str | int | None = None, *, list_variant: str = "u2pl",
-                  transform: Transform | None = None, **options: object) -> Dataset:
+                  transform: Transform | None = None, reveal_labels: bool = False, **options: object) -> Dataset:
     """One split of dataset ``name``.
 
     split: ``"labeled"``, ``"unlabeled"`` (both need ``partition``, e.g. ``"92"`` or ``"1/16"``)
@@ -253,11 +256,13 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     (``image_size``, ``train_size``, ``val_size``, ``seed``, ``num_classes``, ...); real
     datasets take only ``max_items`` (keep the first N list entries: smoke runs on real data).
     Items are dicts ``image [3,H,W]`` float32 in [0,1], ``label [H,W]``
-    int64 (255 = ignore; all 255 on the unlabeled split), ``id`` str, passed through ``transform``.
+    int64 (255 = ignore; all 255 on the unlabeled split unless ``reveal_labels``: the pseudo-label
+    diagnostics of ``data.unlabeled_truth``), ``id`` str, passed through ``transform``.
     The returned dataset has ``info``, ``split``, ``partition`` and ``list_variant`` attributes.
     """
     if name in STUDY_DATASETS:  # its own splits (a "tune" split besides val)
-        return build_study_dataset(name, split, partition, list_variant=list_variant, transform=transform, **options)
+        return build_study_dataset(name, split, partition, list_variant=list_variant, transform=transform,
+                                   reveal_labels=reveal_labels, **options)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if list_variant not in ("u2pl", "cps"):
@@ -271,12 +276,14 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
         return SyntheticSegmentation(
             SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
             partition=part, info=info, list_variant=list_variant, max_items=max_items, transform=transform,
+            reveal_labels=reveal_labels,
         )
     part = None if split == "val" else _partition_name(info, split, partition)
     ids = partition_ids(name, split, part, list_variant=list_variant)[:max_items]
     folder = resolve_root(name, root)
     reader = CityscapesSegmentation if name == "cityscapes" else VOCSegmentation
-    return reader(info, folder, split, ids, partition=part, list_variant=list_variant, transform=transform)
+    return reader(info, folder, split, ids, partition=part, list_variant=list_variant, transform=transform,
+                  reveal_labels=reveal_labels)
 
 
 def _partition_name(info: DatasetInfo, split: str, partition: str | int | None) -> str:

@@ -238,10 +238,11 @@ for _name in STUDY_DATASETS:
 
 class StudySegmentation(Dataset):
     """One split of a study dataset. Items: ``image [3,S,S]``, ``label [S,S]`` (all 255 on
-    ``unlabeled``), ``id``; ``transform`` maps an item dict to an item dict."""
+    ``unlabeled`` unless ``reveal_labels``), ``id``; ``transform`` maps an item dict to an item dict."""
 
     def __init__(self, config: StudyConfig, split: str, *, partition: str | None = None, info: DatasetInfo | None = None,
-                 list_variant: str | None = None, max_items: int | None = None, transform=None) -> None:
+                 list_variant: str | None = None, max_items: int | None = None, transform=None,
+                 reveal_labels: bool = False) -> None:
         if split not in STUDY_SPLITS:
             raise ValueError(f"split must be one of {STUDY_SPLITS}, got {split!r}")
         if split in ("val", "tune"):
@@ -255,6 +256,7 @@ class StudySegmentation(Dataset):
         self.config, self.split, self.partition = config, split, partition
         self.info, self.list_variant, self.transform = info, list_variant, transform
         self.indices = indices[:max_items]
+        self.hide_labels = split == "unlabeled" and not reveal_labels
         self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
 
     def __len__(self) -> int:
@@ -262,14 +264,15 @@ class StudySegmentation(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         image, label = generate(self.config, self.stream, self.indices[i])
-        if self.split == "unlabeled":
+        if self.hide_labels:
             label = torch.full_like(label, IGNORE_INDEX)
         item = {"image": image, "label": label, "id": self.ids[i]}
         return self.transform(item) if self.transform is not None else item
 
 
 def build_study_dataset(name: str, split: str, partition: str | int | None = None, *, list_variant: str = "u2pl",
-                        transform=None, max_items: int | None = None, **options: object) -> StudySegmentation:
+                        transform=None, max_items: int | None = None, reveal_labels: bool = False,
+                        **options: object) -> StudySegmentation:
     """``build_dataset`` for the study datasets: split ``labeled`` / ``unlabeled`` (need ``partition``),
     ``val`` or ``tune``."""
     info = study_info(name, **options)
@@ -279,4 +282,5 @@ def build_study_dataset(name: str, split: str, partition: str | int | None = Non
             raise ValueError(f"partition is required for the {split} split of {name}; valid: {', '.join(info.partitions)}")
         part = info.resolve_partition(partition)
     return StudySegmentation(StudyConfig.from_options(name, **options), split, partition=part, info=info,
-                             list_variant=list_variant, max_items=max_items, transform=transform)
+                             list_variant=list_variant, max_items=max_items, transform=transform,
+                             reveal_labels=reveal_labels)

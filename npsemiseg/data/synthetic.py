@@ -295,14 +295,14 @@ class SyntheticSegmentation(Dataset):
     """One split of a synthetic dataset. Items: ``image [3,H,W]``, ``label [H,W]``, ``id``.
 
     split: "labeled" / "unlabeled" (the partition's train indices; unlabeled labels are
-    all 255) or "val" (a separate stream). ``transform`` maps an item dict to an item dict.
+    all 255 unless ``reveal_labels``) or "val" (a separate stream). ``transform`` maps an item dict to an item dict.
     ``max_items`` keeps the first N items; ``info``, ``partition`` and ``list_variant`` are
     recorded for the run (``build_dataset`` fills them).
     """
 
     def __init__(self, config: SyntheticConfig, split: str, *, num_labeled: int | None = None,
                  partition: str | None = None, info: object = None, list_variant: str | None = None,
-                 max_items: int | None = None, transform=None) -> None:
+                 max_items: int | None = None, transform=None, reveal_labels: bool = False) -> None:
         if split == "val":
             indices = list(range(config.val_size))
         elif split in ("labeled", "unlabeled"):
@@ -320,6 +320,7 @@ class SyntheticSegmentation(Dataset):
         self.info = info
         self.list_variant = list_variant
         self.transform = transform
+        self.hide_labels = split == "unlabeled" and not reveal_labels
         self.stream = "val" if split == "val" else "train"
         self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
 
@@ -333,7 +334,7 @@ class SyntheticSegmentation(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         image, label, _ = generate(self.config, self.stream, self.indices[i])
-        if self.split == "unlabeled":
+        if self.hide_labels:
             label = torch.full_like(label, IGNORE_INDEX)
         item = {"image": image, "label": label, "id": self.ids[i]}
         return self.transform(item) if self.transform is not None else item

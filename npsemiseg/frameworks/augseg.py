@@ -79,7 +79,7 @@ class AugSeg(SemiSupervisedFramework):
             raise ValueError("batch.unlabeled: AugSeg needs 'image_strong' (the random intensity-augmented view)")
         self.seed_memories(images_l, labels_l)
 
-        teacher = self.predict(self.teacher, unlabeled["image"])
+        teacher = self.predict_unlabeled(self.teacher, unlabeled)
         rho = adaptive_confidence(teacher.probs)
         mixed = augseg_cutmix(
             labeled_view(unlabeled, strong=True), teacher.label, teacher.confidence, images_l, labels_l, rho,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -80,7 +80,9 @@ class Framework:
     and implement ``train_step``; the class attributes declare what a run of the framework needs.
 
     Collaborators: ``build_model`` builds one fresh segmentor (student or teacher) per call, as many
-    times as the framework needs models; ``num_classes`` K; ``loss`` the supervised-loss settings.
+    times as the framework needs models; ``num_classes`` K; ``loss`` the supervised-loss settings;
+    ``unlabeled_truth`` what the unlabeled images' ground truth is used for (``data.unlabeled_truth``: ``hidden``,
+    ``measured``, ``oracle``; see :meth:`~npsemiseg.frameworks.semi.SemiSupervisedFramework.predict_unlabeled`).
     """
 
     name: ClassVar[str] = ""
@@ -109,9 +111,14 @@ class Framework:
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None,
-                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> None:
+                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+                 unlabeled_truth: Literal["hidden", "measured", "oracle"] = "hidden") -> None:
+        if unlabeled_truth != "hidden" and not self.uses_unlabeled:
+            raise ValueError(f"data.unlabeled_truth={unlabeled_truth!r}: the {self.name} framework uses no unlabeled "
+                             "images; expected 'hidden' (the diagnostic is for the SSL frameworks' pseudo-labels)")
         self.options = options
         self.num_classes = num_classes
+        self.unlabeled_truth = unlabeled_truth
         self.loss = loss if loss is not None else LossSettings()
         #: the run's optimizer over another model's parameters (PS-MT's released teacher warm-up trains its teachers)
         self.build_optimizer = build_optimizer

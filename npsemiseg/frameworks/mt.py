@@ -75,6 +75,12 @@ class MeanTeacher(SemiSupervisedFramework):
         """The shared U2PL trainer's schedule: one supervised-only epoch except on Cityscapes."""
         return MTOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
 
+    def __init__(self, options, build_model, **collaborators: Any) -> None:
+        super().__init__(options, build_model, **collaborators)
+        if options.variant == "cps" and self.unlabeled_truth != "hidden":
+            raise ValueError(f"data.unlabeled_truth={self.unlabeled_truth!r}: MT's cps variant has no pseudo-labels "
+                             "(MSE between the softmaxes of student and teacher); expected 'hidden', or variant 'shared'")
+
     def eval_model(self) -> nn.Module:
         """The teacher; the student for the CPS variant (CPS evaluates its student)."""
         return self.student if self.options.variant == "cps" else self.teacher  # type: ignore[attr-defined]
@@ -87,10 +93,11 @@ class MeanTeacher(SemiSupervisedFramework):
         if sup_only(ctx, opts.sup_only_epochs):
             student = self.labeled_pass(images_l, labels_l)
             return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
-        images_u = require_unlabeled(batch, self.name)["image"]
+        unlabeled = require_unlabeled(batch, self.name)
+        images_u = unlabeled["image"]
         self.seed_memories(images_l, labels_l)
 
-        teacher = self.predict(self.teacher, images_u)
+        teacher = self.predict_unlabeled(self.teacher, unlabeled)
         mixed = u2pl_cutmix(images_u, teacher.label, teacher.confidence, p=opts.cutmix_prob)
         pseudo = ignore_where(mixed.label, mixed.confidence < opts.confidence_threshold)
 

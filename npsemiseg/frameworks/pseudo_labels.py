@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import predictive
 from npsemiseg.models import logit_align_corners, upsample_logits
 
@@ -84,3 +86,29 @@ def teacher_predict(
         output = model(images, num_samples=num_samples)
     return prediction_from_logits(output.head.logits, tuple(images.shape[-2:]), output,
                                   align_corners=logit_align_corners(model))
+
+
+def oracle_prediction(prediction: TeacherPrediction, truth: Tensor) -> TeacherPrediction:
+    """``prediction`` with the ground truth ``truth [B, H, W]`` in its place where known (not 255).
+
+    The oracle of ``data.unlabeled_truth``: a teacher that is always right and always confident (one-hot
+    probabilities, confidence 1, entropy 0, logits ``log(probs)`` with one sample); ignored pixels keep the
+    teacher's own prediction; ``output`` (features, representation) stays the teacher's.
+    """
+    known = truth != IGNORE_INDEX
+    num_classes = prediction.probs.shape[1]
+    one_hot = F.one_hot(truth.masked_fill(~known, 0), num_classes).permute(0, 3, 1, 2).to(prediction.probs.dtype)
+    probs = torch.where(known[:, None], one_hot, prediction.probs)
+    confidence, label = probs.max(dim=1)
+    entropy = torch.where(known, torch.zeros_like(prediction.entropy), prediction.entropy)
+    logits = torch.log(probs.clamp_min(1e-6))[None]
+    return TeacherPrediction(probs, entropy, confidence, label, logits, prediction.output)
+
+
+def pseudo_label_accuracy(label: Tensor, truth: Tensor) -> float:
+    """The share of pixels with known ``truth [B, H, W]`` where the pseudo-label ``label [B, H, W]`` is right."""
+    known = truth != IGNORE_INDEX
+    if not bool(known.any()):
+        raise ValueError("data.unlabeled_truth: the unlabeled images of this batch carry no labels (all 255); "
+                         "expected a dataset that reveals them (build_dataset(..., reveal_labels=True))")
+    return float((label == truth)[known].float().mean())

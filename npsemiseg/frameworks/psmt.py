@@ -245,7 +245,7 @@ class PSMT(SemiSupervisedFramework):
         unlabeled = require_unlabeled(batch, self.name)
         self.seed_memories(images_l, labels_l)
 
-        t1, t2 = (self.predict(self.teachers[n], unlabeled["image"], train_mode=opts.teacher_train_mode)
+        t1, t2 = (self.predict_unlabeled(self.teachers[n], unlabeled, train_mode=opts.teacher_train_mode)
                   for n in self.teacher_names)
         target = teacher_target(t1.log_probs(), t2.log_probs(), self.core_index(ctx), topk=opts.assist_topk, gamma=opts.gamma)
         confidence, pseudo = torch.softmax(target, dim=1).max(dim=1)

@@ -30,8 +30,14 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext, head_logs
 from npsemiseg.frameworks.ema import BufferMode, copy_model, ema_update, make_teacher, memory_buffer_names, unwrap
-from npsemiseg.frameworks.losses import LossSettings, pixel_cross_entropy
-from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, mode, teacher_predict
+from npsemiseg.frameworks.losses import pixel_cross_entropy
+from npsemiseg.frameworks.pseudo_labels import (
+    TeacherPrediction,
+    mode,
+    oracle_prediction,
+    pseudo_label_accuracy,
+    teacher_predict,
+)
 from npsemiseg.frameworks.supervised import supervised_loss_terms
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput, upsample_logits
@@ -79,9 +85,9 @@ class SemiSupervisedFramework(Framework):
     teacher_names: tuple[str, ...] = ("teacher",)
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
-                 loss: LossSettings | None = None,
-                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> None:
-        super().__init__(options, build_model, num_classes=num_classes, loss=loss, build_optimizer=build_optimizer)
+                 **collaborators: Any) -> None:
+        super().__init__(options, build_model, num_classes=num_classes, **collaborators)
+        self._truth_accuracies: list[float] = []
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
 
@@ -139,6 +145,23 @@ class SemiSupervisedFramework(Framework):
         """``teacher``'s prediction (mean of per-sample softmaxes) at image resolution."""
         return teacher_predict(teacher, images, train_mode=train_mode)
 
+    def predict_unlabeled(self, teacher: nn.Module, unlabeled: dict[str, Tensor], *,
+                          train_mode: bool = False) -> TeacherPrediction:
+        """``teacher``'s prediction on the weak unlabeled view ``unlabeled["image"]``: where every framework's
+        pseudo-labels come from.
+
+        ``unlabeled_truth``: ``hidden`` = the prediction; ``measured`` = the same, and the step logs
+        ``pseudo_label_accuracy`` against ``unlabeled["label"]`` (mean over the step's teachers); ``oracle`` = the
+        ground truth in its place where known (:func:`~npsemiseg.frameworks.pseudo_labels.oracle_prediction`; the
+        accuracy logged is the real teacher's).
+        """
+        prediction = self.predict(teacher, unlabeled["image"], train_mode=train_mode)
+        if self.unlabeled_truth == "hidden":
+            return prediction
+        truth = unlabeled["label"]
+        self._truth_accuracies.append(pseudo_label_accuracy(prediction.label, truth))
+        return oracle_prediction(prediction, truth) if self.unlabeled_truth == "oracle" else prediction
+
     # ----------------------------------------------------------------- student
     def student_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor) -> StudentPass:
         """One student forward over ``cat(images_l, images_u)`` with labels ``cat(labels_l, labels_u)``
@@ -170,8 +193,12 @@ class SemiSupervisedFramework(Framework):
         return pixel_cross_entropy(logits, labels, form=self.sample_ce)
 
     def step_logs(self, student: StudentPass, **values: float) -> dict[str, float]:
+        """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""
         logs = head_logs(student.head.stats)
         logs.update({k: float(v) for k, v in values.items()})
+        if self._truth_accuracies:
+            logs["pseudo_label_accuracy"] = sum(self._truth_accuracies) / len(self._truth_accuracies)
+            self._truth_accuracies.clear()
         return logs
 
 

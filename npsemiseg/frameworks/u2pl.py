@@ -125,10 +125,11 @@ class U2PL(SemiSupervisedFramework):
         if ctx.epoch == opts.sup_only_epochs:
             self.reset_teacher(self.teacher)
         self.teacher_active = True
-        images_u = require_unlabeled(batch, self.name)["image"]
+        unlabeled = require_unlabeled(batch, self.name)
+        images_u = unlabeled["image"]
         self.seed_memories(images_l, labels_l)
 
-        weak = self.predict(self.teacher, images_u)
+        weak = self.predict_unlabeled(self.teacher, unlabeled)
         mixed = u2pl_cutmix(images_u, weak.label, weak.confidence, p=opts.cutmix_prob)
         mixed_images, pseudo = mixed.image, mixed.label
 

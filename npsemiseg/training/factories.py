@@ -40,12 +40,15 @@ def build_model(config: RunConfig) -> nn.Module:
 
 
 def build_datasets(config: RunConfig) -> dict[str, Dataset]:
-    """The ``labeled`` and ``unlabeled`` splits of the run's dataset and, as ``val``, the split it is
-    evaluated on (``evaluation.split``: val, or the study dataset's tune split); untransformed."""
+    """The ``labeled`` and ``unlabeled`` splits of the run's dataset (the unlabeled one with its labels under
+    ``data.unlabeled_truth`` measured / oracle) and, as ``val``, the split it is evaluated on
+    (``evaluation.split``: val, or the study dataset's tune split); untransformed."""
     common = dict(root=config.data.root, list_variant=config.list_variant, **dict(config.data.options))
+    reveal = config.data.unlabeled_truth != "hidden"  # the pseudo-label diagnostics need the unlabeled labels
     return {
         "labeled": build_dataset(config.dataset, "labeled", partition=config.partition, **common),
-        "unlabeled": build_dataset(config.dataset, "unlabeled", partition=config.partition, **common),
+        "unlabeled": build_dataset(config.dataset, "unlabeled", partition=config.partition, reveal_labels=reveal,
+                                   **common),
         "val": build_dataset(config.dataset, config.evaluation.split, **common),
     }
 
@@ -75,7 +78,8 @@ def build_framework(config: RunConfig, build_model_fn: Callable[[], nn.Module] |
     options = cls.Options.model_validate(config.framework_options)
     factory = build_model_fn if build_model_fn is not None else (lambda: build_model(config))
     return cls(options, factory, num_classes=config.num_classes, loss=loss_settings(config),
-               build_optimizer=lambda module: build_optimizer(config, module).torch_optimizer)
+               build_optimizer=lambda module: build_optimizer(config, module).torch_optimizer,
+               unlabeled_truth=config.data.unlabeled_truth)
 
 
 #: modules whose parameters PS-MT's ``group_weight`` exempts from weight decay (with every bias)
