@@ -183,6 +183,18 @@ class GridSpec(Strict):
                                          f"{sorted(known, key=str)}")
         return self
 
+    @model_validator(mode="after")
+    def _no_oracle_cells(self) -> GridSpec:
+        """A grid's cells are results (tables, claims): the oracle of ``data.unlabeled_truth`` is a diagnostic."""
+        scopes = [("overrides", self.overrides)]
+        scopes += [(f"cell_overrides[{i}].overrides", s.overrides) for i, s in enumerate(self.cell_overrides)]
+        for where, overrides in scopes:
+            if overrides.get("data.unlabeled_truth") == "oracle":
+                raise ValueError(f"{where}: data.unlabeled_truth 'oracle' replaces the teachers by the ground truth; "
+                                 "a grid's cells become tables and claims, so expected 'hidden' or 'measured' (run the "
+                                 "oracle with `npsemiseg run` or benchmarks/study_gap.py)")
+        return self
+
     @property
     def resolved_partitions(self) -> dict[str, list[str]]:
         """Dataset -> canonical partition names (``all`` expanded, aliases resolved)."""

@@ -195,3 +195,14 @@ def test_protocols_axis_runs_every_cell_under_each_protocol():
     assert {c.framework for c in ruled if c.protocol == "released"} == {"u2pl"}
     with pytest.raises(ValueError, match="protocols: unknown value 'bugged'"):
         load_spec(_spec(protocols=["bugged"]))
+
+
+def test_a_grid_refuses_oracle_cells_but_runs_measured_ones():
+    with pytest.raises(ValueError, match=r"cell_overrides\[0\].overrides: data.unlabeled_truth 'oracle'"):
+        load_spec(_spec(cell_overrides=[{"when": {"frameworks": ["u2pl"]},
+                                         "overrides": {"data.unlabeled_truth": "oracle"}}]))
+    with pytest.raises(ValueError, match="overrides: data.unlabeled_truth 'oracle'"):
+        load_spec(_spec(overrides={"data.unlabeled_truth": "oracle"}))
+    measured = expand(load_spec(_spec(cell_overrides=[{"when": {"frameworks": ["u2pl"]},
+                                                       "overrides": {"data.unlabeled_truth": "measured"}}])))
+    assert {c.framework for c in measured if c.data.unlabeled_truth == "measured"} == {"u2pl"}
