@@ -15,6 +15,13 @@ Usage::
         --set schedule.batch_size=8 --set schedule.crop_size=64 --set data.augmentation.resize=none
     # any other cells of the spec (e.g. an SSL framework against supervised), scored on the tune split
     .venv/bin/python benchmarks/study_gap.py --frameworks supervised,mt --partitions 1/16 --set evaluation.split=tune
+    # the pseudo-label diagnostics: the teacher's accuracy on the unlabeled images, or the truth in its place
+    .venv/bin/python benchmarks/study_gap.py --frameworks mt --partitions 1/16 --set data.unlabeled_truth=measured
+
+Each line also gives, per quarter of the run, the mean of the step logs that say whether the
+unsupervised term was at work: ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy``
+(under ``data.unlabeled_truth`` measured / oracle), ``kept_fraction`` and ``teacher_confidence``
+(where the framework logs them).
 """
 
 from __future__ import annotations
@@ -28,10 +35,33 @@ from pathlib import Path
 
 import torch
 
+from npsemiseg.callbacks import Callbacks
 from npsemiseg.training import train
 from semiseg_platform.grid import expand, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
+#: step logs summarised per quarter of the run
+TRACED = ("pseudo_label_accuracy", "pseudo_label_class_accuracy", "kept_fraction", "teacher_confidence")
+
+
+class StepTrace(Callbacks):
+    """Collects the traced step logs; ``quarters()`` = their means over each quarter of the steps."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[tuple[int, float]]] = {}
+
+    def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
+        self.total = total_steps
+        for key in TRACED:
+            if f"train/{key}" in logs:
+                self.steps.setdefault(key, []).append((step, logs[f"train/{key}"]))
+
+    def quarters(self) -> dict[str, list[float]]:
+        summary = {}
+        for key, values in self.steps.items():
+            parts = [[v for s, v in values if q * self.total < 4 * s <= (q + 1) * self.total] for q in range(4)]
+            summary[key] = [round(sum(p) / len(p), 3) if p else None for p in parts]
+        return summary
 
 
 def main() -> None:
@@ -57,12 +87,14 @@ def main() -> None:
         for config in cells:
             config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **extra})
             start = time.perf_counter()
-            result = train(config)
+            trace = StepTrace()
+            result = train(config, trace)
             print(json.dumps({"framework": config.framework, "head": config.head.variant,
                               "partition": config.partition, "seed": config.seed, "data_seed": data_seed,
                               "split": config.evaluation.split, "steps": result.steps, "miou": round(result.metrics["miou"], 4),
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
                               "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
+                              "truth": config.data.unlabeled_truth, "per_quarter": trace.quarters(),
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0]}), flush=True)
 
 

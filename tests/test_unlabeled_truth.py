@@ -99,7 +99,7 @@ def test_oracle_hands_the_student_the_truth_and_measured_leaves_the_teacher(smok
     hidden, hidden_logs = _student_labels(smoke_config, framework, "hidden")
     assert torch.equal(measured, hidden)  # measuring changes nothing the student sees
     assert not torch.equal(hidden, oracle)  # a random-init teacher is not the truth
-    assert "pseudo_label_accuracy" not in hidden_logs
+    assert "pseudo_label_accuracy" not in hidden_logs and "pseudo_label_class_accuracy" not in hidden_logs
     # the accuracy logged is the real teacher's, with or without the oracle
     assert 0.0 <= measured_logs["pseudo_label_accuracy"] < 1.0
     assert oracle_logs["pseudo_label_accuracy"] == pytest.approx(measured_logs["pseudo_label_accuracy"])
@@ -115,10 +115,12 @@ def test_measured_accuracy_is_the_share_of_right_pseudo_labels(smoke_config):
     truth[0] = (truth[0] + 1) % config.num_classes  # image 0 all wrong, image 1 all right
     truth[1, 0] = 255  # not counted
     fw.predict_unlabeled(fw.teacher, {**batch.unlabeled, "label": truth})
-    known = int((truth != 255).sum())
-    expected = (truth[1] != 255).sum().item() / known
-    assert fw.step_logs(fw.labeled_pass(batch.labeled["image"], batch.labeled["label"]))[
-        "pseudo_label_accuracy"] == pytest.approx(expected)
+    known = truth != 255
+    logs = fw.step_logs(fw.labeled_pass(batch.labeled["image"], batch.labeled["label"]))
+    assert logs["pseudo_label_accuracy"] == pytest.approx(known[1].sum().item() / known.sum().item())
+    per_class = [((truth[1] == c).sum() / (truth[known] == c).sum()).item() for c in truth[known].unique()]
+    assert logs["pseudo_label_class_accuracy"] == pytest.approx(sum(per_class) / len(per_class))
+    assert "pseudo_label_accuracy" not in fw.step_logs(fw.labeled_pass(batch.labeled["image"], batch.labeled["label"]))
 
 
 def test_truth_diagnostics_refuse_what_they_cannot_measure(smoke_config):

@@ -105,10 +105,16 @@ def oracle_prediction(prediction: TeacherPrediction, truth: Tensor) -> TeacherPr
     return TeacherPrediction(probs, entropy, confidence, label, logits, prediction.output)
 
 
-def pseudo_label_accuracy(label: Tensor, truth: Tensor) -> float:
-    """The share of pixels with known ``truth [B, H, W]`` where the pseudo-label ``label [B, H, W]`` is right."""
+def pseudo_label_accuracy(label: Tensor, truth: Tensor) -> dict[str, float]:
+    """How right the pseudo-labels ``label [B, H, W]`` are where ``truth [B, H, W]`` is known (not 255):
+    ``pseudo_label_accuracy`` (share of right pixels) and ``pseudo_label_class_accuracy`` (the mean over the
+    classes present of each class's share of right pixels: background does not dominate it)."""
     known = truth != IGNORE_INDEX
     if not bool(known.any()):
         raise ValueError("data.unlabeled_truth: the unlabeled images of this batch carry no labels (all 255); "
                          "expected a dataset that reveals them (build_dataset(..., reveal_labels=True))")
-    return float((label == truth)[known].float().mean())
+    right = (label == truth)[known].float()
+    classes = truth[known]
+    present = classes.unique()
+    per_class = torch.stack([right[classes == c].mean() for c in present])
+    return {"pseudo_label_accuracy": float(right.mean()), "pseudo_label_class_accuracy": float(per_class.mean())}

@@ -87,7 +87,7 @@ class SemiSupervisedFramework(Framework):
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  **collaborators: Any) -> None:
         super().__init__(options, build_model, num_classes=num_classes, **collaborators)
-        self._truth_accuracies: list[float] = []
+        self._truth_accuracies: list[dict[str, float]] = []
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
 
@@ -151,7 +151,8 @@ class SemiSupervisedFramework(Framework):
         pseudo-labels come from.
 
         ``unlabeled_truth``: ``hidden`` = the prediction; ``measured`` = the same, and the step logs
-        ``pseudo_label_accuracy`` against ``unlabeled["label"]`` (mean over the step's teachers); ``oracle`` = the
+        ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy`` against ``unlabeled["label"]``
+        (:func:`~npsemiseg.frameworks.pseudo_labels.pseudo_label_accuracy`; mean over the step's teachers); ``oracle`` = the
         ground truth in its place where known (:func:`~npsemiseg.frameworks.pseudo_labels.oracle_prediction`; the
         accuracy logged is the real teacher's).
         """
@@ -196,8 +197,9 @@ class SemiSupervisedFramework(Framework):
         """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""
         logs = head_logs(student.head.stats)
         logs.update({k: float(v) for k, v in values.items()})
-        if self._truth_accuracies:
-            logs["pseudo_label_accuracy"] = sum(self._truth_accuracies) / len(self._truth_accuracies)
+        if self._truth_accuracies:  # the mean over the step's teachers
+            for key in self._truth_accuracies[0]:
+                logs[key] = sum(a[key] for a in self._truth_accuracies) / len(self._truth_accuracies)
             self._truth_accuracies.clear()
         return logs
 
