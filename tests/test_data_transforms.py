@@ -138,6 +138,16 @@ def test_strong_view_is_a_photometric_change_of_the_weak_crop(strong):
     assert changed >= 4
 
 
+def test_identity_strong_view_is_the_weak_crop():
+    item = encoded_item(40, 40)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = train_transform(32, strong="identity")(item)
+        assert torch.equal(out["image_strong"], out["image"])
+    with pytest.raises(ValueError, match="strong kind must be one of"):
+        train_transform(32, strong="cutout")
+
+
 def test_psmt_strong_includes_grayscale():
     torch.manual_seed(0)
     grey = 0

@@ -18,6 +18,7 @@ Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
   operations with uniform strengths (``RandomIntensityAugment``).
 * strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
   sigma in [0.1, 2] p=0.5 (kernel 2 ceil(3 sigma) + 1, or PS-MT's own 1 / 3 / 5 with ``blur_kernel="psmt"``).
+* strong, ``identity``: the weak view itself (a diagnostic: what a framework gains or loses by its strong view).
 * crops larger than the image are padded evenly on both sides (as U2PL), or on the bottom and right only as
   PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``).
 
@@ -42,7 +43,7 @@ from npsemiseg.constants import IGNORE_INDEX
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
-STRONG_KINDS = ("augseg", "psmt")
+STRONG_KINDS = ("augseg", "psmt", "identity")
 #: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
 #: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
 CROP_PADDINGS = ("centered", "bottom_right")
@@ -262,8 +263,10 @@ class RandomIntensityAugment(v2.Transform):
 
 
 def strong_pipeline(kind: str, *, blur_kernel: str = "sigma") -> v2.Transform:
-    """The strong (photometric) view: ``"augseg"`` or ``"psmt"`` (see module docstring); ``blur_kernel``
-    is the PS-MT view's (:class:`RandomGaussianBlur`)."""
+    """The strong (photometric) view: ``"augseg"``, ``"psmt"`` or ``"identity"`` (see module docstring);
+    ``blur_kernel`` is the PS-MT view's (:class:`RandomGaussianBlur`)."""
+    if kind == "identity":
+        return v2.Identity()
     if kind == "augseg":
         return RandomIntensityAugment()
     if kind == "psmt":
