@@ -43,6 +43,26 @@ class HeadVariant(Strict):
         return one_of("head", value, head_names())
 
 
+class FrameworkVariant(Strict):
+    """A framework variant: the framework class (``framework``), options merged over the preset's framework
+    options, and dotted RunConfig ``overrides`` for its cells (before the grid's ``cell_overrides``).
+
+    ``supervised_psmt: {framework: supervised, overrides: {model.variant: psmt}}`` is the supervised reference
+    trained on PS-MT's network (a framework's gain over supervised, measured on one network);
+    ``mt_cps: {framework: mt, options: {variant: cps}}`` is CPS's MeanTeacher beside the shared-trainer one.
+    The variant's label is the cell's ``framework`` in run names, tags, tables and claims.
+    """
+
+    framework: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        return one_of("framework", value, framework_names())
+
+
 class Selection(Strict):
     """A set of cells: those whose value on each named axis is one of the listed values."""
 
@@ -91,6 +111,8 @@ class ScopedOverrides(Strict):
 class GridSpec(Strict):
     """A study: axes, rules, preset, overrides, resources, tracking and storage (see module docs).
 
+    ``frameworks`` maps variant labels to :class:`FrameworkVariant` (``null``: the framework of that name); a
+    list of framework names is accepted too.
     ``datasets`` maps each dataset to its partitions: ``all`` (the four protocols) or a list of
     names, labeled counts or aliases (``"1/16"``). ``heads`` maps variant labels to
     :class:`HeadVariant` (``null``: the head of that name with the preset's options); a list of
@@ -105,7 +127,7 @@ class GridSpec(Strict):
     name: str = Field(min_length=1)
     experiment: str = "npsemiseg"
     preset: str = "paper"
-    frameworks: list[str] = Field(min_length=1)
+    frameworks: dict[str, FrameworkVariant | None] = Field(min_length=1)
     datasets: dict[str, Literal["all"] | list[str | int]] = Field(min_length=1)
     heads: dict[str, HeadVariant | None] = Field(min_length=1)
     seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
@@ -119,9 +141,9 @@ class GridSpec(Strict):
     max_concurrent: PositiveInt | None = None
     max_failures: NonNegativeInt = 0
 
-    @field_validator("heads", mode="before")
+    @field_validator("frameworks", "heads", mode="before")
     @classmethod
-    def _heads_from_list(cls, value: Any) -> Any:
+    def _axis_from_list(cls, value: Any) -> Any:
         if isinstance(value, list):
             return {name: None for name in value}
         return value
@@ -138,8 +160,14 @@ class GridSpec(Strict):
 
     @field_validator("frameworks")
     @classmethod
-    def _known_frameworks(cls, value: list[str]) -> list[str]:
-        return [one_of("frameworks", name, framework_names()) for name in value]
+    def _variants_name_a_framework(cls, value: dict[str, FrameworkVariant | None]) -> dict[str, FrameworkVariant]:
+        resolved = {}
+        for label, variant in value.items():
+            if variant is None:
+                one_of("frameworks", label, framework_names())
+                variant = FrameworkVariant(framework=label)
+            resolved[label] = variant
+        return resolved
 
     @field_validator("datasets")
     @classmethod
@@ -187,6 +215,7 @@ class GridSpec(Strict):
     def _no_oracle_cells(self) -> GridSpec:
         """A grid's cells are results (tables, claims): the oracle of ``data.unlabeled_truth`` is a diagnostic."""
         scopes = [("overrides", self.overrides)]
+        scopes += [(f"frameworks.{label}.overrides", v.overrides) for label, v in self.frameworks.items()]
         scopes += [(f"cell_overrides[{i}].overrides", s.overrides) for i, s in enumerate(self.cell_overrides)]
         for where, overrides in scopes:
             if overrides.get("data.unlabeled_truth") == "oracle":
@@ -236,15 +265,19 @@ def cell_keys(spec: GridSpec) -> Iterator[CellKey]:
 
 
 def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
-    """The RunConfig of one cell: the preset, the head variant's options, the seed, the overrides."""
+    """The RunConfig of one cell: the preset, the head and framework variants' options, the seed, the grid's
+    overrides, the framework variant's overrides, the matching cell overrides (later ones win)."""
     variant = spec.heads[key.head]
+    framework = spec.frameworks[key.framework]
     overrides = {f"head.options.{name}": value for name, value in variant.options.items()}
-    overrides.update({"head.variant": key.head, "seed": key.seed, **spec.overrides})
+    overrides.update({f"framework_options.{name}": value for name, value in framework.options.items()})
+    overrides.update({"head.variant": key.head, "framework_variant": key.framework, "seed": key.seed,
+                      **spec.overrides, **framework.overrides})
     for scoped in spec.cell_overrides:
         if scoped.when.matches(key):
             overrides.update(scoped.overrides)
     try:
-        return RunConfig.from_preset(spec.preset, framework=key.framework, dataset=key.dataset,
+        return RunConfig.from_preset(spec.preset, framework=framework.framework, dataset=key.dataset,
                                      partition=key.partition, head=variant.head, protocol=key.protocol, **overrides)
     except (ValueError, TypeError) as error:
         raise ValueError(f"grid spec {spec.name!r}, cell {key.framework}/{key.dataset}/{key.partition}/"

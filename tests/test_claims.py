@@ -124,6 +124,31 @@ def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory)
     assert claims["S1"].verdict == SUPPORTED and claims["S1"].pooled.mean_diff == pytest.approx(21)
 
 
+def test_s0_compares_a_framework_with_supervised_on_its_own_network_when_the_grid_ran_it(tmp_path_factory, tmp_path):
+    uri = fresh_store(tmp_path_factory, "claims_networks")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("networks")
+    networks = {"supervised": "u2pl", "mt": "u2pl", "u2pl": "u2pl", "psmt": "psmt", "augseg": "augseg"}
+    for seed in SEEDS:
+        for framework, base in BASELINE.items():
+            _cell(client, experiment, framework, "baseline", seed, base + seed / 100, 0.5,
+                  params={"model.variant": networks[framework]}, tags={"framework_name": framework})
+        # the supervised reference on PS-MT's network: 4 points below PS-MT (the plain one: 2 below)
+        _cell(client, experiment, "supervised_psmt", "baseline", seed, 0.28 + seed / 100, 0.5,
+              params={"model.variant": "psmt"}, tags={"framework_name": "supervised"})
+    s0 = {p.name: p for p in check_claims(uri, "networks")[0].parts}
+    assert s0["psmt"].mean_diff == pytest.approx(4) and s0["psmt"].against == "supervised_psmt"
+    assert s0["mt"].mean_diff == pytest.approx(10) and s0["mt"].against == "supervised"
+    # no supervised cells on AugSeg's network: the plain reference, and the report says the networks differ
+    assert s0["augseg"].mean_diff == pytest.approx(2)
+    assert s0["augseg"].against.startswith("supervised (network u2pl; augseg's is augseg")
+    claims_command("networks", tracking=uri, out=tmp_path, emit=lambda text: None)
+    markdown = (tmp_path / "claims.md").read_text()
+    assert "| psmt vs supervised_psmt | supported | +4.00 |" in markdown
+    per_framework = json.loads((tmp_path / "claims.json").read_text())[0]["per_framework"]
+    assert per_framework["psmt"]["against"] == "supervised_psmt" and per_framework["mt"]["against"] == "supervised"
+
+
 def test_a_framework_not_run_leaves_s0_without_a_verdict(tmp_path_factory):
     uri = fresh_store(tmp_path_factory, "claims_partial")
     client = MlflowClient(uri)

@@ -206,3 +206,31 @@ def test_a_grid_refuses_oracle_cells_but_runs_measured_ones():
     measured = expand(load_spec(_spec(cell_overrides=[{"when": {"frameworks": ["u2pl"]},
                                                        "overrides": {"data.unlabeled_truth": "measured"}}])))
     assert {c.framework for c in measured if c.data.unlabeled_truth == "measured"} == {"u2pl"}
+
+
+def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
+    spec = load_spec(_spec(
+        frameworks={"supervised": None, "u2pl": None,
+                    "supervised_psmt": {"framework": "supervised", "overrides": {"model.variant": "psmt"}},
+                    "u2pl_no_contrast": {"framework": "u2pl", "options": {"contrastive": False}}},
+        heads=["baseline"], rules=[{"when": {"frameworks": ["supervised_psmt"]}, "only": {"partitions": ["92"]}}],
+        cell_overrides=[{"when": {"frameworks": ["u2pl_no_contrast"]}, "overrides": {"optim.lr": 0.5}}]))
+    configs = {c.cell_name: c for c in expand(spec)}
+    assert set(configs) == {f"{f}/synthetic_voc/{p}/baseline" for f in ("supervised", "u2pl", "u2pl_no_contrast")
+                            for p in ("92", "183")} | {"supervised_psmt/synthetic_voc/92/baseline"}
+    reference = configs["supervised_psmt/synthetic_voc/92/baseline"]
+    assert reference.framework == "supervised" and reference.model.variant == "psmt"
+    assert reference.run_name == "supervised_psmt/synthetic_voc/92/baseline/corrected"
+    plain = configs["supervised/synthetic_voc/92/baseline"]
+    assert plain.framework_variant == "supervised" and plain.model.variant == "u2pl"
+    ablation = configs["u2pl_no_contrast/synthetic_voc/92/baseline"]
+    assert ablation.framework == "u2pl" and ablation.framework_options["contrastive"] is False
+    assert ablation.optim.lr == 0.5 and configs["u2pl/synthetic_voc/92/baseline"].optim.lr != 0.5
+    # a plain cell keeps the id it has outside a grid; a variant with nothing changed is still its own cell
+    from npsemiseg.config import RunConfig
+    alone = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic_voc", partition="92",
+                                  **{"runtime.device": "cpu"})
+    assert plain.cell_id == alone.cell_id
+    assert alone.with_overrides({"framework_variant": "supervised_again"}).cell_id != alone.cell_id
+    with pytest.raises(ValueError, match="frameworks.bad.framework"):
+        load_spec(_spec(frameworks={"bad": {"framework": "fixmatch"}}))

@@ -34,7 +34,8 @@ def test_mini_spec_applies_exactly_the_rule():
     from semiseg_platform.grid import expand, load_spec
 
     configs = expand(load_spec(MINI_SPEC))
-    assert len(configs) == 51 and {c.seed for c in configs} == {0, 1, 2}
+    # 5 frameworks x 3 heads + U2PL np_mean + supervised full + 2 supervised references on PS-MT and AugSeg networks
+    assert len(configs) == 57 and {c.seed for c in configs} == {0, 1, 2}
     run = RunLength.of(steps=320, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
     for config in configs:
         schedule = config.schedule

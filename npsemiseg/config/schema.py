@@ -284,6 +284,9 @@ class RunConfig(Section):
     """
 
     framework: str = "supervised"
+    #: the framework's label in tables, run names and tags (default: ``framework``); a grid's framework variants
+    #: (e.g. ``supervised_psmt``: the supervised reference trained on PS-MT's network) give it
+    framework_variant: str = ""
     #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right); sets the
     #: switches of ``npsemiseg.protocol`` in :meth:`from_preset` and :meth:`with_overrides`
     protocol: Literal["released", "corrected"] = "corrected"
@@ -302,6 +305,13 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     # ----------------------------------------------------------------- validation
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_variant_defaults_to_framework(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("framework_variant"):
+            data = {**data, "framework_variant": data.get("framework", "supervised")}
+        return data
+
     @field_validator("framework", mode="after")
     @classmethod
     def _registered_framework(cls, value: str) -> str:
@@ -346,8 +356,9 @@ class RunConfig(Section):
 
     @property
     def cell_name(self) -> str:
-        """``{framework}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines, lineages)."""
-        return f"{self.framework}/{self.dataset}/{self.partition}/{self.head.variant}"
+        """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
+        lineages)."""
+        return f"{self.framework_variant}/{self.dataset}/{self.partition}/{self.head.variant}"
 
     @property
     def run_name(self) -> str:
@@ -359,6 +370,10 @@ class RunConfig(Section):
         data = self.model_dump(mode="json")
         if data["optim"]["lr_scaling"] == "none":  # no effect on training: cells keep the ids they had before
             del data["optim"]["lr_scaling"], data["optim"]["reference_batch"]
+        if data["framework_variant"] == data["framework"]:  # cells without a variant keep the ids they had before
+            del data["framework_variant"]
+        if data["data"]["unlabeled_truth"] == "hidden":  # likewise every cell of a study (the diagnostics are new)
+            del data["data"]["unlabeled_truth"]
         for dotted in IDENTITY_EXCLUDED:
             *parents, leaf = dotted.split(".")
             node = data
@@ -435,6 +450,8 @@ class RunConfig(Section):
         changes = switch_overrides({**dict(overrides or {}), **kwargs})
         values = self.model_dump(mode="json")
         if "framework" in changes and changes["framework"] != self.framework:
+            if self.framework_variant == self.framework:
+                values["framework_variant"] = ""
             values["framework_options"] = {}
             values["data"]["augmentation"] = {}
             values["data"]["labeled_strong_view"] = None

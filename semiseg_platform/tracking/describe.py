@@ -35,8 +35,11 @@ def cell_description(config: Any, *, grid_id: str | None = None, search_id: str 
     schedule = config.schedule
     steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"
     member = (f", grid `{grid_id}`" if grid_id else "") + (f", search `{search_id}`" if search_id else "")
+    framework = f"`{config.framework}`"
+    if config.framework_variant != config.framework:
+        framework += f" (variant `{config.framework_variant}`, model `{config.model.variant}`)"
     lines = [
-        f"**{config.run_name}**: framework `{config.framework}` on {dataset}, {partition}, {head}; seed {config.seed}; "
+        f"**{config.run_name}**: framework {framework} on {dataset}, {partition}, {head}; seed {config.seed}; "
         f"protocol `{config.protocol}`.",
         "",
         f"Training: {steps}, crop {schedule.crop_size}, batch {schedule.batch_size}; evaluation "

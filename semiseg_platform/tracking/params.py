@@ -39,7 +39,8 @@ def cell_tags(config: Any, *, grid_id: str | None = None, search_id: str | None 
     """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``), with the run's
     description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
     tags = {
-        schema.FRAMEWORK: config.framework,
+        schema.FRAMEWORK: config.framework_variant,
+        schema.FRAMEWORK_NAME: config.framework,
         schema.DATASET: config.dataset,
         schema.PARTITION: str(config.partition),
         schema.HEAD: config.head.variant,
