@@ -10,3 +10,6 @@ IGNORE_INDEX = 255
 #: cross-entropy over the S predictions of a head: ``elbo`` (mean of per-sample CEs, the paper) or
 #: ``mean_logits`` (CE of the mean logits, the authors' code)
 SampleCE = Literal["elbo", "mean_logits"]
+
+#: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
+PAPER_BLUR_SIGMA = (0.1, 2.0)

@@ -138,6 +138,27 @@ def test_strong_view_is_a_photometric_change_of_the_weak_crop(strong):
     assert changed >= 4
 
 
+def test_blur_sigma_range_of_both_strong_views():
+    augseg = train_transform(32, strong="augseg", blur_sigma=(0.02, 0.03)).strong
+    psmt = train_transform(32, strong="psmt", blur_sigma=(0.02, 0.03)).strong.transforms[-1]
+    blur_only = RandomIntensityAugment(num_ops=(1, 1), ops=["blur"], blur_sigma=(0.02, 0.03))
+    for seed in range(20):
+        torch.manual_seed(seed)
+        (name, sigma), = blur_only.make_params([])["ops"]
+        assert name == "blur" and 0.02 <= sigma <= 0.03
+        drawn = psmt.make_params([])["sigma"]
+        assert drawn is None or 0.02 <= drawn <= 0.03
+    assert augseg.blur_sigma == (0.02, 0.03)
+    # the papers' range by default, and the default draws what it drew before the range was an option
+    torch.manual_seed(0)
+    default = RandomIntensityAugment(num_ops=(1, 1), ops=["blur"]).make_params([])["ops"][0][1]
+    torch.manual_seed(0)
+    torch.randint(1, 2, ()), torch.randint(0, 1, (1,))
+    assert default == pytest.approx(0.1 + float(torch.rand(())) * 1.9)
+    with pytest.raises(ValueError, match="blur_sigma"):
+        train_transform(32, strong="psmt", blur_sigma=(0.5, 0.1))
+
+
 def test_identity_strong_view_is_the_weak_crop():
     item = encoded_item(40, 40)
     for seed in range(3):

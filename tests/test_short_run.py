@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from npsemiseg.frameworks import get_framework
-from npsemiseg.short_run import MIN_EMA_HORIZON, MIN_QUEUE, PAPER_VOC, RunLength, scale_time_settings
+from npsemiseg.short_run import (
+    MIN_EMA_HORIZON,
+    MIN_QUEUE,
+    PAPER_VOC,
+    RunLength,
+    scale_pixel_settings,
+    scale_time_settings,
+)
 
 MINI_SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
 
@@ -24,6 +31,12 @@ def test_the_paper_run_is_unchanged_and_a_tenth_keeps_the_shares():
     assert scaled["queue_size"] == 3000 and "unsup_weight" not in scaled
 
 
+def test_pixel_settings_keep_their_size_relative_to_the_crop():
+    assert scale_pixel_settings(PAPER_VOC) == {"blur_sigma": [0.1, 2.0]}
+    mini = RunLength.of(steps=320, iters_per_epoch=8, images_per_step=16, crop_size=64)
+    assert scale_pixel_settings(mini) == {"blur_sigma": [round(0.1 * 64 / 480, 4), round(2.0 * 64 / 480, 4)]}
+
+
 def test_floors_keep_a_teacher_and_a_queue():
     tiny = RunLength(steps=10, epochs=1, pixels_per_step=100)
     scaled = scale_time_settings({"ema_decay": 0.99, "queue_size": 50000, "warmup_epochs": 0}, tiny)
@@ -37,7 +50,9 @@ def test_mini_spec_applies_exactly_the_rule():
     # 5 frameworks x 3 heads + U2PL np_mean + supervised full + 2 supervised references on PS-MT and AugSeg networks
     assert len(configs) == 57 and {c.seed for c in configs} == {0, 1, 2}
     run = RunLength.of(steps=320, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
+    pixel_settings = scale_pixel_settings(run)
     for config in configs:
+        assert {k: config.data.augmentation[k] for k in pixel_settings} == pixel_settings, config.cell_name
         schedule = config.schedule
         assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (320, 16, 64)
         paper = get_framework(config.framework).paper_options(config.dataset, config.partition)

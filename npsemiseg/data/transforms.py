@@ -18,6 +18,8 @@ Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
   operations with uniform strengths (``RandomIntensityAugment``).
 * strong, PS-MT: ColorJitter(0.5, 0.5, 0.5, 0.25) p=0.8, grayscale p=0.2, Gaussian blur
   sigma in [0.1, 2] p=0.5 (kernel 2 ceil(3 sigma) + 1, or PS-MT's own 1 / 3 / 5 with ``blur_kernel="psmt"``).
+* both blurs draw sigma from ``blur_sigma`` (default the papers' [0.1, 2] pixels, at crops of ~500 px; a run on
+  smaller images keeps the blur's size relative to the image with ``npsemiseg.short_run.scale_pixel_settings``).
 * strong, ``identity``: the weak view itself (a diagnostic: what a framework gains or loses by its strong view).
 * crops larger than the image are padded evenly on both sides (as U2PL), or on the bottom and right only as
   PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``).
@@ -39,7 +41,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import query_size
 
-from npsemiseg.constants import IGNORE_INDEX
+from npsemiseg.constants import IGNORE_INDEX, PAPER_BLUR_SIGMA
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
@@ -189,11 +191,11 @@ class RandomGaussianBlur(v2.Transform):
     ``kernel``: ``sigma`` = the kernel :func:`gaussian_blur` derives from sigma; ``psmt`` = a kernel of
     :func:`psmt_blur_kernel_size` (drawn before sigma, as PS-MT does, whether the blur applies or not)."""
 
-    def __init__(self, sigma_range: Sequence[float] = (0.1, 2.0), p: float = 0.5, *, kernel: str = "sigma") -> None:
+    def __init__(self, sigma_range: Sequence[float] = PAPER_BLUR_SIGMA, p: float = 0.5, *, kernel: str = "sigma") -> None:
         super().__init__()
         if kernel not in BLUR_KERNELS:
             raise ValueError(f"blur_kernel: expected one of {list(BLUR_KERNELS)}, got {kernel!r}")
-        self.sigma_range = (float(sigma_range[0]), float(sigma_range[1]))
+        self.sigma_range = _sigma_range(sigma_range)
         self.p = p
         self.kernel = kernel
 
@@ -206,6 +208,13 @@ class RandomGaussianBlur(v2.Transform):
         if params["sigma"] is None or isinstance(inpt, tv_tensors.Mask):
             return inpt
         return gaussian_blur(inpt, params["sigma"], kernel_size=params["size"])
+
+
+def _sigma_range(sigma: Sequence[float]) -> tuple[float, float]:
+    low, high = (float(v) for v in sigma)
+    if not 0 < low <= high:
+        raise ValueError(f"blur_sigma: expected (min, max) with 0 < min <= max, got {tuple(sigma)}")
+    return low, high
 
 
 def _enhance_factor() -> float:
@@ -222,7 +231,7 @@ AUGSEG_OPS: dict[str, tuple[Callable[[], Any], Callable[[Tensor, Any], Tensor]]]
     "identity": (lambda: None, lambda img, _: img),
     "autocontrast": (lambda: None, lambda img, _: F.autocontrast(img)),
     "equalize": (lambda: None, lambda img, _: F.equalize(img)),
-    "blur": (lambda: _uniform(0.1, 2.0), gaussian_blur),
+    "blur": (lambda: _uniform(*PAPER_BLUR_SIGMA), gaussian_blur),  # RandomIntensityAugment draws its own range
     "contrast": (_enhance_factor, F.adjust_contrast),
     "brightness": (_enhance_factor, F.adjust_brightness),
     "color": (_enhance_factor, F.adjust_saturation),
@@ -238,8 +247,10 @@ class RandomIntensityAugment(v2.Transform):
     with replacement from ``AUGSEG_OPS``, each with a uniformly drawn strength. Images only.
     """
 
-    def __init__(self, num_ops: tuple[int, int] = (1, 3), ops: Sequence[str] | None = None) -> None:
+    def __init__(self, num_ops: tuple[int, int] = (1, 3), ops: Sequence[str] | None = None,
+                 blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA) -> None:
         super().__init__()
+        self.blur_sigma = _sigma_range(blur_sigma)
         self.ops = tuple(ops) if ops is not None else tuple(AUGSEG_OPS)
         unknown = [o for o in self.ops if o not in AUGSEG_OPS]
         if unknown or not self.ops:
@@ -252,7 +263,8 @@ class RandomIntensityAugment(v2.Transform):
         k = int(torch.randint(self.num_ops[0], self.num_ops[1] + 1, ()))
         chosen = torch.randint(0, len(self.ops), (k,)).tolist()
         names = [self.ops[i] for i in chosen]
-        return {"ops": [(name, AUGSEG_OPS[name][0]()) for name in names]}
+        return {"ops": [(name, _uniform(*self.blur_sigma) if name == "blur" else AUGSEG_OPS[name][0]())
+                        for name in names]}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
         if isinstance(inpt, tv_tensors.Mask):
@@ -262,18 +274,20 @@ class RandomIntensityAugment(v2.Transform):
         return inpt
 
 
-def strong_pipeline(kind: str, *, blur_kernel: str = "sigma") -> v2.Transform:
+def strong_pipeline(kind: str, *, blur_kernel: str = "sigma",
+                    blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA) -> v2.Transform:
     """The strong (photometric) view: ``"augseg"``, ``"psmt"`` or ``"identity"`` (see module docstring);
-    ``blur_kernel`` is the PS-MT view's (:class:`RandomGaussianBlur`)."""
+    ``blur_kernel`` is the PS-MT view's (:class:`RandomGaussianBlur`); ``blur_sigma`` the (min, max) sigma in
+    pixels of either view's blur."""
     if kind == "identity":
         return v2.Identity()
     if kind == "augseg":
-        return RandomIntensityAugment()
+        return RandomIntensityAugment(blur_sigma=blur_sigma)
     if kind == "psmt":
         return v2.Compose([
             v2.RandomApply([v2.ColorJitter(0.5, 0.5, 0.5, 0.25)], p=0.8),
             v2.RandomGrayscale(p=0.2),
-            RandomGaussianBlur((0.1, 2.0), p=0.5, kernel=blur_kernel),
+            RandomGaussianBlur(blur_sigma, p=0.5, kernel=blur_kernel),
         ])
     raise ValueError(f"strong kind must be one of {STRONG_KINDS}, got {kind!r}")
 
@@ -333,12 +347,13 @@ def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_ba
                     scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
                     label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
-                    blur_kernel: str = "sigma") -> SegmentationTransform:
+                    blur_kernel: str = "sigma", blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA) -> SegmentationTransform:
     """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
     (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`)."""
     weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
                          flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding)
-    return SegmentationTransform(weak, strong_pipeline(strong, blur_kernel=blur_kernel) if strong is not None else None)
+    view = None if strong is None else strong_pipeline(strong, blur_kernel=blur_kernel, blur_sigma=blur_sigma)
+    return SegmentationTransform(weak, view)
 
 
 def val_transform(crop_size: int | Sequence[int] | None = None, *,
