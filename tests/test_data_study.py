@@ -111,3 +111,19 @@ def test_evaluation_split_tune_evaluates_the_tune_images_and_val_stays_the_defau
         build_datasets(smoke_config(dataset="synthetic", **{"evaluation.split": "tune"}))
     with pytest.raises(ValueError, match="evaluation.split"):
         smoke_config(dataset="study", **{"evaluation.split": "test"})
+
+
+def test_field_background_spans_the_intensity_range_and_keeps_the_labels():
+    """``background="field"``: the same objects and labels on a background whose every channel spans most of
+    [0, 1] (the default gradient's channels span a narrow range); validated by name."""
+    gradient, field = StudyConfig(), StudyConfig(background="field")
+    spans = {"gradient": [], "field": []}
+    for i in range(8):
+        for name, config in (("gradient", gradient), ("field", field)):
+            image, label = generate(config, "train", i)
+            background = image[:, label == 0]  # [3, N] background pixels
+            spans[name].append(float((background.quantile(0.95, dim=1) - background.quantile(0.05, dim=1)).min()))
+        assert torch.equal(generate(gradient, "train", i)[1], generate(field, "train", i)[1])
+    assert min(spans["field"]) > 0.5 and sorted(spans["gradient"])[4] < 0.5
+    with pytest.raises(ValueError, match="background: expected one of"):
+        StudyConfig(background="noise")

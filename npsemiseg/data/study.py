@@ -41,6 +41,8 @@ STUDY_DATASETS = ("study",)
 STUDY_SPLITS = ("labeled", "unlabeled", "val", "tune")
 _STREAMS = {"train": 11, "val": 12, "tune": 13, "partition": 14, "pretrain": 15, "pretrain_val": 16}
 _FRACTIONS = ("1/16", "1/8", "1/4", "1/2")
+BACKGROUNDS = ("gradient", "field")
+_FIELD_KEY = 1
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,19 @@ def texture_pattern(texture: str, x: Tensor, y: Tensor, period: float) -> Tensor
     raise ValueError(f"texture: unknown texture {texture!r}, expected one of the families' textures")
 
 
+def wave_field(g: torch.Generator, xx: Tensor, yy: Tensor, size: int, waves: int = 3) -> Tensor:
+    """``[3, S, S]``: per channel a sum of ``waves`` plane waves (periods size/4 to 2 x size, random directions and
+    phases) stretched over [0.05, 0.95]: a smooth background with a broad histogram in every channel."""
+    params = torch.rand(3, waves, 3, generator=g)
+    period = size / 4 + params[..., 0] * (2 * size - size / 4)
+    angle, phase = 2 * math.pi * params[..., 1], 2 * math.pi * params[..., 2]
+    proj = xx * angle.cos()[..., None, None] + yy * angle.sin()[..., None, None]  # [3, waves, S, S]
+    summed = torch.sin(2 * math.pi * proj / period[..., None, None] + phase[..., None, None]).sum(dim=1)
+    low = summed.amin(dim=(1, 2), keepdim=True)
+    high = summed.amax(dim=(1, 2), keepdim=True)
+    return 0.05 + 0.9 * (summed - low) / (high - low).clamp_min(1e-6)
+
+
 def _generator(*keys: int) -> torch.Generator:
     state = np.random.SeedSequence([int(k) & 0xFFFFFFFF for k in keys]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 31 ^ int(state[1]))
@@ -124,6 +139,10 @@ class StudyConfig:
     objects_per_image: tuple[int, int] = (1, 4)
     object_radius: tuple[float, float] = (0.14, 0.28)  # object radius range, as a fraction of image_size
     noise_std: float = 0.04
+    #: ``gradient``: two colours blended by one smooth wave (narrow per-channel histograms); ``field``: each channel
+    #: a sum of random plane waves stretched over [0.05, 0.95] (broad histograms, as natural images have, so that
+    #: AugSeg's equalize and solarize do not turn the background's noise into clutter)
+    background: str = "gradient"
     name: str = field(default="study", compare=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +154,8 @@ class StudyConfig:
         object.__setattr__(self, "object_radius", tuple(float(v) for v in self.object_radius))
         if self.family not in FAMILIES:
             raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {self.family!r}")
+        if self.background not in BACKGROUNDS:
+            raise ValueError(f"background: expected one of {list(BACKGROUNDS)}, got {self.background!r}")
         if self.image_size < 16:
             raise ValueError(f"image_size must be at least 16, got {self.image_size}")
         if self.train_size < 32 or self.val_size < 1 or self.tune_size < 1:
@@ -172,6 +193,8 @@ def generate(config: StudyConfig, stream: str, index: int) -> tuple[Tensor, Tens
     wave = torch.rand(4, generator=g)
     field_ = 0.5 + 0.5 * torch.sin(2 * math.pi * (wave[0] * xx + wave[1] * yy) / (2 * size) + 6.3 * wave[2])
     image = colours[0].view(3, 1, 1) * field_ + colours[1].view(3, 1, 1) * (1 - field_)
+    if config.background == "field":  # from a stream of its own: the objects and labels stay the gradient's
+        image = wave_field(_generator(config.seed, _STREAMS[stream], index, _FIELD_KEY), xx, yy, size)
     label = torch.zeros(size, size, dtype=torch.long)
 
     lo, hi = config.objects_per_image
