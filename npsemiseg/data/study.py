@@ -18,6 +18,10 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
   never the validation split), each its own stream of images.
 * **Seed.** ``seed`` (the dataset option ``data.options.seed``) seeds every image by
   ``(seed, stream, index)``: another seed draws another instance of the same task.
+* **Background.** ``gradient`` (default: two colours blended by one smooth wave) or ``field`` (every
+  channel a sum of random plane waves over [0.05, 0.95]; same objects and labels). A flat background
+  plus pixel noise has narrow histograms, which AugSeg's equalize and solarize turn into clutter over
+  the objects (``benchmarks/RESULTS.md``); ``field`` behaves more like a natural image under them.
 
 The ``pretrain`` family (star, crescent, T, bar, hexagon x checker, rings) is the corpus of
 ``npsemiseg.pretrain``: other shapes, other textures, its own seeds, so it shares no image
