@@ -36,7 +36,7 @@ from torch import Tensor
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.data.info import IGNORE_INDEX
-from npsemiseg.data.study import FAMILIES, StudyConfig, generate
+from npsemiseg.data.study import FAMILIES, STUDY_FAMILIES, StudyConfig, generate
 from npsemiseg.evaluation.metrics import ConfusionMatrix
 from npsemiseg.models import build_segmentor
 
@@ -79,9 +79,9 @@ class PretrainConfig:
     log_every: int = 50
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES or self.family == "study":
+        if self.family not in FAMILIES or self.family in STUDY_FAMILIES:
             raise ValueError(f"family: expected a corpus family other than the study's, one of "
-                             f"{sorted(set(FAMILIES) - {'study'})}, got {self.family!r}")
+                             f"{sorted(set(FAMILIES) - set(STUDY_FAMILIES))}, got {self.family!r}")
         if self.optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {list(PRETRAIN_OPTIMIZERS)}, got {self.optimizer!r}")
         for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every"):

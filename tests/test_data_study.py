@@ -7,6 +7,7 @@ import torch
 
 from npsemiseg.data import build_dataset, dataset_info
 from npsemiseg.data.study import FAMILIES, StudyConfig, generate
+from npsemiseg.pretrain import PretrainConfig
 
 
 def test_info_sizes_and_partitions():
@@ -76,6 +77,27 @@ def test_every_class_appears_and_colour_does_not_decide_the_class():
 def test_pretrain_family_shares_no_class_with_the_study():
     study, pretrain = FAMILIES["study"], FAMILIES["pretrain"]
     assert not set(study.shapes) & set(pretrain.shapes) and not set(study.textures) & set(pretrain.textures)
+    with pytest.raises(ValueError, match="family"):
+        PretrainConfig(family="study_shapes")
+
+
+def test_shapes_family_classes_are_shapes_and_texture_is_a_nuisance():
+    """``study_shapes``: class = shape (4 + background), every shape drawn with every texture; in ``study`` the
+    class fixes the texture."""
+    info = dataset_info("study", family="study_shapes")
+    assert info.class_names == ("background", "disc", "ring", "triangle", "cross") and info.num_classes == 5
+    g = torch.Generator().manual_seed(0)
+    shapes_family, textured = FAMILIES["study_shapes"], FAMILIES["study"]
+    seen = {(cls, shape, texture) for cls, shape, texture in (shapes_family.draw(g) for _ in range(400))}
+    assert {(cls, shape) for cls, shape, _ in seen} == {(i + 1, s) for i, s in enumerate(shapes_family.shapes)}
+    assert len(seen) == 8  # 4 shapes x 2 textures, the texture independent of the class
+    seen = {textured.draw(g) for _ in range(400)}
+    assert len(seen) == 8 and len({cls for cls, _, _ in seen}) == 8
+    counts = torch.zeros(5)
+    for i in range(100):
+        _, label = generate(StudyConfig(image_size=32, family="study_shapes"), "train", i)
+        counts += torch.bincount(label.flatten(), minlength=5) > 0
+    assert bool((counts > 10).all())
 
 
 def test_bad_options_and_splits_name_the_problem():

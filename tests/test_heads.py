@@ -128,6 +128,21 @@ def test_build_head_names_and_options():
         build_head("baseline", C, K, latent_dim=4)
 
 
+@pytest.mark.parametrize("name", ["baseline", "mc_dropout", "np"])
+def test_hidden_channels_sizes_every_heads_classifier_and_is_checked_before_building(name):
+    """One option sizes the 3x3 blocks of all three heads (the mini-study narrows them with its decoder)."""
+    options = {"memory_size": 16, "enqueue_per_class": 4, "latent_dim": 4} if name == "np" else {}
+    head = build_head(name, C, K, hidden_channels=12, **options)
+    widths = {m.out_channels for m in head.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)}
+    assert widths == {12}
+    features, labels = batch()
+    train_step(head, features, labels)
+    assert head.eval()(features).logits.shape[2] == K
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match="hidden_channels"):
+            head_class(name).check_options({"hidden_channels": bad})
+
+
 @pytest.mark.parametrize("name", head_names())
 def test_bad_input_raises_value_error_naming_the_argument(name):
     options = {"memory_size": 16, "enqueue_per_class": 4, "latent_dim": 4} if name == "np" else head_class(name).smoke_options

@@ -51,20 +51,36 @@ _FIELD_KEY = 1
 
 @dataclass(frozen=True)
 class Family:
-    """A scene family: its shapes and textures (class ``1 + s * len(textures) + t``)."""
+    """A scene family: its shapes and textures. With ``textured_classes`` class ``1 + s * len(textures) + t`` is
+    shape ``s`` with texture ``t``; without, class ``1 + s`` is shape ``s`` and the texture is drawn at random
+    (a nuisance, like colour)."""
 
     shapes: tuple[str, ...]
     textures: tuple[str, ...]
+    textured_classes: bool = True
 
     @property
     def class_names(self) -> tuple[str, ...]:
+        if not self.textured_classes:
+            return ("background",) + self.shapes
         return ("background",) + tuple(f"{s}_{t}" for s in self.shapes for t in self.textures)
+
+    def draw(self, g: torch.Generator) -> tuple[int, str, str]:
+        """A random object: ``(class, shape, texture)``."""
+        cls = int(torch.randint(1, len(self.class_names), (1,), generator=g))
+        if not self.textured_classes:
+            return cls, self.shapes[cls - 1], self.textures[int(torch.randint(len(self.textures), (1,), generator=g))]
+        num_textures = len(self.textures)
+        return cls, self.shapes[(cls - 1) // num_textures], self.textures[(cls - 1) % num_textures]
 
 
 FAMILIES: dict[str, Family] = {
     "study": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots")),
+    # classes by shape alone: what the strong views keep (colour, brightness and blur leave outlines)
+    "study_shapes": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots"), textured_classes=False),
     "pretrain": Family(("star", "crescent", "tee", "bar", "hexagon"), ("checker", "rings")),
 }
+STUDY_FAMILIES = ("study", "study_shapes")
 
 
 def _polygon(u: Tensor, v: Tensor, sides: int, inradius: float) -> Tensor:
@@ -203,10 +219,8 @@ def generate(config: StudyConfig, stream: str, index: int) -> tuple[Tensor, Tens
 
     lo, hi = config.objects_per_image
     n = int(torch.randint(lo, hi + 1, (1,), generator=g))
-    num_textures = len(family.textures)
     for _ in range(n):
-        cls = int(torch.randint(1, len(family.class_names), (1,), generator=g))
-        shape, texture = family.shapes[(cls - 1) // num_textures], family.textures[(cls - 1) % num_textures]
+        cls, shape, texture = family.draw(g)
         p = torch.rand(8, generator=g)
         r_lo, r_hi = config.object_radius
         radius = size * (r_lo + (r_hi - r_lo) * p[0])

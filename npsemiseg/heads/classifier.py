@@ -21,7 +21,8 @@ class MCDropout2d(nn.Dropout2d):
 
 
 class ClassifierBlock(nn.Sequential):
-    """U2PL's classifier: 3x3 conv -> 256, BN, ReLU, Dropout; 3x3 256 -> 256, BN, ReLU, Dropout; 1x1 -> K.
+    """U2PL's classifier: 3x3 conv -> 256, BN, ReLU, Dropout; 3x3 256 -> 256, BN, ReLU, Dropout; 1x1 -> K
+    (256 = ``hidden_channels``, the head option that sizes it with a narrowed decoder).
 
     ``[N, C, h, w] -> [N, K, h, w]``. ``mc_dropout=True`` swaps in dropout that is active in
     ``eval()`` too (the paper's MC dropout: dropout after every activation).
@@ -64,10 +65,17 @@ class BaselineHead(ClassifierHead):
     #: whether the block's dropout stays active in eval()
     mc_dropout: bool = False
 
-    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1) -> None:
+    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, hidden_channels: int = 256) -> None:
         super().__init__(in_channels, num_classes)
+        BaselineHead.check_values(dropout=dropout, hidden_channels=hidden_channels)
         self.dropout = dropout
-        self.classifier = ClassifierBlock(in_channels, num_classes, dropout, mc_dropout=self.mc_dropout)
+        self.classifier = ClassifierBlock(in_channels, num_classes, dropout, hidden_channels=hidden_channels,
+                                          mc_dropout=self.mc_dropout)
+
+    @classmethod
+    def check_values(cls, *, dropout: float, hidden_channels: int, **_: object) -> None:
+        if isinstance(hidden_channels, bool) or not isinstance(hidden_channels, int) or hidden_channels < 1:
+            raise ValueError(f"hidden_channels: expected a positive int, got {hidden_channels!r}")
 
     def check_inputs(self, features: Tensor, labels: Tensor | None, context_features: Tensor | None,
                      context_labels: Tensor | None) -> None:
@@ -114,14 +122,17 @@ class MCDropoutHead(BaselineHead):
     smoke_options = {"num_samples": 2}
 
     def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, num_samples: int = 5,
-                 train_samples: int = 1) -> None:
-        self.check_values(dropout=dropout, num_samples=num_samples, train_samples=train_samples)
-        super().__init__(in_channels, num_classes, dropout)
+                 train_samples: int = 1, hidden_channels: int = 256) -> None:
+        self.check_values(dropout=dropout, num_samples=num_samples, train_samples=train_samples,
+                          hidden_channels=hidden_channels)
+        super().__init__(in_channels, num_classes, dropout, hidden_channels)
         self.num_samples = num_samples
         self.train_samples = train_samples
 
     @classmethod
-    def check_values(cls, *, dropout: float, num_samples: int, train_samples: int) -> None:
+    def check_values(cls, *, dropout: float, hidden_channels: int, num_samples: int = 5,  # type: ignore[override]
+                     train_samples: int = 1, **_: object) -> None:
+        super().check_values(dropout=dropout, hidden_channels=hidden_channels)
         if not dropout > 0.0:
             raise ValueError(f"dropout: MC dropout needs a probability in (0, 1), got {dropout}")
         for name, value in (("num_samples", num_samples), ("train_samples", train_samples)):
