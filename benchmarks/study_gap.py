@@ -17,6 +17,10 @@ Usage::
     .venv/bin/python benchmarks/study_gap.py --frameworks supervised,mt --partitions 1/16 --set evaluation.split=tune
     # the pseudo-label diagnostics: the teacher's accuracy on the unlabeled images, or the truth in its place
     .venv/bin/python benchmarks/study_gap.py --frameworks mt --partitions 1/16 --set data.unlabeled_truth=measured
+    # another run length: the time-dependent framework settings follow npsemiseg.short_run's rule for it
+    .venv/bin/python benchmarks/study_gap.py --frameworks mt --partitions 1/16 --steps 960
+    # the evaluated model again after re-estimating its batch-norm statistics on 256 clean training images
+    .venv/bin/python benchmarks/study_gap.py --frameworks augseg --partitions 1/16 --recalibrate-bn 256
 
 Each line also gives, per quarter of the run, the mean of the step logs that say whether the
 unsupervised term was at work: ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy``
@@ -36,7 +40,12 @@ from pathlib import Path
 import torch
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
+from npsemiseg.frameworks import get_framework
+from npsemiseg.short_run import EMA_DECAYS, EPOCH_PHASES, QUEUES, RunLength, scale_time_settings
 from npsemiseg.training import train
+from npsemiseg.training.artifacts import evaluate_model
+from npsemiseg.training.factories import build_datasets
 from semiseg_platform.grid import expand, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
@@ -64,6 +73,37 @@ class StepTrace(Callbacks):
         return summary
 
 
+def at_length(config: RunConfig, steps: int) -> dict[str, str]:
+    """Overrides that make ``config`` ``steps`` long, its time-dependent framework settings scaled by the rule
+    (``npsemiseg.short_run``) for that length, as the spec's ``cell_overrides`` are for its own."""
+    schedule = config.schedule
+    labeled = config.dataset_info.partitions[config.partition]
+    run = RunLength.of(steps=steps, iters_per_epoch=max(1, labeled // schedule.batch_size),
+                       images_per_step=schedule.batch_size + schedule.unlabeled_batch_size, crop_size=schedule.crop_size)
+    paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
+    scaled = {**paper, **scale_time_settings(paper, run)}
+    timed = [k for k in paper if k in EPOCH_PHASES + EMA_DECAYS + QUEUES]  # also undoes the spec's own scaling
+    return {"schedule.max_steps": str(steps), **{f"framework_options.{k}": json.dumps(scaled[k]) for k in timed}}
+
+
+def recalibrated_miou(result, config: RunConfig, images: int) -> float:
+    """mIoU of the evaluated model after re-estimating its batch-norm running statistics (cumulative average)
+    on ``images`` clean unlabeled training images: do the strong views hurt the statistics or the weights?"""
+    model = result.framework.eval_model()
+    unlabeled = build_datasets(config)["unlabeled"]
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None
+            module.train()
+    with torch.no_grad():
+        for start in range(0, images, 8):
+            model(torch.stack([unlabeled[i]["image"] for i in range(start, min(start + 8, images))]))
+    model.eval()
+    return evaluate_model(model, build_datasets(config)["val"], config, step=result.steps, device=torch.device("cpu"))["miou"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default=str(SPEC))
@@ -74,6 +114,9 @@ def main() -> None:
     parser.add_argument("--heads", default="baseline", help="head names of the spec's cells, comma-separated")
     parser.add_argument("--partitions", default="", help="partitions (default: all of the spec's)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=0, help="run length (time-dependent settings by the rule)")
+    parser.add_argument("--recalibrate-bn", type=int, default=0, metavar="N",
+                        help="also report the mIoU after re-estimating BN statistics on N clean training images")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -85,7 +128,9 @@ def main() -> None:
              and c.seed in seeds and (partitions is None or c.partition in partitions)]
     for data_seed in (int(s) for s in args.data_seeds.split(",")):
         for config in cells:
-            config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **extra})
+            length = at_length(config, args.steps) if args.steps else {}
+            config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **length,
+                                            **extra})
             start = time.perf_counter()
             trace = StepTrace()
             result = train(config, trace)
@@ -95,7 +140,9 @@ def main() -> None:
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
                               "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
                               "truth": config.data.unlabeled_truth, "per_quarter": trace.quarters(),
-                              "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0]}), flush=True)
+                              "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0],
+                              **({"miou_bn_recalibrated": round(recalibrated_miou(result, config, args.recalibrate_bn), 4)}
+                                 if args.recalibrate_bn else {})}), flush=True)
 
 
 if __name__ == "__main__":

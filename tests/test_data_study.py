@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from npsemiseg.data import build_dataset, dataset_info
-from npsemiseg.data.study import FAMILIES, StudyConfig, generate
+from npsemiseg.data.study import FAMILIES, Family, StudyConfig, generate
 from npsemiseg.pretrain import PretrainConfig
 
 
@@ -77,13 +77,16 @@ def test_every_class_appears_and_colour_does_not_decide_the_class():
 def test_pretrain_family_shares_no_class_with_the_study():
     study, pretrain = FAMILIES["study"], FAMILIES["pretrain"]
     assert not set(study.shapes) & set(pretrain.shapes) and not set(study.textures) & set(pretrain.textures)
-    with pytest.raises(ValueError, match="family"):
-        PretrainConfig(family="study_shapes")
+    for family in ("study_shapes", "study_textures"):
+        with pytest.raises(ValueError, match="family"):
+            PretrainConfig(family=family)
+    for family in ("study_shapes", "study_textures"):
+        assert not set(FAMILIES[family].textures) & set(pretrain.textures)
 
 
-def test_shapes_family_classes_are_shapes_and_texture_is_a_nuisance():
+def test_families_decide_the_class_by_shape_texture_or_both():
     """``study_shapes``: class = shape (4 + background), every shape drawn with every texture; in ``study`` the
-    class fixes the texture."""
+    class fixes both; ``study_textures``: class = texture, every texture on every shape."""
     info = dataset_info("study", family="study_shapes")
     assert info.class_names == ("background", "disc", "ring", "triangle", "cross") and info.num_classes == 5
     g = torch.Generator().manual_seed(0)
@@ -93,6 +96,13 @@ def test_shapes_family_classes_are_shapes_and_texture_is_a_nuisance():
     assert len(seen) == 8  # 4 shapes x 2 textures, the texture independent of the class
     seen = {textured.draw(g) for _ in range(400)}
     assert len(seen) == 8 and len({cls for cls, _, _ in seen}) == 8
+    textures_family = FAMILIES["study_textures"]
+    assert dataset_info("study", family="study_textures").class_names == ("background",) + textures_family.textures
+    seen = {textures_family.draw(g) for _ in range(400)}
+    assert {(cls, texture) for cls, _, texture in seen} == {(i + 1, t) for i, t in enumerate(textures_family.textures)}
+    assert len(seen) == 16  # 4 textures x 4 shapes, the shape independent of the class
+    with pytest.raises(ValueError, match="classes"):
+        Family(("disc",), ("dots",), classes="colour")
     counts = torch.zeros(5)
     for i in range(100):
         _, label = generate(StudyConfig(image_size=32, family="study_shapes"), "train", i)

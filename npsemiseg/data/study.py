@@ -4,11 +4,14 @@ Why another synthetic dataset: on ``synthetic`` classes differ by colour pairs a
 texture, which the frameworks' strong photometric views (greyscale, hue, blur, ...) destroy,
 and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md``). Here:
 
-* **Classes are shape x texture.** A *family* fixes the shapes (disc, ring, triangle,
-  cross for the study) and the textures (stripes, dots: bold, period ~ 1/8 of the image,
-  so blur and colour changes keep them); class ``1 + s * T + t`` is shape ``s`` with texture
-  ``t``, class 0 the background. Colour carries no information: every object and the
-  background get a random colour, and a texture is a brightness pattern.
+* **Classes are shapes and textures.** A *family* (the dataset option ``family``) fixes the
+  shapes, the textures (bold brightness patterns of period ~ 1/8 of the image, so blur and colour
+  changes keep them) and what decides the class: ``study`` (the default) shape x texture, class
+  ``1 + s * T + t`` (disc, ring, triangle, cross x stripes, dots); ``study_shapes`` the shape
+  alone; ``study_textures`` the texture alone (stripes, dots, grid, waves; the shape a nuisance).
+  Class 0 is the background. Colour carries no information: every object and the background get
+  a random colour, and a texture is a brightness pattern. Which family the mini-study uses, and
+  why, is in ``jobs/specs/mini.yaml`` and ``benchmarks/RESULTS.md``.
 * **Intra-class variation.** Size, aspect, rotation, position (shapes may leave the
   image), texture phase and orientation, colour, a per-image gain and noise; 1-4 objects
   per image painted in order (occlusion).
@@ -49,27 +52,41 @@ BACKGROUNDS = ("gradient", "field")
 _FIELD_KEY = 1
 
 
+CLASS_RULES = ("shape_texture", "shape", "texture")
+
+
 @dataclass(frozen=True)
 class Family:
-    """A scene family: its shapes and textures. With ``textured_classes`` class ``1 + s * len(textures) + t`` is
-    shape ``s`` with texture ``t``; without, class ``1 + s`` is shape ``s`` and the texture is drawn at random
-    (a nuisance, like colour)."""
+    """A scene family: its shapes, its textures and what decides the class (``classes``):
+
+    * ``shape_texture``: class ``1 + s * len(textures) + t`` is shape ``s`` with texture ``t``;
+    * ``shape``: class ``1 + s`` is shape ``s``, the texture drawn at random (a nuisance, like colour);
+    * ``texture``: class ``1 + t`` is texture ``t``, the shape drawn at random.
+    """
 
     shapes: tuple[str, ...]
     textures: tuple[str, ...]
-    textured_classes: bool = True
+    classes: str = "shape_texture"
+
+    def __post_init__(self) -> None:
+        if self.classes not in CLASS_RULES:
+            raise ValueError(f"classes: expected one of {list(CLASS_RULES)}, got {self.classes!r}")
 
     @property
     def class_names(self) -> tuple[str, ...]:
-        if not self.textured_classes:
+        if self.classes == "shape":
             return ("background",) + self.shapes
+        if self.classes == "texture":
+            return ("background",) + self.textures
         return ("background",) + tuple(f"{s}_{t}" for s in self.shapes for t in self.textures)
 
     def draw(self, g: torch.Generator) -> tuple[int, str, str]:
         """A random object: ``(class, shape, texture)``."""
         cls = int(torch.randint(1, len(self.class_names), (1,), generator=g))
-        if not self.textured_classes:
+        if self.classes == "shape":
             return cls, self.shapes[cls - 1], self.textures[int(torch.randint(len(self.textures), (1,), generator=g))]
+        if self.classes == "texture":
+            return cls, self.shapes[int(torch.randint(len(self.shapes), (1,), generator=g))], self.textures[cls - 1]
         num_textures = len(self.textures)
         return cls, self.shapes[(cls - 1) // num_textures], self.textures[(cls - 1) % num_textures]
 
@@ -77,10 +94,14 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "study": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots")),
     # classes by shape alone: what the strong views keep (colour, brightness and blur leave outlines)
-    "study_shapes": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots"), textured_classes=False),
+    "study_shapes": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots"), classes="shape"),
+    # classes by texture alone, the shape a nuisance: a brightness pattern of period ~ 1/8 of the image, which
+    # the strong views' colour and intensity operations and their scaled blur keep (benchmarks/RESULTS.md)
+    "study_textures": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots", "grid", "waves"),
+                             classes="texture"),
     "pretrain": Family(("star", "crescent", "tee", "bar", "hexagon"), ("checker", "rings")),
 }
-STUDY_FAMILIES = ("study", "study_shapes")
+STUDY_FAMILIES = ("study", "study_shapes", "study_textures")
 
 
 def _polygon(u: Tensor, v: Tensor, sides: int, inradius: float) -> Tensor:
@@ -121,6 +142,10 @@ def texture_pattern(texture: str, x: Tensor, y: Tensor, period: float) -> Tensor
         return (torch.sin(a) > 0).float()
     if texture == "dots":
         return (torch.cos(a) * torch.cos(b) > 0.35).float()
+    if texture == "grid":  # thin lines both ways (not the pretraining's checker of filled squares)
+        return ((torch.cos(a) > 0.7) | (torch.cos(b) > 0.7)).float()
+    if texture == "waves":  # stripes bent by a slow sine across them
+        return (torch.sin(a + 1.5 * torch.sin(b / 2)) > 0).float()
     if texture == "checker":
         return ((torch.sin(a) > 0) ^ (torch.sin(b) > 0)).float()
     if texture == "rings":
