@@ -49,12 +49,12 @@ def test_mini_spec_applies_exactly_the_rule():
     configs = expand(load_spec(MINI_SPEC))
     # 5 frameworks x 3 heads + U2PL np_mean + supervised full + 2 supervised references on PS-MT and AugSeg networks
     assert len(configs) == 57 and {c.seed for c in configs} == {0, 1, 2}
-    run = RunLength.of(steps=320, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
+    run = RunLength.of(steps=960, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
     pixel_settings = scale_pixel_settings(run)
     for config in configs:
         assert {k: config.data.augmentation[k] for k in pixel_settings} == pixel_settings, config.cell_name
         schedule = config.schedule
-        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (320, 16, 64)
+        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (960, 16, 64)
         paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
         expected = {**paper, **scale_time_settings(paper, run)}
         assert json.loads(json.dumps(dict(config.framework_options))) == json.loads(json.dumps(expected)), config.cell_name
