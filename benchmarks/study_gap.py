@@ -46,6 +46,7 @@ from npsemiseg.short_run import EMA_DECAYS, EPOCH_PHASES, QUEUES, RunLength, sca
 from npsemiseg.training import train
 from npsemiseg.training.artifacts import evaluate_model
 from npsemiseg.training.factories import build_datasets
+from npsemiseg.training.plan import plan_run
 from semiseg_platform.grid import expand, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
@@ -76,9 +77,10 @@ class StepTrace(Callbacks):
 def at_length(config: RunConfig, steps: int) -> dict[str, str]:
     """Overrides that make ``config`` ``steps`` long, its time-dependent framework settings scaled by the rule
     (``npsemiseg.short_run``) for that length, as the spec's ``cell_overrides`` are for its own."""
-    schedule = config.schedule
-    labeled = config.dataset_info.partitions[config.partition]
-    run = RunLength.of(steps=steps, iters_per_epoch=max(1, labeled // schedule.batch_size),
+    schedule, info = config.schedule, config.dataset_info
+    labeled = info.partitions[config.partition]
+    epoch = plan_run(config, num_labeled=labeled, num_unlabeled=info.train_size - labeled, world_size=1)
+    run = RunLength.of(steps=steps, iters_per_epoch=epoch.iters_per_epoch,
                        images_per_step=schedule.batch_size + schedule.unlabeled_batch_size, crop_size=schedule.crop_size)
     paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
     scaled = {**paper, **scale_time_settings(paper, run)}
@@ -90,7 +92,8 @@ def recalibrated_miou(result, config: RunConfig, images: int) -> float:
     """mIoU of the evaluated model after re-estimating its batch-norm running statistics (cumulative average)
     on ``images`` clean unlabeled training images: do the strong views hurt the statistics or the weights?"""
     model = result.framework.eval_model()
-    unlabeled = build_datasets(config)["unlabeled"]
+    datasets = build_datasets(config)
+    unlabeled = datasets["unlabeled"]
     model.eval()
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -101,7 +104,7 @@ def recalibrated_miou(result, config: RunConfig, images: int) -> float:
         for start in range(0, images, 8):
             model(torch.stack([unlabeled[i]["image"] for i in range(start, min(start + 8, images))]))
     model.eval()
-    return evaluate_model(model, build_datasets(config)["val"], config, step=result.steps, device=torch.device("cpu"))["miou"]
+    return evaluate_model(model, datasets["val"], config, step=result.steps, device=torch.device("cpu"))["miou"]
 
 
 def main() -> None:
