@@ -159,3 +159,24 @@ def test_field_background_spans_the_intensity_range_and_keeps_the_labels():
     assert min(spans["field"]) > 0.5 and sorted(spans["gradient"])[4] < 0.5
     with pytest.raises(ValueError, match="background: expected one of"):
         StudyConfig(background="noise")
+
+
+def test_a_split_keeps_generated_items_and_hands_out_copies(monkeypatch):
+    from npsemiseg.data import study
+
+    calls = []
+    real = study.generate
+    monkeypatch.setattr(study, "generate", lambda *a: calls.append(a[2]) or real(*a))
+    val = build_dataset("study", "val", val_size=4, image_size=32)
+    first = val[1]
+    first["image"].zero_()
+    first["label"].fill_(3)
+    again = val[1]
+    image, label = real(StudyConfig(val_size=4, image_size=32), "val", val.indices[1])
+    assert torch.equal(again["image"], image) and torch.equal(again["label"], label)
+    assert again["label"].dtype == torch.int64 and calls == [val.indices[1]]
+    # a split larger than the cache limit generates every time
+    monkeypatch.setattr(study, "CACHE_LIMIT_BYTES", 32 * 32 * 13 * 3)
+    big = build_dataset("study", "val", val_size=4, image_size=32)
+    big[0], big[0]
+    assert calls[1:] == [0, 0]

@@ -29,7 +29,8 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
 The ``pretrain`` family (star, crescent, T, bar, hexagon x checker, rings) is the corpus of
 ``npsemiseg.pretrain``: other shapes, other textures, its own seeds, so it shares no image
 and no class with the study. Every item is generated on demand from its index (~1 ms at
-64 x 64): nothing to download or cache.
+64 x 64): nothing to download. A split keeps the items it generated in memory
+(``StudySegmentation``, up to ``CACHE_LIMIT_BYTES``): generation was a sixth of a mini-study step.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ _STREAMS = {"train": 11, "val": 12, "tune": 13, "partition": 14, "pretrain": 15,
 _FRACTIONS = ("1/16", "1/8", "1/4", "1/2")
 BACKGROUNDS = ("gradient", "field")
 _FIELD_KEY = 1
+#: a split keeps its generated items in memory when they all fit in this (image float32, label uint8)
+CACHE_LIMIT_BYTES = 256 << 20
 
 
 CLASS_RULES = ("shape_texture", "shape", "texture")
@@ -324,12 +327,26 @@ class StudySegmentation(Dataset):
         self.indices = indices[:max_items]
         self.hide_labels = split == "unlabeled" and not reveal_labels
         self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
+        item_bytes = config.image_size ** 2 * (3 * 4 + 1)
+        self._cacheable = len(self.indices) * item_bytes <= CACHE_LIMIT_BYTES
+        self._cache: dict[int, tuple[Tensor, Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.indices)
 
+    def _generate(self, i: int) -> tuple[Tensor, Tensor]:
+        """Item ``i``'s image and label, generated once and then kept when the split fits ``CACHE_LIMIT_BYTES``
+        (generation is deterministic in the index; copies are returned, so a transform cannot alter the cache)."""
+        cached = self._cache.get(i)
+        if cached is None:
+            image, label = generate(self.config, self.stream, self.indices[i])
+            if not self._cacheable:
+                return image, label
+            cached = self._cache[i] = (image, label.to(torch.uint8))
+        return cached[0].clone(), cached[1].long()
+
     def __getitem__(self, i: int) -> dict:
-        image, label = generate(self.config, self.stream, self.indices[i])
+        image, label = self._generate(i)
         if self.hide_labels:
             label = torch.full_like(label, IGNORE_INDEX)
         item = {"image": image, "label": label, "id": self.ids[i]}
