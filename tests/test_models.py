@@ -590,3 +590,35 @@ def test_decoder_passes_in_chunks_are_distinct_samples():
     assert logits.shape == (5, 1, K, 8, 8)
     for a, b in itertools.combinations(range(5), 2):
         assert not torch.allclose(logits[a], logits[b])
+
+
+@pytest.mark.parametrize("size, dilation, centre_only", [(8, 12, True), (8, 8, True), (8, 4, False), (65, 12, False)])
+def test_atrous_conv_skips_padding_taps_with_the_same_output_and_gradients(size, dilation, centre_only):
+    from npsemiseg.models.atrous import AtrousConv2d
+
+    torch.manual_seed(0)
+    full = torch.nn.Conv2d(8, 4, 3, padding=dilation, dilation=dilation, bias=True)
+    atrous = AtrousConv2d.from_conv(full)
+    x = torch.randn(2, 8, size, size, requires_grad=True)
+    assert atrous._centre_only(x) is centre_only
+    outputs = [conv(x) for conv in (full, atrous)]
+    grads = [torch.autograd.grad(y.square().sum(), (x, full.weight, full.bias)) for y in outputs]
+    torch.testing.assert_close(outputs[1], outputs[0])
+    for got, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, expected)
+
+
+def test_decoders_and_backbone_use_atrous_convs_without_changing_the_state_dict():
+    from npsemiseg.models.atrous import AtrousConv2d
+
+    for variant in ("u2pl", "psmt"):
+        torch.manual_seed(0)
+        model = build_segmentor(num_classes=3, head="baseline", variant=variant, backbone="resnet_small",
+                                aspp_channels=8, low_level_channels=8)
+        dilated = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.dilation != (1, 1)]
+        assert dilated and all(isinstance(m, AtrousConv2d) for m in dilated)
+        again = build_segmentor(num_classes=3, head="baseline", variant=variant, backbone="resnet_small",
+                                aspp_channels=8, low_level_channels=8)
+        again.load_state_dict(model.state_dict(), strict=True)
+        backbone_keys = {k for k in model.backbone.state_dict() if ".conv2." in k and "layer4" in k}
+        assert backbone_keys and all(k.endswith("conv2.weight") for k in backbone_keys)

@@ -28,6 +28,7 @@ from torchvision.models import ResNet50_Weights, ResNet101_Weights, WeightsEnum
 from torchvision.models.resnet import Bottleneck, conv1x1
 
 from npsemiseg._registry import Registry
+from npsemiseg.models.atrous import AtrousConv2d
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -150,6 +151,9 @@ class ResNetBackbone(nn.Module):
             downsample = nn.Sequential(conv1x1(inplanes, out, stride), norm_layer(out))
         blocks = [Bottleneck(inplanes, planes, stride, downsample, dilation=dilations[0], norm_layer=norm_layer)]
         blocks += [Bottleneck(out, planes, dilation=d, norm_layer=norm_layer) for d in dilations[1:]]
+        for block in blocks:  # small maps: a dilated 3x3 that reads only padding off-centre runs as its centre tap
+            if block.conv2.dilation != (1, 1):
+                block.conv2 = AtrousConv2d.from_conv(block.conv2)
         return nn.Sequential(*blocks)
 
     def _init_weights(self, zero_init_residual: bool) -> None:

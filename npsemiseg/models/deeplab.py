@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from npsemiseg._registry import Registry
 from npsemiseg.heads.classifier import MCDropout2d
+from npsemiseg.models.atrous import AtrousConv2d
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def conv_bn_act(
     padding = dilation * (kernel_size // 2)
     act = nn.ReLU(inplace=True) if activation == "relu" else nn.LeakyReLU(inplace=True)
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, dilation=dilation, bias=False),
+        AtrousConv2d(in_channels, out_channels, kernel_size, padding=padding, dilation=dilation, bias=False),
         nn.BatchNorm2d(out_channels),
         act,
         *_dropout(mc_dropout, dropout),
@@ -137,7 +138,7 @@ class PSMTASPP(nn.Module):
         super().__init__()
         self.branches = nn.ModuleList(
             [nn.Conv2d(in_channels, hidden, 1, bias=False)]
-            + [nn.Conv2d(in_channels, hidden, 3, padding=r, dilation=r, bias=False) for r in rates]
+            + [AtrousConv2d(in_channels, hidden, 3, padding=r, dilation=r, bias=False) for r in rates]
         )
         self.branches_act = nn.Sequential(
             nn.BatchNorm2d(hidden * len(self.branches)), nn.LeakyReLU(inplace=True), *_dropout(mc_dropout)
