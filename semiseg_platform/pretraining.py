@@ -36,10 +36,14 @@ WEIGHTS_PATH_TAG = "weights_path"
 
 
 class PretrainMLflow(Callbacks):
-    """Logs the pretraining's step and held-out metrics to one MLflow run."""
+    """Logs the pretraining's step and held-out metrics to one MLflow run; with ``emit``, also a progress line
+    (step, loss, elapsed, ETA) about every ``progress_every_s`` seconds and at the last step."""
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
+    def __init__(self, client: MlflowClient, run_id: str, *, emit: Callable[[str], None] | None = None,
+                 progress_every_s: float = 30.0) -> None:
         self.client, self.run_id = client, run_id
+        self.emit, self.progress_every_s = emit, progress_every_s
+        self.started = self.last_line = time.monotonic()
 
     def _log(self, step: int, values: dict[str, float]) -> None:
         now = int(time.time() * 1000)
@@ -47,9 +51,19 @@ class PretrainMLflow(Callbacks):
 
     def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
         self._log(step, logs)
+        now = time.monotonic()
+        if self.emit is not None and (now - self.last_line >= self.progress_every_s or step == total_steps):
+            self.last_line, elapsed = now, now - self.started
+            eta = elapsed / step * (total_steps - step)
+            self.emit(f"pretrain step {step}/{total_steps}: loss {logs.get('pretrain/loss', float('nan')):.4f} | "
+                      f"{_minutes(elapsed)} elapsed, ETA {_minutes(eta)}")
 
     def on_evaluation(self, step: int, metrics: dict[str, float]) -> None:
         self._log(step, {f"pretrain/{k}": v for k, v in metrics.items()})
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
 def find_pretrain_run(client: MlflowClient, experiment_id: str, key: str) -> str | None:
@@ -60,8 +74,10 @@ def find_pretrain_run(client: MlflowClient, experiment_id: str, key: str) -> str
 
 
 def pretrain_tracked(config: PretrainConfig | None = None, *, cache_dir: str | os.PathLike | None = None,
-                     tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> tuple[PretrainResult, str]:
-    """Pretrain (or hit the cache) and record it in MLflow; returns the result and the run id."""
+                     tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+                     emit: Callable[[str], None] | None = None) -> tuple[PretrainResult, str]:
+    """Pretrain (or hit the cache) and record it in MLflow; returns the result and the run id. ``emit``: where the
+    progress lines of a training go (none on a cache hit)."""
     config = config or PretrainConfig()
     uri = resolve_tracking_uri(tracking)
     experiment_id = prepare_experiment(uri, experiment)
@@ -77,7 +93,7 @@ def pretrain_tracked(config: PretrainConfig | None = None, *, cache_dir: str | o
     run_id = run.info.run_id
     with ending_run(client, run_id):
         client.log_batch(run_id, params=[Param(f.name, str(getattr(config, f.name))) for f in fields(config)])
-        result = pretrain(config, cache_dir=cache_dir, callbacks=PretrainMLflow(client, run_id))
+        result = pretrain(config, cache_dir=cache_dir, callbacks=PretrainMLflow(client, run_id, emit=emit))
         client.set_tag(run_id, CACHE_HIT_TAG, str(result.cache_hit).lower())
         client.set_tag(run_id, WEIGHTS_PATH_TAG, str(result.path))
         PretrainMLflow(client, run_id).on_evaluation(config.steps, result.metrics)
@@ -99,7 +115,8 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
     """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``."""
     config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
                             image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer)
-    result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment)
+    result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment,
+                                      emit=emit)
     source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
     emit(f"pretrained {backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
          f"MLflow run {run_id})")
@@ -119,7 +136,8 @@ def build_named_pretrainings(configs: Iterable[object], *, tracking: str, experi
         config = PRETRAINED[name]
         emit(f"{PRETRAINED_PREFIX}{name}: {config.backbone}, {config.steps} steps on {config.corpus_size} corpus images "
              f"(key {config.key}; nothing to do when cached)")
-        result, runs[name] = pretrain_tracked(config, tracking=tracking, experiment=experiment)
+        result, runs[name] = pretrain_tracked(config, tracking=tracking, experiment=experiment,
+                                              emit=lambda line, name=name: emit(f"{PRETRAINED_PREFIX}{name}: {line}"))
         source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
         emit(f"{PRETRAINED_PREFIX}{name}: {source}, corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
              f"MLflow run {runs[name]}")

@@ -72,6 +72,9 @@ def test_tracked_pretraining_is_one_mlflow_run_and_a_hit_reuses_it(tmp_path_fact
     path = pretrain_command(steps=2, corpus_size=8, image_size=32, batch_size=2, cache_dir=str(tmp_path / "cli"),
                             tracking=uri, experiment="pre", emit=lines.append)
     assert lines[-1] == f"model.weights={path}" and path.exists()
+    # a training prints its progress (the last step at least); the cache hit above printed none
+    assert [line.split(":")[0] for line in lines[:-2]] == ["pretrain step 2/2"]
+    assert "elapsed, ETA 0m00s" in lines[0]
 
 
 def test_pretrained_name_resolves_to_the_cached_file(tmp_path, monkeypatch):
@@ -132,7 +135,8 @@ def test_a_grid_builds_its_named_pretrainings_once_before_its_cells(tmp_path_fac
              smoke_config(dataset="study")]  # random init: nothing to build
     lines: list[str] = []
     runs = build_named_pretrainings(cells, tracking=uri, experiment="pre", emit=lines.append)
-    assert list(runs) == ["tiny"] and len(lines) == 2 and "trained in" in lines[1]
+    assert list(runs) == ["tiny"] and len(lines) == 3 and "trained in" in lines[2]
+    assert lines[1].startswith("pretrained:tiny: pretrain step 2/2: loss ")  # its progress, named
     assert (tmp_path / "pretrain" / TINY.key / WEIGHTS_FILE).exists()
     assert MlflowClient(uri).get_run(runs["tiny"]).data.tags[PRETRAIN_KEY] == TINY.key
     assert build_named_pretrainings(cells, tracking=uri, experiment="pre", emit=lines.append) == runs
