@@ -180,3 +180,20 @@ def test_a_split_keeps_generated_items_and_hands_out_copies(monkeypatch):
     big = build_dataset("study", "val", val_size=4, image_size=32)
     big[0], big[0]
     assert calls[1:] == [0, 0]
+
+
+def test_texture_period_and_contrast_options_vary_the_textures_and_are_validated():
+    base = StudyConfig(family="study_textures", image_size=64)
+    image, label = generate(base, "val", 3)
+    # a fixed contrast draws no random number: same objects and labels, another brightness pattern
+    faint_image, faint_label = generate(StudyConfig(family="study_textures", texture_contrast=(0.2, 0.2)), "val", 3)
+    assert torch.equal(label, faint_label) and not torch.equal(image, faint_image)
+    objects = label > 0
+    spread = [float(im[:, objects].std()) for im in (image, faint_image)]
+    assert spread[1] < spread[0]  # a fainter texture: less brightness variation inside the objects
+    coarse_image, coarse_label = generate(StudyConfig(family="study_textures", texture_period=(2.0, 2.0)), "val", 3)
+    assert torch.equal(label, coarse_label) and not torch.equal(image, coarse_image)
+    for bad in ({"texture_period": (0.1, 1.0)}, {"texture_period": (1.5, 1.0)}, {"texture_contrast": (0.0, 0.5)},
+                {"texture_contrast": (0.5, 1.2)}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            StudyConfig(**bad)

@@ -13,7 +13,8 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
   a random colour, and a texture is a brightness pattern. Which family the mini-study uses, and
   why, is in ``jobs/specs/mini.yaml`` and ``benchmarks/RESULTS.md``.
 * **Intra-class variation.** Size, aspect, rotation, position (shapes may leave the
-  image), texture phase and orientation, colour, a per-image gain and noise; 1-4 objects
+  image), texture phase and orientation, texture period and contrast (ranges: the options
+  ``texture_period`` and ``texture_contrast``), colour, a per-image gain and noise; 1-4 objects
   per image painted in order (occlusion).
 * **Splits.** ``train`` (``train_size`` images, the labeled/unlabeled partitions 1/16, 1/8,
   1/4, 1/2 and ``full`` from one seeded permutation, smaller labeled sets nested in larger
@@ -186,6 +187,10 @@ class StudyConfig:
     image_size: int = 64
     objects_per_image: tuple[int, int] = (1, 4)
     object_radius: tuple[float, float] = (0.14, 0.28)  # object radius range, as a fraction of image_size
+    #: texture period range, as a multiple of image_size / 8 (the intra-class variation of a texture's scale)
+    texture_period: tuple[float, float] = (0.85, 1.15)
+    #: texture contrast range: a texture darkens its object's colour by this fraction on its dark tone
+    texture_contrast: tuple[float, float] = (0.6, 0.6)
     noise_std: float = 0.04
     #: ``gradient``: two colours blended by one smooth wave (narrow per-channel histograms); ``field``: each channel
     #: a sum of random plane waves stretched over [0.05, 0.95] (broad histograms, as natural images have, so that
@@ -199,7 +204,8 @@ class StudyConfig:
                 raise ValueError(f"image_size: the study dataset is square, got {self.image_size!r}")
             object.__setattr__(self, "image_size", int(self.image_size[0]))
         object.__setattr__(self, "objects_per_image", tuple(int(v) for v in self.objects_per_image))
-        object.__setattr__(self, "object_radius", tuple(float(v) for v in self.object_radius))
+        for name in ("object_radius", "texture_period", "texture_contrast"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         if self.family not in FAMILIES:
             raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {self.family!r}")
         if self.background not in BACKGROUNDS:
@@ -215,6 +221,13 @@ class StudyConfig:
         r_lo, r_hi = self.object_radius
         if not 0 < r_lo <= r_hi <= 0.5:
             raise ValueError(f"object_radius must be (min, max) with 0 < min <= max <= 0.5, got {self.object_radius}")
+        p_lo, p_hi = self.texture_period
+        if not 0.25 <= p_lo <= p_hi <= 4:
+            raise ValueError(f"texture_period must be (min, max) with 0.25 <= min <= max <= 4 (x image_size / 8), "
+                             f"got {self.texture_period}")
+        c_lo, c_hi = self.texture_contrast
+        if not 0 < c_lo <= c_hi <= 1:
+            raise ValueError(f"texture_contrast must be (min, max) with 0 < min <= max <= 1, got {self.texture_contrast}")
 
     @classmethod
     def from_options(cls, name: str = "study", **options: object) -> StudyConfig:
@@ -262,10 +275,13 @@ def generate(config: StudyConfig, stream: str, index: int) -> tuple[Tensor, Tens
         tex_angle = math.pi * p[5]
         tx = dx * math.cos(tex_angle) + dy * math.sin(tex_angle)
         ty = -dx * math.sin(tex_angle) + dy * math.cos(tex_angle)
-        period = size / 8 * (0.85 + 0.3 * p[6])
+        p_lo, p_hi = config.texture_period
+        period = size / 8 * (p_lo + (p_hi - p_lo) * p[6])
         pattern = texture_pattern(texture, tx + period * p[7], ty, period)
         colour = 0.15 + 0.8 * torch.rand(3, generator=g)
-        painted = colour.view(3, 1, 1) * (1 - 0.6 * pattern)  # texture = brightness pattern
+        c_lo, c_hi = config.texture_contrast  # drawn only when it varies: a fixed contrast leaves the stream as it was
+        contrast = c_lo if c_lo == c_hi else c_lo + (c_hi - c_lo) * float(torch.rand(1, generator=g))
+        painted = colour.view(3, 1, 1) * (1 - contrast * pattern)  # texture = brightness pattern
         image = torch.where(inside, painted, image)
         label[inside] = cls
 
