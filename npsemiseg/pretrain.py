@@ -77,6 +77,10 @@ class PretrainConfig:
     momentum: float = 0.9
     weight_decay: float = 1e-4
     log_every: int = 50
+    #: intra-op threads of the training: its floating-point sums, and so the weights, depend on how many threads
+    #: split them (1 and 2 threads give other backbones after 30 steps, and other mini-study verdicts after 3000:
+    #: ``benchmarks/RESULTS.md``, session 8), so the count is fixed here and part of the key
+    threads: int = 2
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES or self.family in STUDY_FAMILIES:
@@ -84,7 +88,7 @@ class PretrainConfig:
                              f"{sorted(set(FAMILIES) - set(STUDY_FAMILIES))}, got {self.family!r}")
         if self.optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {list(PRETRAIN_OPTIMIZERS)}, got {self.optimizer!r}")
-        for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every"):
+        for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every", "threads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
 
@@ -213,7 +217,17 @@ def _optimizer(config: PretrainConfig, parameters: Iterator[torch.nn.Parameter])
 
 
 def train_backbone(config: PretrainConfig, *, callbacks: Callbacks | None = None) -> tuple[dict[str, Tensor], dict[str, float]]:
-    """Train a segmentor on the corpus; returns its backbone's state dict and held-out metrics."""
+    """Train a segmentor on the corpus with ``config.threads`` intra-op threads (the caller's count is restored
+    after); returns its backbone's state dict and held-out metrics."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _train_backbone(config, callbacks)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train_backbone(config: PretrainConfig, callbacks: Callbacks | None) -> tuple[dict[str, Tensor], dict[str, float]]:
     callbacks = callbacks or Callbacks()
     corpus = StudyConfig(seed=config.seed, family=config.family, image_size=config.image_size,
                          train_size=max(32, config.corpus_size), objects_per_image=(1, 4))

@@ -110,11 +110,13 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
                      seed: int = PretrainConfig.seed, corpus_size: int = PretrainConfig.corpus_size,
                      image_size: int = PretrainConfig.image_size, batch_size: int = PretrainConfig.batch_size,
                      lr: float = PretrainConfig.lr, optimizer: str = PretrainConfig.optimizer,
+                     threads: int = PretrainConfig.threads,
                      cache_dir: str | None = None, tracking: str | None = None,
                      experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print) -> Path:
     """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``."""
     config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
-                            image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer)
+                            image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer,
+                            threads=threads)
     result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment,
                                       emit=emit)
     source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"

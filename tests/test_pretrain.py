@@ -141,3 +141,25 @@ def test_a_grid_builds_its_named_pretrainings_once_before_its_cells(tmp_path_fac
     assert MlflowClient(uri).get_run(runs["tiny"]).data.tags[PRETRAIN_KEY] == TINY.key
     assert build_named_pretrainings(cells, tracking=uri, experiment="pre", emit=lines.append) == runs
     assert "cache hit" in lines[-1]
+
+
+def test_the_thread_count_is_fixed_by_the_config_and_part_of_the_key():
+    import hashlib
+
+    from npsemiseg.pretrain import train_backbone
+
+    def digest(state):
+        return hashlib.sha256(b"".join(v.numpy().tobytes() for v in state.values())).hexdigest()
+
+    config = PretrainConfig(corpus_size=16, holdout_size=2, image_size=32, steps=6, batch_size=4, threads=1)
+    previous = torch.get_num_threads()
+    runs = []
+    for caller_threads in (1, 2):  # whatever the caller set, the training runs on config.threads
+        torch.set_num_threads(caller_threads)
+        runs.append(digest(train_backbone(config)[0]))
+        assert torch.get_num_threads() == caller_threads  # restored
+    torch.set_num_threads(previous)
+    assert runs[0] == runs[1]
+    assert PretrainConfig(threads=1).key != PretrainConfig(threads=2).key
+    with pytest.raises(ValueError, match="threads"):
+        PretrainConfig(threads=0)

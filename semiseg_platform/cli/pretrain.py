@@ -20,6 +20,8 @@ def pretrain(
     batch_size: int = typer.Option(PretrainConfig.batch_size, help="images per step"),
     lr: float = typer.Option(PretrainConfig.lr, help="learning rate"),
     optimizer: str = typer.Option(PretrainConfig.optimizer, help="adamw or sgd"),
+    threads: int = typer.Option(PretrainConfig.threads, help="intra-op threads (the weights depend on it: part of "
+                                                             "the cache key)"),
     cache_dir: str | None = typer.Option(None, help="cache folder (default: $NPSEMISEG_CACHE/pretrain, "
                                                     "else ~/.cache/npsemiseg/pretrain)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
@@ -29,7 +31,8 @@ def pretrain(
     ``model.weights=PATH`` to give a cell. Logged as an MLflow run of its own."""
     try:
         pretrain_command(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size, image_size=image_size,
-                         batch_size=batch_size, lr=lr, optimizer=optimizer, cache_dir=cache_dir, tracking=tracking,
+                         batch_size=batch_size, lr=lr, optimizer=optimizer, threads=threads, cache_dir=cache_dir,
+                         tracking=tracking,
                          experiment=experiment,
                          emit=typer.echo)
     except ValueError as error:
