@@ -284,6 +284,27 @@ def test_non_finite_loss_stops_with_the_step_and_term(smoke_config):
         train(config)
 
 
+def test_the_gradient_norm_is_logged_every_step_before_clipping_and_clipping_bounds_the_update(smoke_config):
+    """``train/grad_norm`` is the norm the optimiser received (plain SGD: the update / lr) without clipping, and the
+    same pre-clip norm with clipping, whose update then has the clipped norm."""
+    from npsemiseg.training.setup import setup_run
+
+    def one_step(clip):
+        config = smoke_config(**{"schedule.max_steps": 1, "optim.momentum": 0.0, "optim.weight_decay": 0.0,
+                                 "optim.head_lr_mult": 1.0, "optim.lr": 0.01, "optim.grad_clip": clip})
+        start = {n: p.detach().clone() for n, p in setup_run(config, torch.device("cpu")).framework.student.named_parameters()}
+        recorder = Recorder()
+        result = train(config, recorder)
+        moved = sum(float((p.detach() - start[n]).pow(2).sum()) for n, p in result.framework.student.named_parameters())
+        return recorder.steps[0][1]["train/grad_norm"], math.sqrt(moved) / 0.01
+
+    logged, update = one_step(None)
+    assert logged > 1e-2 and update == pytest.approx(logged, rel=1e-3)
+    logged_clipped, update_clipped = one_step(1e-3)
+    assert logged_clipped == pytest.approx(logged, rel=1e-5)  # the norm before clipping
+    assert update_clipped == pytest.approx(1e-3, rel=1e-2)
+
+
 def test_python_api_names():
     from npsemiseg import RunConfig, RunResult
     from npsemiseg import train as api_train

@@ -1,5 +1,6 @@
 """One optimisation step: LR -> ``framework.train_step`` -> finite check -> backward -> gradient all-reduce
-(under torch.distributed) -> optional clipping -> SGD step -> buffer sync -> ``after_optimizer_step`` (EMA)."""
+(under torch.distributed) -> gradient norm (logged every step as ``train/grad_norm``, clipped when
+``optim.grad_clip``) -> SGD step -> buffer sync -> ``after_optimizer_step`` (EMA)."""
 
 from __future__ import annotations
 
@@ -58,8 +59,7 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
         average_gradients(optimizer.parameters, world_size)
     logs = {"train/loss": float(sum(floats)), "train/lr": lr}
     logs.update({f"train/{n}": v for n, v in zip(names, floats)})
-    if config.optim.grad_clip is not None:
-        logs["train/grad_norm"] = _clip(optimizer, config.optim.grad_clip, ctx, names, floats)
+    logs["train/grad_norm"] = gradient_norm(optimizer, config.optim.grad_clip, ctx, names, floats)
     optimizer.torch_optimizer.step()
     if world_size > 1 and not synced_batchnorm(config.runtime.sync_bn, device):
         broadcast_buffers(framework.student)
@@ -87,8 +87,17 @@ def _loss_values(framework: Framework, result: StepResult, ctx: StepContext,
     return names, floats
 
 
-def _clip(optimizer: Optimizer, max_norm: float, ctx: StepContext, names: list[str], floats: list[float]) -> float:
-    norm = float(torch.nn.utils.clip_grad_norm_(optimizer.parameters, max_norm))
+def gradient_norm(optimizer: Optimizer, max_norm: float | None, ctx: StepContext, names: list[str],
+                  floats: list[float]) -> float:
+    """The total L2 norm of the gradients before clipping, clipped to ``max_norm`` when given.
+
+    Logged every step: one exploding step (U2PL's contrastive loss on a class with a single small-norm
+    anchor, ``benchmarks/RESULTS.md``) is otherwise invisible in the losses until the run has collapsed.
+    A non-finite norm stops the run before the optimiser writes it into the weights."""
+    if max_norm is not None:
+        norm = float(torch.nn.utils.clip_grad_norm_(optimizer.parameters, max_norm))
+    else:
+        norm = float(torch.nn.utils.get_total_norm([p.grad for p in optimizer.parameters if p.grad is not None]))
     if not math.isfinite(norm):
         raise FloatingPointError(f"non-finite gradient norm at step {ctx.step + 1} (loss terms finite: "
                                  + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, floats)) + ")")
