@@ -25,7 +25,8 @@ Usage::
 Each line also gives, per quarter of the run, the mean of the step logs that say whether the
 unsupervised term was at work: ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy``
 (under ``data.unlabeled_truth`` measured / oracle), ``kept_fraction`` and ``teacher_confidence``
-(where the framework logs them).
+(where the framework logs them), and the largest gradient norm of the run with its step (one exploding
+step can undo a run: U2PL seed 1, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class StepTrace(Callbacks):
 
     def __init__(self) -> None:
         self.steps: dict[str, list[tuple[int, float]]] = {}
+        self.largest_gradient = (0.0, 0)  # (train/grad_norm, step)
 
     def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
         self.total = total_steps
+        self.largest_gradient = max(self.largest_gradient, (logs.get("train/grad_norm", 0.0), step))
         for key in TRACED:
             if f"train/{key}" in logs:
                 self.steps.setdefault(key, []).append((step, logs[f"train/{key}"]))
@@ -143,6 +146,8 @@ def main() -> None:
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
                               "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
                               "truth": config.data.unlabeled_truth, "per_quarter": trace.quarters(),
+                              "largest_grad_norm": {"norm": round(trace.largest_gradient[0], 2),
+                                                    "step": trace.largest_gradient[1]},
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0],
                               **({"miou_bn_recalibrated": round(recalibrated_miou(result, config, args.recalibrate_bn), 4)}
                                  if args.recalibrate_bn else {})}), flush=True)

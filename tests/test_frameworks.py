@@ -225,8 +225,32 @@ def test_contrastive_loss_by_hand():
                                   low_rank=1, high_rank=2, num_queries=5, num_negatives=3)
     assert float(loss.detach()) == pytest.approx(math.log(1 + 3 * math.exp(-2.0)), rel=1e-5)
     assert logs["contrastive_classes"] == 2.0
+    assert logs["contrastive_fewest_anchors"] == 2.0 and logs["contrastive_anchor_norm_min"] == pytest.approx(1.0)
     # nothing was enqueued: no labeled pixel has another class in its teacher top-1
     assert queues.class_keys(0).shape[0] == 1 and queues.class_keys(1).shape[0] == 1
+
+
+def test_contrastive_logs_the_fewest_anchors_and_the_smallest_anchor_norm():
+    """Class 1 has a single anchor of norm 0.05 (class 0 three of norm 3): the logs name both, and that one anchor
+    receives a gradient 1 / 0.05 times that of a unit-norm anchor in its place (the cosine's 1 / |a|)."""
+    def class_1_anchor_grad(scale: float):
+        rep = torch.tensor([[3.0, 0.0], [0.0, 3.0 * scale]]).T.reshape(1, 2, 1, 2)  # pixel 0: class 0, pixel 1: class 1
+        rep = torch.cat([rep, torch.tensor([[3.0, 0.0], [3.0, 0.0]]).T.reshape(1, 2, 1, 2)])  # image 1: class 0 twice
+        labels = torch.tensor([[[0, 1]], [[0, 0]]])
+        prob = torch.tensor([[[[0.9, 0.1]], [[0.1, 0.9]]], [[[0.9, 0.9]], [[0.1, 0.1]]]])
+        queues = ClassQueues([10, 10], dim=2)
+        queues.enqueue(0, torch.tensor([[0.0, 1.0]]))
+        queues.enqueue(1, torch.tensor([[0.6, 0.8]]))
+        student = rep.clone().requires_grad_()
+        loss, logs = contrastive_loss(student, rep, prob, labels, labels != 255, labels != 255, 2, queues,
+                                      low_rank=1, high_rank=2, num_queries=4, num_negatives=2)
+        loss.backward()
+        return logs, float(student.grad[0, :, 0, 1].norm())
+
+    logs, small = class_1_anchor_grad(0.05 / 3.0)
+    assert logs["contrastive_fewest_anchors"] == 1.0 and logs["contrastive_anchor_norm_min"] == pytest.approx(0.05)
+    _, unit = class_1_anchor_grad(1.0 / 3.0)
+    assert small / unit == pytest.approx(1.0 / 0.05, rel=1e-4)
 
 
 def test_contrastive_negative_candidates():

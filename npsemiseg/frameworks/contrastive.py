@@ -171,7 +171,9 @@ def contrastive_loss(
     prob_teacher ``[B, K, h, w]``; labels ``[B, h, w]`` (GT for the first ``num_labeled``,
     pseudo-labels after that, ``ignore_index`` where invalid); reliable / unreliable
     ``[B, h, w]`` bool (for labeled images: every valid pixel). Returns the scalar loss
-    (0 connected to the graph when fewer than two classes are present) and logs.
+    (0 connected to the graph when fewer than two classes are present) and logs: ``contrastive_classes`` (present),
+    and where a class has anchors and negatives, ``contrastive_fewest_anchors`` (the smallest anchor count of a
+    class) and ``contrastive_anchor_norm_min`` (the smallest anchor norm).
     ``released_bugs``: any of :data:`U2PL_BUGS` to reproduce the released code.
     """
     _check_shapes(rep_student, rep_teacher, prob_teacher, labels, queues)
@@ -190,6 +192,8 @@ def contrastive_loss(
     if len(present) <= 1:
         return rep_student.sum() * 0.0, logs
     losses: list[Tensor] = []
+    anchor_counts: list[int] = []
+    anchor_norms: list[Tensor] = []
     for position, c in enumerate(present):
         # the released code takes anchors and positive of the class at this *position*, negatives of class c
         source = position if "prototype_index" in released_bugs else c
@@ -198,10 +202,16 @@ def contrastive_loss(
         negatives = queues.class_keys(c)
         if anchors.shape[0] == 0 or negatives.shape[0] == 0 or not bool(reliable_c.any()):
             continue
+        anchor_counts.append(anchors.shape[0])
+        anchor_norms.append(anchors.detach().norm(dim=1).min())
         losses.append(_infonce(anchors, teacher[reliable_c].mean(dim=0), negatives, num_queries=num_queries,
                                num_negatives=num_negatives, temperature=temperature, generator=generator))
     if not losses:
         return rep_student.sum() * 0.0, logs
+    # a class's queries all sample its anchors, and the cosine's gradient grows as 1 / |anchor|: a class with one
+    # anchor of small norm concentrates the class's whole loss on it (benchmarks/RESULTS.md, U2PL seed 1)
+    logs["contrastive_fewest_anchors"] = float(min(anchor_counts))
+    logs["contrastive_anchor_norm_min"] = float(torch.stack(anchor_norms).min())
     return torch.stack(losses).sum() / len(present), logs
 
 
