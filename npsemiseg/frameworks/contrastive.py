@@ -176,10 +176,7 @@ def contrastive_loss(
     class) and ``contrastive_anchor_norm_min`` (the smallest anchor norm).
     ``released_bugs``: any of :data:`U2PL_BUGS` to reproduce the released code.
     """
-    _check_shapes(rep_student, rep_teacher, prob_teacher, labels, queues)
-    unknown = sorted(set(released_bugs) - set(U2PL_BUGS))
-    if unknown:
-        raise ValueError(f"released_bugs: unknown {unknown}, expected some of {list(U2PL_BUGS)}")
+    _check_inputs(rep_student, rep_teacher, prob_teacher, labels, queues, released_bugs)
     student = rep_student.permute(0, 2, 3, 1).float()  # [B, h, w, E]
     teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
     prob = prob_teacher.detach().float()
@@ -192,8 +189,7 @@ def contrastive_loss(
     if len(present) <= 1:
         return rep_student.sum() * 0.0, logs
     losses: list[Tensor] = []
-    anchor_counts: list[int] = []
-    anchor_norms: list[Tensor] = []
+    used_anchors: list[Tensor] = []
     for position, c in enumerate(present):
         # the released code takes anchors and positive of the class at this *position*, negatives of class c
         source = position if "prototype_index" in released_bugs else c
@@ -202,17 +198,21 @@ def contrastive_loss(
         negatives = queues.class_keys(c)
         if anchors.shape[0] == 0 or negatives.shape[0] == 0 or not bool(reliable_c.any()):
             continue
-        anchor_counts.append(anchors.shape[0])
-        anchor_norms.append(anchors.detach().norm(dim=1).min())
+        used_anchors.append(anchors.detach())
         losses.append(_infonce(anchors, teacher[reliable_c].mean(dim=0), negatives, num_queries=num_queries,
                                num_negatives=num_negatives, temperature=temperature, generator=generator))
     if not losses:
         return rep_student.sum() * 0.0, logs
-    # a class's queries all sample its anchors, and the cosine's gradient grows as 1 / |anchor|: a class with one
-    # anchor of small norm concentrates the class's whole loss on it (benchmarks/RESULTS.md, U2PL seed 1)
-    logs["contrastive_fewest_anchors"] = float(min(anchor_counts))
-    logs["contrastive_anchor_norm_min"] = float(torch.stack(anchor_norms).min())
+    logs.update(_anchor_logs(used_anchors))
     return torch.stack(losses).sum() / len(present), logs
+
+
+def _anchor_logs(anchor_sets: Sequence[Tensor]) -> dict[str, float]:
+    """The fewest anchors of a class and the smallest anchor norm. A class's queries all sample its anchors and
+    the cosine's gradient grows as 1 / |anchor|, so one anchor of small norm takes the class's whole loss with a
+    large gradient (benchmarks/RESULTS.md, U2PL seed 1's exploding step)."""
+    return {"contrastive_fewest_anchors": float(min(a.shape[0] for a in anchor_sets)),
+            "contrastive_anchor_norm_min": float(torch.cat([a.norm(dim=1) for a in anchor_sets]).min())}
 
 
 def _enqueue_negatives(teacher: Tensor, prob: Tensor, member: Tensor, unreliable: Tensor, num_labeled: int,
@@ -234,7 +234,11 @@ def _enqueue_negatives(teacher: Tensor, prob: Tensor, member: Tensor, unreliable
         queues.enqueue(c, all_gather_rows(teacher[labeled_negative | unlabeled_negative]))
 
 
-def _check_shapes(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor, queues: ClassQueues) -> None:
+def _check_inputs(rep_student: Tensor, rep_teacher: Tensor, prob_teacher: Tensor, labels: Tensor, queues: ClassQueues,
+                  released_bugs: Sequence[str]) -> None:
+    unknown = sorted(set(released_bugs) - set(U2PL_BUGS))
+    if unknown:
+        raise ValueError(f"released_bugs: unknown {unknown}, expected some of {list(U2PL_BUGS)}")
     if rep_student.shape != rep_teacher.shape or rep_student.dim() != 4:
         raise ValueError(
             "rep_student / rep_teacher: expected equal [B, E, h, w], "
