@@ -84,6 +84,26 @@ def test_one_framework_below_supervised_contradicts_s0(store):
     assert {p.name: p.verdict for p in s0.parts}["psmt"] == CONTRADICTED
 
 
+def test_replicate_experiments_pair_within_each_and_pool(store, tmp_path):
+    """``known`` and ``worse`` as replicates: PS-MT +2 points in one, -3 in the other; pairs never cross experiments
+    (crossing would make 3 x 3 pairs per experiment pair instead of 3 + 3)."""
+    claims = {c.id: c for c in check_claims(store, ["known", "worse"])}
+    s0 = {p.name: p for p in claims["S0"].parts}
+    assert s0["psmt"].pairs == 6 and s0["psmt"].mean_diff == pytest.approx(-0.5)
+    assert sorted(s0["psmt"].diffs) == pytest.approx([-3.0] * 3 + [2.0] * 3)
+    assert s0["mt"].pairs == 6 and s0["mt"].mean_diff == pytest.approx(10) and claims["S0"].pooled.pairs == 24
+    assert claims["S0"].verdict == INCONCLUSIVE  # PS-MT's interval [-3, +2] contains 0
+    assert claims["C1"].pooled.pairs == 12  # ``worse`` has no NP cells
+    result = CliRunner().invoke(app, ["claims", "--experiment", "known", "--experiment", "worse", "--tracking", store,
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Runs: experiments `known`, `worse`, replicates of one study" in result.output
+    assert json.loads((tmp_path / "claims.json").read_text())[0]["per_framework"]["psmt"]["pairs"] == 6
+    missing = CliRunner().invoke(app, ["claims", "--experiment", "known", "--experiment", "nope", "--tracking", store,
+                                       "--out", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "no experiment 'nope'" in missing.stderr and not (tmp_path / "x").exists()
+
+
 def test_bootstrap_interval_on_hand_computed_cases():
     # two pairs: resampled means are 1, 2, 3 with probabilities 1/4, 1/2, 1/4
     assert bootstrap_interval([1.0, 3.0]) == (1.0, 3.0)
@@ -106,6 +126,7 @@ def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
     assert set(data[0]["per_framework"]) == {"mt", "psmt", "u2pl", "augseg"}
     markdown = (tmp_path / "claims.md").read_text()
     assert printed == [markdown] and "| S0 | **supported** | +4.75 |" in markdown
+    assert "Runs: experiment `known`." in markdown
     assert sorted(a.path for a in client.list_artifacts(parent, "claims")) == ["claims/claims.json", "claims/claims.md"]
     log_claims(store, parent, [])  # an empty report is still a valid pair of files
 

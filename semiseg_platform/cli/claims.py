@@ -13,7 +13,8 @@ from semiseg_platform.tracking import existing_experiment, resolve_tracking_uri
 
 @app.command()
 def claims(
-    experiment: str = typer.Option(..., help="MLflow experiment of the study's cell runs"),
+    experiment: list[str] = typer.Option(..., help="MLflow experiment of the study's cell runs; repeat it to pool "
+                                         "replicates of one study (pairs are formed within each experiment)"),
     out: Path = typer.Option(Path("claims"), help="directory for claims.md and claims.json"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
     grid_id: str | None = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
@@ -25,7 +26,8 @@ def claims(
         fail(f"--out: {out} is a file, expected a directory")
     tracking = resolve_tracking_uri(tracking)
     try:
-        existing_experiment(tracking, experiment)
+        for name in experiment:
+            existing_experiment(tracking, name)
         claims_command(experiment, tracking=tracking, out=out, grid_id=grid_id, search_experiment=search_experiment,
                        emit=typer.echo)
     except ValueError as error:

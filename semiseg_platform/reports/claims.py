@@ -4,9 +4,12 @@ Every claim compares two groups of runs. A *pair* is two finished cell runs that
 what the claim compares (same dataset, partition and seed, and the same framework unless the
 framework is what is compared); its *difference* is oriented so that a positive value is what
 the paper claims (e.g. NP minus baseline for C1, baseline minus MC dropout for "MC dropout
-lowers mIoU"). mIoU and PAvPU differences are in points (x 100, the paper's unit); C5's in
-seconds per image. Over the pairs: the mean, a 95 % percentile bootstrap interval (10,000
-resamples of the pairs, seeded: the same runs give the same interval) and a verdict:
+lowers mIoU"). Several experiments can be checked together as *replicates* of one study (the same
+spec on another pretrained backbone or another dataset instance): pairs are formed within each
+experiment, never across, and every claim pools the pairs of all. mIoU and PAvPU differences are
+in points (x 100, the paper's unit); C5's in seconds per image. Over the pairs: the mean, a 95 %
+percentile bootstrap interval (10,000 resamples of the pairs, seeded: the same runs give the same
+interval) and a verdict:
 
 * ``supported``: the interval lies above 0; ``contradicted``: it lies below 0;
 * ``inconclusive``: it contains 0, or fewer than 2 pairs exist;
@@ -46,6 +49,8 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 SSL_FRAMEWORKS = tuple(f for f in PAPER_FRAMEWORKS if f != "supervised")
 PAPER_Q, PAPER_LAMBDA_KL = 2560, 0.005
+#: the column naming the experiment a cell came from: pairs never cross it
+REPLICATE = "replicate"
 
 
 @dataclass
@@ -167,7 +172,8 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
     ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
     ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``).
     """
-    keys = [k for k in ("framework", "dataset", "partition", "head", "seed") if k not in better]
+    keys = [k for k in (REPLICATE, "framework", "dataset", "partition", "head", "seed")
+            if k not in better and k in cells.columns]
 
     def side(selection: dict) -> pd.DataFrame:
         chosen = cells
@@ -335,20 +341,35 @@ def hyperparameter_claim(trials: pd.DataFrame) -> Claim:
 # ----------------------------------------------------------------------------- report
 
 
-def check_claims(tracking_uri: str | None, experiment: str, *, grid_id: str | None = None,
+def experiment_names(experiment: str | Sequence[str]) -> list[str]:
+    """One experiment name or several (replicates), as a list without repeats."""
+    names = list(dict.fromkeys([experiment] if isinstance(experiment, str) else experiment))
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"experiment: expected one or more experiment names, got {experiment!r}")
+    return names
+
+
+def check_claims(tracking_uri: str | None, experiment: str | Sequence[str], *, grid_id: str | None = None,
                  search_experiment: str | None = None) -> list[Claim]:
-    """Every claim, from the runs of ``experiment`` (cells: optionally one grid's; benchmark runs)
-    and the search trials of ``search_experiment`` (default: ``experiment``)."""
+    """Every claim, from the runs of ``experiment`` (cells: optionally one grid's; benchmark runs) and the
+    search trials of ``search_experiment`` (default: ``experiment``). Several experiments are replicates:
+    their cells pair within each (column ``replicate``) and every claim pools their pairs."""
     uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(uri)
-    cells = finished_cells(load_cell_runs(uri, experiment, grid_id=grid_id))
+    names = experiment_names(experiment)
+    frames = [finished_cells(load_cell_runs(uri, name, grid_id=grid_id)).assign(**{REPLICATE: name}) for name in names]
+    cells = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     cells = cells[cells["miou"].notna() | cells["pavpu"].notna()]
-    found = client.get_experiment_by_name(experiment)
-    gaps = load_benchmark_gaps(client, [found.experiment_id]) if found else {}
-    search = client.get_experiment_by_name(search_experiment or experiment)
-    trials = load_search_trials(client, [search.experiment_id]) if search else pd.DataFrame(
+    gaps = load_benchmark_gaps(client, _experiment_ids(client, names))
+    search_ids = _experiment_ids(client, [search_experiment] if search_experiment else names)
+    trials = load_search_trials(client, search_ids) if search_ids else pd.DataFrame(
         columns=["q", "lambda_kl", "t", "miou"])
     return [*cell_claims(cells), timing_claim(gaps), hyperparameter_claim(trials)]
+
+
+def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> list[str]:
+    """The ids of the experiments of ``names`` that exist."""
+    return [found.experiment_id for found in map(client.get_experiment_by_name, names) if found is not None]
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -360,10 +381,16 @@ def _row(label: str, e: Evidence, digits: int) -> str:
     return f"| {label} | {e.verdict} | {_fmt(e.mean_diff, digits)} | {interval} | {e.pairs} |"
 
 
-def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked") -> str:
-    """The report for people: one summary table, then each claim's parts and details."""
+def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked",
+                    experiments: Sequence[str] = ()) -> str:
+    """The report for people: one summary table, then each claim's parts and details (``experiments``: the
+    experiments the runs came from, named under the title)."""
     head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
-    lines = [f"# {title}", "", "Differences are oriented so that a positive value is what the paper claims; "
+    sources = ", ".join(f"`{name}`" for name in experiments)
+    runs = ([f"Runs: experiment {sources}.", ""] if len(experiments) == 1 else
+            [f"Runs: experiments {sources}, replicates of one study: pairs are formed within each, and every "
+             "claim pools the pairs of all.", ""] if experiments else [])
+    lines = [f"# {title}", "", *runs, "Differences are oriented so that a positive value is what the paper claims; "
              "intervals: 95 % percentile bootstrap over the pairs (seeded). Supported = interval above 0, "
              "contradicted = below 0, inconclusive = contains 0 or fewer than 2 pairs, no data = no pair.", "", head]
     for claim in claims:
@@ -380,32 +407,34 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
     return "\n".join(lines) + "\n"
 
 
-def write_claims(claims: Sequence[Claim], out_dir: str | Path) -> tuple[Path, Path]:
+def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> tuple[Path, Path]:
     """``out_dir/claims.md`` and ``out_dir/claims.json`` (a list with one object per claim)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     markdown, data = out / "claims.md", out / "claims.json"
-    markdown.write_text(claims_markdown(claims))
+    markdown.write_text(claims_markdown(claims, experiments=experiments))
     data.write_text(json.dumps([c.to_dict() for c in claims], indent=2) + "\n")
     return markdown, data
 
 
-def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim]) -> None:
+def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
+               experiments: Sequence[str] = ()) -> None:
     """Log ``claims.md`` and ``claims.json`` as artifacts (``claims/``) of ``run_id`` (a grid's parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
-        for path in write_claims(claims, scratch):
+        for path in write_claims(claims, scratch, experiments=experiments):
             client.log_artifact(run_id, str(path), artifact_path=GRID_CLAIMS_DIR)
 
 
-def claims_command(experiment: str, *, tracking: str | None = None, out: str | Path = "claims",
+def claims_command(experiment: str | Sequence[str], *, tracking: str | None = None, out: str | Path = "claims",
                    grid_id: str | None = None, search_experiment: str | None = None,
                    parent_run_id: str | None = None, emit: Callable[[str], None] = print) -> list[Claim]:
-    """``npsemiseg claims --experiment E [--tracking URI] [--out DIR]``: check, write, print (and log
-    on ``parent_run_id`` when given: what the grid job does at its end)."""
-    claims = check_claims(tracking, experiment, grid_id=grid_id, search_experiment=search_experiment)
-    markdown, _ = write_claims(claims, out)
+    """``npsemiseg claims --experiment E [--experiment E2 ...] [--tracking URI] [--out DIR]``: check, write,
+    print (and log on ``parent_run_id`` when given: what the grid job does at its end)."""
+    names = experiment_names(experiment)
+    claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
+    markdown, _ = write_claims(claims, out, experiments=names)
     if parent_run_id:
-        log_claims(tracking, parent_run_id, claims)
+        log_claims(tracking, parent_run_id, claims, experiments=names)
     emit(markdown.read_text())
     return claims
