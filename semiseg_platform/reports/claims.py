@@ -386,10 +386,7 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
     """The report for people: one summary table, then each claim's parts and details (``experiments``: the
     experiments the runs came from, named under the title)."""
     head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
-    sources = ", ".join(f"`{name}`" for name in experiments)
-    runs = ([f"Runs: experiment {sources}.", ""] if len(experiments) == 1 else
-            [f"Runs: experiments {sources}, replicates of one study: pairs are formed within each, and every "
-             "claim pools the pairs of all.", ""] if experiments else [])
+    runs = [_sources_line(experiments), ""] if experiments else []
     lines = [f"# {title}", "", *runs, "Differences are oriented so that a positive value is what the paper claims; "
              "intervals: 95 % percentile bootstrap over the pairs (seeded). Supported = interval above 0, "
              "contradicted = below 0, inconclusive = contains 0 or fewer than 2 pairs, no data = no pair.", "", head]
@@ -405,6 +402,15 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
             if rows:
                 lines += ["", head.replace("| claim |", f"| {label} |")] + [_row(e.label, e, digits) for e in rows]
     return "\n".join(lines) + "\n"
+
+
+def _sources_line(experiments: Sequence[str]) -> str:
+    """The report's line naming the experiments its runs came from."""
+    sources = ", ".join(f"`{name}`" for name in experiments)
+    if len(experiments) == 1:
+        return f"Runs: experiment {sources}."
+    return (f"Runs: experiments {sources}, replicates of one study: pairs are formed within each, and every claim "
+            "pools the pairs of all.")
 
 
 def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> tuple[Path, Path]:
