@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from npsemiseg.data import build_dataset, dataset_info
-from npsemiseg.data.study import FAMILIES, Family, StudyConfig, generate
+from npsemiseg.data.study import FAMILIES, Family, StudyConfig, generate, texture_pattern
 from npsemiseg.pretrain import PretrainConfig
 
 
@@ -77,10 +77,10 @@ def test_every_class_appears_and_colour_does_not_decide_the_class():
 def test_pretrain_family_shares_no_class_with_the_study():
     study, pretrain = FAMILIES["study"], FAMILIES["pretrain"]
     assert not set(study.shapes) & set(pretrain.shapes) and not set(study.textures) & set(pretrain.textures)
-    for family in ("study_shapes", "study_textures"):
+    for family in ("study_shapes", "study_textures", "study_textures8"):
         with pytest.raises(ValueError, match="family"):
             PretrainConfig(family=family)
-    for family in ("study_shapes", "study_textures"):
+    for family in ("study_shapes", "study_textures", "study_textures8"):
         assert not set(FAMILIES[family].textures) & set(pretrain.textures)
 
 
@@ -101,6 +101,11 @@ def test_families_decide_the_class_by_shape_texture_or_both():
     seen = {textures_family.draw(g) for _ in range(400)}
     assert {(cls, texture) for cls, _, texture in seen} == {(i + 1, t) for i, t in enumerate(textures_family.textures)}
     assert len(seen) == 16  # 4 textures x 4 shapes, the shape independent of the class
+    eight = FAMILIES["study_textures8"]
+    assert eight.textures[:4] == textures_family.textures and len(set(eight.textures)) == 8
+    assert dataset_info("study", family="study_textures8").num_classes == 9
+    seen = {eight.draw(g) for _ in range(800)}
+    assert {(cls, texture) for cls, _, texture in seen} == {(i + 1, t) for i, t in enumerate(eight.textures)}
     with pytest.raises(ValueError, match="classes"):
         Family(("disc",), ("dots",), classes="colour")
     counts = torch.zeros(5)
@@ -197,3 +202,16 @@ def test_texture_period_and_contrast_options_vary_the_textures_and_are_validated
                 {"texture_contrast": (0.5, 1.2)}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             StudyConfig(**bad)
+
+
+def test_the_eight_textures_are_distinct_two_tone_patterns():
+    """Every texture of ``study_textures8`` is a two-tone pattern that differs from every other one on more than a
+    tenth of the pixels (same coordinates and period): no two classes of the family draw the same image."""
+    yy, xx = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+    patterns = {t: texture_pattern(t, xx, yy, 8.0) for t in FAMILIES["study_textures8"].textures}
+    for name, pattern in patterns.items():
+        assert set(pattern.unique().tolist()) == {0.0, 1.0}, name
+    names = list(patterns)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert float((patterns[a] != patterns[b]).float().mean()) > 0.1, (a, b)

@@ -8,7 +8,8 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
   shapes, the textures (bold brightness patterns of period ~ 1/8 of the image, so blur and colour
   changes keep them) and what decides the class: ``study`` (the default) shape x texture, class
   ``1 + s * T + t`` (disc, ring, triangle, cross x stripes, dots); ``study_shapes`` the shape
-  alone; ``study_textures`` the texture alone (stripes, dots, grid, waves; the shape a nuisance).
+  alone; ``study_textures`` the texture alone (stripes, dots, grid, waves; the shape a nuisance);
+  ``study_textures8`` the same with eight textures (also zigzag, bricks, dashes, lines).
   Class 0 is the background. Colour carries no information: every object and the background get
   a random colour, and a texture is a brightness pattern. Which family the mini-study uses, and
   why, is in ``jobs/specs/mini.yaml`` and ``benchmarks/RESULTS.md``.
@@ -103,9 +104,14 @@ FAMILIES: dict[str, Family] = {
     # the strong views' colour and intensity operations and their scaled blur keep (benchmarks/RESULTS.md)
     "study_textures": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots", "grid", "waves"),
                              classes="texture"),
+    # eight textures: twice the classes of `study_textures` in the same 64 labeled images, and pairs that differ
+    # in one detail (lines / stripes: the duty cycle; dashes / stripes: breaks; zigzag / waves: the bend)
+    "study_textures8": Family(("disc", "ring", "triangle", "cross"),
+                              ("stripes", "dots", "grid", "waves", "zigzag", "bricks", "dashes", "lines"),
+                              classes="texture"),
     "pretrain": Family(("star", "crescent", "tee", "bar", "hexagon"), ("checker", "rings")),
 }
-STUDY_FAMILIES = ("study", "study_shapes", "study_textures")
+STUDY_FAMILIES = ("study", "study_shapes", "study_textures", "study_textures8")
 
 
 def _polygon(u: Tensor, v: Tensor, sides: int, inradius: float) -> Tensor:
@@ -150,6 +156,16 @@ def texture_pattern(texture: str, x: Tensor, y: Tensor, period: float) -> Tensor
         return ((torch.cos(a) > 0.7) | (torch.cos(b) > 0.7)).float()
     if texture == "waves":  # stripes bent by a slow sine across them
         return (torch.sin(a + 1.5 * torch.sin(b / 2)) > 0).float()
+    if texture == "zigzag":  # stripes bent by a triangle wave along them: sharp corners where waves are smooth
+        return (torch.sin(a + 2.0 * (2 / math.pi) * torch.asin(torch.sin(b / 2))) > 0).float()
+    if texture == "bricks":  # rows of bricks: a line between rows, joints offset by half a brick every other row
+        row = torch.floor(y / period)
+        joint = torch.cos(2 * math.pi * (x / (2 * period) + 0.5 * row)) > 0.9
+        return ((torch.cos(b) > 0.8) | joint).float()
+    if texture == "dashes":  # stripes broken into dashes, the breaks offset row to row
+        return ((torch.sin(a) > 0.3) & (torch.sin(b / 1.5 + 0.5 * torch.floor(x / period)) > -0.3)).float()
+    if texture == "lines":  # thin lines one way: the grid's lines without the cross lines, stripes' period
+        return (torch.cos(a) > 0.7).float()
     if texture == "checker":
         return ((torch.sin(a) > 0) ^ (torch.sin(b) > 0)).float()
     if texture == "rings":
