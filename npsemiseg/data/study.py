@@ -156,8 +156,8 @@ def texture_pattern(texture: str, x: Tensor, y: Tensor, period: float) -> Tensor
         return ((torch.cos(a) > 0.7) | (torch.cos(b) > 0.7)).float()
     if texture == "waves":  # stripes bent by a slow sine across them
         return (torch.sin(a + 1.5 * torch.sin(b / 2)) > 0).float()
-    if texture == "zigzag":  # stripes bent by a triangle wave along them: sharp corners where waves are smooth
-        return (torch.sin(a + 2.0 * (2 / math.pi) * torch.asin(torch.sin(b / 2))) > 0).float()
+    if texture == "zigzag":  # stripes bent by a triangle wave of their own period: twice the bends of waves, corners
+        return (torch.sin(a + 2.0 * (2 / math.pi) * torch.asin(torch.sin(b))) > 0).float()
     if texture == "bricks":  # rows of bricks: a line between rows, joints offset by half a brick every other row
         row = torch.floor(y / period)
         joint = torch.cos(2 * math.pi * (x / (2 * period) + 0.5 * row)) > 0.9
