@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -211,7 +213,5 @@ def test_the_eight_textures_are_distinct_two_tone_patterns():
     patterns = {t: texture_pattern(t, xx, yy, 8.0) for t in FAMILIES["study_textures8"].textures}
     for name, pattern in patterns.items():
         assert set(pattern.unique().tolist()) == {0.0, 1.0}, name
-    names = list(patterns)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            assert float((patterns[a] != patterns[b]).float().mean()) > 0.1, (a, b)
+    for a, b in itertools.combinations(patterns, 2):
+        assert float((patterns[a] != patterns[b]).float().mean()) > 0.1, (a, b)

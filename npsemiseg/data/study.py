@@ -111,7 +111,8 @@ FAMILIES: dict[str, Family] = {
                               classes="texture"),
     "pretrain": Family(("star", "crescent", "tee", "bar", "hexagon"), ("checker", "rings")),
 }
-STUDY_FAMILIES = ("study", "study_shapes", "study_textures", "study_textures8")
+#: the study's families: every family but the pretraining corpus's
+STUDY_FAMILIES = tuple(name for name in FAMILIES if name != "pretrain")
 
 
 def _polygon(u: Tensor, v: Tensor, sides: int, inradius: float) -> Tensor:
