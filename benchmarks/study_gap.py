@@ -25,8 +25,10 @@ Usage::
 Each line also gives, per quarter of the run, the mean of the step logs that say whether the
 unsupervised term was at work: ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy``
 (under ``data.unlabeled_truth`` measured / oracle), ``kept_fraction`` and ``teacher_confidence``
-(where the framework logs them), and the largest gradient norm of the run with its step (one exploding
-step can undo a run: U2PL seed 1, ``benchmarks/RESULTS.md``).
+(where the framework logs them), per class ``pseudo_label_recall/<class>`` and ``pseudo_label_precision/<class>``
+(which class the teacher loses, and to which), and the largest gradient norm of the run with its step (one
+exploding step can undo a run: U2PL seed 1, ``benchmarks/RESULTS.md``). Under measured / oracle it also gives the
+run's ``pseudo_label_confusion``: for each true class, the shares of its pixels given each pseudo-label.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ from npsemiseg.training.plan import plan_run
 from semiseg_platform.grid import expand, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
-#: step logs summarised per quarter of the run
+#: step logs summarised per quarter of the run, and the per-class ones (``<prefix><class index>``)
 TRACED = ("pseudo_label_accuracy", "pseudo_label_class_accuracy", "kept_fraction", "teacher_confidence")
+TRACED_PER_CLASS = ("pseudo_label_recall/", "pseudo_label_precision/")
 
 
 class StepTrace(Callbacks):
@@ -65,16 +68,30 @@ class StepTrace(Callbacks):
     def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
         self.total = total_steps
         self.largest_gradient = max(self.largest_gradient, (logs.get("train/grad_norm", 0.0), step))
-        for key in TRACED:
-            if f"train/{key}" in logs:
-                self.steps.setdefault(key, []).append((step, logs[f"train/{key}"]))
+        for name, value in logs.items():
+            key = name.removeprefix("train/")
+            if key in TRACED or key.startswith(TRACED_PER_CLASS):
+                self.steps.setdefault(key, []).append((step, value))
 
-    def quarters(self) -> dict[str, list[float]]:
+    def quarters(self, class_names: tuple[str, ...]) -> dict[str, list[float]]:
         summary = {}
-        for key, values in self.steps.items():
+        for key, values in sorted(self.steps.items()):
+            prefix, _, index = key.rpartition("/")
+            key = f"{prefix}/{class_names[int(index)]}" if prefix else key
             parts = [[v for s, v in values if q * self.total < 4 * s <= (q + 1) * self.total] for q in range(4)]
             summary[key] = [round(sum(p) / len(p), 3) if p else None for p in parts]
         return summary
+
+
+def confusion_shares(framework, class_names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """The run's pseudo-labels against the truth (``data.unlabeled_truth`` measured / oracle): for every true
+    class, the shares of its pixels given each pseudo-label (1 % and more); empty when nothing was measured."""
+    confusion = getattr(framework, "pseudo_label_confusion", None)
+    if confusion is None or int(confusion.sum()) == 0:
+        return {}
+    rows = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp_min(1)
+    return {class_names[t]: {class_names[p]: round(float(share), 3) for p, share in enumerate(row) if share >= 0.01}
+            for t, row in enumerate(rows) if int(confusion[t].sum()) > 0}
 
 
 def at_length(config: RunConfig, steps: int) -> dict[str, str]:
@@ -145,7 +162,10 @@ def main() -> None:
                               "split": config.evaluation.split, "steps": result.steps, "miou": round(result.metrics["miou"], 4),
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),
                               "per_class_iou": {k[4:]: round(v, 3) for k, v in result.metrics.items() if k.startswith("iou/")},
-                              "truth": config.data.unlabeled_truth, "per_quarter": trace.quarters(),
+                              "truth": config.data.unlabeled_truth,
+                              "per_quarter": trace.quarters(config.dataset_info.class_names),
+                              "pseudo_label_confusion": confusion_shares(result.framework,
+                                                                         config.dataset_info.class_names),
                               "largest_grad_norm": {"norm": round(trace.largest_gradient[0], 2),
                                                     "step": trace.largest_gradient[1]},
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0],

@@ -120,7 +120,19 @@ def test_measured_accuracy_is_the_share_of_right_pseudo_labels(smoke_config):
     assert logs["pseudo_label_accuracy"] == pytest.approx(known[1].sum().item() / known.sum().item())
     per_class = [((truth[1] == c).sum() / (truth[known] == c).sum()).item() for c in truth[known].unique()]
     assert logs["pseudo_label_class_accuracy"] == pytest.approx(sum(per_class) / len(per_class))
+    for c, recall in zip(truth[known].unique().tolist(), per_class):
+        assert logs[f"pseudo_label_recall/{c}"] == pytest.approx(recall)
+    for c in teacher.label[known].unique().tolist():  # of the pixels labelled c, those of image 1 are right
+        labelled = (teacher.label == c) & known
+        assert logs[f"pseudo_label_precision/{c}"] == pytest.approx(labelled[1].sum().item() / labelled.sum().item())
     assert "pseudo_label_accuracy" not in fw.step_logs(fw.labeled_pass(batch.labeled["image"], batch.labeled["label"]))
+    # the run's confusion: image 1 on the diagonal, image 0 one class off; a second step adds to it
+    confusion = fw.pseudo_label_confusion.clone()
+    assert confusion.sum().item() == known.sum().item()
+    assert confusion.diagonal().sum().item() == known[1].sum().item()
+    assert confusion[(teacher.label[0, 0, 0] + 1) % config.num_classes, teacher.label[0, 0, 0]].item() > 0
+    fw.predict_unlabeled(fw.teacher, {**batch.unlabeled, "label": truth})
+    assert torch.equal(fw.pseudo_label_confusion, 2 * confusion)
 
 
 def test_truth_diagnostics_refuse_what_they_cannot_measure(smoke_config):

@@ -105,16 +105,34 @@ def oracle_prediction(prediction: TeacherPrediction, truth: Tensor) -> TeacherPr
     return TeacherPrediction(probs, entropy, confidence, label, logits, prediction.output)
 
 
-def pseudo_label_accuracy(label: Tensor, truth: Tensor) -> dict[str, float]:
-    """How right the pseudo-labels ``label [B, H, W]`` are where ``truth [B, H, W]`` is known (not 255):
-    ``pseudo_label_accuracy`` (share of right pixels) and ``pseudo_label_class_accuracy`` (the mean over the
-    classes present of each class's share of right pixels: background does not dominate it)."""
+def pseudo_label_confusion(label: Tensor, truth: Tensor, num_classes: int) -> Tensor:
+    """Counts ``[K, K]`` int64 of the pseudo-labels ``label [B, H, W]`` against ``truth [B, H, W]`` where the truth
+    is known (not 255): row = true class, column = pseudo-label."""
     known = truth != IGNORE_INDEX
     if not bool(known.any()):
         raise ValueError("data.unlabeled_truth: the unlabeled images of this batch carry no labels (all 255); "
                          "expected a dataset that reveals them (build_dataset(..., reveal_labels=True))")
-    right = (label == truth)[known].float()
-    classes = truth[known]
-    present = classes.unique()
-    per_class = torch.stack([right[classes == c].mean() for c in present])
-    return {"pseudo_label_accuracy": float(right.mean()), "pseudo_label_class_accuracy": float(per_class.mean())}
+    index = truth[known].long() * num_classes + label[known].long()
+    return torch.bincount(index, minlength=num_classes * num_classes).reshape(num_classes, num_classes).cpu()
+
+
+def pseudo_label_accuracy(confusion: Tensor) -> dict[str, float]:
+    """How right the pseudo-labels of ``confusion [K, K]`` (:func:`pseudo_label_confusion`) are.
+
+    ``pseudo_label_accuracy``: the share of right pixels; ``pseudo_label_class_accuracy``: the mean over the true
+    classes present of their ``pseudo_label_recall/<c>`` (the share of class c's pixels labelled c: background
+    does not dominate it); ``pseudo_label_precision/<c>``: the share of the pixels labelled c that are c, for every
+    class given as a pseudo-label. A class the teacher loses shows as its recall falling and as the precision of
+    the class that takes its pixels falling.
+    """
+    confusion = confusion.double()
+    right = confusion.diagonal()
+    truth_count, label_count = confusion.sum(dim=1), confusion.sum(dim=0)
+    present, given = truth_count > 0, label_count > 0
+    recall = right[present] / truth_count[present]
+    logs = {"pseudo_label_accuracy": float(right.sum() / confusion.sum()),
+            "pseudo_label_class_accuracy": float(recall.mean())}
+    logs.update({f"pseudo_label_recall/{c}": float(r) for c, r in zip(present.nonzero().flatten().tolist(), recall)})
+    logs.update({f"pseudo_label_precision/{c}": float(right[c] / label_count[c])
+                 for c in given.nonzero().flatten().tolist()})
+    return logs

@@ -36,6 +36,7 @@ from npsemiseg.frameworks.pseudo_labels import (
     mode,
     oracle_prediction,
     pseudo_label_accuracy,
+    pseudo_label_confusion,
     teacher_predict,
 )
 from npsemiseg.frameworks.supervised import supervised_loss_terms
@@ -87,7 +88,11 @@ class SemiSupervisedFramework(Framework):
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  **collaborators: Any) -> None:
         super().__init__(options, build_model, num_classes=num_classes, **collaborators)
-        self._truth_accuracies: list[dict[str, float]] = []
+        #: the pseudo-labels against the truth of the unlabeled images (``data.unlabeled_truth`` measured / oracle),
+        #: ``[K, K]`` counts (:func:`~npsemiseg.frameworks.pseudo_labels.pseudo_label_confusion`) over this step's
+        #: teachers and over the whole run in this process (a resumed run counts from its resumption)
+        self.step_pseudo_label_confusion: Tensor | None = None
+        self.pseudo_label_confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
 
@@ -150,17 +155,20 @@ class SemiSupervisedFramework(Framework):
         """``teacher``'s prediction on the weak unlabeled view ``unlabeled["image"]``: where every framework's
         pseudo-labels come from.
 
-        ``unlabeled_truth``: ``hidden`` = the prediction; ``measured`` = the same, and the step logs
-        ``pseudo_label_accuracy`` and ``pseudo_label_class_accuracy`` against ``unlabeled["label"]``
-        (:func:`~npsemiseg.frameworks.pseudo_labels.pseudo_label_accuracy`; mean over the step's teachers); ``oracle`` = the
-        ground truth in its place where known (:func:`~npsemiseg.frameworks.pseudo_labels.oracle_prediction`; the
-        accuracy logged is the real teacher's).
+        ``unlabeled_truth``: ``hidden`` = the prediction; ``measured`` = the same, and the step logs how right it
+        is against ``unlabeled["label"]``, overall, per class and by class mean
+        (:func:`~npsemiseg.frameworks.pseudo_labels.pseudo_label_accuracy`; the step's teachers pooled), while
+        ``pseudo_label_confusion`` sums the run's counts; ``oracle`` = the ground truth in its place where known
+        (:func:`~npsemiseg.frameworks.pseudo_labels.oracle_prediction`; what is measured is the real teacher).
         """
         prediction = self.predict(teacher, unlabeled["image"], train_mode=train_mode)
         if self.unlabeled_truth == "hidden":
             return prediction
         truth = unlabeled["label"]
-        self._truth_accuracies.append(pseudo_label_accuracy(prediction.label, truth))
+        confusion = pseudo_label_confusion(prediction.label, truth, self.num_classes)
+        self.pseudo_label_confusion += confusion
+        step = self.step_pseudo_label_confusion
+        self.step_pseudo_label_confusion = confusion if step is None else step + confusion
         return oracle_prediction(prediction, truth) if self.unlabeled_truth == "oracle" else prediction
 
     # ----------------------------------------------------------------- student
@@ -197,10 +205,9 @@ class SemiSupervisedFramework(Framework):
         """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""
         logs = head_logs(student.head.stats)
         logs.update({k: float(v) for k, v in values.items()})
-        if self._truth_accuracies:  # the mean over the step's teachers
-            for key in self._truth_accuracies[0]:
-                logs[key] = sum(a[key] for a in self._truth_accuracies) / len(self._truth_accuracies)
-            self._truth_accuracies.clear()
+        if self.step_pseudo_label_confusion is not None:
+            logs.update(pseudo_label_accuracy(self.step_pseudo_label_confusion))
+            self.step_pseudo_label_confusion = None
         return logs
 
 
