@@ -238,7 +238,8 @@ class DataConfig(Section):
     whose student sees labeled images strongly augmented).
     ``unlabeled_truth``: a diagnostic of the frameworks' pseudo-labels:
     ``hidden`` (every real run), ``measured`` (the unlabeled images keep their labels and each step logs how
-    often the teacher's pseudo-labels are right, ``train/pseudo_label_accuracy``) or ``oracle`` (the teacher's
+    often the teacher's pseudo-labels are right, ``train/pseudo_label_accuracy``, and per class
+    ``train/pseudo_label_recall/<c>`` and ``train/pseudo_label_precision/<c>``) or ``oracle`` (the teacher's
     prediction on the unlabeled images is replaced by their ground truth: a teacher always right and always
     confident; an SSL framework that does not beat supervised with it cannot with any teacher).
     """
