@@ -17,6 +17,8 @@ Usage::
     .venv/bin/python benchmarks/study_gap.py --frameworks supervised,mt --partitions 1/16 --set evaluation.split=tune
     # the pseudo-label diagnostics: the teacher's accuracy on the unlabeled images, or the truth in its place
     .venv/bin/python benchmarks/study_gap.py --frameworks mt --partitions 1/16 --set data.unlabeled_truth=measured
+    # when supervised learns each class: per-class IoU on the tune split every 10 epochs (80 steps)
+    .venv/bin/python benchmarks/study_gap.py --partitions 1/16 --set evaluation.split=tune --set schedule.eval_every_epochs=10
     # another run length: the time-dependent framework settings follow npsemiseg.short_run's rule for it
     .venv/bin/python benchmarks/study_gap.py --frameworks mt --partitions 1/16 --steps 960
     # the evaluated model again after re-estimating its batch-norm statistics on 256 clean training images
@@ -64,6 +66,7 @@ class StepTrace(Callbacks):
     def __init__(self) -> None:
         self.steps: dict[str, list[tuple[int, float]]] = {}
         self.largest_gradient = (0.0, 0)  # (train/grad_norm, step)
+        self.evaluations: list[dict[str, float]] = []  # mIoU and per-class IoU at each evaluation during the run
 
     def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
         self.total = total_steps
@@ -72,6 +75,10 @@ class StepTrace(Callbacks):
             key = name.removeprefix("train/")
             if key in TRACED or key.startswith(TRACED_PER_CLASS):
                 self.steps.setdefault(key, []).append((step, value))
+
+    def on_evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        self.evaluations.append({"step": step, "miou": round(metrics["miou"], 4),
+                                 **{k[4:]: round(v, 3) for k, v in metrics.items() if k.startswith("iou/")}})
 
     def quarters(self, class_names: tuple[str, ...]) -> dict[str, list[float]]:
         summary = {}
@@ -168,6 +175,7 @@ def main() -> None:
                                                                          config.dataset_info.class_names),
                               "largest_grad_norm": {"norm": round(trace.largest_gradient[0], 2),
                                                     "step": trace.largest_gradient[1]},
+                              **({"evaluations": trace.evaluations} if trace.evaluations else {}),
                               "seconds": round(time.perf_counter() - start), "load": os.getloadavg()[0],
                               **({"miou_bn_recalibrated": round(recalibrated_miou(result, config, args.recalibrate_bn), 4)}
                                  if args.recalibrate_bn else {})}), flush=True)
