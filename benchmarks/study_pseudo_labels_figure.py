@@ -1,6 +1,6 @@
 """Draws the pseudo-label diagnostics of ``benchmarks/study_gap.py`` (issue 15): not a test.
 
-Reads study_gap's JSON lines, each with a ``run`` label added, and draws, per dataset seed, the supervised
+Reads study_gap's JSON lines, each with a ``run`` label added, and draws, per dataset and training seed, the supervised
 reference's per-class IoU during its run (``--set schedule.eval_every_epochs=10``) beside the PS-MT teacher's
 per-class pseudo-label recall by quarter (``--set data.unlabeled_truth=measured``) for each PS-MT run, and the
 confusion of one run's pseudo-labels against the truth.
@@ -40,13 +40,13 @@ def main() -> None:
     references = [r for r in rows if r["run"] == args.reference]
     fig, axes = plt.subplots(1, len(references) + 1, figsize=(5 * (len(references) + 1), 4.2))
     for ax, reference in zip(axes, references):
-        seed, steps = reference["data_seed"], reference["steps"]
+        data_seed, seed, steps = reference["data_seed"], reference["seed"], reference["steps"]
         evaluations = reference["evaluations"]
         for name, color in COLORS.items():
             ax.plot([e["step"] for e in evaluations], [e[name] for e in evaluations], color=color,
                     label=f"{args.reference}: IoU {name}")
         for label, style in zip(args.teachers, STYLES):
-            for run in (r for r in rows if r["run"] == label and r["data_seed"] == seed):
+            for run in (r for r in rows if r["run"] == label and (r["data_seed"], r["seed"]) == (data_seed, seed)):
                 middles = [(q + 0.5) * steps / 4 for q in range(4)]
                 for name, color in COLORS.items():
                     ax.plot(middles, run["per_quarter"][f"pseudo_label_recall/{name}"], style, color=color,
@@ -54,7 +54,7 @@ def main() -> None:
         for i, step in enumerate(args.ramps):
             ax.axvline(step, color="grey", lw=0.8)
             ax.text(step + 4, 0.02 + 0.05 * i, f"step {step}", fontsize=7, color="grey")
-        ax.set_title(f"data seed {seed}: IoU (solid) and teacher recall by quarter\n"
+        ax.set_title(f"data seed {data_seed}, seed {seed}: IoU (solid), teacher recall by quarter\n"
                      + "; ".join(f"{s} {t}" for t, s in zip(args.teachers, STYLES)), fontsize=8)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1)
