@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import predictive
+from npsemiseg.label_maps import confusion_matrix
 from npsemiseg.models import logit_align_corners, upsample_logits
 
 
@@ -112,8 +113,7 @@ def pseudo_label_confusion(label: Tensor, truth: Tensor, num_classes: int) -> Te
     if not bool(known.any()):
         raise ValueError("data.unlabeled_truth: the unlabeled images of this batch carry no labels (all 255); "
                          "expected a dataset that reveals them (build_dataset(..., reveal_labels=True))")
-    index = truth[known].long() * num_classes + label[known].long()
-    return torch.bincount(index, minlength=num_classes * num_classes).reshape(num_classes, num_classes).cpu()
+    return confusion_matrix(label, truth, num_classes).cpu()
 
 
 def pseudo_label_accuracy(confusion: Tensor) -> dict[str, float]:
