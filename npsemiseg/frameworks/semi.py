@@ -91,7 +91,7 @@ class SemiSupervisedFramework(Framework):
         #: the pseudo-labels against the truth of the unlabeled images (``data.unlabeled_truth`` measured / oracle),
         #: ``[K, K]`` counts (:func:`~npsemiseg.frameworks.pseudo_labels.pseudo_label_confusion`) over this step's
         #: teachers and over the whole run in this process (a resumed run counts from its resumption)
-        self.step_pseudo_label_confusion: Tensor | None = None
+        self._step_confusion: Tensor | None = None
         self.pseudo_label_confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
         self.teachers: dict[str, nn.Module] = {name: make_teacher(build_model(), self.student) for name in self.teacher_names}
         self._memory_names = memory_buffer_names(self.student)
@@ -167,8 +167,8 @@ class SemiSupervisedFramework(Framework):
         truth = unlabeled["label"]
         confusion = pseudo_label_confusion(prediction.label, truth, self.num_classes)
         self.pseudo_label_confusion += confusion
-        step = self.step_pseudo_label_confusion
-        self.step_pseudo_label_confusion = confusion if step is None else step + confusion
+        step = self._step_confusion
+        self._step_confusion = confusion if step is None else step + confusion
         return oracle_prediction(prediction, truth) if self.unlabeled_truth == "oracle" else prediction
 
     # ----------------------------------------------------------------- student
@@ -205,9 +205,9 @@ class SemiSupervisedFramework(Framework):
         """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""
         logs = head_logs(student.head.stats)
         logs.update({k: float(v) for k, v in values.items()})
-        if self.step_pseudo_label_confusion is not None:
-            logs.update(pseudo_label_accuracy(self.step_pseudo_label_confusion))
-            self.step_pseudo_label_confusion = None
+        if self._step_confusion is not None:
+            logs.update(pseudo_label_accuracy(self._step_confusion))
+            self._step_confusion = None
         return logs
 
 
