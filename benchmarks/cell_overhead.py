@@ -34,11 +34,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
     from semiseg_platform.launch import ensure_ray, run_cell
     from semiseg_platform.tracking import prepare_experiment, resolve_tracking_uri
 
-    config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16",
                                    head=args.head, **{"runtime.device": "cpu"})
     with tempfile.TemporaryDirectory(prefix="cell-overhead-") as tmp:
         root = Path(tmp)

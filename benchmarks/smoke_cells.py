@@ -32,11 +32,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
     from npsemiseg.frameworks import framework_names
     from npsemiseg.training import train
 
-    warm = RunConfig.from_preset("smoke", framework="supervised", dataset=args.dataset, head="np")
+    warm = cell_config("smoke", framework="supervised", dataset=args.dataset, head="np")
     train(warm)  # imports and one-time initialisation
     totals = []
     for framework in framework_names():
@@ -44,7 +44,7 @@ def main() -> None:
             config_s, train_s, steps_s = [], [], []
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                config = RunConfig.from_preset("smoke", framework=framework, dataset=args.dataset, head=head)
+                config = cell_config("smoke", framework=framework, dataset=args.dataset, head=head)
                 config_s.append(time.perf_counter() - start)
                 result = train(config)
                 train_s.append(result.seconds)

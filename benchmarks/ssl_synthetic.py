@@ -70,12 +70,12 @@ def cell_overrides(framework: str, *, steps: int, image_size: int, labeled_epoch
 
 
 def run_cell(framework: str, head: str, *, steps: int, image_size: int, seed: int) -> dict[str, Any]:
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
     from npsemiseg.training import train
 
     labeled_epoch_steps = 512 // 16 // 4  # 32 labeled images, 4 per step
     overrides = cell_overrides(framework, steps=steps, image_size=image_size, labeled_epoch_steps=labeled_epoch_steps)
-    config = RunConfig.from_preset("smoke", framework=framework, head=head, dataset="synthetic", partition="1/16",
+    config = cell_config("smoke", framework=framework, head=head, dataset="synthetic", partition="1/16",
                                    seed=seed, **overrides)
     started = time.perf_counter()
     result = train(config)

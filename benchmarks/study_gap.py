@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from npsemiseg.callbacks import Callbacks
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, with_overrides
 from npsemiseg.frameworks import get_framework
 from npsemiseg.short_run import EMA_DECAYS, EPOCH_PHASES, QUEUES, RunLength, scale_time_settings
 from npsemiseg.training import train
@@ -159,7 +159,7 @@ def main() -> None:
     for data_seed in (int(s) for s in args.data_seeds.split(",")):
         for config in cells:
             length = at_length(config, args.steps) if args.steps else {}
-            config = config.with_overrides({"data.options.seed": str(data_seed), "runtime.progress": "off", **length,
+            config = with_overrides(config, {"data.options.seed": str(data_seed), "runtime.progress": "off", **length,
                                             **extra})
             start = time.perf_counter()
             trace = StepTrace()

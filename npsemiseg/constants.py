@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 #: label value of pixels that no loss or metric counts (VOC's outlines, Cityscapes' void, dropped pseudo-labels)
@@ -13,3 +14,11 @@ SampleCE = Literal["elbo", "mean_logits"]
 
 #: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
 PAPER_BLUR_SIGMA = (0.1, 2.0)
+
+#: the value (and MLflow param) of an option or switch that does not apply to a cell
+NOT_APPLICABLE = "n/a"
+
+
+def sliding_stride(window: int) -> int:
+    """The sliding-window stride at ``window`` px when none is given: ceil(2/3 x window) (U2PL's; 513 at 769)."""
+    return math.ceil(window * 2 / 3)

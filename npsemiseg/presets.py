@@ -1,67 +1,78 @@
-"""The ``paper`` and ``smoke`` presets of :class:`npsemiseg.config.RunConfig`.
+"""The presets a cell's configuration is composed from: ``paper`` and ``smoke``.
 
-Sources (``../shared/notes``; "NP configs" = the NP-SemiSeg authors' released U2PL/AugSeg
-configs, ``np_head_reference.md`` section 3; "conventions" = ``ssl_frameworks.md`` section 2):
+A preset gives two steps of :func:`npsemiseg.config.compose` (which lists the whole order):
+``values`` (step ``preset``: the settings of the cell's dataset family before the framework's and the
+head's own) and ``scale`` (step ``scale``, after the protocol's switches: the crop, batches, learning rate
+and epochs of the cell, and for ``smoke`` everything else that makes a run take seconds).
 
-VOC family (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``):
-  crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = 12 + 12; the paper's
-  batch 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs
-  (NP configs; conventions); evaluation center crop 513 (U2PL). ``optim.reference_batch`` is that
-  global batch (12; Cityscapes 8): ``optim.lr_scaling=linear`` scales the lr to another one.
-Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8 + 8), lr 5e-3, head 1x, weight
-  decay 5e-4, 200 epochs (240 for AugSeg), OHEM (0.7, min_kept 100000) + 0.4 x auxiliary
-  layer-3 head loss, sliding-window evaluation 769 / stride 513 (NP configs; U2PL).
-Every framework shares these crops, batches, learning rates and epochs: MT and PS-MT have
-  no public NP integration, so they run in the shared trainer for comparability
-  (``ssl_frameworks.md`` section 7, quirks 4-5). AugSeg's NP config uses 2 images per GPU
-  (8 in all) where the paper says 12: the paper's 12 under ``corrected``, the config's 8 under ``released``.
-  PS-MT's 80-550 epoch schedules are switch ``psmt_epochs``.
-Head settings (switch ``head_settings``, ``head_schedule``): under ``released`` the baseline head trains at its
-  framework's own publication crop and batch (``Framework.publication_settings``), LR (``publication_lr``: PS-MT
-  0.01 at 32 on VOC = 2.5e-3 x 4 GPUs, 4.5e-3 on Cityscapes) and epochs (``publication_epochs``: CPS's MeanTeacher
-  34 on VOC), as the paper's baseline rows were copied from the frameworks' papers; the MC-dropout and NP heads
-  at the NP configs' crop and batch (``np_config_settings``: AugSeg VOC 8 in all, otherwise the shared reduced
-  ones above); every head under ``corrected`` at the shared ones.
-Model variant per framework (``ssl_frameworks.md`` section 1): U2PL's DeepLabv3+ (output
-  stride 8, 512-channel features) for supervised, MT and U2PL; AugSeg's for AugSeg, PS-MT's
-  for PS-MT. ImageNet ResNet-50 backbone (torchvision weights; the v1c deep stem is an option).
-Heads: each head class's ``paper_options`` and ``paper_grad_clip`` (NP: lambda_kl = 0.005, memory
-  length Q = 2560 and gradient clipping at norm 5.0, NP configs, ``np_head_reference.md``
-  section 2); T = 5 predictions at evaluation for MC dropout and NP (the paper; the authors'
-  Cityscapes script uses 20). The baseline and MC dropout runs are not clipped (the original
-  frameworks do not clip).
-Framework options (EMA decays, loss weights, ramp-ups, thresholds): each framework's
-  ``paper_options(dataset, partition)``, which cites its own sources; its model variant is the
-  class's ``model_variant``.
+``paper``, VOC family (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``,
+the study datasets): crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = the paper's batch
+of 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs; evaluation on a
+513 px center crop (U2PL's). Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
+1x, weight decay 5e-4, 200 epochs (AugSeg 240), OHEM (0.7, at least 100,000 pixels) plus 0.4 x the
+auxiliary layer-3 head's loss, sliding-window evaluation at 769 px. These are the NP-SemiSeg authors'
+released U2PL and AugSeg configurations (``docs/presets_audit.md`` gives each value's file and line);
+MT and PS-MT run in the same shared trainer for comparability. ResNet-50 with ImageNet weights.
 
-``smoke``: ``resnet_small`` backbone with narrow decoder widths, random init, 32 x 32 crops
-of a small synthetic dataset, 2 + 2 images per step, a handful of steps, T = 2, evaluation of
-a few whole images; one cell trains in a few seconds on one CPU core. Supervised-only and
-warm-up phases (U2PL's ``sup_only_epochs``, PS-MT's ``warmup_epochs``) are set to 0 so the
-few smoke steps exercise the semi-supervised path. Heads and frameworks add their own
-``smoke_options`` (small NP memories; U2PL's contrastive loss on fewer anchors and keys).
+The ``paper`` scale follows ``schedule.head_settings`` (switch ``head_settings``): ``shared`` trains
+every head of a framework at the settings above; ``per_head`` trains the baseline head at its framework's
+own publication crop, batch, LR and epochs (the paper copied its baseline rows from those publications)
+and the MC-dropout and NP heads at the NP configurations' (AugSeg VOC: 8 images in all).
 
-Protocol (``npsemiseg.protocol``): ``paper`` writes every switch of the cell's protocol into its values
-(``released`` = the code behind the paper's numbers, ``corrected`` = the paper done right); ``smoke``
-keeps them, except its own scale settings (T = 2 at evaluation under both protocols).
-
-Presets are registered in :data:`PRESETS` (name -> function of the cell giving the nested values).
+``smoke``: the paper preset shrunk to seconds on one CPU core: the ``resnet_small`` backbone with narrow
+decoder widths and random init, 32 px crops of a small synthetic dataset, 2 + 2 images per step, 3 steps,
+T = 2 at evaluation on 2 whole images, no supervised-only or warm-up phase (so the few steps run the
+semi-supervised path), the frameworks' and heads' ``smoke_options`` (small memories and queues). Its
+scale wins over the protocol's switches where they meet (T at evaluation, PS-MT's warm-up and epochs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from npsemiseg._registry import Registry
 from npsemiseg.data import dataset_info
+from npsemiseg.data.info import DatasetInfo
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 from npsemiseg.heads import head_class
-from npsemiseg.protocol import apply_protocol, protocol_overrides
+from npsemiseg.protocol import protocol_overrides
 
-#: every preset by name: a function ``(framework=, dataset=, partition=, head=, protocol=) -> nested values``
-PRESETS: Registry[Callable[..., dict[str, Any]]] = Registry("preset")
+#: one setting a step writes: (dotted key, value, why)
+Setting = tuple[str, Any, str]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a composition starts from: the preset and the cell's coordinates under a protocol."""
+
+    preset: str
+    framework: str
+    dataset: str
+    partition: str
+    head: str
+    protocol: str = "corrected"
+
+    @property
+    def info(self) -> DatasetInfo:
+        """The dataset's description (without data options)."""
+        return dataset_info(self.dataset)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A preset: ``values(cell)`` (nested values of step ``preset``) and ``scale(cell, view)`` (the settings of
+    step ``scale``; ``view`` is the nested values as the user's overrides will leave them)."""
+
+    name: str
+    values: Callable[[Cell], dict[str, Any]]
+    scale: Callable[[Cell, Mapping[str, Any]], list[Setting]]
+
+
+#: every preset by name
+PRESETS: Registry[Preset] = Registry("preset")
 
 
 def preset_names() -> tuple[str, ...]:
@@ -84,7 +95,7 @@ _CITYSCAPES: dict[str, Any] = {
                  "poly_power": 0.9, "epoch_length": "unlabeled", "eval_every_epochs": 1},
     "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
     "model": {"aux_head": True},
-    # stride None = ceil(2/3 x crop): 513 at 769, and it follows a changed crop
+    # no stride: the derived one (ceil(2/3 x crop) = 513 at 769) follows a changed crop
     "evaluation": {"mode": "sliding", "crop_size": 769, "num_samples": 5},
 }
 
@@ -96,143 +107,106 @@ HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unl
                       "optim.reference_batch", "optim.lr", "schedule.epochs")
 
 
-def _paper_dataset(dataset: str) -> str:
-    """The dataset whose paper settings apply (a synthetic stand-in's real dataset)."""
-    return dataset_info(dataset).real_dataset or dataset
+def family_values(family: str) -> dict[str, Any]:
+    """A copy of the paper's shared settings of dataset family ``voc`` or ``cityscapes`` (nested values)."""
+    base = _CITYSCAPES if family == "cityscapes" else _VOC
+    return {key: dict(section) for key, section in base.items()}
 
 
-def dataset_family(dataset: str) -> str:
-    """``"cityscapes"`` for Cityscapes and its stand-in, else ``"voc"`` (VOC, blender, synthetic)."""
-    return "cityscapes" if _paper_dataset(dataset) == "cityscapes" else "voc"
-
-
-def _protocol_epochs(*, framework: str, dataset: str, partition: str, head: str, protocol: str) -> int:
+def _protocol_epochs(cell: Cell) -> int:
     """The cell's epochs without a publication's own: a switch's (``psmt_epochs``) where one sets them, else the
     shared schedule's (with the framework's ``paper_schedule``)."""
-    family = dataset_family(dataset)
-    cell = {"framework": framework, "dataset": dataset, "partition": partition}
-    shared = get_framework(framework).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
-    return protocol_overrides(protocol, framework=framework, dataset=dataset, head=head,
-                              values=cell).get("schedule.epochs", shared)
+    family = cell.info.family
+    shared = get_framework(cell.framework).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
+    values = {"framework": cell.framework, "dataset": cell.dataset, "partition": cell.partition}
+    return protocol_overrides(cell.protocol, framework=cell.framework, dataset=cell.dataset, head=cell.head,
+                              values=values).get("schedule.epochs", shared)
 
 
-def head_schedule(*, framework: str, dataset: str, partition: str, head: str, head_settings: str,
-                  protocol: str = "corrected") -> dict[str, Any]:
+def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
     """The crop, per-process labeled / unlabeled batch, global batch (``optim.reference_batch``), LR and epochs
-    of a cell (keys :data:`HEAD_SCHEDULE_KEYS`).
+    of ``cell`` under ``head_settings`` (keys :data:`HEAD_SCHEDULE_KEYS`), each with why.
 
-    ``shared`` (switch ``head_settings``, corrected): every head of a framework at the reduced setting the paper
-    trained its MC-dropout and NP rows with (VOC crop 480, batch 12; Cityscapes 580, 8), the shared LR and the
-    protocol's epochs. ``per_head`` (released): each head at the settings of the code behind its rows
-    (``protocol_deviations.md``, Provenance): a deterministic head (the baseline, whose rows the paper copied
-    from each framework's publication) at the framework's ``publication_settings``, ``publication_lr`` and
-    ``publication_epochs`` where it has them; the stochastic heads at the NP-SemiSeg configs' crop and batch
-    (``np_config_settings`` where they differ from the shared ones: AugSeg VOC 8)."""
-    family = dataset_family(dataset)
-    base = _CITYSCAPES if family == "cityscapes" else _VOC
-    crop, batch = base["schedule"]["crop_size"], base["optim"]["reference_batch"]
-    lr = base["optim"]["lr"]
-    epochs = _protocol_epochs(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
+    ``shared``: every head at the reduced setting the paper trained its MC-dropout and NP rows with (VOC crop
+    480, batch 12; Cityscapes 580, 8), the shared LR and the protocol's epochs. ``per_head``: a deterministic
+    head (the baseline) at its framework's ``publication_settings``, ``publication_lr`` and
+    ``publication_epochs`` where it has them; the stochastic heads at the NP configurations' crop and batch
+    (``np_config_settings`` where they differ from the shared ones)."""
     if head_settings not in ("per_head", "shared"):
         raise ValueError(f"schedule.head_settings: expected 'per_head' or 'shared', got {head_settings!r}")
-    framework_cls = get_framework(framework)
-    if head_settings == "per_head" and head_class(head).stochastic:
+    family = cell.info.family
+    base = family_values(family)
+    crop, batch, lr = base["schedule"]["crop_size"], base["optim"]["reference_batch"], base["optim"]["lr"]
+    epochs = _protocol_epochs(cell)
+    framework_cls = get_framework(cell.framework)
+    why = f"head_settings shared: every head of {cell.framework} at the NP configs' {family} crop and batch"
+    epochs_why = "the protocol's epochs" if epochs != SHARED_EPOCHS[family] else f"the shared {family} epochs"
+    if head_settings == "per_head" and head_class(cell.head).stochastic:
         crop, batch = framework_cls.np_config_settings.get(family, (crop, batch))
+        why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
     elif head_settings == "per_head":
         crop, batch = framework_cls.publication_settings[family]
         lr = framework_cls.publication_lr.get(family, lr)
-        info = dataset_info(dataset)
-        own = framework_cls.publication_epochs(_paper_dataset(dataset), info.resolve_partition(str(partition)))
-        epochs = own if own is not None else epochs
+        own = framework_cls.publication_epochs(cell.info.paper_dataset, cell.info.resolve_partition(cell.partition))
+        epochs, epochs_why = (own, f"head_settings per_head: {cell.framework}'s publication epochs") \
+            if own is not None else (epochs, epochs_why)
+        why = f"head_settings per_head: {cell.framework}'s publication settings ({family})"
     per_process = max(1, batch // PAPER_PROCESSES)
-    return dict(zip(HEAD_SCHEDULE_KEYS, (crop, per_process, per_process, batch, lr, epochs)))
+    values = (crop, per_process, per_process, batch, lr, epochs)
+    reasons = (why, f"{why}, / {PAPER_PROCESSES} processes", f"{why}, / {PAPER_PROCESSES} processes", why, why,
+               epochs_why)
+    return list(zip(HEAD_SCHEDULE_KEYS, values, reasons))
 
 
-def _cell_schedule(values: dict[str, Any]) -> dict[str, Any]:
-    """:func:`head_schedule` of the cell in nested configuration ``values``."""
-    return head_schedule(framework=values["framework"], dataset=values["dataset"], partition=str(values["partition"]),
-                         head=values["head"]["name"], head_settings=values["schedule"].get("head_settings", "shared"),
-                         protocol=values.get("protocol", "corrected"))
-
-
-def follow_head_settings(before: dict[str, Any], after: dict[str, Any], explicit: Any = ()) -> dict[str, Any]:
-    """``after`` (nested values) with its crop, batches, LR and epochs moved to its cell's :func:`head_schedule`
-    where they still hold ``before``'s derived ones and no key of ``explicit`` set them: a change of
-    ``head_settings``, head, framework or protocol keeps the schedule derived. Only where one side is ``per_head``
-    (``shared`` cells keep today's behaviour) and only while one of the crop and batches is still derived: a
-    shrunk schedule (smoke) never matches and stays, its LR and epochs too. ``after`` is changed in place."""
-    settings = {before["schedule"].get("head_settings"), after["schedule"].get("head_settings")}
-    if "per_head" not in settings:
-        return after
-    old, new = _cell_schedule(before), _cell_schedule(after)
-
-    def derived(key: str) -> bool:
-        section, leaf = key.split(".")
-        return key not in explicit and section not in explicit and after[section].get(leaf) == old[key]
-
-    if not any(derived(key) for key in HEAD_SCHEDULE_KEYS[:4]):
-        return after
-    for key, value in new.items():
-        if derived(key):
-            section, leaf = key.split(".")
-            after[section][leaf] = value
-    return after
-
-
-def preset_values(preset: str, *, framework: str, dataset: str, partition: str, head: str,
-                  protocol: str = "corrected") -> dict[str, Any]:
-    """The nested dict of configuration values of ``preset`` for one cell under ``protocol`` (validated by RunConfig)."""
-    return PRESETS.get(preset)(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
-
-
-@PRESETS.register("paper")
-def paper(*, framework: str, dataset: str, partition: str, head: str, protocol: str = "corrected") -> dict[str, Any]:
-    """The paper's settings for one cell under ``protocol`` (sources in the module docstring and on the classes)."""
-    head_cls = head_class(head)
-    framework_cls = get_framework(framework)
-    family = dataset_family(dataset)
-    base = _CITYSCAPES if family == "cityscapes" else _VOC
-    values: dict[str, Any] = {key: dict(section) for key, section in base.items()}
-    values.update(framework=framework, dataset=dataset, partition=partition)
-    values["framework_options"] = framework_cls.paper_options(_paper_dataset(dataset), partition)
-    values["model"].update(variant=framework_cls.model_variant, backbone="resnet50", weights="imagenet")
-    values["schedule"].update(framework_cls.paper_schedule(family))
-    values["optim"]["grad_clip"] = head_cls.paper_grad_clip
-    values["head"] = {"name": head, "options": dict(head_cls.paper_options)}
+def _paper_values(cell: Cell) -> dict[str, Any]:
+    """The paper's shared settings of the cell's dataset family, ResNet-50 with ImageNet weights."""
+    values = family_values(cell.info.family)
+    values["model"].update(backbone="resnet50", weights="imagenet")
     values["data"] = {"num_workers": 4}
-    apply_protocol(values, protocol)
-    for key, value in _cell_schedule(values).items():  # the crop and batches the protocol's head settings give
-        section, leaf = key.split(".")
-        values[section][leaf] = value
     return values
 
 
-@PRESETS.register("smoke")
-def smoke(*, framework: str, dataset: str, partition: str, head: str, protocol: str = "corrected") -> dict[str, Any]:
-    """Shrink the paper preset to seconds on a CPU: tiny model, images, steps and evaluation.
+def _paper_scale(cell: Cell, view: Mapping[str, Any]) -> list[Setting]:
+    return head_schedule(cell, view["schedule"].get("head_settings", "shared"))
 
-    On a real dataset the files are read as they are (no synthetic generator options). The protocol's
-    switches stay (head options are merged with the head's ``smoke_options``), T at evaluation is 2."""
-    values = paper(framework=framework, dataset=dataset, partition=partition, head=head, protocol=protocol)
+
+PRESETS.add("paper", Preset("paper", _paper_values, _paper_scale))
+
+
+def _smoke_values(cell: Cell) -> dict[str, Any]:
+    """The paper's values with a tiny random-init model, no data-loader workers and (on generated data) small
+    synthetic images; real datasets are read as they are."""
+    values = _paper_values(cell)
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
-    values["optim"].update(lr=0.01, reference_batch=2)  # one process of 2 labeled images
-    values["schedule"].update(epochs=1, max_steps=3, batch_size=2, unlabeled_batch_size=2, crop_size=32,
-                              eval_every_epochs=0, checkpoint_every_steps=0)
-    values["loss"].update(ohem_min_kept=64)
-    values["evaluation"] = {"mode": "whole", "num_samples": 2, "max_images": 2, "pavpu_window": 8, "figures": False,
-                            "select": values["evaluation"].get("select", "last"),
-                            "select_from_epoch": values["evaluation"].get("select_from_epoch", 0)}
-    synthetic = dataset_info(dataset).synthetic
-    values["data"] = {**values["data"], "num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if synthetic else {}}
-    values["head"]["options"] = {**values["head"]["options"], **head_class(head).smoke_options}
-    # a handful of steps never leaves a supervised-only phase: start semi-supervised at once
-    for phase in ("sup_only_epochs", "warmup_epochs"):
-        if phase in values["framework_options"]:
-            values["framework_options"][phase] = 0
-    values["framework_options"].update(get_framework(framework).smoke_options)
+    values["loss"]["ohem_min_kept"] = 64
+    values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if cell.info.synthetic else {}}
     return values
 
 
-#: kept for callers that read the old name table; :func:`preset_names` is the accessor
-PRESET_NAMES: tuple[str, ...] = preset_names()
+def _smoke_scale(cell: Cell, view: Mapping[str, Any]) -> list[Setting]:
+    """Seconds on a CPU: one process of 2 + 2 crops of 32 px for 3 steps, T = 2 on 2 whole images, no
+    supervised-only or warm-up phase, the framework's and the head's ``smoke_options``."""
+    why = "smoke: seconds on one CPU core"
+    settings: list[Setting] = [
+        ("optim.lr", 0.01, why), ("optim.reference_batch", 2, "smoke: one process of 2 labeled images"),
+        ("schedule.epochs", 1, why), ("schedule.max_steps", 3, why), ("schedule.batch_size", 2, why),
+        ("schedule.unlabeled_batch_size", 2, why), ("schedule.crop_size", 32, why),
+        ("schedule.eval_every_epochs", 0, why), ("schedule.checkpoint_every_steps", 0, why),
+        ("evaluation.mode", "whole", why), ("evaluation.num_samples", 2, why), ("evaluation.max_images", 2, why),
+        ("evaluation.pavpu_window", 8, why), ("evaluation.figures", False, why),
+        ("evaluation.crop_size", None, "smoke: the dataset's convention"),
+        ("evaluation.stride", None, "smoke: the dataset's convention"),
+    ]
+    options = view.get("framework_options", {})
+    settings += [(f"framework_options.{phase}", 0, "smoke: a few steps start semi-supervised at once")
+                 for phase in ("sup_only_epochs", "warmup_epochs") if phase in options]
+    framework, head = get_framework(cell.framework), head_class(cell.head)
+    settings += [(f"framework_options.{k}", v, f"smoke: {cell.framework}'s smoke_options")
+                 for k, v in framework.smoke_options.items()]
+    settings += [(f"head.options.{k}", v, f"smoke: the {cell.head} head's smoke_options")
+                 for k, v in head.smoke_options.items()]
+    return settings
+
+
+PRESETS.add("smoke", Preset("smoke", _smoke_values, _smoke_scale))

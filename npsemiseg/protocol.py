@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.data import dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.schedules import SHARED_EPOCHS
@@ -28,8 +29,6 @@ Protocol = Literal["released", "corrected"]
 Owner = Literal["framework", "head", "model", "evaluation", "loop", "data"]
 #: prefix of a switch given by name in overrides (``switches.np_attention=euclidean``) and of its MLflow param
 SWITCH_PREFIX = "switches."
-#: the value (and param) of a switch that does not apply to the cell
-NOT_APPLICABLE = "n/a"
 
 
 @dataclass(frozen=True)
@@ -80,27 +79,22 @@ class Switch:
         if self.heads is not None and head not in self.heads:
             return False
         info = dataset_info(dataset)
-        if self.families is not None and _family(info) not in self.families:
+        if self.families is not None and info.family not in self.families:
             return False
         return self.needs_lists is None or self.needs_lists in info.list_variants
-
-
-def _family(info: Any) -> str:
-    """``cityscapes`` for Cityscapes and its stand-in, else ``voc`` (as ``npsemiseg.presets.dataset_family``)."""
-    return "cityscapes" if (info.real_dataset or info.name) == "cityscapes" else "voc"
 
 
 def _publication_epochs(values: dict[str, Any]) -> int:
     """The framework's own epochs for the cell (``Framework.publication_epochs``; the shared ones where it has none)."""
     info = dataset_info(values["dataset"])
-    own = get_framework(values["framework"]).publication_epochs(info.real_dataset or info.name,
+    own = get_framework(values["framework"]).publication_epochs(info.paper_dataset,
                                                                  info.resolve_partition(str(values["partition"])))
     return own if own is not None else _shared_epochs(values)
 
 
 def _shared_epochs(values: dict[str, Any]) -> int:
     """The shared schedule's epochs of the cell's dataset family (with the framework's ``paper_schedule``)."""
-    family = _family(dataset_info(values["dataset"]))
+    family = dataset_info(values["dataset"]).family
     return get_framework(values["framework"]).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
 
 
@@ -220,7 +214,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            families=("cityscapes",)),
     Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg Cityscapes configs",
            "sliding-window size at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
-    Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533, 513, "AugSeg evaluation (stride 2/3 window)",
+    Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533,
+           Derived("ceil(2/3 x window), derived", lambda values: None), "AugSeg evaluation (stride 2/3 window)",
            "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
            "the logits to label size; e.g. PS-MT encoder_decoder.py 116, train.py 334-337)",
@@ -264,27 +259,20 @@ def implemented_switches() -> tuple[Switch, ...]:
     return tuple(switch for switch in _SWITCH_LIST if switch.target is not None)
 
 
-def protocol_overrides(protocol: str, *, framework: str, dataset: str, head: str,
-                       values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``{target: value}`` of every implemented switch applying to the cell under ``protocol``
+def protocol_switches(protocol: str, *, framework: str, dataset: str, head: str,
+                      values: dict[str, Any] | None = None) -> list[tuple[Switch, Any]]:
+    """Every implemented switch applying to the cell with its value under ``protocol``, in table order
     (``values``: the cell's nested configuration values, for derived values)."""
     check_protocol(protocol)
-    return {s.target: s.value(protocol, values) for s in _SWITCH_LIST
-            if s.applies(framework=framework, dataset=dataset, head=head)}
+    return [(s, s.value(protocol, values)) for s in _SWITCH_LIST if s.applies(framework=framework, dataset=dataset,
+                                                                             head=head)]
 
 
-def apply_protocol(values: dict[str, Any], protocol: str) -> dict[str, Any]:
-    """Nested configuration ``values`` of one cell (``framework``, ``dataset``, ``head.name`` set) with
-    ``protocol`` and every switch of it that applies to the cell written in (in place; returned)."""
-    values["protocol"] = protocol
-    cell = {"framework": values["framework"], "dataset": values["dataset"], "head": values["head"]["name"]}
-    for dotted, value in protocol_overrides(protocol, **cell, values=values).items():
-        *parents, leaf = dotted.split(".")
-        node = values
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return values
+def protocol_overrides(protocol: str, *, framework: str, dataset: str, head: str,
+                       values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{target: value}`` of every implemented switch applying to the cell under ``protocol``."""
+    return {switch.target: value for switch, value in protocol_switches(protocol, framework=framework, dataset=dataset,
+                                                                        head=head, values=values)}
 
 
 def switch_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

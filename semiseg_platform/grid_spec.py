@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, compose
 from npsemiseg.data import dataset_info, dataset_names
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
@@ -277,8 +277,8 @@ def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
         if scoped.when.matches(key):
             overrides.update(scoped.overrides)
     try:
-        return RunConfig.from_preset(spec.preset, framework=framework.framework, dataset=key.dataset,
-                                     partition=key.partition, head=variant.head, protocol=key.protocol, **overrides)
+        return compose(spec.preset, framework=framework.framework, dataset=key.dataset, partition=key.partition,
+                       head=variant.head, protocol=key.protocol, overrides=overrides).config
     except (ValueError, TypeError) as error:
         raise ValueError(f"grid spec {spec.name!r}, cell {key.framework}/{key.dataset}/{key.partition}/"
                          f"{key.head} seed {key.seed} ({key.protocol}): {describe_error(error)}") from None

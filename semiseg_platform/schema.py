@@ -1,9 +1,9 @@
 """The MLflow tracking schema as code: every tag, param, artifact and metric name the platform writes.
 
 ``docs/CONTRACTS.md`` ("Tracking schema") describes it; the grid, the search, the tables and the
-UI read these names from here only. :func:`config_params` is the parameter layout of a cell
-(``RunConfig`` -> ``{"optim.lr": "0.001", ...}``), the same key set for every cell so MLflow's
-compare view lines cells up.
+UI read these names from here only. A cell's parameters are its configuration flattened by
+``npsemiseg.config.config_params`` (the same key set for every cell, so MLflow's compare view lines cells
+up) plus :data:`EFFECTIVE_GLOBAL_BATCH` and :data:`EFFECTIVE_LR`.
 
 Submissions: a grid's parent and cell runs carry :data:`GRID_ID`; a search's carry
 :data:`SEARCH_ID`. Stores written before searches had their own tag tagged search runs
@@ -12,16 +12,8 @@ Submissions: a grid's parent and cell runs carry :data:`GRID_ID`; a search's car
 
 from __future__ import annotations
 
-import functools
-import inspect
-import json
 from typing import Any
 
-from npsemiseg.data.transforms import train_transform
-from npsemiseg.frameworks import framework_names, get_framework
-from npsemiseg.heads import head_names
-from npsemiseg.heads.factory import head_options
-from npsemiseg.protocol import switch_values
 
 # ----------------------------------------------------------------------------- tags
 #: What a run is: ``cell`` | ``grid`` | ``search`` | ``benchmark`` | ``pretrain``
@@ -78,6 +70,8 @@ UNCERTAINTY_TIME_BENCHMARK = "uncertainty_time"
 
 # ----------------------------------------------------------------------------- artifacts
 CONFIG_ARTIFACT = "config/config.yaml"
+#: Where each key of the cell's configuration comes from (``npsemiseg.config.explain``), beside its YAML
+PROVENANCE_ARTIFACT = "config/config_provenance.json"
 CHECKPOINT_URI_ARTIFACT = "checkpoint_uri.txt"
 TRACEBACK_ARTIFACT = "error/traceback.txt"
 PER_CLASS_IOU_TABLE = "tables/per_class_iou.json"
@@ -129,63 +123,10 @@ def submission_of(tags: dict[str, str]) -> str | None:
 
 # ----------------------------------------------------------------------------- params
 #: What a cell trained with: the global labeled batch (per process x processes) and the base learning
-#: rate after ``optim.lr_scaling`` (params of every cell, beside :func:`config_params`)
+#: rate after ``optim.lr_scaling`` (params of every cell, beside ``npsemiseg.config.config_params``)
 EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
 
 
 def effective_params(scaling: Any) -> dict[str, str]:
     """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH` / :data:`EFFECTIVE_LR` params."""
     return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_LR: f"{scaling.lr:.6g}"}
-
-#: The parameter value of an option that the cell's framework or head does not take
-NOT_APPLICABLE = "n/a"
-#: The params of the protocol's switches: ``switches.<name>``
-SWITCH_PARAM_PREFIX = "switches"
-
-
-def config_params(config: Any) -> dict[str, str]:
-    """A ``RunConfig`` as MLflow params: ``{"optim.lr": "0.001", ...}`` (dotted keys, string values).
-
-    The key set is the same for every cell, whatever its framework and head: ``framework_options.*``
-    lists the options of *every* framework, ``head.options.*`` those of every head and
-    ``data.augmentation.*`` every ``train_transform`` keyword; each holds the cell's value, else the
-    default of the cell's framework/head/transform, else :data:`NOT_APPLICABLE`. Free-form dicts
-    (``model.options``, ``data.options``) are as given. ``protocol`` is a param (and a tag) and every switch
-    of ``npsemiseg.protocol`` is ``switches.<name>`` (its value in the cell, ``n/a`` where it does not apply).
-    """
-    data = config.model_dump(mode="json")
-    data["framework_options"] = {**dict.fromkeys(_framework_option_keys(), NOT_APPLICABLE), **data["framework_options"]}
-    data["head"]["options"] = {**_head_option_defaults(config.head.name), **data["head"]["options"]}
-    data["data"]["augmentation"] = {**_augmentation_defaults(), **data["data"]["augmentation"]}
-    data[SWITCH_PARAM_PREFIX] = switch_values(data)
-    return dict(_flatten("", data))
-
-
-def _flatten(prefix: str, value: Any):
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), item)
-    else:
-        yield prefix, value if isinstance(value, str) else json.dumps(value)
-
-
-@functools.lru_cache(maxsize=1)
-def _framework_option_keys() -> tuple[str, ...]:
-    return tuple(sorted({key for name in framework_names() for key in get_framework(name).Options.model_fields}))
-
-
-@functools.cache
-def _head_option_defaults(name: str) -> dict[str, Any]:
-    keys = sorted({key for head in head_names() for key in head_options(head)})
-    own = {key: value for key, value in head_options(name).items() if value is not inspect.Parameter.empty}
-    return {key: _json_value(own[key]) if key in own else NOT_APPLICABLE for key in keys}
-
-
-@functools.lru_cache(maxsize=1)
-def _augmentation_defaults() -> dict[str, Any]:
-    parameters = inspect.signature(train_transform).parameters.values()
-    return {p.name: _json_value(p.default) for p in parameters if p.name != "crop_size"}
-
-
-def _json_value(value: Any) -> Any:
-    return json.loads(json.dumps(value))

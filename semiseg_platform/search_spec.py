@@ -13,7 +13,7 @@ from typing import Any, Literal
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, compose, with_overrides
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -150,8 +150,8 @@ class SearchSpec(Strict):
 
     def base_config(self) -> RunConfig:
         """The cell before any searched value is applied (the preset, then ``overrides``)."""
-        return RunConfig.from_preset(self.preset, framework=self.framework, dataset=self.dataset,
-                                     partition=self.partition, head=self.head, **self.overrides)
+        return compose(self.preset, framework=self.framework, dataset=self.dataset, partition=self.partition,
+                       head=self.head, overrides=self.overrides).config
 
 
 def load_search_spec(source: str | Path | Mapping[str, Any], *, overrides: Mapping[str, Any] | None = None,
@@ -176,12 +176,12 @@ def load_search_spec(source: str | Path | Mapping[str, Any], *, overrides: Mappi
     for key, distribution in spec.space.items():
         for value in distribution.representatives():
             try:
-                base.with_overrides({key: value})
+                with_overrides(base, {key: value})
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{where}: space.{key} = {value!r} is not a valid setting: {describe_error(error)}") from None
     for index, point in enumerate(spec.points_to_evaluate):
         try:
-            base.with_overrides(point)
+            with_overrides(base, point)
         except (ValueError, TypeError) as error:
             raise ValueError(f"{where}: points_to_evaluate[{index}] is not a valid setting: {describe_error(error)}") from None
     return spec

@@ -12,7 +12,7 @@ from typing import Any
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, with_overrides
 
 #: Optuna user attributes of the study's trials
 CELL_ATTR = "npsemiseg.cell_id"
@@ -31,7 +31,7 @@ class CellOfParams:
     keys: tuple[str, ...]
 
     def config(self, params: Mapping[str, Any]) -> RunConfig:
-        return self.base.with_overrides({key: params[key] for key in self.keys})
+        return with_overrides(self.base, {key: params[key] for key in self.keys})
 
     def __call__(self, params: Mapping[str, Any]) -> str:
         return self.config(params).cell_id

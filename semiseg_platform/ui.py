@@ -2,7 +2,7 @@
 
 The grid's runs are shaped for the UI by the tracking schema (``docs/CONTRACTS.md``): one
 experiment per study, the submission's parent run with every cell as its child, the same
-parameter keys in every cell (``RunConfig.flat()``), the tags ``framework``, ``dataset``,
+parameter keys in every cell (``npsemiseg.config.config_params``), the tags ``framework``, ``dataset``,
 ``partition``, ``head`` as columns and search terms, a description per cell
 (:func:`cell_description`, MLflow's ``mlflow.note.content``) and figures under stable paths
 (``figures/uncertainty_maps.png``, ``figures/reliability.png``, ``figures/per_class_iou.png``).

@@ -30,11 +30,11 @@ def single_seeded_thread():
 def smoke_config():
     """``smoke_config(framework="supervised", head="baseline", dataset="synthetic", **overrides)``:
     the ``smoke`` preset of one cell (a few CPU seconds of training)."""
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
 
     def make(framework: str = "supervised", head: str = "baseline", dataset: str = "synthetic",
              partition: str = "1/16", **overrides):
-        return RunConfig.from_preset("smoke", framework=framework, dataset=dataset, partition=partition,
+        return cell_config("smoke", framework=framework, dataset=dataset, partition=partition,
                                      head=head, **overrides)
 
     return make

@@ -17,7 +17,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import npsemiseg
-from npsemiseg.config import RunConfig
+from npsemiseg.config import cell_config
 from npsemiseg.data.datasets import load_image
 from npsemiseg.evaluation.visualize import entropy_to_grey
 from semiseg_platform import schema
@@ -118,7 +118,7 @@ def cell(tmp_path_factory):
     """A U2PL + NP smoke cell (student, EMA teacher, NP memories) trained into a fresh store and storage."""
     tracking = fresh_store(tmp_path_factory, "checkpoint-cell")
     storage = tmp_path_factory.mktemp("checkpoint-storage")
-    config = RunConfig.from_preset("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="np",
+    config = cell_config("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="np",
                                    **{"runtime.device": "cpu"})
     result = run_cell_in_process(config, storage=storage, tracking=tracking, experiment="ckpt", name="lineage")
     return {"tracking": tracking, "storage": storage, "result": result, "run_id": result.run_id,

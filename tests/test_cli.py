@@ -124,9 +124,9 @@ def test_run_in_local_mode_prints_metrics_and_url(workdir, tmp_path_factory):
 
     store = fresh_store(tmp_path_factory, "cli")
     config = workdir / "cell.yaml"
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
 
-    config.write_text(RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",
+    config.write_text(cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16",
                                             head="baseline").to_yaml())
     result = runner.invoke(app, ["run", "--config", str(config), "--head", "mc_dropout", "--set", "schedule.max_steps=2",
                                  "--workers", "0", "--tracking", store, "--storage", "ckpt"])

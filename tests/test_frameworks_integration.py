@@ -95,7 +95,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, queue) -> None:
     try:
         import npsemiseg.training as training
         import npsemiseg.training.setup as setup
-        from npsemiseg.config import RunConfig
+        from npsemiseg.config import cell_config
 
         built = {}
         build = setup.build_framework
@@ -105,7 +105,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, queue) -> None:
             return built["framework"]
 
         setup.build_framework = keep
-        config = RunConfig.from_preset("smoke", framework="u2pl", head="np", framework_options=U2PL_OPTIONS,
+        config = cell_config("smoke", framework="u2pl", head="np", framework_options=U2PL_OPTIONS,
                                        **{"schedule.max_steps": 3, "runtime.device": "cpu"})
         training.train(config)
         fw = built["framework"]

@@ -227,10 +227,10 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     assert ablation.framework == "u2pl" and ablation.framework_options["contrastive"] is False
     assert ablation.optim.lr == 0.5 and configs["u2pl/synthetic_voc/92/baseline"].optim.lr != 0.5
     # a plain cell keeps the id it has outside a grid; a variant with nothing changed is still its own cell
-    from npsemiseg.config import RunConfig
-    alone = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic_voc", partition="92",
+    from npsemiseg.config import cell_config, with_overrides
+    alone = cell_config("smoke", framework="supervised", dataset="synthetic_voc", partition="92",
                                   **{"runtime.device": "cpu"})
     assert plain.cell_id == alone.cell_id
-    assert alone.with_overrides({"framework_variant": "supervised_again"}).cell_id != alone.cell_id
+    assert with_overrides(alone, {"framework_variant": "supervised_again"}).cell_id != alone.cell_id
     with pytest.raises(ValueError, match="frameworks.bad.framework"):
         load_spec(_spec(frameworks={"bad": {"framework": "fixmatch"}}))

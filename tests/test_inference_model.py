@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import npsemiseg
-from npsemiseg import RunConfig, train
+from npsemiseg import train
+from npsemiseg.config import cell_config
 from npsemiseg.inference_model import EXPORT_KIND
 
 
@@ -14,7 +15,7 @@ from npsemiseg.inference_model import EXPORT_KIND
 def trained(tmp_path_factory):
     """A supervised MC-dropout smoke cell trained with checkpoints under ``runtime.output_dir``."""
     output = tmp_path_factory.mktemp("trained")
-    config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16",
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16",
                                    head="mc_dropout", **{"runtime.device": "cpu", "runtime.output_dir": str(output)})
     return config, train(config), output / "checkpoints"
 
@@ -50,6 +51,6 @@ def test_bad_files_are_named(tmp_path):
     with pytest.raises(ValueError, match="holds no checkpoint"):
         npsemiseg.load_model(tmp_path)
     with pytest.raises(ValueError, match="mode: expected one of"):
-        npsemiseg.SegmentationModel(RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic",
+        npsemiseg.SegmentationModel(cell_config("smoke", framework="supervised", dataset="synthetic",
                                                           partition="1/16", head="np"), torch.nn.Identity(), step=0,
                                     mode="tiles")

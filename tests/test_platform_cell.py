@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, cell_config, config_params, with_overrides
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
 from semiseg_platform.schema import EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR, FINAL_METRICS
 from semiseg_platform.schema import ERROR as ERROR_TAG
@@ -47,7 +47,7 @@ def tracking_uri(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def config() -> RunConfig:
     """The smoke cell with a checkpoint after every step (3 steps)."""
-    return RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np",
+    return cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np",
                                  **{"schedule.checkpoint_every_steps": 1, "runtime.device": "cpu"})
 
 
@@ -85,7 +85,7 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
         "head_name": "np", "cell_id": config.cell_id, "world_size": "2"}
     assert ERROR_TAG not in tags and "grid_id" not in tags
     # the configuration, plus what the cell trained with on its 2 workers (issue 17: global batch 2 x 2, lr unscaled)
-    assert run.data.params == {**config.flat(), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_LR: f"{config.optim.lr:.6g}"}
+    assert run.data.params == {**config_params(config), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_LR: f"{config.optim.lr:.6g}"}
     client = MlflowClient(tracking_uri)
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == [1, 2, 3]
@@ -134,7 +134,7 @@ def test_local_mode_cell_resumes_under_the_same_name(config, tracking_uri, tmp_p
     """``workers=0`` (Ray Train's local mode, no cluster needed): stopped at step 2, run again, resumed;
     the result equals an uninterrupted in-process run of the same cell."""
     storage = tmp_path / "storage"
-    stopped = run_cell(config.with_overrides({"runtime.stop_at_step": 2}), workers=0, storage=storage,
+    stopped = run_cell(with_overrides(config, {"runtime.stop_at_step": 2}), workers=0, storage=storage,
                        tracking=tracking_uri, experiment="local", name="lineage")
     assert stopped.status == "KILLED" and stopped.steps == 2 and stopped.metrics == {}
     assert CheckpointStore(parse_storage(storage), "lineage").steps() == [1, 2]

@@ -7,7 +7,7 @@ import socket
 import pytest
 from platform_fixtures import FAULT_ENV, FaultInjection
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import cell_config, with_overrides
 from semiseg_platform.launch import cell_run_name, validate_resources
 from semiseg_platform.launch.ray_runtime import embedded_env, in_existing_cluster, worker_env
 
@@ -66,7 +66,7 @@ def test_fault_injection_spec(monkeypatch):
 
 
 def test_fault_injection_raises_once(tmp_path):
-    config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="baseline")
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="baseline")
     fault = FaultInjection(rank=0, step=2, marker=str(tmp_path / "marker"), action="raise")
     fault.on_start(config, total_steps=3, start_step=0, rank=0, world_size=1)
     fault.on_step(1, 3, {})
@@ -79,11 +79,11 @@ def test_fault_injection_raises_once(tmp_path):
 
 
 def test_cell_run_names_are_path_safe_and_unique():
-    config = RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np")
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np")
     name = cell_run_name(config)
     assert name == f"supervised_synthetic_1_16_np-{config.cell_id}"
     assert cell_run_name(config, "grid7") == f"grid7-{name}"
-    assert cell_run_name(config.with_overrides({"seed": 9})) != name
+    assert cell_run_name(with_overrides(config, {"seed": 9})) != name
     # two experiments sharing a storage never share a checkpoint lineage
     assert cell_run_name(config, "grid7", "study a/b") == f"study_a_b-grid7-{name}"
     assert cell_run_name(config, "grid7", "other") != cell_run_name(config, "grid7", "study a/b")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -12,10 +13,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, cell_config, config_params, explain, with_overrides
 from npsemiseg.training import RunResult
 from semiseg_platform.schema import ERROR as ERROR_TAG
-from semiseg_platform.schema import FINAL_METRICS
+from semiseg_platform.schema import FINAL_METRICS, PROVENANCE_ARTIFACT
 from semiseg_platform.schema import OWNER_HOST as OWNER_HOST_TAG
 from semiseg_platform.schema import OWNER_PID as OWNER_PID_TAG
 from semiseg_platform.schema import OWNER_START as OWNER_START_TAG
@@ -40,7 +41,7 @@ def tracking_uri(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def config() -> RunConfig:
-    return RunConfig.from_preset("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np")
+    return cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np")
 
 
 def _runs(uri: str, experiment: str):
@@ -103,7 +104,7 @@ def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
     assert {k: tags.get(k) for k in expected_tags} == expected_tags
     assert tags["git_commit"] and tags["npsemiseg_version"]
     assert ERROR_TAG not in tags
-    assert stored.data.params == config.flat()
+    assert stored.data.params == config_params(config)
     # buffered step metrics were flushed at the evaluation, NaN dropped
     assert _history(tracking_uri, run.run_id, "train/loss") == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
     assert "train/nan_metric" not in stored.data.metrics
@@ -119,6 +120,10 @@ def test_cell_run_logs_the_schema(tracking_uri, config, tmp_path):
     assert {"config/config.yaml", "figures/uncertainty_maps.png", "tables/per_class_iou.csv", "checkpoint_uri.txt"} <= artifacts
     local = client.download_artifacts(run.run_id, "config/config.yaml", str(tmp_path))
     assert RunConfig.from_yaml(Path(local).read_text()) == config
+    provenance = json.loads(Path(client.download_artifacts(run.run_id, PROVENANCE_ARTIFACT, str(tmp_path))).read_text())
+    assert provenance == explain(config).to_json()
+    assert provenance["evaluation.num_samples"]["set_by"][-1]["step"] == "scale"  # the smoke preset's T = 2
+    assert provenance["evaluation.num_samples"]["value"] == config.evaluation.num_samples
     figure_copy = Path(client.download_artifacts(run.run_id, "figures/uncertainty_maps.png", str(tmp_path / "dl")))
     assert figure_copy.read_bytes() == figure.read_bytes()
 
@@ -161,11 +166,11 @@ def test_restarted_cell_reuses_its_run(tracking_uri, config):
 
 
 def test_failed_and_killed_cells_end_with_their_status(tracking_uri, config):
-    failing = config.with_overrides({"seed": 1})
+    failing = with_overrides(config, {"seed": 1})
     with pytest.raises(ValueError):
         with CellRun.open(failing, tracking=tracking_uri, experiment="outcomes") as failed:
             raise ValueError("learning rate exploded at step 7")
-    killed_config = config.with_overrides({"seed": 2})
+    killed_config = with_overrides(config, {"seed": 2})
     with pytest.raises(CellKilled):
         with CellRun.open(killed_config, tracking=tracking_uri, experiment="outcomes") as killed:
             raise CellKilled("terminated by signal 15")
@@ -182,7 +187,7 @@ def test_a_run_another_party_ended_killed_stays_killed_when_its_teardown_raises(
     torn down; the teardown's exception must not turn the run FAILED or replace the reason."""
     client = MlflowClient(tracking_uri)
     with pytest.raises(RuntimeError):
-        with CellRun.open(config.with_overrides({"seed": 3}), tracking=tracking_uri, experiment="outcomes") as run:
+        with CellRun.open(with_overrides(config, {"seed": 3}), tracking=tracking_uri, experiment="outcomes") as run:
             client.set_tag(run.run_id, ERROR_TAG, "stopped early by the ASHA scheduler after evaluation 2")
             client.set_terminated(run.run_id, status="KILLED")
             raise RuntimeError("training worker group shut down")
@@ -192,7 +197,7 @@ def test_a_run_another_party_ended_killed_stays_killed_when_its_teardown_raises(
 
 
 def test_only_rank_zero_logs(tracking_uri, config):
-    with CellRun.open(config.with_overrides({"seed": 3}), tracking=tracking_uri, experiment="ranks") as run:
+    with CellRun.open(with_overrides(config, {"seed": 3}), tracking=tracking_uri, experiment="ranks") as run:
         callbacks = MLflowCallbacks(tracking_uri, run.run_id, flush_every_s=0)
         callbacks.on_start(config, total_steps=2, start_step=0, rank=1, world_size=2)
         callbacks.on_step(0, 2, {"loss": 1.0})
@@ -205,12 +210,12 @@ def test_sweep_ends_runs_whose_owner_is_gone(tracking_uri, config):
     experiment = "sweep"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = dead.stdout.strip()
-    orphan = CellRun.open(config.with_overrides({"seed": 4}), tracking=tracking_uri, experiment=experiment)
-    alive = CellRun.open(config.with_overrides({"seed": 5}), tracking=tracking_uri, experiment=experiment)
+    orphan = CellRun.open(with_overrides(config, {"seed": 4}), tracking=tracking_uri, experiment=experiment)
+    alive = CellRun.open(with_overrides(config, {"seed": 5}), tracking=tracking_uri, experiment=experiment)
     client = MlflowClient(tracking_uri)
     client.set_tag(orphan.run_id, OWNER_PID_TAG, dead_pid)
     client.set_tag(orphan.run_id, OWNER_START_TAG, "")
-    remote = CellRun.open(config.with_overrides({"seed": 6}), tracking=tracking_uri, experiment=experiment)
+    remote = CellRun.open(with_overrides(config, {"seed": 6}), tracking=tracking_uri, experiment=experiment)
     client.set_tag(remote.run_id, OWNER_HOST_TAG, "some-other-host")
 
     # a cell still running under a live process is not taken over
@@ -219,7 +224,7 @@ def test_sweep_ends_runs_whose_owner_is_gone(tracking_uri, config):
         client.set_tag(alive.run_id, OWNER_PID_TAG, str(live.pid))
         client.set_tag(alive.run_id, OWNER_START_TAG, "")
         with pytest.raises(RuntimeError, match="is already running"):
-            CellRun.open(config.with_overrides({"seed": 5}), tracking=tracking_uri, experiment=experiment)
+            CellRun.open(with_overrides(config, {"seed": 5}), tracking=tracking_uri, experiment=experiment)
     finally:
         live.kill()
         live.wait()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, cell_config
 from npsemiseg.config.overrides import parse_scalar
-from npsemiseg.presets import HEAD_SCHEDULE_KEYS, head_schedule
+from npsemiseg.presets import Cell, HEAD_SCHEDULE_KEYS, head_schedule
 from npsemiseg.protocol import SWITCHES
 
 AUDIT = Path(__file__).resolve().parents[1] / "npsemiseg" / "presets_audit.md"
@@ -31,7 +31,7 @@ def _value(config: RunConfig, key: str):
 
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: f"{r['framework']}-{r['dataset']}-{r['key']}")
 def test_audit_row_matches_the_preset(row):
-    config = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
+    config = cell_config("paper", framework=row["framework"], dataset=row["dataset"],
                                    partition=PARTITION[row["dataset"]], head="np", protocol="corrected")
     assert _value(config, row["key"]) == parse_scalar(row["ours"].replace("True", "true").replace("False", "false"))
     if row["status"].startswith("switch head_settings") and row["key"] != "schedule.head_settings":
@@ -39,7 +39,7 @@ def test_audit_row_matches_the_preset(row):
     elif row["status"].startswith("switch "):
         switch = SWITCHES[row["status"].split()[1]]
         assert switch.target == row["key"]
-        released = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
+        released = cell_config("paper", framework=row["framework"], dataset=row["dataset"],
                                          partition=PARTITION[row["dataset"]], head="np", protocol="released")
         assert _value(released, row["key"]) == switch.value("released", released.model_dump(mode="json"))
 
@@ -52,12 +52,13 @@ def _check_head_schedule_row(row):
     released = {}
     for head in ("baseline", "np"):
         cell = dict(framework=row["framework"], dataset=row["dataset"], partition=PARTITION[row["dataset"]], head=head)
-        config = RunConfig.from_preset("paper", **cell, protocol="released")
+        config = cell_config("paper", **cell, protocol="released")
         released[head] = _value(config, row["key"])
-        assert released[head] == head_schedule(**cell, head_settings="per_head", protocol="released")[row["key"]]
+        derived = {key: value for key, value, _ in head_schedule(Cell("paper", **cell, protocol="released"), "per_head")}
+        assert released[head] == derived[row["key"]]
     assert official in released.values()
     head = next(h for h, value in released.items() if value == official)
-    corrected = RunConfig.from_preset("paper", framework=row["framework"], dataset=row["dataset"],
+    corrected = cell_config("paper", framework=row["framework"], dataset=row["dataset"],
                                       partition=PARTITION[row["dataset"]], head=head, protocol="corrected")
     assert _value(corrected, row["key"]) != official
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import cell_config, compose, config_params, switches, with_overrides
 from npsemiseg.frameworks import framework_names
 from npsemiseg.protocol import (
     NOT_APPLICABLE,
@@ -53,13 +53,17 @@ def test_every_switch_has_distinct_values_and_a_source():
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_protocol_sets_every_switch_on_the_paper_preset(switch, protocol):
-    config = RunConfig.from_preset("paper", protocol=protocol, **_cell_for(switch))
+    composition = compose("paper", protocol=protocol, partition="1/16", **_cell_for(switch))
+    config = composition.config
     expected = getattr(switch, protocol)
     if isinstance(expected, Derived):
         expected = expected.compute(config.model_dump(mode="json"))
+    if expected is None and switch.target == "evaluation.stride":  # left to the derived stride
+        assert composition.provenance[switch.target][-1].step == "derived"
+        expected = config.evaluation.stride
     assert config.protocol == protocol
-    assert config.switches()[switch.name] == expected
-    assert config.flat()[f"switches.{switch.name}"] == (expected if isinstance(expected, str) else json.dumps(expected))
+    assert switches(config)[switch.name] == expected
+    assert config_params(config)[f"switches.{switch.name}"] == (expected if isinstance(expected, str) else json.dumps(expected))
 
 
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
@@ -68,31 +72,31 @@ def test_an_explicit_switch_wins_over_the_protocol(switch):
     value = switch.corrected
     if isinstance(value, Derived):
         value = 8
-    by_name = RunConfig.from_preset("smoke", protocol="released", **cell, **{f"switches.{switch.name}": value})
-    assert by_name.switches()[switch.name] == value
+    by_name = cell_config("smoke", protocol="released", **cell, **{f"switches.{switch.name}": value})
+    assert switches(by_name)[switch.name] == value
     assert by_name.protocol == "released"
-    released = RunConfig.from_preset("smoke", protocol="released", **cell)
-    assert released.with_overrides({f"switches.{switch.name}": value}) == by_name
+    released = cell_config("smoke", protocol="released", **cell)
+    assert with_overrides(released, {f"switches.{switch.name}": value}) == by_name
     # every other switch keeps its released value
-    others = {k: v for k, v in by_name.switches().items() if k != switch.name}
-    assert others == {k: v for k, v in released.switches().items() if k != switch.name}
+    others = {k: v for k, v in switches(by_name).items() if k != switch.name}
+    assert others == {k: v for k, v in switches(released).items() if k != switch.name}
 
 
 def test_changing_the_protocol_rewrites_the_switches():
-    released = RunConfig.from_preset("paper", framework="u2pl", head="np", protocol="released")
-    corrected = RunConfig.from_preset("paper", framework="u2pl", head="np", protocol="corrected")
-    assert released.with_overrides({"protocol": "corrected"}) == corrected
-    assert corrected.with_overrides(protocol="released") == released
+    released = cell_config("paper", framework="u2pl", head="np", protocol="released")
+    corrected = cell_config("paper", framework="u2pl", head="np", protocol="corrected")
+    assert with_overrides(released, {"protocol": "corrected"}) == corrected
+    assert with_overrides(corrected, protocol="released") == released
     assert released.cell_id != corrected.cell_id
     assert released.head.options["attention"] == "per_channel" and corrected.head.options["attention"] == "euclidean"
     # a new framework under the same protocol gets that framework's switches
-    psmt = released.with_overrides(framework="psmt")
+    psmt = with_overrides(released, framework="psmt")
     assert psmt.framework_options["tvat_released_normalization"] is True and psmt.framework_options["warmup_epochs"] == 5
 
 
 def test_switches_that_do_not_apply_are_not_applicable():
-    config = RunConfig.from_preset("smoke", framework="supervised", head="baseline", protocol="released")
-    values = config.switches()
+    config = cell_config("smoke", framework="supervised", head="baseline", protocol="released")
+    values = switches(config)
     assert values["np_attention"] == NOT_APPLICABLE and values["u2pl_teacher_train_mode"] == NOT_APPLICABLE
     assert values["evaluation_select"] == "best"
     # an unimplemented row is never applicable: it sets nothing
@@ -103,30 +107,30 @@ def test_unknown_and_unimplemented_switches_are_refused(monkeypatch):
     import npsemiseg.protocol as protocol
 
     with pytest.raises(ValueError, match="switch: unknown name 'nope'"):
-        RunConfig.from_preset("smoke", **{"switches.nope": 1})
+        cell_config("smoke", **{"switches.nope": 1})
     # every row of the notes is implemented now: a row without a key is refused by name
     todo = protocol.Switch("todo", "loop", None, 1, 2, "notes", "nothing yet", "dev #0")
     monkeypatch.setitem(protocol.SWITCHES, "todo", todo)
     with pytest.raises(ValueError, match="not implemented yet"):
-        RunConfig.from_preset("smoke", **{"switches.todo": 1})
+        cell_config("smoke", **{"switches.todo": 1})
     with pytest.raises(ValueError, match="protocol"):
-        RunConfig.from_preset("smoke", protocol="bugged")
+        cell_config("smoke", protocol="bugged")
     assert get_switch("np_kl").owner == "head"
 
 
 def test_mlflow_params_and_tags_carry_protocol_and_switches():
-    config = RunConfig.from_preset("smoke", framework="u2pl", head="np", protocol="released")
-    params = schema.config_params(config)
+    config = cell_config("smoke", framework="u2pl", head="np", protocol="released")
+    params = config_params(config)
     assert params["protocol"] == "released"
     assert {f"switches.{name}" for name in SWITCHES} <= set(params)
     assert params["switches.np_attention"] == "per_channel"
     assert params["switches.psmt_warmup_epochs"] == NOT_APPLICABLE
     assert cell_tags(config)[schema.PROTOCOL] == "released"
     # the same key set for every cell
-    other = schema.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
+    other = config_params(cell_config("smoke", framework="psmt", head="baseline"))
     assert set(other) == set(params)
     # one cell under both protocols: two runs with two names, the same coordinates
-    corrected = config.with_overrides(protocol="corrected")
+    corrected = with_overrides(config, protocol="corrected")
     assert (config.run_name, corrected.run_name) == ("u2pl/synthetic/1/16/np/released", "u2pl/synthetic/1/16/np/corrected")
     assert config.cell_name == corrected.cell_name and config.cell_id != corrected.cell_id
 

@@ -14,6 +14,7 @@ import contextlib
 import pytest
 import torch
 
+from npsemiseg.config import cell_config, switches, with_overrides
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.protocol import implemented_switches
 from npsemiseg.training import build_framework, train_transforms
@@ -56,8 +57,8 @@ def _configs(smoke_config, switch, dataset: str = "synthetic"):
     options = U2PL_SMALL if framework == "u2pl" else {}
     corrected = smoke_config(framework=framework, head=head, dataset=dataset, protocol="corrected",
                              framework_options=options)
-    released = corrected.with_overrides({f"switches.{switch.name}": switch.released})
-    assert released.switches()[switch.name] != corrected.switches()[switch.name]
+    released = with_overrides(corrected, {f"switches.{switch.name}": switch.released})
+    assert switches(released)[switch.name] != switches(corrected)[switch.name]
     return corrected, released
 
 
@@ -110,14 +111,14 @@ def test_train_mode_teachers_update_their_bn_statistics(smoke_config, name):
         for teacher, before in zip(teachers, stats):
             after = teacher.state_dict()
             changed = any(not torch.equal(v, after[k]) for k, v in before.items())
-            assert changed == moves, f"teacher BN statistics changed={changed} with {config.switches()[name]}"
+            assert changed == moves, f"teacher BN statistics changed={changed} with {switches(config)[name]}"
 
 
 def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):
     switch = next(s for s in implemented_switches() if s.name == "u2pl_label_pad")
     corrected, released = _configs(smoke_config, switch)
     for config, pad in ((corrected, 255), (released, 0)):
-        config = config.with_overrides({"data.augmentation.scale_range": [0.5, 0.5],
+        config = with_overrides(config, {"data.augmentation.scale_range": [0.5, 0.5],
                                         "data.augmentation.resize": "rescale"})
         labeled = train_transforms(config)["labeled"]
         item = {"image": torch.rand(3, 16, 16), "label": torch.ones(16, 16, dtype=torch.long), "id": "x"}
@@ -131,7 +132,7 @@ def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config):
     assert corrected.list_variant == "u2pl" and released.list_variant == "cps"
     # where the dataset has only one list variant the switch does not apply
     plain = smoke_config(framework="augseg", dataset="synthetic", protocol="released")
-    assert plain.list_variant == "u2pl" and plain.switches()[switch.name] == "n/a"
+    assert plain.list_variant == "u2pl" and switches(plain)[switch.name] == "n/a"
 
 
 def test_fp32_switch_turns_autocast_off(smoke_config):
@@ -203,16 +204,16 @@ def test_prototype_index_bug_pairs_anchors_with_another_class():
 
 
 def test_augseg_cityscapes_evaluation_window():
-    from npsemiseg.config import RunConfig
+    from npsemiseg.config import cell_config
 
     cell = {"framework": "augseg", "dataset": "cityscapes", "partition": "186", "head": "baseline"}
-    released = RunConfig.from_preset("paper", protocol="released", **cell)
-    corrected = RunConfig.from_preset("paper", protocol="corrected", **cell)
+    released = cell_config("paper", protocol="released", **cell)
+    corrected = cell_config("paper", protocol="corrected", **cell)
     assert (released.evaluation.crop_size, released.evaluation.stride) == (800, 533)
     assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
     assert released.model.aux_head is False and corrected.model.aux_head is True
-    voc = RunConfig.from_preset("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
-    assert voc.evaluation.crop_size == 513 and voc.switches()["augseg_eval_window"] == "n/a"
+    voc = cell_config("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
+    assert voc.evaluation.crop_size == 513 and switches(voc)["augseg_eval_window"] == "n/a"
 
 
 def test_psmt_cityscapes_plain_ce(smoke_config):
@@ -221,7 +222,7 @@ def test_psmt_cityscapes_plain_ce(smoke_config):
     corrected, released = _configs(smoke_config, switch)
     assert build_framework(corrected).loss.ohem is True and build_framework(released).loss.ohem is False
     voc = smoke_config(framework="psmt", protocol="corrected")
-    assert voc.loss.ohem is False and voc.switches()[switch.name] == "n/a"
+    assert voc.loss.ohem is False and switches(voc)[switch.name] == "n/a"
 
 
 def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke_config):
@@ -259,7 +260,7 @@ def test_crop_padding_switch_pads_on_the_bottom_and_right(smoke_config):
     corrected, released = _configs(smoke_config, _switch("crop_padding"))
     item = {"image": torch.rand(3, 16, 16), "label": torch.ones(16, 16, dtype=torch.long), "id": "x"}
     for config, corner in ((released, (0, 0)), (corrected, (8, 8))):
-        config = config.with_overrides({"data.augmentation.resize": "none", "data.augmentation.flip": False})
+        config = with_overrides(config, {"data.augmentation.resize": "none", "data.augmentation.flip": False})
         label = train_transforms(config)["labeled"](item)["label"]
         assert label.shape == (32, 32)
         top, left = corner
@@ -334,11 +335,10 @@ def test_single_lr_switches_group_the_parameters(smoke_config, name):
 
 
 def test_psmt_epochs_switch_sets_psmt_epoch_counts():
-    from npsemiseg.config import RunConfig
     from npsemiseg.training.plan import plan_run
 
     def epochs(dataset, partition, protocol):
-        return RunConfig.from_preset("paper", framework="psmt", dataset=dataset, partition=partition,
+        return cell_config("paper", framework="psmt", dataset=dataset, partition=partition,
                                      protocol=protocol).schedule.epochs
 
     blender = ["662", "1323", "2646", "5291"]
@@ -346,24 +346,23 @@ def test_psmt_epochs_switch_sets_psmt_epoch_counts():
     assert [epochs("cityscapes", p, "released") for p in ["372", "744", "1488"]] == [320, 450, 550]
     assert [epochs("pascal_blender", p, "corrected") for p in blender] == [80] * 4
     assert epochs("cityscapes", "744", "corrected") == 200 and epochs("pascal_classic", "732", "released") == 80
-    released = RunConfig.from_preset("paper", framework="psmt", dataset="pascal_blender", partition="5291",
+    released = cell_config("paper", framework="psmt", dataset="pascal_blender", partition="5291",
                                      head="np", protocol="released")  # the NP head: the same batch under both
-    corrected = released.with_overrides(protocol="corrected")
+    corrected = with_overrides(released, protocol="corrected")
     plans = [plan_run(c, num_labeled=5291, num_unlabeled=5291, world_size=4) for c in (released, corrected)]
     assert plans[0].total_steps == 300 / 80 * plans[1].total_steps
     # other frameworks keep the shared schedule under both protocols
-    u2pl = RunConfig.from_preset("paper", framework="u2pl", dataset="pascal_blender", partition="5291", protocol="released")
-    assert u2pl.schedule.epochs == 80 and u2pl.switches()["psmt_epochs"] == "n/a"
+    u2pl = cell_config("paper", framework="u2pl", dataset="pascal_blender", partition="5291", protocol="released")
+    assert u2pl.schedule.epochs == 80 and switches(u2pl)["psmt_epochs"] == "n/a"
 
 
 def test_head_settings_switch_trains_the_baseline_at_publication_settings():
     """released: the baseline head at the framework's own crop and batch, MC dropout / NP at the reduced ones;
     corrected: every head of a framework alike. The crop and batch stay derived when the switch, the head or the
     protocol change, and an explicit crop wins."""
-    from npsemiseg.config import RunConfig
 
     def setting(framework, head, protocol, dataset="pascal_classic", **overrides):
-        c = RunConfig.from_preset("paper", framework=framework, dataset=dataset, head=head, protocol=protocol,
+        c = cell_config("paper", framework=framework, dataset=dataset, head=head, protocol=protocol,
                                   **overrides)
         return c.schedule.crop_size, c.schedule.batch_size, c.schedule.unlabeled_batch_size, c.optim.reference_batch
 
@@ -377,12 +376,12 @@ def test_head_settings_switch_trains_the_baseline_at_publication_settings():
         assert setting("psmt", head, "corrected") == (480, 3, 3, 12)
     # one switch on its own, and the derived schedule following a change of switch, head or protocol
     assert setting("psmt", "baseline", "corrected", **{"switches.head_settings": "per_head"}) == (512, 8, 8, 32)
-    released = RunConfig.from_preset("paper", framework="psmt", dataset="pascal_classic", head="baseline",
+    released = cell_config("paper", framework="psmt", dataset="pascal_classic", head="baseline",
                                      protocol="released")
-    assert released.with_overrides({"switches.head_settings": "shared"}).schedule.crop_size == 480
-    assert released.with_overrides({"head.name": "np"}).schedule.crop_size == 480
-    assert released.with_overrides(protocol="corrected").schedule.crop_size == 480
-    assert released.with_overrides({"schedule.crop_size": 300}).schedule.crop_size == 300
+    assert with_overrides(released, {"switches.head_settings": "shared"}).schedule.crop_size == 480
+    assert with_overrides(released, {"head.name": "np"}).schedule.crop_size == 480
+    assert with_overrides(released, protocol="corrected").schedule.crop_size == 480
+    assert with_overrides(released, {"schedule.crop_size": 300}).schedule.crop_size == 300
     assert setting("psmt", "baseline", "released", **{"schedule.crop_size": 300})[0] == 300
     # the crop reaches the training transform
     item = {"image": torch.rand(3, 600, 600), "label": torch.zeros(600, 600, dtype=torch.long), "id": "x"}
@@ -394,10 +393,9 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     VOC, 4.5e-3 on Cityscapes; MT 34 epochs), AugSeg's VOC MC-dropout / NP rows at the NP config's 8 in all;
     corrected keeps the shared 1e-3, 80 and 12. Values follow a change of head, switch or protocol; an explicit
     LR or epoch count wins; the smoke preset's own LR stays."""
-    from npsemiseg.config import RunConfig
 
     def cell(framework, head, protocol, dataset="pascal_classic", partition="92", **overrides):
-        return RunConfig.from_preset("paper", framework=framework, dataset=dataset, partition=partition, head=head,
+        return cell_config("paper", framework=framework, dataset=dataset, partition=partition, head=head,
                                      protocol=protocol, **overrides)
 
     psmt = cell("psmt", "baseline", "released")
@@ -421,16 +419,16 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
         assert cell("augseg", head, "released", dataset="cityscapes", partition="744").optim.reference_batch == 8
     assert cell("augseg", "baseline", "released").optim.reference_batch == 16
     # derived values follow the cell; explicit ones win
-    assert mt.with_overrides({"head.name": "np"}).schedule.epochs == 80
-    assert mt.with_overrides(protocol="corrected").schedule.epochs == 80
-    assert mt.with_overrides({"head.name": "np", "schedule.epochs": 50}).schedule.epochs == 50
-    assert psmt.with_overrides({"switches.head_settings": "shared"}).optim.lr == 1e-3
-    assert psmt.with_overrides({"head.name": "np", "optim.lr": 0.5}).optim.lr == 0.5
+    assert with_overrides(mt, {"head.name": "np"}).schedule.epochs == 80
+    assert with_overrides(mt, protocol="corrected").schedule.epochs == 80
+    assert with_overrides(mt, {"head.name": "np", "schedule.epochs": 50}).schedule.epochs == 50
+    assert with_overrides(psmt, {"switches.head_settings": "shared"}).optim.lr == 1e-3
+    assert with_overrides(psmt, {"head.name": "np", "optim.lr": 0.5}).optim.lr == 0.5
     assert cell("mt", "baseline", "corrected", **{"switches.head_settings": "per_head"}).schedule.epochs == 34
-    assert cell("augseg", "np", "released").with_overrides({"head.name": "baseline"}).optim.reference_batch == 16
-    smoke = RunConfig.from_preset("smoke", framework="psmt", dataset="pascal_classic", head="baseline",
+    assert with_overrides(cell("augseg", "np", "released"), {"head.name": "baseline"}).optim.reference_batch == 16
+    smoke = cell_config("smoke", framework="psmt", dataset="pascal_classic", head="baseline",
                                   protocol="released")
-    assert smoke.with_overrides({"head.name": "np"}).optim.lr == smoke.optim.lr == 0.01
+    assert with_overrides(smoke, {"head.name": "np"}).optim.lr == smoke.optim.lr == 0.01
     # the epochs and the LR reach the training plan
     from npsemiseg.training.plan import batch_scaling, plan_run
 
@@ -438,7 +436,7 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     assert plan.total_steps == 34 * plan.iters_per_epoch
     assert batch_scaling(psmt, 4).lr == 0.01
     # PS-MT's own rule (2.5e-3 per GPU of 8 images, VocCode/main.py 200) is linear scaling from reference 32
-    assert batch_scaling(psmt.with_overrides({"optim.lr_scaling": "linear"}), 2).lr == 0.005
+    assert batch_scaling(with_overrides(psmt, {"optim.lr_scaling": "linear"}), 2).lr == 0.005
 
 
 def test_align_corners_switch_reaches_the_model_and_the_evaluation(smoke_config):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import cell_config, config_params, with_overrides
 from npsemiseg.data.info import DATASETS
 from npsemiseg.data.transforms import PAPER_AUGMENTATIONS
 from npsemiseg.frameworks import FRAMEWORKS, Framework, FrameworkOptions, StepContext, StepResult, framework_names
@@ -90,10 +90,10 @@ def throwaway():
 
 def test_a_new_head_and_framework_train_and_evaluate_without_editing_another_module(throwaway):
     assert "linear_test" in head_names() and "entropy_min_test" in framework_names()
-    config = RunConfig.from_preset("smoke", framework="entropy_min_test", head="linear_test",
+    config = cell_config("smoke", framework="entropy_min_test", head="linear_test",
                                    **{"runtime.device": "cpu"})
     assert config.framework_options == {"entropy_weight": 0.2} and config.head.options == {"bias": True}
-    assert config.flat()["head.options.bias"] == "true"
+    assert config_params(config)["head.options.bias"] == "true"
     seen: list[dict[str, float]] = []
 
     from npsemiseg.callbacks import Callbacks
@@ -112,7 +112,7 @@ def test_a_new_head_and_framework_train_and_evaluate_without_editing_another_mod
 def test_throwaway_entries_are_gone_after_the_test():
     assert "linear_test" not in head_names() and "entropy_min_test" not in framework_names()
     with pytest.raises(ValueError, match=r"head: unknown name 'linear_test'"):
-        RunConfig.from_preset("smoke", head="linear_test")
+        cell_config("smoke", head="linear_test")
 
 
 # ------------------------------------------------------------------ the same unknown-name error everywhere
@@ -130,12 +130,12 @@ def test_unknown_name_error_has_one_shape(kind):
                                        ("model.variant", "model variant"), ("model.backbone", "backbone")])
 def test_config_names_are_checked_by_their_registry(smoke_config, key, kind):
     with pytest.raises(ValueError, match=re.escape(f"{kind}: unknown name 'nope', expected one of [")):
-        smoke_config().with_overrides({key: "nope"})
+        with_overrides(smoke_config(), {key: "nope"})
 
 
 def test_presets_and_accessors_read_the_registries():
     with pytest.raises(ValueError, match=re.escape("preset: unknown name 'nope', expected one of ['paper', 'smoke']")):
-        RunConfig.from_preset("nope")
+        cell_config("nope")
     with pytest.raises(ValueError, match=r"^head: unknown name 'gp'"):
         head_class("gp")
     with pytest.raises(ValueError, match=r"^head: unknown name 'gp'"):
@@ -187,6 +187,6 @@ def test_head_option_values_are_checked_without_building_a_head():
     with pytest.raises(ValueError, match="dropout"):
         head_class("mc_dropout").check_options({"dropout": 0.0})
     state = torch.get_rng_state()
-    RunConfig.from_preset("smoke", head="np")
+    cell_config("smoke", head="np")
     assert torch.equal(state, torch.get_rng_state())
 

@@ -68,7 +68,7 @@ def test_asha_stops_the_bad_point_and_mlflow_records_it(searched):
     finished = first_runs[first_runs["status"] == "FINISHED"]
     assert len(finished) == first.count("finished") and finished["metrics.miou"].notna().all()
     assert finished[f"tags.{STOPPED_TAG}"].isna().all()
-    # the sampled values are the run's params (config.flat()) and search.<key> tags
+    # the sampled values are the run's params (config_params(config)) and search.<key> tags
     for _, run in first_runs.iterrows():
         assert run["params.optim.lr"] == run["tags.search.optim.lr"]
         assert run["params.head.options.memory_size"] == run["tags.search.head.options.memory_size"]

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import with_overrides
 from npsemiseg.frameworks.losses import (
     cross_entropy_loss,
     ohem_cross_entropy,
@@ -136,10 +137,10 @@ def test_epoch_length_conventions(smoke_config):
     assert (plan.iters_per_epoch, plan.total_steps, plan.total_epochs) == (15, 45, 3)
     plan = plan_run(config, num_labeled=4, num_unlabeled=30, world_size=2)
     assert plan.iters_per_epoch == 7  # N_u // (B_u x world)
-    labeled = plan_run(config.with_overrides({"schedule.epoch_length": "labeled"}), num_labeled=4,
+    labeled = plan_run(with_overrides(config, {"schedule.epoch_length": "labeled"}), num_labeled=4,
                        num_unlabeled=30, world_size=1)
     assert labeled.iters_per_epoch == 2
-    capped = plan_run(config.with_overrides({"schedule.max_steps": 20}), num_labeled=4, num_unlabeled=30, world_size=1)
+    capped = plan_run(with_overrides(config, {"schedule.max_steps": 20}), num_labeled=4, num_unlabeled=30, world_size=1)
     assert (capped.total_steps, capped.total_epochs) == (20, 2)
 
 
@@ -178,7 +179,7 @@ def test_data_stream_does_not_depend_on_num_workers(smoke_config):
     plan = plan_run(config, num_labeled=len(datasets["labeled"]), num_unlabeled=len(datasets["unlabeled"]), world_size=1)
 
     def first_batches(workers: int):
-        cfg = config.with_overrides({"data.num_workers": workers})
+        cfg = with_overrides(config, {"data.num_workers": workers})
         streams = _Streams(cfg, datasets, train_transforms(cfg), plan, use_unlabeled=True, rank=0, world_size=1,
                            pin_memory=False)
         return [b for _, b in zip(range(2), streams.epoch(0, 0))]
@@ -225,14 +226,14 @@ def test_resume_is_exact(smoke_config, tmp_path, framework, overrides):
     """2 steps + checkpoint + restore + 2 steps == 4 straight steps: weights, NP memories, losses."""
     base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4, **overrides})
     straight = Recorder()
-    train(base.with_overrides({"runtime.output_dir": str(tmp_path / "straight")}), straight)
+    train(with_overrides(base, {"runtime.output_dir": str(tmp_path / "straight")}), straight)
 
     split_dir = str(tmp_path / "split")
     first = Recorder()
-    interrupted = train(base.with_overrides({"runtime.output_dir": split_dir, "runtime.stop_at_step": 2}), first)
+    interrupted = train(with_overrides(base, {"runtime.output_dir": split_dir, "runtime.stop_at_step": 2}), first)
     assert interrupted.interrupted and interrupted.steps == 2 and interrupted.metrics == {}
     second = Recorder(resume=Path(split_dir) / "checkpoints")
-    resumed = train(base.with_overrides({"runtime.output_dir": split_dir}), second)
+    resumed = train(with_overrides(base, {"runtime.output_dir": split_dir}), second)
     assert second.started["start_step"] == 2 and resumed.steps == 4
 
     losses = [logs["train/loss"] for _, logs in straight.steps]
@@ -306,11 +307,12 @@ def test_the_gradient_norm_is_logged_every_step_before_clipping_and_clipping_bou
 
 
 def test_python_api_names():
-    from npsemiseg import RunConfig, RunResult
+    from npsemiseg import RunResult
     from npsemiseg import train as api_train
+    from npsemiseg.config import cell_config
 
     assert api_train is train and RunResult.__name__ == "RunResult"
-    assert RunConfig.from_preset("smoke").cell_id
+    assert cell_config("smoke").cell_id
 
 
 def test_cityscapes_convention_adds_ohem_and_the_aux_head_term(smoke_config):
@@ -355,7 +357,7 @@ def test_evaluating_during_training_does_not_change_the_trajectory(smoke_config)
                                                 "data.options.train_size": 32})  # 2 labeled images
     quiet, evaluated = Recorder(), Recorder()
     train(config, quiet)
-    train(config.with_overrides({"schedule.eval_every_epochs": 1}), evaluated)
+    train(with_overrides(config, {"schedule.eval_every_epochs": 1}), evaluated)
     assert [s for s, _ in evaluated.evaluations] == [1, 2, 3]  # two during training + the final one
     assert [logs["train/loss"] for _, logs in quiet.steps] == [logs["train/loss"] for _, logs in evaluated.steps]
 
@@ -425,10 +427,10 @@ def test_lr_scaling_none_keeps_cell_ids_and_linear_needs_a_reference(smoke_confi
     config = smoke_config()
     assert config.optim.lr_scaling == "none" and config.optim.reference_batch == 2
     assert "lr_scaling" not in config.identity()["optim"]
-    assert config.with_overrides({"optim.reference_batch": "12"}).cell_id == config.cell_id
-    assert config.with_overrides({"optim.lr_scaling": "linear"}).cell_id != config.cell_id
+    assert with_overrides(config, {"optim.reference_batch": "12"}).cell_id == config.cell_id
+    assert with_overrides(config, {"optim.lr_scaling": "linear"}).cell_id != config.cell_id
     with pytest.raises(ValueError, match="optim.reference_batch: expected the global batch"):
-        config.with_overrides({"optim.lr_scaling": "linear", "optim.reference_batch": "null"})
+        with_overrides(config, {"optim.lr_scaling": "linear", "optim.reference_batch": "null"})
 
 
 def test_epoch_throughput_and_peak_memory_at_the_end_of_each_epoch(smoke_config):

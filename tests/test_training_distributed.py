@@ -17,11 +17,11 @@ def _train_on_rank(rank: int, world_size: int, directory: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world_size)
     try:
-        from npsemiseg.config import RunConfig
+        from npsemiseg.config import cell_config
         from npsemiseg.training import build_framework, train
 
         for framework in FRAMEWORKS:
-            config = RunConfig.from_preset("smoke", framework=framework, dataset="synthetic", partition="1/16",
+            config = cell_config("smoke", framework=framework, dataset="synthetic", partition="1/16",
                                            head="np")
             initial = build_framework(config).student.state_dict()
             result = train(config)

@@ -9,7 +9,7 @@ import pytest
 from data_fixtures import make_cityscapes_split
 
 from npsemiseg.callbacks import Callbacks
-from npsemiseg.config import RunConfig
+from npsemiseg.config import cell_config
 from npsemiseg.training import train
 
 
@@ -18,7 +18,7 @@ def test_smoke_run_on_a_cityscapes_layout_tree(tmp_path):
     for split in ("labeled", "unlabeled"):
         make_cityscapes_split(tmp_path, split, "186", size=(32, 64))
     make_cityscapes_split(tmp_path, "val", size=(32, 64))
-    config = RunConfig.from_preset(
+    config = cell_config(
         "smoke", framework="supervised", dataset="cityscapes", partition="1/16", head="np",
         **{"data.root": str(tmp_path), "evaluation.mode": "sliding", "evaluation.crop_size": 24,
            "evaluation.stride": 16, "schedule.max_steps": 2},

@@ -11,7 +11,8 @@ from urllib.parse import unquote
 import pytest
 from mlflow.utils.search_utils import SearchUtils
 
-from npsemiseg.config import NOT_APPLICABLE
+from npsemiseg.config import config_params, with_overrides
+from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
 from semiseg_platform.grid import expand, load_spec
 from semiseg_platform.tracking import cell_description, per_class_iou_figure
@@ -29,14 +30,14 @@ def study_cells():
 
 
 def test_every_cell_of_a_study_has_the_same_parameter_keys(study_cells):
-    key_sets = {name: frozenset(config.flat()) for name, config in study_cells.items()}
-    assert len(set(key_sets.values())) == 1, "flat() key sets differ between cells"
+    key_sets = {name: frozenset(config_params(config)) for name, config in study_cells.items()}
+    assert len(set(key_sets.values())) == 1, "parameter key sets differ between cells"
     assert not any(key in ("framework_options", "head.options") for key in next(iter(key_sets.values())))
 
 
 def test_flat_marks_options_the_cell_does_not_take_and_fills_defaults(study_cells):
-    supervised = study_cells["supervised/synthetic_voc/92/baseline"].flat()
-    u2pl_np, u2pl_mean = (study_cells[f"u2pl/synthetic_voc/92/{head}"].flat() for head in ("np", "np_mean"))
+    supervised = config_params(study_cells["supervised/synthetic_voc/92/baseline"])
+    u2pl_np, u2pl_mean = (config_params(study_cells[f"u2pl/synthetic_voc/92/{head}"]) for head in ("np", "np_mean"))
     assert supervised["framework_options.ema_decay"] == NOT_APPLICABLE
     assert u2pl_np["framework_options.ema_decay"] != NOT_APPLICABLE
     assert supervised["head.options.attention"] == NOT_APPLICABLE
@@ -47,7 +48,7 @@ def test_flat_marks_options_the_cell_does_not_take_and_fills_defaults(study_cell
 
 def test_flat_leaves_the_cell_id_alone(study_cells):
     config = study_cells["u2pl/synthetic_voc/92/np"]
-    assert config.with_overrides({"runtime.device": "cpu"}).cell_id == config.cell_id
+    assert with_overrides(config, {"runtime.device": "cpu"}).cell_id == config.cell_id
     assert len({c.cell_id for c in study_cells.values()}) == len(study_cells)
 
 

@@ -16,7 +16,7 @@ import re
 import pytest
 from mlflow import MlflowClient
 
-from npsemiseg.config import NOT_APPLICABLE
+from npsemiseg.constants import NOT_APPLICABLE
 from semiseg_platform.grid import load_spec, run_grid
 from semiseg_platform.schema import FINAL_METRICS
 from semiseg_platform.schema import NOTE as NOTE_TAG

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from npsemiseg.config import with_overrides
 from npsemiseg.data import build_dataset
 from npsemiseg.data.partitions import partition_ids
 from npsemiseg.frameworks.base import Batch, StepContext
@@ -72,7 +73,7 @@ def _student_labels(smoke_config, framework: str, truth: str) -> tuple[torch.Ten
     """The pseudo-labels one step of ``framework`` hands the student (``labels_u`` of its student pass: PS-MT's
     perturbed one) and the step's logs."""
     options = {"queue_size": 16, "background_queue_size": 16} if framework == "u2pl" else {}
-    config = smoke_config(framework=framework, framework_options=options).with_overrides(
+    config = with_overrides(smoke_config(framework=framework, framework_options=options),
         {"data.unlabeled_truth": truth})
     torch.manual_seed(0)
     fw = build_framework(config)
@@ -106,7 +107,7 @@ def test_oracle_hands_the_student_the_truth_and_measured_leaves_the_teacher(smok
 
 
 def test_measured_accuracy_is_the_share_of_right_pseudo_labels(smoke_config):
-    config = smoke_config(framework="mt").with_overrides({"data.unlabeled_truth": "measured"})
+    config = with_overrides(smoke_config(framework="mt"), {"data.unlabeled_truth": "measured"})
     torch.manual_seed(0)
     fw = build_framework(config)
     batch = _batch(config)
@@ -137,11 +138,11 @@ def test_measured_accuracy_is_the_share_of_right_pseudo_labels(smoke_config):
 
 def test_truth_diagnostics_refuse_what_they_cannot_measure(smoke_config):
     with pytest.raises(ValueError, match="supervised framework uses no unlabeled"):
-        build_framework(smoke_config().with_overrides({"data.unlabeled_truth": "oracle"}))
+        build_framework(with_overrides(smoke_config(), {"data.unlabeled_truth": "oracle"}))
     with pytest.raises(ValueError, match="cps variant has no pseudo-labels"):
-        build_framework(smoke_config(framework="mt", framework_options={"variant": "cps"}).with_overrides(
+        build_framework(with_overrides(smoke_config(framework="mt", framework_options={"variant": "cps"}),
             {"data.unlabeled_truth": "oracle"}))
-    config = smoke_config(framework="mt").with_overrides({"data.unlabeled_truth": "measured"})
+    config = with_overrides(smoke_config(framework="mt"), {"data.unlabeled_truth": "measured"})
     fw = build_framework(config)
     batch = _batch(config)
     with pytest.raises(ValueError, match="carry no labels"):

@@ -1,16 +1,15 @@
-"""The schema of the run configuration: one frozen pydantic model per section and :class:`RunConfig`.
+"""The run configuration as a record: one frozen pydantic model per section and :class:`RunConfig`.
 
-Names of frameworks, heads, datasets, model variants and backbones are checked against their
-registries (the same unknown-name error everywhere); fields that depend on others are resolved by
-:mod:`npsemiseg.config.resolve` while validating.
+The record checks types, ranges and registered names (frameworks, heads, datasets, model variants,
+backbones, their options) and nothing else: how its values are chosen (presets, the protocol's switches,
+the head schedule, fields that follow others, the user's overrides) is :mod:`npsemiseg.config.compose`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,25 +26,27 @@ from pydantic import (
     model_validator,
 )
 
-from npsemiseg.config.overrides import apply_overrides
-from npsemiseg.config.resolve import (
-    NOT_APPLICABLE,
-    augmentation_defaults,
-    framework_option_keys,
-    head_option_defaults,
-    resolved_values,
-)
 from npsemiseg.constants import SampleCE
-from npsemiseg.data import dataset_info
+from npsemiseg.data import augmentation_keys, dataset_info
 from npsemiseg.data.info import DATASETS
 from npsemiseg.frameworks import FRAMEWORKS
-from npsemiseg.heads import HEADS
+from npsemiseg.heads import HEADS, head_class
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
-from npsemiseg.presets import follow_head_settings, preset_values
-from npsemiseg.protocol import SWITCH_PREFIX, apply_protocol, switch_overrides, switch_values
 
-#: Sections whose fields never change what a run computes (left out of ``cell_id``).
-IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers")
+#: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
+#: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect. A field added to the record
+#: later joins the omitted ones at the value every earlier cell ran with, so adding it keeps every id; a
+#: change that must give cells new ids bumps the version, which then enters the hash, and says why here.
+IDENTITY_VERSION = 1
+#: fields that never change what a run computes: how it executes, where the data is, how it was composed
+IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs")
+#: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
+IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
+    ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
+    ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
+    ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
+)
 
 CELL_ID_LENGTH = 12
 
@@ -70,6 +71,7 @@ class HeadConfig(Section):
     """
 
     name: str = "baseline"
+    #: the head's label in tables and run names ("" = ``name``; composition sets it)
     variant: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
     sample_ce: SampleCE = "elbo"
@@ -78,13 +80,6 @@ class HeadConfig(Section):
     @classmethod
     def _registered_head(cls, value: str) -> str:
         return HEADS.check(value)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _variant_defaults_to_name(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and not data.get("variant"):
-            data = {**data, "variant": data.get("name", "baseline")}
-        return data
 
 
 class ModelConfig(Section):
@@ -163,23 +158,17 @@ class ScheduleConfig(Section):
     epochs: PositiveInt = 80
     max_steps: PositiveInt | None = None
     batch_size: PositiveInt = 3
+    #: None = ``batch_size`` (composition sets it)
     unlabeled_batch_size: PositiveInt | None = None
     crop_size: PositiveInt = 480
     poly_power: float = Field(0.9, ge=0.0)
     epoch_length: Literal["unlabeled", "labeled"] = "unlabeled"
     #: ``shared`` (one crop and batch for every head of a framework) or ``per_head`` (the baseline head at the
     #: framework's own publication settings); the preset derives ``crop_size`` and the batches from it
-    #: (``npsemiseg.presets.head_schedule``); switch ``head_settings``
+    #: (step ``scale`` of ``npsemiseg.config.compose``); switch ``head_settings``
     head_settings: Literal["per_head", "shared"] = "shared"
     eval_every_epochs: NonNegativeInt = 0
     checkpoint_every_steps: NonNegativeInt = 0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unlabeled_batch_defaults_to_labeled(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and data.get("unlabeled_batch_size") is None:
-            data = {**data, "unlabeled_batch_size": data.get("batch_size", 3)}
-        return data
 
 
 class LossConfig(Section):
@@ -225,6 +214,14 @@ class EvaluationConfig(Section):
     select: Literal["last", "best"] = "last"
     select_from_epoch: NonNegativeInt = 0
 
+    @model_validator(mode="after")
+    def _windows_cover_the_image(self) -> EvaluationConfig:
+        sliding = self.mode in ("sliding", "sliding_global")
+        if sliding and None not in (self.stride, self.crop_size) and self.stride > self.crop_size:
+            raise ValueError(f"evaluation.stride: expected at most evaluation.crop_size={self.crop_size} so windows "
+                             f"cover the image, got {self.stride}")
+        return self
+
 
 class DataConfig(Section):
     """Where the data is and how it is read and augmented.
@@ -251,6 +248,14 @@ class DataConfig(Section):
     labeled_strong_view: bool | None = None
     unlabeled_truth: Literal["hidden", "measured", "oracle"] = "hidden"
 
+    @field_validator("augmentation", mode="after")
+    @classmethod
+    def _known_augmentation_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(augmentation_keys()))
+        if unknown:
+            raise ValueError(f"data.augmentation: unknown key(s) {unknown}, expected some of {sorted(augmentation_keys())}")
+        return value
+
 
 class RuntimeConfig(Section):
     """How a run executes (not part of ``cell_id``).
@@ -275,24 +280,38 @@ class RuntimeConfig(Section):
     stop_at_step: PositiveInt | None = None
 
 
+class CellInputs(Section):
+    """What a record was composed from (:func:`npsemiseg.config.compose`): the preset, the cell as asked for
+    and the user's overrides in order. Composing them again gives the record; ``with_overrides`` composes
+    them with more overrides."""
+
+    preset: str
+    framework: str
+    dataset: str
+    partition: str
+    head: str
+    protocol: Literal["released", "corrected"] = "corrected"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunConfig(Section):
     """One cell: framework x dataset x partition x head, and every setting the run depends on.
 
-    Construct with :meth:`from_preset`; change with :meth:`with_overrides` (dotted keys).
-    Validation resolves defaults that depend on other fields (partition aliases such as
-    ``"1/16"``, the head variant label, the framework's option defaults, the evaluation
-    convention of the dataset), so two configs that run the same cell compare and hash equal.
+    A record: build it with :func:`npsemiseg.config.compose` (which says where each value comes from),
+    change it with :func:`npsemiseg.config.with_overrides`, read it back with :meth:`from_yaml`.
+    ``inputs`` is what it was composed from (None for a record written by hand).
     """
 
     framework: str = "supervised"
-    #: the framework's label in tables, run names and tags (default: ``framework``); a grid's framework variants
+    #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's framework variants
     #: (e.g. ``supervised_psmt``: the supervised reference trained on PS-MT's network) give it
     framework_variant: str = ""
-    #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right); sets the
-    #: switches of ``npsemiseg.protocol`` in :meth:`from_preset` and :meth:`with_overrides`
+    #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right): the switches
+    #: of ``npsemiseg.protocol`` that composition applied
     protocol: Literal["released", "corrected"] = "corrected"
     framework_options: dict[str, Any] = Field(default_factory=dict)
     dataset: str = "synthetic"
+    #: a canonical partition of the dataset (``"92"``; composition resolves aliases such as ``"1/16"``)
     partition: str = "1/16"
     list_variant: Literal["u2pl", "cps"] = "u2pl"
     head: HeadConfig = Field(default_factory=HeadConfig)
@@ -304,15 +323,9 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     seed: NonNegativeInt = 0
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    inputs: CellInputs | None = None
 
-    # ----------------------------------------------------------------- validation
-    @model_validator(mode="before")
-    @classmethod
-    def _framework_variant_defaults_to_framework(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and not data.get("framework_variant"):
-            data = {**data, "framework_variant": data.get("framework", "supervised")}
-        return data
-
+    # ----------------------------------------------------------------- checks
     @field_validator("framework", mode="after")
     @classmethod
     def _registered_framework(cls, value: str) -> str:
@@ -326,6 +339,7 @@ class RunConfig(Section):
     @field_validator("framework_options", mode="after")
     @classmethod
     def _validate_framework_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """The framework's options, checked by its ``Options`` model and completed with its defaults."""
         name = info.data.get("framework")
         if name is None:  # the framework name itself failed validation
             return value
@@ -334,16 +348,29 @@ class RunConfig(Section):
         except ValueError as error:
             raise ValueError(f"options of framework {name!r}: {error}") from None
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _resolve_dependent_fields(cls, data: Any, handler: Any) -> RunConfig:
-        """Validate, then (when a dependent field was unresolved) validate the resolved values once more:
-        the object anyone sees is built with its resolved values, never changed afterwards."""
-        config = handler(data)
-        values = resolved_values(config)
-        if values == config.model_dump(mode="json"):
-            return config
-        return handler(values)
+    @model_validator(mode="after")
+    def _cell_belongs_to_its_dataset(self) -> RunConfig:
+        """The partition is one of the dataset's (by its canonical name), the list variant one it has, and the head
+        takes the options given (checked on the head class, without building it)."""
+        info = self.dataset_info
+        if info.resolve_partition(self.partition) != self.partition:
+            raise ValueError(f"partition: expected the canonical name {info.resolve_partition(self.partition)!r} of "
+                             f"{self.partition!r} (composition resolves aliases)")
+        if self.list_variant not in info.list_variants:
+            raise ValueError(f"list_variant: {self.dataset} has lists {list(info.list_variants)}, got {self.list_variant!r}")
+        try:
+            head_class(self.head.name).check_options(self.head.options)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"head.options for head {self.head.name!r}: {error}") from None
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every value is (``inputs``, how a record was composed, does not count)."""
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return self.model_dump(exclude={"inputs"}) == other.model_dump(exclude={"inputs"})
+
+    __hash__ = None  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- derived values
     @property
@@ -359,7 +386,8 @@ class RunConfig(Section):
     def cell_name(self) -> str:
         """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
         lineages)."""
-        return f"{self.framework_variant}/{self.dataset}/{self.partition}/{self.head.variant}"
+        return (f"{self.framework_variant or self.framework}/{self.dataset}/{self.partition}/"
+                f"{self.head.variant or self.head.name}")
 
     @property
     def run_name(self) -> str:
@@ -367,20 +395,18 @@ class RunConfig(Section):
         return f"{self.cell_name}/{self.protocol}"
 
     def identity(self) -> dict[str, Any]:
-        """The resolved configuration minus the fields in ``IDENTITY_EXCLUDED`` (JSON types)."""
+        """What the cell id covers (version :data:`IDENTITY_VERSION`): the values minus
+        :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing (JSON types)."""
         data = self.model_dump(mode="json")
-        if data["optim"]["lr_scaling"] == "none":  # no effect on training: cells keep the ids they had before
-            del data["optim"]["lr_scaling"], data["optim"]["reference_batch"]
-        if data["framework_variant"] == data["framework"]:  # cells without a variant keep the ids they had before
-            del data["framework_variant"]
-        if data["data"]["unlabeled_truth"] == "hidden":  # likewise every cell of a study (the diagnostics are new)
-            del data["data"]["unlabeled_truth"]
-        for dotted in IDENTITY_EXCLUDED:
+        omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
+        for dotted in (*omitted, *IDENTITY_EXCLUDED):
             *parents, leaf = dotted.split(".")
             node = data
             for key in parents:
                 node = node[key]
             node.pop(leaf)
+        if IDENTITY_VERSION > 1:
+            data["identity_version"] = IDENTITY_VERSION
         return data
 
     @property
@@ -389,93 +415,9 @@ class RunConfig(Section):
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:CELL_ID_LENGTH]
 
-    def flat(self) -> dict[str, str]:
-        """Every setting as ``{"optim.lr": "0.001", ...}`` (dotted keys, string values; MLflow params).
-
-        The key set is the same for every cell, whatever its framework and head, so MLflow's
-        compare view lines cells up: ``framework_options.*`` lists the options of *every*
-        framework, ``head.options.*`` those of every head and ``data.augmentation.*`` every
-        ``train_transform`` keyword; each holds the cell's value, else the default of the cell's
-        framework/head/transform, else :data:`NOT_APPLICABLE` (an option the cell's framework or
-        head does not take). Free-form dicts (``model.options``, ``data.options``) are as given.
-        """
-        data = self.model_dump(mode="json")
-        framework_defaults = dict.fromkeys(framework_option_keys(), NOT_APPLICABLE)
-        data["framework_options"] = {**framework_defaults, **data["framework_options"]}
-        data["head"]["options"] = {**head_option_defaults(self.head.name), **data["head"]["options"]}
-        data["data"]["augmentation"] = {**augmentation_defaults(), **data["data"]["augmentation"]}
-        out: dict[str, str] = {}
-        _flatten("", data, out)
-        _flatten(SWITCH_PREFIX.rstrip("."), self.switches(), out)
-        return out
-
-    def switches(self) -> dict[str, Any]:
-        """Every switch of ``npsemiseg.protocol`` -> its value in this config (``n/a`` where it does not apply)."""
-        return switch_values(self.model_dump(mode="json"))
-
-    # ----------------------------------------------------------------- construction
-    @classmethod
-    def from_preset(
-        cls,
-        preset: str,
-        *,
-        framework: str = "supervised",
-        dataset: str = "synthetic",
-        partition: str | int = "1/16",
-        head: str = "baseline",
-        protocol: str = "corrected",
-        **overrides: Any,
-    ) -> RunConfig:
-        """A preset (``"paper"`` or ``"smoke"``) for one cell under ``protocol``, then ``overrides``.
-
-        ``overrides``: dotted keys (``**{"optim.lr": 0.01}``) or sections (``optim={"lr": 0.01}``),
-        applied as by :meth:`with_overrides`; a dict given for an option dict (``framework_options``,
-        ``head.options``, ``model.options``, ``data.options``, ``data.augmentation``) is merged into
-        the preset's. ``switches.<name>`` keys set one switch of ``npsemiseg.protocol`` (they win over the protocol).
-        """
-        values = preset_values(preset, framework=framework, dataset=dataset, partition=str(partition), head=head,
-                               protocol=protocol)
-        changes = switch_overrides(overrides)
-        merged = follow_head_settings(values, apply_overrides(cls, values, changes), changes)
-        return cls.model_validate(merged)
-
-    def with_overrides(self, overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> RunConfig:
-        """A new config with dotted-key overrides applied and everything re-validated.
-
-        String values are parsed as YAML scalars (``"0.01"`` -> 0.01, ``"null"`` -> None) so
-        command-line ``key=value`` pairs work. Unknown keys -> ``ValueError`` naming the key.
-        Changing ``framework`` (``head.name``) starts that framework's (head's) options afresh. Changing
-        ``protocol``, ``framework``, ``dataset`` or ``head.name`` writes the protocol's switches for the new
-        cell before the other changes; ``switches.<name>`` keys set one switch (they win over the protocol).
-        """
-        changes = switch_overrides({**dict(overrides or {}), **kwargs})
-        values = self.model_dump(mode="json")
-        if "framework" in changes and changes["framework"] != self.framework:
-            if self.framework_variant == self.framework:
-                values["framework_variant"] = ""
-            values["framework_options"] = {}
-            values["data"]["augmentation"] = {}
-            values["data"]["labeled_strong_view"] = None
-        new_head = changes.get(
-            "head.name", (changes.get("head") or {}).get("name") if isinstance(changes.get("head"), Mapping) else None
-        )
-        if new_head is not None and new_head != self.head.name:
-            values["head"]["options"] = {}
-            if self.head.variant == self.head.name:
-                values["head"]["variant"] = ""
-        if "evaluation.crop_size" in changes and "evaluation.stride" not in changes and self._derived_stride():
-            values["evaluation"]["stride"] = None  # the derived stride follows the new crop
-        after = apply_overrides(type(self), _reapply_protocol(type(self), values, changes), changes)
-        return type(self).model_validate(follow_head_settings(self.model_dump(mode="json"), after, changes))
-
-    def _derived_stride(self) -> bool:
-        """Whether the evaluation stride is the one derived from the crop (ceil(2/3 x crop))."""
-        evaluation = self.evaluation
-        return evaluation.stride is not None and evaluation.stride == math.ceil(evaluation.crop_size * 2 / 3)
-
     # ----------------------------------------------------------------- YAML
     def to_yaml(self) -> str:
-        """The resolved configuration as YAML (``from_yaml(to_yaml())`` gives an equal config)."""
+        """The configuration as YAML (``from_yaml(to_yaml())`` gives an equal config, its ``inputs`` too)."""
         return yaml.dump(self.model_dump(mode="json"), Dumper=_YAML_DUMPER, sort_keys=False)
 
     @classmethod
@@ -490,22 +432,3 @@ class RunConfig(Section):
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)
-
-
-def _reapply_protocol(root: type[RunConfig], values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with the protocol's switches written for the cell ``changes`` make, when they change the
-    protocol or the cell (framework, dataset, head); the explicit ``changes`` are applied afterwards."""
-    cell_keys = ("protocol", "framework", "dataset", "head.name", "head")
-    if not any(key in changes for key in cell_keys):
-        return values
-    cell = apply_overrides(root, values, {k: v for k, v in changes.items() if k in cell_keys})
-    return apply_protocol(cell, cell.get("protocol", "corrected"))
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
-    """``out[dotted key] = string value`` for every leaf of a nested dict (empty dicts are leaves)."""
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)
-    else:
-        out[prefix] = value if isinstance(value, str) else json.dumps(value)

@@ -25,10 +25,11 @@ from npsemiseg.data.info import (
 )
 from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
+from npsemiseg.data.transforms import augmentation_keys
 
 __all__ = [
     "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation",
     "DATA_ROOT_ENV", "DatasetInfo", "IGNORE_INDEX", "LIST_VARIANTS", "SyntheticConfig",
-    "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "build_dataset",
+    "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset",
     "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "resolve_root",
 ]

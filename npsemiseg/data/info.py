@@ -66,6 +66,17 @@ class DatasetInfo:
     #: for a generated dataset, ``describe(name, **options)``: its info under other generator options
     describe: Callable[..., DatasetInfo] | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def paper_dataset(self) -> str:
+        """The dataset whose paper settings apply: a synthetic stand-in's real dataset, else this one."""
+        return self.real_dataset or self.name
+
+    @property
+    def family(self) -> str:
+        """``"cityscapes"`` for Cityscapes and its stand-in, else ``"voc"`` (VOC classic, blender, the other
+        synthetic and study datasets): which of the paper's two settings a cell gets."""
+        return "cityscapes" if self.paper_dataset == "cityscapes" else "voc"
+
     def resolve_partition(self, partition: str | int) -> str:
         """Canonical partition name (``"92"``) from a name, a count or an alias (``"1/16"``).
 

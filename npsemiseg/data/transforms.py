@@ -30,6 +30,7 @@ generator / worker seeds) makes the pipelines reproducible.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -365,6 +366,12 @@ def val_transform(crop_size: int | Sequence[int] | None = None, *,
 
 #: the training pipelines a framework names (``Framework.augmentation``): weak/strong settings per dataset family
 PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
+
+
+def augmentation_keys() -> tuple[str, ...]:
+    """The settings of the training augmentation: ``train_transform``'s keywords besides the crop (the keys of a
+    configuration's ``data.augmentation``)."""
+    return tuple(name for name in inspect.signature(train_transform).parameters if name != "crop_size")
 
 
 def paper_augmentation(pipeline: str, dataset_kind: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from npsemiseg.constants import sliding_stride
 from npsemiseg.heads.base import predictive
 from npsemiseg.models import IMAGENET_MEAN, logit_align_corners, upsample_logits
 
@@ -80,7 +81,7 @@ class SlidingScheme:
 
 
 SLIDING_SCHEMES: dict[str, SlidingScheme] = {
-    "u2pl": SlidingScheme(769, math.ceil(769 * 2 / 3), "shift", "logits"),
+    "u2pl": SlidingScheme(769, sliding_stride(769), "shift", "logits"),
     "augseg": SlidingScheme(800, int(800 * 2 / 3), "clip", "probs"),
 }
 
@@ -215,7 +216,7 @@ def resolve_scheme(
     if not isinstance(window, int):
         raise ValueError(f"crop_size: sliding windows are square, expected an int, got {crop_size!r}")
     if stride is None:
-        stride = scheme.stride if crop_size is None else math.ceil(window * 2 / 3)
+        stride = scheme.stride if crop_size is None else sliding_stride(window)
     return SlidingScheme(window, stride, placement or scheme.placement, combine or scheme.combine)  # type: ignore[arg-type]
 
 

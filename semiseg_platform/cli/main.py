@@ -8,6 +8,7 @@ import click
 
 from semiseg_platform.cli import (  # noqa: F401 - each module registers its command
     claims,
+    config,
     data,
     evaluate,
     export,

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import Composition, RunConfig, compose, read_config, recompose
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -26,25 +26,29 @@ from semiseg_platform.specs import read_yaml
 from semiseg_platform.tracking import CellKilled, ui_hint
 
 
-def build_config(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
-                 preset: str, config_file: Path | None, assignments: dict[str, str]) -> Any:
-    """The run configuration from ``--config`` or ``--preset`` + the four cell options, then ``--set``."""
-    cell = {"framework": framework, "dataset": dataset, "partition": partition, "head.name": head}
+def build_composition(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
+                      preset: str, config_file: Path | None, assignments: dict[str, str],
+                      protocol: str | None = None) -> Composition:
+    """The run configuration and where its values come from: ``--preset`` + the four cell options (and
+    ``--protocol``), or ``--config FILE`` (the cell options then change its cell), then ``--set``."""
+    cell = {"framework": framework, "dataset": dataset, "partition": partition, "head.name": head, "protocol": protocol}
     if config_file is not None:
         if not config_file.is_file():
             raise ValueError(f"--config: file {config_file} does not exist")
         if not isinstance(read_yaml(config_file, f"--config {config_file}"), dict):
             raise ValueError(f"--config {config_file}: expected a mapping of configuration sections")
-        config = RunConfig.from_yaml(config_file.read_text())
-        overrides = {k: v for k, v in cell.items() if v is not None}
-    else:
-        missing = [f"--{k.split('.')[0]}" for k, v in cell.items() if v is None]
-        if missing:
-            raise ValueError(f"missing option(s) {', '.join(missing)} (or give --config FILE)")
-        config = RunConfig.from_preset(preset, framework=framework, dataset=dataset, partition=partition, head=head)
-        overrides = {}
-    overrides.update(assignments)
-    return config.with_overrides(overrides) if overrides else config
+        changes = {**{k: v for k, v in cell.items() if v is not None}, **assignments}
+        return recompose(read_config(config_file), changes)
+    missing = [f"--{k.split('.')[0]}" for k, v in cell.items() if v is None and k != "protocol"]
+    if missing:
+        raise ValueError(f"missing option(s) {', '.join(missing)} (or give --config FILE)")
+    return compose(preset, framework=framework, dataset=dataset, partition=partition, head=head,
+                   protocol=protocol or "corrected", overrides=assignments)
+
+
+def build_config(**options: Any) -> RunConfig:
+    """:func:`build_composition`'s configuration."""
+    return build_composition(**options).config
 
 
 def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, max_failures: int) -> bool:

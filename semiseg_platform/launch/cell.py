@@ -34,6 +34,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
+from npsemiseg.config import with_overrides
 from npsemiseg.training import batch_scaling, train
 from semiseg_platform import schema
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
@@ -144,7 +145,7 @@ def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks]
     callbacks.extend(extra or [])
     callbacks.extend(spec.callbacks)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-run-") as output_dir:
-        config = spec.config.with_overrides({"runtime.output_dir": output_dir})
+        config = with_overrides(spec.config, {"runtime.output_dir": output_dir})
         try:
             return train(config, CallbackList(callbacks))
         except BaseException as error:

@@ -127,7 +127,7 @@ def load_search_trials(tracking_uri: str, experiment: str, *, search: str | None
     """The FINISHED trial runs of the searches in ``experiment`` (cell runs tagged ``search_id``;
     only ``search`` when given) as ``{dataset, partition, framework, head, search_id, metric, <key>...}``.
 
-    Values of ``keys`` come from the run's params (``schema.config_params``), so a key that a search did
+    Values of ``keys`` come from the run's params (``npsemiseg.config.config_params``), so a key that a search did
     not vary still has the value it ran with.
     """
     client = MlflowClient(tracking_uri)

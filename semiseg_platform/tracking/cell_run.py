@@ -22,6 +22,7 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from npsemiseg.config import config_params, explain
 from semiseg_platform import schema
 from semiseg_platform.tracking.metrics import log_metrics
 from semiseg_platform.tracking.params import MAX_TAG_LENGTH, cell_tags
@@ -143,9 +144,9 @@ class CellRun:
         A run still RUNNING under another live process on this host is not taken over
         (``RuntimeError``): the same cell must not train twice at once into one lineage.
 
-        Logs the schema's tags, :func:`schema.config_params` and ``params`` as params (a reused run keeps its
-        params; keys whose value changed are listed in the ``npsemiseg.params_changed`` tag) and
-        the configuration YAML.
+        Logs the schema's tags, ``npsemiseg.config.config_params`` and ``params`` as params (a reused run keeps its
+        params; keys whose value changed are listed in the ``npsemiseg.params_changed`` tag), the configuration
+        YAML and its provenance (``config_provenance.json``: the step that set each key, and why).
         """
         tracking_uri = resolve_tracking_uri(tracking)
         experiment_id = prepare_experiment(tracking_uri, experiment)
@@ -157,7 +158,7 @@ class CellRun:
         else:
             run_id, old_params = existing.info.run_id, existing.data.params
             _take_over(client, existing, config)
-        params = {**schema.config_params(config), **dict(params or {})}
+        params = {**config_params(config), **dict(params or {})}
         changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
         if changed:
             tags[schema.PARAMS_CHANGED] = ",".join(changed)[:MAX_TAG_LENGTH]
@@ -167,6 +168,7 @@ class CellRun:
             client.log_batch(run_id, params=new_params[start:start + 100])
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         client.log_text(run_id, config.to_yaml(), schema.CONFIG_ARTIFACT)
+        client.log_dict(run_id, explain(config).to_json(), schema.PROVENANCE_ARTIFACT)
         return cls(client, tracking_uri, experiment_id, run_id, reused=existing is not None)
 
     def log_checkpoint_uri(self, uri: str | None) -> None:

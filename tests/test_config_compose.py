@@ -1,0 +1,156 @@
+"""Composition of a cell's configuration: the order of the steps, the provenance of every key, recomposition,
+files, the cell ids every spec's cells keep, and ``npsemiseg config show``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from npsemiseg.config import RunConfig, compose, explain, read_config, recompose, with_overrides
+from npsemiseg.config.compose import STEPS
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+from semiseg_platform.grid_spec import cell_config as grid_cell_config
+from semiseg_platform.grid_spec import cell_keys, load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN_IDS = REPO / "tests" / "golden" / "cell_ids.json"
+
+
+def _steps(composition, key: str) -> list[str]:
+    return [setting.step for setting in composition.provenance[key]]
+
+
+def test_a_switch_beats_the_preset_and_a_user_override_beats_the_switch():
+    cell = dict(framework="u2pl", dataset="synthetic", partition="1/16", head="np", protocol="released")
+    released = compose("paper", **cell)
+    assert released.config.evaluation.num_samples == 20  # switch np_eval_samples over the preset's T = 5
+    assert _steps(released, "evaluation.num_samples") == ["preset", "switch"]
+    assert released.provenance["evaluation.num_samples"][0].value == 5
+    overridden = compose("paper", **cell, overrides={"switches.np_eval_samples": 7})
+    assert overridden.config.evaluation.num_samples == 7
+    assert _steps(overridden, "evaluation.num_samples") == ["preset", "switch", "override"]
+    by_key = compose("paper", **cell, overrides={"head.options.attention": "euclidean"})
+    assert by_key.config.head.options["attention"] == "euclidean"  # the switch's released value is per_channel
+    assert _steps(by_key, "head.options.attention") == ["switch", "override"]
+
+
+def test_the_head_schedule_follows_an_overridden_switch():
+    cell = dict(framework="u2pl", dataset="pascal_blender", partition="1/8", head="baseline")
+    shared = compose("paper", **cell).config
+    per_head = compose("paper", **cell, overrides={"switches.head_settings": "per_head"})
+    assert (shared.schedule.crop_size, per_head.config.schedule.crop_size) == (480, 513)  # U2PL's publication crop
+    assert per_head.config.optim.reference_batch == 16 and per_head.config.schedule.batch_size == 4
+    assert _steps(per_head, "schedule.crop_size") == ["preset", "scale"]
+    assert "per_head" in per_head.provenance["schedule.crop_size"][-1].why
+    explicit = compose("paper", **cell, overrides={"switches.head_settings": "per_head", "schedule.crop_size": 321})
+    assert explicit.config.schedule.crop_size == 321 and explicit.config.schedule.batch_size == 4
+
+
+def test_a_derived_field_follows_its_inputs_unless_set():
+    cell = dict(framework="u2pl", dataset="cityscapes", partition="1/8", head="baseline")
+    assert compose("paper", **cell).config.evaluation.stride == 513  # ceil(2/3 x 769)
+    moved = compose("paper", **cell, overrides={"evaluation.crop_size": 600})
+    assert moved.config.evaluation.stride == 400 and _steps(moved, "evaluation.stride") == ["derived"]
+    pinned = compose("paper", **cell, overrides={"evaluation.crop_size": 600, "evaluation.stride": 300})
+    assert pinned.config.evaluation.stride == 300
+    with pytest.raises(ValueError, match=r"evaluation\.stride.*at most evaluation\.crop_size=600"):
+        compose("paper", **cell, overrides={"evaluation.crop_size": 600, "evaluation.stride": 700})
+    psmt = compose("smoke", framework="psmt", dataset="synthetic", partition="1/16", head="baseline")
+    assert psmt.config.data.labeled_strong_view is True
+    off = compose("smoke", framework="psmt", dataset="synthetic", partition="1/16", head="baseline",
+                  overrides={"framework_options.strong_labeled": False})
+    assert off.config.data.labeled_strong_view is False
+
+
+@pytest.mark.parametrize("head", head_names())
+@pytest.mark.parametrize("framework", framework_names())
+def test_every_key_has_a_provenance_ending_in_its_value(framework, head):
+    for protocol in ("released", "corrected"):
+        composition = compose("smoke", framework=framework, dataset="synthetic_cityscapes", partition="1/8",
+                              head=head, protocol=protocol, overrides={"optim.lr": "0.02"})
+        record = composition.config.model_dump(mode="json", exclude={"inputs"})
+        assert set(composition.provenance) == set(_leaf_keys(record))
+        for key, history in composition.provenance.items():
+            assert all(setting.step in STEPS and setting.why for setting in history)
+            if history and key.split(".")[0] != "framework_options":  # options are completed by their model
+                assert history[-1].value == composition.value(key), key
+            assert [STEPS.index(s.step) for s in history] == sorted(STEPS.index(s.step) for s in history), key
+        assert composition.config.optim.lr == 0.02 and _steps(composition, "optim.lr")[-1] == "override"
+
+
+def _leaf_keys(tree, prefix=""):
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, dotted)
+        else:
+            yield dotted
+
+
+def test_explain_prints_every_setting_of_a_key_and_names_an_unknown_one():
+    composition = compose("paper", framework="mt", dataset="pascal_classic", partition="92", head="baseline",
+                          protocol="released")
+    text = composition.explain("schedule.epochs")
+    assert text.splitlines()[0] == "schedule.epochs = 34"  # CPS's MeanTeacher under per_head
+    assert [line.split()[0] for line in text.splitlines()[1:]] == ["preset", "scale"]
+    assert composition.explain("switches.mt_single_lr").startswith("optim.parameter_groups = single_lr")
+    assert len(composition.explain("optim").splitlines()) > 10
+    with pytest.raises(ValueError, match=r"unknown configuration key 'optim\.lrr'"):
+        composition.explain("optim.lrr")
+
+
+def test_with_overrides_composes_again_without_resets():
+    config = compose("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="np",
+                     overrides={"optim.lr": 0.02}).config
+    baseline = with_overrides(config, {"head.name": "baseline"})
+    fresh = compose("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="baseline",
+                    overrides={"optim.lr": 0.02}).config
+    assert baseline == fresh and baseline.optim.grad_clip is None  # the NP head's clipping went with it
+    released = with_overrides(config, protocol="released")
+    assert released == compose("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="np",
+                               protocol="released", overrides={"optim.lr": 0.02}).config
+    assert with_overrides(config, {"optim.lr": 0.03}).inputs.overrides == {"optim.lr": 0.03}
+    memory = with_overrides(config, {"head.options.memory_size": 32})
+    with pytest.raises(ValueError, match=r"(?s)head\.options for head 'baseline'.*memory_size"):
+        with_overrides(memory, {"head.name": "baseline"})  # no implicit reset: the override stays and is refused
+
+
+def test_files_round_trip_and_a_hand_edited_file_is_taken_as_it_is(tmp_path):
+    config = compose("smoke", framework="mt", dataset="synthetic", partition="1/16", head="mc_dropout").config
+    path = tmp_path / "cell.yaml"
+    path.write_text(config.to_yaml())
+    again = read_config(path)
+    assert again == config and again.inputs == config.inputs
+    assert explain(again).provenance == explain(config).provenance
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(config.to_yaml().replace("poly_power: 0.9", "poly_power: 0.5"))
+    hand = read_config(edited)
+    assert hand.schedule.poly_power == 0.5 and hand.inputs is None
+    changed = recompose(hand, {"seed": 3})
+    assert changed.config.schedule.poly_power == 0.5 and changed.config.seed == 3
+    assert _steps(changed, "schedule.poly_power") == ["record"] and _steps(changed, "seed")[-1] == "override"
+    sliding = with_overrides(config, {"evaluation.mode": "sliding"}, from_inputs=False)
+    assert sliding.evaluation.stride == sliding.evaluation.crop_size * 2 // 3 + (sliding.evaluation.crop_size % 3 > 0)
+
+
+def test_every_cell_of_every_spec_keeps_its_id():
+    golden = json.loads(GOLDEN_IDS.read_text())
+    assert golden["identity_version"] == 1
+    specs = sorted(p for p in (REPO / "jobs" / "specs").glob("*.yaml") if not p.name.startswith("search"))
+    assert {p.name for p in specs} == set(golden["cells"])
+    for path in specs:
+        spec = load_spec(path)
+        ids = {f"{k.framework}/{k.dataset}/{k.partition}/{k.head}/{k.seed}/{k.protocol}":
+               grid_cell_config(spec, k).cell_id for k in cell_keys(spec)}
+        assert ids == golden["cells"][path.name], path.name
+
+
+def test_inputs_and_runtime_leave_the_id_alone():
+    config = compose("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="np").config
+    assert with_overrides(config, {"runtime.device": "cpu"}).cell_id == config.cell_id
+    assert config.model_copy(update={"inputs": None}).cell_id == config.cell_id
+    assert with_overrides(config, {"optim.lr_scaling": "linear"}).cell_id != config.cell_id
+    assert isinstance(RunConfig.model_validate(config.model_dump()), RunConfig)
