@@ -150,6 +150,13 @@ class ClassifierHead(nn.Module):
         return num_samples
 
 
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``, else a ValueError naming the option and the accepted values."""
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    return value
+
+
 def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -> None:
     """ValueError unless every value is in ``[0, num_classes)`` or ``IGNORE_INDEX`` (one host sync)."""
     bad = (labels < 0) | ((labels >= num_classes) & (labels != IGNORE_INDEX))
