@@ -57,7 +57,7 @@ def predictive(logits: Tensor) -> tuple[Tensor, Tensor]:
 def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
     """KL(N(mean_t, sigma_t^2) || N(mean_c, sigma_c^2)) summed over the last (latent) dimension.
 
-    All inputs ``[B, D]``, sigma a standard deviation (paper Eq. 7). Returns ``[B]``.
+    All inputs ``[B, D]``, sigma a standard deviation (paper Eq. 6). Returns ``[B]``.
     """
     var_t, var_c = sigma_t.pow(2), sigma_c.pow(2)
     return 0.5 * (

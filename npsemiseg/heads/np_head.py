@@ -1,26 +1,27 @@
-"""NP-SemiSeg's classifier head (paper Section 3.2; appendix tables of the small ConvNet and the decoder).
+"""NP-SemiSeg's classifier head (paper Section 3.2): per-class memories, attention, latent and deterministic paths.
 
-The paper's description is the default; every behaviour of the authors' released code
-that differs is a named option (``../shared/notes/np_head_reference.md``):
+The paper's description is the default; every behaviour of the authors' released code that differs
+is a named option, set by the ``released`` protocol (``npsemiseg.protocol``). ``docs/np_head.md``
+describes the head, and each option under the protocol switch named in the last column:
 
-========================  ================================  ======================================
-option                    default (paper / careful)         authors' code
-========================  ================================  ======================================
-``attention``             ``"euclidean"`` (Eq. 8)           ``"per_channel"``
-``kl``                    ``"paper"`` (Eq. 7, sigma = std)  ``"authors"`` (sigma used as variance)
-``mask_empty``            True (empty classes masked)       False (zero centers take part)
-``detach_query``          True                              True
-``sync_memories``         True (all_gather under DDP)       False
-``enqueue_per_class``     ``"auto"``: min(256, Q)/step     None (everything; newest Q kept)
-``memory_rows``           ``"pixel"`` (a pixel's vector)     ``"scrambled"`` (one channel, many pixels)
-``persist_memories``      True                              False (each step starts empty; zero
-                                                            centers at inference)
-========================  ================================  ======================================
+=====================  ================================  ==========================================  =====================
+option                 default (paper / careful)         released code                               switch
+=====================  ================================  ==========================================  =====================
+``attention``          ``"euclidean"`` (Eq. 5)           ``"per_channel"``                           np_attention
+``kl``                 ``"paper"`` (Eq. 6, sigma = std)  ``"authors"`` (sigma used as variance)      np_kl
+``mask_empty``         True (empty classes masked)       False (zero centers take part)              np_zero_centers
+``detach_query``       True                              True
+``sync_memories``      True (all_gather under DDP)       False                                       np_sync_memories
+``enqueue_per_class``  ``"auto"``: min(256, Q)/step      None (up to Q per step)                     np_push_every_pixel
+``memory_rows``        ``"pixel"`` (a pixel's vector)    ``"scrambled"`` (one channel, many pixels)  np_scrambled_memories
+``persist_memories``   True                              False (each step starts empty; zero         np_memories_persist
+                                                         centers at inference)
+=====================  ================================  ==========================================  =====================
 
-The last two are bugs of the released code (``np_head_reference.md`` headlines 1-2), kept as options so
-the ``released`` protocol (``npsemiseg.protocol``) reproduces them.
-``attention="mean"`` is the paper's ablation (mean aggregator), ``decoder_norm`` an ablation of
-the decoder's InstanceNorm (which cancels the spatially constant z and r away from the border).
+The networks are in :mod:`.np_layers`, the memory-saving kernels in :mod:`.np_kernels`.
+``attention="mean"`` is the paper's ablation (mean aggregator), ``decoder_norm`` an ablation of the
+decoder's InstanceNorm, which cancels the spatially constant z and r away from the border
+(``docs/np_head.md``, "InstanceNorm and the latent").
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class NPHead(ClassifierHead):
     description = "the NP-SemiSeg neural-process head (uncertainty from T latent samples)"
     aux_loss_term = "kl"
     has_memories = True
-    #: lambda_kl, memory length Q and T of the NP configs (``np_head_reference.md`` section 2), clipped at 5.0
+    #: lambda_kl, memory length Q and T of the paper, gradient norm clipped at 5.0 (``docs/np_head.md``, "Hyper-parameters")
     paper_options = {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5}
     paper_grad_clip = 5.0
     smoke_options = {
@@ -258,9 +259,10 @@ class NPHead(ClassifierHead):
                 getattr(self, f"{name}_{kind}").zero_()
 
     def _scramble(self, picked: Tensor, valid: Tensor) -> Tensor:
-        """The authors' rows (``memory_rows="scrambled"``): ``masked_select(feat, mask).view(-1, D)`` reads a
-        class's values channel by channel, so row i holds D consecutive values of one channel from different
-        pixels. picked ``[K, P, D]``, valid ``[K, P]`` (the first n_k valid) -> ``[K, P, D]``."""
+        """The released code's rows (``memory_rows="scrambled"``; ``docs/np_head.md``, np_scrambled_memories):
+        ``masked_select(feat, mask).view(-1, D)`` reads a class's values channel by channel, so row i holds D
+        consecutive values of one channel from different pixels.
+        picked ``[K, P, D]``, valid ``[K, P]`` (the first n_k valid) -> ``[K, P, D]``."""
         d = picked.shape[-1]
         n = valid.sum(dim=1).clamp(min=1)[:, None, None]  # [K, 1, 1]
         flat = (torch.arange(picked.shape[1], device=picked.device)[:, None] * d
@@ -345,7 +347,8 @@ class NPHead(ClassifierHead):
 
     def _aggregates(self, query: Tensor, *, inference: bool = False) -> tuple[Tensor, Tensor]:
         """Pooled attention of the queries on the target and on the context centers: 2 x ``[B, D]``.
-        In inference with ``persist_memories=False`` every center is zero (the authors' banks never persist)."""
+        In inference with ``persist_memories=False`` every center is zero, as in the released code, whose memories
+        never persist (``docs/np_head.md``, np_memories_persist)."""
         zero = inference and not self.persist_memories
         target_centers = torch.zeros_like(self.target_centers) if zero else self.target_centers
         context_centers = torch.zeros_like(self.context_centers) if zero else self.context_centers
@@ -360,7 +363,7 @@ class NPHead(ClassifierHead):
         return mean + sigma * torch.randn((num_samples, *mean.shape), device=mean.device, dtype=torch.float32)
 
     def kl_divergence(self, mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
-        """KL(q_target || q_context) per image ``[B]``: paper Eq. 7, or the authors' sigma-as-variance form."""
+        """KL(q_target || q_context) per image ``[B]``: paper Eq. 6, or the authors' sigma-as-variance form."""
         mean_t, sigma_t, mean_c, sigma_c = (v.float() for v in (mean_t, sigma_t, mean_c, sigma_c))
         if self.kl == "authors":
             return gaussian_kl(mean_t, sigma_t.sqrt(), mean_c, sigma_c.sqrt())

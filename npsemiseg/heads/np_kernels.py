@@ -2,7 +2,7 @@
 
 Each kernel gives the values of its plain PyTorch composition (up to rounding) and keeps less in memory:
 
-- :func:`attention_aggregate`: the spatial mean of the attention aggregation (paper Eq. 8) as
+- :func:`attention_aggregate`: the spatial mean of the attention aggregation (paper Eq. 5) as
   ``mean_hw(w) @ C``, never a ``[B, K, D, h, w]`` tensor; the per-channel form of the authors' code
   in channel slices, recomputed slice by slice in backward.
 - :func:`norm_relu_conv`: ``conv(relu(instance_norm(y)))`` that autograd stores as one
@@ -63,7 +63,7 @@ class _PerChannelAttention(torch.autograd.Function):
 def attention_aggregate(
     query: Tensor, centers: Tensor, filled: Tensor, kind: str = "euclidean", *, channel_chunk: int = 4
 ) -> Tensor:
-    """Spatial mean of the attention aggregation of paper Eq. 8: ``mean_hw(sum_k w_k C[k])``.
+    """Spatial mean of the attention aggregation of paper Eq. 5: ``mean_hw(sum_k w_k C[k])``.
 
     query ``[B, D, h, w]``, centers ``[K, D]``, filled ``[K]`` bool (False = empty class, masked out)
     -> ``[B, D]``. Only the spatial mean is used downstream, so it is computed as
