@@ -15,7 +15,9 @@ from .base import (
 )
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
 from .factory import HEADS, build_head, head_class, head_names
-from .np_head import LatentEncoder, NPDecoder, NPHead, NPLatent, SmallConvNet, attention_aggregate
+from .np_head import NPHead, NPLatent
+from .np_kernels import attention_aggregate
+from .np_layers import LatentEncoder, NPDecoder, SmallConvNet
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",

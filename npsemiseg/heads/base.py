@@ -57,7 +57,7 @@ def predictive(logits: Tensor) -> tuple[Tensor, Tensor]:
 def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
     """KL(N(mean_t, sigma_t^2) || N(mean_c, sigma_c^2)) summed over the last (latent) dimension.
 
-    All inputs ``[B, D]``, sigma a standard deviation (paper Eq. 7). Returns ``[B]``.
+    All inputs ``[B, D]``, sigma a standard deviation (paper Eq. 6). Returns ``[B]``.
     """
     var_t, var_c = sigma_t.pow(2), sigma_c.pow(2)
     return 0.5 * (
@@ -148,6 +148,13 @@ class ClassifierHead(nn.Module):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples: expected a positive int, got {num_samples!r}")
         return num_samples
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``, else a ValueError naming the option and the accepted values."""
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    return value
 
 
 def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -> None:

@@ -1,0 +1,228 @@
+"""Memory-saving kernels of the NP head: the attention aggregator and the decoder's conv stages.
+
+Each kernel gives the values of its plain PyTorch composition (up to rounding) and keeps less in memory:
+
+- :func:`attention_aggregate`: the spatial mean of the attention aggregation (paper Eq. 5) as
+  ``mean_hw(w) @ C``, never a ``[B, K, D, h, w]`` tensor; the per-channel form of the authors' code
+  in channel slices, recomputed slice by slice in backward.
+- :func:`norm_relu_conv`: ``conv(relu(instance_norm(y)))`` that autograd stores as one
+  activation-sized tensor instead of three.
+- :func:`add_constant_maps`: the 3x3 zero-padded conv of spatially constant maps (z and r in the
+  decoder) added to a shared ``[B, O, h, w]`` map, exact on the border, without an activation-sized
+  copy in backward.
+
+Double backward is not supported (``once_differentiable``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+ATTENTIONS = ("euclidean", "squared", "per_channel", "mean")
+
+
+def _per_channel_mean(query: Tensor, centers: Tensor, filled: Tensor) -> Tensor:
+    """Spatial mean of the authors' per-channel attention for a slice of channels.
+
+    query ``[B, d, h, w]``, centers ``[K, d]``, filled ``[K]`` -> ``[B, d]``. Builds ``[B, K, d, h, w]``
+    for this slice only.
+    """
+    c = centers[None, :, :, None, None]
+    score = -(query[:, None] - c).pow(2)
+    score = score.masked_fill(~filled[None, :, None, None, None], float("-inf"))
+    return (score.softmax(dim=1) * c).sum(dim=1).mean(dim=(2, 3))
+
+
+class _PerChannelAttention(torch.autograd.Function):
+    """``_per_channel_mean`` over all channels, in slices of ``chunk`` channels, recomputed slice by
+    slice in backward, so at most ``[B, K, chunk, h, w]`` exists at a time. Gradient for the query
+    only (centers come from the memories, which carry none)."""
+
+    @staticmethod
+    def forward(ctx, query: Tensor, centers: Tensor, filled: Tensor, chunk: int) -> Tensor:
+        ctx.save_for_backward(query, centers, filled)
+        ctx.chunk = chunk
+        return torch.cat(
+            [_per_channel_mean(q, c, filled) for q, c in zip(query.split(chunk, dim=1), centers.split(chunk, dim=1))], dim=1
+        )
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        query, centers, filled = ctx.saved_tensors
+        grads = []
+        for q, c, g in zip(query.split(ctx.chunk, dim=1), centers.split(ctx.chunk, dim=1), grad_out.split(ctx.chunk, dim=1)):
+            with torch.enable_grad():
+                q = q.detach().requires_grad_(True)
+                grads.append(torch.autograd.grad(_per_channel_mean(q, c, filled), q, g)[0])
+        return torch.cat(grads, dim=1), None, None, None
+
+
+def attention_aggregate(
+    query: Tensor, centers: Tensor, filled: Tensor, kind: str = "euclidean", *, channel_chunk: int = 4
+) -> Tensor:
+    """Spatial mean of the attention aggregation of paper Eq. 5: ``mean_hw(sum_k w_k C[k])``.
+
+    query ``[B, D, h, w]``, centers ``[K, D]``, filled ``[K]`` bool (False = empty class, masked out)
+    -> ``[B, D]``. Only the spatial mean is used downstream, so it is computed as
+    ``mean_hw(w) @ C``; no ``[B, K, D, h, w]`` tensor is built.
+
+    kind: ``"euclidean"`` w = softmax_k(-|q - c_k|) (the paper), ``"squared"`` softmax_k(-|q - c_k|^2),
+    ``"per_channel"`` a separate softmax over classes for every channel of the squared residual
+    (the authors' code; computed in slices of ``channel_chunk`` channels, recomputed in backward),
+    ``"mean"`` uniform weights over filled classes (the paper's mean-aggregator ablation).
+    Runs in float32 (the distance expansion cancels badly in half precision).
+    """
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        query, centers = query.float(), centers.float()
+        if kind == "mean":
+            weights = filled.float() / filled.sum().clamp_min(1)
+            return (weights @ centers).expand(query.shape[0], -1)
+        if kind == "per_channel":
+            return _PerChannelAttention.apply(query, centers, filled, channel_chunk)
+        if kind not in ("euclidean", "squared"):
+            raise ValueError(f"attention: expected one of {ATTENTIONS}, got {kind!r}")
+        cross = F.conv2d(query, centers[:, :, None, None])  # [B, K, h, w] = q . c_k
+        dist2 = (query.pow(2).sum(dim=1, keepdim=True) - 2.0 * cross + centers.pow(2).sum(dim=1)[:, None, None]).clamp_min(0.0)
+        score = -dist2 if kind == "squared" else -dist2.clamp_min(1e-12).sqrt()
+        score = score.masked_fill(~filled[None, :, None, None], float("-inf"))
+        return score.softmax(dim=1).mean(dim=(2, 3)) @ centers
+
+
+def valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``[size, 3]``: 1 where tap a of a 3x3, padding-1 kernel falls inside the map at position i."""
+    i = torch.arange(size, device=device)[:, None] + torch.arange(3, device=device)[None] - 1
+    return ((i >= 0) & (i < size)).to(dtype)
+
+
+def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> Tensor:
+    """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``.
+
+    Two-pass (mean, then the norm of the centred map): on CPU several times faster than
+    ``var_mean`` over the spatial dims, and no temporary of the size of ``y``. ``scale=False``
+    only centres ``y`` (the caller folds ``rstd`` into what follows).
+    """
+    n, c, h, w = y.shape
+    flat = y.view(n * c, h * w)
+    y.sub_((flat.sum(dim=1) / (h * w)).view(n, c, 1, 1))
+    var = torch.linalg.vector_norm(flat, dim=1).square().view(n, c, 1, 1) / (h * w)
+    rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
+    if scale:
+        y.mul_(rstd)
+    return rstd
+
+
+def _conv_backward(grad_out: Tensor, input: Tensor, weight: Tensor, mask: tuple[bool, bool, bool]):
+    k = weight.shape[-1]
+    return torch.ops.aten.convolution_backward(
+        grad_out, input, weight, [weight.shape[0]], [1, 1], [k // 2, k // 2], [1, 1], False, [0, 0], 1, list(mask)
+    )
+
+
+class _NormReLUConv(torch.autograd.Function):
+    """``conv(relu(instance_norm(y)))`` saving one activation-sized tensor (the normalised ``y``).
+
+    ``y [N, C, h, w]`` is normalised in place (callers pass a fresh intermediate), so autograd
+    keeps one tensor per decoder stage instead of three (norm input, ReLU output, conv input):
+    the conv input ``relu(xhat)`` is recomputed in backward. The convs run in ``chunks`` slices of
+    N (InstanceNorm is per image, so slicing is exact), which bounds the convolution library's
+    temporary buffers to one slice. Double backward is not supported.
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, weight: Tensor, bias: Tensor, chunks: int) -> Tensor:
+        weight_, bias_ = weight.to(y.dtype), bias.to(y.dtype)
+        rstd = _instance_norm_(y)
+        padding = weight.shape[-1] // 2
+        parts = [F.conv2d(F.relu(part), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
+        ctx.save_for_backward(y, rstd, weight_)
+        ctx.chunks, ctx.param_dtype = chunks, weight.dtype
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        xhat, rstd, weight = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_y = torch.empty_like(xhat)
+        grad_weight = grad_bias = None
+        for x, r, g_out, g_y in zip(
+            xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks), grad_y.chunk(ctx.chunks)
+        ):
+            g = _conv_backward(g_out, x, weight, (True, False, False))[0]  # d loss / d relu(xhat)
+            g = torch.ops.aten.threshold_backward(g, x, 0)  # through the ReLU
+            n, c, h, w = x.shape
+            mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
+            mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
+            g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
+            _, g_w, g_b = _conv_backward(g_out, x.relu_(), weight, (False, True, True))
+            grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
+            grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
+        return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None
+
+
+class _AddConstantMaps(torch.autograd.Function):
+    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of spatially constant input maps -> ``[T, B, O, h, w]``.
+
+    ``taps [T, B, O, 3, 3]`` holds ``W[:, constant channels, u, v] @ values`` per tap (u, v). Pixel
+    (i, j) receives the sum over the taps that fall inside the map (``rows[i, u] * cols[j, v]``):
+    all nine in the interior, fewer on the border. Forward writes the interior value in one pass
+    and corrects the border rows and columns in place; backward is
+    ``grad_taps = rows^T @ grad @ cols`` (one read of the gradient), so autograd never copies
+    activation-sized tensors for the in-place border writes.
+    """
+
+    @staticmethod
+    def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+        h, w = conv_x.shape[-2:]
+        rows, cols = valid_taps(h, conv_x.device, taps.dtype), valid_taps(w, conv_x.device, taps.dtype)
+        interior = taps.sum(dim=(-2, -1))  # [T, B, O]
+        constant = interior if bias is None else interior + bias.to(interior.dtype)
+        out = conv_x + constant[..., None, None]
+        for i in sorted({0, h - 1}):  # whole border rows
+            out[..., i, :] += torch.einsum("u,tnouv,jv->tnoj", rows[i], taps, cols) - interior[..., None]
+        if h > 2:  # border columns of the remaining rows
+            for j in sorted({0, w - 1}):
+                out[..., 1 : h - 1, j] += torch.einsum("iu,tnouv,v->tnoi", rows[1 : h - 1], taps, cols[j]) - interior[..., None]
+        ctx.save_for_backward(rows, cols)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        rows, cols = ctx.saved_tensors
+        grad_cols = torch.matmul(grad, cols.to(grad.dtype))  # [T, B, O, h, 3]
+        grad_taps = torch.matmul(rows.t().to(grad.dtype), grad_cols)  # [T, B, O, 3, 3]
+        grad_bias = None
+        if ctx.bias_dtype is not None:  # the centre tap is inside everywhere: its column sums all pixels
+            grad_bias = grad_cols[..., 1].sum(dim=(0, 1, 3)).to(ctx.bias_dtype)
+        return grad.sum(dim=0), grad_taps, grad_bias
+
+
+def records_grad(*tensors: Tensor) -> bool:
+    """True when autograd records operations on any of ``tensors`` (then the kernels keep what backward needs)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def norm_relu_conv(y: Tensor, conv: nn.Conv2d, chunks: int) -> Tensor:
+    """``conv(relu(instance_norm(y)))``, overwriting ``y``: the lean autograd Function when
+    gradients are recorded, otherwise in place (InstanceNorm and ReLU on ``y``, one conv)."""
+    if records_grad(y, conv.weight, conv.bias):
+        return _NormReLUConv.apply(y, conv.weight, conv.bias, chunks)
+    if conv.weight.shape[-1] == 1:  # 1x1: relu((y - mu) * rstd) = rstd * relu(y - mu), rstd folded into the weights
+        n, c, h, w = y.shape
+        rstd = _instance_norm_(y, scale=False).view(n, 1, c)
+        weight = conv.weight.to(y.dtype).flatten(1)[None] * rstd  # [N, K, C]
+        bias = conv.bias.to(y.dtype)[None, :, None].expand(n, -1, h * w)
+        return torch.baddbmm(bias, weight, y.relu_().view(n, c, h * w)).view(n, -1, h, w)
+    _instance_norm_(y)
+    return F.conv2d(y.relu_(), conv.weight.to(y.dtype), conv.bias.to(y.dtype), padding=conv.weight.shape[-1] // 2)
+
+
+def add_constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of constant maps given by their per-tap
+    products ``taps [T, B, O, 3, 3]`` and the conv's ``bias [O]`` (or None) -> ``[T, B, O, h, w]``."""
+    return _AddConstantMaps.apply(conv_x, taps, bias)
