@@ -15,12 +15,13 @@ from .base import (
 )
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
 from .factory import HEADS, build_head, head_class, head_names
-from .np_head import NPHead, NPLatent
+from .np_head import PAPER_LAMBDA_KL, PAPER_MEMORY_SIZE, NPHead, NPLatent
 from .np_kernels import attention_aggregate
 from .np_layers import LatentEncoder, NPDecoder, SmallConvNet
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",
     "downsample_labels", "BaselineHead", "MCDropoutHead", "ClassifierBlock", "MCDropout2d", "NPHead", "NPLatent",
-    "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head", "head_class", "head_names",
+    "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head", "head_class",
+    "head_names", "PAPER_LAMBDA_KL", "PAPER_MEMORY_SIZE",
 ]

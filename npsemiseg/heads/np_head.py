@@ -52,6 +52,8 @@ MEMORIES = ("target", "context")
 
 #: ``enqueue_per_class="auto"``: this many pixels per class and step, at most the memory length Q
 AUTO_ENQUEUE_PER_CLASS = 256
+#: the paper's memory length Q and KL weight lambda_kl (its hyper-parameter study's chosen values)
+PAPER_MEMORY_SIZE, PAPER_LAMBDA_KL = 2560, 0.005
 
 
 def enqueue_limit(enqueue_per_class: int | str | None, memory_size: int) -> int:
@@ -118,10 +120,10 @@ class NPHead(ClassifierHead):
     aux_loss_term = "kl"
     has_memories = True
     #: lambda_kl, memory length Q and T of the paper, gradient norm clipped at 5.0 (``docs/np_head.md``, "Hyper-parameters")
-    paper_options = {"lambda_kl": 0.005, "memory_size": 2560, "num_samples": 5}
+    paper_options = {"lambda_kl": PAPER_LAMBDA_KL, "memory_size": PAPER_MEMORY_SIZE, "num_samples": 5}
     paper_grad_clip = 5.0
     smoke_options = {
-        "lambda_kl": 0.005,
+        "lambda_kl": PAPER_LAMBDA_KL,
         "memory_size": 64,
         "num_samples": 2,
         "latent_dim": 8,
@@ -134,13 +136,13 @@ class NPHead(ClassifierHead):
         in_channels: int,
         num_classes: int,
         latent_dim: int = 32,
-        memory_size: int = 2560,
+        memory_size: int = PAPER_MEMORY_SIZE,
         num_samples: int = 5,
         attention: str = "euclidean",
         kl: str = "paper",
         decoder_impl: str = "split",
         enqueue_per_class: int | str | None = "auto",
-        lambda_kl: float = 0.005,
+        lambda_kl: float = PAPER_LAMBDA_KL,
         detach_query: bool = True,
         mask_empty: bool = True,
         sync_memories: bool = True,

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+from npsemiseg.heads import PAPER_MEMORY_SIZE
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
 from semiseg_platform.schema import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
@@ -48,7 +49,7 @@ SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "i
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 SSL_FRAMEWORKS = tuple(f for f in PAPER_FRAMEWORKS if f != "supervised")
-PAPER_Q, PAPER_LAMBDA_KL = 2560, 0.005
+PAPER_Q = PAPER_MEMORY_SIZE
 #: the column naming the experiment a cell came from: pairs never cross it
 REPLICATE = "replicate"
 
@@ -330,7 +331,7 @@ def hyperparameter_claim(trials: pd.DataFrame) -> Claim:
 
     claim = Claim("C6", "small Q, lambda_kl = 0.1 and T = 1 each lower mIoU (runs at other values - runs at it)",
                   "hyper-parameter figure", "mIoU points", "hyper-parameter", [
-                      parts_of(trials["q"] < PAPER_Q, trials["q"] >= PAPER_Q, "Q < 2560 hurts"),
+                      parts_of(trials["q"] < PAPER_Q, trials["q"] >= PAPER_Q, f"Q < {PAPER_Q} hurts"),
                       parts_of(np.isclose(trials["lambda_kl"], 0.1), trials["lambda_kl"] < 0.1,
                                "lambda_kl = 0.1 hurts"),
                       parts_of(trials["t"] == 1, trials["t"] > 1, "T = 1 hurts")])
