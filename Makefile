@@ -33,11 +33,11 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m jobs.demo
 
-# The CPU mini-study (issue 15): numbers that mean something, unlike the 3-step cells of demo.
+# The CPU mini-study (docs/learning.md): numbers that mean something, unlike the 3-step cells of demo.
 study: $(STAMP)
 	$(PY) -m jobs.grid jobs/specs/mini.yaml
 
-# Chaos (issue 18): the smoke grid on a fresh local stack while its processes are killed at random
+# Chaos (docs/reliability.md): the smoke grid on a fresh local stack while its processes are killed at random
 # (seeded), compared with an undisturbed run; e.g. make chaos CHAOS_ARGS="--interval 30 --seed 1"
 CHAOS_ARGS ?= --interval 20 --seed 0
 chaos: $(STAMP)

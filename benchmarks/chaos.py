@@ -1,4 +1,4 @@
-"""Chaos: a grid on the local stack survives random kills of any of its processes (issue 18).
+"""Chaos: a grid on the local stack survives random kills of any of its processes (results: ``docs/reliability.md``).
 
 Starts the local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head; a fresh home on free
 loopback ports unless ``--home`` names a running one), runs the grid once undisturbed (the

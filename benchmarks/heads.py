@@ -1,4 +1,4 @@
-"""Benchmark of the three classifier heads (issue 2, section 4): train step and inference.
+"""Benchmark of the three classifier heads: train step and inference (results: ``docs/performance.md``).
 
 Measures, side by side in one run (repetitions interleaved across heads, medians reported):
 
@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from npsemiseg.heads import build_head, downsample_labels, predictive
 
 HEAD_NAMES = ("baseline", "mc_dropout", "np")
-# targets of issue 2, section 4: (name, numerator, denominator, bound, "max" | "min")
+# the heads' cost targets (docs/performance.md, Heads): (name, numerator, denominator, bound, "max" | "min")
 TARGETS = (
     ("np_train_over_baseline_train", ("np", "train_s"), ("baseline", "train_s"), 2.8, "max"),
     ("np_infer_over_baseline_infer", ("np", "infer_s"), ("baseline", "infer_s"), 2.8, "max"),

@@ -1,4 +1,5 @@
-"""Time-to-first-step of ``npsemiseg run`` (issue 17 section 6): the in-process launcher against Ray Train.
+"""Time-to-first-step of ``npsemiseg run``: the in-process launcher against Ray Train
+(results: ``docs/performance.md``).
 
 Runs the same smoke cell (``schedule.max_steps=1``) as a fresh ``npsemiseg run`` process in an empty
 working directory, once per launcher and repetition (alternating), and times from the process start to

@@ -2,7 +2,7 @@
 
 The grid of smoke cells (every framework x head x partition on the synthetic stand-ins) must
 fit in a few minutes on two cores, so this prints, per cell, one JSON line: ``config_s``
-(``RunConfig.from_preset``), ``train_s`` (``train()`` wall time: datasets, model, steps, final
+(``npsemiseg.config.compose``), ``train_s`` (``train()`` wall time: datasets, model, steps, final
 evaluation), ``steps_s`` (training steps only) and ``setup_eval_s`` (the rest: datasets, models, evaluation). The first cell also
 pays the imports (torch, torchvision, matplotlib); it is run twice and only the second run is
 kept. A last line sums the means over the cells and projects a grid of ``--grid-cells`` cells

@@ -1,4 +1,4 @@
-"""Learning check of the SSL frameworks (issue 4, section 5): not a test.
+"""Learning check of the SSL frameworks on synthetic data: not a test (results: ``docs/learning.md``).
 
 On the generic ``synthetic`` dataset (8 classes) with 1/16 of the training images labeled,
 trains ``supervised`` and each SSL framework (``mt``, ``psmt``, ``u2pl``, ``augseg``) with each
@@ -6,7 +6,7 @@ head (``baseline``, ``mc_dropout``, ``np``) for the same number of steps on the 
 model (small ResNet, narrow DeepLabv3+), then evaluates the framework's evaluation model
 (the teacher) on the validation images. One JSON line per cell: mIoU, PAvPU, ECE, seconds.
 
-Targets (issue 4): every SSL framework beats ``supervised`` in mIoU (per head); NP's PAvPU >=
+Targets: every SSL framework beats ``supervised`` in mIoU (per head); NP's PAvPU >=
 MC dropout's for U2PL.
 
 Protocol, scaled down from the paper's (each change keeps the paper's proportions where it can):

@@ -1,4 +1,4 @@
-"""The label gap of the study dataset (issue 15, section 2): not a test.
+"""The label gap of the study dataset, and the mini-study's cells by hand: not a test (results: ``docs/learning.md``).
 
 Trains the mini-study's ``supervised`` / ``baseline`` cells at 1/16 and with all labels
 (``full``), exactly as ``jobs/specs/mini.yaml`` configures them (pretrained start, schedule,
@@ -29,7 +29,7 @@ unsupervised term was at work: ``pseudo_label_accuracy`` and ``pseudo_label_clas
 (under ``data.unlabeled_truth`` measured / oracle), ``kept_fraction`` and ``teacher_confidence``
 (where the framework logs them), per class ``pseudo_label_recall/<class>`` and ``pseudo_label_precision/<class>``
 (which class the teacher loses, and to which), and the largest gradient norm of the run with its step (one
-exploding step can undo a run: U2PL seed 1, ``benchmarks/RESULTS.md``). Under measured / oracle it also gives the
+exploding step can undo a run: U2PL seed 1, ``docs/learning.md``). Under measured / oracle it also gives the
 run's ``pseudo_label_confusion``: for each true class, the shares of its pixels given each pseudo-label.
 """
 

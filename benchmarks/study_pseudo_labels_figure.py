@@ -1,4 +1,5 @@
-"""Draws the pseudo-label diagnostics of ``benchmarks/study_gap.py`` (issue 15): not a test.
+"""Draws the pseudo-label diagnostics of ``benchmarks/study_gap.py``: not a test
+(results: ``docs/learning.md``, "One class given away").
 
 Reads study_gap's JSON lines, each with a ``run`` label added, and draws, per dataset and training seed, the supervised
 reference's per-class IoU during its run (``--set schedule.eval_every_epochs=10``) beside the PS-MT teacher's

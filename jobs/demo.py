@@ -2,7 +2,7 @@
 
 Runs ``jobs/specs/smoke.yaml`` (the paper's axes on the synthetic stand-ins of the three
 datasets, at smoke scale, 1 CPU per cell), prints the paper's tables in Markdown, the
-summary, one JSON line with the timing (for ``benchmarks/RESULTS.md``) and the command that
+summary, one JSON line with the timing (as ``docs/performance.md`` records it) and the command that
 opens the MLflow UI on this store. Running it again skips the cells that finished already;
 delete ``mlruns.db``, ``mlartifacts/`` and ``ray_results/`` to start afresh.
 """

@@ -108,7 +108,7 @@ class SegmentationModel:
         changes: dict[str, Any] = {"evaluation.mode": check_mode(mode) if mode else None,
                                    "evaluation.num_samples": check_samples(num_samples),
                                    "data.root": data_root, "evaluation.max_images": max_images}
-        config = with_overrides(self.config, {k: v for k, v in changes.items() if v is not None})
+        config = with_overrides(self.config, {k: v for k, v in changes.items() if v is not None}, from_inputs=False)
         val = build_dataset(config.dataset, "val", root=config.data.root, list_variant=config.list_variant,
                             **dict(config.data.options))
         return evaluate_model(self.model, val, config, step=self.step, device=self.device)
@@ -144,7 +144,7 @@ def _read(path: Path, *, weights_only: bool) -> Any:
 def _evaluated_module(config: RunConfig, state: Mapping[str, Any] | None = None) -> nn.Module:
     """The framework's evaluation model rebuilt from ``config`` (no pretrained weights loaded): with
     a checkpoint's ``state``, every module and the framework's extra state restored first."""
-    config = with_overrides(config, {"model.weights": None})
+    config = with_overrides(config, {"model.weights": None}, from_inputs=False)  # the record as trained
     framework = build_framework(config)
     if state is not None:
         modules = framework.modules()

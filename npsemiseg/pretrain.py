@@ -1,6 +1,6 @@
 """A pretrained start without downloads: the backbone trained on a labelled procedural corpus.
 
-The paper's encoders start from ImageNet; the CPU mini-study (issue 15) needs the same thing,
+The paper's encoders start from ImageNet; the CPU mini-study (``jobs/specs/mini.yaml``) needs the same thing,
 an encoder that already sees, without a download. ``pretrain(config)`` trains a segmentor
 (``config.backbone`` + the narrow DeepLabv3+ of the smoke model) on the ``pretrain`` family of
 ``npsemiseg.data.study`` (star, crescent, tee, bar, hexagon x checker, rings: no shape, texture
@@ -59,8 +59,8 @@ class PretrainConfig:
     initialisation; ``corpus_size`` images of ``image_size`` px are cycled through in batches of
     ``batch_size`` for ``steps`` steps of ``optimizer`` (poly LR); ``holdout_size`` further images
     measure it. ``adamw`` is the default because it learns the corpus' shapes much sooner than
-    SGD (held-out mIoU 0.414 vs 0.295 after 1000 steps, ``benchmarks/RESULTS.md``, "Study
-    dataset"); ``momentum`` only applies to ``sgd``.
+    SGD (held-out mIoU 0.414 vs 0.295 after 1000 steps, ``docs/learning.md``, "A pretraining that
+    learns shape"); ``momentum`` only applies to ``sgd``.
     """
 
     backbone: str = "resnet_small"
@@ -79,7 +79,7 @@ class PretrainConfig:
     log_every: int = 50
     #: intra-op threads of the training: its floating-point sums, and so the weights, depend on how many threads
     #: split them (1 and 2 threads give other backbones after 30 steps, and other mini-study verdicts after 3000:
-    #: ``benchmarks/RESULTS.md``, session 8), so the count is fixed here and part of the key
+    #: ``docs/learning.md``, backbones B and C), so the count is fixed here and part of the key
     threads: int = 2
 
     def __post_init__(self) -> None:

@@ -8,9 +8,10 @@ key of :class:`~npsemiseg.config.RunConfig`: frameworks and heads receive the va
 options). ``RunConfig.protocol`` sets every switch that applies to the cell; an explicit override of
 one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured.
 
-Rows whose ``target`` is None are differences the notes list that are not yet a switch
-(``../shared/notes/protocol_deviations.md`` = "dev #n", ``np_head_reference.md`` = "np #n");
-``docs/PROTOCOL.md`` is generated from this table (:func:`protocol_markdown`) and a test keeps them equal.
+``docs/deviations.md`` describes each difference with its official source (repository, commit, file and
+lines); a switch's ``rows`` links to its entry there. A switch whose ``target`` is None is a known difference
+that no configuration field selects yet. ``docs/PROTOCOL.md`` is generated from this table
+(:func:`protocol_markdown`) and a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Switch:
     ``target``: the dotted configuration key the switch sets (None = not yet implemented);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
     the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
-    ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: the notes' rows it covers.
+    ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: a Markdown link to the entry
+    of ``docs/deviations.md`` that describes the difference.
     """
 
     name: str
@@ -102,138 +104,169 @@ _NP = ("np",)
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
-           "U2PL train_semi.py 218-222 (ckpt_best.pth); AugSeg train_semi.py; NP-SemiSeg eval script loads ckpt_best",
-           "reports the best validation epoch's weights instead of the last epoch's (both are logged)", "dev #2"),
+           "U2PL@ab3d2be train_semi.py 218-222 (ckpt_best.pth); AugSeg@7ead870 train_semi.py; NP-SemiSeg@afd9672 "
+           "U2PL/train_semi.py 250, U2PL/experiments/cityscapes/744/np/eval.sh 14 (loads ckpt_best)",
+           "reports the best validation epoch's weights instead of the last epoch's (both are logged)",
+           "[D2](deviations.md#d2-best-epoch-reporting)"),
     Switch("np_eval_samples", "evaluation", "evaluation.num_samples", 20, 5,
-           "NP-SemiSeg eval script (T = 20; the paper says 5)", "T latent samples averaged at evaluation",
-           "np 3", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/eval.py 172 (T = 20; the paper says 5)", "T latent samples averaged at evaluation",
+           "[N7](deviations.md#n7-samples-at-evaluation)", heads=_NP),
     Switch("fp32", "loop", "runtime.amp", False, True, "every official trainer (fp32)",
-           "bf16 autocast on GPU (corrected) or float32 (released)", "dev #15 (precision)"),
+           "bf16 autocast on GPU (corrected) or float32 (released)", "[D15](deviations.md#d15-precision-and-upsampling)"),
     # ---------------------------------------------------------------- NP head
     Switch("np_attention", "head", "head.options.attention", "per_channel", "euclidean",
-           "NP-SemiSeg model_helper (attention over squared per-channel residuals)",
-           "softmax over classes per channel instead of one Euclidean distance per class", "np headline 5", heads=_NP),
-    Switch("np_kl", "head", "head.options.kl", "authors", "paper", "NP-SemiSeg loss (KL with sigma as variance)",
-           "closed-form Gaussian KL with sigma used where sigma^2 belongs", "np headline 4", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 200-214 (attention over squared per-channel residuals)",
+           "softmax over classes per channel instead of one Euclidean distance per class",
+           "[N5](deviations.md#n5-per-channel-attention)", heads=_NP),
+    Switch("np_kl", "head", "head.options.kl", "authors", "paper",
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 447-448 (KL with sigma as variance)",
+           "closed-form Gaussian KL with sigma used where sigma^2 belongs",
+           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", heads=_NP),
     Switch("np_zero_centers", "head", "head.options.mask_empty", False, True,
-           "NP-SemiSeg model_helper (zeros(1,32) initial rows, absent classes' zero centers)",
-           "classes with empty memories take part in attention with a zero center", "np 1", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 129-133 (zeros(1,32) initial rows), "
+           "U2PL/u2pl/models/np_head.py 183-189 (absent classes' zero centers)",
+           "classes with empty memories take part in attention with a zero center",
+           "[N6](deviations.md#n6-memory-contents)", heads=_NP),
     Switch("np_sync_memories", "head", "head.options.sync_memories", False, True,
-           "NP-SemiSeg (no all_gather of memories)", "each rank enqueues only its own pixels", "np 1", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (no all_gather of memories)",
+           "each rank enqueues only its own pixels",
+           "[N6](deviations.md#n6-memory-contents)", heads=_NP),
     Switch("np_push_every_pixel", "head", "head.options.enqueue_per_class", None,
            "auto",
-           "NP-SemiSeg model_helper (masked_select of every pixel, FIFO to Q)",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (masked_select of every pixel, FIFO to Q)",
            "every pixel of a class enters the memory each step (the memory is the last image) "
-           "instead of a bounded random subset", "np 1 / np 5.3", heads=_NP),
+           "instead of a bounded random subset", "[N6](deviations.md#n6-memory-contents)", heads=_NP),
     Switch("np_sample_ce", "head", "head.sample_ce", "mean_logits", "elbo",
-           "NP-SemiSeg U2PL/train_semi.py 620-625", "CE on the mean of the T logits instead of the mean of "
-           "per-sample CEs", "dev #4 (CE)", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 620-625", "CE on the mean of the T logits instead of the mean of "
+           "per-sample CEs", "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", heads=_NP),
     Switch("np_scrambled_memories", "head", "head.options.memory_rows", "scrambled", "pixel",
-           "NP-SemiSeg model_helper (masked_select(...).view(-1, 32))",
-           "memory rows hold one channel of many pixels, not one pixel's feature vector", "np headline 1", heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 169, 177 (masked_select(...).view(-1, 32))",
+           "memory rows hold one channel of many pixels, not one pixel's feature vector",
+           "[N1](deviations.md#n1-scrambled-memories)", heads=_NP),
     Switch("np_memories_persist", "head", "head.options.persist_memories", False, True,
-           "NP-SemiSeg under torch 1.10 + DDP (lists copied by DDP)",
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 119, 126-133, 414 (lists passed through the DDP forward, torch 1.10)",
            "memories never persist: each training step starts empty, every inference uses all-zero centers",
-           "np headline 2", heads=_NP),
+           "[N2](deviations.md#n2-memories-that-never-persist)", heads=_NP),
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
-           "NP-SemiSeg U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
-           "dev #4 (targets)", frameworks=("u2pl",), heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",), heads=_NP),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
-           "U2PL train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
-           "statistics)", "dev #5", frameworks=("u2pl",)),
-    Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL augmentation.py 243",
-           "weak crops pad labels with background (0) instead of ignore (255)", "dev #5 (padding)",
+           "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
+           "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",)),
+    Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
+           "weak crops pad labels with background (0) instead of ignore (255)",
+           "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)",
            frameworks=("u2pl",)),
     Switch("u2pl_label_onehot", "framework", "framework_options.label_onehot_bug", True, False,
-           "U2PL utils.py 50-59",
-           "only image 0 of each batch gets (multi-hot) labels in the contrastive loss", "dev #3a",
+           "U2PL@ab3d2be u2pl/utils/utils.py 50-59",
+           "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",
+           "[D3 a](deviations.md#d3-u2pl-contrastive-loss)",
            frameworks=("u2pl",)),
     Switch("u2pl_labeled_negatives", "framework", "framework_options.labeled_negatives_bug", True, False,
-           "U2PL loss_helper.py 127-140 (issue #171)",
-           "negative masks also require class membership: labeled negatives impossible", "dev #3b", frameworks=("u2pl",)),
+           "U2PL@ab3d2be u2pl/utils/loss_helper.py 127-140 (U2PL issue #171)",
+           "negative masks also require class membership: labeled negatives impossible",
+           "[D3 b](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
     Switch("u2pl_prototype_index", "framework", "framework_options.prototype_index_bug", True, False,
-           "U2PL loss_helper.py 173-188 (#111)",
-           "anchors and prototypes indexed by position, not class", "dev #3c", frameworks=("u2pl",)),
+           "U2PL@ab3d2be u2pl/utils/loss_helper.py 173-188 (U2PL issue #111)",
+           "anchors and prototypes indexed by position, not class",
+           "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
     # ---------------------------------------------------------------- MT
     Switch("mt_variant", "framework", "framework_options.variant", "cps", "shared",
-           "TorchSemiSeg MeanTeacher config.py 73-107, train.py 180-213",
-           "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)", "dev #1",
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
+           "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)",
+           "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
            frameworks=("mt",)),
     Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
-           "TorchSemiSeg MeanTeacher script.sh (eval.py -e 20-34)",
+           "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34)",
            "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
-           "dev #2 (MT)", frameworks=("mt",)),
+           "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=("mt",)),
     Switch("mt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
-           "TorchSemiSeg MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
+           "TorchSemiSeg@5e0c29c MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
            "furnace/utils/init_func.py 44-75",
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
-           "Provenance (MT rows)", frameworks=("mt",)),
+           "[P](deviations.md#provenance-of-the-papers-rows)", frameworks=("mt",)),
     # ---------------------------------------------------------------- PS-MT
     Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
-           "PS-MT encoder_decoder.py 53-89", "float32 power iteration at xi = 1e-6 (almost no perturbation)",
-           "dev #16", frameworks=("psmt",)),
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 53-89",
+           "float32 power iteration at xi = 1e-6 (almost no perturbation)",
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
     Switch("psmt_tvat_crop_kl", "framework", "framework_options.tvat_kl_at_crop_size", True, False,
-           "PS-MT encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
            "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
-           "dev #16", frameworks=("psmt",)),
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
-           "PS-MT VocCode/Base/base_trainer.py 137-145 and train.py 139-187 (_warm_up), scripts --warm_up=5",
+           "PS-MT@058cdc3 VocCode/Base/base_trainer.py 137-145 and VocCode/train.py 139-187 (_warm_up), scripts "
+           "--warm_up=5",
            "supervised warm-up epochs before the semi-supervised phase, in which teacher 1, teacher 2 (models of "
            "their own, weak view, optimisers of their own) and the student (strong view) each train on the labeled "
-           "batch", "dev #7", frameworks=("psmt",)),
-    Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False, "PS-MT train.py 192",
-           "teachers predict in train mode (BN on the weak batch)", "dev #6", frameworks=("psmt",)),
+           "batch", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",)),
+    Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
+           "PS-MT@058cdc3 VocCode/train.py 192",
+           "teachers predict in train mode (BN on the weak batch)",
+           "[D6](deviations.md#d6-ps-mt-teachers-in-train-mode)", frameworks=("psmt",)),
     Switch("psmt_epochs", "loop", "schedule.epochs", Derived("PS-MT's own", _publication_epochs),
-           Derived("shared", _shared_epochs), "PS-MT scripts/train_voc_blender.sh, train_city.sh, docs/before_start.md",
+           Derived("shared", _shared_epochs), "PS-MT@058cdc3 scripts/train_voc_blender.sh, train_city.sh, docs/before_start.md",
            "PS-MT's own epoch counts (VOC blender 80/80/200/300 for 662/1323/2646/5291, classic 80; Cityscapes "
-           "320/450/550 for 372/744/1488) instead of the shared 80 / 200", "dev #8", frameworks=("psmt",)),
-    Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True, "PS-MT CityCode EntireModel.py 62",
-           "Cityscapes supervised loss is plain CE (the config says OHEM)", "dev #9", frameworks=("psmt",),
+           "320/450/550 for 372/744/1488) instead of the shared 80 / 200",
+           "[D8](deviations.md#d8-ps-mt-epochs)", frameworks=("psmt",)),
+    Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True,
+           "PS-MT@058cdc3 CityCode/Model/Deeplabv3_plus/EntireModel.py 62",
+           "Cityscapes supervised loss is plain CE (the config says OHEM)",
+           "[D9](deviations.md#d9-ps-mt-cityscapes-loss)", frameworks=("psmt",),
            families=("cityscapes",)),
     Switch("psmt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
-           "PS-MT helpers.py 38-77 (group_weight), base_trainer.py 88-115",
+           "PS-MT@058cdc3 VocCode/Utils/helpers.py 38-77 (group_weight), VocCode/Base/base_trainer.py 88-115",
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
-           "dev #10", frameworks=("psmt",)),
+           "[D10](deviations.md#d10-ps-mt-learning-rates)", frameworks=("psmt",)),
     Switch("psmt_eval_logits", "evaluation", "framework_options.eval_average", "logits", "probabilities",
-           "PS-MT VocCode train.py 332-333 ((output1 + output2) / 2)",
-           "both teachers' logits averaged instead of their softmaxes", "dev #11", frameworks=("psmt",),
+           "PS-MT@058cdc3 VocCode/train.py 332-333 ((output1 + output2) / 2)",
+           "both teachers' logits averaged instead of their softmaxes",
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",),
            families=("voc",)),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
-           "PS-MT VocCode base_dataset.py 133-150 (data_aug)",
+           "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",
-           "dev #17", frameworks=("psmt",)),
+           "[D17](deviations.md#d17-ps-mt-blur-kernel)", frameworks=("psmt",)),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
-    Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg decoder.py 41-49",
-           "dropout in the baseline classifier block", "dev #12", frameworks=("augseg", "psmt"),
+    Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
+           "dropout in the baseline classifier block",
+           "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg", "psmt"),
            heads=("baseline",)),
-    Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg splitsall.tar.gz",
-           "partition lists (CPS's instead of U2PL's)", "dev #14", frameworks=("augseg",), needs_lists="cps"),
-    Switch("augseg_cityscapes_aux", "framework", "model.aux_head", False, True, "AugSeg Cityscapes configs (aux commented out)",
-           "Cityscapes: OHEM without the auxiliary layer-3 head", "dev #13 (aux)", frameworks=("augseg",),
+    Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
+           "partition lists (CPS's instead of U2PL's)",
+           "[D14](deviations.md#d14-augseg-partition-lists)", frameworks=("augseg",), needs_lists="cps"),
+    Switch("augseg_cityscapes_aux", "framework", "model.aux_head", False, True,
+           "AugSeg@7ead870 Cityscapes configs (aux commented out)",
+           "Cityscapes: OHEM without the auxiliary layer-3 head",
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",),
            families=("cityscapes",)),
-    Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg Cityscapes configs",
-           "sliding-window size at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
+    Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg@7ead870 Cityscapes configs",
+           "sliding-window size at evaluation",
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533,
-           Derived("ceil(2/3 x window), derived", lambda values: None), "AugSeg evaluation (stride 2/3 window)",
-           "sliding-window stride at evaluation", "dev #13 (window)", frameworks=("augseg",), families=("cityscapes",)),
+           Derived("ceil(2/3 x window), derived", lambda values: None), "AugSeg@7ead870 evaluation (stride 2/3 window)",
+           "sliding-window stride at evaluation",
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",)),
     Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
-           "the logits to label size; e.g. PS-MT encoder_decoder.py 116, train.py 334-337)",
+           "the logits to label size; e.g. PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 116, "
+           "VocCode/train.py 334-337; NP-SemiSeg@afd9672 U2PL/train_semi.py 339)",
            "logits upsampled to label size with align_corners=True (training losses, "
-           "pseudo-labels and evaluation)", "dev #15 (upsampling)"),
+           "pseudo-labels and evaluation)", "[D15](deviations.md#d15-precision-and-upsampling)"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
-           "PS-MT VocCode base_dataset.py 60-80 (_crop), AugSeg augs_TIBA.py 111-124 (U2PL's Crop, augmentation.py "
-           "249-256, pads evenly: not U2PL)",
-           "training crops larger than the image padded on the bottom and right only, not evenly", "dev #18",
+           "PS-MT@058cdc3 VocCode/Base/base_dataset.py 60-80 (_crop), AugSeg@7ead870 augseg/dataset/augs_TIBA.py "
+           "111-124 (U2PL's Crop, u2pl/dataset/augmentation.py 249-256, pads evenly: not U2PL)",
+           "training crops larger than the image padded on the bottom and right only, not evenly",
+           "[D18](deviations.md#d18-crop-padding)",
            frameworks=("augseg", "psmt")),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
-           "protocol_deviations.md, Provenance; each framework's configs (Framework.publication_settings, "
-           "publication_lr, publication_epochs: PS-MT VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config "
-           "4.5e-3; CPS MeanTeacher config.py 102, 34 epochs); NP-SemiSeg AugSeg VOC config_semi.yaml 9 "
-           "(Framework.np_config_settings)",
+           "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
+           "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
+           "MeanTeacher config.py 102, 34 epochs); NP-SemiSeg@afd9672 "
+           "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (Framework.np_config_settings)",
            "baseline rows at each framework's own full crops and batches, LR and epochs, MC dropout and NP at "
            "the NP configs' 480/580 and 12/8 (AugSeg VOC 8) (released); one setting for all heads of a framework "
-           "(corrected)", "provenance"),
+           "(corrected)", "[P](deviations.md#provenance-of-the-papers-rows)"),
 )
 
 #: every switch by name (the one table)
@@ -313,9 +346,11 @@ def protocol_markdown() -> str:
         "when this file and the table disagree. `protocol: released` reproduces the code behind the paper's",
         "numbers; `protocol: corrected` is the paper done right. Set one switch on its own with",
         "`switches.<name>=<value>` (or its configuration key); it wins over the protocol.",
-        "A switch whose key is `-` is a difference the notes list that is not yet implemented.",
+        "A switch whose key is `-` is a known difference that no configuration field selects yet.",
+        "The official sources are `repository@commit path lines`; [deviations.md](deviations.md) names the",
+        "repositories and describes each difference (column `details`).",
         "",
-        "| switch | owner | key | released | corrected | applies to | official source | what it changes | rows |",
+        "| switch | owner | key | released | corrected | applies to | official source | what it changes | details |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in _SWITCH_LIST:

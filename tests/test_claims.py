@@ -1,4 +1,4 @@
-"""The claims report (issue 15) on runs written to a real MLflow store with known values."""
+"""The claims report (``docs/claims.md``) on runs written to a real MLflow store with known values."""
 
 from __future__ import annotations
 

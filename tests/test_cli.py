@@ -195,7 +195,7 @@ def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, show
 @pytest.mark.integration
 def test_one_device_run_trains_in_process_with_its_batch_lr_and_throughput(workdir, tmp_path_factory):
     """The default launcher of a one-device cell on the embedded default: this process (no Ray started),
-    same checkpoints and tracking; the start line, params and per-epoch metrics of issue 17 section 4."""
+    same checkpoints and tracking; the start line, the effective batch and LR params and the per-epoch throughput metrics."""
     import ray
     from mlflow.tracking import MlflowClient
     from platform_fixtures import fresh_store

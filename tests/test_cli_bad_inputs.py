@@ -1,4 +1,4 @@
-"""Bad inputs through the command line (issue 17): every one ends with exit status 2 and one ``error:``
+"""Bad inputs through the command line: every one ends with exit status 2 and one ``error:``
 line on stderr naming the culprit, and nothing is written: no MLflow store, no checkpoint folder, no
 ``ray_results/``, no Ray session (the working directory stays empty)."""
 

@@ -1,4 +1,4 @@
-"""The study dataset (issue 15): partitions, splits, determinism by seed, colour-free classes."""
+"""The study dataset of the mini-study: partitions, splits, determinism by seed, colour-free classes."""
 
 from __future__ import annotations
 

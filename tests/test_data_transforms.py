@@ -149,7 +149,7 @@ def test_blur_sigma_range_of_both_strong_views():
         drawn = psmt.make_params([])["sigma"]
         assert drawn is None or 0.02 <= drawn <= 0.03
     assert augseg.blur_sigma == (0.02, 0.03)
-    # the papers' range by default, and the default draws what it drew before the range was an option
+    # the papers' range [0.1, 2] by default, drawn as 0.1 + 1.9 u from one uniform u after the op choice
     torch.manual_seed(0)
     default = RandomIntensityAugment(num_ops=(1, 1), ops=["blur"]).make_params([])["ops"][0][1]
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""NPHead as issue 2 section 3 describes it: attention, memories, latent, decoder, inference."""
+"""NPHead as the paper describes it, with the released code's behaviours as options: attention, memories,
+latent, decoder, inference."""
 
 from __future__ import annotations
 

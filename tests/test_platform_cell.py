@@ -84,7 +84,7 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
         "framework": "supervised", "dataset": "synthetic", "partition": config.partition, "head": "np",
         "head_name": "np", "cell_id": config.cell_id, "world_size": "2"}
     assert ERROR_TAG not in tags and "grid_id" not in tags
-    # the configuration, plus what the cell trained with on its 2 workers (issue 17: global batch 2 x 2, lr unscaled)
+    # the configuration, plus what the cell trained with on its 2 workers (global batch 2 x 2, lr unscaled)
     assert run.data.params == {**config_params(config), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_LR: f"{config.optim.lr:.6g}"}
     client = MlflowClient(tracking_uri)
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]

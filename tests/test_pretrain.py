@@ -1,4 +1,4 @@
-"""The pretraining cache (issue 15): miss trains, hit loads, a corrupted or partial file is rebuilt."""
+"""The pretraining cache of the mini-study's backbone: miss trains, hit loads, a corrupted or partial file is rebuilt."""
 
 from __future__ import annotations
 

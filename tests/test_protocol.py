@@ -47,7 +47,7 @@ def test_every_switch_has_distinct_values_and_a_source():
         assert switch.released != switch.corrected, switch.name
         assert switch.source and switch.changes and switch.rows, switch.name
     assert len(implemented_switches()) >= 14
-    assert all(switch.target is not None for switch in SWITCHES.values())  # every row of both notes is a switch
+    assert all(switch.target is not None for switch in SWITCHES.values())  # every known difference is a switch
 
 
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
@@ -108,8 +108,8 @@ def test_unknown_and_unimplemented_switches_are_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="switch: unknown name 'nope'"):
         cell_config("smoke", **{"switches.nope": 1})
-    # every row of the notes is implemented now: a row without a key is refused by name
-    todo = protocol.Switch("todo", "loop", None, 1, 2, "notes", "nothing yet", "dev #0")
+    # every known difference is implemented: a switch without a key is refused by name
+    todo = protocol.Switch("todo", "loop", None, 1, 2, "nowhere", "nothing yet", "[D0](deviations.md)")
     monkeypatch.setitem(protocol.SWITCHES, "todo", todo)
     with pytest.raises(ValueError, match="not implemented yet"):
         cell_config("smoke", **{"switches.todo": 1})

@@ -248,7 +248,7 @@ def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke
     assert float(shared.train_step(batch, ctx).losses["unsup"]) != float(result.losses["unsup"])
 
 
-# ---- data, optimiser, schedule, evaluation and preset switches (issue 16, second part)
+# ---- data, optimiser, schedule, evaluation and preset switches
 
 
 def _switch(name: str):

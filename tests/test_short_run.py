@@ -1,4 +1,4 @@
-"""The short-run rule (issue 15) and the mini-study spec that applies it."""
+"""The short-run rule and the mini-study spec (``jobs/specs/mini.yaml``) that applies it."""
 
 from __future__ import annotations
 

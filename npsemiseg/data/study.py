@@ -1,8 +1,9 @@
-"""The ``study`` dataset: a procedural task where labels are the bottleneck (issue 15).
+"""The ``study`` dataset: a procedural task where labels are the bottleneck (the CPU mini-study's data).
 
 Why another synthetic dataset: on ``synthetic`` classes differ by colour pairs and fine
 texture, which the frameworks' strong photometric views (greyscale, hue, blur, ...) destroy,
-and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md``). Here:
+and 1/16 of the labels are as good as 1/2 at a CPU budget (``docs/learning.md``, "The first learning
+check"). Here:
 
 * **Classes are shapes and textures.** A *family* (the dataset option ``family``) fixes the
   shapes, the textures (bold brightness patterns of period ~ 1/8 of the image, so blur and colour
@@ -12,7 +13,7 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
   ``study_textures8`` the same with eight textures (also zigzag, bricks, dashes, lines).
   Class 0 is the background. Colour carries no information: every object and the background get
   a random colour, and a texture is a brightness pattern. Which family the mini-study uses, and
-  why, is in ``jobs/specs/mini.yaml`` and ``benchmarks/RESULTS.md``.
+  why, is in ``jobs/specs/mini.yaml`` and ``docs/learning.md``.
 * **Intra-class variation.** Size, aspect, rotation, position (shapes may leave the
   image), texture phase and orientation, texture period and contrast (ranges: the options
   ``texture_period`` and ``texture_contrast``), colour, a per-image gain and noise; 1-4 objects
@@ -26,13 +27,14 @@ and 1/16 of the labels were as good as 1/2 (``../shared/notes/learning_check.md`
 * **Background.** ``gradient`` (default: two colours blended by one smooth wave) or ``field`` (every
   channel a sum of random plane waves over [0.05, 0.95]; same objects and labels). A flat background
   plus pixel noise has narrow histograms, which AugSeg's equalize and solarize turn into clutter over
-  the objects (``benchmarks/RESULTS.md``); ``field`` behaves more like a natural image under them.
+  the objects (``docs/learning.md``); ``field`` behaves more like a natural image under them.
 
 The ``pretrain`` family (star, crescent, T, bar, hexagon x checker, rings) is the corpus of
 ``npsemiseg.pretrain``: other shapes, other textures, its own seeds, so it shares no image
 and no class with the study. Every item is generated on demand from its index (~1 ms at
 64 x 64): nothing to download. A split keeps the items it generated in memory
-(``StudySegmentation``, up to ``CACHE_LIMIT_BYTES``): generation was a sixth of a mini-study step.
+(``StudySegmentation``, up to ``CACHE_LIMIT_BYTES``): generating them again every epoch costs a sixth of a
+mini-study step.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ FAMILIES: dict[str, Family] = {
     # classes by shape alone: what the strong views keep (colour, brightness and blur leave outlines)
     "study_shapes": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots"), classes="shape"),
     # classes by texture alone, the shape a nuisance: a brightness pattern of period ~ 1/8 of the image, which
-    # the strong views' colour and intensity operations and their scaled blur keep (benchmarks/RESULTS.md)
+    # the strong views' colour and intensity operations and their scaled blur keep (docs/learning.md)
     "study_textures": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots", "grid", "waves"),
                              classes="texture"),
     # eight textures: twice the classes of `study_textures` in the same 64 labeled images, and pairs that differ

@@ -5,7 +5,7 @@ An item is a dict ``image [3, H, W]`` float in [0, 1], ``label [H, W]`` int64, `
 label together (the label is resized with nearest neighbour, padded with 255), then the
 strong photometric pipeline to the weak crop only, adding ``image_strong``.
 
-Pipelines of the frameworks (``../shared/notes/ssl_frameworks.md``):
+Pipelines of the frameworks (``docs/frameworks.md``):
 
 * weak, U2PL: scale s ~ U[0.5, 1] or U[1, 2] with probability 1/2 each (``resize="rescale_balanced"``),
   flip, random crop. U2PL pads crop labels with 0 (background); here the label is padded

@@ -45,5 +45,5 @@ def get_framework(name: str) -> type[Framework]:
     return FRAMEWORKS.get(name)
 
 
-#: kept for callers that read the old name table (framework name -> module); use :func:`framework_names`
+#: the module of every registered framework (framework name -> module); :func:`framework_names` lists the names
 FRAMEWORK_MODULES: dict[str, str] = {name: cls.__module__ for name, cls in FRAMEWORKS.items()}

@@ -1,5 +1,5 @@
 """AugSeg (Zhao et al., CVPR 2023): random intensity augmentation and adaptive CutMix
-(``ssl_frameworks.md`` section 6).
+(``docs/frameworks.md``, AugSeg).
 
 Per iteration:
 

@@ -1,4 +1,4 @@
-"""U2PL's contrastive loss with per-class queues of negative keys (``ssl_frameworks.md`` section 5).
+"""U2PL's contrastive loss with per-class queues of negative keys (``docs/frameworks.md``, U2PL).
 
 For every class c present in the batch:
 
@@ -122,7 +122,7 @@ class ClassQueues:
 
 
 #: the released code's bugs ``contrastive_loss`` can reproduce (``released_bugs``; U2PL utils.py 50-59,
-#: loss_helper.py 127-140 and 173-188; ``protocol_deviations.md`` row 3)
+#: loss_helper.py 127-140 and 173-188; ``docs/deviations.md`` D3)
 U2PL_BUGS = ("label_onehot", "labeled_negatives", "prototype_index")
 
 
@@ -210,7 +210,7 @@ def contrastive_loss(
 def _anchor_logs(anchor_sets: Sequence[Tensor]) -> dict[str, float]:
     """The fewest anchors of a class and the smallest anchor norm. A class's queries all sample its anchors and
     the cosine's gradient grows as 1 / |anchor|, so one anchor of small norm takes the class's whole loss with a
-    large gradient (benchmarks/RESULTS.md, U2PL seed 1's exploding step)."""
+    large gradient (``docs/learning.md``, U2PL seed 1's exploding step)."""
     return {"contrastive_fewest_anchors": float(min(a.shape[0] for a in anchor_sets)),
             "contrastive_anchor_norm_min": float(torch.cat([a.norm(dim=1) for a in anchor_sets]).min())}
 

@@ -1,7 +1,7 @@
 """Exponential moving average (EMA) teachers and the frameworks' decay schedules.
 
 ``teacher = decay * teacher + (1 - decay) * student`` after every optimiser step.
-What the average covers differs between the frameworks (``ssl_frameworks.md``):
+What the average covers differs between the frameworks (``docs/frameworks.md``):
 
 - MT (shared trainer) and U2PL: parameters (U2PL's teacher gets its BN statistics from
   its own train-mode passes in the released code; here ``buffers="ema"`` is the default,

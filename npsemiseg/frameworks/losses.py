@@ -5,7 +5,7 @@ and NP). The cross-entropy over samples has two forms:
 
 - ``"elbo"`` (default, the paper's ELBO, Eq. 8): mean over samples of the per-sample CE,
   ``(1/S) sum_s CE(logits_s, y)``.
-- ``"mean_logits"`` (the authors' code, ``np_head_reference.md`` section 2): CE of the
+- ``"mean_logits"`` (the authors' code, ``docs/deviations.md`` D4): CE of the
   logits averaged over samples, ``CE((1/S) sum_s logits_s, y)``.
 
 Both coincide for ``S = 1``. Ignored pixels (``ignore_index``) contribute 0.

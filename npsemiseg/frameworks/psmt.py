@@ -1,4 +1,4 @@
-"""PS-MT (Liu et al., CVPR 2022): perturbed and strict mean teachers (``ssl_frameworks.md`` section 4).
+"""PS-MT (Liu et al., CVPR 2022): perturbed and strict mean teachers (``docs/frameworks.md``, PS-MT).
 
 Per iteration (after ``warmup_epochs``):
 

@@ -1,5 +1,5 @@
 """PS-MT's T-VAT: a virtual-adversarial perturbation of the student's feature map, found with
-the teachers (``ssl_frameworks.md`` section 4).
+the teachers (``docs/frameworks.md``, PS-MT).
 
 ``r = eps * normalise(grad_d KL(p(f) || p(f + xi d)))`` after one power iteration from a
 random unit ``d``, where ``p`` is the softmax of the teachers' ensemble logits (mean over

@@ -1,5 +1,5 @@
 """U2PL (Wang et al., CVPR 2022): entropy-filtered pseudo-labels and a contrastive loss whose
-negatives are the unreliable pixels (``ssl_frameworks.md`` section 5).
+negatives are the unreliable pixels (``docs/frameworks.md``, U2PL).
 
 Per iteration (after ``sup_only_epochs`` labeled-only epochs):
 

@@ -5,7 +5,7 @@ least the feature map's height and width sees its input through the centre tap a
 tap falls on the zero padding for every output pixel. DeepLabv3+'s ASPP rates (12 / 24 / 36 at output
 stride 8, 6 / 12 / 18 at 16) and the multi-grid dilations of ResNet's layer 4 are set for crops of
 ~500 px; on the 8 x 8 and 4 x 4 maps of the CPU mini-study's 64 px images most of them are in that
-case, and computing the padding's products was a third of a training step. The centre tap as a 1 x 1
+case, and computing the padding's products costs a third of a training step. The centre tap as a 1 x 1
 convolution gives the same output, and the same gradient (zero for the other taps, whose inputs are
 all padding), up to the order of floating-point sums. At paper scale (65 x 65 maps) nothing changes.
 """

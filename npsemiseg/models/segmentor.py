@@ -10,8 +10,8 @@ MC dropout scopes (see :func:`build_segmentor`):
 - ``"decoder"`` (the paper's): the decoder is built with always-active dropout after every
   activation; the encoder runs once and decoder + head run S times, each head call making one
   sample. ``samples_per_pass`` of the S passes run as one batch (the encoder outputs repeated
-  along the batch dimension). Default 1, a loop: on CPU batching the passes was no faster (the
-  per-pass convolutions are already large; ``benchmarks/RESULTS.md``) and needs S times the
+  along the batch dimension). Default 1, a loop: on CPU batching the passes is no faster (the
+  per-pass convolutions are already large; ``docs/performance.md``) and needs S times the
   activation memory; on a GPU with small batches a larger value may pay off.
 - ``"head"``: the decoder runs once and only the MC-dropout head samples.
 """
@@ -36,7 +36,7 @@ from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, fe
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 #: decoder-scope MC dropout: samples per batched decoder pass (None = all S in one batch); see
-#: benchmarks/mc_dropout_decoder_passes.py and benchmarks/RESULTS.md for the measurement behind it
+#: benchmarks/mc_dropout_decoder_passes.py and docs/performance.md for the measurement behind it
 DEFAULT_SAMPLES_PER_PASS: int | None = 1
 
 

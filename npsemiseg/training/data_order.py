@@ -79,7 +79,7 @@ def seeded_rngs(seed: int) -> Iterator[None]:
 
     Only the CPU generator is touched (``torch.default_generator``): ``torch.manual_seed`` would also reseed
     every CUDA device on each item (a GPU run's RNG reset by its data path) and costs ~0.2 ms an item, which
-    on the study's 64 px images was a tenth of a training step.
+    on the study's 64 px images is a tenth of a training step.
     """
     python_state, numpy_state = random.getstate(), np.random.get_state(legacy=False)
     torch_state = torch.default_generator.get_state()

@@ -92,7 +92,7 @@ def gradient_norm(optimizer: Optimizer, max_norm: float | None, ctx: StepContext
     """The total L2 norm of the gradients before clipping, clipped to ``max_norm`` when given.
 
     Logged every step: one exploding step (U2PL's contrastive loss on a class with a single small-norm
-    anchor, ``benchmarks/RESULTS.md``) is otherwise invisible in the losses until the run has collapsed.
+    anchor, ``docs/learning.md``) is otherwise invisible in the losses until the run has collapsed.
     A non-finite norm stops the run before the optimiser writes it into the weights."""
     if max_norm is not None:
         norm = float(torch.nn.utils.clip_grad_norm_(optimizer.parameters, max_norm))
