@@ -11,7 +11,8 @@ of 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs
 513 px center crop (U2PL's). Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
 1x, weight decay 5e-4, 200 epochs (AugSeg 240), OHEM (0.7, at least 100,000 pixels) plus 0.4 x the
 auxiliary layer-3 head's loss, sliding-window evaluation at 769 px. These are the NP-SemiSeg authors'
-released U2PL and AugSeg configurations (``docs/presets_audit.md`` gives each value's file and line);
+released U2PL and AugSeg configurations (``npsemiseg/presets_audit.md`` gives each value's file and line;
+``docs/frameworks.md`` the configurations);
 MT and PS-MT run in the same shared trainer for comparability. ResNet-50 with ImageNet weights.
 
 The ``paper`` scale follows ``schedule.head_settings`` (switch ``head_settings``): ``shared`` trains

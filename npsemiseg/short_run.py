@@ -1,6 +1,6 @@
 """The one rule that shortens the paper's time-dependent framework settings to a short run.
 
-The mini-study (issue 15, ``jobs/specs/mini.yaml``) keeps every framework and head setting of
+The mini-study (``jobs/specs/mini.yaml``, ``docs/learning.md``) keeps every framework and head setting of
 the paper preset except those measured in time, which would otherwise mean something else in
 a run of a few hundred steps. The rule: **a time-dependent setting keeps the share of the run
 it has in the paper**, with two floors where the share would leave nothing:
@@ -13,7 +13,7 @@ it has in the paper**, with two floors where the share would leave nothing:
   ``run.steps / paper.steps``, floored at ``MIN_EMA_HORIZON`` steps (a teacher averages at
   least that many steps) and never longer than the paper's: ``d = 1 - 1 / horizon``. Without
   it a short run's teacher stays near its initialisation (0.99^120 = 30 %, see
-  ``../shared/notes/learning_check.md``) where the paper's has forgotten it;
+  ``docs/learning.md``) where the paper's has forgotten it;
 * queue lengths (U2PL's ``queue_size``, ``background_queue_size``) keep their age in steps:
   multiplied by the ratio of pixels per step ``run.pixels_per_step / paper.pixels_per_step``
   (keys are sampled from the step's feature pixels), floored at ``MIN_QUEUE``.

@@ -1,7 +1,7 @@
-"""Mean teacher in the shared U2PL/AugSeg trainer (``ssl_frameworks.md`` section 3(b)).
+"""Mean teacher in the shared U2PL/AugSeg trainer (``docs/frameworks.md``, "MT").
 
-NP-SemiSeg never released its MT integration; of the two references in the notes this is
-(b), chosen for a like-for-like comparison with U2PL and AugSeg (same crops, batches,
+NP-SemiSeg never released its MT integration; of the two mean teachers it could mean this is the
+shared-trainer one, chosen for a like-for-like comparison with U2PL and AugSeg (same crops, batches,
 schedule and evaluation): the EMA teacher (decay 0.99) predicts on the weak unlabeled view;
 its argmax is a hard pseudo-label; the unlabeled images, pseudo-labels and confidences are
 CutMixed together (U2PL's half-area CutMix, probability 0.5) and the student is trained
@@ -11,7 +11,7 @@ with CE on the mixed view, weight 1 (averaged over the pseudo-labeled pixels).
 (``paper_options``: 1 on VOC, 0 on Cityscapes, U2PL's values) train on labeled images only,
 with the teacher following the student.
 
-``variant="cps"`` is (a), the MeanTeacher of CPS (TorchSemiSeg MeanTeacher config.py 73-107,
+``variant="cps"`` is the other, the MeanTeacher of CPS (TorchSemiSeg MeanTeacher config.py 73-107,
 train.py 180-213) that the paper's MT rows come from: student and teacher (train mode: its BN uses
 and updates batch statistics; EMA over parameters only) see the same weak labeled + unlabeled batch,
 no CutMix; loss = supervised CE + ``mse_weight`` (100) x MSE(student softmax, teacher softmax) over
@@ -39,7 +39,7 @@ from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, req
 
 
 class MTOptions(FrameworkOptions):
-    """Mean teacher options (defaults = the shared-trainer MT of the notes)."""
+    """Mean teacher options (defaults = the shared-trainer MT, ``docs/frameworks.md``)."""
 
     ema_decay: float = Field(0.99, ge=0.0, le=1.0)
     unsup_weight: float = Field(1.0, ge=0.0)
