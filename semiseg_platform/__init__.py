@@ -7,9 +7,9 @@ semiseg_platform`` (and ``npsemiseg --help``) does not pay for importing Ray or 
 - ``CellRun`` / ``MLflowCallbacks`` / ``sweep_orphaned_runs`` / ``resolve_tracking_uri`` (``.tracking``)
 - ``parse_storage`` / ``CheckpointStore`` (``.storage``)
 
-Where things live: ``schema`` (every MLflow name), ``specs`` (the spec base), ``tracking/``,
-``launch/``, ``sweep`` (what grid and search share), ``grid`` / ``grid_spec``, ``search`` /
-``search_spec`` / ``search_study``, ``reports/``, ``ui``, ``cli/``, ``storage``, ``stack``.
+Where things live: ``schema`` (every MLflow name), ``tracking/``, ``launch/``, ``sweeps/`` (grids and
+searches: their specs and the spec base, ``submission`` (what they share), ``grid_runner``,
+``search_runner``, ``search_study``), ``reports/``, ``ui``, ``cli/``, ``storage``, ``stack``.
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.specs import DRIVER_CPUS
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
 
+#: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
+DRIVER_CPUS = 0.5
 #: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
 RESOURCE_TIMEOUT_S = 600.0
 #: Seconds between two ``waiting for resources`` lines

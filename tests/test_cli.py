@@ -178,8 +178,8 @@ def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, show
     @app.command("log-probe", hidden=True)
     def log_probe() -> None:
         logging.getLogger("semiseg_platform.progress").info("progress")
-        logging.getLogger("semiseg_platform.sweep").debug("debug")
-        logging.getLogger("semiseg_platform.sweep").warning("warning")
+        logging.getLogger("semiseg_platform.sweeps.submission").debug("debug")
+        logging.getLogger("semiseg_platform.sweeps.submission").warning("warning")
 
     try:
         result = runner.invoke(app, [*option, "log-probe"])

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 from platform_fixtures import FaultInjection
 
-from semiseg_platform.grid import load_spec, run_grid
+from semiseg_platform.sweeps.grid_runner import load_spec, run_grid
 
 pytestmark = pytest.mark.integration
 

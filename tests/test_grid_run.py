@@ -16,7 +16,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from semiseg_platform.grid import load_spec, run_grid
+from semiseg_platform.sweeps.grid_runner import load_spec, run_grid
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from semiseg_platform.grid import expand, load_spec, run_grid
+from semiseg_platform.sweeps.grid_runner import expand, load_spec, run_grid
 
 pytestmark = pytest.mark.integration
 

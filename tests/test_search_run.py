@@ -16,7 +16,8 @@ from mlflow import MlflowClient
 from test_search_spec import SMOKE_SPEC
 from typer.testing import CliRunner
 
-from semiseg_platform.search import CELL_ATTR, DUPLICATE_ATTR, SEARCH_ID_TAG, STOPPED_TAG, load_search_spec, run_search
+from semiseg_platform.sweeps.search_runner import (CELL_ATTR, DUPLICATE_ATTR, SEARCH_ID_TAG, STOPPED_TAG, load_search_spec,
+                                                  run_search)
 
 pytestmark = pytest.mark.integration
 

@@ -17,14 +17,14 @@ from mlflow import MlflowClient
 
 from semiseg_platform import schema
 from semiseg_platform.storage import atomic_write
-from semiseg_platform.sweep import open_parent, open_submission
+from semiseg_platform.sweeps.submission import open_parent, open_submission
 from semiseg_platform.tracking import Heartbeat
 from semiseg_platform.tracking.store import REMOTE_STALE_AFTER_S, last_heard_ms, reconcile_submission
 
 #: A grid driver: opens a submission's parent run, says so, then works forever (until SIGKILL)
 DRIVER = """
 import sys, time
-from semiseg_platform.sweep import open_parent, open_submission
+from semiseg_platform.sweeps.submission import open_parent, open_submission
 from semiseg_platform.tracking import ending_run
 sub = open_submission(sys.argv[1], sys.argv[2], "reconcile")
 parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})

@@ -22,7 +22,7 @@ from semiseg_platform.launch import (
     validate_resources,
 )
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.specs import read_yaml
+from semiseg_platform.sweeps.spec_base import read_yaml
 from semiseg_platform.tracking import CellKilled, ui_hint
 
 

@@ -1,4 +1,4 @@
-"""What a grid and a search share: many cells as Ray Tune trials under one MLflow parent run.
+"""What running a grid and a search share: many cells as Ray Tune trials under one MLflow parent run.
 
 A *sweep* is one submission of a grid or a search: :func:`open_submission` checks the storage
 and draws the submission's id, :func:`open_parent` creates the parent run (every cell run is its
@@ -6,7 +6,7 @@ child), :class:`SweepContext` travels to the trials and launches each cell (in-p
 Tune actor, or through the cell's ``TorchTrainer``), :func:`fit` assembles and runs the Tune
 ``Tuner`` with a :class:`SweepProgress` callback, :func:`reconcile` makes MLflow the record of
 each trial's outcome, and :func:`log_summary` writes the submission's metrics, its CSV of
-outcomes and its text summary onto the parent run. ``grid.py`` and ``search.py`` keep what
+outcomes and its text summary onto the parent run. :mod:`.grid_runner` and :mod:`.search_runner` keep what
 differs: their specs, what a trial is, and their summaries.
 """
 
@@ -34,7 +34,7 @@ from semiseg_platform import schema
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.specs import Resources, cells_at_once, trial_resources
+from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage
 from semiseg_platform.tracking import owner_tags, prepare_experiment, reconcile_submission
 
@@ -78,7 +78,7 @@ def open_submission(storage: str | None, tracking_uri: str | None, experiment: s
                     resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
     and the checkpoint storage (an unreachable S3 store is retried for :data:`STORAGE_WAIT_S`: a store
-    restarting) before anything is written (:func:`~.preflight.preflight`), then create the experiment
+    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`), then create the experiment
     if needed and draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,

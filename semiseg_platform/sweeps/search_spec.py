@@ -18,7 +18,7 @@ from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
 from semiseg_platform import schema
-from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
 DEFAULT_OPTUNA_FILE = "optuna.db"

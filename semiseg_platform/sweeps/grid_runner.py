@@ -1,16 +1,16 @@
-"""The study as a grid: YAML specs, their expansion into cells, and the Ray Tune job that runs them.
+"""Running a grid: the Ray Tune job that runs the cells of a grid spec.
 
-A :class:`~.grid_spec.GridSpec` (``grid_spec.py``) lists the axes, rules, preset, overrides and
+A :class:`~.grid_spec.GridSpec` (:mod:`.grid_spec`) lists the axes, rules, preset, overrides and
 resources; :func:`~.grid_spec.expand` turns it into the cells' RunConfigs.
 
 :func:`run_grid` runs the cells under Ray Tune, as many at once as the cluster's resources
 allow: a cell with several DDP workers is a Tune trial that launches the cell's
 ``TorchTrainer`` (``semiseg_platform.launch.run_cell``); a single-device cell trains in-process
-in a reused Tune actor (about 1 s of overhead instead of about 27 s, ``notes/ray_mlflow.md``).
+in a reused Tune actor (about 1 s of overhead instead of about 27 s, ``benchmarks/RESULTS.md``).
 A parent MLflow run per submission holds every cell's run as its child; re-submission skips
 cells whose run FINISHED and resumes interrupted ones from their checkpoints; one failing cell
 does not stop the others. The tables are built last and logged as the parent run's artifacts. What grid and search
-share (submission, parent run, Tuner, progress, reconciliation, summary) is :mod:`.sweep`.
+share (submission, parent run, Tuner, progress, reconciliation, summary) is :mod:`.submission`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from ray import tune
 
 from npsemiseg.config import RunConfig
 from semiseg_platform import schema
-from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
+from semiseg_platform.sweeps.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.pretraining import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
-from semiseg_platform.sweep import (
+from semiseg_platform.sweeps.submission import (
     Outcome,
     Submission,
     SweepContext,

@@ -32,8 +32,8 @@ key (``search.trial`` = the Optuna trial number). The best configuration of the 
 written as a RunConfig YAML (``npsemiseg run --config FILE`` runs it) and logged as the parent's
 ``search/best_config.yaml``, with ``search/trials.csv`` and the hyper-parameter figure
 ``figures/hparams.png`` (mIoU against Q, lambda_kl and T, ``reports.hparams_figure``).
-The spec lives in ``search_spec.py``, the Optuna side in ``search_study.py``; what grid and search
-share in :mod:`.sweep`.
+The spec lives in :mod:`.search_spec`, the Optuna side in :mod:`.search_study`; what grid and search
+share in :mod:`.submission`.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ from npsemiseg.config import RunConfig
 from semiseg_platform import schema
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.reports import write_hparams_figure
-from semiseg_platform.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
+from semiseg_platform.sweeps.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
                                           search_id)
-from semiseg_platform.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
+from semiseg_platform.sweeps.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
                                            best_config, evaluated_cells, sampler_seed)
-from semiseg_platform.sweep import (Outcome, Submission, SweepContext, SweepProgress, csv_text, fit, log_line,
+from semiseg_platform.sweeps.submission import (Outcome, Submission, SweepContext, SweepProgress, csv_text, fit, log_line,
                                     log_summary, open_parent, open_submission, reconcile, start_ray, trial_dirname)
 from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, prepare_experiment
 
@@ -309,7 +309,7 @@ def run_search(
     where ``best_config.yaml``, ``trials.csv`` and ``hparams.png`` go (default
     ``<storage>/search/<name>-<search_id>``). Never raises for a failing trial: see
     :attr:`SearchSummary.ok` and the counts; bad inputs raise ``PreflightError`` before anything is written
-    (as :func:`~.grid.run_grid`).
+    (as :func:`~.grid_runner.run_grid`).
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, SearchSpec) else load_search_spec(spec)
