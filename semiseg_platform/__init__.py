@@ -7,7 +7,7 @@ semiseg_platform`` (and ``npsemiseg --help``) does not pay for importing Ray or 
 - ``CellRun`` / ``MLflowCallbacks`` / ``sweep_orphaned_runs`` / ``resolve_tracking_uri`` (``.tracking``)
 - ``parse_storage`` / ``CheckpointStore`` (``.storage``)
 
-Where things live: ``schema`` (every MLflow name), ``tracking/``, ``launch/``, ``sweeps/`` (grids and
+Where things live: ``tracking/`` (``tracking/mlflow_names``: every MLflow name), ``launch/``, ``sweeps/`` (grids and
 searches: their specs and the spec base, ``submission`` (what they share), ``grid_runner``,
 ``search_runner``, ``search_study``), ``reports/``, ``ui``, ``cli/``, ``storage``, ``stack``.
 """

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
-from semiseg_platform.schema import KIND, KIND_PRETRAIN, PRETRAIN_KEY
+from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
 
 from npsemiseg.config import RunConfig
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.reports import load_cell_runs
 from semiseg_platform.tracking import find_cell_run, prepare_experiment, submission_runs
 
@@ -15,9 +15,9 @@ from semiseg_platform.tracking import find_cell_run, prepare_experiment, submiss
 @pytest.mark.parametrize(("framework", "head"), [("supervised", "baseline"), ("u2pl", "np"), ("mt", "mc_dropout")])
 def test_config_params_is_the_library_layout(framework, head):
     config = RunConfig.from_preset("smoke", framework=framework, dataset="synthetic", partition="1/16", head=head)
-    params = schema.config_params(config)
+    params = mlflow_names.config_params(config)
     assert params == config.flat()
-    assert params["framework"] == framework and any(v == schema.NOT_APPLICABLE for v in params.values())
+    assert params["framework"] == framework and any(v == mlflow_names.NOT_APPLICABLE for v in params.values())
 
 
 def test_runs_tagged_the_old_way_still_read(tmp_path_factory):
@@ -25,15 +25,16 @@ def test_runs_tagged_the_old_way_still_read(tmp_path_factory):
     uri = fresh_store(tmp_path_factory, "old-store")
     client = MlflowClient(uri)
     experiment = prepare_experiment(uri, "old")
-    old = client.create_run(experiment, tags={schema.KIND: schema.KIND_CELL, schema.CELL_ID: "c1",
-                                              schema.GRID_ID: "s1", schema.DATASET: "synthetic"})
+    old = client.create_run(experiment, tags={mlflow_names.KIND: mlflow_names.KIND_CELL, mlflow_names.CELL_ID: "c1",
+                                              mlflow_names.GRID_ID: "s1", mlflow_names.DATASET: "synthetic"})
     client.set_terminated(old.info.run_id, "FINISHED")
-    new = client.create_run(experiment, tags={schema.KIND: schema.KIND_CELL, schema.CELL_ID: "c2",
-                                              schema.SEARCH_ID: "s1", schema.DATASET: "synthetic"})
-    outside = client.create_run(experiment, tags={schema.KIND: schema.KIND_CELL, schema.CELL_ID: "c1"})
+    new = client.create_run(experiment, tags={mlflow_names.KIND: mlflow_names.KIND_CELL, mlflow_names.CELL_ID: "c2",
+                                              mlflow_names.SEARCH_ID: "s1", mlflow_names.DATASET: "synthetic"})
+    outside = client.create_run(experiment, tags={mlflow_names.KIND: mlflow_names.KIND_CELL, mlflow_names.CELL_ID: "c1"})
     assert find_cell_run(client, experiment, "c1", "s1").info.run_id == old.info.run_id
     assert find_cell_run(client, experiment, "c2", "s1").info.run_id == new.info.run_id
     assert find_cell_run(client, experiment, "c1").info.run_id == outside.info.run_id
     assert {r.info.run_id for r in submission_runs(client, [experiment], "s1")} == {old.info.run_id, new.info.run_id}
     assert set(load_cell_runs(uri, "old", grid_id="s1")["run_id"]) == {old.info.run_id, new.info.run_id}
-    assert schema.submission_of({schema.GRID_ID: "s1"}) == schema.submission_of({schema.SEARCH_ID: "s1"}) == "s1"
+    assert mlflow_names.submission_of({mlflow_names.GRID_ID: "s1"}) == "s1"
+    assert mlflow_names.submission_of({mlflow_names.SEARCH_ID: "s1"}) == "s1"

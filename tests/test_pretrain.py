@@ -14,7 +14,7 @@ from npsemiseg.models.backbones import build_backbone
 from npsemiseg.pretrain import CHECKSUM_SUFFIX, WEIGHTS_FILE, PretrainConfig, pretrain
 from semiseg_platform.cli.main import app
 from semiseg_platform.pretraining import pretrain_command, pretrain_tracked
-from semiseg_platform.schema import PRETRAIN_KEY
+from semiseg_platform.tracking.mlflow_names import PRETRAIN_KEY
 
 TINY = PretrainConfig(corpus_size=8, holdout_size=2, image_size=32, steps=2, batch_size=2, log_every=1)
 

@@ -20,7 +20,7 @@ from npsemiseg.protocol import (
     protocol_markdown,
 )
 from npsemiseg.training import train
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.params import cell_tags
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
@@ -116,14 +116,14 @@ def test_unknown_and_unimplemented_switches_are_refused(monkeypatch):
 
 def test_mlflow_params_and_tags_carry_protocol_and_switches():
     config = RunConfig.from_preset("smoke", framework="u2pl", head="np", protocol="released")
-    params = schema.config_params(config)
+    params = mlflow_names.config_params(config)
     assert params["protocol"] == "released"
     assert {f"switches.{name}" for name in SWITCHES} <= set(params)
     assert params["switches.np_attention"] == "per_channel"
     assert params["switches.psmt_warmup_epochs"] == NOT_APPLICABLE
-    assert cell_tags(config)[schema.PROTOCOL] == "released"
+    assert cell_tags(config)[mlflow_names.PROTOCOL] == "released"
     # the same key set for every cell
-    other = schema.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
+    other = mlflow_names.config_params(RunConfig.from_preset("smoke", framework="psmt", head="baseline"))
     assert set(other) == set(params)
     # one cell under both protocols: two runs with two names, the same coordinates
     corrected = config.with_overrides(protocol="corrected")

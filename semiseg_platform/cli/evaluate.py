@@ -8,7 +8,7 @@ import typer
 
 from npsemiseg import load_model
 from npsemiseg.inference_model import check_mode, check_samples
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.checkpoints import log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 
@@ -34,7 +34,7 @@ def check_options(mode: str | None, samples: int | None, device: str | None) -> 
 
 def print_metrics(metrics: dict[str, float]) -> None:
     """The paper's final metrics first, then the others (per-class IoU, counts, time) by name."""
-    shown = [k for k in schema.FINAL_METRICS if k in metrics]
+    shown = [k for k in mlflow_names.FINAL_METRICS if k in metrics]
     for key in shown + sorted(k for k in metrics if k not in shown):
         typer.echo(f"  {key:<24} {metrics[key]:.4f}")
 

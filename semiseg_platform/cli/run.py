@@ -11,7 +11,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
 from semiseg_platform.launch import (
     CellFailedError,
@@ -61,7 +61,7 @@ def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, ma
 
 #: The final metrics printed first, in this order
 _SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc")
-assert set(_SUMMARY_METRICS) == set(schema.FINAL_METRICS)
+assert set(_SUMMARY_METRICS) == set(mlflow_names.FINAL_METRICS)
 
 
 @app.command()

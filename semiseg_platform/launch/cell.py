@@ -35,7 +35,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.training import batch_scaling, train
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
 from semiseg_platform.logs import ensure_visible
@@ -201,8 +201,8 @@ def _record(run: CellRun, result: CellResult, outcome: _LoopOutcome, started: fl
     result.loop_seconds, result.train_seconds = outcome.loop_seconds, outcome.train_seconds
     run.log_checkpoint_uri(result.checkpoint_uri)
     result.wall_seconds = time.perf_counter() - started
-    run.log_metrics({schema.CELL_WALL_SECONDS: result.wall_seconds,
-                     schema.ORCHESTRATION_SECONDS: result.overhead_seconds}, step=result.steps)
+    run.log_metrics({mlflow_names.CELL_WALL_SECONDS: result.wall_seconds,
+                     mlflow_names.ORCHESTRATION_SECONDS: result.overhead_seconds}, step=result.steps)
     if outcome.interrupted:
         run.finish("KILLED", f"stopped at step {outcome.steps} by runtime.stop_at_step; run the cell again to resume")
 
@@ -216,7 +216,7 @@ def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, 
     result = CellResult(name=name, cell_id=config.cell_id, status="RUNNING")
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=member.grid_id,
                        search_id=member.search_id, parent_run_id=member.parent_run_id,
-                       params=schema.effective_params(batch_scaling(config, world_size)))
+                       params=mlflow_names.effective_params(batch_scaling(config, world_size)))
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
                     tracking_uri=run.tracking_uri, run_id=run.run_id, progress=progress, local_mode=local_mode,

@@ -30,7 +30,7 @@ from ray import tune
 from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
@@ -96,11 +96,11 @@ def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: M
     RUNNING with their owner gone end KILLED (:func:`reconcile_submission`)."""
     reconcile_submission(sub.client, [sub.experiment_id], sweep_id)
     parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
-        schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
-        schema.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
+        mlflow_names.KIND: kind, **mlflow_names.submission_tags(kind, sweep_id), mlflow_names.SUBMISSION_ID: sub.submission_id,
+        mlflow_names.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
     parent_id = parent.info.run_id
     sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
-                        schema.sweep_artifact(kind, schema.SPEC_FILE))
+                        mlflow_names.sweep_artifact(kind, mlflow_names.SPEC_FILE))
     sub.client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()])
     return parent_id
 
@@ -123,7 +123,7 @@ class SweepContext:
 
     def membership(self) -> dict[str, str]:
         """``run_cell``'s keywords naming the grid or search and the parent run."""
-        key = "search_id" if self.kind == schema.KIND_SEARCH else "grid_id"
+        key = "search_id" if self.kind == mlflow_names.KIND_SEARCH else "grid_id"
         return {key: self.sweep_id, "parent_run_id": self.parent_run_id}
 
     def launch(self, config: Any, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
@@ -239,8 +239,8 @@ def reconcile(outcome: Outcome, run: Any | None) -> None:
     if run is None:
         return
     outcome.run_id = outcome.run_id or run.info.run_id
-    if outcome.status == "failed" and run.data.tags.get(schema.ERROR):
-        outcome.reason = run.data.tags[schema.ERROR]
+    if outcome.status == "failed" and run.data.tags.get(mlflow_names.ERROR):
+        outcome.reason = run.data.tags[mlflow_names.ERROR]
 
 
 def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -255,9 +255,9 @@ def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def log_summary(client: MlflowClient, parent_id: str, kind: str, *, metrics: Mapping[str, float],
                 text: str, csv_name: str | None = None, csv_body: str | None = None) -> None:
     """The submission's metrics, its outcomes' CSV (``<kind>/<csv_name>``) and ``<kind>/summary.txt``
-    (the paths of :func:`schema.sweep_artifact`)."""
+    (the paths of :func:`mlflow_names.sweep_artifact`)."""
     now = int(time.time() * 1000)
     client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     if csv_name is not None and csv_body is not None:
-        client.log_text(parent_id, csv_body, schema.sweep_artifact(kind, csv_name))
-    client.log_text(parent_id, text + "\n", schema.sweep_artifact(kind, schema.SUMMARY_FILE))
+        client.log_text(parent_id, csv_body, mlflow_names.sweep_artifact(kind, csv_name))
+    client.log_text(parent_id, text + "\n", mlflow_names.sweep_artifact(kind, mlflow_names.SUMMARY_FILE))

@@ -1,6 +1,6 @@
 """MLflow tracking of cells: the store, one run per cell, rank-0 logging, orphan sweep.
 
-The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_platform.schema`
+The tracking schema (run name, tags, params, metric and artifact names) is :mod:`.mlflow_names`
 (``docs/CONTRACTS.md``, "Tracking schema"): the grid, the search, the tables and the UI read it.
 
 - :mod:`.store`: the tracking URI, experiments, paging through runs, finding a cell's run, the
