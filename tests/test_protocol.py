@@ -21,7 +21,7 @@ from npsemiseg.protocol import (
 )
 from npsemiseg.training import train
 from semiseg_platform.tracking import mlflow_names
-from semiseg_platform.tracking.params import cell_tags
+from semiseg_platform.tracking.tags import cell_tags
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 

@@ -10,7 +10,7 @@ The tracking schema (run name, tags, params, metric and artifact names) is :mod:
 - :mod:`.cell_run`: :class:`CellRun`, the run of one cell owned by the launching process (ended
   FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
 - :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
-- :mod:`.params`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
+- :mod:`.tags`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
   :mod:`.metrics`: writing metrics in batches.
 """
 
@@ -25,7 +25,7 @@ from semiseg_platform.tracking.cell_run import (
                                                 sigterm_as_killed,
 )
 from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
-from semiseg_platform.tracking.params import cell_tags, git_commit, package_version
+from semiseg_platform.tracking.tags import cell_tags, git_commit, package_version
 from semiseg_platform.tracking.store import (
                                                 DEFAULT_ARTIFACT_DIR,
                                                 DEFAULT_EXPERIMENT,
