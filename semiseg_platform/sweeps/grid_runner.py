@@ -28,7 +28,7 @@ from npsemiseg.config import RunConfig
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.sweeps.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.pretraining import build_named_pretrainings
+from semiseg_platform.pretrain_runs import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
 from semiseg_platform.sweeps.submission import (

@@ -147,7 +147,7 @@ def local_path(storage: Storage, scratch: Path) -> Path:
     return target
 
 
-def find_cell_run(client: MlflowClient | None, uri: str) -> Any | None:
+def cell_run_of_checkpoint(client: MlflowClient | None, uri: str) -> Any | None:
     """The cell run whose ``checkpoint_uri`` or ``best_checkpoint_uri`` is ``uri``, newest first, or None."""
     if client is None:
         return None
@@ -174,7 +174,7 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
     run = cell_run(client, run_id) if run_id is not None else None  # type: ignore[arg-type]
     resolved = resolve(run_checkpoint_uri(run, select) if run is not None else uri, select)  # type: ignore[arg-type]
     if run is None:
-        run = find_cell_run(client, resolved.uri)
+        run = cell_run_of_checkpoint(client, resolved.uri)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-checkpoint-") as scratch:
         try:
             local = local_path(resolved, Path(scratch))
