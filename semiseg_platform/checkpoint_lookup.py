@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, parse_storage
-from semiseg_platform.tracking.metrics import log_metrics
+from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.store import resolve_tracking_uri, run_url, search_all_runs, sqlite_path
 
 #: The file of a checkpoint directory that holds the weights (``npsemiseg.training.checkpoint``)

@@ -11,7 +11,7 @@ The tracking schema (run name, tags, params, metric and artifact names) is :mod:
   FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
 - :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
 - :mod:`.tags`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
-  :mod:`.metrics`: writing metrics in batches.
+  :mod:`.metric_logging`: writing metrics in batches.
 """
 
 from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path

@@ -16,7 +16,7 @@ from npsemiseg.callbacks import Callbacks
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.cell_run import format_error
 from semiseg_platform.tracking.describe import per_class_iou_figure
-from semiseg_platform.tracking.metrics import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
+from semiseg_platform.tracking.metric_logging import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
 
 logger = logging.getLogger(__name__)
 

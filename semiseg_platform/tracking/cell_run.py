@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from semiseg_platform.tracking import mlflow_names
-from semiseg_platform.tracking.metrics import log_metrics
+from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.tags import MAX_TAG_LENGTH, cell_tags
 from semiseg_platform.tracking.store import (
     DEFAULT_EXPERIMENT,
