@@ -25,6 +25,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
 from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
@@ -126,12 +127,12 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
     return result.path
 
 
-def build_named_pretrainings(configs: Iterable[object], *, tracking: str, experiment: str,
+def build_named_pretrainings(configs: Iterable[RunConfig], *, tracking: str, experiment: str,
                              emit: Callable[[str], None] = print) -> dict[str, str]:
     """Build (or find cached) every ``pretrained:<name>`` the cells' ``model.weights`` name, in this process, each
     recorded as its MLflow run, so a first ``make study`` shows the pretraining instead of a cell that seems to hang
     for its first minutes. Returns name -> run id. Each node of a cluster still builds its own cache on first use."""
-    names = sorted({w[len(PRETRAINED_PREFIX):] for w in (c.model.weights for c in configs)  # type: ignore[attr-defined]
+    names = sorted({w[len(PRETRAINED_PREFIX):] for w in (c.model.weights for c in configs)
                     if isinstance(w, str) and w.startswith(PRETRAINED_PREFIX)})
     runs = {}
     for name in names:

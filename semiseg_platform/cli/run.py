@@ -27,7 +27,7 @@ from semiseg_platform.tracking import CellKilled, ui_hint
 
 
 def build_config(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
-                 preset: str, config_file: Path | None, assignments: dict[str, str]) -> Any:
+                 preset: str, config_file: Path | None, assignments: dict[str, str]) -> RunConfig:
     """The run configuration from ``--config`` or ``--preset`` + the four cell options, then ``--set``."""
     cell = {"framework": framework, "dataset": dataset, "partition": partition, "head.name": head}
     if config_file is not None:

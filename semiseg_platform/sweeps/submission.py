@@ -30,6 +30,7 @@ from ray import tune
 from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
@@ -73,7 +74,7 @@ class Submission:
 STORAGE_WAIT_S = 60.0
 
 
-def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[Any] = (),
+def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[RunConfig] = (),
                     resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
                     resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
@@ -126,7 +127,7 @@ class SweepContext:
         key = "search_id" if self.kind == mlflow_names.KIND_SEARCH else "grid_id"
         return {key: self.sweep_id, "parent_run_id": self.parent_run_id}
 
-    def launch(self, config: Any, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
+    def launch(self, config: RunConfig, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
                ) -> CellResult:
         """Train one cell: in-process in this (reused) actor, or through its ``TorchTrainer``."""
         launch = dict(storage=self.storage, tracking=self.tracking_uri, experiment=self.experiment,

@@ -22,6 +22,7 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from npsemiseg.config import RunConfig
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.tags import MAX_TAG_LENGTH, cell_tags
@@ -135,7 +136,7 @@ class CellRun:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
     @classmethod
-    def open(cls, config: Any, *, tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+    def open(cls, config: RunConfig, *, tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
              grid_id: str | None = None, search_id: str | None = None, parent_run_id: str | None = None,
              params: dict[str, str] | None = None) -> CellRun:
         """Find the cell's run (``cell_id`` + its grid or search) or create it, mark it RUNNING and owned here.
@@ -218,7 +219,7 @@ class CellRun:
         return False
 
 
-def _take_over(client: MlflowClient, existing: Any, config: Any) -> None:
+def _take_over(client: MlflowClient, existing: Any, config: RunConfig) -> None:
     """Mark an earlier run of the cell RUNNING again, unless another live process on this host owns it."""
     run_id, owner = existing.info.run_id, existing.data.tags
     if existing.info.status == "RUNNING" and owner_alive(owner) and owner.get(mlflow_names.OWNER_PID) != str(os.getpid()):

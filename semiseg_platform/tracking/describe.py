@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from matplotlib.figure import Figure
 
+from npsemiseg.config import RunConfig
 from npsemiseg.heads import head_class
 from npsemiseg.heads.factory import head_options
 from semiseg_platform.tracking import mlflow_names
 
 
-def cell_description(config: Any, *, grid_id: str | None = None, search_id: str | None = None) -> str:
+def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id: str | None = None) -> str:
     """What a cell is, in Markdown, for the run's description (``mlflow.note.content``).
 
     Names the framework, the dataset (and the real dataset a synthetic one stands in for), the

@@ -6,8 +6,8 @@ import os
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
+from npsemiseg.config import RunConfig
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.describe import cell_description
 
@@ -34,9 +34,9 @@ def package_version() -> str:
         return "unknown"
 
 
-def cell_tags(config: Any, *, grid_id: str | None = None, search_id: str | None = None,
+def cell_tags(config: RunConfig, *, grid_id: str | None = None, search_id: str | None = None,
               parent_run_id: str | None = None) -> dict[str, str]:
-    """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``), with the run's
+    """The schema's tags of a cell run, with the run's
     description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
     tags = {
         mlflow_names.FRAMEWORK: config.framework_variant,
