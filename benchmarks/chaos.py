@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from stack_fixtures import reachable_home, stack_settings  # noqa: E402
 
-from semiseg_platform.tracking import mlflow_names  # noqa: E402
 from semiseg_platform.devstack import Stack, StackSettings  # noqa: E402
 from semiseg_platform.devstack.process import group_alive  # noqa: E402
-from semiseg_platform.sweeps.grid_runner import expand, grid_id, load_spec  # noqa: E402
 from semiseg_platform.storage import COMPLETE_MARKER, checkpoint_step, parse_storage  # noqa: E402
+from semiseg_platform.sweeps.grid_spec import expand, grid_id, load_spec  # noqa: E402
+from semiseg_platform.tracking import mlflow_names  # noqa: E402
 
 logger = logging.getLogger("chaos")
 KINDS = ("driver", "worker", "mlflow", "s3", "ray")

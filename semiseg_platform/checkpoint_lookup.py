@@ -23,8 +23,8 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, parse_storage
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.store import resolve_tracking_uri, run_url, search_all_runs, sqlite_path
 

@@ -27,8 +27,8 @@ from mlflow.tracking import MlflowClient
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
-from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
+from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.logs import configure_logging
-from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
+from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, mlflow_names, resolve_tracking_uri
 
 logger = logging.getLogger(__name__)
 

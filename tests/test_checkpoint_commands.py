@@ -20,10 +20,10 @@ import npsemiseg
 from npsemiseg.config import RunConfig
 from npsemiseg.data.datasets import load_image
 from npsemiseg.evaluation.visualize import entropy_to_grey
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.cli.main import app
 from semiseg_platform.launch import run_cell_in_process
 from semiseg_platform.storage import CheckpointStore, parse_storage
+from semiseg_platform.tracking import mlflow_names
 from tests.platform_fixtures import fresh_store, start_seaweedfs
 
 runner = CliRunner()

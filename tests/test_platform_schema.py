@@ -7,9 +7,8 @@ from mlflow.tracking import MlflowClient
 from platform_fixtures import fresh_store
 
 from npsemiseg.config import RunConfig
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.reports import load_cell_runs
-from semiseg_platform.tracking import find_cell_run, prepare_experiment, submission_runs
+from semiseg_platform.tracking import find_cell_run, mlflow_names, prepare_experiment, submission_runs
 
 
 @pytest.mark.parametrize(("framework", "head"), [("supervised", "baseline"), ("u2pl", "np"), ("mt", "mc_dropout")])

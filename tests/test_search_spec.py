@@ -178,7 +178,7 @@ def test_job_entry_point_exit_status(tmp_path, capsys):
 
 
 def test_default_optuna_storage_follows_the_stack_export(monkeypatch, tmp_path):
-    from semiseg_platform.sweeps.search_runner import default_optuna_storage
+    from semiseg_platform.sweeps.search_spec import default_optuna_storage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NPSEMISEG_OPTUNA_STORAGE", raising=False)

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.storage import atomic_write
 from semiseg_platform.sweeps.submission import open_parent, open_submission
-from semiseg_platform.tracking import Heartbeat
+from semiseg_platform.tracking import Heartbeat, mlflow_names
 from semiseg_platform.tracking.store import REMOTE_STALE_AFTER_S, last_heard_ms, reconcile_submission
 
 #: A grid driver: opens a submission's parent run, says so, then works forever (until SIGKILL)

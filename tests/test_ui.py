@@ -13,7 +13,7 @@ from mlflow.utils.search_utils import SearchUtils
 
 from npsemiseg.config import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
-from semiseg_platform.sweeps.grid_runner import expand, load_spec
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
 from semiseg_platform.tracking import cell_description, per_class_iou_figure
 from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, ui_command
 

@@ -8,9 +8,9 @@ import typer
 
 from npsemiseg import load_model
 from npsemiseg.inference_model import check_mode, check_samples
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.checkpoint_lookup import log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
+from semiseg_platform.tracking import mlflow_names
 
 RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
 CHECKPOINT_HELP = "a checkpoint directory or lineage (local or s3://...), or a file `npsemiseg export` wrote"

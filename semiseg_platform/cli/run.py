@@ -11,7 +11,6 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
 from semiseg_platform.launch import (
     CellFailedError,
@@ -23,7 +22,7 @@ from semiseg_platform.launch import (
 )
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
 from semiseg_platform.sweeps.spec_base import read_yaml
-from semiseg_platform.tracking import CellKilled, ui_hint
+from semiseg_platform.tracking import CellKilled, mlflow_names, ui_hint
 
 
 def build_config(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,

@@ -37,12 +37,11 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig
 from npsemiseg.training import batch_scaling, train
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
 from semiseg_platform.logs import ensure_visible
 from semiseg_platform.storage import CheckpointStore, Storage, parse_storage
-from semiseg_platform.tracking import DEFAULT_EXPERIMENT, CellRun, MLflowCallbacks, format_error
+from semiseg_platform.tracking import DEFAULT_EXPERIMENT, CellRun, MLflowCallbacks, format_error, mlflow_names
 
 #: Keys the launchers add to the metrics of the final checkpoint report (not evaluation metrics)
 _RUN_KEYS = ("step", "seconds", "train_seconds", "interrupted")

@@ -41,8 +41,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
-from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
+from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
 BOOTSTRAP_RESAMPLES = 10_000

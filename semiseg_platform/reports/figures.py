@@ -12,9 +12,8 @@ from typing import Any, Literal
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.reports.tables import dataset_label, head_label, protocol_partitions
-from semiseg_platform.tracking import experiment_id, search_all_runs
+from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs
 
 
 def line_panels(

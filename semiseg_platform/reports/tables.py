@@ -47,9 +47,8 @@ from mlflow import MlflowClient
 
 from npsemiseg.data import dataset_info
 from npsemiseg.heads import head_class, head_names
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.reports.paper_results import paper_value
-from semiseg_platform.tracking import experiment_id, search_all_runs, submission_runs
+from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs, submission_runs
 
 PAPER_DATASETS = ("pascal_classic", "pascal_blender", "cityscapes")
 ABLATION_DATASET_ORDER = ("cityscapes", "pascal_classic", "pascal_blender")

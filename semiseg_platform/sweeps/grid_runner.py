@@ -25,12 +25,11 @@ from typing import Any
 from ray import tune
 
 from npsemiseg.config import RunConfig
-from semiseg_platform.tracking import mlflow_names
-from semiseg_platform.sweeps.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.pretrain_runs import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
+from semiseg_platform.sweeps.grid_spec import GridSpec, expand, grid_id, load_spec
 from semiseg_platform.sweeps.submission import (
     Outcome,
     Submission,
@@ -47,10 +46,9 @@ from semiseg_platform.sweeps.submission import (
     start_ray,
     trial_dirname,
 )
-from semiseg_platform.tracking import ending_run, error_reason, submission_runs
+from semiseg_platform.tracking import ending_run, error_reason, mlflow_names, submission_runs
 
-__all__ = ["CellOutcome", "GridProgress", "GridSpec", "GridSummary", "cell_keys", "expand", "grid_id", "load_spec",
-           "run_grid", "table_layout"]
+__all__ = ["CellOutcome", "GridProgress", "GridSummary", "run_grid", "table_layout"]
 
 
 # ----------------------------------------------------------------------------- running a grid

@@ -56,24 +56,29 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.reports import write_hparams_figure
-from semiseg_platform.sweeps.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
-                                          search_id)
-from semiseg_platform.sweeps.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
-                                           best_config, evaluated_cells, sampler_seed)
-from semiseg_platform.sweeps.submission import (Outcome, Submission, SweepContext, SweepProgress, csv_text, fit, log_line,
-                                    log_summary, open_parent, open_submission, reconcile, start_ray, trial_dirname)
-from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, prepare_experiment
+from semiseg_platform.sweeps.search_spec import SearchSpec, default_optuna_storage, load_search_spec, search_id
+from semiseg_platform.sweeps.search_study import FINAL_KEY, CellOfParams, StudySearch, best_config, evaluated_cells, sampler_seed
+from semiseg_platform.sweeps.submission import (
+    Outcome,
+    Submission,
+    SweepContext,
+    SweepProgress,
+    csv_text,
+    fit,
+    log_line,
+    log_summary,
+    open_parent,
+    open_submission,
+    reconcile,
+    start_ray,
+    trial_dirname,
+)
+from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, mlflow_names, prepare_experiment
 
-__all__ = ["CELL_ATTR", "DEFAULT_EXPERIMENT", "DUPLICATE_ATTR", "FINAL_KEY", "SEARCH_ID_TAG", "STOPPED_TAG",
-           "SearchSpec", "SearchSummary", "TrialOutcome", "load_search_spec", "run_search", "search_id"]
+__all__ = ["SearchSummary", "TrialOutcome", "run_search"]
 
-#: Tags of the search's runs (``semiseg_platform.tracking.mlflow_names``)
-SEARCH_ID_TAG = mlflow_names.SEARCH_ID
-STOPPED_TAG = mlflow_names.SEARCH_STOPPED
 #: Seconds a reused Tune actor waits for the previous trial's thread to end before giving up on reuse
 #: (Tune's default, 2 s, is too short for a stopped trial's MLflow bookkeeping on a loaded machine)
 THREAD_TIMEOUT_S = "120"

@@ -17,8 +17,8 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.tracking import mlflow_names
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
 DEFAULT_OPTUNA_FILE = "optuna.db"

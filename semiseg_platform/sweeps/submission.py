@@ -31,13 +31,12 @@ from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage
-from semiseg_platform.tracking import owner_tags, prepare_experiment, reconcile_submission
+from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
+from semiseg_platform.tracking import mlflow_names, owner_tags, prepare_experiment, reconcile_submission
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from mlflow.tracking import MlflowClient
 from npsemiseg.config import RunConfig
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.metric_logging import log_metrics
-from semiseg_platform.tracking.tags import MAX_TAG_LENGTH, cell_tags
 from semiseg_platform.tracking.store import (
     DEFAULT_EXPERIMENT,
     Heartbeat,
@@ -36,6 +35,7 @@ from semiseg_platform.tracking.store import (
     resolve_tracking_uri,
     run_url,
 )
+from semiseg_platform.tracking.tags import MAX_TAG_LENGTH, cell_tags
 
 logger = logging.getLogger(__name__)
 
