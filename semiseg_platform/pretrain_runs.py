@@ -1,4 +1,4 @@
-"""The pretraining of the mini-study's backbone as an MLflow run of its own (issue 15).
+"""The pretraining of the mini-study's backbone as an MLflow run of its own.
 
 ``pretrain_tracked(config, ...)`` runs ``npsemiseg.pretrain.pretrain`` and records it: a run
 tagged ``npsemiseg.kind = pretrain`` and ``pretrain_key`` (the cache key), params = the

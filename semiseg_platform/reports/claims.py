@@ -1,4 +1,4 @@
-"""The paper's claims checked from MLflow runs only (issue 15): ``npsemiseg claims``.
+"""The paper's claims checked from MLflow runs only: ``npsemiseg claims``.
 
 Every claim compares two groups of runs. A *pair* is two finished cell runs that differ only in
 what the claim compares (same dataset, partition and seed, and the same framework unless the
