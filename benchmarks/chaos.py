@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from stack_fixtures import reachable_home, stack_settings  # noqa: E402
 
-from semiseg_platform import schema  # noqa: E402
 from semiseg_platform.devstack import Stack, StackSettings  # noqa: E402
 from semiseg_platform.devstack.process import group_alive  # noqa: E402
-from semiseg_platform.grid import expand, grid_id, load_spec  # noqa: E402
 from semiseg_platform.storage import COMPLETE_MARKER, checkpoint_step, parse_storage  # noqa: E402
+from semiseg_platform.sweeps.grid_spec import expand, grid_id, load_spec  # noqa: E402
+from semiseg_platform.tracking import mlflow_names  # noqa: E402
 
 logger = logging.getLogger("chaos")
 KINDS = ("driver", "worker", "mlflow", "s3", "ray")
@@ -299,13 +299,13 @@ def study(client, experiment: str) -> dict:
     runs = client.search_runs([found.experiment_id], "", max_results=5000) if found else []
     cells: dict[str, list] = {}
     for run in runs:
-        if run.data.tags.get(schema.KIND) == schema.KIND_CELL:
-            cells.setdefault(run.data.tags[schema.CELL_ID], []).append(run)
+        if run.data.tags.get(mlflow_names.KIND) == mlflow_names.KIND_CELL:
+            cells.setdefault(run.data.tags[mlflow_names.CELL_ID], []).append(run)
     return {"cells": cells, "running": [r.info.run_id for r in runs if r.info.status == "RUNNING"]}
 
 
 def final_metrics(run) -> dict[str, float]:
-    return {key: run.data.metrics[key] for key in schema.FINAL_METRICS if key in run.data.metrics}
+    return {key: run.data.metrics[key] for key in mlflow_names.FINAL_METRICS if key in run.data.metrics}
 
 
 def same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:

@@ -52,7 +52,7 @@ from npsemiseg.training import train
 from npsemiseg.training.artifacts import evaluate_model
 from npsemiseg.training.factories import build_datasets
 from npsemiseg.training.plan import plan_run
-from semiseg_platform.grid import expand, load_spec
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
 #: step logs summarised per quarter of the run, and the per-class ones (``<prefix><class index>``)

@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from semiseg_platform.grid import run_grid
 from semiseg_platform.logs import configure_logging
+from semiseg_platform.sweeps.grid_runner import run_grid
 from semiseg_platform.tracking import resolve_tracking_uri, ui_hint
 
 SMOKE_SPEC = Path(__file__).resolve().parent / "specs" / "smoke.yaml"

@@ -7,9 +7,11 @@ semiseg_platform`` (and ``npsemiseg --help``) does not pay for importing Ray or 
 - ``CellRun`` / ``MLflowCallbacks`` / ``sweep_orphaned_runs`` / ``resolve_tracking_uri`` (``.tracking``)
 - ``parse_storage`` / ``CheckpointStore`` (``.storage``)
 
-Where things live: ``schema`` (every MLflow name), ``specs`` (the spec base), ``tracking/``,
-``launch/``, ``sweep`` (what grid and search share), ``grid`` / ``grid_spec``, ``search`` /
-``search_spec`` / ``search_study``, ``reports/``, ``ui``, ``cli/``, ``storage``, ``stack``.
+Where things live: ``cli/`` (one module per command), ``sweeps/`` (grids and searches: their specs,
+the spec base, what running them shares, the runners), ``preflight``, ``launch/``, ``reports/``, ``ui``,
+``pretrain_runs`` (the pretraining's MLflow runs), ``checkpoint_lookup`` (a trained cell's checkpoint
+from its run or URI), ``tracking/`` (``tracking/mlflow_names``: every MLflow name), ``storage``,
+``devstack/``.
 """
 
 from __future__ import annotations

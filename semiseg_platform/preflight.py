@@ -33,14 +33,16 @@ from urllib.parse import urlparse
 import ray
 import torch
 
+from npsemiseg.config import RunConfig
 from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.specs import DRIVER_CPUS
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
 
+#: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
+DRIVER_CPUS = 0.5
 #: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
 RESOURCE_TIMEOUT_S = 600.0
 #: Seconds between two ``waiting for resources`` lines
@@ -60,7 +62,7 @@ def _progress(line: str) -> None:
 
 
 # ----------------------------------------------------------------------------- data and weights
-def check_data(configs: Iterable[Any]) -> None:
+def check_data(configs: Iterable[RunConfig]) -> None:
     """Every dataset the cells read, under its root, with the partitions they read (headers only)."""
     wanted: dict[tuple[str, str | None, str], set[str]] = {}
     for config in configs:
@@ -92,7 +94,7 @@ def data_problem(report: Any) -> str:
     return f"{where}: no list could be read (expected the dataset's list files and folders)"
 
 
-def check_weights(configs: Iterable[Any]) -> None:
+def check_weights(configs: Iterable[RunConfig]) -> None:
     """A ``model.weights`` path (not ``imagenet`` / None) must be an existing file; a ``pretrained:<name>``
     must name a pretraining of ``npsemiseg.pretrain.PRETRAINED`` (its file is built on first use)."""
     for config in configs:
@@ -245,7 +247,7 @@ def check_storage(storage: str | os.PathLike | Storage | None, wait_s: float = 0
 
 
 # ----------------------------------------------------------------------------- all of them
-def preflight(configs: Iterable[Any], needed: Needed, *, tracking: str | None,
+def preflight(configs: Iterable[RunConfig], needed: Needed, *, tracking: str | None,
               storage: str | os.PathLike | Storage | None, resource_timeout: float = RESOURCE_TIMEOUT_S,
               ray_init: Mapping[str, Any] | None = None, emit: Callable[[str], None] = _progress,
               storage_wait_s: float = 0.0) -> tuple[str, Storage]:

@@ -28,14 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
-from semiseg_platform import schema
 from semiseg_platform.logs import configure_logging
 from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
 
 logger = logging.getLogger(__name__)
 
-#: Where the figure drawn from the per-class IoU table goes in a cell run
-PER_CLASS_IOU_FIGURE = schema.PER_CLASS_IOU_FIGURE
 DEFAULT_PORT = 5000
 
 def ui_command(tracking: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,

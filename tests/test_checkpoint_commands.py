@@ -20,10 +20,10 @@ import npsemiseg
 from npsemiseg.config import cell_config
 from npsemiseg.data.datasets import load_image
 from npsemiseg.evaluation.visualize import entropy_to_grey
-from semiseg_platform import schema
 from semiseg_platform.cli.main import app
 from semiseg_platform.launch import run_cell_in_process
 from semiseg_platform.storage import CheckpointStore, parse_storage
+from semiseg_platform.tracking import mlflow_names
 from tests.platform_fixtures import fresh_store, start_seaweedfs
 
 runner = CliRunner()
@@ -46,9 +46,9 @@ def bad_inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-inputs")
     tracking = fresh_store(tmp_path_factory, "bad-inputs-store")
     client = MlflowClient(tracking)
-    grid_run = client.create_run(client.create_experiment("x"), tags={schema.KIND: schema.KIND_GRID}).info.run_id
+    grid_run = client.create_run(client.create_experiment("x"), tags={mlflow_names.KIND: mlflow_names.KIND_GRID}).info.run_id
     cell_run = client.create_run(client.get_experiment_by_name("x").experiment_id,
-                                 tags={schema.KIND: schema.KIND_CELL}).info.run_id
+                                 tags={mlflow_names.KIND: mlflow_names.KIND_CELL}).info.run_id
     (root / "corrupt").mkdir()
     (root / "corrupt" / "state.pt").write_bytes(b"\x00 not a torch file")
     (root / "corrupt" / "config.yaml").write_text("framework: supervised\n")
@@ -128,7 +128,7 @@ def cell(tmp_path_factory):
 def _nested_runs(cell) -> list:
     client = MlflowClient(cell["tracking"])
     experiment = client.get_experiment_by_name("ckpt").experiment_id
-    return client.search_runs([experiment], f"tags.`{schema.PARENT_RUN_ID}` = '{cell['run_id']}'",
+    return client.search_runs([experiment], f"tags.`{mlflow_names.PARENT_RUN_ID}` = '{cell['run_id']}'",
                               order_by=["attributes.start_time ASC"])
 
 
@@ -147,10 +147,10 @@ def test_evaluate_logs_nested_runs_equal_to_a_direct_evaluation(cell):
 
     runs = _nested_runs(cell)
     assert len(runs) == 2
-    assert all(r.data.tags[schema.KIND] == schema.KIND_EVALUATION and r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.tags[mlflow_names.KIND] == mlflow_names.KIND_EVALUATION and r.info.status == "FINISHED" for r in runs)
     assert [r.data.params["num_samples"] for r in runs] == ["2", "3"]
-    assert runs[0].data.params[schema.CHECKPOINT_URI] == str(cell["checkpoint"])
-    for key in schema.FINAL_METRICS:
+    assert runs[0].data.params[mlflow_names.CHECKPOINT_URI] == str(cell["checkpoint"])
+    for key in mlflow_names.FINAL_METRICS:
         assert runs[0].data.metrics[key] == pytest.approx(logged[key], rel=1e-9, nan_ok=True), key
         assert runs[1].data.metrics[key] == pytest.approx(direct[key], rel=1e-9, nan_ok=True), key
     assert f"{direct['miou']:.4f}" in second.output
@@ -162,19 +162,19 @@ def test_evaluate_selects_the_best_checkpoint_when_the_run_keeps_one(cell, tmp_p
     shutil.copytree(cell["checkpoint"], best)
     try:
         client = MlflowClient(cell["tracking"])
-        client.set_tag(cell["run_id"], schema.BEST_CHECKPOINT_URI, str(best))
+        client.set_tag(cell["run_id"], mlflow_names.BEST_CHECKPOINT_URI, str(best))
         result = runner.invoke(app, ["evaluate", "--run", cell["run_id"], "--select", "best", "--tracking",
                                      cell["tracking"], "--device", "cpu", "--mode", "sliding"])
         assert result.exit_code == 0, result.output
         nested = [r for r in _nested_runs(cell) if r.data.params["select"] == "best"]
-        assert len(nested) == 1 and nested[0].data.params[schema.CHECKPOINT_URI] == str(best)
-        assert nested[0].data.tags[schema.EVAL_MODE] == "sliding"
+        assert len(nested) == 1 and nested[0].data.params[mlflow_names.CHECKPOINT_URI] == str(best)
+        assert nested[0].data.tags[mlflow_names.EVAL_MODE] == "sliding"
         by_uri = runner.invoke(app, ["evaluate", "--checkpoint", str(best.parent), "--select", "best", "--tracking",
                                      str(tmp_path / "no-store.db"), "--device", "cpu"])
         assert by_uri.exit_code == 0, by_uri.output
         assert "metrics not logged" in by_uri.output and not (tmp_path / "no-store.db").exists()
     finally:
-        client.delete_tag(cell["run_id"], schema.BEST_CHECKPOINT_URI)
+        client.delete_tag(cell["run_id"], mlflow_names.BEST_CHECKPOINT_URI)
         shutil.rmtree(best)
 
 

@@ -178,8 +178,8 @@ def test_quiet_and_verbose_decide_what_logging_reaches_the_terminal(option, show
     @app.command("log-probe", hidden=True)
     def log_probe() -> None:
         logging.getLogger("semiseg_platform.progress").info("progress")
-        logging.getLogger("semiseg_platform.sweep").debug("debug")
-        logging.getLogger("semiseg_platform.sweep").warning("warning")
+        logging.getLogger("semiseg_platform.sweeps.submission").debug("debug")
+        logging.getLogger("semiseg_platform.sweeps.submission").warning("warning")
 
     try:
         result = runner.invoke(app, [*option, "log-probe"])
@@ -200,7 +200,7 @@ def test_one_device_run_trains_in_process_with_its_batch_lr_and_throughput(workd
     from mlflow.tracking import MlflowClient
     from platform_fixtures import fresh_store
 
-    from semiseg_platform import schema
+    from semiseg_platform.tracking import mlflow_names
 
     store = fresh_store(tmp_path_factory, "inproc")
     result = runner.invoke(app, [*CELL, "--set", "schedule.max_steps=2", "--tracking", store, "--storage", "ckpt",
@@ -212,8 +212,8 @@ def test_one_device_run_trains_in_process_with_its_batch_lr_and_throughput(workd
     assert any(p.name.startswith("checkpoint_") for p in (workdir / "ckpt").rglob("*"))
     client = MlflowClient(store)
     run = client.search_runs([client.get_experiment_by_name("inproc").experiment_id])[0]
-    assert run.data.params[schema.EFFECTIVE_GLOBAL_BATCH] == "2" and run.data.params[schema.EFFECTIVE_LR] == "0.01"
-    assert run.data.metrics[schema.PEAK_MEMORY_MB] > 10 and run.data.metrics[schema.EPOCH_IMAGES_PER_SEC] > 0
+    assert run.data.params[mlflow_names.EFFECTIVE_GLOBAL_BATCH] == "2" and run.data.params[mlflow_names.EFFECTIVE_LR] == "0.01"
+    assert run.data.metrics[mlflow_names.PEAK_MEMORY_MB] > 10 and run.data.metrics[mlflow_names.EPOCH_IMAGES_PER_SEC] > 0
 
 
 @pytest.mark.integration

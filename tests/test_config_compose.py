@@ -12,8 +12,8 @@ from npsemiseg.config import RunConfig, compose, explain, read_config, recompose
 from npsemiseg.config.compose import STEPS
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
-from semiseg_platform.grid_spec import cell_config as grid_cell_config
-from semiseg_platform.grid_spec import cell_keys, load_spec
+from semiseg_platform.sweeps.grid_spec import cell_config as grid_cell_config
+from semiseg_platform.sweeps.grid_spec import cell_keys, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_IDS = REPO / "tests" / "golden" / "cell_ids.json"

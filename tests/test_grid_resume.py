@@ -12,7 +12,8 @@ import pytest
 from mlflow import MlflowClient
 from platform_fixtures import FaultInjection
 
-from semiseg_platform.grid import load_spec, run_grid
+from semiseg_platform.sweeps.grid_runner import run_grid
+from semiseg_platform.sweeps.grid_spec import load_spec
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from semiseg_platform.grid_spec import cell_keys, expand, grid_id, load_spec
-from semiseg_platform.specs import Resources, cells_at_once, trial_resources
+from semiseg_platform.sweeps.grid_spec import cell_keys, expand, grid_id, load_spec
+from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
 
 SPECS = Path(__file__).resolve().parents[1] / "jobs" / "specs"
 

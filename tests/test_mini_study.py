@@ -16,7 +16,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from semiseg_platform.grid import expand, load_spec, run_grid
+from semiseg_platform.sweeps.grid_runner import run_grid
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
 pytestmark = pytest.mark.integration
 

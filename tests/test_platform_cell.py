@@ -12,9 +12,9 @@ from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
 
 from npsemiseg.config import RunConfig, cell_config, config_params, with_overrides
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
-from semiseg_platform.schema import EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR, FINAL_METRICS
-from semiseg_platform.schema import ERROR as ERROR_TAG
 from semiseg_platform.storage import CheckpointStore, parse_storage
+from semiseg_platform.tracking.mlflow_names import EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR, FINAL_METRICS
+from semiseg_platform.tracking.mlflow_names import ERROR as ERROR_TAG
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,6 @@ from platform_fixtures import fresh_store
 
 from npsemiseg.config import RunConfig, cell_config, config_params, explain, with_overrides
 from npsemiseg.training import RunResult
-from semiseg_platform.schema import ERROR as ERROR_TAG
-from semiseg_platform.schema import FINAL_METRICS, PROVENANCE_ARTIFACT
-from semiseg_platform.schema import OWNER_HOST as OWNER_HOST_TAG
-from semiseg_platform.schema import OWNER_PID as OWNER_PID_TAG
-from semiseg_platform.schema import OWNER_START as OWNER_START_TAG
 from semiseg_platform.tracking import (
     CellKilled,
     CellRun,
@@ -32,6 +27,11 @@ from semiseg_platform.tracking import (
     resolve_tracking_uri,
     sweep_orphaned_runs,
 )
+from semiseg_platform.tracking.mlflow_names import ERROR as ERROR_TAG
+from semiseg_platform.tracking.mlflow_names import FINAL_METRICS, PROVENANCE_ARTIFACT
+from semiseg_platform.tracking.mlflow_names import OWNER_HOST as OWNER_HOST_TAG
+from semiseg_platform.tracking.mlflow_names import OWNER_PID as OWNER_PID_TAG
+from semiseg_platform.tracking.mlflow_names import OWNER_START as OWNER_START_TAG
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from npsemiseg.models.backbones import build_backbone
 from npsemiseg.pretrain import CHECKSUM_SUFFIX, WEIGHTS_FILE, PretrainConfig, pretrain
 from semiseg_platform.cli.main import app
-from semiseg_platform.pretraining import pretrain_command, pretrain_tracked
-from semiseg_platform.schema import PRETRAIN_KEY
+from semiseg_platform.pretrain_runs import pretrain_command, pretrain_tracked
+from semiseg_platform.tracking.mlflow_names import PRETRAIN_KEY
 
 TINY = PretrainConfig(corpus_size=8, holdout_size=2, image_size=32, steps=2, batch_size=2, log_every=1)
 
@@ -125,7 +125,7 @@ def test_preflight_accepts_a_pretrained_name_before_its_file_exists(tmp_path, mo
 
 def test_a_grid_builds_its_named_pretrainings_once_before_its_cells(tmp_path_factory, tmp_path, monkeypatch, smoke_config):
     from npsemiseg import pretrain as module
-    from semiseg_platform.pretraining import build_named_pretrainings
+    from semiseg_platform.pretrain_runs import build_named_pretrainings
 
     uri = fresh_store(tmp_path_factory, "pretrain_grid")
     monkeypatch.setenv(module.CACHE_ENV, str(tmp_path))

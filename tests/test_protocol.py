@@ -20,8 +20,8 @@ from npsemiseg.protocol import (
     protocol_markdown,
 )
 from npsemiseg.training import train
-from semiseg_platform import schema
-from semiseg_platform.tracking.params import cell_tags
+from semiseg_platform.tracking import mlflow_names
+from semiseg_platform.tracking.tags import cell_tags
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 
@@ -125,7 +125,7 @@ def test_mlflow_params_and_tags_carry_protocol_and_switches():
     assert {f"switches.{name}" for name in SWITCHES} <= set(params)
     assert params["switches.np_attention"] == "per_channel"
     assert params["switches.psmt_warmup_epochs"] == NOT_APPLICABLE
-    assert cell_tags(config)[schema.PROTOCOL] == "released"
+    assert cell_tags(config)[mlflow_names.PROTOCOL] == "released"
     # the same key set for every cell
     other = config_params(cell_config("smoke", framework="psmt", head="baseline"))
     assert set(other) == set(params)

@@ -11,7 +11,8 @@ from platform_fixtures import fresh_store
 from typer.testing import CliRunner
 
 from semiseg_platform.reports import PAPER_PANELS, hparams_figure, load_search_trials
-from semiseg_platform.search import SEARCH_ID_TAG, STOPPED_TAG
+from semiseg_platform.tracking.mlflow_names import SEARCH_ID as SEARCH_ID_TAG
+from semiseg_platform.tracking.mlflow_names import SEARCH_STOPPED as STOPPED_TAG
 
 Q, KL, T = "head.options.memory_size", "head.options.lambda_kl", "head.options.num_samples"
 

@@ -16,7 +16,11 @@ from mlflow import MlflowClient
 from test_search_spec import SMOKE_SPEC
 from typer.testing import CliRunner
 
-from semiseg_platform.search import CELL_ATTR, DUPLICATE_ATTR, SEARCH_ID_TAG, STOPPED_TAG, load_search_spec, run_search
+from semiseg_platform.sweeps.search_runner import run_search
+from semiseg_platform.sweeps.search_spec import load_search_spec
+from semiseg_platform.sweeps.search_study import CELL_ATTR, DUPLICATE_ATTR
+from semiseg_platform.tracking.mlflow_names import SEARCH_ID as SEARCH_ID_TAG
+from semiseg_platform.tracking.mlflow_names import SEARCH_STOPPED as STOPPED_TAG
 
 pytestmark = pytest.mark.integration
 

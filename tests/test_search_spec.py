@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from semiseg_platform.reports import profile
-from semiseg_platform.search_spec import load_search_spec, search_id
-from semiseg_platform.search_study import (
+from semiseg_platform.sweeps.search_spec import load_search_spec, search_id
+from semiseg_platform.sweeps.search_study import (
     CELL_ATTR,
     DUPLICATE_ATTR,
     FINAL_KEY,
@@ -178,7 +178,7 @@ def test_job_entry_point_exit_status(tmp_path, capsys):
 
 
 def test_default_optuna_storage_follows_the_stack_export(monkeypatch, tmp_path):
-    from semiseg_platform.search import default_optuna_storage
+    from semiseg_platform.sweeps.search_spec import default_optuna_storage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NPSEMISEG_OPTUNA_STORAGE", raising=False)

@@ -44,7 +44,7 @@ def test_floors_keep_a_teacher_and_a_queue():
 
 
 def test_mini_spec_applies_exactly_the_rule():
-    from semiseg_platform.grid import expand, load_spec
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
     configs = expand(load_spec(MINI_SPEC))
     # 5 frameworks x 3 heads + U2PL np_mean + supervised full + 2 supervised references on PS-MT and AugSeg networks

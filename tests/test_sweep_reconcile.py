@@ -15,16 +15,15 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from semiseg_platform import schema
 from semiseg_platform.storage import atomic_write
-from semiseg_platform.sweep import open_parent, open_submission
-from semiseg_platform.tracking import Heartbeat
+from semiseg_platform.sweeps.submission import open_parent, open_submission
+from semiseg_platform.tracking import Heartbeat, mlflow_names
 from semiseg_platform.tracking.store import REMOTE_STALE_AFTER_S, last_heard_ms, reconcile_submission
 
 #: A grid driver: opens a submission's parent run, says so, then works forever (until SIGKILL)
 DRIVER = """
 import sys, time
-from semiseg_platform.sweep import open_parent, open_submission
+from semiseg_platform.sweeps.submission import open_parent, open_submission
 from semiseg_platform.tracking import ending_run
 sub = open_submission(sys.argv[1], sys.argv[2], "reconcile")
 parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
@@ -43,8 +42,8 @@ def _driver(tmp_path: Path, uri: str) -> tuple[subprocess.Popen, str]:
 
 def _other_host_run(client: MlflowClient, experiment_id: str, heard_s_ago: float, **tags: str) -> str:
     run = client.create_run(experiment_id, start_time=int((time.time() - 2 * heard_s_ago) * 1000), tags={
-        schema.GRID_ID: "gid1", schema.OWNER_HOST: "elsewhere.example", schema.OWNER_PID: "1",
-        schema.HEARTBEAT: f"{time.time() - heard_s_ago:.0f}", **tags})
+        mlflow_names.GRID_ID: "gid1", mlflow_names.OWNER_HOST: "elsewhere.example", mlflow_names.OWNER_PID: "1",
+        mlflow_names.HEARTBEAT: f"{time.time() - heard_s_ago:.0f}", **tags})
     return run.info.run_id
 
 
@@ -60,23 +59,24 @@ def test_a_killed_drivers_parent_run_ends_killed_on_the_next_submission(tmp_path
         assert client.get_run(killed_parent).info.status == "RUNNING"  # the bug: RUNNING forever
         sub = open_submission(str(tmp_path / "ray_results"), uri, "reconcile")
         cell = client.create_run(sub.experiment_id, tags={
-            schema.GRID_ID: "gid1", schema.KIND: schema.KIND_CELL, schema.OWNER_HOST: socket.gethostname(),
-            schema.OWNER_PID: str(driver.pid), schema.OWNER_START: "1"}).info.run_id
+            mlflow_names.GRID_ID: "gid1", mlflow_names.KIND: mlflow_names.KIND_CELL,
+            mlflow_names.OWNER_HOST: socket.gethostname(), mlflow_names.OWNER_PID: str(driver.pid),
+            mlflow_names.OWNER_START: "1"}).info.run_id
         stale = _other_host_run(client, sub.experiment_id, REMOTE_STALE_AFTER_S + 60)
         fresh = _other_host_run(client, sub.experiment_id, 5)
-        other_grid = client.create_run(sub.experiment_id, tags={schema.GRID_ID: "gid2", schema.OWNER_PID: "1"})
+        other_grid = client.create_run(sub.experiment_id, tags={mlflow_names.GRID_ID: "gid2", mlflow_names.OWNER_PID: "1"})
 
         new_parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
 
         for run_id in (killed_parent, cell):
             run = client.get_run(run_id)
             assert run.info.status == "KILLED"
-            assert run.data.tags[schema.ERROR].startswith("orphaned: owner process")
+            assert run.data.tags[mlflow_names.ERROR].startswith("orphaned: owner process")
         assert client.get_run(stale).info.status == "KILLED"
-        assert "silent for over" in client.get_run(stale).data.tags[schema.ERROR]
+        assert "silent for over" in client.get_run(stale).data.tags[mlflow_names.ERROR]
         for run_id in (fresh, live_parent, new_parent, other_grid.info.run_id):
             assert client.get_run(run_id).info.status == "RUNNING"
-        assert client.get_run(new_parent).data.tags[schema.OWNER_PID] == str(os.getpid())
+        assert client.get_run(new_parent).data.tags[mlflow_names.OWNER_PID] == str(os.getpid())
     finally:
         live_driver.kill()
         live_driver.wait(timeout=30)
@@ -87,9 +87,9 @@ def test_children_of_a_submission_whose_trials_are_over_end_killed(tmp_path):
     sub = open_submission(str(tmp_path / "ray_results"), uri, "reconcile")
     parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
     client = sub.client
-    child = client.create_run(sub.experiment_id, tags={schema.GRID_ID: "gid1", schema.PARENT_RUN_ID: parent,
-                                                       schema.OWNER_HOST: socket.gethostname(),
-                                                       schema.OWNER_PID: str(os.getpid())}).info.run_id
+    child = client.create_run(sub.experiment_id, tags={mlflow_names.GRID_ID: "gid1", mlflow_names.PARENT_RUN_ID: parent,
+                                                       mlflow_names.OWNER_HOST: socket.gethostname(),
+                                                       mlflow_names.OWNER_PID: str(os.getpid())}).info.run_id
     assert reconcile_submission(client, [sub.experiment_id], "gid1") == []  # its owner lives
     assert reconcile_submission(client, [sub.experiment_id], "gid1", ended_parent=parent) == [child]
     assert client.get_run(child).info.status == "KILLED"
@@ -102,7 +102,7 @@ def test_heartbeat_stamps_the_run(tmp_path):
     assert last_heard_ms(run) == run.info.start_time
     with Heartbeat(client, run.info.run_id, interval_s=0.2):
         time.sleep(1.5)
-    beat = float(client.get_run(run.info.run_id).data.tags[schema.HEARTBEAT])
+    beat = float(client.get_run(run.info.run_id).data.tags[mlflow_names.HEARTBEAT])
     assert abs(beat - time.time()) < 5
 
 

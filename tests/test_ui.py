@@ -14,7 +14,7 @@ from mlflow.utils.search_utils import SearchUtils
 from npsemiseg.config import config_params, with_overrides
 from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
-from semiseg_platform.grid import expand, load_spec
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
 from semiseg_platform.tracking import cell_description, per_class_iou_figure
 from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, ui_command
 

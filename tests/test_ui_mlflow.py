@@ -17,10 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from npsemiseg.constants import NOT_APPLICABLE
-from semiseg_platform.grid import load_spec, run_grid
-from semiseg_platform.schema import FINAL_METRICS
-from semiseg_platform.schema import NOTE as NOTE_TAG
-from semiseg_platform.ui import PER_CLASS_IOU_FIGURE, experiment_url, ready_made_searches, ui_command
+from semiseg_platform.sweeps.grid_runner import run_grid
+from semiseg_platform.sweeps.grid_spec import load_spec
+from semiseg_platform.tracking.mlflow_names import FINAL_METRICS, PER_CLASS_IOU_FIGURE
+from semiseg_platform.tracking.mlflow_names import NOTE as NOTE_TAG
+from semiseg_platform.ui import experiment_url, ready_made_searches, ui_command
 from tests.platform_fixtures import free_ports, fresh_store
 from tests.ui_browser import ARTIFACTS, compare_view_metrics, headless_chromium, running_server
 

@@ -8,9 +8,9 @@ import typer
 
 from npsemiseg import load_model
 from npsemiseg.inference_model import check_mode, check_samples
-from semiseg_platform import schema
-from semiseg_platform.checkpoints import log_evaluation, open_checkpoint
+from semiseg_platform.checkpoint_lookup import log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
+from semiseg_platform.tracking import mlflow_names
 
 RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
 CHECKPOINT_HELP = "a checkpoint directory or lineage (local or s3://...), or a file `npsemiseg export` wrote"
@@ -34,7 +34,7 @@ def check_options(mode: str | None, samples: int | None, device: str | None) -> 
 
 def print_metrics(metrics: dict[str, float]) -> None:
     """The paper's final metrics first, then the others (per-class IoU, counts, time) by name."""
-    shown = [k for k in schema.FINAL_METRICS if k in metrics]
+    shown = [k for k in mlflow_names.FINAL_METRICS if k in metrics]
     for key in shown + sorted(k for k in metrics if k not in shown):
         typer.echo(f"  {key:<24} {metrics[key]:.4f}")
 

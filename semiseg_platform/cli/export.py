@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from npsemiseg import load_model
-from semiseg_platform.checkpoints import open_checkpoint
+from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.cli.evaluate import CHECKPOINT_HELP, RUN_HELP
 

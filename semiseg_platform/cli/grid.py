@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line
-from semiseg_platform.grid import expand, load_spec, run_grid
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
+from semiseg_platform.sweeps.grid_runner import run_grid
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
 
 @app.command()

@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from npsemiseg import SegmentationModel, load_model
 from npsemiseg.data.datasets import load_image
 from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, save_uncertainty_png
-from semiseg_platform.checkpoints import open_checkpoint
+from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.cli.evaluate import CHECKPOINT_HELP, RUN_HELP, SAMPLES_HELP, check_options
 

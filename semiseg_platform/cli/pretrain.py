@@ -6,7 +6,7 @@ import typer
 
 from npsemiseg.pretrain import PretrainConfig
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail
-from semiseg_platform.pretraining import pretrain_command
+from semiseg_platform.pretrain_runs import pretrain_command
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT
 
 

@@ -11,7 +11,6 @@ from npsemiseg.config import Composition, RunConfig, compose, read_config, recom
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform import schema
 from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
 from semiseg_platform.launch import (
     CellFailedError,
@@ -22,8 +21,8 @@ from semiseg_platform.launch import (
     validate_resources,
 )
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.specs import read_yaml
-from semiseg_platform.tracking import CellKilled, ui_hint
+from semiseg_platform.sweeps.spec_base import read_yaml
+from semiseg_platform.tracking import CellKilled, mlflow_names, ui_hint
 
 
 def build_composition(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
@@ -65,7 +64,7 @@ def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, ma
 
 #: The final metrics printed first, in this order
 _SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc")
-assert set(_SUMMARY_METRICS) == set(schema.FINAL_METRICS)
+assert set(_SUMMARY_METRICS) == set(mlflow_names.FINAL_METRICS)
 
 
 @app.command()

@@ -9,7 +9,8 @@ import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line, parse_assignments
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.search import load_search_spec, run_search, search_id
+from semiseg_platform.sweeps.search_runner import run_search
+from semiseg_platform.sweeps.search_spec import load_search_spec, search_id
 
 
 @app.command()

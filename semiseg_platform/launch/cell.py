@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
+from ray.train import RunConfig as TrainRunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
-from npsemiseg.config import with_overrides
+from npsemiseg.config import RunConfig, with_overrides
 from npsemiseg.training import batch_scaling, train
-from semiseg_platform import schema
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
 from semiseg_platform.logs import ensure_visible
 from semiseg_platform.storage import CheckpointStore, Storage, parse_storage
-from semiseg_platform.tracking import DEFAULT_EXPERIMENT, CellRun, MLflowCallbacks, format_error
+from semiseg_platform.tracking import DEFAULT_EXPERIMENT, CellRun, MLflowCallbacks, format_error, mlflow_names
 
 #: Keys the launchers add to the metrics of the final checkpoint report (not evaluation metrics)
 _RUN_KEYS = ("step", "seconds", "train_seconds", "interrupted")
@@ -98,7 +98,7 @@ class Membership:
         return self.search_id or self.grid_id
 
 
-def cell_run_name(config: Any, grid_id: str | None = None, experiment: str | None = None) -> str:
+def cell_run_name(config: RunConfig, grid_id: str | None = None, experiment: str | None = None) -> str:
     """Default name of a cell's checkpoint lineage: readable, filesystem-safe, unique per cell, grid
     (or search) and experiment (two experiments sharing a storage never resume each other's checkpoints)."""
     def safe(text: str) -> str:
@@ -113,7 +113,7 @@ def cell_run_name(config: Any, grid_id: str | None = None, experiment: str | Non
 class CellSpec:
     """What every launcher hands to :func:`execute` (picklable: it travels to Ray workers)."""
 
-    config: Any
+    config: RunConfig
     name: str
     storage_uri: str
     storage_endpoint: str | None
@@ -202,13 +202,13 @@ def _record(run: CellRun, result: CellResult, outcome: _LoopOutcome, started: fl
     result.loop_seconds, result.train_seconds = outcome.loop_seconds, outcome.train_seconds
     run.log_checkpoint_uri(result.checkpoint_uri)
     result.wall_seconds = time.perf_counter() - started
-    run.log_metrics({schema.CELL_WALL_SECONDS: result.wall_seconds,
-                     schema.ORCHESTRATION_SECONDS: result.overhead_seconds}, step=result.steps)
+    run.log_metrics({mlflow_names.CELL_WALL_SECONDS: result.wall_seconds,
+                     mlflow_names.ORCHESTRATION_SECONDS: result.overhead_seconds}, step=result.steps)
     if outcome.interrupted:
         run.finish("KILLED", f"stopped at step {outcome.steps} by runtime.stop_at_step; run the cell again to resume")
 
 
-def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, experiment: str,
+def _tracked(config: RunConfig, *, storage: Storage, name: str, tracking: str | None, experiment: str,
              member: Membership, progress: bool, local_mode: bool, callbacks: list[Callbacks] | None,
              launch: Callable[[CellSpec], _LoopOutcome], world_size: int = 1) -> CellResult:
     """Open the cell's MLflow run (with the global batch and learning rate of ``world_size`` processes),
@@ -217,7 +217,7 @@ def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, 
     result = CellResult(name=name, cell_id=config.cell_id, status="RUNNING")
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=member.grid_id,
                        search_id=member.search_id, parent_run_id=member.parent_run_id,
-                       params=schema.effective_params(batch_scaling(config, world_size)))
+                       params=mlflow_names.effective_params(batch_scaling(config, world_size)))
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
                     tracking_uri=run.tracking_uri, run_id=run.run_id, progress=progress, local_mode=local_mode,
@@ -233,7 +233,7 @@ def _tracked(config: Any, *, storage: Storage, name: str, tracking: str | None, 
     return result
 
 
-def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1.0,
+def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1.0,
              storage: str | os.PathLike | Storage | None = None, tracking: str | None = None,
              experiment: str = DEFAULT_EXPERIMENT, max_failures: int = 0, grid_id: str | None = None,
              search_id: str | None = None, parent_run_id: str | None = None, name: str | None = None,
@@ -254,7 +254,7 @@ def run_cell(config: Any, *, workers: int = 1, gpus_per_worker: float = 0, cpus_
     early (run it again to resume). A failed cell raises :class:`CellFailedError`
     (``result.status`` FAILED, ``result.error``) after its MLflow run ended; Ctrl-C and SIGTERM
     end the run KILLED and propagate (``KeyboardInterrupt``, ``tracking.CellKilled``).
-    ``train_callbacks``: Ray Train ``UserCallback``s for the trainer's ``RunConfig`` (a search passes
+    ``train_callbacks``: Ray Train ``UserCallback``s for the trainer's ``ray.train.RunConfig`` (a search passes
     the workers' evaluations on to Tune with one). ``callbacks``: loop callbacks run on every worker.
     """
     validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
@@ -290,7 +290,7 @@ def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: flo
     resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
     scaling = ScalingConfig(num_workers=workers, use_gpu=gpus_per_worker > 0,
                             resources_per_worker=resources if workers else None)
-    run_config = RunConfig(
+    run_config = TrainRunConfig(
         name=spec.name,
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),
@@ -308,7 +308,7 @@ def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: flo
     return trainer.fit()
 
 
-def run_cell_in_process(config: Any, *, reporter: CheckpointReporter | None = None,
+def run_cell_in_process(config: RunConfig, *, reporter: CheckpointReporter | None = None,
                         storage: str | os.PathLike | Storage | None = None, tracking: str | None = None,
                         experiment: str = DEFAULT_EXPERIMENT, grid_id: str | None = None,
                         search_id: str | None = None, parent_run_id: str | None = None, name: str | None = None,

@@ -1,4 +1,4 @@
-"""The paper's claims checked from MLflow runs only (issue 15): ``npsemiseg claims``.
+"""The paper's claims checked from MLflow runs only: ``npsemiseg claims``.
 
 Every claim compares two groups of runs. A *pair* is two finished cell runs that differ only in
 what the claim compares (same dataset, partition and seed, and the same framework unless the
@@ -42,8 +42,8 @@ from mlflow.tracking import MlflowClient
 
 from npsemiseg.heads import PAPER_MEMORY_SIZE
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
-from semiseg_platform.schema import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
+from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
 BOOTSTRAP_RESAMPLES = 10_000

@@ -12,9 +12,8 @@ from typing import Any, Literal
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 
-from semiseg_platform import schema
 from semiseg_platform.reports.tables import dataset_label, head_label, protocol_partitions
-from semiseg_platform.tracking import experiment_id, search_all_runs
+from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs
 
 
 def line_panels(
@@ -47,8 +46,8 @@ def line_panels(
 
 
 #: Tracking schema of the uncertainty-time benchmark (docs/CONTRACTS.md).
-UNCERTAINTY_TIME_BENCHMARK = schema.UNCERTAINTY_TIME_BENCHMARK
-UNCERTAINTY_TIME_METRIC = schema.UNCERTAINTY_TIME_METRIC
+UNCERTAINTY_TIME_BENCHMARK = mlflow_names.UNCERTAINTY_TIME_BENCHMARK
+UNCERTAINTY_TIME_METRIC = mlflow_names.UNCERTAINTY_TIME_METRIC
 
 
 def log_uncertainty_time_run(
@@ -66,8 +65,9 @@ def log_uncertainty_time_run(
     client = MlflowClient(tracking_uri)
     found = experiment_id(client, experiment) or client.create_experiment(experiment)
     run = client.create_run(found, run_name=f"benchmark/{UNCERTAINTY_TIME_BENCHMARK}/{eval_mode}/{head}", tags={
-        schema.KIND: schema.KIND_BENCHMARK, schema.BENCHMARK: UNCERTAINTY_TIME_BENCHMARK, schema.HEAD: head,
-        schema.EVAL_MODE: eval_mode, schema.DATASET: dataset, schema.FRAMEWORK: framework, **dict(tags or {})})
+        mlflow_names.KIND: mlflow_names.KIND_BENCHMARK, mlflow_names.BENCHMARK: UNCERTAINTY_TIME_BENCHMARK,
+        mlflow_names.HEAD: head, mlflow_names.EVAL_MODE: eval_mode, mlflow_names.DATASET: dataset,
+        mlflow_names.FRAMEWORK: framework, **dict(tags or {})})
     for t, seconds in sorted(seconds_by_t.items()):
         client.log_metric(run.info.run_id, UNCERTAINTY_TIME_METRIC, float(seconds), step=int(t))
     client.set_terminated(run.info.run_id, "FINISHED")
@@ -86,15 +86,15 @@ def load_uncertainty_times(tracking_uri: str, experiment: str) -> dict[str, dict
     if found is None:
         return {}
     runs = search_all_runs(client, [found],
-                           f"tags.`{schema.KIND}` = '{schema.KIND_BENCHMARK}' and tags.{schema.BENCHMARK} = "
+                           f"tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_BENCHMARK}' and tags.{mlflow_names.BENCHMARK} = "
                            f"'{UNCERTAINTY_TIME_BENCHMARK}' and attributes.status = 'FINISHED'")
     latest: dict[tuple[str, str], object] = {}
     for run in sorted(runs, key=lambda r: r.info.end_time or 0):
         tags = run.data.tags
-        label = head_label(tags.get(schema.HEAD, "?")) or "baseline"
-        if tags.get(schema.DATASET):
-            label = f"{label} ({dataset_label(tags[schema.DATASET])})"
-        latest[(tags.get(schema.EVAL_MODE, "?"), label)] = run
+        label = head_label(tags.get(mlflow_names.HEAD, "?")) or "baseline"
+        if tags.get(mlflow_names.DATASET):
+            label = f"{label} ({dataset_label(tags[mlflow_names.DATASET])})"
+        latest[(tags.get(mlflow_names.EVAL_MODE, "?"), label)] = run
     panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     for (mode, label), run in sorted(latest.items()):
         history = sorted(client.get_metric_history(run.info.run_id, UNCERTAINTY_TIME_METRIC), key=lambda m: m.step)
@@ -136,11 +136,12 @@ def load_search_trials(tracking_uri: str, experiment: str, *, search: str | None
         return []
     rows = []
     for run in _search_trial_runs(client, found.experiment_id, search):
-        if metric not in run.data.metrics or schema.SEARCH_STOPPED in run.data.tags:
+        if metric not in run.data.metrics or mlflow_names.SEARCH_STOPPED in run.data.tags:
             continue
         tags, params = run.data.tags, run.data.params
-        row = {k: tags.get(k, "") for k in (schema.DATASET, schema.PARTITION, schema.FRAMEWORK, schema.HEAD)}
-        row[schema.SEARCH_ID] = schema.submission_of(tags) or ""
+        row = {k: tags.get(k, "")
+               for k in (mlflow_names.DATASET, mlflow_names.PARTITION, mlflow_names.FRAMEWORK, mlflow_names.HEAD)}
+        row[mlflow_names.SEARCH_ID] = mlflow_names.submission_of(tags) or ""
         row["metric"] = float(run.data.metrics[metric])
         for key in keys:
             row[key] = _number(params.get(key))
@@ -150,8 +151,8 @@ def load_search_trials(tracking_uri: str, experiment: str, *, search: str | None
 
 def _search_trial_runs(client: MlflowClient, experiment: str, search: str | None) -> list:
     """FINISHED cell runs of one search, or of every search (trial runs carry ``search_id``)."""
-    finished = f"tags.`{schema.KIND}` = '{schema.KIND_CELL}' and attributes.status = 'FINISHED'"
-    which = f"tags.{schema.SEARCH_ID} = '{search}'" if search else f"tags.{schema.SEARCH_ID} != ''"
+    finished = f"tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_CELL}' and attributes.status = 'FINISHED'"
+    which = f"tags.{mlflow_names.SEARCH_ID} = '{search}'" if search else f"tags.{mlflow_names.SEARCH_ID} != ''"
     return search_all_runs(client, [experiment], f"{finished} and {which}")
 
 

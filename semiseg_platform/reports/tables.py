@@ -47,9 +47,8 @@ from mlflow import MlflowClient
 
 from npsemiseg.data import dataset_info
 from npsemiseg.heads import head_class, head_names
-from semiseg_platform import schema
 from semiseg_platform.reports.paper_results import paper_value
-from semiseg_platform.tracking import experiment_id, search_all_runs, submission_runs
+from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs, submission_runs
 
 PAPER_DATASETS = ("pascal_classic", "pascal_blender", "cityscapes")
 ABLATION_DATASET_ORDER = ("cityscapes", "pascal_classic", "pascal_blender")
@@ -71,7 +70,7 @@ VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
 DATASET_LABELS = {"pascal_classic": "VOC (classic)", "pascal_blender": "VOC (blender)", "cityscapes": "Cityscapes"}
 DATASET_LATEX = {"pascal_classic": "VOC (\\it classic)", "pascal_blender": "VOC (\\it blender)"}
 MISSING_MARK = "—"
-CELL_KEYS = schema.CELL_KEYS
+CELL_KEYS = mlflow_names.CELL_KEYS
 #: The order of the protocol groups (runs without the tag last)
 PROTOCOL_ORDER = ("released", "corrected")
 
@@ -97,7 +96,7 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
     found = experiment_id(client, experiment)
     if found is None:
         return pd.DataFrame(columns=columns)
-    kind = f"tags.`{schema.KIND}` = '{schema.KIND_CELL}'"
+    kind = f"tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_CELL}'"
     if grid_id is not None:
         runs = submission_runs(client, [found], _escape(grid_id), f" and {kind}")
     else:
@@ -110,11 +109,11 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             "status": run.info.status,
             "start_time": run.info.start_time,
             "end_time": run.info.end_time,
-            "cell_id": tags.get(schema.CELL_ID, run.info.run_id),
-            "seed": tags.get(schema.SEED, ""),
+            "cell_id": tags.get(mlflow_names.CELL_ID, run.info.run_id),
+            "seed": tags.get(mlflow_names.SEED, ""),
             **{key: tags.get(key, "") for key in CELL_KEYS},
-            "protocol": tags.get(schema.PROTOCOL, ""),
-            "framework_name": tags.get(schema.FRAMEWORK_NAME, tags.get(schema.FRAMEWORK, "")),
+            "protocol": tags.get(mlflow_names.PROTOCOL, ""),
+            "framework_name": tags.get(mlflow_names.FRAMEWORK_NAME, tags.get(mlflow_names.FRAMEWORK, "")),
             "model_variant": run.data.params.get("model.variant", ""),
             "miou": metrics.get("miou", math.nan),
             "pavpu": metrics.get("pavpu", math.nan),

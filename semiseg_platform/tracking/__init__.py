@@ -1,6 +1,6 @@
 """MLflow tracking of cells: the store, one run per cell, rank-0 logging, orphan sweep.
 
-The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_platform.schema`
+The tracking schema (run name, tags, params, metric and artifact names) is :mod:`.mlflow_names`
 (``docs/CONTRACTS.md``, "Tracking schema"): the grid, the search, the tables and the UI read it.
 
 - :mod:`.store`: the tracking URI, experiments, paging through runs, finding a cell's run, the
@@ -10,8 +10,8 @@ The schema (run name, tags, params, metric and artifact names) is :mod:`semiseg_
 - :mod:`.cell_run`: :class:`CellRun`, the run of one cell owned by the launching process (ended
   FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
 - :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
-- :mod:`.params`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
-  :mod:`.metrics`: writing metrics in batches.
+- :mod:`.tags`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
+  :mod:`.metric_logging`: writing metrics in batches.
 """
 
 from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path
@@ -25,7 +25,7 @@ from semiseg_platform.tracking.cell_run import (
                                                 sigterm_as_killed,
 )
 from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
-from semiseg_platform.tracking.params import cell_tags, git_commit, package_version
+from semiseg_platform.tracking.tags import cell_tags, git_commit, package_version
 from semiseg_platform.tracking.store import (
                                                 DEFAULT_ARTIFACT_DIR,
                                                 DEFAULT_EXPERIMENT,

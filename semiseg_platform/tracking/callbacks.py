@@ -13,10 +13,10 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.cell_run import format_error
 from semiseg_platform.tracking.describe import per_class_iou_figure
-from semiseg_platform.tracking.metrics import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
+from semiseg_platform.tracking.metric_logging import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def artifact_path(name: str, path: Path) -> str:
     if "/" in name:
         return name if Path(name).suffix else f"{name}{suffix}"
     stem = name if Path(name).suffix else f"{name}{suffix}"
-    folder = schema.ARTIFACT_DIRS.get(suffix)
+    folder = mlflow_names.ARTIFACT_DIRS.get(suffix)
     return f"{folder}/{stem}" if folder else stem
 
 
@@ -60,10 +60,10 @@ class MLflowCallbacks(Callbacks):
         self.rank = rank
         if not self.active:
             return
-        attempts = int(self.client.get_run(self.run_id).data.tags.get(schema.ATTEMPTS, "0")) + 1
-        self.client.log_batch(self.run_id, tags=[RunTag(schema.ATTEMPTS, str(attempts)),
-                                                 RunTag(schema.WORLD_SIZE, str(world_size))])
-        self.client.log_batch(self.run_id, metrics=[Metric(schema.TOTAL_STEPS, float(total_steps),
+        attempts = int(self.client.get_run(self.run_id).data.tags.get(mlflow_names.ATTEMPTS, "0")) + 1
+        self.client.log_batch(self.run_id, tags=[RunTag(mlflow_names.ATTEMPTS, str(attempts)),
+                                                 RunTag(mlflow_names.WORLD_SIZE, str(world_size))])
+        self.client.log_batch(self.run_id, metrics=[Metric(mlflow_names.TOTAL_STEPS, float(total_steps),
                                                            int(time.time() * 1000), start_step)])
 
     def on_step(self, step: int, total_steps: int, logs: dict[str, float]) -> None:
@@ -71,7 +71,7 @@ class MLflowCallbacks(Callbacks):
             return
         timestamp = int(time.time() * 1000)
         self._pending.extend(Metric(key, number, timestamp, step)
-                             for key, value in prefixed(schema.TRAIN_PREFIX, logs).items()
+                             for key, value in prefixed(mlflow_names.TRAIN_PREFIX, logs).items()
                              if (number := finite(value)) is not None)
         if time.monotonic() - self._last_flush >= self.flush_every_s or len(self._pending) >= MLFLOW_BATCH:
             self.flush()
@@ -86,7 +86,7 @@ class MLflowCallbacks(Callbacks):
         if not self.active:
             return
         self.flush()
-        log_metrics(self.client, self.run_id, prefixed(schema.EVAL_PREFIX, metrics), step=step)
+        log_metrics(self.client, self.run_id, prefixed(mlflow_names.EVAL_PREFIX, metrics), step=step)
 
     def on_checkpoint(self, step: int, directory: Path, metrics: dict[str, float]) -> None:
         if self.active:
@@ -106,7 +106,7 @@ class MLflowCallbacks(Callbacks):
                 renamed = Path(tmp) / filename
                 renamed.write_bytes(Path(path).read_bytes())
                 self.client.log_artifact(self.run_id, str(renamed), folder or None)
-        if target == schema.PER_CLASS_IOU_TABLE:
+        if target == mlflow_names.PER_CLASS_IOU_TABLE:
             self._log_per_class_iou_figure(Path(path))
 
     def _log_per_class_iou_figure(self, table: Path) -> None:
@@ -114,7 +114,7 @@ class MLflowCallbacks(Callbacks):
         iou = json.loads(table.read_text())
         if iou:
             name = self.client.get_run(self.run_id).info.run_name
-            self.client.log_figure(self.run_id, per_class_iou_figure(iou, title=name), schema.PER_CLASS_IOU_FIGURE)
+            self.client.log_figure(self.run_id, per_class_iou_figure(iou, title=name), mlflow_names.PER_CLASS_IOU_FIGURE)
 
     def on_end(self, result: Any) -> None:
         """Final metrics (unprefixed, at the last step) and the loop's timing (``time/...``)."""
@@ -124,10 +124,10 @@ class MLflowCallbacks(Callbacks):
         metrics = dict(getattr(result, "metrics", {}) or {})
         step = int(getattr(result, "steps", 0) or 0)
         final = {key: value for key, value in metrics.items()
-                 if not key.startswith((schema.TRAIN_PREFIX, schema.EVAL_PREFIX))}
+                 if not key.startswith((mlflow_names.TRAIN_PREFIX, mlflow_names.EVAL_PREFIX))}
         for key in ("seconds", "train_seconds"):
             if getattr(result, key, None) is not None:
-                final[f"{schema.TIME_PREFIX}{key}"] = getattr(result, key)
+                final[f"{mlflow_names.TIME_PREFIX}{key}"] = getattr(result, key)
         log_metrics(self.client, self.run_id, final, step=step)
 
     def close(self) -> None:
@@ -141,4 +141,4 @@ class MLflowCallbacks(Callbacks):
     def record_error(self, error: BaseException) -> None:
         """Tag the run with the exception that ended training on this rank (rank 0 only)."""
         if self.active:
-            self.client.set_tag(self.run_id, schema.ERROR, format_error(error))
+            self.client.set_tag(self.run_id, mlflow_names.ERROR, format_error(error))

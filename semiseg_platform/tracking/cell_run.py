@@ -22,10 +22,9 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from npsemiseg.config import config_params, explain
-from semiseg_platform import schema
-from semiseg_platform.tracking.metrics import log_metrics
-from semiseg_platform.tracking.params import MAX_TAG_LENGTH, cell_tags
+from npsemiseg.config import RunConfig, config_params, explain
+from semiseg_platform.tracking import mlflow_names
+from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.store import (
     DEFAULT_EXPERIMENT,
     Heartbeat,
@@ -36,6 +35,7 @@ from semiseg_platform.tracking.store import (
     resolve_tracking_uri,
     run_url,
 )
+from semiseg_platform.tracking.tags import MAX_TAG_LENGTH, cell_tags
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class CellRun:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
     @classmethod
-    def open(cls, config: Any, *, tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+    def open(cls, config: RunConfig, *, tracking: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
              grid_id: str | None = None, search_id: str | None = None, parent_run_id: str | None = None,
              params: dict[str, str] | None = None) -> CellRun:
         """Find the cell's run (``cell_id`` + its grid or search) or create it, mark it RUNNING and owned here.
@@ -161,20 +161,20 @@ class CellRun:
         params = {**config_params(config), **dict(params or {})}
         changed = sorted(k for k, v in params.items() if k in old_params and old_params[k] != v)
         if changed:
-            tags[schema.PARAMS_CHANGED] = ",".join(changed)[:MAX_TAG_LENGTH]
+            tags[mlflow_names.PARAMS_CHANGED] = ",".join(changed)[:MAX_TAG_LENGTH]
             logger.warning("cell %s: reused run %s was logged with other values of %s", config.cell_name, run_id, changed)
         new_params = [Param(k, v) for k, v in params.items() if k not in old_params]
         for start in range(0, len(new_params), 100):
             client.log_batch(run_id, params=new_params[start:start + 100])
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        client.log_text(run_id, config.to_yaml(), schema.CONFIG_ARTIFACT)
-        client.log_dict(run_id, explain(config).to_json(), schema.PROVENANCE_ARTIFACT)
+        client.log_text(run_id, config.to_yaml(), mlflow_names.CONFIG_ARTIFACT)
+        client.log_dict(run_id, explain(config).to_json(), mlflow_names.PROVENANCE_ARTIFACT)
         return cls(client, tracking_uri, experiment_id, run_id, reused=existing is not None)
 
     def log_checkpoint_uri(self, uri: str | None) -> None:
         if uri:
-            self.client.log_text(self.run_id, uri + "\n", schema.CHECKPOINT_URI_ARTIFACT)
-            self.client.set_tag(self.run_id, schema.CHECKPOINT_URI, uri)
+            self.client.log_text(self.run_id, uri + "\n", mlflow_names.CHECKPOINT_URI_ARTIFACT)
+            self.client.set_tag(self.run_id, mlflow_names.CHECKPOINT_URI, uri)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         log_metrics(self.client, self.run_id, metrics, step=step)
@@ -189,14 +189,14 @@ class CellRun:
             current = self.client.get_run(self.run_id)
             if status == "FAILED" and current.info.status == "KILLED":
                 status = "KILLED"
-            if schema.ERROR not in current.data.tags:  # rank 0 may have recorded the original exception already
-                self.client.set_tag(self.run_id, schema.ERROR, format_error(error))
+            if mlflow_names.ERROR not in current.data.tags:  # rank 0 may have recorded the original exception already
+                self.client.set_tag(self.run_id, mlflow_names.ERROR, format_error(error))
             if isinstance(error, BaseException) and error.__traceback__ is not None:
                 text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-                self.client.log_text(self.run_id, text, schema.TRACEBACK_ARTIFACT)
+                self.client.log_text(self.run_id, text, mlflow_names.TRACEBACK_ARTIFACT)
         elif status == "FINISHED":
             with contextlib.suppress(MlflowException):
-                self.client.delete_tag(self.run_id, schema.ERROR)  # a failure that a retry recovered from
+                self.client.delete_tag(self.run_id, mlflow_names.ERROR)  # a failure that a retry recovered from
         self.client.set_terminated(self.run_id, status=status)
         self.status = status
 
@@ -220,12 +220,12 @@ class CellRun:
         return False
 
 
-def _take_over(client: MlflowClient, existing: Any, config: Any) -> None:
+def _take_over(client: MlflowClient, existing: Any, config: RunConfig) -> None:
     """Mark an earlier run of the cell RUNNING again, unless another live process on this host owns it."""
     run_id, owner = existing.info.run_id, existing.data.tags
-    if existing.info.status == "RUNNING" and owner_alive(owner) and owner.get(schema.OWNER_PID) != str(os.getpid()):
+    if existing.info.status == "RUNNING" and owner_alive(owner) and owner.get(mlflow_names.OWNER_PID) != str(os.getpid()):
         raise RuntimeError(f"cell {config.cell_name} ({config.cell_id}) is already running: MLflow run {run_id} "
-                           f"owned by process {owner.get(schema.OWNER_PID)} on {owner.get(schema.OWNER_HOST)}")
+                           f"owned by process {owner.get(mlflow_names.OWNER_PID)} on {owner.get(mlflow_names.OWNER_HOST)}")
     client.update_run(run_id, status="RUNNING")
-    if schema.ERROR in existing.data.tags:
-        client.delete_tag(run_id, schema.ERROR)
+    if mlflow_names.ERROR in existing.data.tags:
+        client.delete_tag(run_id, mlflow_names.ERROR)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from matplotlib.figure import Figure
 
+from npsemiseg.config import RunConfig
 from npsemiseg.heads import head_class
 from npsemiseg.heads.factory import head_options
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 
 
-def cell_description(config: Any, *, grid_id: str | None = None, search_id: str | None = None) -> str:
+def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id: str | None = None) -> str:
     """What a cell is, in Markdown, for the run's description (``mlflow.note.content``).
 
     Names the framework, the dataset (and the real dataset a synthetic one stands in for), the
@@ -45,8 +45,8 @@ def cell_description(config: Any, *, grid_id: str | None = None, search_id: str 
         f"Training: {steps}, crop {schedule.crop_size}, batch {schedule.batch_size}; evaluation "
         f"`{config.evaluation.mode}` with T = {config.evaluation.num_samples} predictions.",
         "",
-        f"Cell `{config.cell_id}`{member}. Figures: " + ", ".join(f"`{path}`" for path in schema.CELL_FIGURES)
-        + f"; configuration: `{schema.CONFIG_ARTIFACT}`.",
+        f"Cell `{config.cell_id}`{member}. Figures: " + ", ".join(f"`{path}`" for path in mlflow_names.CELL_FIGURES)
+        + f"; configuration: `{mlflow_names.CONFIG_ARTIFACT}`.",
     ]
     return "\n".join(lines)
 

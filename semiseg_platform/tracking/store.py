@@ -28,7 +28,7 @@ from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from semiseg_platform import schema
+from semiseg_platform.tracking import mlflow_names
 
 DEFAULT_EXPERIMENT = "npsemiseg"
 DEFAULT_STORE_FILE = "mlruns.db"
@@ -159,7 +159,7 @@ def submission_runs(client: MlflowClient, experiment_ids: Sequence[str], submiss
     """The runs of one grid or search (tagged ``grid_id`` or ``search_id``; old stores tagged search
     runs ``grid_id`` too), newest first. ``extra``: more filter clauses, ``" and ..."``."""
     found: dict[str, Any] = {}
-    for tag in (schema.SEARCH_ID, schema.GRID_ID):
+    for tag in (mlflow_names.SEARCH_ID, mlflow_names.GRID_ID):
         for run in search_all_runs(client, experiment_ids, f"tags.{tag} = '{submission}'{extra}", newest_first=True):
             found.setdefault(run.info.run_id, run)
     return sorted(found.values(), key=lambda r: r.info.start_time or 0, reverse=True)
@@ -168,10 +168,10 @@ def submission_runs(client: MlflowClient, experiment_ids: Sequence[str], submiss
 def find_cell_run(client: MlflowClient, experiment_id: str, cell_id: str, submission: str | None = None):
     """The newest run of ``cell_id`` in this grid or search (``submission=None``: outside any), or None."""
     if submission:
-        runs = submission_runs(client, [experiment_id], submission, f" and tags.{schema.CELL_ID} = '{cell_id}'")
+        runs = submission_runs(client, [experiment_id], submission, f" and tags.{mlflow_names.CELL_ID} = '{cell_id}'")
         return runs[0] if runs else None
-    for run in search_all_runs(client, [experiment_id], f"tags.{schema.CELL_ID} = '{cell_id}'", newest_first=True):
-        if schema.submission_of(run.data.tags) is None:
+    for run in search_all_runs(client, [experiment_id], f"tags.{mlflow_names.CELL_ID} = '{cell_id}'", newest_first=True):
+        if mlflow_names.submission_of(run.data.tags) is None:
             return run
     return None
 
@@ -189,8 +189,8 @@ def _process_start(pid: int) -> str:
 def owner_tags() -> dict[str, str]:
     """The tags naming this process as the owner of a RUNNING run."""
     pid = os.getpid()
-    return {schema.OWNER_HOST: socket.gethostname(), schema.OWNER_PID: str(pid), schema.OWNER_START: _process_start(pid),
-            schema.HEARTBEAT: heartbeat_stamp()}
+    return {mlflow_names.OWNER_HOST: socket.gethostname(), mlflow_names.OWNER_PID: str(pid),
+            mlflow_names.OWNER_START: _process_start(pid), mlflow_names.HEARTBEAT: heartbeat_stamp()}
 
 
 def heartbeat_stamp() -> str:
@@ -201,23 +201,23 @@ def heartbeat_stamp() -> str:
 
 def owner_alive(tags: dict[str, str]) -> bool | None:
     """True/False for an owner on this host; None when the owner is elsewhere (cannot tell)."""
-    if tags.get(schema.OWNER_HOST) != socket.gethostname() or not tags.get(schema.OWNER_PID, "").isdigit():
+    if tags.get(mlflow_names.OWNER_HOST) != socket.gethostname() or not tags.get(mlflow_names.OWNER_PID, "").isdigit():
         return None
-    pid = int(tags[schema.OWNER_PID])
+    pid = int(tags[mlflow_names.OWNER_PID])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    start = tags.get(schema.OWNER_START, "")
+    start = tags.get(mlflow_names.OWNER_START, "")
     return not start or _process_start(pid) == start
 
 
 def last_heard_ms(run: Any) -> float:
     """When ``run``'s owner was last heard from (epoch ms): its newest heartbeat, else the run's start."""
     try:
-        beat_ms = float(run.data.tags.get(schema.HEARTBEAT, "")) * 1000
+        beat_ms = float(run.data.tags.get(mlflow_names.HEARTBEAT, "")) * 1000
     except ValueError:
         beat_ms = 0.0
     return max(float(run.info.start_time or 0), beat_ms)
@@ -230,11 +230,11 @@ def _orphan_reason(run: Any, now_ms: float, stale_after_s: float | None) -> str 
     if alive is None:
         if stale_after_s is None or now_ms - last_heard_ms(run) < stale_after_s * 1000:
             return None
-        return (f"orphaned: owner {tags.get(schema.OWNER_HOST, '?')}:{tags.get(schema.OWNER_PID, '?')} "
+        return (f"orphaned: owner {tags.get(mlflow_names.OWNER_HOST, '?')}:{tags.get(mlflow_names.OWNER_PID, '?')} "
                 f"silent for over {stale_after_s:.0f} s")
     if alive:
         return None
-    return f"orphaned: owner process {tags.get(schema.OWNER_PID)} on {tags.get(schema.OWNER_HOST)} is gone"
+    return f"orphaned: owner process {tags.get(mlflow_names.OWNER_PID)} on {tags.get(mlflow_names.OWNER_HOST)} is gone"
 
 
 def end_orphans(client: MlflowClient, runs: Sequence[Any], *, stale_after_s: float | None,
@@ -246,12 +246,12 @@ def end_orphans(client: MlflowClient, runs: Sequence[Any], *, stale_after_s: flo
     now_ms = time.time() * 1000
     for run in runs:
         reason = None if run.info.status != "RUNNING" else _orphan_reason(run, now_ms, stale_after_s)
-        if reason is None and ended_parent and run.data.tags.get(schema.PARENT_RUN_ID) == ended_parent \
+        if reason is None and ended_parent and run.data.tags.get(mlflow_names.PARENT_RUN_ID) == ended_parent \
                 and run.info.status == "RUNNING" and run.info.run_id != ended_parent:
             reason = f"orphaned: the trials of submission {ended_parent} are over and none ended this run"
         if reason is None or client.get_run(run.info.run_id).info.status != "RUNNING":
             continue
-        client.set_tag(run.info.run_id, schema.ERROR, reason)
+        client.set_tag(run.info.run_id, mlflow_names.ERROR, reason)
         client.set_terminated(run.info.run_id, status=status)
         swept.append(run.info.run_id)
     return swept
@@ -299,7 +299,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            self.client.set_tag(self.run_id, schema.HEARTBEAT, heartbeat_stamp())
+            self.client.set_tag(self.run_id, mlflow_names.HEARTBEAT, heartbeat_stamp())
         except Exception as error:  # noqa: BLE001 - a missed beat is retried; the run must not fail for it
             logger.debug("heartbeat of run %s missed: %s", self.run_id, error)
 

@@ -32,8 +32,8 @@ key (``search.trial`` = the Optuna trial number). The best configuration of the 
 written as a RunConfig YAML (``npsemiseg run --config FILE`` runs it) and logged as the parent's
 ``search/best_config.yaml``, with ``search/trials.csv`` and the hyper-parameter figure
 ``figures/hparams.png`` (mIoU against Q, lambda_kl and T, ``reports.hparams_figure``).
-The spec lives in ``search_spec.py``, the Optuna side in ``search_study.py``; what grid and search
-share in :mod:`.sweep`.
+The spec lives in :mod:`.search_spec`, the Optuna side in :mod:`.search_study`; what grid and search
+share in :mod:`.submission`.
 """
 
 from __future__ import annotations
@@ -56,24 +56,29 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-
-from semiseg_platform import schema
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.reports import write_hparams_figure
-from semiseg_platform.search_spec import (DEFAULT_EXPERIMENT, SearchSpec, default_optuna_storage, load_search_spec,
-                                          search_id)
-from semiseg_platform.search_study import (CELL_ATTR, DUPLICATE_ATTR, FINAL_KEY, CellOfParams, StudySearch,
-                                           best_config, evaluated_cells, sampler_seed)
-from semiseg_platform.sweep import (Outcome, Submission, SweepContext, SweepProgress, csv_text, fit, log_line,
-                                    log_summary, open_parent, open_submission, reconcile, start_ray, trial_dirname)
-from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, prepare_experiment
+from semiseg_platform.sweeps.search_spec import SearchSpec, default_optuna_storage, load_search_spec, search_id
+from semiseg_platform.sweeps.search_study import FINAL_KEY, CellOfParams, StudySearch, best_config, evaluated_cells, sampler_seed
+from semiseg_platform.sweeps.submission import (
+    Outcome,
+    Submission,
+    SweepContext,
+    SweepProgress,
+    csv_text,
+    fit,
+    log_line,
+    log_summary,
+    open_parent,
+    open_submission,
+    reconcile,
+    start_ray,
+    trial_dirname,
+)
+from semiseg_platform.tracking import CellKilled, ending_run, error_reason, find_cell_run, mlflow_names, prepare_experiment
 
-__all__ = ["CELL_ATTR", "DEFAULT_EXPERIMENT", "DUPLICATE_ATTR", "FINAL_KEY", "SEARCH_ID_TAG", "STOPPED_TAG",
-           "SearchSpec", "SearchSummary", "TrialOutcome", "load_search_spec", "run_search", "search_id"]
+__all__ = ["SearchSummary", "TrialOutcome", "run_search"]
 
-#: Tags of the search's runs (``semiseg_platform.schema``)
-SEARCH_ID_TAG = schema.SEARCH_ID
-STOPPED_TAG = schema.SEARCH_STOPPED
 #: Seconds a reused Tune actor waits for the previous trial's thread to end before giving up on reuse
 #: (Tune's default, 2 s, is too short for a stopped trial's MLflow bookkeeping on a loaded machine)
 THREAD_TIMEOUT_S = "120"
@@ -125,17 +130,18 @@ def tag_trial_run(client: MlflowClient, run_id: str, *, search: str, params: Map
     """Tag a trial's cell run: ``search_id``, ``search.<key>``, ``search.trial``; a trial stopped by
     ASHA also gets ``search.stopped = asha`` and ends KILLED (idempotent: the trial and the driver
     both call it)."""
-    tags = [RunTag(schema.SEARCH_ID, search)] + [RunTag(f"{schema.SEARCH_PREFIX}{k}", str(v)) for k, v in params.items()]
+    tags = [RunTag(mlflow_names.SEARCH_ID, search)]
+    tags += [RunTag(f"{mlflow_names.SEARCH_PREFIX}{k}", str(v)) for k, v in params.items()]
     if trial is not None:
-        tags.append(RunTag(schema.SEARCH_TRIAL, str(trial)))
+        tags.append(RunTag(mlflow_names.SEARCH_TRIAL, str(trial)))
     if stopped_after is not None:
-        tags.append(RunTag(schema.SEARCH_STOPPED, "asha"))
-        tags.append(RunTag(schema.SEARCH_STOPPED_AFTER, str(stopped_after)))
+        tags.append(RunTag(mlflow_names.SEARCH_STOPPED, "asha"))
+        tags.append(RunTag(mlflow_names.SEARCH_STOPPED_AFTER, str(stopped_after)))
     client.log_batch(run_id, tags=tags)
     if stopped_after is not None:
         run = client.get_run(run_id)
-        if schema.ERROR not in run.data.tags:
-            client.set_tag(run_id, schema.ERROR, f"stopped early by the ASHA scheduler after evaluation {stopped_after}")
+        if mlflow_names.ERROR not in run.data.tags:
+            client.set_tag(run_id, mlflow_names.ERROR, f"stopped early by the ASHA scheduler after evaluation {stopped_after}")
         if run.info.status != "KILLED":
             client.set_terminated(run_id, status="KILLED")
 
@@ -289,11 +295,11 @@ def _scheduler(spec: SearchSpec) -> Any:
 
 def _open_parent(sub: Submission, spec: SearchSpec, base: RunConfig, sid: str, study_name: str) -> str:
     return open_parent(
-        sub, kind=schema.KIND_SEARCH, name=spec.name, sweep_id=sid, spec=spec.model_dump(mode="json", exclude_none=True),
-        params={schema.SPEC_NAME: spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
-                "seed": spec.seed, "space": json.dumps(sorted(spec.space)), schema.SEARCH_ID: sid},
-        tags={schema.STUDY_NAME: study_name, schema.FRAMEWORK: base.framework, schema.DATASET: base.dataset,
-              schema.PARTITION: base.partition, schema.HEAD: base.head.variant})
+        sub, kind=mlflow_names.KIND_SEARCH, name=spec.name, sweep_id=sid, spec=spec.model_dump(mode="json", exclude_none=True),
+        params={mlflow_names.SPEC_NAME: spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
+                "seed": spec.seed, "space": json.dumps(sorted(spec.space)), mlflow_names.SEARCH_ID: sid},
+        tags={mlflow_names.STUDY_NAME: study_name, mlflow_names.FRAMEWORK: base.framework, mlflow_names.DATASET: base.dataset,
+              mlflow_names.PARTITION: base.partition, mlflow_names.HEAD: base.head.variant})
 
 
 def run_search(
@@ -309,7 +315,7 @@ def run_search(
     where ``best_config.yaml``, ``trials.csv`` and ``hparams.png`` go (default
     ``<storage>/search/<name>-<search_id>``). Never raises for a failing trial: see
     :attr:`SearchSummary.ok` and the counts; bad inputs raise ``PreflightError`` before anything is written
-    (as :func:`~.grid.run_grid`).
+    (as :func:`~.grid_runner.run_grid`).
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, SearchSpec) else load_search_spec(spec)
@@ -326,7 +332,7 @@ def run_search(
          f"{len(searcher.evaluated)} configurations evaluated), {spec.num_samples} new trial(s); parent run {parent_id}")
     with ending_run(sub.client, parent_id):
         concurrency = start_ray(spec.resources, spec.max_concurrent, ray_init)
-        context = SweepContext(schema.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
+        context = SweepContext(mlflow_names.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
                                parent_id, spec.resources)
         results = fit(_search_trial, context, parameters={"cell_of": cell_of},
                       name=f"search-{spec.name}-{sid}-{sub.submission_id}",
@@ -378,7 +384,7 @@ def _reconcile_trials(client: MlflowClient, experiment_id: str, sid: str, trials
         reconcile(trial, run)
         stopped = None
         if trial.status == "stopped":
-            stopped = int(run.data.tags.get(schema.SEARCH_STOPPED_AFTER, trial.evaluations))
+            stopped = int(run.data.tags.get(mlflow_names.SEARCH_STOPPED_AFTER, trial.evaluations))
         tag_trial_run(client, run.info.run_id, search=sid, params=trial.params, trial=trial.optuna_trial,
                       stopped_after=stopped)
 
@@ -390,21 +396,21 @@ def _write_outputs(client: MlflowClient, parent_id: str, summary: SearchSummary,
     found = best_config(study, cell_of)
     if found is not None:
         config, trial = found
-        path = out / schema.BEST_CONFIG_FILE
+        path = out / mlflow_names.BEST_CONFIG_FILE
         header = (f"# best configuration of search {summary.spec_name} ({summary.search_id}): Optuna trial {trial.number}, "
                   f"{summary.metric} {trial.value:.6f}\n# run it with: npsemiseg run --config {path.name}\n")
         path.write_text(header + config.to_yaml())
-        client.log_artifact(parent_id, str(path), schema.SEARCH_DIR)
+        client.log_artifact(parent_id, str(path), mlflow_names.SEARCH_DIR)
         summary.best_value, summary.best_params, summary.best_config_path = trial.value, dict(trial.params), path
-        client.set_tag(parent_id, schema.BEST_CELL_ID, config.cell_id)
+        client.set_tag(parent_id, mlflow_names.BEST_CELL_ID, config.cell_id)
     rows = [(t.optuna_trial, t.cell_id, t.status, t.value, t.evaluations, t.run_id,
              *(str(t.params.get(k)) for k in cell_of.keys), t.reason) for t in summary.trials]
     header = ("optuna_trial", "cell_id", "status", "value", "evaluations", "run_id", *cell_of.keys, "reason")
-    (out / schema.TRIALS_FILE).write_text(csv_text(header, rows))
-    client.log_artifact(parent_id, str(out / schema.TRIALS_FILE), schema.SEARCH_DIR)
+    (out / mlflow_names.TRIALS_FILE).write_text(csv_text(header, rows))
+    client.log_artifact(parent_id, str(out / mlflow_names.TRIALS_FILE), mlflow_names.SEARCH_DIR)
     summary.figure_path = write_hparams_figure(summary.tracking_uri, summary.experiment, out, search=summary.search_id)
     if summary.figure_path is not None:
-        client.log_artifact(parent_id, str(summary.figure_path), schema.FIGURES_DIR)
+        client.log_artifact(parent_id, str(summary.figure_path), mlflow_names.FIGURES_DIR)
 
 
 def _log_summary(client: MlflowClient, parent_id: str, summary: SearchSummary) -> None:
@@ -413,4 +419,4 @@ def _log_summary(client: MlflowClient, parent_id: str, summary: SearchSummary) -
                    wall_seconds=summary.wall_seconds)
     if summary.best_value is not None:
         metrics[f"best_{summary.metric}"] = float(summary.best_value)
-    log_summary(client, parent_id, schema.KIND_SEARCH, metrics=metrics, text=summary.format())
+    log_summary(client, parent_id, mlflow_names.KIND_SEARCH, metrics=metrics, text=summary.format())

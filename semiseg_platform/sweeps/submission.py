@@ -1,4 +1,4 @@
-"""What a grid and a search share: many cells as Ray Tune trials under one MLflow parent run.
+"""What running a grid and a search share: many cells as Ray Tune trials under one MLflow parent run.
 
 A *sweep* is one submission of a grid or a search: :func:`open_submission` checks the storage
 and draws the submission's id, :func:`open_parent` creates the parent run (every cell run is its
@@ -6,7 +6,7 @@ child), :class:`SweepContext` travels to the trials and launches each cell (in-p
 Tune actor, or through the cell's ``TorchTrainer``), :func:`fit` assembles and runs the Tune
 ``Tuner`` with a :class:`SweepProgress` callback, :func:`reconcile` makes MLflow the record of
 each trial's outcome, and :func:`log_summary` writes the submission's metrics, its CSV of
-outcomes and its text summary onto the parent run. ``grid.py`` and ``search.py`` keep what
+outcomes and its text summary onto the parent run. :mod:`.grid_runner` and :mod:`.search_runner` keep what
 differs: their specs, what a trial is, and their summaries.
 """
 
@@ -30,13 +30,13 @@ from ray import tune
 from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
-from semiseg_platform import schema
+from npsemiseg.config import RunConfig
 from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.specs import Resources, cells_at_once, trial_resources
 from semiseg_platform.storage import Storage
-from semiseg_platform.tracking import owner_tags, prepare_experiment, reconcile_submission
+from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
+from semiseg_platform.tracking import mlflow_names, owner_tags, prepare_experiment, reconcile_submission
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,12 @@ class Submission:
 STORAGE_WAIT_S = 60.0
 
 
-def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[Any] = (),
+def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[RunConfig] = (),
                     resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
                     resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
     and the checkpoint storage (an unreachable S3 store is retried for :data:`STORAGE_WAIT_S`: a store
-    restarting) before anything is written (:func:`~.preflight.preflight`), then create the experiment
+    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`), then create the experiment
     if needed and draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
@@ -96,11 +96,11 @@ def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: M
     RUNNING with their owner gone end KILLED (:func:`reconcile_submission`)."""
     reconcile_submission(sub.client, [sub.experiment_id], sweep_id)
     parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
-        schema.KIND: kind, **schema.submission_tags(kind, sweep_id), schema.SUBMISSION_ID: sub.submission_id,
-        schema.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
+        mlflow_names.KIND: kind, **mlflow_names.submission_tags(kind, sweep_id), mlflow_names.SUBMISSION_ID: sub.submission_id,
+        mlflow_names.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
     parent_id = parent.info.run_id
     sub.client.log_text(parent_id, yaml.safe_dump(dict(spec), sort_keys=False),
-                        schema.sweep_artifact(kind, schema.SPEC_FILE))
+                        mlflow_names.sweep_artifact(kind, mlflow_names.SPEC_FILE))
     sub.client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()])
     return parent_id
 
@@ -123,10 +123,10 @@ class SweepContext:
 
     def membership(self) -> dict[str, str]:
         """``run_cell``'s keywords naming the grid or search and the parent run."""
-        key = "search_id" if self.kind == schema.KIND_SEARCH else "grid_id"
+        key = "search_id" if self.kind == mlflow_names.KIND_SEARCH else "grid_id"
         return {key: self.sweep_id, "parent_run_id": self.parent_run_id}
 
-    def launch(self, config: Any, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
+    def launch(self, config: RunConfig, *, callbacks: Sequence[Callbacks] = (), train_callbacks: Sequence[Any] = ()
                ) -> CellResult:
         """Train one cell: in-process in this (reused) actor, or through its ``TorchTrainer``."""
         launch = dict(storage=self.storage, tracking=self.tracking_uri, experiment=self.experiment,
@@ -239,8 +239,8 @@ def reconcile(outcome: Outcome, run: Any | None) -> None:
     if run is None:
         return
     outcome.run_id = outcome.run_id or run.info.run_id
-    if outcome.status == "failed" and run.data.tags.get(schema.ERROR):
-        outcome.reason = run.data.tags[schema.ERROR]
+    if outcome.status == "failed" and run.data.tags.get(mlflow_names.ERROR):
+        outcome.reason = run.data.tags[mlflow_names.ERROR]
 
 
 def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -255,9 +255,9 @@ def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def log_summary(client: MlflowClient, parent_id: str, kind: str, *, metrics: Mapping[str, float],
                 text: str, csv_name: str | None = None, csv_body: str | None = None) -> None:
     """The submission's metrics, its outcomes' CSV (``<kind>/<csv_name>``) and ``<kind>/summary.txt``
-    (the paths of :func:`schema.sweep_artifact`)."""
+    (the paths of :func:`mlflow_names.sweep_artifact`)."""
     now = int(time.time() * 1000)
     client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     if csv_name is not None and csv_body is not None:
-        client.log_text(parent_id, csv_body, schema.sweep_artifact(kind, csv_name))
-    client.log_text(parent_id, text + "\n", schema.sweep_artifact(kind, schema.SUMMARY_FILE))
+        client.log_text(parent_id, csv_body, mlflow_names.sweep_artifact(kind, csv_name))
+    client.log_text(parent_id, text + "\n", mlflow_names.sweep_artifact(kind, mlflow_names.SUMMARY_FILE))

@@ -22,7 +22,7 @@ from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
 from npsemiseg.protocol import PROTOCOLS
 from semiseg_platform.reports import protocol_partitions
-from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 
 #: ``partitions: all`` = the dataset's four partition protocols (1/16, 1/8, 1/4, 1/2)
 ALL_PARTITIONS = "all"

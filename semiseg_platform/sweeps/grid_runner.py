@@ -1,16 +1,16 @@
-"""The study as a grid: YAML specs, their expansion into cells, and the Ray Tune job that runs them.
+"""Running a grid: the Ray Tune job that runs the cells of a grid spec.
 
-A :class:`~.grid_spec.GridSpec` (``grid_spec.py``) lists the axes, rules, preset, overrides and
+A :class:`~.grid_spec.GridSpec` (:mod:`.grid_spec`) lists the axes, rules, preset, overrides and
 resources; :func:`~.grid_spec.expand` turns it into the cells' RunConfigs.
 
 :func:`run_grid` runs the cells under Ray Tune, as many at once as the cluster's resources
 allow: a cell with several DDP workers is a Tune trial that launches the cell's
 ``TorchTrainer`` (``semiseg_platform.launch.run_cell``); a single-device cell trains in-process
-in a reused Tune actor (about 1 s of overhead instead of about 27 s, ``notes/ray_mlflow.md``).
+in a reused Tune actor (about 1 s of overhead instead of about 27 s, ``benchmarks/RESULTS.md``).
 A parent MLflow run per submission holds every cell's run as its child; re-submission skips
 cells whose run FINISHED and resumes interrupted ones from their checkpoints; one failing cell
 does not stop the others. The tables are built last and logged as the parent run's artifacts. What grid and search
-share (submission, parent run, Tuner, progress, reconciliation, summary) is :mod:`.sweep`.
+share (submission, parent run, Tuner, progress, reconciliation, summary) is :mod:`.submission`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from typing import Any
 from ray import tune
 
 from npsemiseg.config import RunConfig
-from semiseg_platform import schema
-from semiseg_platform.grid_spec import GridSpec, cell_keys, expand, grid_id, load_spec
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.pretraining import build_named_pretrainings
+from semiseg_platform.pretrain_runs import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
-from semiseg_platform.sweep import (
+from semiseg_platform.sweeps.grid_spec import GridSpec, expand, grid_id, load_spec
+from semiseg_platform.sweeps.submission import (
     Outcome,
     Submission,
     SweepContext,
@@ -47,10 +46,9 @@ from semiseg_platform.sweep import (
     start_ray,
     trial_dirname,
 )
-from semiseg_platform.tracking import ending_run, error_reason, submission_runs
+from semiseg_platform.tracking import ending_run, error_reason, mlflow_names, submission_runs
 
-__all__ = ["CellOutcome", "GridProgress", "GridSpec", "GridSummary", "cell_keys", "expand", "grid_id", "load_spec",
-           "run_grid", "table_layout"]
+__all__ = ["CellOutcome", "GridProgress", "GridSummary", "run_grid", "table_layout"]
 
 
 # ----------------------------------------------------------------------------- running a grid
@@ -163,15 +161,15 @@ def _cell_trainable(tune_config: dict[str, Any], *, configs: dict[str, RunConfig
     result = context.launch(config)
     tune.report({"cell_id": config.cell_id, "run_id": result.run_id, "loop_seconds": result.loop_seconds,
                  "cell_wall_seconds": result.wall_seconds,
-                 **{key: result.metrics[key] for key in schema.TRIAL_METRICS if key in result.metrics}})
+                 **{key: result.metrics[key] for key in mlflow_names.TRIAL_METRICS if key in result.metrics}})
 
 
 def previous_cell_runs(sub: Submission, grid: str) -> dict[str, Any]:
     """The newest MLflow run of every cell of grid ``grid`` (by ``cell_id``)."""
-    runs = submission_runs(sub.client, [sub.experiment_id], grid, f" and tags.`{schema.KIND}` = '{schema.KIND_CELL}'")
+    runs = submission_runs(sub.client, [sub.experiment_id], grid, f" and tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_CELL}'")
     newest: dict[str, Any] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-        newest[run.data.tags.get(schema.CELL_ID, "")] = run
+        newest[run.data.tags.get(mlflow_names.CELL_ID, "")] = run
     return newest
 
 
@@ -200,7 +198,7 @@ def _trial_outcome(result: Any, names: Mapping[str, str], progress: GridProgress
     metrics = dict(result.metrics or {})
     return CellOutcome(cell_id, "finished" if result.error is None else "failed",
                        error_reason(result.error) if result.error is not None else "", metrics.get("run_id"),
-                       {k: metrics[k] for k in schema.TRIAL_METRICS if k in metrics}, names[cell_id],
+                       {k: metrics[k] for k in mlflow_names.TRIAL_METRICS if k in metrics}, names[cell_id],
                        trial_seconds=progress.durations.get(cell_id), loop_seconds=metrics.get("loop_seconds"))
 
 
@@ -242,7 +240,7 @@ def _reconcile_with_mlflow(outcomes: dict[str, CellOutcome], runs: Mapping[str, 
 def _write_tables(spec: GridSpec, sub: Submission, summary: GridSummary, tables_dir: str | Path | None) -> None:
     out = Path(tables_dir) if tables_dir is not None else sub.out_dir("tables", spec.name, summary.grid_id)
     tables, _ = write_report(sub.tracking_uri, spec.experiment, out, grid_id=summary.grid_id, **table_layout(spec))
-    sub.client.log_artifacts(summary.parent_run_id, str(out), schema.GRID_TABLES_DIR)
+    sub.client.log_artifacts(summary.parent_run_id, str(out), mlflow_names.GRID_TABLES_DIR)
     summary.tables_dir, summary.tables_markdown = out, markdown_report(tables)
     claims = check_claims(sub.tracking_uri, spec.experiment, grid_id=summary.grid_id)
     # no experiment name in the grid's report: the same runs under another experiment write the same report
@@ -278,10 +276,10 @@ def run_grid(
                           resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
     outcomes: dict[str, CellOutcome] = _skipped(configs, previous_cell_runs(sub, gid))
     to_run = [c for c in configs if c.cell_id not in outcomes]
-    parent_id = open_parent(sub, kind=schema.KIND_GRID, name=spec.name, sweep_id=gid,
+    parent_id = open_parent(sub, kind=mlflow_names.KIND_GRID, name=spec.name, sweep_id=gid,
                             spec=spec.model_dump(mode="json"),
-                            params={schema.SPEC_NAME: spec.name, "preset": spec.preset, "cells": len(configs),
-                                    schema.GRID_ID: gid})
+                            params={mlflow_names.SPEC_NAME: spec.name, "preset": spec.preset, "cells": len(configs),
+                                    mlflow_names.GRID_ID: gid})
     emit(f"[grid {spec.name}] {len(configs)} cells ({len(outcomes)} finished earlier, {len(to_run)} to run); "
          f"grid_id {gid}, parent run {parent_id}")
     concurrency = 0
@@ -289,7 +287,7 @@ def run_grid(
         if to_run:
             build_named_pretrainings(to_run, tracking=sub.tracking_uri, experiment=spec.experiment,
                                      emit=lambda line: emit(f"[grid {spec.name}] {line}"))
-            context = SweepContext(schema.KIND_GRID, gid, sub.trial_storage, sub.tracking_uri, spec.experiment,
+            context = SweepContext(mlflow_names.KIND_GRID, gid, sub.trial_storage, sub.tracking_uri, spec.experiment,
                                    parent_id, spec.resources, spec.max_failures, tuple(cell_callbacks))
             ran, concurrency = _run_cells(spec, to_run, context, sub, skipped=len(outcomes), emit=emit,
                                           ray_init=ray_init)
@@ -312,8 +310,8 @@ def _log_summary(sub: Submission, parent_id: str, summary: GridSummary) -> None:
     rows = [(o.cell_id, o.cell_name, o.status, o.run_id, _num(o.trial_seconds), _num(o.loop_seconds), o.reason)
             for o in summary.outcomes]
     body = csv_text(("cell_id", "cell_name", "status", "run_id", "trial_seconds", "loop_seconds", "reason"), rows)
-    log_summary(sub.client, parent_id, schema.KIND_GRID, metrics=metrics, text=summary.format(),
-                csv_name=schema.GRID_CELLS_FILE, csv_body=body)
+    log_summary(sub.client, parent_id, mlflow_names.KIND_GRID, metrics=metrics, text=summary.format(),
+                csv_name=mlflow_names.GRID_CELLS_FILE, csv_body=body)
 
 
 def _num(value: float | None) -> str:

@@ -6,9 +6,9 @@ import os
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
-from semiseg_platform import schema
+from npsemiseg.config import RunConfig
+from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.describe import cell_description
 
 #: MLflow's limit on a tag's length
@@ -34,29 +34,29 @@ def package_version() -> str:
         return "unknown"
 
 
-def cell_tags(config: Any, *, grid_id: str | None = None, search_id: str | None = None,
+def cell_tags(config: RunConfig, *, grid_id: str | None = None, search_id: str | None = None,
               parent_run_id: str | None = None) -> dict[str, str]:
-    """The schema's tags of a cell run (``config`` is a ``npsemiseg.RunConfig``), with the run's
+    """The schema's tags of a cell run, with the run's
     description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
     tags = {
-        schema.FRAMEWORK: config.framework_variant,
-        schema.FRAMEWORK_NAME: config.framework,
-        schema.DATASET: config.dataset,
-        schema.PARTITION: str(config.partition),
-        schema.HEAD: config.head.variant,
-        schema.HEAD_NAME: config.head.name,
-        schema.SEED: str(config.seed),
-        schema.PROTOCOL: config.protocol,
-        schema.CELL_ID: config.cell_id,
-        schema.GIT_COMMIT: git_commit(),
-        schema.VERSION: package_version(),
-        schema.KIND: schema.KIND_CELL,
-        schema.NOTE: cell_description(config, grid_id=grid_id, search_id=search_id),
+        mlflow_names.FRAMEWORK: config.framework_variant,
+        mlflow_names.FRAMEWORK_NAME: config.framework,
+        mlflow_names.DATASET: config.dataset,
+        mlflow_names.PARTITION: str(config.partition),
+        mlflow_names.HEAD: config.head.variant,
+        mlflow_names.HEAD_NAME: config.head.name,
+        mlflow_names.SEED: str(config.seed),
+        mlflow_names.PROTOCOL: config.protocol,
+        mlflow_names.CELL_ID: config.cell_id,
+        mlflow_names.GIT_COMMIT: git_commit(),
+        mlflow_names.VERSION: package_version(),
+        mlflow_names.KIND: mlflow_names.KIND_CELL,
+        mlflow_names.NOTE: cell_description(config, grid_id=grid_id, search_id=search_id),
     }
     if grid_id:
-        tags[schema.GRID_ID] = grid_id
+        tags[mlflow_names.GRID_ID] = grid_id
     if search_id:
-        tags[schema.SEARCH_ID] = search_id
+        tags[mlflow_names.SEARCH_ID] = search_id
     if parent_run_id:
-        tags[schema.PARENT_RUN_ID] = parent_run_id
+        tags[mlflow_names.PARENT_RUN_ID] = parent_run_id
     return tags

@@ -1,4 +1,4 @@
-"""The pretraining of the mini-study's backbone as an MLflow run of its own (issue 15).
+"""The pretraining of the mini-study's backbone as an MLflow run of its own.
 
 ``pretrain_tracked(config, ...)`` runs ``npsemiseg.pretrain.pretrain`` and records it: a run
 tagged ``npsemiseg.kind = pretrain`` and ``pretrain_key`` (the cache key), params = the
@@ -25,9 +25,10 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.config import RunConfig
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
-from semiseg_platform.schema import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
+from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +127,12 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
     return result.path
 
 
-def build_named_pretrainings(configs: Iterable[object], *, tracking: str, experiment: str,
+def build_named_pretrainings(configs: Iterable[RunConfig], *, tracking: str, experiment: str,
                              emit: Callable[[str], None] = print) -> dict[str, str]:
     """Build (or find cached) every ``pretrained:<name>`` the cells' ``model.weights`` name, in this process, each
     recorded as its MLflow run, so a first ``make study`` shows the pretraining instead of a cell that seems to hang
     for its first minutes. Returns name -> run id. Each node of a cluster still builds its own cache on first use."""
-    names = sorted({w[len(PRETRAINED_PREFIX):] for w in (c.model.weights for c in configs)  # type: ignore[attr-defined]
+    names = sorted({w[len(PRETRAINED_PREFIX):] for w in (c.model.weights for c in configs)
                     if isinstance(w, str) and w.startswith(PRETRAINED_PREFIX)})
     runs = {}
     for name in names:

@@ -10,8 +10,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
-#: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
-DRIVER_CPUS = 0.5
+from semiseg_platform.preflight import DRIVER_CPUS
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 

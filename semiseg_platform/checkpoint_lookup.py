@@ -23,9 +23,9 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from semiseg_platform import schema
 from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, parse_storage
-from semiseg_platform.tracking.metrics import log_metrics
+from semiseg_platform.tracking import mlflow_names
+from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.store import resolve_tracking_uri, run_url, search_all_runs, sqlite_path
 
 #: The file of a checkpoint directory that holds the weights (``npsemiseg.training.checkpoint``)
@@ -64,10 +64,10 @@ def cell_run(client: MlflowClient, run_id: str) -> Any:
         run = client.get_run(run_id)
     except MlflowException:
         raise ValueError(f"--run: no MLflow run {run_id!r} in {client.tracking_uri}") from None
-    kind = run.data.tags.get(schema.KIND)
-    if kind != schema.KIND_CELL:
+    kind = run.data.tags.get(mlflow_names.KIND)
+    if kind != mlflow_names.KIND_CELL:
         raise ValueError(f"--run: run {run_id} is a {kind or 'untagged'} run, expected a cell run "
-                         f"(tag {schema.KIND}={schema.KIND_CELL})")
+                         f"(tag {mlflow_names.KIND}={mlflow_names.KIND_CELL})")
     return run
 
 
@@ -75,15 +75,15 @@ def run_checkpoint_uri(run: Any, select: str) -> str:
     """The checkpoint URI a cell run names: its last, or its best (``ValueError`` when it has none)."""
     tags, run_id = run.data.tags, run.info.run_id
     if select == "best":
-        best = tags.get(schema.BEST_CHECKPOINT_URI)
+        best = tags.get(mlflow_names.BEST_CHECKPOINT_URI)
         if not best:
-            raise ValueError(f"--select best: run {run_id} records no best checkpoint (no {schema.BEST_CHECKPOINT_URI} "
+            raise ValueError(f"--select best: run {run_id} records no best checkpoint (no {mlflow_names.BEST_CHECKPOINT_URI} "
                              "tag); use --select last")
         return best
-    if not tags.get(schema.CHECKPOINT_URI):
-        raise ValueError(f"--run: run {run_id} records no checkpoint (no {schema.CHECKPOINT_URI} tag: it did not "
+    if not tags.get(mlflow_names.CHECKPOINT_URI):
+        raise ValueError(f"--run: run {run_id} records no checkpoint (no {mlflow_names.CHECKPOINT_URI} tag: it did not "
                          "finish a checkpoint or ran without storage)")
-    return tags[schema.CHECKPOINT_URI]
+    return tags[mlflow_names.CHECKPOINT_URI]
 
 
 def _kind(storage: Storage, *parts: str) -> pafs.FileType:
@@ -147,14 +147,14 @@ def local_path(storage: Storage, scratch: Path) -> Path:
     return target
 
 
-def find_cell_run(client: MlflowClient | None, uri: str) -> Any | None:
+def cell_run_of_checkpoint(client: MlflowClient | None, uri: str) -> Any | None:
     """The cell run whose ``checkpoint_uri`` or ``best_checkpoint_uri`` is ``uri``, newest first, or None."""
     if client is None:
         return None
     experiments = [e.experiment_id for e in client.search_experiments()]
-    for tag in (schema.CHECKPOINT_URI, schema.BEST_CHECKPOINT_URI):
+    for tag in (mlflow_names.CHECKPOINT_URI, mlflow_names.BEST_CHECKPOINT_URI):
         quoted = uri.replace("'", "\\'")
-        runs = search_all_runs(client, experiments, f"tags.`{schema.KIND}` = '{schema.KIND_CELL}' and "
+        runs = search_all_runs(client, experiments, f"tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_CELL}' and "
                                f"tags.{tag} = '{quoted}'", newest_first=True)
         if runs:
             return runs[0]
@@ -174,7 +174,7 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
     run = cell_run(client, run_id) if run_id is not None else None  # type: ignore[arg-type]
     resolved = resolve(run_checkpoint_uri(run, select) if run is not None else uri, select)  # type: ignore[arg-type]
     if run is None:
-        run = find_cell_run(client, resolved.uri)
+        run = cell_run_of_checkpoint(client, resolved.uri)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-checkpoint-") as scratch:
         try:
             local = local_path(resolved, Path(scratch))
@@ -193,10 +193,11 @@ def log_evaluation(checkpoint: Checkpoint, metrics: dict[str, float], *, mode: s
     client, parent = checkpoint.client, checkpoint.run
     experiment_id = parent.info.experiment_id
     name = f"{parent.info.run_name or 'cell'}/eval-{mode}-T{num_samples or 1}"
-    tags = {schema.KIND: schema.KIND_EVALUATION, schema.PARENT_RUN_ID: parent.info.run_id, schema.EVAL_MODE: mode}
+    tags = {mlflow_names.KIND: mlflow_names.KIND_EVALUATION, mlflow_names.PARENT_RUN_ID: parent.info.run_id,
+            mlflow_names.EVAL_MODE: mode}
     run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     params = {"mode": mode, "num_samples": str(num_samples) if num_samples else "n/a (deterministic head)",
-              "select": select, "step": str(step), schema.CHECKPOINT_URI: checkpoint.uri}
+              "select": select, "step": str(step), mlflow_names.CHECKPOINT_URI: checkpoint.uri}
     try:
         client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
                          tags=[RunTag(k, v) for k, v in tags.items()])

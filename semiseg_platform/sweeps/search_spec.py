@@ -17,8 +17,8 @@ from npsemiseg.config import RunConfig, compose, with_overrides
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform import schema
-from semiseg_platform.specs import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.tracking import mlflow_names
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
 DEFAULT_OPTUNA_FILE = "optuna.db"
@@ -139,7 +139,7 @@ class SearchSpec(Strict):
         one_of("preset", self.preset, preset_names())
         one_of("framework", self.framework, framework_names())
         one_of("head", self.head, head_names())
-        one_of("metric", self.metric, schema.FINAL_METRICS)
+        one_of("metric", self.metric, mlflow_names.FINAL_METRICS)
         for index, point in enumerate(self.points_to_evaluate):
             missing = sorted(set(self.space) - set(point))
             unknown = sorted(set(point) - set(self.space))
