@@ -32,7 +32,7 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["sweep-orphans"], ["tables"], ["grid"], ["ui"], ["stack"],
+@pytest.mark.parametrize("command", [[], ["run"], ["config", "show"], ["sweep-orphans"], ["tables"], ["grid"], ["ui"], ["stack"],
                                      ["search"]])
 def test_every_command_has_help(command):
     result = runner.invoke(app, [*command, "--help"])

@@ -154,3 +154,34 @@ def test_inputs_and_runtime_leave_the_id_alone():
     assert config.model_copy(update={"inputs": None}).cell_id == config.cell_id
     assert with_overrides(config, {"optim.lr_scaling": "linear"}).cell_id != config.cell_id
     assert isinstance(RunConfig.model_validate(config.model_dump()), RunConfig)
+
+
+def test_config_show_prints_every_key_and_explains_one(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from semiseg_platform.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    cell = ["config", "show", "--framework", "u2pl", "--dataset", "pascal_blender", "--partition", "1/8",
+            "--head", "baseline", "--preset", "paper", "--protocol", "released"]
+    whole = runner.invoke(app, cell)
+    assert whole.exit_code == 0, whole.output
+    expected = compose("paper", framework="u2pl", dataset="pascal_blender", partition="1/8", head="baseline",
+                       protocol="released")
+    assert whole.output.splitlines()[0] == f"# cell {expected.config.run_name} ({expected.config.cell_id})"
+    assert len(whole.output.splitlines()) == len(expected.provenance) + 1
+    assert "schedule.crop_size = 513" in whole.output and "<- scale: head_settings per_head" in whole.output
+    one = runner.invoke(app, [*cell, "--set", "optim.lr=0.02", "--explain", "optim.lr"])
+    assert one.exit_code == 0, one.output
+    assert [line.split()[0] for line in one.output.splitlines()[2:]] == ["preset", "scale", "override"]
+    as_json = runner.invoke(app, [*cell, "--json", "--explain", "evaluation"])
+    assert set(json.loads(as_json.output)) == set(expected.keys("evaluation"))
+    path = tmp_path / "cell.yaml"
+    path.write_text(expected.config.to_yaml())
+    from_file = runner.invoke(app, ["config", "show", "--config", str(path), "--explain", "schedule.crop_size"])
+    assert from_file.exit_code == 0 and "scale" in from_file.output  # its inputs composed again
+    bad = runner.invoke(app, [*cell, "--explain", "optim.lrr"])
+    assert bad.exit_code == 2 and "unknown configuration key 'optim.lrr'" in bad.output
+    unknown = runner.invoke(app, [*cell, "--set", "optim.lrr=1"])
+    assert unknown.exit_code == 2 and "optim.lrr" in unknown.output
