@@ -141,7 +141,7 @@ def main() -> None:
 
     features, labels = make_batch(batch, args.channels, size, args.classes, device)
     small_labels = downsample_labels(labels, (size, size))
-    options = {"baseline": {}, "mc_dropout": {"num_samples": args.samples}, "np": {"num_samples": args.samples}}
+    options = {"baseline": {}, "mc_dropout": {"training_samples": args.samples}, "np": {"training_samples": args.samples}}
     heads = {name: build_head(name, args.channels, args.classes, **options[name]).to(device) for name in HEAD_NAMES}
     config = {"device": str(device), "batch": batch, "channels": args.channels, "size": size,
               "classes": args.classes, "samples": args.samples, "threads": args.threads, "bf16": bf16,

@@ -10,7 +10,7 @@ C, K, D = 8, 4, 4
 
 
 def small_np(**options) -> NPHead:
-    defaults = dict(latent_dim=D, memory_size=16, enqueue_per_class=4, hidden_channels=8, num_samples=3)
+    defaults = dict(latent_dim=D, memory_size=16, enqueue_per_class=4, hidden_channels=8, training_samples=3)
     return NPHead(C, K, **{**defaults, **options})
 
 

@@ -58,7 +58,7 @@ def store(tmp_path_factory):
         for head, seconds in (("mc_dropout", lambda t, extra=extra: 0.1 * t + extra * t), ("np", lambda t: 0.02 + 0.01 * t)):
             log_uncertainty_time_run(uri, "known", head=head, eval_mode=mode, dataset="study",
                                      seconds_by_t={t: seconds(t) for t in (1, 5, 10, 20)})
-    for q, miou in ((256, 0.30), (256, 0.31), (2560, 0.40), (2560, 0.42)):
+    for q, miou in ((256, 0.30), (256, 0.31), (2560, 0.40), (2560, 0.42)):  # T under its name before the rename
         _cell(client, known, "u2pl", "np", 9, miou, 0.5, partition="1/8", tags={"search_id": "s1"},
               params={"head.options.memory_size": q, "head.options.lambda_kl": 0.005, "head.options.num_samples": 5})
     return uri

@@ -58,12 +58,12 @@ def baseline():
 
 @pytest.fixture(scope="module")
 def mc_dropout():
-    return _segmentor("mc_dropout", num_samples=3)
+    return _segmentor("mc_dropout", training_samples=3)
 
 
 @pytest.fixture(scope="module")
 def np_model():
-    return _segmentor("np", num_samples=3, hidden_channels=16, memory_size=64, enqueue_per_class=64)
+    return _segmentor("np", training_samples=3, hidden_channels=16, memory_size=64, enqueue_per_class=64)
 
 
 def _images(height, width, batch=2, seed=1):

@@ -349,7 +349,7 @@ def test_student_pass_shapes_and_np_context(smoke_config, head):
     pseudo[:, 5:9, 5:9] = 1
     student = fw.student_pass(images_l, labels_l, batch.unlabeled["image"], pseudo)
     # training mode: the baseline and MC dropout make one (stochastic) prediction, NP makes T
-    s = config.head.options["num_samples"] if head == "np" else 1
+    s = config.head.options["training_samples"] if head == "np" else 1
     assert fw.student.training and fw.student.head.default_num_samples == s
     size = config.schedule.crop_size
     assert student.logits_l.shape == (s, 2, config.num_classes, size, size)

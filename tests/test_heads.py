@@ -45,7 +45,7 @@ def test_baseline_one_prediction_in_train_and_eval():
 
 
 def test_mc_dropout_is_stochastic_in_eval_with_t_samples():
-    head = MCDropoutHead(C, K, dropout=0.5, num_samples=4).eval()
+    head = MCDropoutHead(C, K, dropout=0.5, training_samples=4).eval()
     features, _ = batch()
     logits = head(features).logits
     assert logits.shape == (4, 2, K, 5, 6)
@@ -56,10 +56,10 @@ def test_mc_dropout_is_stochastic_in_eval_with_t_samples():
 
 
 def test_mc_dropout_trains_with_one_pass_by_default_and_shares_the_block():
-    head = MCDropoutHead(C, K, num_samples=5).train()
+    head = MCDropoutHead(C, K, training_samples=5).train()
     features, labels = batch()
     assert head(features, labels=labels).logits.shape[0] == 1
-    assert MCDropoutHead(C, K, train_samples=2).train()(features).logits.shape[0] == 2
+    assert MCDropoutHead(C, K, train_mode_passes=2).train()(features).logits.shape[0] == 2
     baseline = BaselineHead(C, K)
     # same block definition: identical parameter layout, so weights transfer both ways
     head.load_state_dict(baseline.state_dict())
@@ -119,7 +119,7 @@ def test_downsample_labels_is_nearest():
 
 def test_build_head_names_and_options():
     assert isinstance(build_head("baseline", C, K), BaselineHead)
-    assert build_head("mc_dropout", C, K, num_samples=7).num_samples == 7
+    assert build_head("mc_dropout", C, K, training_samples=7).training_samples == 7
     head = build_head("np", C, K, memory_size=32, enqueue_per_class=8, attention="mean")
     assert isinstance(head, NPHead) and head.memory_size == 32 and head.attention == "mean"
     with pytest.raises(ValueError, match="'resnet'"):

@@ -17,7 +17,7 @@ def _rank_main(rank: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)  # same initial weights on both ranks, as DDP would broadcast
-        head = NPHead(C, K, latent_dim=D, memory_size=12, enqueue_per_class=4, hidden_channels=8, num_samples=2)
+        head = NPHead(C, K, latent_dim=D, memory_size=12, enqueue_per_class=4, hidden_channels=8, training_samples=2)
         torch.manual_seed(100 + rank)  # different data and different random subsets per rank
         for _ in range(2):
             features = torch.randn(2, C, 4, 4)

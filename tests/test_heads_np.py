@@ -187,7 +187,7 @@ def test_memories_are_written_only_in_train_mode():
 
 
 def test_latent_samples_and_kl():
-    head = small_np(num_samples=4)
+    head = small_np(training_samples=4)
     features, labels = batch()
     train_step(head, features, labels)
     query = head.query(features)

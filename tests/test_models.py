@@ -388,9 +388,9 @@ def test_mc_dropout_decoder_scope():
     for a, b in itertools.combinations(range(4), 2):
         assert not torch.allclose(logits[a], logits[b])
     assert output.features.shape == (2, feature_channels("u2pl", **WIDTHS["u2pl"]), 8, 8)
-    assert model(images).head.logits.shape[0] == model.head.num_samples  # default T in eval
+    assert model(images).head.logits.shape[0] == model.head.training_samples  # default T in eval
     model.train()
-    assert model(images).head.logits.shape[0] == 1  # the head's train_samples
+    assert model(images).head.logits.shape[0] == 1  # the head's train_mode_passes
 
 
 def test_mc_dropout_decoder_scope_samples_are_decoder_passes():
@@ -520,7 +520,7 @@ def test_heads_built_by_name():
     model = build_segmentor(
         num_classes=K,
         head="mc_dropout",
-        head_options={"dropout": 0.2, "num_samples": 3},
+        head_options={"dropout": 0.2, "training_samples": 3},
         variant="psmt",
         backbone="resnet_small",
         **WIDTHS["psmt"],
@@ -546,7 +546,7 @@ def test_np_head_gets_the_labelled_slice_as_context():
     labels = torch.full((3, 32, 32), 2, dtype=torch.long)
     labels[:2] = 1  # the two labelled (context) images hold class 1 only, the unlabelled one class 2
     output = model(images, labels=labels, num_context=2)
-    assert output.head.logits.shape == (model.head.num_samples, 3, K, 8, 8)
+    assert output.head.logits.shape == (model.head.training_samples, 3, K, 8, 8)
     assert output.head.aux_loss.dim() == 0
     assert model.head.context_count.tolist() == [0, 16, 0, 0]
     assert model.head.target_count.tolist() == [0, 16, 16, 0]

@@ -14,7 +14,7 @@ from semiseg_platform.reports import PAPER_PANELS, hparams_figure, load_search_t
 from semiseg_platform.tracking.mlflow_names import SEARCH_ID as SEARCH_ID_TAG
 from semiseg_platform.tracking.mlflow_names import SEARCH_STOPPED as STOPPED_TAG
 
-Q, KL, T = "head.options.memory_size", "head.options.lambda_kl", "head.options.num_samples"
+Q, KL, T = "head.options.memory_size", "head.options.lambda_kl", "head.options.training_samples"
 
 
 def _trial_run(client, experiment_id, *, search, dataset, partition, q, kl, t, miou, status="FINISHED", stopped=False):

@@ -41,7 +41,7 @@ def searched(tmp_path_factory, ray_cluster):
                     optuna_storage=f"sqlite:///{root}/optuna.db")
     spec = load_search_spec(SMOKE_SPEC)
     first = run_search(spec, out_dir=root / "out1", emit=lambda line: None, **settings)
-    second = run_search(load_search_spec(SMOKE_SPEC, num_samples=2), out_dir=root / "out2", emit=lambda line: None,
+    second = run_search(load_search_spec(SMOKE_SPEC, trials=2), out_dir=root / "out2", emit=lambda line: None,
                         **settings)
     return spec, root, first, second, settings
 
@@ -124,7 +124,7 @@ def test_multi_worker_trials_report_evaluations_so_asha_stops_them(ray_cluster, 
     import yaml
 
     data = yaml.safe_load(SMOKE_SPEC.read_text())
-    data.update(name="ddp", num_samples=2, resources={"workers": 2, "cpus_per_worker": 0.5})
+    data.update(name="ddp", trials=2, resources={"workers": 2, "cpus_per_worker": 0.5})
     tracking = f"sqlite:///{tmp_path}/mlruns.db"
     summary = run_search(load_search_spec(data), tracking_uri=tracking, storage=str(tmp_path / "ray_results"),
                          optuna_storage=f"sqlite:///{tmp_path}/optuna.db", out_dir=tmp_path / "out",

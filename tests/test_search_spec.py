@@ -34,12 +34,12 @@ def _spec_data(**changes):
 
 def test_shipped_specs_load_and_reproduce_the_paper_space():
     smoke = load_search_spec(SMOKE_SPEC)
-    assert smoke.asha is not None and smoke.asha.max_t == 4 and smoke.num_samples == 4
+    assert smoke.asha is not None and smoke.asha.max_t == 4 and smoke.trials == 4
     paper = load_search_spec(PAPER_SPEC)
     assert (paper.framework, paper.dataset, paper.head) == ("u2pl", "pascal_blender", "np")
     assert 2560 in paper.space["head.options.memory_size"].choice
     assert paper.space["head.options.lambda_kl"].loguniform == (0.001, 0.1)
-    assert paper.space["head.options.num_samples"].choice == [1, 2, 5, 10]
+    assert paper.space["head.options.training_samples"].choice == [1, 2, 5, 10]
     cityscapes = load_search_spec(PAPER_SPEC, dataset="cityscapes", partition="1/8",
                                   overrides={"schedule.batch_size": "8"})
     base = cityscapes.base_config()
@@ -67,10 +67,10 @@ def test_invalid_spec_names_the_key(changes, message):
 
 def test_int_and_choice_distributions_map_to_optuna():
     spec = load_search_spec(_spec_data(space={"head.options.latent_dim": {"int": [4, 16]},
-                                              "head.options.num_samples": {"choice": [1, 2]}}, points_to_evaluate=[]))
+                                              "head.options.training_samples": {"choice": [1, 2]}}, points_to_evaluate=[]))
     latent = spec.space["head.options.latent_dim"].optuna()
     assert isinstance(latent, optuna.distributions.IntDistribution) and (latent.low, latent.high) == (4, 16)
-    assert spec.space["head.options.num_samples"].optuna().choices == (1, 2)
+    assert spec.space["head.options.training_samples"].optuna().choices == (1, 2)
     with pytest.raises(ValueError, match=r"space.head.options.latent_dim.int.0: Input should be a valid integer"):
         load_search_spec(_spec_data(space={"head.options.latent_dim": {"int": [4.5, 16]}}, points_to_evaluate=[]))
 
@@ -95,11 +95,11 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_search_id_is_stable_and_follows_cell_space_and_objective():
     spec = load_search_spec(SMOKE_SPEC)
-    same = load_search_spec(_spec_data(num_samples=9, seed=3))  # more trials / another seed: the same search
+    same = load_search_spec(_spec_data(trials=9, seed=3))  # more trials / another seed: the same search
     assert search_id(spec) == search_id(same)
     assert search_id(spec) != search_id(load_search_spec(_spec_data(partition="1/8")))
     space = copy.deepcopy(_spec_data()["space"])
-    space["head.options.num_samples"] = {"choice": [1, 2, 3]}
+    space["head.options.training_samples"] = {"choice": [1, 2, 3]}
     assert search_id(spec) != search_id(load_search_spec(_spec_data(space=space)))
     assert search_id(spec) != search_id(load_search_spec(_spec_data(metric="pavpu")))
 
@@ -170,9 +170,13 @@ def test_job_entry_point_exit_status(tmp_path, capsys):
     assert main([str(SMOKE_SPEC), "--dry-run", "--partition", "1/8"]) == 0
     assert "u2pl/synthetic_blender/1323/np" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(_spec_data(num_samples=0)))
+    bad.write_text(yaml.safe_dump(_spec_data(trials=0)))
     assert main([str(bad)]) == 2
-    assert "num_samples: Input should be greater than 0" in capsys.readouterr().err
+    assert "trials: Input should be greater than 0" in capsys.readouterr().err
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(yaml.safe_dump(_spec_data(num_samples=4)))
+    assert main([str(renamed)]) == 2
+    assert "num_samples: the number of Tune trials is called trials" in capsys.readouterr().err
     assert main([str(SMOKE_SPEC), "--set", "optim.lr"]) == 2
     assert "--set: expected key=value" in capsys.readouterr().err
 

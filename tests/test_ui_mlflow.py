@@ -162,7 +162,7 @@ def test_search_then_compare_two_cells_in_the_browser(study, ui_server, page):
     assert set(columns) == EXPECTED["np_cells"]
     compared = [runs[name] for name in columns]
     # one row per parameter key, one column per run: framework options the cell lacks read n/a
-    for key in ("framework", "framework_options.ema_decay", "head.options.attention", "head.options.num_samples"):
+    for key in ("framework", "framework_options.ema_decay", "head.options.attention", "head.options.training_samples"):
         assert _row_cells(page, key) == [run.data.params[key] for run in compared], key
     assert _row_cells(page, "framework_options.ema_decay") == [
         NOT_APPLICABLE if run.data.tags["framework"] == "supervised" else "0.99" for run in compared]

@@ -48,6 +48,10 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
 )
 
+#: keys renamed after version 1, hashed under their version-1 names so the cells keep their ids
+IDENTITY_V1_NAMES: dict[str, str] = {"head.options.training_samples": "head.options.num_samples",
+                                     "head.options.train_mode_passes": "head.options.train_samples"}
+
 CELL_ID_LENGTH = 12
 
 # libyaml's safe loader/dumper when available (10x faster than the pure-Python ones, same output)
@@ -405,6 +409,13 @@ class RunConfig(Section):
             for key in parents:
                 node = node[key]
             node.pop(leaf)
+        for new, old in IDENTITY_V1_NAMES.items():
+            *parents, leaf = new.split(".")
+            node = data
+            for key in parents:
+                node = node.get(key, {})
+            if leaf in node:
+                node[old.rsplit(".", 1)[1]] = node.pop(leaf)
         if IDENTITY_VERSION > 1:
             data["identity_version"] = IDENTITY_VERSION
         return data

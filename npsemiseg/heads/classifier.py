@@ -111,37 +111,38 @@ class MCDropoutHead(BaselineHead):
 
     The T passes run one after the other on the B images (every layer, the first conv included,
     runs T times, as the paper's MC-dropout timing counts it; no T-fold copy of the features).
-    In training mode a call makes
-    ``train_samples`` passes (default 1: ordinary dropout training), in eval ``num_samples``.
+    A call in ``train()`` makes ``train_mode_passes`` passes (default 1: ordinary dropout training), in ``eval()``
+    ``training_samples`` (T of its predictions while the run trains: a teacher's pseudo-labels); the T of every
+    reported metric is the caller's (``evaluation.num_samples``).
     """
 
     stochastic = True
     label = "MC dropout"
     description = "MC dropout (uncertainty from T dropout samples)"
     mc_dropout = True
-    smoke_options = {"num_samples": 2}
+    smoke_options = {"training_samples": 2}
 
-    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, num_samples: int = 5,
-                 train_samples: int = 1, hidden_channels: int = 256) -> None:
-        self.check_values(dropout=dropout, num_samples=num_samples, train_samples=train_samples,
+    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, training_samples: int = 5,
+                 train_mode_passes: int = 1, hidden_channels: int = 256) -> None:
+        self.check_values(dropout=dropout, training_samples=training_samples, train_mode_passes=train_mode_passes,
                           hidden_channels=hidden_channels)
         super().__init__(in_channels, num_classes, dropout, hidden_channels)
-        self.num_samples = num_samples
-        self.train_samples = train_samples
+        self.training_samples = training_samples
+        self.train_mode_passes = train_mode_passes
 
     @classmethod
-    def check_values(cls, *, dropout: float, hidden_channels: int, num_samples: int = 5,  # type: ignore[override]
-                     train_samples: int = 1, **_: object) -> None:
+    def check_values(cls, *, dropout: float, hidden_channels: int,  # type: ignore[override]
+                     training_samples: int = 5, train_mode_passes: int = 1, **_: object) -> None:
         super().check_values(dropout=dropout, hidden_channels=hidden_channels)
         if not dropout > 0.0:
             raise ValueError(f"dropout: MC dropout needs a probability in (0, 1), got {dropout}")
-        for name, value in (("num_samples", num_samples), ("train_samples", train_samples)):
+        for name, value in (("training_samples", training_samples), ("train_mode_passes", train_mode_passes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
 
     @property
     def default_num_samples(self) -> int:  # type: ignore[override]
-        return self.train_samples if self.training else self.num_samples
+        return self.train_mode_passes if self.training else self.training_samples
 
     def forward(
         self,

@@ -103,6 +103,10 @@ class NPHead(ClassifierHead):
     Inference mode (no labels): only the stored centers are used (target centers for the latent
     path, context centers for the deterministic path), ``aux_loss = 0``.
 
+    ``training_samples``: T latent samples per call that gives none, i.e. while the run trains (the ELBO's
+    samples, a teacher's pseudo-labels); the T behind every reported metric is the caller's
+    (``evaluation.num_samples``). The paper's hyper-parameter study varies this training T.
+
     Buffers (all in the state_dict): ``target_memory``/``context_memory`` ``[K, Q, D]``,
     ``*_pointer`` ``[K]`` (next write row), ``*_count`` ``[K]`` (filled rows),
     ``target_centers``/``context_centers`` ``[K, D]``.
@@ -120,12 +124,12 @@ class NPHead(ClassifierHead):
     aux_loss_term = "kl"
     has_memories = True
     #: lambda_kl, memory length Q and T of the paper, gradient norm clipped at 5.0 (``docs/np_head.md``, "Hyper-parameters")
-    paper_options = {"lambda_kl": PAPER_LAMBDA_KL, "memory_size": PAPER_MEMORY_SIZE, "num_samples": 5}
+    paper_options = {"lambda_kl": PAPER_LAMBDA_KL, "memory_size": PAPER_MEMORY_SIZE, "training_samples": 5}
     paper_grad_clip = 5.0
     smoke_options = {
         "lambda_kl": PAPER_LAMBDA_KL,
         "memory_size": 64,
-        "num_samples": 2,
+        "training_samples": 2,
         "latent_dim": 8,
         "hidden_channels": 16,
         "enqueue_per_class": 16,
@@ -137,7 +141,7 @@ class NPHead(ClassifierHead):
         num_classes: int,
         latent_dim: int = 32,
         memory_size: int = PAPER_MEMORY_SIZE,
-        num_samples: int = 5,
+        training_samples: int = 5,
         attention: str = "euclidean",
         kl: str = "paper",
         decoder_impl: str = "split",
@@ -155,7 +159,7 @@ class NPHead(ClassifierHead):
         self.check_values(
             latent_dim=latent_dim,
             memory_size=memory_size,
-            num_samples=num_samples,
+            training_samples=training_samples,
             attention=attention,
             kl=kl,
             decoder_impl=decoder_impl,
@@ -166,7 +170,7 @@ class NPHead(ClassifierHead):
             memory_rows=memory_rows,
         )
         self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
-        self.latent_dim, self.memory_size, self.num_samples = latent_dim, memory_size, num_samples
+        self.latent_dim, self.memory_size, self.training_samples = latent_dim, memory_size, training_samples
         self.attention, self.kl = attention, kl
         self.enqueue_per_class = enqueue_limit(enqueue_per_class, memory_size)
         self.lambda_kl = float(lambda_kl)
@@ -192,7 +196,7 @@ class NPHead(ClassifierHead):
         *,
         latent_dim: int,
         memory_size: int,
-        num_samples: int,
+        training_samples: int,
         attention: str,
         kl: str,
         decoder_impl: str,
@@ -206,7 +210,7 @@ class NPHead(ClassifierHead):
         for name, value in (
             ("latent_dim", latent_dim),
             ("memory_size", memory_size),
-            ("num_samples", num_samples),
+            ("training_samples", training_samples),
             ("hidden_channels", hidden_channels),
         ):
             _positive_int(name, value)
@@ -230,7 +234,7 @@ class NPHead(ClassifierHead):
 
     @property
     def default_num_samples(self) -> int:  # type: ignore[override]
-        return self.num_samples
+        return self.training_samples
 
     @property
     def decoder_impl(self) -> str:
@@ -239,7 +243,7 @@ class NPHead(ClassifierHead):
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, latent_dim={self.latent_dim}, memory_size={self.memory_size}, "
-            f"num_samples={self.num_samples}, attention={self.attention!r}, kl={self.kl!r}, "
+            f"training_samples={self.training_samples}, attention={self.attention!r}, kl={self.kl!r}, "
             f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}"
         )
 

@@ -18,7 +18,7 @@ def search(
     spec: Path = typer.Argument(..., help="search spec (YAML), e.g. jobs/specs/search_smoke.yaml"),
     dataset: str | None = typer.Option(None, help="search this dataset instead of the spec's"),
     partition: str | None = typer.Option(None, help="search this partition instead of the spec's"),
-    num_samples: int | None = typer.Option(None, help="trials in this submission instead of the spec's"),
+    trials: int | None = typer.Option(None, help="Tune trials in this submission instead of the spec's"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting of the cell: key=value (repeatable)"),
     tracking: SpecTracking = None,
     storage: SpecStorage = None,
@@ -34,13 +34,13 @@ def search(
     """
     try:
         loaded = load_search_spec(
-            spec, overrides=parse_assignments(set_), dataset=dataset, partition=partition, num_samples=num_samples
+            spec, overrides=parse_assignments(set_), dataset=dataset, partition=partition, trials=trials
         )
         if dry_run:
             base = loaded.base_config()
             typer.echo(
                 f"search {loaded.name}: {base.cell_name}, search_id {search_id(loaded, base)}, "
-                f"space {sorted(loaded.space)}, {loaded.num_samples} trial(s)"
+                f"space {sorted(loaded.space)}, {loaded.trials} trial(s)"
             )
             return
         summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage,

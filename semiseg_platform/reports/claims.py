@@ -43,7 +43,7 @@ from mlflow.tracking import MlflowClient
 from npsemiseg.heads import PAPER_MEMORY_SIZE
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
-from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL
+from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL, param_value
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
 BOOTSTRAP_RESAMPLES = 10_000
@@ -297,8 +297,9 @@ def load_search_trials(client: MlflowClient, experiment_ids: list[str]) -> pd.Da
         tags, params = run.data.tags, run.data.params
         if "search_id" not in tags or "search.stopped" in tags or "miou" not in run.data.metrics:
             continue
-        rows.append({key: _number(params.get(param)) for key, param in (
-            ("q", "head.options.memory_size"), ("lambda_kl", "head.options.lambda_kl"), ("t", "head.options.num_samples"))}
+        rows.append({key: _number(param_value(params, param)) for key, param in (
+            ("q", "head.options.memory_size"), ("lambda_kl", "head.options.lambda_kl"),
+            ("t", "head.options.training_samples"))}
                     | {"miou": run.data.metrics["miou"]})
     return pd.DataFrame(rows, columns=["q", "lambda_kl", "t", "miou"])
 

@@ -118,7 +118,7 @@ def uncertainty_time_figure(tracking_uri: str, experiment: str) -> Figure | None
 PAPER_PANELS: dict[str, str] = {
     "head.options.memory_size": "(a) memory length Q",
     "head.options.lambda_kl": "(b) lambda_kl",
-    "head.options.num_samples": "(c) latent samples T",
+    "head.options.training_samples": "(c) latent samples T (training)",
 }
 
 
@@ -144,7 +144,7 @@ def load_search_trials(tracking_uri: str, experiment: str, *, search: str | None
         row[mlflow_names.SEARCH_ID] = mlflow_names.submission_of(tags) or ""
         row["metric"] = float(run.data.metrics[metric])
         for key in keys:
-            row[key] = _number(params.get(key))
+            row[key] = _number(mlflow_names.param_value(params, key))
         rows.append(row)
     return rows
 

@@ -3,8 +3,8 @@
 A :class:`SearchSpec` (YAML) names the cell (framework, dataset, partition, head, preset,
 overrides) and a space over dotted :class:`~npsemiseg.config.RunConfig` keys, e.g. the NP
 head's memory length Q (``head.options.memory_size``), ``head.options.lambda_kl``, the number
-of latent samples T (``head.options.num_samples``), ``head.options.latent_dim`` and
-``optim.lr``. :func:`run_search` runs ``num_samples`` trials under Ray Tune:
+of latent samples T at training (``head.options.training_samples``), ``head.options.latent_dim`` and
+``optim.lr``. :func:`run_search` runs ``trials`` trials under Ray Tune:
 
 - Each trial is one cell, reporting its metrics to Tune at every evaluation so ASHA can stop
   it: a single-device cell trains in-process in a reused Tune actor (:class:`EvaluationReporter`);
@@ -296,7 +296,7 @@ def _scheduler(spec: SearchSpec) -> Any:
 def _open_parent(sub: Submission, spec: SearchSpec, base: RunConfig, sid: str, study_name: str) -> str:
     return open_parent(
         sub, kind=mlflow_names.KIND_SEARCH, name=spec.name, sweep_id=sid, spec=spec.model_dump(mode="json", exclude_none=True),
-        params={mlflow_names.SPEC_NAME: spec.name, "num_samples": spec.num_samples, "metric": spec.metric, "mode": spec.mode,
+        params={mlflow_names.SPEC_NAME: spec.name, "trials": spec.trials, "metric": spec.metric, "mode": spec.mode,
                 "seed": spec.seed, "space": json.dumps(sorted(spec.space)), mlflow_names.SEARCH_ID: sid},
         tags={mlflow_names.STUDY_NAME: study_name, mlflow_names.FRAMEWORK: base.framework, mlflow_names.DATASET: base.dataset,
               mlflow_names.PARTITION: base.partition, mlflow_names.HEAD: base.head.variant})
@@ -308,7 +308,7 @@ def run_search(
     ray_init: Mapping[str, Any] | None = None,
     resource_timeout: float = RESOURCE_TIMEOUT_S,
 ) -> SearchSummary:
-    """Run ``spec.num_samples`` more trials of the search's Optuna study under Ray Tune.
+    """Run ``spec.trials`` more trials of the search's Optuna study under Ray Tune.
 
     ``tracking_uri`` / ``storage`` / ``optuna_storage`` override the spec's (defaults:
     ``MLFLOW_TRACKING_URI`` or ``./mlruns.db``; ``./ray_results``; ``./optuna.db``). ``out_dir``:
@@ -329,16 +329,16 @@ def run_search(
     out = Path(out_dir) if out_dir is not None else sub.out_dir("search", spec.name, sid)
     parent_id = _open_parent(sub, spec, base, sid, study_name)
     emit(f"[search {spec.name}] search_id {sid}, study {study_name!r} ({len(study.trials)} trials so far, "
-         f"{len(searcher.evaluated)} configurations evaluated), {spec.num_samples} new trial(s); parent run {parent_id}")
+         f"{len(searcher.evaluated)} configurations evaluated), {spec.trials} new trial(s); parent run {parent_id}")
     with ending_run(sub.client, parent_id):
         concurrency = start_ray(spec.resources, spec.max_concurrent, ray_init)
         context = SweepContext(mlflow_names.KIND_SEARCH, sid, sub.trial_storage, sub.tracking_uri, spec.experiment,
                                parent_id, spec.resources)
         results = fit(_search_trial, context, parameters={"cell_of": cell_of},
                       name=f"search-{spec.name}-{sid}-{sub.submission_id}",
-                      progress=SearchProgress(spec.name, spec.num_samples, emit), store=sub.store,
+                      progress=SearchProgress(spec.name, spec.trials, emit), store=sub.store,
                       concurrency=concurrency, search_alg=searcher, scheduler=_scheduler(spec),
-                      num_samples=spec.num_samples, reuse_actors=spec.resources.in_process,
+                      num_samples=spec.trials, reuse_actors=spec.resources.in_process,
                       trial_dirname_creator=trial_dirname("trial", "optuna_trial", "cell_id"))
         trials = [_outcome(result, spec) for result in results]
         _reconcile_trials(sub.client, sub.experiment_id, sid, trials)

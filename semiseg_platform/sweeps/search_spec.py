@@ -97,8 +97,8 @@ class SearchSpec(Strict):
 
     ``space``: dotted RunConfig key -> :class:`Distribution`. ``points_to_evaluate``: complete
     assignments of the space tried first (a known-good or known-bad configuration).
-    ``num_samples``: trials per submission. ``seed``: the TPE sampler's seed (the cell's own
-    seed is an override). ``optuna_storage``: Optuna RDB URL (None = ``sqlite:///<cwd>/optuna.db``;
+    ``trials``: Tune trials per submission (Ray Tune's ``num_samples``; not a head's T). ``seed``: the TPE
+    sampler's seed (the cell's own seed is an override). ``optuna_storage``: Optuna RDB URL (None = ``sqlite:///<cwd>/optuna.db``;
     ``postgresql://...`` on a cluster). ``study_name``: None = ``<name>-<search_id>``.
     ``asha``: null = no early stopping. ``max_concurrent``: None = as many trials as the
     cluster's resources allow.
@@ -114,7 +114,7 @@ class SearchSpec(Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Distribution] = Field(min_length=1)
     points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list)
-    num_samples: PositiveInt = 8
+    trials: PositiveInt = 8
     metric: str = "miou"
     mode: Literal["max", "min"] = "max"
     seed: NonNegativeInt = 0
@@ -126,6 +126,14 @@ class SearchSpec(Strict):
     study_name: str | None = None
     tracking_uri: str | None = None
     storage: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trials_not_num_samples(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "num_samples" in data:
+            raise ValueError("num_samples: the number of Tune trials is called trials (num_samples would read as a "
+                             "head's T); expected trials: N")
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -127,6 +127,16 @@ def submission_of(tags: dict[str, str]) -> str | None:
 EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
 
 
+#: parameters renamed since runs were first logged: new key -> the key older runs carry
+RENAMED_PARAMS = {"head.options.training_samples": "head.options.num_samples",
+                  "head.options.train_mode_passes": "head.options.train_samples"}
+
+
+def param_value(params: dict[str, str], key: str) -> str | None:
+    """A run's parameter ``key``, read under its older name (:data:`RENAMED_PARAMS`) for runs logged before."""
+    return params.get(key, params.get(RENAMED_PARAMS.get(key, key)))
+
+
 def effective_params(scaling: Any) -> dict[str, str]:
     """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH` / :data:`EFFECTIVE_LR` params."""
     return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_LR: f"{scaling.lr:.6g}"}
