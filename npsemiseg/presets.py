@@ -47,7 +47,10 @@ Setting = tuple[str, Any, str]
 
 @dataclass(frozen=True)
 class Cell:
-    """What a composition starts from: the preset and the cell's coordinates under a protocol."""
+    """What a composition starts from: the preset and the cell's coordinates under a protocol.
+
+    ``framework`` is the class the cell runs; ``asked_framework`` the name it was asked for ("" = ``framework``),
+    its label, where a protocol switch chose another class (``npsemiseg.protocol.protocol_framework``)."""
 
     preset: str
     framework: str
@@ -55,6 +58,12 @@ class Cell:
     partition: str
     head: str
     protocol: str = "corrected"
+    asked_framework: str = ""
+
+    @property
+    def label(self) -> str:
+        """The framework's name as asked for: the cell's label (``framework_variant`` where none is given)."""
+        return self.asked_framework or self.framework
 
     @property
     def info(self) -> DatasetInfo:

@@ -6,7 +6,10 @@ done right (today's behaviour where it already is). Each difference between the 
 the official code has it, what it changes and which configuration field it sets (``target``, a dotted
 key of :class:`~npsemiseg.config.RunConfig`: frameworks and heads receive the value through their own
 options). ``RunConfig.protocol`` sets every switch that applies to the cell; an explicit override of
-one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured.
+one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured. A switch whose
+target is ``framework`` (``mt_variant``) chooses the framework class itself: composition applies it with the
+cell's coordinates (:func:`protocol_framework`), before the framework's settings, and an override of it is
+given by name (``switches.mt_variant=mt``).
 
 ``docs/deviations.md`` describes each difference with its official source (repository, commit, file and
 lines); a switch's ``rows`` links to its entry there. A switch whose ``target`` is None is a known difference
@@ -30,6 +33,8 @@ Protocol = Literal["released", "corrected"]
 Owner = Literal["framework", "head", "model", "evaluation", "loop", "data"]
 #: prefix of a switch given by name in overrides (``switches.np_attention=euclidean``) and of its MLflow param
 SWITCH_PREFIX = "switches."
+#: the target of a switch that chooses the framework class itself (:func:`protocol_framework`)
+FRAMEWORK_TARGET = "framework"
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,8 @@ class Derived:
 class Switch:
     """One difference between the released code and the paper done right.
 
-    ``target``: the dotted configuration key the switch sets (None = not yet implemented);
+    ``target``: the dotted configuration key the switch sets (None = not yet implemented; ``framework``: the
+    framework class, chosen by :func:`protocol_framework`);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
     the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
     ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: a Markdown link to the entry
@@ -101,6 +107,8 @@ def _shared_epochs(values: dict[str, Any]) -> int:
 
 
 _NP = ("np",)
+#: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
+_MT = ("mt", "mt_cps")
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
@@ -172,20 +180,19 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "anchors and prototypes indexed by position, not class",
            "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
     # ---------------------------------------------------------------- MT
-    Switch("mt_variant", "framework", "framework_options.variant", "cps", "shared",
+    Switch("mt_variant", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
-           "MT as CPS's MeanTeacher (MSE between softmaxes x 100, one weak view, no CutMix)",
-           "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
-           frameworks=("mt",)),
+           "MT cells run CPS's MeanTeacher, framework mt_cps: MSE between softmaxes x 100, one weak view, no "
+           "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT),
     Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
            "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34)",
            "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
-           "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=("mt",)),
+           "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=_MT),
     Switch("mt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
            "TorchSemiSeg@5e0c29c MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
            "furnace/utils/init_func.py 44-75",
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
-           "[P](deviations.md#provenance-of-the-papers-rows)", frameworks=("mt",)),
+           "[P](deviations.md#provenance-of-the-papers-rows)", frameworks=_MT),
     # ---------------------------------------------------------------- PS-MT
     Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 53-89",
@@ -295,10 +302,31 @@ def implemented_switches() -> tuple[Switch, ...]:
 def protocol_switches(protocol: str, *, framework: str, dataset: str, head: str,
                       values: dict[str, Any] | None = None) -> list[tuple[Switch, Any]]:
     """Every implemented switch applying to the cell with its value under ``protocol``, in table order
-    (``values``: the cell's nested configuration values, for derived values)."""
+    (``values``: the cell's nested configuration values, for derived values). A switch that chooses the framework
+    class is not among them: :func:`protocol_framework` applies it before the framework's settings are known."""
     check_protocol(protocol)
-    return [(s, s.value(protocol, values)) for s in _SWITCH_LIST if s.applies(framework=framework, dataset=dataset,
-                                                                             head=head)]
+    return [(s, s.value(protocol, values)) for s in _SWITCH_LIST if s.target != FRAMEWORK_TARGET
+            and s.applies(framework=framework, dataset=dataset, head=head)]
+
+
+def framework_switches() -> tuple[Switch, ...]:
+    """The switches whose target is the framework class (``mt_variant``)."""
+    return tuple(switch for switch in _SWITCH_LIST if switch.target == FRAMEWORK_TARGET)
+
+
+def protocol_framework(protocol: str, framework: str, dataset: str, head: str) -> tuple[str, Switch | None]:
+    """The framework class a cell asked for as ``framework`` runs under ``protocol``, and the switch that chose it
+    (None: the class asked for, no switch concerns it).
+
+    A switch whose target is ``framework`` chooses between its released and corrected classes for the cells asked
+    for by its corrected one, the paper done right (``mt_variant``: a cell asked as ``mt`` runs ``mt_cps`` under
+    ``released``, ``mt`` under ``corrected``); a cell asked for by another name (``mt_cps``) runs that class
+    under either protocol. The cell keeps the name asked for as its label (``framework_variant``)."""
+    check_protocol(protocol)
+    for switch in framework_switches():
+        if framework == switch.corrected and switch.applies(framework=framework, dataset=dataset, head=head):
+            return switch.value(protocol), switch
+    return framework, None
 
 
 def protocol_overrides(protocol: str, *, framework: str, dataset: str, head: str,
@@ -346,6 +374,9 @@ def protocol_markdown() -> str:
         "when this file and the table disagree. `protocol: released` reproduces the code behind the paper's",
         "numbers; `protocol: corrected` is the paper done right. Set one switch on its own with",
         "`switches.<name>=<value>` (or its configuration key); it wins over the protocol.",
+        "A switch whose key is `framework` chooses the framework class of the cells asked for by its corrected",
+        "value (`mt`), before their settings are composed; set it by name only (`framework=<name>` asks for a cell,",
+        "to which the protocol applies; `mt_cps` asked for by name runs under either protocol).",
         "A switch whose key is `-` is a known difference that no configuration field selects yet.",
         "The official sources are `repository@commit path lines`; [deviations.md](deviations.md) names the",
         "repositories and describes each difference (column `details`).",

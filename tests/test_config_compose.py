@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from npsemiseg.config import RunConfig, compose, explain, read_config, recompose, with_overrides
+from npsemiseg.config import (
+    IDENTITY_VERSION,
+    RunConfig,
+    compose,
+    explain,
+    read_config,
+    recompose,
+    switches,
+    with_overrides,
+)
 from npsemiseg.config.compose import STEPS
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
@@ -35,6 +44,40 @@ def test_a_switch_beats_the_preset_and_a_user_override_beats_the_switch():
     by_key = compose("paper", **cell, overrides={"head.options.attention": "euclidean"})
     assert by_key.config.head.options["attention"] == "euclidean"  # the switch's released value is per_channel
     assert _steps(by_key, "head.options.attention") == ["switch", "override"]
+
+
+def test_the_mt_variant_switch_chooses_the_framework_class_at_the_cell_step():
+    """Switch mt_variant picks the class of a cell asked as ``mt`` before its defaults are written; the cell keeps
+    ``mt`` as its label; an override of the switch by name wins; ``mt_cps`` asked for by name runs as asked."""
+    cell = dict(framework="mt", dataset="pascal_classic", partition="92", head="baseline")
+    released = compose("paper", **cell, protocol="released")
+    config = released.config
+    assert (config.framework, config.framework_variant, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
+    assert [(s.step, s.value) for s in released.provenance["framework"]] == [("cell", "mt"), ("switch", "mt_cps")]
+    assert "switch mt_variant (released" in released.provenance["framework"][-1].why
+    assert set(config.framework_options) == {"ema_decay", "mse_weight"} and config.inputs.framework == "mt"
+    assert switches(config)["mt_variant"] == "mt_cps" and switches(config)["mt_single_lr"] == "single_lr"
+    assert config.schedule.epochs == 34  # CPS's MeanTeacher's publication epochs (per_head, baseline head)
+    corrected = compose("paper", **cell, protocol="corrected")
+    assert corrected.config.framework == "mt" and _steps(corrected, "framework") == ["cell", "switch"]
+    assert with_overrides(config, protocol="corrected") == corrected.config
+    # an explicit switch wins over the protocol, and composing again keeps it
+    shared = compose("paper", **cell, protocol="released", overrides={"switches.mt_variant": "mt"})
+    assert shared.config.framework == "mt" and shared.config.protocol == "released"
+    assert _steps(shared, "framework") == ["cell", "switch", "override"]
+    assert "sup_only_epochs" in shared.config.framework_options and switches(shared.config)["mt_variant"] == "mt"
+    assert with_overrides(config, {"switches.mt_variant": "mt"}) == shared.config
+    assert with_overrides(shared.config, {"seed": 1}).framework == "mt"
+    assert shared.explain("switches.mt_variant").startswith("framework = mt")
+    # asked for by name: that class under either protocol, labelled with its own name
+    for protocol in ("released", "corrected"):
+        named = compose("smoke", **{**cell, "framework": "mt_cps"}, protocol=protocol)
+        assert (named.config.framework, named.config.framework_variant) == ("mt_cps", "mt_cps")
+        assert _steps(named, "framework") == ["cell"] and switches(named.config)["mt_variant"] == "mt_cps"
+    with pytest.raises(ValueError, match="chooses between frameworks mt/mt_cps"):
+        compose("smoke", **{**cell, "framework": "u2pl"}, overrides={"switches.mt_variant": "mt_cps"})
+    with pytest.raises(ValueError, match="expected 'mt_cps' .released. or 'mt' .corrected., got 'cps'"):
+        compose("smoke", **cell, overrides={"switches.mt_variant": "cps"})
 
 
 def test_the_head_schedule_follows_an_overridden_switch():
@@ -137,8 +180,10 @@ def test_files_round_trip_and_a_hand_edited_file_is_taken_as_it_is(tmp_path):
 
 
 def test_every_cell_of_every_spec_keeps_its_id():
+    """The golden ids are the current ones; each of its ``changes`` lists cells whose values changed (with their
+    earlier ids, when and why): every listed cell is a cell of its spec whose id did change."""
     golden = json.loads(GOLDEN_IDS.read_text())
-    assert golden["identity_version"] == 1
+    assert golden["identity_version"] == IDENTITY_VERSION == 1
     specs = sorted(p for p in (REPO / "jobs" / "specs").glob("*.yaml") if not p.name.startswith("search"))
     assert {p.name for p in specs} == set(golden["cells"])
     for path in specs:
@@ -146,6 +191,25 @@ def test_every_cell_of_every_spec_keeps_its_id():
         ids = {f"{k.framework}/{k.dataset}/{k.partition}/{k.head}/{k.seed}/{k.protocol}":
                grid_cell_config(spec, k).cell_id for k in cell_keys(spec)}
         assert ids == golden["cells"][path.name], path.name
+    for change in golden["changes"]:
+        assert change["date"] and change["why"]
+        for spec_name, earlier in change["cells"].items():
+            current = golden["cells"][spec_name]
+            assert earlier and all(current[cell] != old for cell, old in earlier.items()), spec_name
+
+
+def test_mt_cells_changed_id_only_under_released():
+    """2026-11-25: the released MT cells run framework mt_cps (new ids); the corrected ones keep theirs, MT's removed
+    options restored in the identity at the values they had."""
+    change = next(c for c in json.loads(GOLDEN_IDS.read_text())["changes"] if c["date"] == "2026-11-25")
+    cells = [cell for earlier in change["cells"].values() for cell in earlier]
+    assert cells and all(cell.startswith("mt/") and cell.endswith("/released") for cell in cells)
+    corrected = compose("paper", framework="mt", dataset="pascal_classic", partition="92", head="np").config
+    assert "variant" not in corrected.framework_options
+    assert corrected.identity()["framework_options"]["variant"] == "shared"
+    released = compose("paper", framework="mt", dataset="pascal_classic", partition="92", head="np",
+                       protocol="released").config
+    assert "variant" not in released.identity()["framework_options"]
 
 
 def test_inputs_and_runtime_leave_the_id_alone():

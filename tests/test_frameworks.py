@@ -297,6 +297,7 @@ def _framework(smoke_config, framework: str, head: str, **options):
 
 EXPECTED_TERMS = {
     "mt": {"sup", "unsup"},
+    "mt_cps": {"sup", "unsup"},
     "psmt": {"sup", "unsup"},
     "u2pl": {"sup", "unsup", "contrastive"},
     "augseg": {"sup", "unsup"},

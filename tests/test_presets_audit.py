@@ -10,7 +10,7 @@ import pytest
 from npsemiseg.config import RunConfig, cell_config
 from npsemiseg.config.overrides import parse_scalar
 from npsemiseg.presets import Cell, HEAD_SCHEDULE_KEYS, head_schedule
-from npsemiseg.protocol import SWITCHES
+from npsemiseg.protocol import SWITCHES, protocol_framework
 
 AUDIT = Path(__file__).resolve().parents[1] / "npsemiseg" / "presets_audit.md"
 PARTITION = {"pascal_classic": "92", "cityscapes": "186"}
@@ -54,7 +54,9 @@ def _check_head_schedule_row(row):
         cell = dict(framework=row["framework"], dataset=row["dataset"], partition=PARTITION[row["dataset"]], head=head)
         config = cell_config("paper", **cell, protocol="released")
         released[head] = _value(config, row["key"])
-        derived = {key: value for key, value, _ in head_schedule(Cell("paper", **cell, protocol="released"), "per_head")}
+        framework, _ = protocol_framework("released", row["framework"], row["dataset"], head)  # mt: mt_cps
+        derived = {key: value for key, value, _ in head_schedule(Cell("paper", **{**cell, "framework": framework},
+                                                                      protocol="released"), "per_head")}
         assert released[head] == derived[row["key"]]
     assert official in released.values()
     head = next(h for h, value in released.items() if value == official)

@@ -225,10 +225,13 @@ def test_psmt_cityscapes_plain_ce(smoke_config):
     assert voc.loss.ohem is False and switches(voc)[switch.name] == "n/a"
 
 
-def test_mt_cps_variant_is_mse_between_softmaxes_and_evaluates_the_student(smoke_config):
-    """CPS's MeanTeacher: unsup = 100 x MSE(student softmax, train-mode teacher softmax); the student is evaluated."""
+def test_mt_variant_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smoke_config):
+    """Switch mt_variant (released) runs framework mt_cps, CPS's MeanTeacher: unsup = 100 x MSE(student softmax,
+    train-mode teacher softmax); the student is evaluated."""
     switch = next(s for s in implemented_switches() if s.name == "mt_variant")
     corrected, released = _configs(smoke_config, switch)
+    assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_variant == "mt"
+    assert released == smoke_config(framework="mt_cps", **{"framework_variant": "mt"})  # the class asked for by name
     cps = build_framework(released)
     assert cps.eval_model() is cps.student and build_framework(corrected).eval_model() is not None
     torch.manual_seed(0)
@@ -424,7 +427,9 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     assert with_overrides(mt, {"head.name": "np", "schedule.epochs": 50}).schedule.epochs == 50
     assert with_overrides(psmt, {"switches.head_settings": "shared"}).optim.lr == 1e-3
     assert with_overrides(psmt, {"head.name": "np", "optim.lr": 0.5}).optim.lr == 0.5
-    assert cell("mt", "baseline", "corrected", **{"switches.head_settings": "per_head"}).schedule.epochs == 34
+    # CPS's MeanTeacher's publication settings are mt_cps's; the shared-trainer MT's are the shared trainer's
+    assert cell("mt_cps", "baseline", "corrected", **{"switches.head_settings": "per_head"}).schedule.epochs == 34
+    assert cell("mt", "baseline", "corrected", **{"switches.head_settings": "per_head"}).schedule.epochs == 80
     assert with_overrides(cell("augseg", "np", "released"), {"head.name": "baseline"}).optim.reference_batch == 16
     smoke = cell_config("smoke", framework="psmt", dataset="pascal_classic", head="baseline",
                                   protocol="released")

@@ -139,9 +139,8 @@ def test_measured_accuracy_is_the_share_of_right_pseudo_labels(smoke_config):
 def test_truth_diagnostics_refuse_what_they_cannot_measure(smoke_config):
     with pytest.raises(ValueError, match="supervised framework uses no unlabeled"):
         build_framework(with_overrides(smoke_config(), {"data.unlabeled_truth": "oracle"}))
-    with pytest.raises(ValueError, match="cps variant has no pseudo-labels"):
-        build_framework(with_overrides(smoke_config(framework="mt", framework_options={"variant": "cps"}),
-            {"data.unlabeled_truth": "oracle"}))
+    with pytest.raises(ValueError, match="mt_cps framework has no pseudo-labels"):
+        build_framework(with_overrides(smoke_config(framework="mt_cps"), {"data.unlabeled_truth": "oracle"}))
     config = with_overrides(smoke_config(framework="mt"), {"data.unlabeled_truth": "measured"})
     fw = build_framework(config)
     batch = _batch(config)

@@ -4,6 +4,9 @@
 :class:`~npsemiseg.config.RunConfig` and its provenance. The steps run in this order, each a small
 function below; a later step wins over an earlier one:
 
+0. ``cell``      the cell's coordinates; the framework class (a switch whose target is ``framework``,
+                 ``mt_variant``, chooses it here, before the framework's settings are known:
+                 ``npsemiseg.protocol.protocol_framework``; ``switches.<name>`` overrides it here too)
 1. ``preset``    the preset's values for the cell's dataset family (``npsemiseg.presets``)
 2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ variant, schedule
                  changes, augmentation pipeline, head options and gradient clipping
@@ -36,7 +39,16 @@ from npsemiseg.data.transforms import paper_augmentation
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
 from npsemiseg.presets import PRESETS, Cell
-from npsemiseg.protocol import SWITCH_PREFIX, check_protocol, protocol_switches, switch_target
+from npsemiseg.protocol import (
+    FRAMEWORK_TARGET,
+    SWITCH_PREFIX,
+    Switch,
+    check_protocol,
+    get_switch,
+    protocol_framework,
+    protocol_switches,
+    switch_target,
+)
 
 #: the steps in their order (``cell``: the coordinates asked for; ``record``: a record composed again as it is)
 STEPS = ("cell", "record", "preset", "defaults", "switch", "scale", "derived", "override")
@@ -104,17 +116,21 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     ``overrides``: dotted keys (``{"optim.lr": 0.01}``) or sections (``{"optim": {"lr": 0.01}}``); strings are
     parsed as YAML scalars (``"0.01"``); ``switches.<name>`` sets one switch of ``npsemiseg.protocol``; a dict
     for an option dict (``head.options`` ...) is merged into it. Keys naming the cell (``framework``,
-    ``dataset``, ``partition``, ``head.name``, ``protocol``) change the cell instead. ``ValueError`` names a bad
+    ``dataset``, ``partition``, ``head.name``, ``protocol``) change the cell instead, and so does a switch that
+    chooses the framework class (``switches.mt_variant``: it wins over the protocol). ``ValueError`` names a bad
     key or value.
     """
     given = dict(overrides or {})
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
                    "protocol": protocol, **cell_changes}
-    cell = Cell(preset=PRESETS.check(preset), **coordinates)
-    check_protocol(cell.protocol)
-    values = _Values(_targets(rest))
-    _cell_step(values, cell)
+    check_protocol(coordinates["protocol"])
+    chosen = {k: v for k, v in rest.items() if _chooses_framework(k)}
+    framework_settings = _framework_settings(coordinates, chosen)
+    cell = Cell(preset=PRESETS.check(preset), **{**coordinates, "framework": framework_settings[-1].value},
+                asked_framework=coordinates["framework"])
+    values = _Values(_targets({k: v for k, v in rest.items() if k not in chosen}))
+    _cell_step(values, cell, framework_settings)
     _preset_step(values, cell)
     _defaults_step(values, cell)
     _switch_step(values, cell)
@@ -185,8 +201,37 @@ def read_config(source: str | Path) -> RunConfig:
 
 
 # --------------------------------------------------------------------------- the steps
-def _cell_step(values: _Values, cell: Cell) -> None:
-    for key in ("framework", "dataset", "partition", "protocol"):
+def _framework_settings(coordinates: Mapping[str, str], chosen: Mapping[str, Any]) -> list[Setting]:
+    """The settings of ``framework`` at the cell step: the name asked for, the protocol's switch that chooses the
+    class (:func:`~npsemiseg.protocol.protocol_framework`), then each override of such a switch by name (``chosen``:
+    ``{"switches.mt_variant": "mt"}``), which wins; the last one holds."""
+    asked, protocol = coordinates["framework"], coordinates["protocol"]
+    cell = {"dataset": coordinates["dataset"], "head": coordinates["head"]}
+    settings = [Setting("cell", asked, "the cell asked for")]
+    name, switch = protocol_framework(protocol, asked, **cell)
+    if switch is not None:
+        settings.append(Setting("switch", name, _switch_why(switch, protocol)))
+    for key, value in chosen.items():
+        switch = get_switch(key.removeprefix(SWITCH_PREFIX))
+        if not switch.applies(framework=asked, **cell):
+            raise ValueError(f"{key}: the switch chooses between frameworks {'/'.join(switch.frameworks or ())}, "
+                             f"the cell asks for {asked!r}")
+        if value not in (switch.released, switch.corrected):
+            raise ValueError(f"{key}: expected {switch.released!r} (released) or {switch.corrected!r} (corrected), "
+                             f"got {value!r}")
+        settings.append(Setting("override", value, f"{key}={_text(value)}"))
+    return settings
+
+
+def _chooses_framework(key: str) -> bool:
+    """Whether override ``key`` is a switch by name whose target is the framework class."""
+    return key.startswith(SWITCH_PREFIX) and switch_target(key) == FRAMEWORK_TARGET
+
+
+def _cell_step(values: _Values, cell: Cell, framework: list[Setting]) -> None:
+    for setting in framework:
+        values.set("framework", setting.value, setting.step, setting.why)
+    for key in ("dataset", "partition", "protocol"):
         values.set(key, getattr(cell, key), "cell", "the cell asked for")
     values.set("head.name", cell.head, "cell", "the cell asked for")
 
@@ -219,9 +264,13 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
 def _switch_step(values: _Values, cell: Cell) -> None:
     for switch, value in protocol_switches(cell.protocol, framework=cell.framework, dataset=cell.dataset,
                                            head=cell.head, values=values.tree):
-        why = f"switch {switch.name} (released: {switch.changes})" if cell.protocol == "released" else \
-            f"switch {switch.name} (corrected, rather than: {switch.changes})"
-        values.set(switch.target, value, "switch", why)
+        values.set(switch.target, value, "switch", _switch_why(switch, cell.protocol))
+
+
+def _switch_why(switch: Switch, protocol: str) -> str:
+    if protocol == "released":
+        return f"switch {switch.name} (released: {switch.changes})"
+    return f"switch {switch.name} (corrected, rather than: {switch.changes})"
 
 
 def _scale_step(values: _Values, cell: Cell) -> None:
@@ -236,15 +285,16 @@ def _derived_step(values: _Values, cell: Cell) -> None:
     partition = info.resolve_partition(view["partition"])
     if partition != view["partition"]:
         values.set("partition", partition, "derived", f"{view['partition']!r} of {cell.dataset}")
-    for key, value, why in _labels(view) + _evaluation(view, info) + _framework_needs(view):
+    for key, value, why in _labels(view, cell.label) + _evaluation(view, info) + _framework_needs(view):
         values.set(key, value, "derived", why)
 
 
-def _labels(view: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
-    """The framework's and head's labels (their names where not given), the unlabeled batch (the labeled one)."""
+def _labels(view: Mapping[str, Any], framework: str) -> list[tuple[str, Any, str]]:
+    """The framework's and head's labels (their names as asked for where not given: ``framework``, which a protocol
+    switch may run as another class), the unlabeled batch (the labeled one)."""
     out = []
     if not view.get("framework_variant"):
-        out.append(("framework_variant", view["framework"], "the framework's name"))
+        out.append(("framework_variant", framework, "the framework's name as asked for"))
     if not view["head"].get("variant"):
         out.append(("head.variant", view["head"]["name"], "the head's name"))
     schedule = view.get("schedule", {})

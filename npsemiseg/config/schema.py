@@ -34,9 +34,12 @@ from npsemiseg.heads import HEADS, head_class
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
-#: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect. A field added to the record
-#: later joins the omitted ones at the value every earlier cell ran with, so adding it keeps every id; a
-#: change that must give cells new ids bumps the version, which then enters the hash, and says why here.
+#: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect, plus each field of
+#: :data:`IDENTITY_RESTORED` where it applies. A field added to the record later joins the omitted ones at the
+#: value every earlier cell ran with, so adding it keeps every id; a field removed from the record where it had
+#: no effect joins the restored ones at the value every earlier cell had, so removing it keeps every id. A
+#: change that must give cells new ids bumps the version, which then enters the hash, and says why here. A cell
+#: whose record changes gets a new id without a new version: ``tests/golden/cell_ids.json`` says which and why.
 IDENTITY_VERSION = 1
 #: fields that never change what a run computes: how it executes, where the data is, how it was composed
 IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs")
@@ -46,6 +49,13 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
     ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
+)
+#: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
+#: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
+#: variant read (now framework ``mt_cps``)
+IDENTITY_RESTORED: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...] = (
+    ("framework_options.variant", "shared", lambda v: v["framework"] == "mt"),
+    ("framework_options.mse_weight", 100.0, lambda v: v["framework"] == "mt"),
 )
 
 #: keys renamed after version 1, hashed under their version-1 names so the cells keep their ids
@@ -400,22 +410,22 @@ class RunConfig(Section):
 
     def identity(self) -> dict[str, Any]:
         """What the cell id covers (version :data:`IDENTITY_VERSION`): the values minus
-        :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing (JSON types)."""
+        :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing, plus the
+        :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names
+        (:data:`IDENTITY_V1_NAMES`) (JSON types)."""
         data = self.model_dump(mode="json")
         omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
+        restored = [(dotted, value) for dotted, value, where in IDENTITY_RESTORED if where(data)]
         for dotted in (*omitted, *IDENTITY_EXCLUDED):
-            *parents, leaf = dotted.split(".")
-            node = data
-            for key in parents:
-                node = node[key]
+            node, leaf = _parent(data, dotted)
             node.pop(leaf)
         for new, old in IDENTITY_V1_NAMES.items():
-            *parents, leaf = new.split(".")
-            node = data
-            for key in parents:
-                node = node.get(key, {})
+            node, leaf = _parent(data, new)
             if leaf in node:
                 node[old.rsplit(".", 1)[1]] = node.pop(leaf)
+        for dotted, value in restored:
+            node, leaf = _parent(data, dotted)
+            node[leaf] = value
         if IDENTITY_VERSION > 1:
             data["identity_version"] = IDENTITY_VERSION
         return data
@@ -443,3 +453,11 @@ class RunConfig(Section):
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)
+
+
+def _parent(data: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
+    """The dict that holds dotted key ``dotted`` of nested ``data``, and the key's last part."""
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data[key]
+    return data, leaf

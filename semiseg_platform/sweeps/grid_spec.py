@@ -49,7 +49,7 @@ class FrameworkVariant(Strict):
 
     ``supervised_psmt: {framework: supervised, overrides: {model.variant: psmt}}`` is the supervised reference
     trained on PS-MT's network (a framework's gain over supervised, measured on one network);
-    ``mt_cps: {framework: mt, options: {variant: cps}}`` is CPS's MeanTeacher beside the shared-trainer one.
+    ``cps_mt: {framework: mt_cps}`` is CPS's MeanTeacher beside the shared-trainer MT under either protocol.
     The variant's label is the cell's ``framework`` in run names, tags, tables and claims.
     """
 
