@@ -133,8 +133,18 @@ def test_cutmix_source_predicted_in_eval_mode_without_gradient(smoke_config, mon
         return forward(model, images, **kwargs)
 
     monkeypatch.setattr(type(fw.student), "forward", spy)
+    perturbed_calls: list[tuple[bool, bool]] = []
+    real_perturbed = type(fw.student).forward_feature_perturbed
+
+    def perturbed_spy(model, images, **kwargs):
+        perturbed_calls.append((model.training, torch.is_grad_enabled()))
+        return real_perturbed(model, images, **kwargs)
+
+    monkeypatch.setattr(type(fw.student), "forward_feature_perturbed", perturbed_spy)
     fw.student.train()
     result = fw.train_step(_batch(config), CTX)
+    # UniMatch's labeled + weak pass (clean and perturbed streams) runs in train mode with gradient
+    assert perturbed_calls == ([(True, True)] if framework == "unimatch" else [])
     # first forward: the weak view, eval mode, no gradient; the network is back in train mode afterwards
     assert calls[0] == (False, False, False)
     assert all(training and grad for training, grad, _ in calls[1:])
@@ -240,7 +250,7 @@ def test_loss_weights_match_the_official_sum(smoke_config, monkeypatch, framewor
 
     monkeypatch.setattr(fw, "supervised_terms", sup_spy)
     result = fw.train_step(_batch(config), CTX)
-    total = float(result.total)
+    total = float(result.total.detach())
     if framework == "fixmatch":
         assert set(result.losses) == {"sup", "unsup"}
         loss_s, = raw
@@ -249,7 +259,7 @@ def test_loss_weights_match_the_official_sum(smoke_config, monkeypatch, framewor
         assert set(result.losses) == {"sup", "unsup_s1", "unsup_s2", "unsup_fp"}
         s1, s2, fp = raw
         assert total == pytest.approx((sup_raw["sup"] + 0.25 * s1 + 0.25 * s2 + 0.5 * fp) / 2, rel=1e-5)
-        assert float(result.losses["unsup_fp"]) == pytest.approx(0.25 * fp, rel=1e-5)
+        assert float(result.losses["unsup_fp"].detach()) == pytest.approx(0.25 * fp, rel=1e-5)
 
 
 def test_threshold_one_keeps_no_unlabeled_pixel(smoke_config):
