@@ -34,7 +34,8 @@ from npsemiseg.heads import head_class, head_names
 from npsemiseg.training import build_framework
 
 #: every registered framework with EMA teachers, every registered head: a new one is tested without editing this file
-SSL_FRAMEWORKS = tuple(n for n in framework_names() if issubclass(get_framework(n), SemiSupervisedFramework))
+SSL_FRAMEWORKS = tuple(n for n in framework_names()
+                       if issubclass(get_framework(n), SemiSupervisedFramework) and get_framework(n).teacher_names)
 HEADS = head_names()
 
 #: tiny U2PL queues / query counts for CPU tests (the paper's 30000 / 50000 / 256 x 50 are defaults)

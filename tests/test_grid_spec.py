@@ -71,7 +71,7 @@ def test_rule_without_only_excludes_cells():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"framework": ["mt"]}, "framework"),  # unknown key
-    ({"frameworks": ["mt", "fixmatch"]}, "fixmatch"),
+    ({"frameworks": ["mt", "no_such_framework"]}, "no_such_framework"),
     ({"datasets": {"voc": "all"}}, "voc"),
     ({"datasets": {"pascal_classic": ["662"]}}, "'662' is not a partition of 'pascal_classic'"),
     ({"datasets": {"synthetic_voc": []}}, "non-empty"),
@@ -233,4 +233,4 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     assert plain.cell_id == alone.cell_id
     assert with_overrides(alone, {"framework_variant": "supervised_again"}).cell_id != alone.cell_id
     with pytest.raises(ValueError, match="frameworks.bad.framework"):
-        load_spec(_spec(frameworks={"bad": {"framework": "fixmatch"}}))
+        load_spec(_spec(frameworks={"bad": {"framework": "no_such_framework"}}))

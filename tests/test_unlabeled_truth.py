@@ -14,7 +14,7 @@ from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_predict
 from npsemiseg.training import build_framework
 from tests.data_fixtures import make_voc_tree
 
-SSL_FRAMEWORKS = ("mt", "psmt", "u2pl", "augseg")
+SSL_FRAMEWORKS = ("mt", "psmt", "u2pl", "augseg", "fixmatch")
 TRUE_CLASS = 3
 
 

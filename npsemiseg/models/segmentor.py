@@ -3,7 +3,8 @@
 ``Segmentor.forward(images)`` normalises ``[B, 3, H, W]`` images in [0, 1] with the ImageNet
 mean/std (buffers), encodes them once, decodes the feature map ``[B, C, h, w]`` (stride 4) and
 hands it to the head, which returns ``HeadOutput(logits [S, B, K, h, w])``. ``extract`` and
-``classify`` are the two halves (PS-MT's T-VAT perturbs the feature map between them).
+``classify`` are the two halves (PS-MT's T-VAT perturbs the feature map between them);
+``forward_feature_perturbed`` also decodes channel-dropped encoder maps (UniMatch's feature perturbation).
 
 MC dropout scopes (see :func:`build_segmentor`):
 
@@ -166,7 +167,55 @@ class Segmentor(nn.Module):
         latent: Any = None,
     ) -> SegmentorOutput:
         """``images [B, 3, H, W]`` in [0, 1] -> :class:`SegmentorOutput` (logits ``[S, B, K, h, w]``)."""
+        return self._decode(self.encode(images), labels=labels, num_context=num_context, num_samples=num_samples,
+                            latent=latent)
+
+    def forward_feature_perturbed(
+        self,
+        images: Tensor,
+        *,
+        dropout: float = 0.5,
+        perturb_from: int = 0,
+        labels: Tensor | None = None,
+        num_context: int = 0,
+        num_samples: int | None = None,
+    ) -> tuple[SegmentorOutput, SegmentorOutput]:
+        """One encoder pass, two decodings: the clean stream (exactly :meth:`forward`) and a feature-perturbed one.
+
+        images ``[B, 3, H, W]`` in [0, 1]; the perturbed stream takes the encoder maps of ``images[perturb_from:]``
+        (``B_p = B - perturb_from`` images), ``low_level [B_p, C1, H/4, W/4]`` and ``high_level [B_p, C4, H/os,
+        W/os]``, drops whole channels of each with probability ``dropout`` (``Dropout2d``, active whatever the
+        module's mode, kept channels scaled by ``1 / (1 - dropout)``; independent masks for the two maps), and
+        runs the same decoder and head on them with no labels (the head's prediction without targets: the NP head
+        draws its latent from its stored centers and writes no memory). Only the encoder features are perturbed;
+        the decoder and head are the module's own, in its own mode. Returns ``(clean, perturbed)``
+        :class:`SegmentorOutput` s, logits ``[S, B, K, h, w]`` and ``[S, B_p, K, h, w]``; the perturbed one has no
+        aux logits. ``labels`` / ``num_context`` / ``num_samples`` are the clean stream's (as :meth:`forward`).
+        """
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
+        if isinstance(perturb_from, bool) or not isinstance(perturb_from, int) or not 0 <= perturb_from < images.shape[0]:
+            raise ValueError(f"perturb_from: expected an int in [0, {images.shape[0]}), got {perturb_from!r}")
         encoded = self.encode(images)
+        clean = self._decode(encoded, labels=labels, num_context=num_context, num_samples=num_samples)
+        perturbed = BackboneFeatures(
+            F.dropout2d(encoded.low_level[perturb_from:], dropout, training=True),
+            encoded.layer3[perturb_from:],
+            F.dropout2d(encoded.high_level[perturb_from:], dropout, training=True),
+        )
+        return clean, self._decode(perturbed, num_samples=num_samples, aux=False)
+
+    def _decode(
+        self,
+        encoded: BackboneFeatures,
+        *,
+        labels: Tensor | None = None,
+        num_context: int = 0,
+        num_samples: int | None = None,
+        latent: Any = None,
+        aux: bool = True,
+    ) -> SegmentorOutput:
+        """Decoder + head (+ aux / representation heads) on one encoding (the body of :meth:`forward`)."""
         if self.decoder_sampling:
             features, head_output = self.sample_decoder(
                 encoded, labels=labels, num_context=num_context, num_samples=num_samples, latent=latent
@@ -176,7 +225,8 @@ class Segmentor(nn.Module):
             head_output = self.classify(
                 features, labels=labels, num_context=num_context, num_samples=num_samples, latent=latent
             )
-        aux_logits = self.aux_head(encoded.layer3) if self.aux_head is not None and self.training else None
+        use_aux = aux and self.aux_head is not None and self.training
+        aux_logits = self.aux_head(encoded.layer3) if use_aux else None  # type: ignore[misc]
         representation = self.representation_head(features) if self.representation_head is not None else None
         return SegmentorOutput(features, head_output, aux_logits, representation)
 

@@ -1,0 +1,200 @@
+"""FixMatch for segmentation as UniMatch's code runs it (Yang et al., CVPR 2023, its baseline;
+``docs/frameworks.md``, FixMatch and UniMatch).
+
+Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``fixmatch.py`` 122-166. One network,
+no EMA teacher; per iteration:
+
+1. The network in eval mode, without gradient, predicts the weak view (fixmatch.py 132-137: there the
+   prediction of a *second* unlabeled batch, the CutMix source). The project's Batch carries one
+   unlabeled batch per step, so the CutMix source is the same batch shifted cyclically by a random
+   ``1 <= k < B_u`` (image i takes its box from image ``(i + k) mod B_u``: never itself for ``B_u > 1``),
+   and this eval-mode prediction, permuted the same way, labels the pasted boxes. Its hard pseudo-labels,
+   255 below the threshold, are also the NP head's targets in step 3 (the memories and the KL target).
+2. One box per image (:func:`unimatch_boxes`, ``obtain_cutmix_box`` of dataset/transform.py 66-84: probability
+   ``cutmix_p``, area U[0.02, 0.4] of the crop, aspect U[0.3, 1/0.3]) pastes the partner's strong view into the
+   strong view ``image_strong`` (fixmatch.py 139-140).
+3. The network in train mode on ``cat(labeled, weak)`` (fixmatch.py 142-146; the NP head: labeled = context,
+   all = targets with the step-1 pseudo-labels): the supervised loss, and the detached weak-view prediction
+   (mean of the per-sample softmaxes for the stochastic heads) gives the pseudo-labels and confidences
+   outside the boxes (fixmatch.py 149-158).
+4. The network in train mode on the mixed strong view, no labels (the NP head draws its latent from its
+   stored centers): per-pixel CE against the mixed pseudo-labels, summed over pixels whose (mixed)
+   confidence is >= ``confidence_threshold`` and that are valid, divided by the number of valid pixels
+   (fixmatch.py 162-164). The project's unlabeled items carry no crop-padding mask (their labels are
+   hidden), so every pixel is valid and the divisor is ``B_u x H x W``.
+5. Loss ``(loss_x + loss_s) / 2`` (fixmatch.py 166): terms ``sup`` = 0.5 loss_x (and 0.5 of any other
+   supervised term), ``unsup`` = 0.5 loss_s; the NP head's ``kl`` is added unscaled, as in every framework.
+
+The model evaluated is the network itself (no teacher).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
+from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
+from npsemiseg.models import upsample_logits
+
+#: UniMatch@0324f3d dataset/transform.py 66: obtain_cutmix_box's size_min, size_max, ratio_1, ratio_2
+BOX_AREA = (0.02, 0.4)
+BOX_ASPECT = (0.3, 1 / 0.3)
+#: tries of the rejection loop before a box is clipped to the image (only crops far from square need it)
+BOX_TRIES = 1000
+
+
+def _uniform(low: float, high: float, generator: torch.Generator | None) -> float:
+    return low + (high - low) * float(torch.rand((), generator=generator))
+
+
+def unimatch_boxes(batch: int, height: int, width: int, *, p: float = 0.5, area: Sequence[float] = BOX_AREA,
+                   aspect: Sequence[float] = BOX_ASPECT, generator: torch.Generator | None = None,
+                   device: torch.device | str | None = None) -> Tensor:
+    """UniMatch's CutMix boxes, one draw per image: bool ``[B, H, W]``, True inside the box.
+
+    Per image (dataset/transform.py 66-84): no box with probability ``1 - p``; else area ``s ~ U[area] x H x W``,
+    then aspect ``r ~ U[aspect]``, sides ``w = int(sqrt(s / r))``, ``h = int(sqrt(s r))`` and corner ``x ~ U{0..W-1}``,
+    ``y ~ U{0..H-1}`` redrawn (area kept) until the box fits. Every draw comes from torch's RNG (``generator``).
+    """
+    mask = torch.zeros(batch, height, width, dtype=torch.bool)
+    for i in range(batch):
+        if float(torch.rand((), generator=generator)) > p:
+            continue
+        size = _uniform(area[0], area[1], generator) * height * width
+        for _ in range(BOX_TRIES):
+            ratio = _uniform(aspect[0], aspect[1], generator)
+            w, h = int(math.sqrt(size / ratio)), int(math.sqrt(size * ratio))
+            x = int(torch.randint(0, width, (), generator=generator))
+            y = int(torch.randint(0, height, (), generator=generator))
+            if x + w <= width and y + h <= height:
+                break
+        mask[i, y:y + h, x:x + w] = True
+    return mask.to(device) if device is not None else mask
+
+
+def mix_partners(batch: int, generator: torch.Generator | None = None) -> Tensor:
+    """``[B]`` long: image i's CutMix source ``(i + k) mod B`` for one random shift ``1 <= k < B`` (0 when B = 1)."""
+    shift = int(torch.randint(1, batch, (), generator=generator)) if batch > 1 else 0
+    return (torch.arange(batch) + shift) % batch
+
+
+def thresholded_loss(pixel_loss: Tensor, confidence: Tensor, valid: Tensor, threshold: float) -> Tensor:
+    """``sum(pixel_loss * [confidence >= threshold and valid]) / count(valid)`` over ``[B, H, W]`` (UniMatch's
+    unsupervised normalisation: masked pixels count in the divisor, ignored ones do not; 0 when none is valid)."""
+    keep = (confidence >= threshold) & valid
+    return (pixel_loss * keep.to(pixel_loss.dtype)).sum() / valid.sum().clamp_min(1)
+
+
+class FixMatchOptions(FrameworkOptions):
+    """FixMatch options; defaults = the VOC settings (UniMatch@0324f3d configs/pascal.yaml 16)."""
+
+    confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
+    cutmix_p: float = Field(0.5, ge=0.0, le=1.0)
+
+
+@FRAMEWORKS.register("fixmatch")
+class FixMatch(SemiSupervisedFramework):
+    """One network, eval-mode CutMix-source pseudo-labels, train-mode weak-view pseudo-labels, one strong view."""
+
+    name = "fixmatch"
+    Options = FixMatchOptions
+    teacher_names = ()
+    #: UniMatch's DeepLabv3+ (model/semseg/deeplabv3plus.py 9-68: output stride 16, ASPP 6/12/18 with image pooling,
+    #: 1x1 projection without dropout, 48-channel low-level reduction) is AugSeg's variant
+    model_variant = "augseg"
+    #: dataset/semi.py 41-60: rescale by U[0.5, 2] of the image's own long side, crop, flip; strong view ColorJitter
+    #: (0.5, 0.5, 0.5, 0.25) p 0.8, grayscale p 0.2, blur sigma U[0.1, 2] p 0.5: PS-MT's strong view; see the docs for
+    #: where the weak pipeline differs
+    augmentation = "psmt"
+    #: configs/pascal.yaml 4, 9: crop 321, batch 2 per GPU x 4 GPUs; configs/cityscapes.yaml 4, 9: crop 801, 2 x 4
+    publication_settings = {"voc": (321, 8), "cityscapes": (801, 8)}
+    #: configs/pascal.yaml 10-11: 0.001 (x10 for the decoder); configs/cityscapes.yaml 10-11: 0.005 (x1)
+    publication_lr = {"voc": 1e-3, "cityscapes": 5e-3}
+    #: fixmatch.py 166: loss = (loss_x + loss_s) / 2
+    sup_weight: ClassVar[float] = 0.5
+    strong_weights: ClassVar[tuple[float, ...]] = (0.5,)
+    smoke_options = {}
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
+        """Threshold 0.95 on VOC (configs/pascal.yaml 16), 0 on Cityscapes (configs/cityscapes.yaml 18)."""
+        threshold = 0.0 if dataset == "cityscapes" else 0.95
+        return cls.Options(confidence_threshold=threshold).model_dump()
+
+    @classmethod
+    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
+        """80 on VOC (configs/pascal.yaml 8), 240 on Cityscapes (configs/cityscapes.yaml 8)."""
+        return 240 if dataset == "cityscapes" else 80
+
+    def eval_model(self) -> nn.Module:
+        return self.student
+
+    # ----------------------------------------------------------------- pieces
+    def draw_boxes(self, batch: int, height: int, width: int, device: torch.device) -> list[Tensor]:
+        """One independent box draw per strong view (``[B, H, W]`` bool each)."""
+        p = self.options.cutmix_p  # type: ignore[attr-defined]
+        return [unimatch_boxes(batch, height, width, p=p, device=device) for _ in self.strong_weights]
+
+    def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
+                  targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
+        """The train-mode pass over ``cat(labeled, weak)`` (``targets_u``: the NP head's targets); FixMatch has no
+        perturbed-feature logits (None)."""
+        return self.student_pass(images_l, labels_l, weak, targets_u), None
+
+    def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
+        """Loss terms beyond the strong views (UniMatch's feature perturbation)."""
+        return {}
+
+    def strong_term_names(self) -> list[str]:
+        return ["unsup"] if len(self.strong_weights) == 1 else [f"unsup_s{i + 1}" for i in range(len(self.strong_weights))]
+
+    # ----------------------------------------------------------------- step
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
+        images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        unlabeled = require_unlabeled(batch, self.name)
+        if "image_strong" not in unlabeled:
+            raise ValueError(f"batch.unlabeled: {self.name} needs 'image_strong' (the strong view; augmentation "
+                             f"{self.augmentation!r} makes it)")
+        weak, strong = unlabeled["image"], unlabeled["image_strong"]
+        size = tuple(weak.shape[-2:])
+        self.seed_memories(images_l, labels_l)
+
+        # 1. eval mode, no gradient: the CutMix source's pseudo-labels (and the NP head's targets)
+        source = self.predict_unlabeled(self.student, unlabeled)
+        partner = mix_partners(weak.shape[0]).to(weak.device)
+        # 2. one independent box per strong view, the partner's strong view pasted in
+        boxes = self.draw_boxes(weak.shape[0], size[0], size[1], weak.device)
+        mixed = [torch.where(box[:, None], strong[partner], strong) for box in boxes]
+
+        # 3. train mode on labeled + weak: supervised loss, detached weak-view pseudo-labels
+        targets_u = ignore_where(source.label, source.confidence < threshold)
+        clean, perturbed = self.weak_pass(images_l, labels_l, weak, targets_u)
+        weak_pred = prediction_from_logits(clean.logits_u.detach(), size, align_corners=self.align_corners)
+        if self.unlabeled_truth == "oracle":
+            weak_pred = oracle_prediction(weak_pred, unlabeled["label"])
+        valid = torch.ones_like(weak_pred.label, dtype=torch.bool)  # no padding mask on unlabeled items
+
+        # 4. train mode on the mixed strong views (one batch), no labels
+        output = self.student(torch.cat(mixed, dim=0))
+        strong_logits = upsample_logits(output.head.logits, size, align_corners=self.align_corners)
+        strong_logits = strong_logits.chunk(len(mixed), dim=1)
+
+        aux_term = self.head_aux_term
+        losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(clean, labels_l).items()}
+        for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
+            label = torch.where(box, source.label[partner], weak_pred.label)
+            confidence = torch.where(box, source.confidence[partner], weak_pred.confidence)
+            box_valid = torch.where(box, valid[partner], valid)
+            losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, box_valid, threshold)
+        losses.update(self.extra_terms(perturbed, weak_pred, valid))
+        mask_ratio = float(((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1))
+        return StepResult(losses, self.step_logs(clean, mask_ratio=mask_ratio,
+                                                 box_fraction=float(torch.stack(boxes).float().mean())))

@@ -1,0 +1,75 @@
+"""UniMatch (Yang et al., CVPR 2023): FixMatch with two strong views and a feature-perturbed weak stream
+(``docs/frameworks.md``, FixMatch and UniMatch).
+
+Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``unimatch.py`` 123-188. Everything of
+:mod:`npsemiseg.frameworks.fixmatch` (one network, no EMA teacher; the eval-mode, no-gradient prediction of the
+CutMix source, here the same unlabeled batch shifted cyclically; train-mode detached weak-view pseudo-labels;
+the NP head's targets = the eval-mode pseudo-labels), and:
+
+* two strong views, each with its own CutMix box drawn independently (dataset/semi.py 55, 61; unimatch.py
+  142-145), labelled from their own box (unimatch.py 161-172). The project's data pipeline makes one strong
+  photometric view per unlabeled image (``image_strong``), so both streams start from it and differ by their
+  boxes only, where the official views also differ by their colour jitter, grayscale and blur draws
+  (dataset/semi.py 51-60);
+* the feature-perturbation stream (unimatch.py 151-153, model/semseg/deeplabv3plus.py 44-50): the encoder maps
+  of the weak view pass through ``Dropout2d(feature_dropout)`` (0.5) and the same decoder and head
+  (:meth:`npsemiseg.models.Segmentor.forward_feature_perturbed`, one encoder pass shared with the clean stream;
+  only the unlabeled images are perturbed, the official code also decodes and discards perturbed labeled
+  images), trained against the weak-view pseudo-labels with the threshold (unimatch.py 184-186);
+* loss ``(loss_x + 0.25 loss_s1 + 0.25 loss_s2 + 0.5 loss_fp) / 2`` (unimatch.py 188): terms ``sup`` (0.5),
+  ``unsup_s1``, ``unsup_s2`` (0.125 each), ``unsup_fp`` (0.25); each unsupervised term sums the CE over
+  pixels at or above the threshold and divides by the valid pixels (unimatch.py 176-186).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from npsemiseg.frameworks.base import FRAMEWORKS
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
+from npsemiseg.frameworks.pseudo_labels import TeacherPrediction
+from npsemiseg.frameworks.semi import StudentPass
+from npsemiseg.models import upsample_logits
+
+
+class UniMatchOptions(FixMatchOptions):
+    """UniMatch options; defaults = the VOC settings (configs/pascal.yaml 16; deeplabv3plus.py 45-46)."""
+
+    feature_dropout: float = Field(0.5, ge=0.0, lt=1.0)
+
+
+@FRAMEWORKS.register("unimatch")
+class UniMatch(FixMatch):
+    """FixMatch + a second strong view with its own box + the Dropout2d-perturbed weak stream."""
+
+    name = "unimatch"
+    Options = UniMatchOptions
+    #: unimatch.py 188: (loss_x + 0.25 loss_s1 + 0.25 loss_s2 + 0.5 loss_fp) / 2
+    sup_weight: ClassVar[float] = 0.5
+    strong_weights: ClassVar[tuple[float, ...]] = (0.125, 0.125)
+    fp_weight: ClassVar[float] = 0.25
+
+    def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
+                  targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
+        """``cat(labeled, weak)`` once through the encoder: the clean stream (as FixMatch's, NP context = labeled,
+        targets = all with ``targets_u``) and the perturbed stream of the weak images, logits ``[S, B_u, K, H, W]``."""
+        images = torch.cat([images_l, weak], dim=0)
+        labels = torch.cat([labels_l, targets_u], dim=0)
+        num_labeled = images_l.shape[0]
+        clean, perturbed = unwrap(self.student).forward_feature_perturbed(
+            images, dropout=self.options.feature_dropout, perturb_from=num_labeled,  # type: ignore[attr-defined]
+            labels=labels, num_context=num_labeled)
+        size = tuple(images.shape[-2:])
+        logits_fp = upsample_logits(perturbed.head.logits, size, align_corners=self.align_corners)
+        return self._split(clean, size, num_labeled), logits_fp
+
+    def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
+        assert perturbed is not None
+        threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
+        loss = thresholded_loss(self.pixel_ce(perturbed, weak.label), weak.confidence, valid, threshold)
+        return {"unsup_fp": self.fp_weight * loss}
