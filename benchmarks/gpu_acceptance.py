@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,7 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     gpus = workers * max(1.0, spec.resources.gpus_per_worker)
     measured = {(c["framework"], c["head"]): c for c in cells}
     measured_backbones = {c["backbone"] for c in cells}
-    rows, total, total_steps, backbones = [], 0.0, 0, set()
+    rows, total, total_steps, backbones, unmeasured = [], 0.0, 0, set(), 0
     by_dataset: dict[str, float] = {}
     for config in expand(spec):
         info = config.dataset_info
@@ -263,7 +264,10 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
             labeled = info.partitions[config.partition]
             unlabeled = info.train_size - labeled
         plan = plan_run(config, num_labeled=labeled, num_unlabeled=unlabeled, world_size=workers)
-        cell = measured[(config.framework, config.head.name)]
+        cell = measured.get((config.framework, config.head.name))
+        if cell is None:
+            unmeasured += 1
+            continue
         schedule = config.schedule
         images = schedule.batch_size + (schedule.unlabeled_batch_size if get_framework(config.framework).uses_unlabeled
                                         else 0)
@@ -276,7 +280,7 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
         backbones.add(config.model.backbone)
     return {
         "spec": str(spec_path.relative_to(ROOT) if spec_path.is_relative_to(ROOT) else spec_path),
-        "cells": len(rows), "gpus_per_cell": gpus, "total_steps": total_steps, "gpu_hours": total,
+        "cells": len(rows), "unmeasured_cells": unmeasured, "gpus_per_cell": gpus, "total_steps": total_steps, "gpu_hours": total,
         "gpu_hours_by_dataset": by_dataset, "cells_detail": rows,
         "assumptions": [
             "each GPU of a cell's DDP workers takes the measured one-GPU step time (no gradient all-reduce cost)",
@@ -294,24 +298,33 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = ["# GPU acceptance", "", f"- date: {report['date']}", f"- machine: {report['machine']}",
-             f"- command: `{report['command']}`", f"- mode: {report['mode']}", f"- total seconds: {report['seconds']:.1f}",
+             f"- command: `{report['command']}`", f"- mode: {report['mode']}",
+             f"- seconds so far: {report.get('seconds', 0.0):.1f}", f"- errors: {len(report['errors'])}",
              "", "## Steps", "", "| framework | head | step s | images/s | peak MiB |", "|---|---|---|---|---|"]
-    for c in report["cells"]:
+    for c in report.get("cells", []):
+        if "error" in c:
+            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | |")
+            continue
         peak = f"{c['peak_memory_mib']:.0f}" if c["peak_memory_mib"] is not None else "-"
         lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['images_per_s']:.1f} | {peak} |")
     lines += ["", "## Ratios to the baseline head", "", "| framework | NP step | MC step | NP memory | MC memory |",
               "|---|---|---|---|---|"]
-    for framework, r in report["ratios"].items():
+    for framework, r in report.get("ratios", {}).items():
         lines.append(f"| {framework} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
                      f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
-    ddp, inf, est = report["ddp"], report["inference"], report["gpu_hours"]
-    by_dataset = ", ".join(f"{k} {v:.1f}" for k, v in est["gpu_hours_by_dataset"].items())
-    lines += ["", "## DDP (one rank)", "", "```", json.dumps(ddp, indent=1), "```", "", "## Inference", "", "```",
-              json.dumps(inf, indent=1), "```", "", "## GPU-hours estimate", "",
-              f"{est['spec']}: {est['cells']} cells x {est['gpus_per_cell']:g} GPUs, {est['total_steps']} steps, "
-              f"**{est['gpu_hours']:.1f} GPU-hours** ({by_dataset})",
-              "", *[f"- {a}" for a in est["assumptions"]], ""]
-    return "\n".join(lines)
+    for title, key in (("DDP (one rank)", "ddp"), ("Inference", "inference")):
+        if key in report:
+            lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
+    est = report.get("gpu_hours")
+    if est and "error" not in est:
+        by_dataset = ", ".join(f"{k} {v:.1f}" for k, v in est["gpu_hours_by_dataset"].items())
+        lines += ["", "## GPU-hours estimate", "",
+                  f"{est['spec']}: {est['cells']} cells x {est['gpus_per_cell']:g} GPUs, {est['total_steps']} steps, "
+                  f"**{est['gpu_hours']:.1f} GPU-hours** ({by_dataset}); cells without a measured step: "
+                  f"{est['unmeasured_cells']}", "", *[f"- {a}" for a in est["assumptions"]]]
+    elif est:
+        lines += ["", "## GPU-hours estimate", "", f"error: {est['error']}"]
+    return "\n".join(lines) + "\n"
 
 
 def _f(value: float | None) -> str:
@@ -341,35 +354,68 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "mode": "tiny (smoke preset model, not paper scale)" if args.tiny else f"paper preset, {args.backbone}",
         "torch": torch.__version__, "device": str(device),
     }
-    cells = []
+    report["errors"] = []
+
+    def failed(part: str, error: BaseException) -> dict[str, str]:
+        """Record a part's error and go on: one failing cell must not cost the rest of a GPU session."""
+        traceback.print_exception(error)
+        message = f"{type(error).__name__}: {error}"
+        report["errors"].append(f"{part}: {message}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": message}
+
+    def write() -> None:
+        report["seconds"] = time.perf_counter() - started
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_acceptance.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / "gpu_acceptance.md").write_text(markdown(report))
+
+    cells: list[dict[str, Any]] = []
+    report["cells"] = cells
     print(f"{'framework':<11}{'head':<12}{'step s':>9}{'img/s':>9}{'peak MiB':>10}{'cell s':>8}", flush=True)
     for framework in args.frameworks:
         for head in args.heads:
-            cell = measure_cell(args, device, framework, head)
+            try:
+                cell = measure_cell(args, device, framework, head)
+            except Exception as error:  # reported; the exit status says so
+                cells.append({"framework": framework, "head": head, **failed(f"{framework} x {head}", error)})
+                print(f"{framework:<11}{head:<12}error: {cells[-1]['error']}", flush=True)
+                continue
             cells.append(cell)
             peak = f"{cell['peak_memory_mib']:.0f}" if cell["peak_memory_mib"] is not None else "-"
             print(f"{framework:<11}{head:<12}{cell['step_s']:>9.4f}{cell['images_per_s']:>9.1f}{peak:>10}"
                   f"{cell['cell_s']:>8.1f}", flush=True)
-    report["cells"], report["ratios"] = cells, ratios(cells)
+            write()
+    measured = [c for c in cells if "error" not in c]
+    report["ratios"] = ratios(measured)
     for framework, r in report["ratios"].items():
         print(f"{framework:<11}NP/baseline {_f(r.get('np_step_ratio'))}  MC/baseline {_f(r.get('mc_dropout_step_ratio'))}"
               f"  (memory {_f(r.get('np_memory_ratio'))} / {_f(r.get('mc_dropout_memory_ratio'))})", flush=True)
-    report["ddp"], report["inference"] = ddp_and_inference(args, device)
-    print(f"DDP: {report['ddp']['backend']} world {report['ddp']['world_size']}, {report['ddp']['steps']} steps, "
-          f"all-reduce ok {report['ddp']['all_reduce_ok']}", flush=True)
-    print(f"inference on {report['inference']['device']}: predict {report['inference']['predict_s']:.3f} s, "
-          f"evaluate miou {report['inference']['evaluate_miou']}, export round trip "
-          f"{report['inference']['export_roundtrip_equal']}", flush=True)
-    report["gpu_hours"] = gpu_hours(args.spec.resolve(), cells)
-    print(f"GPU-hours of {report['gpu_hours']['spec']}: {report['gpu_hours']['gpu_hours']:.1f} "
-          f"({report['gpu_hours']['cells']} cells)" + (" [tiny mode: not an estimate]" if args.tiny else ""), flush=True)
-    report["seconds"] = time.perf_counter() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_acceptance.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "gpu_acceptance.md").write_text(markdown(report))
-    print(f"wrote {args.out / 'gpu_acceptance.json'} and gpu_acceptance.md ({report['seconds']:.1f} s)", flush=True)
+    write()
+    try:
+        report["ddp"], report["inference"] = ddp_and_inference(args, device)
+        print(f"DDP: {report['ddp']['backend']} world {report['ddp']['world_size']}, {report['ddp']['steps']} steps, "
+              f"all-reduce ok {report['ddp']['all_reduce_ok']}", flush=True)
+        print(f"inference on {report['inference']['device']}: predict {report['inference']['predict_s']:.3f} s, "
+              f"evaluate miou {report['inference']['evaluate_miou']}, export round trip "
+              f"{report['inference']['export_roundtrip_equal']}", flush=True)
+    except Exception as error:
+        report.setdefault("ddp", failed("ddp / inference", error))
+        report.setdefault("inference", {"error": report["ddp"].get("error", "not run")})
+    write()
+    try:
+        report["gpu_hours"] = gpu_hours(args.spec.resolve(), measured)
+        print(f"GPU-hours of {report['gpu_hours']['spec']}: {report['gpu_hours']['gpu_hours']:.1f} "
+              f"({report['gpu_hours']['cells']} cells, {report['gpu_hours']['unmeasured_cells']} without a measured "
+              "step)" + (" [tiny mode: not an estimate]" if args.tiny else ""), flush=True)
+    except Exception as error:
+        report["gpu_hours"] = failed("gpu_hours", error)
+    write()
+    print(f"wrote {args.out / 'gpu_acceptance.json'} and gpu_acceptance.md ({report['seconds']:.1f} s, "
+          f"{len(report['errors'])} errors)", flush=True)
     return report
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["errors"] else 0)

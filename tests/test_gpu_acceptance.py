@@ -28,6 +28,7 @@ def _script():
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     _script().main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
+    assert report["errors"] == []
     assert report["date"] and report["machine"] and "--tiny" in report["command"]
     cells = {(c["framework"], c["head"]): c for c in report["cells"]}
     assert set(cells) == {(f, h) for f in framework_names() for h in head_names()}
@@ -43,7 +44,8 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert inference["device"] == "cpu" and inference["predict_labels_in_range"] and inference["uncertainty_finite"]
     assert inference["evaluate_miou"] is not None and inference["export_roundtrip_equal"]
     estimate = report["gpu_hours"]
-    assert estimate["cells"] > 0 and estimate["total_steps"] > 0 and estimate["gpu_hours"] > 0
+    assert estimate["cells"] > 0 and estimate["unmeasured_cells"] == 0
+    assert estimate["total_steps"] > 0 and estimate["gpu_hours"] > 0 and estimate["assumptions"]
     assert set(estimate["gpu_hours_by_dataset"]) == {"pascal_classic", "pascal_blender", "cityscapes"}
     text = (tmp_path / "gpu_acceptance.md").read_text()
     assert "GPU-hours" in text and report["machine"] in text
