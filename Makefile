@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-fast test-stack demo study bench clean stack-up stack-down chaos
+.PHONY: install lint test test-fast test-stack demo study bench clean stack-up stack-down chaos gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ study: $(STAMP)
 CHAOS_ARGS ?= --interval 20 --seed 0
 chaos: $(STAMP)
 	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
+
+# GPU acceptance (docs/performance.md#gpu-acceptance): one paper-scale step of every framework x head, a one-rank
+# NCCL cell, evaluate/predict on CUDA, the GPU-hours of jobs/specs/paper.yaml; at most 8 minutes on one H100.
+# Writes JSON + Markdown to benchmarks/results/gpu_acceptance/ (--out DIR); on CPU: GPU_CHECK_ARGS="--device cpu --tiny"
+GPU_CHECK_ARGS ?= --device cuda
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_acceptance.py $(GPU_CHECK_ARGS)
 
 # The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/devstack/
 stack-up: $(STAMP)

@@ -1,0 +1,434 @@
+"""GPU acceptance run: one paper-scale training step of every framework x head, a one-rank DDP cell, evaluate and
+predict on the device, and the GPU-hours of ``jobs/specs/paper.yaml`` from the measured step times.
+
+Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one H100) and kept from rotting by
+``tests/test_gpu_acceptance.py``, which runs the same code path with ``--device cpu --tiny``.
+
+1. Steps. Every framework x head is built and stepped through the project's own APIs: the configuration of
+   ``npsemiseg.config.cell_config`` (preset ``paper``: crop 480, 3 labeled + 3 unlabeled images per GPU on VOC,
+   bf16 autocast as ``runtime.amp`` says; ``--backbone`` resnet101 by default, random init, ``model.weights=None``)
+   on the synthetic VOC stand-in at VOC's image size (375 x 500), ``npsemiseg.training.setup.setup_run`` (datasets,
+   framework on the device, optimiser, data streams) and ``npsemiseg.training.step.train_step`` (the loop's step).
+   The frameworks' supervised-only / warm-up phases are set to 0 so the step measured is the semi-supervised one.
+   The batches are drawn from the run's data streams before timing (once per framework: the head changes no data
+   setting); one warm-up step, then ``--steps`` timed steps
+   (CUDA synchronised around each): step time (median), images/s, peak CUDA memory
+   (``torch.cuda.max_memory_allocated``, reset per cell), and per framework the NP / baseline and MC dropout /
+   baseline ratios.
+2. DDP. ``torch.distributed`` with world size 1 (NCCL on CUDA, gloo on CPU) and the project's loop
+   (``npsemiseg.training.train``) for ``--ddp-steps`` steps of U2PL x NP (NP memory sync and the contrastive queues
+   see an initialised process group), then the project's collectives (``broadcast_state``, ``average_gradients``)
+   on the trained student and an all-reduce checked for its value.
+3. Inference. The DDP cell's trained framework's evaluation model as ``npsemiseg.inference_model.SegmentationModel``
+   on the device: ``predict`` on a batch of VOC-sized images, ``evaluate`` on the validation split
+   (``npsemiseg.evaluation`` underneath), ``export`` then ``load_model`` back onto the device, predictions equal.
+4. GPU-hours. ``jobs/specs/paper.yaml`` expanded with ``semiseg_platform.sweeps.grid_spec``; steps per cell from
+   ``npsemiseg.training.plan.plan_run`` (the cell's epochs x iterations per epoch on ``resources.workers`` GPUs,
+   the packaged partition lists' labeled / unlabeled counts); each cell's step time is the measured one of its
+   framework x head scaled by pixels per step (crop^2 x images per GPU: Cityscapes' 2 + 2 at 580 and the
+   per-head publication settings); GPU-hours = steps x step time x GPUs / 3600. Assumptions are in the output.
+
+    python benchmarks/gpu_acceptance.py                          # on a GPU (make gpu-check)
+    python benchmarks/gpu_acceptance.py --device cpu --tiny      # the same path on CPU in seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import itertools
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from npsemiseg.config import RunConfig, cell_config
+from npsemiseg.data import dataset_info
+from npsemiseg.data.partitions import partition_ids
+from npsemiseg.frameworks import StepContext, framework_names, get_framework
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.heads import head_names
+from npsemiseg.inference_model import SegmentationModel, load_model
+from npsemiseg.training import average_gradients, broadcast_state, plan_run, train
+from npsemiseg.training.setup import backend_flags, setup_run
+from npsemiseg.training.step import train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_acceptance"
+DEFAULT_SPEC = ROOT / "jobs" / "specs" / "paper.yaml"
+DATASET = "synthetic_voc"
+#: a VOC partition whose synthetic stand-in has enough labeled images for a batch of 3
+PARTITION = "1464"
+#: VOC's usual image size (rows, columns)
+VOC_IMAGE = (375, 500)
+TINY_IMAGE = (48, 64)
+DDP_CELL = ("u2pl", "np")
+
+
+def machine(device: torch.device) -> str:
+    """The GPU's name, else the CPU model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} CPUs)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cell_overrides(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The overrides of every measured cell: device, random init, synthetic VOC-sized data, no progress bar."""
+    image = TINY_IMAGE if args.tiny else VOC_IMAGE
+    overrides: dict[str, Any] = {
+        "runtime.device": device.type, "runtime.progress": "off", "runtime.output_dir": None,
+        "model.weights": None,
+        "data.options": {"image_size": list(image), "train_size": 32 if args.tiny else 64, "val_size": 2},
+    }
+    if args.tiny:
+        overrides["data.num_workers"] = 0
+    else:
+        overrides["model.backbone"] = args.backbone  # data.num_workers stays the preset's 4
+    return overrides
+
+
+def compose_cell(args: argparse.Namespace, device: torch.device, framework: str, head: str,
+                 **more: Any) -> RunConfig:
+    """The cell's configuration, its supervised-only / warm-up phases off (the semi-supervised step is measured)."""
+    preset = "smoke" if args.tiny else "paper"
+    overrides = {**cell_overrides(args, device), **more}
+    config = cell_config(preset, framework=framework, dataset=DATASET, partition=PARTITION, head=head, **overrides)
+    phases = {f"framework_options.{k}": 0 for k in ("sup_only_epochs", "warmup_epochs")
+              if config.framework_options.get(k)}
+    if phases:
+        config = cell_config(preset, framework=framework, dataset=DATASET, partition=PARTITION, head=head,
+                             **overrides, **phases)
+    return config
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_cell(args: argparse.Namespace, device: torch.device, framework: str, head: str,
+                 batch_cache: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """Warm-up step + ``args.steps`` timed steps of one framework x head through ``setup_run`` / ``train_step``.
+
+    The batches come from the run's data streams before timing; ``batch_cache`` keeps them for the next head of
+    the same framework (the head changes no data setting), which saves most of the CPU time of the run."""
+    config = compose_cell(args, device, framework, head)
+    started = time.perf_counter()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    with backend_flags(config, device):
+        run = setup_run(config, device)
+        key = json.dumps([config.data.model_dump(mode="json"), config.schedule.model_dump(mode="json"),
+                          run.framework.uses_unlabeled, args.steps], sort_keys=True)
+        batches = (batch_cache or {}).get(key) or list(itertools.islice(run.streams.epoch(0, 0), 1 + args.steps))
+        if batch_cache is not None:
+            batch_cache[key] = batches
+        if len(batches) < 1 + args.steps:
+            raise RuntimeError(f"{framework} x {head}: the data streams gave {len(batches)} batches")
+        plan, times, logs = run.plan, [], {}
+        for step, batch in enumerate(batches):
+            ctx = StepContext(step=step, total_steps=plan.total_steps, epoch=step // plan.iters_per_epoch,
+                              total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
+            synchronize(device)
+            tick = time.perf_counter()
+            logs = train_step(run.framework, batch, ctx, run.optimizer, config, device, run.world_size)
+            synchronize(device)
+            if step:  # the first is the warm-up (cuDNN autotuning, allocator)
+                times.append(time.perf_counter() - tick)
+    schedule = config.schedule
+    uses_unlabeled = run.framework.uses_unlabeled
+    images = schedule.batch_size + (schedule.unlabeled_batch_size if uses_unlabeled else 0)
+    step_s = statistics.median(times)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    del run
+    return {
+        "framework": framework, "head": head, "backbone": config.model.backbone, "crop": schedule.crop_size,
+        "labeled_batch": schedule.batch_size, "unlabeled_batch": schedule.unlabeled_batch_size if uses_unlabeled else 0,
+        "amp_bf16": device.type == "cuda" and config.runtime.amp, "step_s": step_s, "all_step_s": times,
+        "images_per_s": images / step_s, "peak_memory_mib": peak, "loss": logs.get("train/loss"),
+        "pixels_per_step": schedule.crop_size ** 2 * images, "cell_s": time.perf_counter() - started,
+    }
+
+
+def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per framework: step time and peak memory of NP and MC dropout over the baseline head's."""
+    by = {(c["framework"], c["head"]): c for c in cells}
+    out: dict[str, dict[str, float | None]] = {}
+    for framework in dict.fromkeys(c["framework"] for c in cells):
+        base = by.get((framework, "baseline"))
+        if base is None:
+            continue
+        row: dict[str, float | None] = {}
+        for head in ("np", "mc_dropout"):
+            cell = by.get((framework, head))
+            if cell is None:
+                continue
+            row[f"{head}_step_ratio"] = cell["step_s"] / base["step_s"]
+            row[f"{head}_memory_ratio"] = (cell["peak_memory_mib"] / base["peak_memory_mib"]
+                                           if cell["peak_memory_mib"] and base["peak_memory_mib"] else None)
+        out[framework] = row
+    return out
+
+
+def ddp_and_inference(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A one-rank process group around the project's loop, then predict / evaluate / export / load on the device."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    framework, head = DDP_CELL
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = compose_cell(args, device, framework, head, **{
+        "schedule.max_steps": args.ddp_steps, "schedule.eval_every_epochs": 0, "schedule.checkpoint_every_steps": 0,
+        "evaluation.max_images": 2, "evaluation.figures": False})
+    started = time.perf_counter()
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            **({"device_id": device} if device.type == "cuda" else {}))
+    try:
+        result = train(config)
+        assert result.framework is not None
+        student = unwrap(result.framework.student)
+        parameters = [p for p in student.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in parameters[:4]]
+        broadcast_state([student])
+        average_gradients(parameters, 1)
+        probe = torch.ones(4, device=device)
+        dist.all_reduce(probe)
+        unchanged = all(torch.equal(b, p.detach()) for b, p in zip(before, parameters[:4]))
+        ddp = {"backend": dist.get_backend(), "world_size": dist.get_world_size(), "cell": f"{framework} x {head}",
+               "steps": result.steps, "train_seconds": result.train_seconds, "seconds": time.perf_counter() - started,
+               "final_miou": result.metrics.get("miou"), "all_reduce_ok": bool(probe.eq(1).all().item()),
+               "broadcast_unchanged": unchanged}
+    finally:
+        dist.destroy_process_group()
+    inference = inference_checks(config, result, device)
+    return ddp, inference
+
+
+def inference_checks(config: RunConfig, result: Any, device: torch.device) -> dict[str, Any]:
+    """``SegmentationModel.predict`` / ``evaluate`` / ``export`` + ``load_model`` of the trained model on the device."""
+    model = SegmentationModel(config, result.framework.eval_model(), step=result.steps, mode="whole").to(device)
+    info = dataset_info(config.dataset, **dict(config.data.options))
+    rows, cols = info.options["image_size"] if isinstance(info.options["image_size"], Sequence) else (
+        info.options["image_size"],) * 2
+    images = torch.rand(2, 3, rows, cols, generator=torch.Generator().manual_seed(0))
+    synchronize(device)
+    tick = time.perf_counter()
+    labels, uncertainty = model.predict(images)
+    synchronize(device)
+    predict_s = time.perf_counter() - tick
+    tick = time.perf_counter()
+    metrics = model.evaluate(max_images=2)
+    synchronize(device)
+    evaluate_s = time.perf_counter() - tick
+    with tempfile.TemporaryDirectory(prefix="gpu-acceptance-") as tmp:
+        path = model.export(Path(tmp) / "model.pt")
+        loaded = load_model(path, device=device)
+        again, _ = loaded.predict(images)
+    return {
+        "device": str(model.device), "predict_shape": list(labels.shape), "predict_s": predict_s,
+        "predict_labels_in_range": bool(labels.min() >= 0 and labels.max() < config.num_classes),
+        "uncertainty_finite": bool(torch.isfinite(uncertainty).all()), "evaluate_s": evaluate_s,
+        "evaluate_miou": metrics.get("miou"), "evaluate_metrics": len(metrics),
+        "export_roundtrip_equal": bool(torch.equal(labels.cpu(), again.cpu())),
+    }
+
+
+def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """GPU-hours of the spec's cells from the measured step times, scaled by pixels per step."""
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
+    spec = load_spec(spec_path)
+    workers = spec.resources.workers
+    gpus = workers * max(1.0, spec.resources.gpus_per_worker)
+    measured = {(c["framework"], c["head"]): c for c in cells}
+    measured_backbones = {c["backbone"] for c in cells}
+    rows, total, total_steps, backbones, unmeasured = [], 0.0, 0, set(), 0
+    by_dataset: dict[str, float] = {}
+    for config in expand(spec):
+        info = config.dataset_info
+        try:
+            labeled = len(partition_ids(config.dataset, "labeled", config.partition, list_variant=config.list_variant))
+            unlabeled = len(partition_ids(config.dataset, "unlabeled", config.partition,
+                                          list_variant=config.list_variant))
+        except (FileNotFoundError, ValueError):
+            labeled = info.partitions[config.partition]
+            unlabeled = info.train_size - labeled
+        plan = plan_run(config, num_labeled=labeled, num_unlabeled=unlabeled, world_size=workers)
+        cell = measured.get((config.framework, config.head.name))
+        if cell is None:
+            unmeasured += 1
+            continue
+        schedule = config.schedule
+        images = schedule.batch_size + (schedule.unlabeled_batch_size if get_framework(config.framework).uses_unlabeled
+                                        else 0)
+        step_s = cell["step_s"] * (schedule.crop_size ** 2 * images) / cell["pixels_per_step"]
+        hours = plan.total_steps * step_s * gpus / 3600
+        total += hours
+        total_steps += plan.total_steps
+        rows.append({"cell": config.cell_name, "steps": plan.total_steps, "step_s": step_s, "gpu_hours": hours})
+        by_dataset[config.dataset] = by_dataset.get(config.dataset, 0.0) + hours
+        backbones.add(config.model.backbone)
+    return {
+        "spec": str(spec_path.relative_to(ROOT) if spec_path.is_relative_to(ROOT) else spec_path),
+        "cells": len(rows), "unmeasured_cells": unmeasured, "gpus_per_cell": gpus, "total_steps": total_steps, "gpu_hours": total,
+        "gpu_hours_by_dataset": by_dataset, "cells_detail": rows,
+        "assumptions": [
+            "each GPU of a cell's DDP workers takes the measured one-GPU step time (no gradient all-reduce cost)",
+            "a cell's step time is its framework x head's measured one scaled linearly by pixels per step "
+            "(crop^2 x labeled + unlabeled images per GPU): Cityscapes 2 + 2 at 580 and per-head publication "
+            "settings from VOC's 3 + 3 at 480",
+            "every step costs a semi-supervised step (supervised-only and warm-up epochs are not cheaper here)",
+            "evaluation, checkpoints, data loading stalls and start-up are not counted",
+            "the np_mean variant (attention=mean) costs the NP head's step",
+            f"step times measured with backbone {', '.join(sorted(measured_backbones))}; the spec's cells use "
+            f"{', '.join(sorted(backbones))} (a heavier measured backbone makes the estimate an upper bound)",
+        ],
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# GPU acceptance", "", f"- date: {report['date']}", f"- machine: {report['machine']}",
+             f"- command: `{report['command']}`", f"- mode: {report['mode']}",
+             f"- seconds so far: {report.get('seconds', 0.0):.1f}", f"- errors: {len(report['errors'])}",
+             "", "## Steps", "", "| framework | head | step s | images/s | peak MiB |", "|---|---|---|---|---|"]
+    for c in report.get("cells", []):
+        if "error" in c:
+            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | |")
+            continue
+        peak = f"{c['peak_memory_mib']:.0f}" if c["peak_memory_mib"] is not None else "-"
+        lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['images_per_s']:.1f} | {peak} |")
+    lines += ["", "## Ratios to the baseline head", "", "| framework | NP step | MC step | NP memory | MC memory |",
+              "|---|---|---|---|---|"]
+    for framework, r in report.get("ratios", {}).items():
+        lines.append(f"| {framework} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
+                     f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
+    for title, key in (("DDP (one rank)", "ddp"), ("Inference", "inference")):
+        if key in report:
+            lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
+    est = report.get("gpu_hours")
+    if est and "error" not in est:
+        by_dataset = ", ".join(f"{k} {v:.1f}" for k, v in est["gpu_hours_by_dataset"].items())
+        lines += ["", "## GPU-hours estimate", "",
+                  f"{est['spec']}: {est['cells']} cells x {est['gpus_per_cell']:g} GPUs, {est['total_steps']} steps, "
+                  f"**{est['gpu_hours']:.1f} GPU-hours** ({by_dataset}); cells without a measured step: "
+                  f"{est['unmeasured_cells']}", "", *[f"- {a}" for a in est["assumptions"]]]
+    elif est:
+        lines += ["", "## GPU-hours estimate", "", f"error: {est['error']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _f(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="the smoke preset's model at 32 px crops (CPU checks)")
+    parser.add_argument("--backbone", default="resnet101", help="backbone of the paper-scale cells (random init)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per cell (default 3; tiny 1)")
+    parser.add_argument("--ddp-steps", type=int, default=2)
+    parser.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--frameworks", nargs="+", default=list(framework_names()))
+    parser.add_argument("--heads", nargs="+", default=list(head_names()))
+    args = parser.parse_args(argv)
+    args.steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available (use --device cpu --tiny for the CPU check)")
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(device),
+        "command": shlex.join(["python", "benchmarks/gpu_acceptance.py", *(argv if argv is not None else sys.argv[1:])]),
+        "mode": "tiny (smoke preset model, not paper scale)" if args.tiny else f"paper preset, {args.backbone}",
+        "torch": torch.__version__, "device": str(device),
+    }
+    report["errors"] = []
+
+    def failed(part: str, error: BaseException) -> dict[str, str]:
+        """Record a part's error and go on: one failing cell must not cost the rest of a GPU session."""
+        traceback.print_exception(error)
+        message = f"{type(error).__name__}: {error}"
+        report["errors"].append(f"{part}: {message}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": message}
+
+    def write() -> None:
+        report["seconds"] = time.perf_counter() - started
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_acceptance.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / "gpu_acceptance.md").write_text(markdown(report))
+
+    cells: list[dict[str, Any]] = []
+    report["cells"] = cells
+    batch_cache: dict[str, list[Any]] = {}
+    print(f"{'framework':<11}{'head':<12}{'step s':>9}{'img/s':>9}{'peak MiB':>10}{'cell s':>8}", flush=True)
+    for framework in args.frameworks:
+        batch_cache.clear()
+        for head in args.heads:
+            try:
+                cell = measure_cell(args, device, framework, head, batch_cache)
+            except Exception as error:  # reported; the exit status says so
+                cells.append({"framework": framework, "head": head, **failed(f"{framework} x {head}", error)})
+                print(f"{framework:<11}{head:<12}error: {cells[-1]['error']}", flush=True)
+                continue
+            cells.append(cell)
+            peak = f"{cell['peak_memory_mib']:.0f}" if cell["peak_memory_mib"] is not None else "-"
+            print(f"{framework:<11}{head:<12}{cell['step_s']:>9.4f}{cell['images_per_s']:>9.1f}{peak:>10}"
+                  f"{cell['cell_s']:>8.1f}", flush=True)
+            write()
+    measured = [c for c in cells if "error" not in c]
+    report["ratios"] = ratios(measured)
+    for framework, r in report["ratios"].items():
+        print(f"{framework:<11}NP/baseline {_f(r.get('np_step_ratio'))}  MC/baseline {_f(r.get('mc_dropout_step_ratio'))}"
+              f"  (memory {_f(r.get('np_memory_ratio'))} / {_f(r.get('mc_dropout_memory_ratio'))})", flush=True)
+    write()
+    try:
+        report["ddp"], report["inference"] = ddp_and_inference(args, device)
+        print(f"DDP: {report['ddp']['backend']} world {report['ddp']['world_size']}, {report['ddp']['steps']} steps, "
+              f"all-reduce ok {report['ddp']['all_reduce_ok']}", flush=True)
+        print(f"inference on {report['inference']['device']}: predict {report['inference']['predict_s']:.3f} s, "
+              f"evaluate miou {report['inference']['evaluate_miou']}, export round trip "
+              f"{report['inference']['export_roundtrip_equal']}", flush=True)
+    except Exception as error:
+        report.setdefault("ddp", failed("ddp / inference", error))
+        report.setdefault("inference", {"error": report["ddp"].get("error", "not run")})
+    write()
+    try:
+        report["gpu_hours"] = gpu_hours(args.spec.resolve(), measured)
+        print(f"GPU-hours of {report['gpu_hours']['spec']}: {report['gpu_hours']['gpu_hours']:.1f} "
+              f"({report['gpu_hours']['cells']} cells, {report['gpu_hours']['unmeasured_cells']} without a measured "
+              "step)" + (" [tiny mode: not an estimate]" if args.tiny else ""), flush=True)
+    except Exception as error:
+        report["gpu_hours"] = failed("gpu_hours", error)
+    write()
+    print(f"wrote {args.out / 'gpu_acceptance.json'} and gpu_acceptance.md ({report['seconds']:.1f} s, "
+          f"{len(report['errors'])} errors)", flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main()["errors"] else 0)

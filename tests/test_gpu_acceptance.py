@@ -1,0 +1,51 @@
+"""``benchmarks/gpu_acceptance.py`` (``make gpu-check``) in its CPU mode, so the GPU acceptance run cannot rot:
+every framework x head stepped, the ratios, the one-rank DDP cell (gloo), predict / evaluate / export on the
+device and a GPU-hours figure of ``jobs/specs/paper.yaml``, in the JSON and the Markdown it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.integration  # about a minute on a loaded 2-core machine
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", ROOT / "benchmarks" / "gpu_acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
+    _script().main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
+    assert report["errors"] == []
+    assert report["date"] and report["machine"] and "--tiny" in report["command"]
+    cells = {(c["framework"], c["head"]): c for c in report["cells"]}
+    assert set(cells) == {(f, h) for f in framework_names() for h in head_names()}
+    for cell in cells.values():
+        assert cell["step_s"] > 0 and cell["images_per_s"] > 0 and cell["loss"] is not None
+    for framework in framework_names():
+        assert report["ratios"][framework]["np_step_ratio"] > 0
+        assert report["ratios"][framework]["mc_dropout_step_ratio"] > 0
+    ddp = report["ddp"]
+    assert ddp["backend"] == "gloo" and ddp["world_size"] == 1 and ddp["steps"] == 2
+    assert ddp["all_reduce_ok"] and ddp["broadcast_unchanged"]
+    inference = report["inference"]
+    assert inference["device"] == "cpu" and inference["predict_labels_in_range"] and inference["uncertainty_finite"]
+    assert inference["evaluate_miou"] is not None and inference["export_roundtrip_equal"]
+    estimate = report["gpu_hours"]
+    assert estimate["cells"] > 0 and estimate["unmeasured_cells"] == 0
+    assert estimate["total_steps"] > 0 and estimate["gpu_hours"] > 0 and estimate["assumptions"]
+    assert set(estimate["gpu_hours_by_dataset"]) == {"pascal_classic", "pascal_blender", "cityscapes"}
+    text = (tmp_path / "gpu_acceptance.md").read_text()
+    assert "GPU-hours" in text and report["machine"] in text
