@@ -17,8 +17,7 @@ and predicts with a trained cell's model (a checkpoint directory or a file ``nps
     labels, uncertainty = model.predict(images)  # [B, 3, H, W] in [0, 1] -> [B, H, W], [B, H, W] (nats)
 
 ``RunConfig``, ``compose``, ``cell_config``, ``with_overrides``, ``train`` and ``RunResult`` are imported on
-first use (PEP 562), so importing a
-sub-package such as ``npsemiseg.heads`` stays light.
+first use (PEP 562), so importing a sub-package such as ``npsemiseg.heads`` stays light.
 """
 
 from __future__ import annotations
