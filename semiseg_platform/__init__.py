@@ -11,7 +11,7 @@ Where things live: ``cli/`` (one module per command), ``sweeps/`` (grids and sea
 the spec base, what running them shares, the runners), ``preflight``, ``launch/``, ``reports/``, ``ui``,
 ``pretrain_runs`` (the pretraining's MLflow runs), ``checkpoint_lookup`` (a trained cell's checkpoint
 from its run or URI), ``tracking/`` (``tracking/mlflow_names``: every MLflow name), ``storage``,
-``devstack/``.
+``reservations`` (what a cell reserves), ``devstack/``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -38,11 +37,10 @@ from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
+from semiseg_platform.reservations import Needed
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
 
-#: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
-DRIVER_CPUS = 0.5
 #: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
 RESOURCE_TIMEOUT_S = 600.0
 #: Seconds between two ``waiting for resources`` lines
@@ -112,33 +110,6 @@ def check_weights(configs: Iterable[RunConfig]) -> None:
 
 
 # ----------------------------------------------------------------------------- resources
-@dataclass(frozen=True)
-class Needed:
-    """What one cell reserves: CPUs and GPUs in all (its workers, plus a driver for a TorchTrainer cell)."""
-
-    cpus: float
-    gpus: float
-
-    @classmethod
-    def of(cls, workers: int, gpus_per_worker: float, cpus_per_worker: float, *, in_process: bool) -> Needed:
-        if in_process:
-            return cls(cpus_per_worker, gpus_per_worker)
-        driver = DRIVER_CPUS if workers > 1 else 0.0
-        return cls(driver + max(1, workers) * cpus_per_worker, max(1, workers) * gpus_per_worker)
-
-    def describe(self) -> str:
-        return f"{self.cpus:g} CPU(s) and {self.gpus:g} GPU(s) per cell"
-
-    def missing(self, available: Mapping[str, float]) -> list[str]:
-        """What does not fit ``available`` (``{"CPU": n, "GPU": m}``), e.g. ``["1 GPU(s) (has 0)"]``."""
-        short = []
-        for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)):
-            has = float(available.get(name, 0.0))
-            if amount > has + 1e-9:
-                short.append(f"{amount:g} {name}(s) (has {has:g})")
-        return short
-
-
 def machine_resources(ray_init: Mapping[str, Any] | None = None) -> dict[str, float]:
     """What the embedded default will have: the running Ray's resources, else ``ray_init``'s or this machine's."""
     if ray.is_initialized():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import pytest
 from semiseg_platform.sweeps.grid_spec import cell_keys, expand, grid_id, load_spec
 from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_resources
 
-SPECS = Path(__file__).resolve().parents[1] / "jobs" / "specs"
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "jobs" / "specs"
 
 
 def _spec(**changes):
@@ -234,3 +237,11 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     assert with_overrides(alone, {"framework_variant": "supervised_again"}).cell_id != alone.cell_id
     with pytest.raises(ValueError, match="frameworks.bad.framework"):
         load_spec(_spec(frameworks={"bad": {"framework": "no_such_framework"}}))
+
+
+def test_the_spec_and_its_expansion_import_neither_ray_nor_mlflow() -> None:
+    """The GPU acceptance run sizes the paper grid on a machine that may hold PyTorch alone."""
+    code = ("import sys; import semiseg_platform.sweeps.grid_spec; "
+            "print(sorted({'ray', 'mlflow', 'optuna'} & {m.split('.')[0] for m in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -9,6 +9,7 @@ from head_fixtures import C, D, K, batch, small_np, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
+from npsemiseg.heads.np_kernels import norm_relu_conv
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -371,12 +372,68 @@ def test_spread_diagnostic_border_exceeds_interior():
     assert stats["target_classes"] == K
 
 
+class ConvolutionDtypes(TorchDispatchMode):
+    """Records the dtypes of the tensor arguments of every convolution and convolution backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple[torch.dtype, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward):
+            self.calls.append((str(func.overloadpacket), tuple(a.dtype for a in args if isinstance(a, torch.Tensor))))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_norm_relu_conv_of_a_float32_map_under_bf16_autocast_keeps_one_dtype_per_convolution(kernel_size):
+    """A float32 ``y`` (as the float32 InstanceNorm statistics of the first decoder conv can give) under
+    bf16 autocast: the convolution runs in bf16, and its backward gets bf16 gradient, input and weight
+    alike (the old kernel passed a bf16 gradient with a float32 weight, which cuDNN refuses)."""
+    conv = torch.nn.Conv2d(6, 4, kernel_size, padding=kernel_size // 2)
+    y = torch.randn(2, 6, 5, 7) * 3 + 1
+    expected = conv(torch.relu(torch.nn.functional.instance_norm(y)))
+    y_low = y.clone().requires_grad_()
+    with ConvolutionDtypes() as mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = norm_relu_conv(y_low.clone(), conv, chunks=2)
+        out.float().sin().sum().backward()
+    assert out.dtype == torch.bfloat16
+    assert [name for name, _ in mode.calls].count("aten.convolution_backward") == 4  # 2 chunks x (input, weight)
+    mixed = [(name, dtypes) for name, dtypes in mode.calls if len(set(dtypes)) > 1]
+    assert not mixed, mixed
+    assert (out.float() - expected).abs().max() < 0.05 * expected.abs().max()
+    grads_low = [y_low.grad, *(p.grad.clone() for p in conv.parameters())]
+    conv.zero_grad()
+    y_ref = y.clone().requires_grad_()
+    conv(torch.relu(torch.nn.functional.instance_norm(y_ref))).sin().sum().backward()
+    for low, ref in zip(grads_low, [y_ref.grad, *(p.grad for p in conv.parameters())]):
+        assert low.dtype == ref.dtype == torch.float32
+        assert (low - ref).norm() <= 0.05 * ref.norm()
+
+
 def test_bf16_autocast_runs_and_stays_close_to_float32():
+    """Under bf16 autocast every convolution, forward and backward, gets tensors of one dtype (cuDNN
+    refuses a bf16 gradient with a float32 weight; the CPU kernels let it pass), and the gradients
+    stay close to float32's."""
     head, features, labels = small_np(), *batch()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = train_step(head, features, labels)
+    torch.manual_seed(3)
+    train_step(head, features, labels).logits.float().mean().backward()
+    reference_grads = [p.grad.clone() for p in head.parameters() if p.grad is not None]
+    head.zero_grad()
+    torch.manual_seed(3)
+    with ConvolutionDtypes() as mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = train_step(head, features, labels)
         out.logits.float().mean().backward()
     assert torch.isfinite(out.logits.float()).all()
+    assert any(name.endswith("convolution_backward") for name, _ in mode.calls)
+    mixed = [(name, dtypes) for name, dtypes in mode.calls if len(set(dtypes)) > 1]
+    assert not mixed, mixed
+    grads = [p.grad for p in head.parameters() if p.grad is not None]
+    assert len(grads) == len(reference_grads)
+    low_flat, flat = torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in reference_grads])
+    assert (low_flat - flat).norm() <= 0.1 * flat.norm()
     head.eval()
     torch.manual_seed(4)
     reference = head(features).logits

@@ -22,6 +22,7 @@ from npsemiseg.data.info import (
     DatasetInfo,
     dataset_info,
     dataset_names,
+    protocol_partitions,
 )
 from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
@@ -31,5 +32,6 @@ __all__ = [
     "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation",
     "DATA_ROOT_ENV", "DatasetInfo", "IGNORE_INDEX", "LIST_VARIANTS", "SyntheticConfig",
     "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset",
-    "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "resolve_root",
+    "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "protocol_partitions",
+    "resolve_root",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from npsemiseg._registry import Registry
 from npsemiseg.constants import IGNORE_INDEX
@@ -199,3 +200,28 @@ for _name, _info in REAL_DATASETS.items():
     DATASETS.add(_name, _info)
 for _name in SYNTHETIC_STANDINS:
     DATASETS.add(_name, synthetic_info(_name))
+
+
+def _fraction(text: str) -> Fraction | None:
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if "/" in text and 0 < value < 1 else None
+
+
+def protocol_partitions(dataset: str) -> list[tuple[str, str]]:
+    """``[(partition, "1/16 (92)"), ...]``: the dataset's partition protocols (the paper's
+    1/16, 1/8, 1/4, 1/2), smallest label ratio first. Partitions that are no protocol
+    (classic VOC's ``1464`` = "full") are left out; a dataset whose partitions are named
+    by the fractions themselves (``synthetic``) gets those names as labels.
+    """
+    info = dataset_info(dataset)
+    protocols = [(fraction, alias, name) for alias, name in info.partition_aliases.items()
+                 if (fraction := _fraction(alias)) is not None]
+    if protocols:
+        return [(name, f"{alias} ({name})") for _, alias, name in sorted(protocols)]
+    named = sorted((fraction, name) for name in info.partitions if (fraction := _fraction(name)) is not None)
+    if named:
+        return [(name, name) for _, name in named]
+    return [(name, name) for name in info.partitions]

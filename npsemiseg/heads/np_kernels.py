@@ -114,6 +114,12 @@ def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> Tens
     return rstd
 
 
+def conv_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a convolution of ``x`` runs in: autocast's where it is on for ``x``'s device, else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 def _conv_backward(grad_out: Tensor, input: Tensor, weight: Tensor, mask: tuple[bool, bool, bool]):
     k = weight.shape[-1]
     return torch.ops.aten.convolution_backward(
@@ -133,10 +139,12 @@ class _NormReLUConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y: Tensor, weight: Tensor, bias: Tensor, chunks: int) -> Tensor:
-        weight_, bias_ = weight.to(y.dtype), bias.to(y.dtype)
+        dtype = conv_dtype(y)
+        weight_, bias_ = weight.to(dtype), bias.to(dtype)
         rstd = _instance_norm_(y)
         padding = weight.shape[-1] // 2
-        parts = [F.conv2d(F.relu(part), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
+        with torch.autocast(device_type=y.device.type, enabled=False):  # the dtype is explicit: backward repeats it
+            parts = [F.conv2d(F.relu(part).to(dtype), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
         ctx.save_for_backward(y, rstd, weight_)
         ctx.chunks, ctx.param_dtype = chunks, weight.dtype
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -151,13 +159,14 @@ class _NormReLUConv(torch.autograd.Function):
         for x, r, g_out, g_y in zip(
             xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks), grad_y.chunk(ctx.chunks)
         ):
-            g = _conv_backward(g_out, x, weight, (True, False, False))[0]  # d loss / d relu(xhat)
-            g = torch.ops.aten.threshold_backward(g, x, 0)  # through the ReLU
+            g_out = g_out.to(weight.dtype)
+            g = _conv_backward(g_out, x.to(weight.dtype), weight, (True, False, False))[0]  # d loss / d relu(xhat)
+            g = torch.ops.aten.threshold_backward(g.to(x.dtype), x, 0)  # through the ReLU
             n, c, h, w = x.shape
             mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
             mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
             g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
-            _, g_w, g_b = _conv_backward(g_out, x.relu_(), weight, (False, True, True))
+            _, g_w, g_b = _conv_backward(g_out, x.relu_().to(weight.dtype), weight, (False, True, True))
             grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
             grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
         return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None

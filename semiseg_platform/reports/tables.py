@@ -40,12 +40,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import pandas as pd
 from mlflow import MlflowClient
 
-from npsemiseg.data import dataset_info
+from npsemiseg.data import dataset_info, protocol_partitions
 from npsemiseg.heads import head_class, head_names
 from semiseg_platform.reports.paper_results import paper_value
 from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs, submission_runs
@@ -170,31 +169,6 @@ class TableSpec:
 def _real_dataset(name: str) -> str:
     info = dataset_info(name)
     return getattr(info, "real_dataset", None) or name
-
-
-def _fraction(text: str) -> Fraction | None:
-    try:
-        value = Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
-    return value if "/" in text and 0 < value < 1 else None
-
-
-def protocol_partitions(dataset: str) -> list[tuple[str, str]]:
-    """``[(partition, "1/16 (92)"), ...]``: the dataset's partition protocols (the paper's
-    1/16, 1/8, 1/4, 1/2), smallest label ratio first. Partitions that are no protocol
-    (classic VOC's ``1464`` = "full") are left out; a dataset whose partitions are named
-    by the fractions themselves (``synthetic``) gets those names as labels.
-    """
-    info = dataset_info(dataset)
-    protocols = [(fraction, alias, name) for alias, name in info.partition_aliases.items()
-                 if (fraction := _fraction(alias)) is not None]
-    if protocols:
-        return [(name, f"{alias} ({name})") for _, alias, name in sorted(protocols)]
-    named = sorted((fraction, name) for name in info.partitions if (fraction := _fraction(name)) is not None)
-    if named:
-        return [(name, name) for _, name in named]
-    return [(name, name) for name in info.partitions]
 
 
 def dataset_label(dataset: str, *, latex: bool = False) -> str:

@@ -16,12 +16,11 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from npsemiseg.config import RunConfig, compose
-from npsemiseg.data import dataset_info, dataset_names
+from npsemiseg.data import dataset_info, dataset_names, protocol_partitions
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
 from npsemiseg.protocol import PROTOCOLS
-from semiseg_platform.reports import protocol_partitions
 from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
 
 #: ``partitions: all`` = the dataset's four partition protocols (1/16, 1/8, 1/4, 1/2)

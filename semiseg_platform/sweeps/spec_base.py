@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
-from semiseg_platform.preflight import DRIVER_CPUS
+from semiseg_platform.reservations import DRIVER_CPUS
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
