@@ -156,6 +156,7 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
             synchronize(device)
             if step:  # the first is the warm-up (cuDNN autotuning, allocator)
                 times.append(time.perf_counter() - tick)
+        profile = profile_step(run, batches[-1], len(batches), config, device, args.profile) if args.profile else None
     schedule = config.schedule
     uses_unlabeled = run.framework.uses_unlabeled
     images = schedule.batch_size + (schedule.unlabeled_batch_size if uses_unlabeled else 0)
@@ -168,7 +169,26 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         "amp_bf16": device.type == "cuda" and config.runtime.amp, "step_s": step_s, "all_step_s": times,
         "images_per_s": images / step_s, "peak_memory_mib": peak, "loss": logs.get("train/loss"),
         "pixels_per_step": schedule.crop_size ** 2 * images, "cell_s": time.perf_counter() - started,
+        **({"profile": profile} if profile is not None else {}),
     }
+
+
+def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device,
+                 rows: int) -> list[dict[str, Any]]:
+    """One more step under ``torch.profiler``: the ``rows`` operators of the most self time on the device
+    (CUDA kernels on a GPU, CPU time on CPU), with their calls; where a head's extra time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plan = run.plan
+    ctx = StepContext(step=step, total_steps=plan.total_steps, epoch=step // plan.iters_per_epoch,
+                      total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        train_step(run.framework, batch, ctx, run.optimizer, config, device, run.world_size)
+        synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:rows]
+    return [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count} for e in events]
 
 
 def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -323,6 +343,12 @@ def markdown(report: dict[str, Any]) -> str:
     for framework, r in report.get("ratios", {}).items():
         lines.append(f"| {framework} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
                      f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
+    profiled = [c for c in report.get("cells", []) if c.get("profile")]
+    if profiled:
+        lines += ["", "## Profiles (one step, costliest operators by self time on the device)"]
+        for c in profiled:
+            lines += ["", f"### {c['framework']} x {c['head']}", "", "| operator | self ms | calls |", "|---|---|---|",
+                      *[f"| `{e['op']}` | {e['self_ms']:.2f} | {e['calls']} |" for e in c["profile"]]]
     for title, key in (("DDP (one rank)", "ddp"), ("Inference", "inference")):
         if key in report:
             lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
@@ -353,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--frameworks", nargs="+", default=list(framework_names()))
     parser.add_argument("--heads", nargs="+", default=list(head_names()))
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="profile one more step per cell and keep its ROWS costliest operators (default off)")
     args = parser.parse_args(argv)
     args.steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
     if args.device == "cuda" and not torch.cuda.is_available():
