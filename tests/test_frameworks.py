@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.data.mixing import adaptive_confidence
 from npsemiseg.frameworks import framework_names, get_framework
@@ -353,9 +354,10 @@ def test_student_pass_shapes_and_np_context(smoke_config, head):
     # training mode: the baseline and MC dropout make one (stochastic) prediction, NP makes T
     s = config.head.options["training_samples"] if head == "np" else 1
     assert fw.student.training and fw.student.head.default_num_samples == s
-    size = config.schedule.crop_size
-    assert student.logits_l.shape == (s, 2, config.num_classes, size, size)
-    assert student.logits_u.shape == (s, 2, config.num_classes, size, size)
+    h, w = student.output.features.shape[-2:]  # the logits stay at feature resolution; the losses upsample
+    assert (h, w) < (config.schedule.crop_size, config.schedule.crop_size)
+    assert student.logits_l.shape == (s, 2, config.num_classes, h, w)
+    assert student.logits_u.shape == (s, 2, config.num_classes, h, w)
     assert student.labeled_output().head.logits.shape[1] == 2
     if head == "np":
         assert student.head.aux_loss.requires_grad and float(student.head.aux_loss.detach()) >= 0
@@ -508,3 +510,37 @@ def test_u2pl_teacher_inactive_until_semi_supervised_phase(smoke_config):
     state["teacher_active"] = True
     framework.load_state_dict(state)
     assert framework.eval_model() is framework.teacher
+
+
+class _LargestTensor(TorchDispatchMode):
+    """The largest number of elements of any tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("framework", ["u2pl", "mt", "unimatch", "augseg"])
+def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framework):
+    """The T samples' logits stay at feature resolution: the losses and the pseudo-labels upsample one sample
+    at a time, forward and backward, so no tensor of T x B x K x H x W elements exists in a step."""
+    opts = {"u2pl": U2PL_SMALL, "mt": {"sup_only_epochs": 0}}.get(framework, {})
+    config = smoke_config(framework=framework, head="np", framework_options=opts,
+                          **{"head.options.training_samples": 4})
+    torch.manual_seed(0)
+    fw = build_framework(config)
+    fw.seed_memories(*(_batch(config, seed=1).labeled[k] for k in ("image", "label")))
+    size = config.schedule.crop_size
+    ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    with _LargestTensor() as mode:
+        result = fw.train_step(_batch(config), ctx)
+        result.total.backward()
+    one_sample = 2 * 2 * config.num_classes * size * size  # labeled + unlabeled images, one sample
+    assert one_sample <= mode.largest < 4 * one_sample

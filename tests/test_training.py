@@ -13,11 +13,13 @@ from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import with_overrides
 from npsemiseg.frameworks.losses import (
     cross_entropy_loss,
+    mean_probabilities,
     ohem_cross_entropy,
     ohem_mask,
     pixel_cross_entropy,
     supervised_loss,
 )
+from npsemiseg.heads import predictive
 from npsemiseg.training import (
     SeededItems,
     build_datasets,
@@ -92,7 +94,63 @@ def test_single_sample_ce_is_plain_ce_and_ignores_255():
     assert cross_entropy_loss(logits, labels).item() == pytest.approx(
         F.cross_entropy(logits[0], labels, ignore_index=255).item(), rel=1e-6)
     with pytest.raises(ValueError, match="labels"):
+        pixel_cross_entropy(logits, labels[:1])
+    with pytest.raises(ValueError, match="at most"):
         pixel_cross_entropy(logits, labels[:, :2])
+
+
+def _plain_pixel_ce(logits, labels, form, align_corners):
+    """The materialised form the lean loss replaced: every sample upsampled at once, then CE."""
+    size = labels.shape[-2:]
+    up = F.interpolate(logits.flatten(0, 1).float(), size=size, mode="bilinear", align_corners=align_corners)
+    up = up.view(*logits.shape[:3], *size)
+    if form == "mean_logits":
+        return F.cross_entropy(up.mean(dim=0), labels, ignore_index=255, reduction="none")
+    target = labels.expand(logits.shape[0], *labels.shape).flatten(0, 1)
+    return F.cross_entropy(up.flatten(0, 1), target, ignore_index=255, reduction="none").view(
+        logits.shape[0], *labels.shape).mean(dim=0)
+
+
+@pytest.mark.parametrize("form", ["elbo", "mean_logits"])
+@pytest.mark.parametrize("samples, align_corners, dtype", [(1, False, torch.float32), (5, False, torch.float32),
+                                                           (3, True, torch.float32), (5, False, torch.bfloat16)])
+def test_upsampling_ce_equals_the_materialised_form_with_gradients(form, samples, align_corners, dtype):
+    """Logits at feature resolution, upsampled inside the loss one sample at a time (backward recomputes them):
+    the per-pixel loss and the gradient of the logits equal upsample-all-then-CE at float32 round-off."""
+    torch.manual_seed(1)
+    logits = (torch.randn(samples, 2, 4, 6, 7) * 3).to(dtype)
+    labels = torch.randint(0, 4, (2, 23, 27))
+    labels[0, :5] = 255
+    weights = torch.rand(2, 23, 27)  # a non-uniform upstream gradient (confidence weights, masks)
+    lean_in, plain_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    lean = pixel_cross_entropy(lean_in, labels, form=form, align_corners=align_corners)
+    plain = _plain_pixel_ce(plain_in, labels, form, align_corners)
+    assert lean.dtype == plain.dtype == torch.float32 and (lean[0, :5] == 0).all()
+    assert torch.allclose(lean, plain, rtol=1e-5, atol=1e-6)
+    (lean * weights).sum().backward()
+    (plain * weights).sum().backward()
+    assert lean_in.grad.dtype == dtype
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bf16 gradients: their own rounding
+    assert torch.allclose(lean_in.grad.float(), plain_in.grad.float(), rtol=tolerance, atol=tolerance)
+
+
+def test_ohem_on_feature_resolution_logits_equals_ohem_on_upsampled_ones():
+    torch.manual_seed(2)
+    logits = torch.randn(3, 2, 4, 5, 5)
+    labels = torch.randint(0, 4, (2, 20, 20))
+    labels[1, :3] = 255
+    up = F.interpolate(logits.flatten(0, 1), size=(20, 20), mode="bilinear").view(3, 2, 4, 20, 20)
+    for min_kept in (1, 300):
+        lean = ohem_cross_entropy(logits, labels, thresh=0.7, min_kept=min_kept)
+        assert lean.item() == pytest.approx(ohem_cross_entropy(up, labels, thresh=0.7, min_kept=min_kept).item(), rel=1e-5)
+
+
+def test_mean_probabilities_equal_the_predictive_of_the_upsampled_samples():
+    torch.manual_seed(3)
+    logits = torch.randn(4, 2, 5, 6, 6) * 2
+    up = F.interpolate(logits.flatten(0, 1), size=(17, 19), mode="bilinear", align_corners=True).view(4, 2, 5, 17, 19)
+    expected, _ = predictive(up)
+    assert torch.allclose(mean_probabilities(logits, (17, 19), align_corners=True), expected, atol=1e-6)
 
 
 def test_ohem_mask_threshold_and_min_kept():

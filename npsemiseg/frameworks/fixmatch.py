@@ -41,7 +41,6 @@ from torch import Tensor, nn
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
-from npsemiseg.models import upsample_logits
 
 #: UniMatch@0324f3d dataset/transform.py 66: obtain_cutmix_box's size_min, size_max, ratio_1, ratio_2
 BOX_AREA = (0.02, 0.4)
@@ -184,8 +183,7 @@ class FixMatch(SemiSupervisedFramework):
 
         # 4. train mode on the mixed strong views (one batch), no labels
         output = self.student(torch.cat(mixed, dim=0))
-        strong_logits = upsample_logits(output.head.logits, size, align_corners=self.align_corners)
-        strong_logits = strong_logits.chunk(len(mixed), dim=1)
+        strong_logits = output.head.logits.chunk(len(mixed), dim=1)  # [S, B_u, K, h, w] each
 
         aux_term = self.head_aux_term
         losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(clean, labels_l).items()}

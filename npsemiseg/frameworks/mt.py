@@ -28,7 +28,6 @@ from pydantic import Field
 
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
-from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, require_unlabeled, sup_only
 
 
@@ -77,7 +76,7 @@ class MeanTeacher(SemiSupervisedFramework):
 
         student = self.student_pass(images_l, labels_l, mixed.image, pseudo)
         losses = self.supervised_terms(student, labels_l)
-        losses["unsup"] = opts.unsup_weight * cross_entropy_loss(student.logits_u, pseudo, form=self.sample_ce)
+        losses["unsup"] = opts.unsup_weight * self.mean_ce(student.logits_u, pseudo)
         return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))
 
     def after_optimizer_step(self, ctx: StepContext) -> None:

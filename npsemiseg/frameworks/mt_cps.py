@@ -23,6 +23,7 @@ from torch import nn
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
 from npsemiseg.frameworks.mt import MeanTeacherOptions
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled
+from npsemiseg.models import upsample_logits
 
 
 class CPSMeanTeacherOptions(MeanTeacherOptions):
@@ -72,7 +73,8 @@ class CPSMeanTeacher(SemiSupervisedFramework):
         self.seed_memories(images_l, labels_l)
         teacher = self.predict(self.teacher, torch.cat([images_l, images_u]), train_mode=True)
         student = self.student_pass(images_l, labels_l, images_u, teacher.label[images_l.shape[0]:])
-        probs = torch.cat([student.logits_l, student.logits_u], dim=1).float().softmax(dim=2).mean(dim=0)
+        logits = upsample_logits(student.head.logits, images_l.shape[-2:], align_corners=self.align_corners)
+        probs = logits.float().softmax(dim=2).mean(dim=0)
         losses = self.supervised_terms(student, labels_l)
         losses["unsup"] = opts.mse_weight * F.mse_loss(probs, teacher.probs.float())
         return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npsemiseg.constants import IGNORE_INDEX
-from npsemiseg.heads.base import predictive
+from npsemiseg.frameworks.losses import mean_probabilities
+from npsemiseg.heads.base import predictive_entropy
 from npsemiseg.label_maps import confusion_matrix
 from npsemiseg.models import logit_align_corners, upsample_logits
 
@@ -29,22 +30,23 @@ class TeacherPrediction:
 
     probs ``[B, K, H, W]`` (mean of per-sample softmaxes), entropy ``[B, H, W]`` (natural log),
     confidence ``[B, H, W]`` (max prob), label ``[B, H, W]`` int64 (argmax = hard pseudo-label),
-    logits ``[S, B, K, H, W]`` (per-sample logits, upsampled), output = the raw SegmentorOutput
-    (features, representation, ... at feature resolution).
+    raw_logits ``[B, K, H, W]`` (the upsampled logits of a one-sample head, else None: T samples at image
+    resolution are never kept), output = the raw SegmentorOutput (features, representation, ... at feature
+    resolution).
     """
 
     probs: Tensor
     entropy: Tensor
     confidence: Tensor
     label: Tensor
-    logits: Tensor
+    raw_logits: Tensor | None
     output: object
 
     def log_probs(self) -> Tensor:
         """``[B, K, H, W]`` logits of the teacher: the raw logits when S = 1, else the log of
         the mean of per-sample softmaxes (a logit vector whose softmax is the prediction)."""
-        if self.logits.shape[0] == 1:
-            return self.logits[0].float()
+        if self.raw_logits is not None:
+            return self.raw_logits
         return torch.log(self.probs.clamp_min(1e-12))
 
 
@@ -61,11 +63,15 @@ def mode(model: nn.Module, train: bool) -> Iterator[nn.Module]:
 
 def prediction_from_logits(logits: Tensor, size: tuple[int, int], output: object = None, *,
                            align_corners: bool = False) -> TeacherPrediction:
-    """Upsample per-sample logits ``[S, B, K, h, w]`` to ``size`` (the model's ``align_corners``) and summarise them."""
-    logits = upsample_logits(logits, size, align_corners=align_corners)
-    probs, entropy = predictive(logits)
+    """Summarise per-sample logits ``[S, B, K, h, w]`` at image size ``size`` (upsampled with the model's
+    ``align_corners``, one sample at a time)."""
+    if logits.shape[0] == 1:
+        raw = upsample_logits(logits, size, align_corners=align_corners)[0].float()
+        probs = raw.softmax(dim=1)
+    else:
+        raw, probs = None, mean_probabilities(logits, size, align_corners=align_corners)
     confidence, label = probs.max(dim=1)
-    return TeacherPrediction(probs, entropy, confidence, label, logits, output)
+    return TeacherPrediction(probs, predictive_entropy(probs), confidence, label, raw, output)
 
 
 @torch.no_grad()
@@ -93,7 +99,7 @@ def oracle_prediction(prediction: TeacherPrediction, truth: Tensor) -> TeacherPr
     """``prediction`` with the ground truth ``truth [B, H, W]`` in its place where known (not 255).
 
     The oracle of ``data.unlabeled_truth``: a teacher that is always right and always confident (one-hot
-    probabilities, confidence 1, entropy 0, logits ``log(probs)`` with one sample); ignored pixels keep the
+    probabilities, confidence 1, entropy 0, raw logits ``log(probs)``); ignored pixels keep the
     teacher's own prediction; ``output`` (features, representation) stays the teacher's.
     """
     known = truth != IGNORE_INDEX
@@ -102,8 +108,8 @@ def oracle_prediction(prediction: TeacherPrediction, truth: Tensor) -> TeacherPr
     probs = torch.where(known[:, None], one_hot, prediction.probs)
     confidence, label = probs.max(dim=1)
     entropy = torch.where(known, torch.zeros_like(prediction.entropy), prediction.entropy)
-    logits = torch.log(probs.clamp_min(1e-6))[None]
-    return TeacherPrediction(probs, entropy, confidence, label, logits, prediction.output)
+    raw = torch.log(probs.clamp_min(1e-6))
+    return TeacherPrediction(probs, entropy, confidence, label, raw, prediction.output)
 
 
 def pseudo_label_confusion(label: Tensor, truth: Tensor, num_classes: int) -> Tensor:

@@ -320,7 +320,7 @@ class PSMT(SemiSupervisedFramework):
                                                     released_normalization=opts.tvat_released_normalization)
         head = model.classify(features, labels=labels, num_context=images_l.shape[0])
         output = SegmentorOutput(features, head, None, None)
-        return self._split(output, images.shape[-2:], images_l.shape[0])
+        return self._split(output, images_l.shape[0])
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: PSMTOptions = self.options  # type: ignore[assignment]

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.frameworks.base import Framework, FrameworkOptions, StepContext, head_logs
 from npsemiseg.frameworks.ema import BufferMode, copy_model, ema_update, make_teacher, memory_buffer_names, unwrap
-from npsemiseg.frameworks.losses import pixel_cross_entropy
+from npsemiseg.frameworks.losses import cross_entropy_loss, pixel_cross_entropy
 from npsemiseg.frameworks.pseudo_labels import (
     TeacherPrediction,
     mode,
@@ -41,7 +41,7 @@ from npsemiseg.frameworks.pseudo_labels import (
 )
 from npsemiseg.frameworks.supervised import supervised_loss_terms
 from npsemiseg.heads.base import HeadOutput
-from npsemiseg.models import SegmentorOutput, upsample_logits
+from npsemiseg.models import SegmentorOutput
 
 
 @dataclass
@@ -49,8 +49,9 @@ class StudentPass:
     """The student's output on labeled + unlabeled images.
 
     output: the SegmentorOutput (features, head output at feature resolution, aux logits,
-    representation); logits_l ``[S, B_l, K, H, W]`` and logits_u ``[S, B_u, K, H, W]`` upsampled
-    to the image size; num_labeled = B_l.
+    representation); logits_l ``[S, B_l, K, h, w]`` and logits_u ``[S, B_u, K, h, w]`` at feature
+    resolution (the losses upsample them to the labels one sample at a time: ``pixel_ce``,
+    :func:`~npsemiseg.frameworks.losses.pixel_cross_entropy`); num_labeled = B_l.
     """
 
     output: Any
@@ -178,16 +179,16 @@ class SemiSupervisedFramework(Framework):
         images = torch.cat([images_l, images_u], dim=0)
         labels = torch.cat([labels_l, labels_u], dim=0)
         output = self.student(images, labels=labels, num_context=images_l.shape[0])
-        return self._split(output, images.shape[-2:], images_l.shape[0])
+        return self._split(output, images_l.shape[0])
 
     def labeled_pass(self, images_l: Tensor, labels_l: Tensor, model: nn.Module | None = None) -> StudentPass:
         """A forward of ``model`` (default: the student) over the labeled images only (supervised-only epochs,
         warm-ups); the NP head takes them as context and targets."""
         output = (model or self.student)(images_l, labels=labels_l, num_context=images_l.shape[0])
-        return self._split(output, images_l.shape[-2:], images_l.shape[0])
+        return self._split(output, images_l.shape[0])
 
-    def _split(self, output: Any, size: Any, num_labeled: int) -> StudentPass:
-        logits = upsample_logits(output.head.logits, tuple(size), align_corners=self.align_corners)
+    def _split(self, output: Any, num_labeled: int) -> StudentPass:
+        logits = output.head.logits
         return StudentPass(output, logits[:, :num_labeled], logits[:, num_labeled:], num_labeled)
 
     def supervised_terms(self, student: StudentPass, labels_l: Tensor) -> dict[str, Tensor]:
@@ -198,8 +199,13 @@ class SemiSupervisedFramework(Framework):
         return terms
 
     def pixel_ce(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Per-pixel CE ``[B, H, W]`` over the samples of ``logits [S, B, K, H, W]`` (0 where ignored)."""
-        return pixel_cross_entropy(logits, labels, form=self.sample_ce)
+        """Per-pixel CE ``[B, H, W]`` over the samples of ``logits [S, B, K, h, w]`` (feature or label
+        resolution; upsampled with the model's ``align_corners``), 0 where ignored."""
+        return pixel_cross_entropy(logits, labels, form=self.sample_ce, align_corners=self.align_corners)
+
+    def mean_ce(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """:meth:`pixel_ce` averaged over the non-ignored pixels (0 when all are ignored)."""
+        return cross_entropy_loss(logits, labels, form=self.sample_ce, align_corners=self.align_corners)
 
     def step_logs(self, student: StudentPass, **values: float) -> dict[str, float]:
         """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""

@@ -45,7 +45,6 @@ from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import u2pl_decay
-from npsemiseg.frameworks.losses import cross_entropy_loss
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
@@ -144,7 +143,7 @@ class U2PL(SemiSupervisedFramework):
         student = self.student_pass(images_l, labels_l, mixed_images, pseudo if opts.np_targets == "unfiltered" else kept)
         losses = self.supervised_terms(student, labels_l)
         scale = kept.numel() / num_kept.clamp_min(1).float()
-        losses["unsup"] = opts.unsup_weight * scale * cross_entropy_loss(student.logits_u, kept, form=self.sample_ce)
+        losses["unsup"] = opts.unsup_weight * scale * self.mean_ce(student.logits_u, kept)
         logs = self.step_logs(student, kept_fraction=float(num_kept) / kept.numel(),
                               teacher_confidence=float(weak.confidence.mean()))
         if self.queues is not None:

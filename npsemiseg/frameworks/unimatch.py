@@ -34,7 +34,6 @@ from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction
 from npsemiseg.frameworks.semi import StudentPass
-from npsemiseg.models import upsample_logits
 
 
 class UniMatchOptions(FixMatchOptions):
@@ -57,16 +56,15 @@ class UniMatch(FixMatch):
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
         """``cat(labeled, weak)`` once through the encoder: the clean stream (as FixMatch's, NP context = labeled,
-        targets = all with ``targets_u``) and the perturbed stream of the weak images, logits ``[S, B_u, K, H, W]``."""
+        targets = all with ``targets_u``) and the perturbed stream of the weak images, logits ``[S, B_u, K, h, w]``
+        at feature resolution (``pixel_ce`` upsamples them)."""
         images = torch.cat([images_l, weak], dim=0)
         labels = torch.cat([labels_l, targets_u], dim=0)
         num_labeled = images_l.shape[0]
         clean, perturbed = unwrap(self.student).forward_feature_perturbed(
             images, dropout=self.options.feature_dropout, perturb_from=num_labeled,  # type: ignore[attr-defined]
             labels=labels, num_context=num_labeled)
-        size = tuple(images.shape[-2:])
-        logits_fp = upsample_logits(perturbed.head.logits, size, align_corners=self.align_corners)
-        return self._split(clean, size, num_labeled), logits_fp
+        return self._split(clean, num_labeled), perturbed.head.logits
 
     def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
         assert perturbed is not None

@@ -50,8 +50,12 @@ def predictive(logits: Tensor) -> tuple[Tensor, Tensor]:
     if logits.dim() != 5:
         raise ValueError(f"logits: expected [S, B, K, h, w], got shape {tuple(logits.shape)}")
     probs = torch.softmax(logits.float(), dim=2).mean(dim=0)
-    entropy = -(probs * torch.log(probs.clamp_min(1e-12))).sum(dim=1)
-    return probs, entropy
+    return probs, predictive_entropy(probs)
+
+
+def predictive_entropy(probs: Tensor) -> Tensor:
+    """Entropy (natural log) over the classes of ``probs [B, K, h, w]``: ``[B, h, w]``."""
+    return -(probs * torch.log(probs.clamp_min(1e-12))).sum(dim=1)
 
 
 def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:
