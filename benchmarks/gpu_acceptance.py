@@ -177,6 +177,7 @@ def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: tor
                  rows: int) -> list[dict[str, Any]]:
     """One more step under ``torch.profiler``: the ``rows`` operators of the most self time on the device
     (CUDA kernels on a GPU, CPU time on CPU), with their calls; where a head's extra time goes."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     plan = run.plan
@@ -187,8 +188,14 @@ def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: tor
         train_step(run.framework, batch, ctx, run.optimizer, config, device, run.world_size)
         synchronize(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:rows]
-    return [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count} for e in events]
+    averages = prof.key_averages()
+    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:rows]
+    cpu_ms = sum(e.self_cpu_time_total for e in averages) / 1e3
+    # on a GPU the kernels' own events carry the device time (the operators that launched them repeat it)
+    kernels = [e for e in averages if e.device_type != DeviceType.CPU] if device.type == "cuda" else averages
+    totals = {"op": f"(all operators; host self CPU {cpu_ms:.1f} ms)", "self_ms": sum(getattr(e, key) for e in kernels) / 1e3,
+              "calls": sum(e.count for e in averages if e.key.startswith("aten::")), "cpu_ms": cpu_ms}
+    return [totals] + [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count} for e in events]
 
 
 def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -345,7 +352,9 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
     profiled = [c for c in report.get("cells", []) if c.get("profile")]
     if profiled:
-        lines += ["", "## Profiles (one step, costliest operators by self time on the device)"]
+        lines += ["", "## Profiles (one step, costliest operators by self time on the device)", "",
+                  "The first row sums every operator: self time on the device, the aten operators called "
+                  "(calls) and the host's self CPU time."]
         for c in profiled:
             lines += ["", f"### {c['framework']} x {c['head']}", "", "| operator | self ms | calls |", "|---|---|---|",
                       *[f"| `{e['op']}` | {e['self_ms']:.2f} | {e['calls']} |" for e in c["profile"]]]
