@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -18,10 +20,13 @@ from semiseg_platform.reports.claims import (
     NO_DATA,
     SUPPORTED,
     bootstrap_interval,
+    cell_claims,
     check_claims,
     claims_command,
     evidence,
+    hyperparameter_claim,
     log_claims,
+    paired_diffs,
 )
 
 SEEDS = (0, 1, 2)
@@ -206,3 +211,55 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(store, tmp_path, case):
     assert expected[case] in lines[0]
     assert not (tmp_path / "missing").exists()
     assert out.is_file() if case == "out_is_a_file" else not out.exists()
+
+
+def _random_cells(seed: int = 0) -> pd.DataFrame:
+    """Finished cells of two replicates, every framework and head at two partitions and five seeds, with
+    random metrics: differences that are all distinct, so that resampling them in another order moves
+    the interval."""
+    rng = np.random.default_rng(seed)
+    rows = [{"replicate": replicate, "framework": framework, "framework_name": framework, "model_variant": "",
+             "dataset": "study", "partition": partition, "head": head, "seed": str(s),
+             "miou": rng.uniform(0.2, 0.6), "pavpu": rng.uniform(0.4, 0.9)}
+            for replicate in ("a", "b") for framework in ("supervised", "mt", "psmt", "u2pl", "augseg")
+            for partition in ("1/16", "full") for head in ("baseline", "mc_dropout", "np", "np_mean")
+            for s in range(5)]
+    return pd.DataFrame(rows)
+
+
+def test_the_same_runs_in_another_order_give_the_same_claims():
+    """MLflow returns runs in an order that is not the runs' identity: the pairs, their differences and
+    every interval must not depend on it (two runs of one grid once gave [+2.27, +6.69] and [+2.34, +6.66])."""
+    cells = _random_cells()
+    reference = cell_claims(cells)
+    for shuffle in range(4):
+        shuffled = cells.sample(frac=1, random_state=shuffle).reset_index(drop=True)
+        claims = cell_claims(shuffled)
+        assert [c.to_dict() for c in claims] == [c.to_dict() for c in reference]
+        for claim, expected in zip(claims, reference):  # the differences themselves, in the pairs' key order
+            for got, want in zip([claim.pooled, *claim.parts, *claim.detail],
+                                 [expected.pooled, *expected.parts, *expected.detail]):
+                assert got.diffs == want.diffs
+    c1_mt = {e.name: e for e in reference[2].detail}["mt"]
+    assert c1_mt.pairs == 20 and len(set(c1_mt.diffs)) == 20  # distinct differences: order would matter
+
+
+def test_paired_differences_come_in_the_order_of_the_pairs_key():
+    cells = _random_cells()
+    shuffled = cells.sample(frac=1, random_state=1)
+    diffs = paired_diffs(shuffled, "miou", {"head": "np"}, {"head": "baseline"}, where={"framework": "mt"})
+    side = cells[cells["framework"] == "mt"].set_index(["replicate", "dataset", "partition", "seed", "head"])["miou"]
+    keys = sorted({key[:4] for key in side.index})
+    assert diffs == pytest.approx([100 * (side[(*key, "np")] - side[(*key, "baseline")]) for key in keys])
+
+
+def test_intervals_do_not_depend_on_the_order_of_the_differences():
+    diffs = list(np.random.default_rng(3).normal(4.5, 3.0, size=12))
+    reference = bootstrap_interval(diffs)
+    for seed in range(4):
+        assert bootstrap_interval(list(np.random.default_rng(seed).permutation(diffs))) == reference
+    trials = pd.DataFrame({"q": [256.0] * 4 + [2560.0] * 4, "lambda_kl": 0.005, "t": 5.0,
+                           "miou": np.random.default_rng(4).uniform(0.3, 0.5, size=8)})
+    c6 = hyperparameter_claim(trials).to_dict()
+    for seed in range(4):
+        assert hyperparameter_claim(trials.sample(frac=1, random_state=seed)).to_dict() == c6

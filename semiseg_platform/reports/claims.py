@@ -8,7 +8,7 @@ lowers mIoU"). Several experiments can be checked together as *replicates* of on
 spec on another pretrained backbone or another dataset instance): pairs are formed within each
 experiment, never across, and every claim pools the pairs of all. mIoU and PAvPU differences are
 in points (x 100, the paper's unit); C5's in seconds per image. Over the pairs: the mean, a 95 %
-percentile bootstrap interval (10,000 resamples of the pairs, seeded: the same runs give the same
+percentile bootstrap interval (10,000 resamples of the pairs, seeded and sorted: the same runs give the same
 interval) and a verdict:
 
 * ``supported``: the interval lies above 0; ``contradicted``: it lies below 0;
@@ -113,8 +113,12 @@ class Claim:
 
 def bootstrap_interval(diffs: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                        level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded)."""
-    values = np.asarray(diffs, dtype=float)
+    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded).
+
+    A function of the differences alone, not of their order: they are sorted before resampling, so the same
+    runs give the same interval whatever order MLflow returns them in.
+    """
+    values = np.sort(np.asarray(diffs, dtype=float))
     if values.size == 0:
         raise ValueError("bootstrap_interval: expected at least one difference, got none")
     rng = np.random.default_rng(seed)
@@ -160,9 +164,9 @@ def _pool(claim: Claim) -> Claim:
 
 
 def finished_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest finished run per (framework, dataset, partition, head, seed)."""
+    """The latest finished run per (framework, dataset, partition, head, seed) (ties in time: the larger run id)."""
     cells = latest_per_cell(runs)
-    cells = cells.sort_values(["end_time", "start_time"], na_position="first", kind="stable")
+    cells = cells.sort_values(["end_time", "start_time", "run_id"], na_position="first", kind="stable")
     return cells.drop_duplicates(["framework", "dataset", "partition", "head", "seed"], keep="last")
 
 
@@ -171,7 +175,9 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
     """``scale x (metric of better - metric of worse)`` over the pairs sharing every other cell key.
 
     ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
-    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``).
+    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``). The differences come in the order of the
+    pairs' key (replicate, framework, dataset, partition, head, seed, less what the sides select), not in the
+    order of ``cells`` (MLflow's search order): the same runs give the same list.
     """
     keys = [k for k in (REPLICATE, "framework", "dataset", "partition", "head", "seed")
             if k not in better and k in cells.columns]
@@ -183,6 +189,7 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
         return chosen[keys + [metric]]
 
     merged = side(better).merge(side(worse), on=keys, suffixes=("_a", "_b"))
+    merged = merged.sort_values(keys, kind="stable") if keys else merged
     return [scale * (a - b) for a, b in zip(merged[f"{metric}_a"], merged[f"{metric}_b"])]
 
 
@@ -313,7 +320,7 @@ def _number(text: str | None) -> float:
 
 def unpaired(name: str, good: Sequence[float], bad: Sequence[float], *, scale: float = 100.0) -> Evidence:
     """Difference of means ``good - bad`` with a bootstrap resampling each group (runs, not pairs)."""
-    good, bad = np.asarray(good, dtype=float), np.asarray(bad, dtype=float)
+    good, bad = np.sort(np.asarray(good, dtype=float)), np.sort(np.asarray(bad, dtype=float))  # order-free
     if good.size == 0 or bad.size == 0:
         return Evidence(name)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
