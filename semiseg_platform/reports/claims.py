@@ -41,6 +41,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.heads import PAPER_MEMORY_SIZE
+from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
 from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL, param_value
@@ -391,9 +392,10 @@ def _row(label: str, e: Evidence, digits: int) -> str:
 
 
 def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked",
-                    experiments: Sequence[str] = ()) -> str:
+                    experiments: Sequence[str] = (), figure: str | None = None) -> str:
     """The report for people: one summary table, then each claim's parts and details (``experiments``: the
-    experiments the runs came from, named under the title)."""
+    experiments the runs came from, named under the title; ``figure``: the forest plot's file, shown under
+    the summary table)."""
     head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
     runs = [_sources_line(experiments), ""] if experiments else []
     lines = [f"# {title}", "", *runs, "Differences are oriented so that a positive value is what the paper claims; "
@@ -403,6 +405,8 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
         digits = 4 if claim.unit.startswith("seconds") else 2
         lines.append(_row(f"{claim.id}", claim.pooled, digits).replace(f"| {claim.pooled.verdict} |",
                                                                        f"| **{claim.verdict}** |", 1))
+    if figure:
+        lines += ["", f"![Forest plot: each claim's mean difference and 95 % interval, coloured by verdict]({figure})"]
     for claim in claims:
         digits = 4 if claim.unit.startswith("seconds") else 2
         lines += ["", f"## {claim.id}: {claim.statement}", "",
@@ -422,19 +426,27 @@ def _sources_line(experiments: Sequence[str]) -> str:
             "pools the pairs of all.")
 
 
-def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> tuple[Path, Path]:
-    """``out_dir/claims.md`` and ``out_dir/claims.json`` (a list with one object per claim)."""
+def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> list[Path]:
+    """``out_dir/claims.md``, ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a
+    difference, the forest plot ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    markdown, data = out / "claims.md", out / "claims.json"
-    markdown.write_text(claims_markdown(claims, experiments=experiments))
-    data.write_text(json.dumps([c.to_dict() for c in claims], indent=2) + "\n")
-    return markdown, data
+    markdown, data, figure = out / "claims.md", out / "claims.json", out / FOREST_PLOT
+    objects = [c.to_dict() for c in claims]
+    drawn = bool(forest_rows(objects))
+    if drawn:
+        write_forest_plot(objects, figure)
+    else:
+        figure.unlink(missing_ok=True)  # a report without differences keeps no older report's picture
+    markdown.write_text(claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None))
+    data.write_text(json.dumps(objects, indent=2) + "\n")
+    return [markdown, data, figure] if drawn else [markdown, data]
 
 
 def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
                experiments: Sequence[str] = ()) -> None:
-    """Log ``claims.md`` and ``claims.json`` as artifacts (``claims/``) of ``run_id`` (a grid's parent run)."""
+    """Log ``claims.md``, ``claims.json`` and the forest plot as artifacts (``claims/``) of ``run_id`` (a grid's
+    parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
         for path in write_claims(claims, scratch, experiments=experiments):
@@ -448,7 +460,7 @@ def claims_command(experiment: str | Sequence[str], *, tracking: str | None = No
     print (and log on ``parent_run_id`` when given: what the grid job does at its end)."""
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
-    markdown, _ = write_claims(claims, out, experiments=names)
+    markdown = write_claims(claims, out, experiments=names)[0]
     if parent_run_id:
         log_claims(tracking, parent_run_id, claims, experiments=names)
     emit(markdown.read_text())
