@@ -1,6 +1,7 @@
 """The claims report as a picture: a forest plot of the claims' differences (``claims_forest.png``).
 
-One row per claim (its pooled difference, coloured by the claim's verdict) and one per part or detail
+One row per claim (its pooled difference as a square, coloured by the claim's verdict, which needs every
+part supported: a pooled interval above 0 can be grey) and one per part or detail
 entry (a framework for S0 and C1; a comparison, partition, metric or hyper-parameter for the others,
 coloured by the part's own verdict): the mean difference as a dot, its 95 % interval as a horizontal
 bar, a line at 0. A positive difference is what the paper claims, so a bar right of the line is a
@@ -129,6 +130,9 @@ def forest_figure(rows: Sequence[ForestRow], *, title: str | None = None) -> Fig
         ax.grid(axis="x", alpha=0.3)
     seen = [v for v in VERDICT_COLOURS if any(r.verdict == v for r in rows)]
     handles = [Line2D([], [], color=VERDICT_COLOURS[v], marker="o", linestyle="-", label=v) for v in seen]
+    if any(r.label == POOLED for r in rows):
+        handles.append(Line2D([], [], color="black", marker="s", linestyle="none",
+                              label="claim, all pairs (colour: its verdict)"))
     axes[0].legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), fontsize=8,
                    frameon=False)
     figure.suptitle(title or "The paper's claims: mean difference and 95 % bootstrap interval", fontsize=10)
