@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -13,16 +15,29 @@ from typer.testing import CliRunner
 from semiseg_platform.cli.main import app
 from semiseg_platform.reports import log_uncertainty_time_run
 from semiseg_platform.reports.claims import (
+    PAPER_Q,
     CONTRADICTED,
     INCONCLUSIVE,
     NO_DATA,
     SUPPORTED,
     bootstrap_interval,
+    cell_claims,
     check_claims,
     claims_command,
     evidence,
+    hyperparameter_claim,
     log_claims,
+    paired_diffs,
+    write_claims,
 )
+from semiseg_platform.reports.claims_figure import (
+    FOREST_PLOT,
+    POOLED,
+    forest_figure,
+    forest_rows,
+    write_forest_plot,
+)
+from semiseg_platform.reports.claims_figure import main as claims_figure_main
 
 SEEDS = (0, 1, 2)
 #: mIoU of the baseline head per framework; S0 differences vs supervised: +10, +2, +5, +2 points
@@ -127,8 +142,10 @@ def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
     markdown = (tmp_path / "claims.md").read_text()
     assert printed == [markdown] and "| S0 | **supported** | +4.75 |" in markdown
     assert "Runs: experiment `known`." in markdown
-    assert sorted(a.path for a in client.list_artifacts(parent, "claims")) == ["claims/claims.json", "claims/claims.md"]
-    log_claims(store, parent, [])  # an empty report is still a valid pair of files
+    assert sorted(a.path for a in client.list_artifacts(parent, "claims")) == [
+        "claims/claims.json", "claims/claims.md", f"claims/{FOREST_PLOT}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["claims.json", "claims.md", FOREST_PLOT]
+    log_claims(store, parent, [])  # an empty report is still a valid pair of files (no picture)
 
 
 def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory):
@@ -206,3 +223,108 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(store, tmp_path, case):
     assert expected[case] in lines[0]
     assert not (tmp_path / "missing").exists()
     assert out.is_file() if case == "out_is_a_file" else not out.exists()
+
+
+def _random_cells(seed: int = 0) -> pd.DataFrame:
+    """Finished cells of two replicates, every framework and head at two partitions and five seeds, with
+    random metrics: differences that are all distinct, so that resampling them in another order moves
+    the interval."""
+    rng = np.random.default_rng(seed)
+    rows = [{"replicate": replicate, "framework": framework, "framework_name": framework, "model_variant": "",
+             "dataset": "study", "partition": partition, "head": head, "seed": str(s),
+             "miou": rng.uniform(0.2, 0.6), "pavpu": rng.uniform(0.4, 0.9)}
+            for replicate in ("a", "b") for framework in ("supervised", "mt", "psmt", "u2pl", "augseg")
+            for partition in ("1/16", "full") for head in ("baseline", "mc_dropout", "np", "np_mean")
+            for s in range(5)]
+    return pd.DataFrame(rows)
+
+
+def test_the_same_runs_in_another_order_give_the_same_claims():
+    """MLflow returns runs in an order that is not the runs' identity: the pairs, their differences and
+    every interval must not depend on it (two runs of one grid once gave [+2.27, +6.69] and [+2.34, +6.66])."""
+    cells = _random_cells()
+    reference = cell_claims(cells)
+    for shuffle in range(4):
+        shuffled = cells.sample(frac=1, random_state=shuffle).reset_index(drop=True)
+        claims = cell_claims(shuffled)
+        assert [c.to_dict() for c in claims] == [c.to_dict() for c in reference]
+        for claim, expected in zip(claims, reference):  # the differences themselves, in the pairs' key order
+            for got, want in zip([claim.pooled, *claim.parts, *claim.detail],
+                                 [expected.pooled, *expected.parts, *expected.detail]):
+                assert got.diffs == want.diffs
+    c1_mt = {e.name: e for e in reference[2].detail}["mt"]
+    assert c1_mt.pairs == 20 and len(set(c1_mt.diffs)) == 20  # distinct differences: order would matter
+
+
+def test_paired_differences_come_in_the_order_of_the_pairs_key():
+    cells = _random_cells()
+    shuffled = cells.sample(frac=1, random_state=1)
+    diffs = paired_diffs(shuffled, "miou", {"head": "np"}, {"head": "baseline"}, where={"framework": "mt"})
+    side = cells[cells["framework"] == "mt"].set_index(["replicate", "dataset", "partition", "seed", "head"])["miou"]
+    keys = sorted({key[:4] for key in side.index})
+    assert diffs == pytest.approx([100 * (side[(*key, "np")] - side[(*key, "baseline")]) for key in keys])
+
+
+def test_intervals_do_not_depend_on_the_order_of_the_differences():
+    diffs = list(np.random.default_rng(3).normal(4.5, 3.0, size=12))
+    reference = bootstrap_interval(diffs)
+    for seed in range(4):
+        assert bootstrap_interval(list(np.random.default_rng(seed).permutation(diffs))) == reference
+    trials = pd.DataFrame({"q": [256.0] * 4 + [2560.0] * 4, "lambda_kl": 0.005, "t": 5.0,
+                           "miou": np.random.default_rng(4).uniform(0.3, 0.5, size=8)})
+    c6 = hyperparameter_claim(trials).to_dict()
+    for seed in range(4):
+        assert hyperparameter_claim(trials.sample(frac=1, random_state=seed)).to_dict() == c6
+
+
+def test_the_forest_plot_has_one_row_per_claim_and_part_with_data(store, tmp_path):
+    """S0 and C1 per framework, C2 and C5 per comparison, C3 per partition, C6 per hyper-parameter; no data left out."""
+    claims = check_claims(store, "known", search_experiment="known")
+    rows = write_forest_plot([c.to_dict() for c in claims], tmp_path / "forest.png")
+    assert (tmp_path / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    frameworks = ["mt", "psmt", "u2pl", "augseg"]
+    assert [(r.claim, r.label) for r in rows] == [
+        ("S0", POOLED), *[("S0", f"{f} vs supervised") for f in frameworks],  # S1, C4: no data
+        ("C1", POOLED), *[("C1", f) for f in frameworks],
+        ("C2", POOLED), ("C2", "baseline - mc_dropout"), ("C2", "np - mc_dropout"),
+        ("C3", "1/16"),  # its pooled row is its one partition's
+        ("C5", "faster"), ("C5", "gap grows with T"), ("C5", "gap larger with sliding evaluation"),
+        ("C6", f"Q < {PAPER_Q} hurts")]
+    by_text = {r.text: r for r in rows}
+    assert by_text["S0 mt vs supervised"].mean == pytest.approx(10) and by_text["S0 mt vs supervised"].pairs == 3
+    assert by_text["C1 all pairs"].verdict == CONTRADICTED and by_text["C2 all pairs"].verdict == SUPPORTED
+    assert by_text["C3 1/16"].verdict == INCONCLUSIVE and by_text["C5 faster"].unit == "seconds per image"
+    # the figure holds those rows: a panel for points, one for seconds, the rows' labels top to bottom
+    figure = forest_figure(rows)
+    points, seconds = figure.axes
+    assert [t.get_text() for t in points.get_yticklabels()] == [r.text for r in rows if r.claim != "C5"]
+    assert [t.get_text() for t in seconds.get_yticklabels()] == [r.text for r in rows if r.claim == "C5"]
+    drawn = np.array([(bars.lines[0].get_xdata()[0], *bars.lines[2][0].get_segments()[0][:, 0])
+                      for bars in points.containers])  # each row's dot and bar: mean, low, high
+    assert drawn == pytest.approx(np.array([(r.mean, r.low, r.high) for r in rows if r.claim != "C5"]))
+    assert drawn[1] == pytest.approx([10, 10, 10]) and points.lines[-1].get_xdata()[0] == 0  # S0 mt; the zero line
+
+
+def test_the_forest_plot_refuses_a_report_without_differences(store, tmp_path):
+    no_data = [c.to_dict() for c in check_claims(store, "nothing here")]
+    assert {c["verdict"] for c in no_data} == {NO_DATA} and forest_rows(no_data) == []
+    with pytest.raises(ValueError, match="no claim has a difference to plot"):
+        write_forest_plot(no_data, tmp_path / "forest.png")
+    with pytest.raises(ValueError, match="no claim has a difference to plot"):
+        write_forest_plot([], tmp_path / "forest.png")
+    assert not (tmp_path / "forest.png").exists()
+    # the report itself is still written, without a picture (and without an older report's)
+    (tmp_path / FOREST_PLOT).write_bytes(b"old")
+    written = write_claims([], tmp_path)
+    assert [p.name for p in written] == ["claims.md", "claims.json"] and not (tmp_path / FOREST_PLOT).exists()
+    assert "![" not in (tmp_path / "claims.md").read_text()
+
+
+def test_a_recorded_claims_json_is_drawn_again_from_the_command_line(store, tmp_path, capsys):
+    claims_command("known", tracking=store, out=tmp_path, emit=lambda text: None)
+    assert f"]({FOREST_PLOT})" in (tmp_path / "claims.md").read_text()
+    assert claims_figure_main([str(tmp_path / "claims.json"), str(tmp_path / "again.png"), "--title", "t"]) == 0
+    assert (tmp_path / "again.png").stat().st_size > 0 and "again.png: 18 rows" in capsys.readouterr().out
+    (tmp_path / "empty.json").write_text("[]")
+    assert claims_figure_main([str(tmp_path / "empty.json"), str(tmp_path / "none.png")]) == 2
+    assert "error: forest plot: no claim has a difference" in capsys.readouterr().err

@@ -113,7 +113,7 @@ def test_tables_on_the_parent_run_equal_the_mlflow_metrics(grid):
     assert "| U2PL w/ NP-SemiSeg |" in summary.tables_markdown
     # the claims report of the grid's cells: written beside the tables, logged on the parent run
     claims = {a.path for a in client.list_artifacts(summary.parent_run_id, "claims")}
-    assert claims == {"claims/claims.md", "claims/claims.json"}
+    assert claims == {"claims/claims.md", "claims/claims.json", "claims/claims_forest.png"}
     by_id = {c["id"]: c for c in json.loads((summary.tables_dir / "claims.json").read_text())}
     assert set(by_id) >= {"S0", "C1", "C2", "C3", "C4", "C5"} and "| C1 |" in summary.claims_markdown
 

@@ -63,5 +63,5 @@ def test_two_cells_of_the_mini_study_train_and_the_claims_pair_them(tmp_path, ra
     assert by_id["C1"]["verdict"] == "no data"  # no NP-SemiSeg cell
     client = MlflowClient(spec.tracking_uri)
     assert {a.path for a in client.list_artifacts(summary.parent_run_id, "claims")} == {
-        "claims/claims.md", "claims/claims.json"}
+        "claims/claims.md", "claims/claims.json", "claims/claims_forest.png"}  # S0's MT pair is drawn
     assert "study" in summary.tables_markdown and "| MT |" in summary.tables_markdown

@@ -2,7 +2,8 @@
 
 - :mod:`.tables`: reading the cell runs and building Tables 1-6 as long frames;
 - :mod:`.rendering`: Markdown, LaTeX, CSV and Parquet; :func:`write_report` (``npsemiseg tables``);
-- :mod:`.figures`: :func:`line_panels`, the uncertainty-time figure and the hyper-parameter figure.
+- :mod:`.figures`: :func:`line_panels`, the uncertainty-time figure and the hyper-parameter figure;
+- :mod:`.claims`: the claims report (``npsemiseg claims``), drawn as a forest plot by :mod:`.claims_figure`.
 """
 
 from semiseg_platform.reports.figures import (

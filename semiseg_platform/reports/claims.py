@@ -8,7 +8,7 @@ lowers mIoU"). Several experiments can be checked together as *replicates* of on
 spec on another pretrained backbone or another dataset instance): pairs are formed within each
 experiment, never across, and every claim pools the pairs of all. mIoU and PAvPU differences are
 in points (x 100, the paper's unit); C5's in seconds per image. Over the pairs: the mean, a 95 %
-percentile bootstrap interval (10,000 resamples of the pairs, seeded: the same runs give the same
+percentile bootstrap interval (10,000 resamples of the pairs, seeded and sorted: the same runs give the same
 interval) and a verdict:
 
 * ``supported``: the interval lies above 0; ``contradicted``: it lies below 0;
@@ -41,6 +41,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.heads import PAPER_MEMORY_SIZE
+from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
 from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
 from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL, param_value
@@ -113,8 +114,12 @@ class Claim:
 
 def bootstrap_interval(diffs: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                        level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded)."""
-    values = np.asarray(diffs, dtype=float)
+    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded).
+
+    A function of the differences alone, not of their order: they are sorted before resampling, so the same
+    runs give the same interval whatever order MLflow returns them in.
+    """
+    values = np.sort(np.asarray(diffs, dtype=float))
     if values.size == 0:
         raise ValueError("bootstrap_interval: expected at least one difference, got none")
     rng = np.random.default_rng(seed)
@@ -160,9 +165,9 @@ def _pool(claim: Claim) -> Claim:
 
 
 def finished_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest finished run per (framework, dataset, partition, head, seed)."""
+    """The latest finished run per (framework, dataset, partition, head, seed) (ties in time: the larger run id)."""
     cells = latest_per_cell(runs)
-    cells = cells.sort_values(["end_time", "start_time"], na_position="first", kind="stable")
+    cells = cells.sort_values(["end_time", "start_time", "run_id"], na_position="first", kind="stable")
     return cells.drop_duplicates(["framework", "dataset", "partition", "head", "seed"], keep="last")
 
 
@@ -171,7 +176,9 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
     """``scale x (metric of better - metric of worse)`` over the pairs sharing every other cell key.
 
     ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
-    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``).
+    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``). The differences come in the order of the
+    pairs' key (replicate, framework, dataset, partition, head, seed, less what the sides select), not in the
+    order of ``cells`` (MLflow's search order): the same runs give the same list.
     """
     keys = [k for k in (REPLICATE, "framework", "dataset", "partition", "head", "seed")
             if k not in better and k in cells.columns]
@@ -183,6 +190,7 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
         return chosen[keys + [metric]]
 
     merged = side(better).merge(side(worse), on=keys, suffixes=("_a", "_b"))
+    merged = merged.sort_values(keys, kind="stable") if keys else merged
     return [scale * (a - b) for a, b in zip(merged[f"{metric}_a"], merged[f"{metric}_b"])]
 
 
@@ -313,7 +321,7 @@ def _number(text: str | None) -> float:
 
 def unpaired(name: str, good: Sequence[float], bad: Sequence[float], *, scale: float = 100.0) -> Evidence:
     """Difference of means ``good - bad`` with a bootstrap resampling each group (runs, not pairs)."""
-    good, bad = np.asarray(good, dtype=float), np.asarray(bad, dtype=float)
+    good, bad = np.sort(np.asarray(good, dtype=float)), np.sort(np.asarray(bad, dtype=float))  # order-free
     if good.size == 0 or bad.size == 0:
         return Evidence(name)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -384,9 +392,10 @@ def _row(label: str, e: Evidence, digits: int) -> str:
 
 
 def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked",
-                    experiments: Sequence[str] = ()) -> str:
+                    experiments: Sequence[str] = (), figure: str | None = None) -> str:
     """The report for people: one summary table, then each claim's parts and details (``experiments``: the
-    experiments the runs came from, named under the title)."""
+    experiments the runs came from, named under the title; ``figure``: the forest plot's file, shown under
+    the summary table)."""
     head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
     runs = [_sources_line(experiments), ""] if experiments else []
     lines = [f"# {title}", "", *runs, "Differences are oriented so that a positive value is what the paper claims; "
@@ -396,6 +405,8 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
         digits = 4 if claim.unit.startswith("seconds") else 2
         lines.append(_row(f"{claim.id}", claim.pooled, digits).replace(f"| {claim.pooled.verdict} |",
                                                                        f"| **{claim.verdict}** |", 1))
+    if figure:
+        lines += ["", f"![Forest plot: each claim's mean difference and 95 % interval, coloured by verdict]({figure})"]
     for claim in claims:
         digits = 4 if claim.unit.startswith("seconds") else 2
         lines += ["", f"## {claim.id}: {claim.statement}", "",
@@ -415,19 +426,27 @@ def _sources_line(experiments: Sequence[str]) -> str:
             "pools the pairs of all.")
 
 
-def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> tuple[Path, Path]:
-    """``out_dir/claims.md`` and ``out_dir/claims.json`` (a list with one object per claim)."""
+def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> list[Path]:
+    """``out_dir/claims.md``, ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a
+    difference, the forest plot ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    markdown, data = out / "claims.md", out / "claims.json"
-    markdown.write_text(claims_markdown(claims, experiments=experiments))
-    data.write_text(json.dumps([c.to_dict() for c in claims], indent=2) + "\n")
-    return markdown, data
+    markdown, data, figure = out / "claims.md", out / "claims.json", out / FOREST_PLOT
+    objects = [c.to_dict() for c in claims]
+    drawn = bool(forest_rows(objects))
+    if drawn:
+        write_forest_plot(objects, figure)
+    else:
+        figure.unlink(missing_ok=True)  # a report without differences keeps no older report's picture
+    markdown.write_text(claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None))
+    data.write_text(json.dumps(objects, indent=2) + "\n")
+    return [markdown, data, figure] if drawn else [markdown, data]
 
 
 def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
                experiments: Sequence[str] = ()) -> None:
-    """Log ``claims.md`` and ``claims.json`` as artifacts (``claims/``) of ``run_id`` (a grid's parent run)."""
+    """Log ``claims.md``, ``claims.json`` and the forest plot as artifacts (``claims/``) of ``run_id`` (a grid's
+    parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
         for path in write_claims(claims, scratch, experiments=experiments):
@@ -441,7 +460,7 @@ def claims_command(experiment: str | Sequence[str], *, tracking: str | None = No
     print (and log on ``parent_run_id`` when given: what the grid job does at its end)."""
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
-    markdown, _ = write_claims(claims, out, experiments=names)
+    markdown = write_claims(claims, out, experiments=names)[0]
     if parent_run_id:
         log_claims(tracking, parent_run_id, claims, experiments=names)
     emit(markdown.read_text())

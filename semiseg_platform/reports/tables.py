@@ -121,9 +121,9 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
 
 
 def latest_per_cell(runs: pd.DataFrame) -> pd.DataFrame:
-    """The finished runs, one per ``cell_id`` (the latest to end)."""
+    """The finished runs, one per ``cell_id`` (the latest to end; of two ending together, the larger run id)."""
     finished = runs[runs["status"] == "FINISHED"]
-    finished = finished.sort_values(["end_time", "start_time"], na_position="first", kind="stable")
+    finished = finished.sort_values(["end_time", "start_time", "run_id"], na_position="first", kind="stable")
     return finished.drop_duplicates("cell_id", keep="last")
 
 

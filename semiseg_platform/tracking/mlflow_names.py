@@ -82,7 +82,7 @@ CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", PER_C
 SPEC_FILE, SUMMARY_FILE, GRID_CELLS_FILE, TRIALS_FILE, BEST_CONFIG_FILE = (
     "spec.yaml", "summary.txt", "cells.csv", "trials.csv", "best_config.yaml")
 GRID_TABLES_DIR = "tables"
-#: the claims report (claims.md, claims.json) of a grid's parent run
+#: the claims report (claims.md, claims.json, the forest plot claims_forest.png) of a grid's parent run
 GRID_CLAIMS_DIR = "claims"
 SEARCH_DIR = "search"
 FIGURES_DIR = "figures"
