@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from npsemiseg.config import compose
 from npsemiseg.heads import NPHead
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -39,6 +40,17 @@ DATA = dict(np.load(GOLDEN / "np_head_released.npz"))
 RELEASED = dict(attention="per_channel", kl="authors", mask_empty=False, sync_memories=False, enqueue_per_class=None,
                 memory_rows="scrambled", persist_memories=False, memory_zero_row=True, enqueue_order="stream",
                 memory_resolution="labels")
+
+
+@pytest.mark.parametrize("framework", ["u2pl", "augseg"])
+def test_the_released_protocol_sets_these_options(framework):
+    """What the golden checks is what ``protocol: released`` runs: its NP cells' head options include every
+    option above at the value used here."""
+    cell = dict(framework=framework, dataset="pascal_classic", partition="92", head="np")
+    released = compose("paper", **cell, protocol="released").config.head.options
+    assert {k: released.get(k) for k in RELEASED} == RELEASED
+    corrected = compose("paper", **cell, protocol="corrected").config.head.options
+    assert all(corrected.get(k) != v for k, v in RELEASED.items())
 
 
 def _ours(**changes) -> NPHead:

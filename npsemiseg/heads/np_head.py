@@ -532,11 +532,13 @@ class NPHead(ClassifierHead):
         """What a memory takes: ``(rows [B, D, s, s'], labels [B, s, s'])``. ``memory_resolution="features"``:
         the query (``query``, or computed) and the labels resized to it; ``"labels"``: the small ConvNet on the
         features upsampled to the labels' size (bilinear, align_corners=True), the released code's order
-        (``docs/np_head.md``, np_memory_label_size)."""
+        (``docs/np_head.md``, np_memory_label_size). One image at a time: its InstanceNorm is per image, and only
+        one upsampled ``[1, C, H, W]`` map exists at once."""
         if self.memory_resolution == "labels":
             size = tuple(labels.shape[-2:])
-            upsampled = nn.functional.interpolate(features.detach(), size=size, mode="bilinear", align_corners=True)
-            return self.query(upsampled), labels
+            rows = [self.query(nn.functional.interpolate(image[None].detach(), size=size, mode="bilinear",
+                                                         align_corners=True)) for image in features]
+            return torch.cat(rows), labels
         query = self.query(features) if query is None else query
         return query, downsample_labels(labels, tuple(query.shape[-2:]))
 
@@ -555,9 +557,10 @@ class NPHead(ClassifierHead):
         """Diagnostics: filled classes, and the spread of the logits across samples (std over T,
         mean over B, K, pixels) in the interior (every 4th pixel) vs on the 1-pixel border, where
         the decoder's InstanceNorm lets the spatially constant z and r act."""
+        seeded = int(self.memory_zero_row)  # a memory holding only its zero row has no class pixel yet
         stats = {
-            "target_classes": (self.target_count > 0).sum(),
-            "context_classes": (self.context_count > 0).sum(),
+            "target_classes": (self.target_count > seeded).sum(),
+            "context_classes": (self.context_count > seeded).sum(),
         }
         t, h, w = logits.shape[0], logits.shape[-2], logits.shape[-1]
         if t > 1 and h > 2 and w > 2:
