@@ -53,11 +53,11 @@ def test_the_released_protocol_sets_these_options(framework):
     assert all(corrected.get(k) != v for k, v in RELEASED.items())
 
 
-def _ours(**changes) -> NPHead:
+def _ours(decoder_impl: str = "concat", **changes) -> NPHead:
     """Our head with the authors' weights: their parameters in their order map onto ours by role; their decoder's
     first conv reads ``[z, x, r]``, ours ``[x, z, r]``."""
     head = NPHead(REC.C, REC.K, latent_dim=REC.D, memory_size=REC.Q, training_samples=REC.T, lambda_kl=1.0,
-                  decoder_impl="concat", hidden_channels=256, **{**RELEASED, **changes})
+                  decoder_impl=decoder_impl, hidden_channels=256, **{**RELEASED, **changes})
     theirs = {}
     for salt, name, shape in _official_shapes():
         theirs[name] = REC.pattern_weights(shape, salt)
@@ -113,12 +113,14 @@ def _close(name: str, ours: torch.Tensor, theirs: np.ndarray, deviations: dict[s
     assert diff <= RTOL_SCALE * max(1.0, float(np.abs(theirs).max())), f"{name}: max |difference| {diff:.3g}"
 
 
+@pytest.mark.parametrize("decoder_impl", ["concat", "split"])
 @pytest.mark.parametrize("variant", ["released", "persist"])
-def test_np_head_reproduces_the_authors_centers_latent_kl_and_logits(variant, monkeypatch):
+def test_np_head_reproduces_the_authors_centers_latent_kl_and_logits(variant, decoder_impl, monkeypatch):
     """Two training steps and an inference; ``released`` starts every step from the zero-row memories, ``persist``
-    carries them over (``persist_memories=True``, as the authors' lists without DDP)."""
+    carries them over (``persist_memories=True``, as the authors' lists without DDP). Both decoders: ``concat``
+    (the reference) and ``split`` (the default; its training and inference kernels)."""
     noise = _Noise(monkeypatch)
-    head = _ours(persist_memories=variant == "persist").train()
+    head = _ours(decoder_impl, persist_memories=variant == "persist").train()
     latent: dict[str, torch.Tensor] = {}
     original = head.latent_encoder.forward
     head.latent_encoder.forward = lambda a: latent.setdefault(f"{len(latent)}", original(a))
