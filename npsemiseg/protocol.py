@@ -131,8 +131,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "closed-form Gaussian KL with sigma used where sigma^2 belongs",
            "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", heads=_NP),
     Switch("np_zero_centers", "head", "head.options.mask_empty", False, True,
-           "NP-SemiSeg@afd9672 U2PL/train_semi.py 129-133 (zeros(1,32) initial rows), "
-           "U2PL/u2pl/models/np_head.py 183-189 (absent classes' zero centers)",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 183-189 (a center for every class), 203-214 (every "
+           "class in the softmax)",
            "classes with empty memories take part in attention with a zero center",
            "[N6](deviations.md#n6-memory-contents)", heads=_NP),
     Switch("np_sync_memories", "head", "head.options.sync_memories", False, True,
@@ -155,9 +155,30 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 119, 126-133, 414 (lists passed through the DDP forward, torch 1.10)",
            "memories never persist: each training step starts empty, every inference uses all-zero centers",
            "[N2](deviations.md#n2-memories-that-never-persist)", heads=_NP),
+    Switch("np_memory_zero_row", "head", "head.options.memory_zero_row", True, False,
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 129-133 (zeros(1, 32) per class), U2PL/u2pl/models/np_head.py "
+           "170, 178 (rows appended to it), 171-173, 179-181 (dropped only past Q rows), 186-187 (the mean)",
+           "each memory starts with one zero row that counts in its center (n / (n + 1) of the pixels' mean "
+           "while fewer than Q rows arrive)", "[N6](deviations.md#n6-memory-contents)", heads=_NP),
+    Switch("np_memory_stream", "head", "head.options.enqueue_order", "stream", "random",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 169-173, 177-181 (masked_select order, the last Q rows "
+           "kept)",
+           "a memory takes the last rows of the batch in masked_select order (image by image, raster order, so "
+           "the last image's last channels) instead of a random subset of the batch's pixels",
+           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP),
+    Switch("np_memory_label_size", "head", "head.options.memory_resolution", "labels", "features",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 149-163 (features upsampled to the label size before "
+           "the small ConvNet)",
+           "memory rows from the features upsampled (bilinear, align_corners) to label size, instead of the "
+           "query at feature size with nearest-downsampled labels",
+           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP),
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
            "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",), heads=_NP),
+    Switch("np_sup_only_kl", "framework", "framework_options.sup_only_kl", False, True,
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 328-355 (kl_divergence = 0 in the supervised-only epochs), 621",
+           "no KL term during U2PL's supervised-only epochs",
+           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", frameworks=("u2pl",), heads=_NP),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "

@@ -406,6 +406,19 @@ def test_u2pl_supervised_only_epoch_and_teacher_reset(smoke_config):
     assert all(torch.equal(t, s) for t, s in zip(fw.teacher.parameters(), fw.student.parameters()))
 
 
+@pytest.mark.parametrize("sup_only_kl", [True, False])
+def test_u2pl_np_kl_during_the_supervised_only_epochs(smoke_config, sup_only_kl):
+    """``sup_only_kl=False`` (switch np_sup_only_kl, released): the KL term is zero in a supervised-only step and
+    trained again in the first semi-supervised one."""
+    fw, config = _framework(smoke_config, "u2pl", "np", sup_only_epochs=1, sup_only_kl=sup_only_kl)
+    ctx = StepContext(step=0, total_steps=8, epoch=0, total_epochs=4, iters_per_epoch=2)
+    result = fw.train_step(_batch(config), ctx)
+    assert set(result.losses) == {"sup", "kl"} and result.logs["head/kl"] > 0.0
+    assert (float(result.losses["kl"].detach()) > 0.0) is sup_only_kl
+    semi = fw.train_step(_batch(config), StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2))
+    assert float(semi.losses["kl"].detach()) > 0.0
+
+
 @pytest.mark.parametrize("head", ["baseline", "np"])
 def test_u2pl_teacher_train_mode_quirk_moves_teacher_bn_statistics(smoke_config, head):
     fw, config = _framework(smoke_config, "u2pl", head, sup_only_epochs=1, teacher_train_mode=True, ema_buffers="none")

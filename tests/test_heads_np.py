@@ -444,7 +444,80 @@ def test_bf16_autocast_runs_and_stays_close_to_float32():
     assert (low.float() - reference).abs().max() < 0.03 * reference.abs().max()
 
 
-# ---- the authors' memory bugs as options (protocol switches np_scrambled_memories, np_memories_persist) ----
+# ---- the authors' memory bugs as options (np_scrambled_memories, np_memories_persist, np_memory_zero_row,
+# np_memory_stream, np_memory_label_size; tests/test_np_head_golden.py checks them against the authors' head) ----
+
+
+def _coded_rows(b: int, h: int, w: int) -> torch.Tensor:
+    """``[b, D, h, w]`` whose value names its place: image * 10000 + channel * 100 + raster index."""
+    return (torch.arange(b)[:, None, None, None] * 10000.0 + torch.arange(D)[None, :, None, None] * 100.0
+            + torch.arange(h * w, dtype=torch.float).view(1, 1, h, w))
+
+
+def test_stream_order_keeps_the_last_pixels_in_masked_select_order():
+    """``enqueue_order="stream"``, pixel rows: class k's memory takes the last P of its pixels, image by image
+    in raster order; an ignored pixel never enters; a class with fewer pixels keeps all of them."""
+    rows = _coded_rows(2, 3, 3)
+    labels = torch.zeros(2, 3, 3, dtype=torch.long)
+    labels[1, 2, 2] = IGNORE_INDEX
+    labels[0, 0, 1] = labels[1, 0, 0] = 1
+    head = small_np(enqueue_order="stream", enqueue_per_class=4)
+    head.enqueue("target", rows, labels)
+    assert head.target_count[:2].tolist() == [4, 2]
+    stored = head.target_memory[0, :4]
+    assert (stored % 100).tolist() == [[float(i)] * D for i in (4, 5, 6, 7)]  # image 1, raster 4..7 (8 ignored)
+    assert (torch.div(stored, 10000, rounding_mode="floor") == 1).all()
+    assert (torch.div(stored % 10000, 100, rounding_mode="floor") == torch.arange(D)).all()
+    assert head.target_memory[1, :2, 0].tolist() == [1.0, 10000.0]  # image 0 before image 1
+
+
+def test_stream_scrambled_rows_run_channel_major_per_image():
+    """With scrambled rows the stream is read channel by channel within each image: image b's n pixels give n
+    rows, row i holding the values D i .. D i + D - 1 of its channel-major run; the last P rows are kept."""
+    b, h, w = 2, 4, 4
+    rows = _coded_rows(b, h, w)
+    labels = torch.zeros(b, h, w, dtype=torch.long)
+    head = small_np(enqueue_order="stream", memory_rows="scrambled", enqueue_per_class=16, memory_size=16)
+    head.enqueue("target", rows, labels)
+    n = h * w
+    expected = torch.stack([torch.tensor([10000.0 + ((D * i + j) // n) * 100 + (D * i + j) % n for j in range(D)])
+                            for i in range(n)])  # image 1's 16 rows: the newest 16 of 32
+    assert torch.equal(head.target_memory[0], expected)
+
+
+def test_zero_row_counts_in_the_mean_until_q_rows_arrive():
+    """``memory_zero_row=True``: every memory starts with one zero row (count 1), so a center of n < Q rows is
+    n / (n + 1) of their mean; Q new rows push it out."""
+    rows = torch.ones(1, D, 2, 2)
+    labels = torch.tensor([[[0, 0], [1, IGNORE_INDEX]]])
+    head = small_np(memory_zero_row=True, enqueue_per_class=None, memory_size=3)
+    assert head.target_count.tolist() == [1] * K
+    head.enqueue("target", rows, labels)
+    assert head.target_count.tolist()[:3] == [3, 2, 1]
+    assert torch.allclose(head.target_centers[:3, 0], torch.tensor([2 / 3, 1 / 2, 0.0]))
+    head.enqueue("target", rows, labels)  # 2 more rows of class 0: past Q, the zero row is gone
+    assert head.target_centers[0, 0] == 1.0 and head.target_count[0] == 3
+    head.reset_memories()
+    assert head.target_count.tolist() == [1] * K and head.target_pointer.tolist() == [1] * K
+
+
+def test_label_size_memories_run_the_small_convnet_on_upsampled_features():
+    """``memory_resolution="labels"``: the memories hold the small ConvNet's rows on the features upsampled to
+    the label size (every labelled pixel), not the queries with downsampled labels."""
+    torch.manual_seed(0)
+    features, labels = batch(b=1, h=3, w=3, scale=3)
+    labels[:] = 0
+    head = small_np(memory_resolution="labels", enqueue_per_class=None, memory_size=128)
+    train_step(head, features, labels)
+    up = torch.nn.functional.interpolate(features, size=(9, 9), mode="bilinear", align_corners=True)
+    with torch.no_grad():
+        expected = head.query_net(up)[0].flatten(1).mean(dim=1)
+    assert head.target_count[0] == 81
+    assert torch.allclose(head.target_centers[0], expected, atol=1e-6)
+    with pytest.raises(ValueError, match="memory_resolution"):
+        small_np(memory_resolution="input")
+    with pytest.raises(ValueError, match="enqueue_order"):
+        small_np(enqueue_order="last")
 
 
 def test_scrambled_memory_rows_hold_one_channel_of_many_pixels():

@@ -26,6 +26,7 @@ U2PL_SMALL = {"num_queries": 8, "num_negatives": 4, "queue_size": 64, "backgroun
 NOT_A_STEP_CHANGE = {
     "np_sync_memories": "only differs across ranks: tests/test_heads_ddp.py",
     "np_eval_samples": "evaluation only",
+    "np_sup_only_kl": "supervised-only epochs: tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs",
     "evaluation_select": "tests/test_training.py::test_checkpoint_selection_reports_and_restores_the_best_epoch",
     "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
     "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",

@@ -49,6 +49,11 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
     ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
+    # the NP head's released memories and U2PL's KL in its supervised-only epochs, at their corrected values
+    ("head.options.memory_zero_row", lambda v: v["head"]["options"].get("memory_zero_row") is False),
+    ("head.options.enqueue_order", lambda v: v["head"]["options"].get("enqueue_order") == "random"),
+    ("head.options.memory_resolution", lambda v: v["head"]["options"].get("memory_resolution") == "features"),
+    ("framework_options.sup_only_kl", lambda v: v["framework_options"].get("sup_only_kl") is True),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS

@@ -23,6 +23,8 @@ Quirks of the released code, as options off by default:
   released code does this, also during the supervised-only epochs. Default: eval mode, and
   the teacher's BN buffers are an EMA of the student's (``ema_buffers="ema"``); with the
   quirk, set ``ema_buffers="none"`` for full parity.
+- ``sup_only_kl=False``: the NP head's KL term is zero during the supervised-only epochs, as the NP-SemiSeg
+  code's U2PL loop sets it (its U2PL/train_semi.py 355); default: the head's KL is trained from the first step.
 - label padding with 0 (background) instead of 255 is a data option, not a framework one.
 
 The paper's contrastive definitions are used; the released code's negative masks differ
@@ -62,6 +64,8 @@ class U2PLOptions(FrameworkOptions):
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     teacher_train_mode: bool = False
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
+    #: the head's auxiliary term (the NP head's KL) during the supervised-only epochs; False: zero there
+    sup_only_kl: bool = True
     contrastive: bool = True
     #: the released contrastive loss's bugs (``contrastive.U2PL_BUGS``), each reproduced when True
     label_onehot_bug: bool = False
@@ -159,7 +163,10 @@ class U2PL(SemiSupervisedFramework):
         if opts.teacher_train_mode:
             self.sync_memories(self.teacher)  # an NP teacher needs the memories the student just filled
             self.predict(self.teacher, images_l, train_mode=True)
-        return StepResult(self.supervised_terms(student, labels_l), self.step_logs(student))
+        terms = self.supervised_terms(student, labels_l)
+        if not opts.sup_only_kl and self.head_aux_term in terms:
+            terms[self.head_aux_term] = torch.zeros_like(terms[self.head_aux_term])
+        return StepResult(terms, self.step_logs(student))
 
     def _contrastive(self, student, stats, labels_l, pseudo, entropy_u, ctx: StepContext, opts: U2PLOptions):
         """U2PL's contrastive loss at the representation's resolution."""

@@ -16,6 +16,11 @@ option                 default (paper / careful)         released code          
 ``memory_rows``        ``"pixel"`` (a pixel's vector)    ``"scrambled"`` (one channel, many pixels)  np_scrambled_memories
 ``persist_memories``   True                              False (each step starts empty; zero         np_memories_persist
                                                          centers at inference)
+``memory_zero_row``    False                             True (a memory starts with one zero row,    np_memory_zero_row
+                                                         part of the center's mean)
+``enqueue_order``      ``"random"`` (random pixels)      ``"stream"`` (masked_select order, the      np_memory_stream
+                                                         last rows kept)
+``memory_resolution``  ``"features"`` (labels resized)   ``"labels"`` (features upsampled)           np_memory_label_size
 =====================  ================================  ==========================================  =====================
 
 The networks are in :mod:`.np_layers`, the memory-saving kernels in :mod:`.np_kernels`.
@@ -46,6 +51,8 @@ from .np_kernels import ATTENTIONS, attention_aggregate
 from .np_layers import DECODER_IMPLS, DECODER_NORMS, LatentEncoder, NPDecoder, SmallConvNet
 
 MEMORY_ROWS = ("pixel", "scrambled")
+ENQUEUE_ORDERS = ("random", "stream")
+MEMORY_RESOLUTIONS = ("features", "labels")
 KL_FORMS = ("paper", "authors")
 MEMORIES = ("target", "context")
 
@@ -154,6 +161,9 @@ class NPHead(ClassifierHead):
         hidden_channels: int = 256,
         memory_rows: str = "pixel",
         persist_memories: bool = True,
+        memory_zero_row: bool = False,
+        enqueue_order: str = "random",
+        memory_resolution: str = "features",
     ) -> None:
         super().__init__(in_channels, num_classes)
         self.check_values(
@@ -168,8 +178,12 @@ class NPHead(ClassifierHead):
             decoder_norm=decoder_norm,
             hidden_channels=hidden_channels,
             memory_rows=memory_rows,
+            enqueue_order=enqueue_order,
+            memory_resolution=memory_resolution,
         )
         self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
+        self.memory_zero_row, self.enqueue_order = bool(memory_zero_row), enqueue_order
+        self.memory_resolution = memory_resolution
         self.latent_dim, self.memory_size, self.training_samples = latent_dim, memory_size, training_samples
         self.attention, self.kl = attention, kl
         self.enqueue_per_class = enqueue_limit(enqueue_per_class, memory_size)
@@ -188,6 +202,7 @@ class NPHead(ClassifierHead):
             self.register_buffer(f"{name}_pointer", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_count", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_centers", torch.zeros(num_classes, latent_dim))
+        self.reset_memories()
         self.reset_parameters()
 
     @classmethod
@@ -205,6 +220,8 @@ class NPHead(ClassifierHead):
         decoder_norm: str,
         hidden_channels: int,
         memory_rows: str = "pixel",
+        enqueue_order: str = "random",
+        memory_resolution: str = "features",
         **flags: bool,
     ) -> None:
         for name, value in (
@@ -219,6 +236,8 @@ class NPHead(ClassifierHead):
         check_choice("decoder_impl", decoder_impl, DECODER_IMPLS)
         check_choice("decoder_norm", decoder_norm, DECODER_NORMS)
         check_choice("memory_rows", memory_rows, MEMORY_ROWS)
+        check_choice("enqueue_order", enqueue_order, ENQUEUE_ORDERS)
+        check_choice("memory_resolution", memory_resolution, MEMORY_RESOLUTIONS)
         if enqueue_per_class not in (None, "auto") and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
             raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
         if not (isinstance(lambda_kl, (int, float)) and lambda_kl >= 0.0):
@@ -259,10 +278,15 @@ class NPHead(ClassifierHead):
 
     @torch.no_grad()
     def reset_memories(self) -> None:
-        """Empty both memories and zero their centers (``persist_memories=False``: every training step)."""
+        """Empty both memories and zero their centers (``persist_memories=False``: every training step).
+        With ``memory_zero_row`` each class's memory starts with one zero row that counts in its mean, the
+        released code's ``zeros(1, 32)`` start (``docs/np_head.md``, np_memory_zero_row)."""
         for name in MEMORIES:
             for kind in ("memory", "pointer", "count", "centers"):
                 getattr(self, f"{name}_{kind}").zero_()
+            if self.memory_zero_row:
+                getattr(self, f"{name}_pointer").fill_(1 % self.memory_size)
+                getattr(self, f"{name}_count").fill_(1)
 
     def _scramble(self, picked: Tensor, valid: Tensor) -> Tensor:
         """The released code's rows (``memory_rows="scrambled"``; ``docs/np_head.md``, np_scrambled_memories):
@@ -277,6 +301,43 @@ class NPHead(ClassifierHead):
         classes = torch.arange(picked.shape[0], device=picked.device)[:, None, None]
         return picked[classes, pixel, channel]
 
+    def _stream_candidates(self, rows: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """The last P rows per class of the released code's stream (``enqueue_order="stream"``), without a host sync.
+
+        The stream of class k is ``masked_select`` order: image by image, and within an image the class's pixels
+        in raster order; with ``memory_rows="scrambled"`` image b's n_bk pixels give n_bk rows read channel by
+        channel (row i holds the values D i .. D i + D - 1 of that channel-major run).
+        rows ``[B, D, h, w]``, labels ``[B, h, w]`` -> rows ``[K, P, D]``, valid ``[K, P]`` (the first ones).
+        """
+        k, p = self.num_classes, self.enqueue_per_class
+        b, d, h, w = rows.shape
+        hw, device = h * w, rows.device
+        cls = labels.reshape(b, hw)
+        cls = torch.where(cls == IGNORE_INDEX, torch.full_like(cls, k), cls)
+        key = (torch.arange(b, device=device)[:, None] * (k + 1) + cls).reshape(-1)  # runs of (image, class)
+        order = torch.argsort(key, stable=True)  # raster order within a run
+        runs = torch.zeros(b * (k + 1), dtype=torch.long, device=device).scatter_add_(0, key, torch.ones_like(key))
+        starts = (runs.cumsum(0) - runs).view(b, k + 1)[:, :k].T  # [K, B] first position of each run in order
+        counts = runs.view(b, k + 1)[:, :k].T  # [K, B] pixels n_bk (= rows of image b in class k's stream)
+        ends = counts.cumsum(1)  # [K, B] the stream's row index after image b
+        total = ends[:, -1]
+        kept = total.clamp(max=p)
+        j = torch.arange(p, device=device)
+        valid = j[None] < kept[:, None]
+        g = (total - kept)[:, None] + j[None]  # [K, P] row index in the stream
+        image = (ends[:, None, :] <= g[..., None]).sum(-1).clamp(max=b - 1)  # [K, P]
+        n = counts.gather(1, image)
+        i = g - (ends - counts).gather(1, image)  # row index within image b's run
+        c = torch.arange(d, device=device)
+        if self.memory_rows == "scrambled":
+            flat = i[..., None] * d + c  # [K, P, D] value index in the channel-major run
+            rank, channel = flat % n.clamp(min=1)[..., None], (flat // n.clamp(min=1)[..., None]).clamp(max=d - 1)
+        else:
+            rank, channel = i[..., None].expand(-1, -1, d), c.expand(k, p, d)
+        pixel = order[(starts.gather(1, image)[..., None] + rank).clamp(min=0, max=b * hw - 1)]  # [K, P, D]
+        picked = rows.reshape(b, d, hw)[pixel // hw, channel, pixel % hw]
+        return picked.float(), valid
+
     def _candidates(self, rows: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """A random subset of at most P pixels per class, without a host sync.
 
@@ -284,6 +345,8 @@ class NPHead(ClassifierHead):
         vector each) and valid ``[K, P]`` (True for the first ``min(n_k, P)`` entries of class k).
         Pixels are sorted by (class, random rank); class k's candidates are the first P of its run.
         """
+        if self.enqueue_order == "stream":
+            return self._stream_candidates(rows, labels)
         k, p = self.num_classes, self.enqueue_per_class
         b, d, h, w = rows.shape
         n = b * h * w
@@ -449,23 +512,35 @@ class NPHead(ClassifierHead):
             check_label_values(context_labels, self.num_classes, "context_labels")
         t = self.resolve_num_samples(num_samples)
         query = self.query(features)
-        size = tuple(query.shape[-2:])
         if self.training and not self.persist_memories:
             self.reset_memories()
         if self.training:
-            self.enqueue("target", query, downsample_labels(labels, size))
+            self.enqueue("target", *self._memory_rows(features, labels, query))
             if context_features is not None:
-                if self._is_leading_slice(context_features, features):  # no second small-ConvNet pass
-                    context_query = query[: context_features.shape[0]]
-                else:
-                    context_query = self.query(context_features)
-                self.enqueue("context", context_query, downsample_labels(context_labels, tuple(context_query.shape[-2:])))
+                leading = self._is_leading_slice(context_features, features)  # no second small-ConvNet pass
+                self.enqueue("context", *self._memory_rows(context_features, context_labels,
+                                                           query[: context_features.shape[0]] if leading else None))
         self._check_memories_filled()
         target, context = self._aggregates(query)
         mean_t, sigma_t = self.latent_encoder(target)
         mean_c, sigma_c = self.latent_encoder(context)
         kl = self.kl_divergence(mean_t, sigma_t, mean_c, sigma_c).mean()
         return self.sample(mean_t, sigma_t, t), context, self.lambda_kl * kl, kl.detach()
+
+    @torch.no_grad()
+    def _memory_rows(self, features: Tensor, labels: Tensor, query: Tensor | None) -> tuple[Tensor, Tensor]:
+        """What a memory takes: ``(rows [B, D, s, s'], labels [B, s, s'])``. ``memory_resolution="features"``:
+        the query (``query``, or computed) and the labels resized to it; ``"labels"``: the small ConvNet on the
+        features upsampled to the labels' size (bilinear, align_corners=True), the released code's order
+        (``docs/np_head.md``, np_memory_label_size). One image at a time: its InstanceNorm is per image, and only
+        one upsampled ``[1, C, H, W]`` map exists at once."""
+        if self.memory_resolution == "labels":
+            size = tuple(labels.shape[-2:])
+            rows = [self.query(nn.functional.interpolate(image[None].detach(), size=size, mode="bilinear",
+                                                         align_corners=True)) for image in features]
+            return torch.cat(rows), labels
+        query = self.query(features) if query is None else query
+        return query, downsample_labels(labels, tuple(query.shape[-2:]))
 
     @staticmethod
     def _is_leading_slice(part: Tensor, whole: Tensor) -> bool:
@@ -482,9 +557,10 @@ class NPHead(ClassifierHead):
         """Diagnostics: filled classes, and the spread of the logits across samples (std over T,
         mean over B, K, pixels) in the interior (every 4th pixel) vs on the 1-pixel border, where
         the decoder's InstanceNorm lets the spatially constant z and r act."""
+        seeded = int(self.memory_zero_row)  # a memory holding only its zero row has no class pixel yet
         stats = {
-            "target_classes": (self.target_count > 0).sum(),
-            "context_classes": (self.context_count > 0).sum(),
+            "target_classes": (self.target_count > seeded).sum(),
+            "context_classes": (self.context_count > seeded).sum(),
         }
         t, h, w = logits.shape[0], logits.shape[-2], logits.shape[-1]
         if t > 1 and h > 2 and w > 2:
