@@ -135,14 +135,15 @@ class SemiSupervisedFramework(Framework):
     @torch.no_grad()
     def seed_memories(self, images_l: Tensor, labels_l: Tensor) -> None:
         """Fill empty NP memories from the labeled batch and copy them to every teacher (no-op
-        for other heads or once the memories hold rows)."""
+        for other heads or once the memories hold rows). The pass records no autograd graph: only
+        the memories it writes are kept (the first step used to pay for a discarded graph)."""
         if not self._memory_names:
             return
         student = unwrap(self.student)
         head = student.head
         if bool((head.target_count.sum() > 0) & (head.context_count.sum() > 0)):
             return
-        with mode(student, False), mode(head, True):
+        with torch.no_grad(), mode(student, False), mode(head, True):
             student(images_l, labels=labels_l, num_context=images_l.shape[0])
         for teacher in self.teachers.values():
             self.sync_memories(teacher)
