@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line
+from semiseg_platform.cli.app import CELL_FAILED, SharedFilesystem, SpecStorage, SpecTracking, app, fail, one_line
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.sweeps.grid_runner import run_grid
 from semiseg_platform.sweeps.grid_spec import expand, load_spec
@@ -19,6 +19,7 @@ def grid(
     storage: SpecStorage = None,
     tables_dir: Path | None = typer.Option(None, help="where to write the tables (default: under the storage)"),
     resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
+    shared_filesystem: SharedFilesystem = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),
 ) -> None:
     """Run every cell of a grid spec under Ray Tune (skips finished cells, resumes interrupted ones).
@@ -35,7 +36,7 @@ def grid(
             typer.echo(f"{len(configs)} cells")
             return
         summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir,
-                           resource_timeout=resource_timeout)
+                           resource_timeout=resource_timeout, shared_filesystem=shared_filesystem)
     except ValueError as error:  # an invalid spec, cell setting or storage: found before any cell starts
         fail(one_line(error))
     typer.echo(summary.tables_markdown)

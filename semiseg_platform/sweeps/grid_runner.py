@@ -253,7 +253,7 @@ def run_grid(
     spec: GridSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
     tables_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None, cell_callbacks: tuple[Any, ...] = (),
-    resource_timeout: float = RESOURCE_TIMEOUT_S,
+    resource_timeout: float = RESOURCE_TIMEOUT_S, shared_filesystem: bool | None = None,
 ) -> GridSummary:
     """Run every cell of ``spec`` under Ray Tune; returns the :class:`GridSummary`.
 
@@ -266,14 +266,17 @@ def run_grid(
     (default: the ``semiseg_platform.progress`` logger); ``cell_callbacks``: loop callbacks added to
     every cell (picklable). Never raises for a failing cell: see :attr:`GridSummary.ok`; a cell's data,
     weights or resources that cannot work, an unreachable store or storage raise ``PreflightError`` (a
-    ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources.
+    ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources;
+    ``shared_filesystem``: the local tracking store and storage paths are reachable from every node
+    (needed for them on a cluster of several hosts; None: ``NPSEMISEG_SHARED_FILESYSTEM``).
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, GridSpec) else load_spec(spec)
     configs = expand(spec)  # validates every cell before anything starts
     gid = grid_id(configs)
     sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment, configs=configs,
-                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
+                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout,
+                          shared_filesystem=shared_filesystem)
     outcomes: dict[str, CellOutcome] = _skipped(configs, previous_cell_runs(sub, gid))
     to_run = [c for c in configs if c.cell_id not in outcomes]
     parent_id = open_parent(sub, kind=mlflow_names.KIND_GRID, name=spec.name, sweep_id=gid,

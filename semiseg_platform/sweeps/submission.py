@@ -75,16 +75,17 @@ STORAGE_WAIT_S = 60.0
 
 def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[RunConfig] = (),
                     resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
-                    resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
+                    resource_timeout: float = RESOURCE_TIMEOUT_S, shared_filesystem: bool | None = None) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
     and the checkpoint storage (an unreachable S3 store is retried for :data:`STORAGE_WAIT_S`: a store
-    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`), then create the experiment
-    if needed and draw the submission's id."""
+    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`; on a cluster of
+    several hosts, local paths only with ``shared_filesystem``), then create the experiment if needed and
+    draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
                        in_process=resources.in_process)
     uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
-                           ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S)
+                           ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S, shared_filesystem=shared_filesystem)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
                       storage)
 
