@@ -19,6 +19,9 @@ def grid(
     storage: SpecStorage = None,
     tables_dir: Path | None = typer.Option(None, help="where to write the tables (default: under the storage)"),
     resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
+    max_failures: int | None = typer.Option(
+        None, min=0, help="retries of a cell whose process or node died, from its last checkpoint (default: the "
+                          "spec's max_failures, 2); a cell failing on its own (an error in it) is not retried"),
     shared_filesystem: SharedFilesystem = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and list its cells, run nothing"),
 ) -> None:
@@ -29,6 +32,8 @@ def grid(
     """
     try:
         loaded = load_spec(spec)
+        if max_failures is not None:
+            loaded = loaded.model_copy(update={"max_failures": max_failures})
         if dry_run:
             configs = expand(loaded)
             for config in configs:

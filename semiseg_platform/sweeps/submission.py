@@ -41,6 +41,34 @@ from semiseg_platform.tracking import mlflow_names, owner_tags, prepare_experime
 logger = logging.getLogger(__name__)
 
 
+#: The key of a trial's last result that carries the error of a cell that failed on its own (not retried)
+CELL_ERROR = "cell_error"
+
+
+#: Ray's errors of a process or node that went away (not an exception of the code it ran)
+LOST_PROCESS_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                       ray.exceptions.LocalRayletDiedError)
+
+
+def lost_process(error: BaseException) -> bool:
+    """Whether ``error`` (through its causes, and a Ray Train error's ``worker_failures``) comes from a
+    Ray worker, actor or node that died rather than from an exception of the code it ran."""
+    seen: set[int] = set()
+    pending: list[Any] = [error]
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, LOST_PROCESS_ERRORS):
+            return True
+        pending += [current.__cause__, getattr(current, "cause", None)]
+        failures = getattr(current, "worker_failures", None)
+        if isinstance(failures, Mapping):
+            pending += list(failures.values())
+    return False
+
+
 def log_line(line: str) -> None:
     """The default ``emit`` of a sweep's progress lines: the ``semiseg_platform.progress`` logger."""
     logging.getLogger(PROGRESS).info("%s", line)
@@ -217,7 +245,8 @@ class SweepProgress(Callback):
         self.emit(self.line(trial, "retrying", None))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.emit(self.line(trial, "finished", self._end(trial)))
+        failed = bool((getattr(trial, "last_result", None) or {}).get(CELL_ERROR))
+        self.emit(self.line(trial, "failed" if failed else "finished", self._end(trial)))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.emit(self.line(trial, "failed", self._end(trial)))
