@@ -38,7 +38,8 @@ def grid(
             configs = expand(loaded)
             for config in configs:
                 typer.echo(f"{config.cell_id}  {config.cell_name}  seed {config.seed}")
-            typer.echo(f"{len(configs)} cells")
+            typer.echo(f"{len(configs)} cells (a cell whose process or node dies is retried up to "
+                       f"{loaded.max_failures} times)")
             return
         summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir,
                            resource_timeout=resource_timeout, shared_filesystem=shared_filesystem)
