@@ -295,8 +295,8 @@ def preflight(configs: Iterable[RunConfig], needed: Needed, *, tracking: str | N
     """Every check above, in order (data, weights, resources, tracking, one host, storage); returns the
     tracking URI and the storage. Raises :class:`PreflightError` at the first failure. ``nodes``: the
     cluster's node records, read once resources are there (default :func:`ray_nodes`; a test passes nodes
-    of several hosts);
-    ``shared_filesystem``: local paths are reachable from every node (None: ``NPSEMISEG_SHARED_FILESYSTEM``)."""
+    of several hosts); ``shared_filesystem``: local paths are reachable from every node (None:
+    ``NPSEMISEG_SHARED_FILESYSTEM``)."""
     configs = list(configs)
     check_data(configs)
     check_weights(configs)
