@@ -5,7 +5,10 @@ loopback ports unless ``--home`` names a running one), runs the grid once undist
 reference), then again in another experiment while, every ``--interval`` seconds, one process
 (``--burst N``: N processes of different kinds at once) chosen with a seeded RNG is killed with
 SIGKILL: the grid driver (then resubmitted), a cell's worker (a Tune trial actor), the MLflow
-server, the S3 server or the Ray head (then restarted together, and the driver resubmitted). A
+server, the S3 server or the Ray head (then restarted together, and the driver resubmitted). With
+``--kinds ...,node`` a worker node (a second raylet of 1 CPU joined to the head, started before the
+chaos run) is killed too when a cell trains on it, its raylet and that cell's process at once, and a fresh one joins after
+1-5 s; the driver is not resubmitted: the grid retries those cells in the same submission. A
 driver that exits unsuccessfully is resubmitted too. At the end the two studies are compared: the
 same FINISHED cells, identical final metrics per cell, identical tables, one run per cell id, no
 run left RUNNING, one complete checkpoint lineage per cell.
@@ -43,16 +46,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from stack_fixtures import reachable_home, stack_settings  # noqa: E402
+from stack_fixtures import free_port_block, reachable_home, stack_settings  # noqa: E402
 
 from semiseg_platform.devstack import Stack, StackSettings  # noqa: E402
-from semiseg_platform.devstack.process import group_alive  # noqa: E402
+from semiseg_platform.devstack.process import base_env, executable, group_alive  # noqa: E402
 from semiseg_platform.storage import COMPLETE_MARKER, checkpoint_step, parse_storage  # noqa: E402
 from semiseg_platform.sweeps.grid_spec import expand, grid_id, load_spec  # noqa: E402
 from semiseg_platform.tracking import mlflow_names  # noqa: E402
 
 logger = logging.getLogger("chaos")
 KINDS = ("driver", "worker", "mlflow", "s3", "ray")
+#: What ``--kinds`` may name besides the default kinds: ``node`` (a worker node of the Ray cluster)
+OPTIONAL_KINDS = ("node",)
 #: The stack's service behind each kind of kill that is a service
 SERVICE_OF = {"mlflow": "mlflow", "s3": "seaweedfs", "ray": "ray"}
 #: The process title of a Tune function trainable's actor (where an in-process cell trains)
@@ -165,6 +170,94 @@ def trial_actor_pids(ray_temp_dir: Path) -> list[int]:
     return sorted(pids)
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class WorkerNode:
+    """A worker node of the stack's Ray cluster: ``ray start --address`` of one more raylet (1 CPU)
+    on this machine, in its own process group, with the stack's token; :meth:`kill` SIGKILLs the
+    node's processes and the cell workers its raylet started."""
+
+    stack: Stack
+    log_path: Path
+    num_cpus: int = 1
+    process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        env = {**base_env(), **self.stack.client_env(include_secrets=True), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+        env.pop("RAY_ADDRESS", None)
+        agent_port = free_port_block(1)
+        command = [executable("ray"), "start", "--address", self.stack.settings.ray_gcs_address, "--block",
+                   "--disable-usage-stats", "--num-cpus", str(self.num_cpus), "--num-gpus", "0",
+                   "--node-ip-address", self.stack.settings.host, "--dashboard-agent-listen-port", str(agent_port)]
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker node exited {self.process.returncode} (log {self.log_path})")
+            if self.raylet() is not None:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the worker node's raylet did not start in {timeout_s:.0f} s (log {self.log_path})")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def raylet(self) -> int | None:
+        """The pid of this node's raylet, or None."""
+        if self.process is None:
+            return None
+        for pid in group_pids(self.process.pid):
+            with contextlib.suppress(OSError):
+                if b"/raylet" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]:
+                    return pid
+        return None
+
+    def cell_workers(self) -> list[int]:
+        """The Tune trial actors (cells) this node's raylet started."""
+        raylet = self.raylet()
+        if raylet is None:
+            return []
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if (entry / "cmdline").read_bytes().startswith(TRIAL_ACTOR) and parent_pid(int(entry.name)) == raylet:
+                        pids.append(int(entry.name))
+        return pids
+
+    def kill(self) -> list[int]:
+        """SIGKILL the node (its process group and the cell workers of its raylet); returns those cells' pids."""
+        if not self.alive():
+            return []
+        cells = self.cell_workers()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in cells:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+        return cells
+
+
 @dataclass
 class Chaos:
     """Every ``interval_s``, kills ``burst`` processes of different kinds at once (kinds and victims
@@ -182,6 +275,8 @@ class Chaos:
     events: list[str] = field(default_factory=list)
     #: the kinds still to kill in this round (a seeded shuffle of ``kinds``: every kind once per round)
     bag: list[str] = field(default_factory=list)
+    #: the worker node (kind ``node``), started by :meth:`run`
+    node: WorkerNode | None = None
 
     def note(self, text: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
@@ -232,6 +327,13 @@ class Chaos:
         self._wait_gone(pid)
         return True
 
+    def _kill_node(self) -> bool:
+        if self.node is None or not self.node.alive() or not self.node.cell_workers():
+            return False  # only a node with a cell on it: the kill must cost a cell its process
+        cells = self.node.kill()
+        self.note(f"killed the worker node (pid {self.node.process.pid}) with {len(cells)} cell worker(s) {cells}")
+        return True
+
     def _kill_mlflow(self) -> bool:
         return self._kill_service("mlflow")
 
@@ -245,12 +347,22 @@ class Chaos:
         """Restart the killed services after 1-5 s (together), then resubmit the driver if it was
         killed or its Ray cluster was (a driver of a dead cluster is killed first)."""
         services = tuple(SERVICE_OF[kind] for kind in killed if kind in SERVICE_OF)
+        if "node" in killed and "ray" not in killed:  # a dead head's workers are gone already; ray is restarted below
+            downtime = self.rng.uniform(1.0, 5.0)
+            self.note(f"a fresh worker node joins in {downtime:.1f} s")
+            time.sleep(downtime)
+            self.node.start()
+            self.note("worker node back")
         if services:
             downtime = self.rng.uniform(1.0, 5.0)
             self.note(f"restarting {', '.join(services)} in {downtime:.1f} s")
             time.sleep(downtime)
             self.stack.up(services)
             self.note(f"{', '.join(services)} back")
+            if "ray" in services and self.node is not None:  # its node went with the head: join the new head
+                self.node.kill()
+                self.node.start()
+                self.note("worker node rejoined")
         if "ray" in killed and self.driver.kill():
             self.note("killed the driver of the dead Ray cluster")
         if "driver" in killed or "ray" in killed:
@@ -272,6 +384,10 @@ class Chaos:
     def run(self, timeout_s: float, max_kills: int | None = None) -> float:
         """Run the grid to a successful end under chaos; returns the wall seconds."""
         began = time.monotonic()
+        if "node" in self.kinds and self.node is None:
+            self.node = WorkerNode(self.stack, self.driver.log_path.with_name("worker-node.log"))
+            self.node.start()
+            self.note("worker node joined")
         self.driver.submit()
         next_kill = time.monotonic() + self.interval_s
         while True:
@@ -390,7 +506,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
     parser.add_argument("--burst", type=int, default=1,
                         help="processes of different kinds killed at once at every turn (services restarted together)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"what may be killed, of {','.join(KINDS)}")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"what may be killed, of {','.join(KINDS + OPTIONAL_KINDS)} (default {','.join(KINDS)})")
     parser.add_argument("--only", action="append", default=[], metavar="DATASET=P1,P2",
                         help="reduce the grid to these datasets and partitions (repeatable)")
     parser.add_argument("--frameworks", default="", help="reduce the grid to these frameworks (comma-separated)")
@@ -410,9 +527,9 @@ def _split(text: str) -> list[str]:
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(_split(text))
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in KINDS + OPTIONAL_KINDS]
     if unknown or not kinds:
-        raise ValueError(f"--kinds: unknown {unknown}, expected some of {list(KINDS)}")
+        raise ValueError(f"--kinds: unknown {unknown}, expected some of {list(KINDS + OPTIONAL_KINDS)}")
     return kinds
 
 
@@ -443,7 +560,11 @@ def run_chaos(args: argparse.Namespace, stack: Stack, work: Path) -> dict:
     reference_s = run_driver_to_the_end(drivers["reference"], args.timeout)
     chaos = Chaos(stack, drivers["chaos"], random.Random(args.seed), args.interval, _kinds(args.kinds),
                   burst=args.burst)
-    chaos_s = chaos.run(args.timeout, args.max_kills)
+    try:
+        chaos_s = chaos.run(args.timeout, args.max_kills)
+    finally:
+        if chaos.node is not None:
+            chaos.node.kill()
     spec = load_spec(specs["chaos"])
     configs = expand(spec)
     checks = compare(MlflowClient(stack.settings.mlflow_uri), f"chaos-{tag}-reference", f"chaos-{tag}-chaos",

@@ -13,6 +13,10 @@ a checkpoint folder or ``ray_results/`` behind. In order:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
   ``waiting for resources: ...`` every 30 s and fails after ``--resource-timeout`` seconds;
 - tracking: the MLflow store answers one quick probe (a short timeout, not MLflow's retries);
+- one host: on a Ray cluster whose nodes are on more than one host, neither the tracking store nor
+  the checkpoint storage may be a path on this machine (a SQLite file, a ``file:`` store, a local
+  directory) unless declared shared (``--shared-filesystem``, or ``NPSEMISEG_SHARED_FILESYSTEM=1``):
+  an NFS mount every node sees at the same path;
 - storage: the checkpoint storage is reachable and writable (last: it creates the directory).
 """
 
@@ -47,6 +51,8 @@ RESOURCE_TIMEOUT_S = 600.0
 WAIT_LINE_EVERY_S = 30.0
 #: Seconds the tracking probe waits for an answer
 TRACKING_PROBE_TIMEOUT_S = 3.0
+#: Set to 1 (or true / yes) to declare the local tracking store and storage paths shared by every node
+SHARED_FILESYSTEM_ENV = "NPSEMISEG_SHARED_FILESYSTEM"
 #: Default ports of the database schemes MLflow accepts as tracking URIs
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 
@@ -217,16 +223,84 @@ def check_storage(storage: str | os.PathLike | Storage | None, wait_s: float = 0
     return location
 
 
+# ----------------------------------------------------------------------------- one host or several
+def node_hosts(nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The distinct hosts of the alive nodes among ``nodes`` (records as ``ray.nodes()`` gives them),
+    sorted: a node's ``NodeManagerAddress`` (its IP), else its ``NodeManagerHostname``. Several
+    raylets on one machine share their address, so they count once."""
+    hosts = set()
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        host = node.get("NodeManagerAddress") or node.get("NodeManagerHostname")
+        if host:
+            hosts.add(str(host))
+    return sorted(hosts)
+
+
+def ray_nodes() -> list[dict[str, Any]]:
+    """The connected Ray cluster's node records (``ray.nodes()``); none when Ray is not running here
+    (the embedded default will then be a cluster on this machine only)."""
+    return list(ray.nodes()) if ray.is_initialized() else []
+
+
+def shared_filesystem_declared(shared: bool | None = None) -> bool:
+    """``shared`` when given, else whether ``NPSEMISEG_SHARED_FILESYSTEM`` says yes (1, true, yes)."""
+    if shared is not None:
+        return shared
+    return os.environ.get(SHARED_FILESYSTEM_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def node_local_tracking(uri: str) -> str | None:
+    """What makes tracking URI ``uri`` a store only this host reaches (a SQLite file, a ``file:``
+    folder), or None for a server or database."""
+    db = sqlite_path(uri)
+    if db is not None:
+        return f"SQLite file {db}"
+    if urlparse(uri).scheme == "file":
+        return f"folder {urlparse(uri).path}"
+    return None
+
+
+def check_one_host_stores(tracking_uri: str, storage: str | os.PathLike | Storage | None, *, hosts: Iterable[str],
+                          shared: bool | None = None) -> None:
+    """On a cluster of more than one host (``hosts``: :func:`node_hosts`), ``PreflightError`` when the
+    tracking store or the checkpoint storage is a path on this machine, unless the filesystem is
+    declared shared (``shared``, else ``NPSEMISEG_SHARED_FILESYSTEM``). A storage that does not parse
+    is left to :func:`check_storage`."""
+    hosts = list(hosts)
+    if len(hosts) < 2 or shared_filesystem_declared(shared):
+        return
+    cluster = f"the Ray cluster's nodes are on {len(hosts)} hosts ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
+    declare = f"or --shared-filesystem ({SHARED_FILESYSTEM_ENV}=1) when every node mounts that path, e.g. over NFS"
+    local = node_local_tracking(tracking_uri)
+    if local is not None:
+        raise PreflightError(f"tracking: {tracking_uri} is a {local} only this host reaches, but {cluster}; "
+                             f"expected a tracking server (http://...) or database every node reaches, {declare}")
+    try:
+        location = parse_storage(storage)
+    except ValueError:
+        return
+    if location.is_local:
+        raise PreflightError(f"storage: {location.uri} is a directory only this host reaches, but {cluster}; "
+                             f"expected s3://bucket/prefix, {declare}")
+
+
 # ----------------------------------------------------------------------------- all of them
 def preflight(configs: Iterable[RunConfig], needed: Needed, *, tracking: str | None,
               storage: str | os.PathLike | Storage | None, resource_timeout: float = RESOURCE_TIMEOUT_S,
               ray_init: Mapping[str, Any] | None = None, emit: Callable[[str], None] = _progress,
-              storage_wait_s: float = 0.0) -> tuple[str, Storage]:
-    """Every check above, in order (data, weights, resources, tracking, storage); returns the tracking
-    URI and the storage. Raises :class:`PreflightError` at the first failure."""
+              storage_wait_s: float = 0.0, shared_filesystem: bool | None = None,
+              nodes: Callable[[], Iterable[Mapping[str, Any]]] | None = None) -> tuple[str, Storage]:
+    """Every check above, in order (data, weights, resources, tracking, one host, storage); returns the
+    tracking URI and the storage. Raises :class:`PreflightError` at the first failure. ``nodes``: the
+    cluster's node records, read once resources are there (default :func:`ray_nodes`; a test passes nodes
+    of several hosts); ``shared_filesystem``: local paths are reachable from every node (None:
+    ``NPSEMISEG_SHARED_FILESYSTEM``)."""
     configs = list(configs)
     check_data(configs)
     check_weights(configs)
     check_resources(needed, resource_timeout=resource_timeout, ray_init=ray_init, emit=emit)
     uri = check_tracking(tracking)
+    check_one_host_stores(uri, storage, hosts=node_hosts((nodes or ray_nodes)()), shared=shared_filesystem)
     return uri, check_storage(storage, storage_wait_s)

@@ -11,6 +11,7 @@ import fcntl
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,8 @@ def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
 
 # ----------------------------------------------------------------------------- fault injection (tests only)
 FAULT_ENV = "NPSEMISEG_INJECT_FAULT"
+#: Seconds the ``hang`` fault sleeps (its process is meant to be killed meanwhile)
+HANG_S = 120.0
 
 
 class InjectedFault(RuntimeError):
@@ -104,10 +107,11 @@ class InjectedFault(RuntimeError):
 
 @dataclasses.dataclass
 class FaultInjection(Callbacks):
-    """After ``step`` on ``rank``, exit abruptly (``os._exit(1)``, like a lost worker) or raise
-    :class:`InjectedFault`, once: the ``marker`` file records that it happened, so the restarted
-    attempt runs through. Passed to a launcher as a loop callback (``run_cell(callbacks=[...])``,
-    ``run_grid(cell_callbacks=[...])``); travels to Ray workers by value (see the end of this module)."""
+    """After ``step`` on ``rank``, exit abruptly (``os._exit(1)``, like a lost worker), raise
+    :class:`InjectedFault` or hang (``hang``: sleep :data:`HANG_S`, for a test to kill the node
+    meanwhile), once: the ``marker`` file records that it happened, so the restarted attempt runs through.
+    Passed to a launcher as a loop callback (``run_cell(callbacks=[...])``, ``run_grid(cell_callbacks=[...])``);
+    travels to Ray workers by value (see the end of this module)."""
 
     rank: int
     step: int
@@ -141,6 +145,9 @@ class FaultInjection(Callbacks):
         Path(self.marker).write_text(f"rank {self.rank} failed after step {step}\n")
         if self.action == "raise":
             raise InjectedFault(f"injected failure on rank {self.rank} after step {step}")
+        if self.action == "hang":
+            time.sleep(HANG_S)
+            return
         sys.stdout.flush()
         os._exit(1)
 

@@ -3,7 +3,8 @@ SeaweedFS, MLflow server, Ray head) with one kill of each kind (the grid driver,
 the MLflow server, the S3 server, the Ray head), in two bursts of simultaneous kills, while a
 one-cell grid trains; the study then ends exactly as its undisturbed run: the cell FINISHED with
 identical final metrics, identical tables, one run per cell, no run left RUNNING, one complete
-checkpoint lineage."""
+checkpoint lineage. The kind ``node`` kills a worker node of the cluster (a second raylet) under a
+training cell: the grid retries the cell in the same submission (no resubmission) and ends the same."""
 
 from __future__ import annotations
 
@@ -46,3 +47,24 @@ def test_a_grid_killed_in_every_way_ends_as_the_undisturbed_one():
     assert report["checks"] == dict.fromkeys(report["checks"], "ok"), report
     assert set(report["checks"]) == {"finished_cells", "final_metrics", "one_run_per_cell", "none_running", "tables",
                                      "checkpoint_lineages"}
+
+
+def test_node_is_a_kind_to_ask_for_not_a_default_one():
+    chaos = _chaos_module()
+    assert "node" not in chaos.KINDS and chaos._kinds("driver,node") == ("driver", "node")
+    with pytest.raises(ValueError, match="--kinds: unknown"):
+        chaos._kinds("nodes")
+
+
+@pytest.mark.integration
+def test_a_grid_whose_worker_node_dies_under_a_cell_ends_as_the_undisturbed_one_in_one_submission():
+    chaos = _chaos_module()
+    # three cells at once on the head's 2 CPUs and the worker node's 1: one of them trains on the worker node
+    args = chaos.parse_args(["--only", "synthetic_voc=92", "--frameworks", "supervised", "--heads", "baseline,mc_dropout,np",
+                             "--protocols", "corrected", "--steps", "40", "--checkpoint-every", "4", "--interval", "3",
+                             "--kinds", "node", "--max-kills", "1", "--seed", "0", "--timeout", "600"])
+    report = chaos.run_on_stack(args)
+    assert report["kills"] == {"node": 1}, report["events"]
+    assert any("with 1 cell worker(s)" in event for event in report["events"]), report["events"]
+    assert report["submissions"] == 1 and report["resubmissions"] == {}  # retried inside the submission
+    assert report["cells"] == 3 and report["checks"] == dict.fromkeys(report["checks"], "ok"), report

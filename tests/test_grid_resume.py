@@ -40,6 +40,7 @@ def test_resubmission_resumes_the_interrupted_cell_from_its_checkpoint(tmp_path,
         "overrides": {"runtime.device": "cpu", "schedule.checkpoint_every_steps": 1},
         "resources": {"workers": 1, "cpus_per_worker": 1},
         "max_concurrent": 1,  # the first cell meets the fault
+        "max_failures": 0,  # no retry in the same submission: the next submission resumes it
         "tracking_uri": f"sqlite:///{tmp_path}/mlruns.db",
         "storage": str(tmp_path / "ray_results"),
     })

@@ -181,7 +181,10 @@ def test_dry_run_lists_the_cells_without_running_them(tmp_path, capsys):
                     f"heads: [baseline, np]\ntracking_uri: sqlite:///{tmp_path}/mlruns.db\n")
     assert main([str(spec), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "4 cells" and any(line.endswith("u2pl/synthetic_voc/92/np  seed 0") for line in out)
+    assert out[-1] == "4 cells (a cell whose process or node dies is retried up to 2 times)"
+    assert any(line.endswith("u2pl/synthetic_voc/92/np  seed 0") for line in out)
+    assert main([str(spec), "--dry-run", "--max-failures", "0"]) == 0  # the option replaces the spec's
+    assert capsys.readouterr().out.splitlines()[-1] == "4 cells (a cell whose process or node dies is retried up to 0 times)"
     assert not (tmp_path / "mlruns.db").exists()
 
 

@@ -32,6 +32,11 @@ TRACKING_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlru
 SpecTracking = Annotated[str | None, typer.Option(
     "--tracking", "--tracking-uri", help="MLflow tracking URI (default: the spec's, $MLFLOW_TRACKING_URI, else ./mlruns.db)")]
 SpecStorage = Annotated[str | None, typer.Option(help="checkpoint storage (default: the spec's, else ./ray_results)")]
+#: run, grid, search: local tracking / storage paths are reachable from every node (a cluster of several hosts)
+SharedFilesystem = Annotated[bool | None, typer.Option(
+    "--shared-filesystem/--no-shared-filesystem", show_default=False,
+    help="the local tracking store and storage paths are on a filesystem every Ray node mounts (e.g. NFS); "
+         "without it a cluster of several hosts refuses them (default: $NPSEMISEG_SHARED_FILESYSTEM)")]
 
 
 @app.callback()

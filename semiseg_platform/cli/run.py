@@ -11,7 +11,16 @@ from npsemiseg.config import Composition, RunConfig, compose, read_config, recom
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform.cli.app import CELL_FAILED, INTERRUPTED, TRACKING_HELP, app, fail, one_line, parse_assignments
+from semiseg_platform.cli.app import (
+    CELL_FAILED,
+    INTERRUPTED,
+    TRACKING_HELP,
+    SharedFilesystem,
+    app,
+    fail,
+    one_line,
+    parse_assignments,
+)
 from semiseg_platform.launch import (
     CellFailedError,
     cell_run_name,
@@ -87,6 +96,7 @@ def run(
     experiment: str = typer.Option("npsemiseg", help="MLflow experiment"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
     name: str | None = typer.Option(None, help="checkpoint lineage name (default: from the cell); the same name resumes"),
+    shared_filesystem: SharedFilesystem = None,
 ) -> None:
     """Train one cell (in this process, or on Ray Train), tracked in MLflow; print its metrics and the run's URL.
 
@@ -101,7 +111,7 @@ def run(
                                        max_failures=max_failures)
         needed = Needed.of(workers, gpus_per_worker, cpus_per_worker, in_process=in_process)
         tracking_uri, location = preflight([cell], needed, tracking=tracking, storage=storage,
-                                           resource_timeout=resource_timeout)
+                                           resource_timeout=resource_timeout, shared_filesystem=shared_filesystem)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         fail(one_line(error))
     name = name or cell_run_name(cell, experiment=experiment)

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import typer
 
-from semiseg_platform.cli.app import CELL_FAILED, SpecStorage, SpecTracking, app, fail, one_line, parse_assignments
+from semiseg_platform.cli.app import (
+    CELL_FAILED,
+    SharedFilesystem,
+    SpecStorage,
+    SpecTracking,
+    app,
+    fail,
+    one_line,
+    parse_assignments,
+)
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.sweeps.search_runner import run_search
 from semiseg_platform.sweeps.search_spec import load_search_spec, search_id
@@ -26,6 +35,7 @@ def search(
     out_dir: Path | None = typer.Option(None, help="where best_config.yaml, trials.csv and hparams.png go"),
     resource_timeout: float = typer.Option(RESOURCE_TIMEOUT_S, help="seconds to wait for a cluster's resources"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate the spec and print its search id, run nothing"),
+    shared_filesystem: SharedFilesystem = None,
 ) -> None:
     """Search hyper-parameters of one cell with Ray Tune + Optuna (TPE) + ASHA; continues the spec's study.
 
@@ -44,7 +54,8 @@ def search(
             )
             return
         summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage,
-                             out_dir=out_dir, resource_timeout=resource_timeout)
+                             out_dir=out_dir, resource_timeout=resource_timeout,
+                             shared_filesystem=shared_filesystem)
     except ValueError as error:
         fail(one_line(error))
     typer.echo(summary.format())

@@ -25,12 +25,14 @@ from typing import Any
 from ray import tune
 
 from npsemiseg.config import RunConfig
+from semiseg_platform.launch import CellFailedError
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.pretrain_runs import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
 from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
 from semiseg_platform.sweeps.grid_spec import GridSpec, expand, grid_id, load_spec
 from semiseg_platform.sweeps.submission import (
+    CELL_ERROR,
     Outcome,
     Submission,
     SweepContext,
@@ -40,6 +42,7 @@ from semiseg_platform.sweeps.submission import (
     fit,
     log_line,
     log_summary,
+    lost_process,
     open_parent,
     open_submission,
     reconcile,
@@ -155,10 +158,21 @@ class GridProgress(SweepProgress):
 def _cell_trainable(tune_config: dict[str, Any], *, configs: dict[str, RunConfig], context: SweepContext) -> None:
     """One Tune trial = one cell: in-process (reused actor) or through the cell's TorchTrainer.
 
-    Raises (the trial errors) when the cell fails; its MLflow run has been ended FAILED by then.
+    A cell that fails on its own (its MLflow run ended FAILED: a bad setting, an error in the
+    training code) ends its trial with a result carrying :data:`CELL_ERROR`, so Tune does not retry
+    it. What Tune retries (``max_failures``) is a trial error: the trial's process or node died (or a
+    TorchTrainer cell's worker did: :func:`lost_process`), or the launch failed before the cell's run
+    ended; the retry resumes the cell's run from its last checkpoint.
     """
     config = configs[tune_config["cell_id"]]
-    result = context.launch(config)
+    try:
+        result = context.launch(config)
+    except CellFailedError as error:
+        if lost_process(error):
+            raise
+        failed = error.result
+        tune.report({"cell_id": config.cell_id, "run_id": failed.run_id, CELL_ERROR: failed.error or failed.status})
+        return
     tune.report({"cell_id": config.cell_id, "run_id": result.run_id, "loop_seconds": result.loop_seconds,
                  "cell_wall_seconds": result.wall_seconds,
                  **{key: result.metrics[key] for key in mlflow_names.TRIAL_METRICS if key in result.metrics}})
@@ -196,8 +210,13 @@ def _skipped(configs: list[RunConfig], previous: Mapping[str, Any]) -> dict[str,
 def _trial_outcome(result: Any, names: Mapping[str, str], progress: GridProgress) -> CellOutcome:
     cell_id = result.config["cell_id"]
     metrics = dict(result.metrics or {})
-    return CellOutcome(cell_id, "finished" if result.error is None else "failed",
-                       error_reason(result.error) if result.error is not None else "", metrics.get("run_id"),
+    if result.error is not None:
+        status, reason = "failed", error_reason(result.error)
+    elif metrics.get(CELL_ERROR):
+        status, reason = "failed", str(metrics[CELL_ERROR])
+    else:
+        status, reason = "finished", ""
+    return CellOutcome(cell_id, status, reason, metrics.get("run_id"),
                        {k: metrics[k] for k in mlflow_names.TRIAL_METRICS if k in metrics}, names[cell_id],
                        trial_seconds=progress.durations.get(cell_id), loop_seconds=metrics.get("loop_seconds"))
 
@@ -213,7 +232,7 @@ def _run_cells(spec: GridSpec, to_run: list[RunConfig], context: SweepContext, s
     results = fit(_cell_trainable, context, name=f"grid-{spec.name}-{context.sweep_id}-{sub.submission_id}",
                   progress=progress, store=sub.store, concurrency=concurrency,
                   parameters={"configs": {c.cell_id: c for c in to_run}},
-                  trial_failures=spec.max_failures if spec.resources.in_process else 0,
+                  trial_failures=spec.max_failures,
                   param_space={"cell_id": tune.grid_search([c.cell_id for c in to_run])},
                   reuse_actors=True, trial_dirname_creator=trial_dirname("cell", "cell_id"))
     return [_trial_outcome(result, names, progress) for result in results], concurrency
@@ -253,7 +272,7 @@ def run_grid(
     spec: GridSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
     tables_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None, cell_callbacks: tuple[Any, ...] = (),
-    resource_timeout: float = RESOURCE_TIMEOUT_S,
+    resource_timeout: float = RESOURCE_TIMEOUT_S, shared_filesystem: bool | None = None,
 ) -> GridSummary:
     """Run every cell of ``spec`` under Ray Tune; returns the :class:`GridSummary`.
 
@@ -266,14 +285,20 @@ def run_grid(
     (default: the ``semiseg_platform.progress`` logger); ``cell_callbacks``: loop callbacks added to
     every cell (picklable). Never raises for a failing cell: see :attr:`GridSummary.ok`; a cell's data,
     weights or resources that cannot work, an unreachable store or storage raise ``PreflightError`` (a
-    ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources.
+    ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources;
+    ``shared_filesystem``: the local tracking store and storage paths are reachable from every node
+    (needed for them on a cluster of several hosts; None: ``NPSEMISEG_SHARED_FILESYSTEM``).
+
+    A cell whose trial process or node dies is retried up to ``spec.max_failures`` times in this
+    submission, resuming its MLflow run from its last checkpoint; a cell that fails on its own is not.
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, GridSpec) else load_spec(spec)
     configs = expand(spec)  # validates every cell before anything starts
     gid = grid_id(configs)
     sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment, configs=configs,
-                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
+                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout,
+                          shared_filesystem=shared_filesystem)
     outcomes: dict[str, CellOutcome] = _skipped(configs, previous_cell_runs(sub, gid))
     to_run = [c for c in configs if c.cell_id not in outcomes]
     parent_id = open_parent(sub, kind=mlflow_names.KIND_GRID, name=spec.name, sweep_id=gid,

@@ -118,7 +118,8 @@ class GridSpec(Strict):
     head names is accepted too. ``overrides`` are dotted RunConfig keys applied to every cell.
     ``tracking_uri`` / ``storage``: None = the platform's defaults (``MLFLOW_TRACKING_URI`` or the
     local store; the local checkpoint directory). ``max_concurrent``: None = as many cells as the
-    cluster's resources allow. ``max_failures``: retries of a failed cell. ``protocols``: the cells'
+    cluster's resources allow. ``max_failures``: retries of a cell whose process or node died (from its
+    last checkpoint, in the same MLflow run); a cell that fails on its own is not retried. ``protocols``: the cells'
     protocols (``npsemiseg.protocol``: ``released`` reproduces the code behind the paper's numbers,
     ``corrected`` is the paper done right); naming both runs every cell under each.
     """
@@ -138,7 +139,7 @@ class GridSpec(Strict):
     tracking_uri: str | None = None
     storage: str | None = None
     max_concurrent: PositiveInt | None = None
-    max_failures: NonNegativeInt = 0
+    max_failures: NonNegativeInt = 2
 
     @field_validator("frameworks", "heads", mode="before")
     @classmethod

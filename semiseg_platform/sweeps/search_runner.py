@@ -306,7 +306,7 @@ def run_search(
     spec: SearchSpec | str | Path, *, tracking_uri: str | None = None, storage: str | None = None,
     optuna_storage: str | None = None, out_dir: str | Path | None = None, emit: Callable[[str], None] = log_line,
     ray_init: Mapping[str, Any] | None = None,
-    resource_timeout: float = RESOURCE_TIMEOUT_S,
+    resource_timeout: float = RESOURCE_TIMEOUT_S, shared_filesystem: bool | None = None,
 ) -> SearchSummary:
     """Run ``spec.trials`` more trials of the search's Optuna study under Ray Tune.
 
@@ -315,7 +315,7 @@ def run_search(
     where ``best_config.yaml``, ``trials.csv`` and ``hparams.png`` go (default
     ``<storage>/search/<name>-<search_id>``). Never raises for a failing trial: see
     :attr:`SearchSummary.ok` and the counts; bad inputs raise ``PreflightError`` before anything is written
-    (as :func:`~.grid_runner.run_grid`).
+    (as :func:`~.grid_runner.run_grid`, ``shared_filesystem`` too).
     """
     started = time.monotonic()
     spec = spec if isinstance(spec, SearchSpec) else load_search_spec(spec)
@@ -323,7 +323,8 @@ def run_search(
     sid = search_id(spec, base)
     cell_of = CellOfParams(base, tuple(spec.space))
     sub = open_submission(storage or spec.storage, tracking_uri or spec.tracking_uri, spec.experiment, configs=[base],
-                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout)
+                          resources=spec.resources, ray_init=ray_init, resource_timeout=resource_timeout,
+                          shared_filesystem=shared_filesystem)
     study, study_name, optuna_url, rdb = _open_study(spec, sid, optuna_storage)
     searcher = _searcher(spec, cell_of, study, study_name, rdb)
     out = Path(out_dir) if out_dir is not None else sub.out_dir("search", spec.name, sid)

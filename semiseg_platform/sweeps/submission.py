@@ -41,6 +41,34 @@ from semiseg_platform.tracking import mlflow_names, owner_tags, prepare_experime
 logger = logging.getLogger(__name__)
 
 
+#: The key of a trial's last result that carries the error of a cell that failed on its own (not retried)
+CELL_ERROR = "cell_error"
+
+
+#: Ray's errors of a process or node that went away (not an exception of the code it ran)
+LOST_PROCESS_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                       ray.exceptions.LocalRayletDiedError)
+
+
+def lost_process(error: BaseException) -> bool:
+    """Whether ``error`` (through its causes, and a Ray Train error's ``worker_failures``) comes from a
+    Ray worker, actor or node that died rather than from an exception of the code it ran."""
+    seen: set[int] = set()
+    pending: list[Any] = [error]
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, LOST_PROCESS_ERRORS):
+            return True
+        pending += [current.__cause__, getattr(current, "cause", None)]
+        failures = getattr(current, "worker_failures", None)
+        if isinstance(failures, Mapping):
+            pending += list(failures.values())
+    return False
+
+
 def log_line(line: str) -> None:
     """The default ``emit`` of a sweep's progress lines: the ``semiseg_platform.progress`` logger."""
     logging.getLogger(PROGRESS).info("%s", line)
@@ -75,16 +103,17 @@ STORAGE_WAIT_S = 60.0
 
 def open_submission(storage: str | None, tracking_uri: str | None, experiment: str, *, configs: Sequence[RunConfig] = (),
                     resources: Resources | None = None, ray_init: Mapping[str, Any] | None = None,
-                    resource_timeout: float = RESOURCE_TIMEOUT_S) -> Submission:
+                    resource_timeout: float = RESOURCE_TIMEOUT_S, shared_filesystem: bool | None = None) -> Submission:
     """Check the cells' data and weights, one cell's ``resources`` against the cluster, the MLflow store
     and the checkpoint storage (an unreachable S3 store is retried for :data:`STORAGE_WAIT_S`: a store
-    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`), then create the experiment
-    if needed and draw the submission's id."""
+    restarting) before anything is written (:func:`~semiseg_platform.preflight.preflight`; on a cluster of
+    several hosts, local paths only with ``shared_filesystem``), then create the experiment if needed and
+    draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
                        in_process=resources.in_process)
     uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
-                           ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S)
+                           ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S, shared_filesystem=shared_filesystem)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
                       storage)
 
@@ -216,7 +245,8 @@ class SweepProgress(Callback):
         self.emit(self.line(trial, "retrying", None))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.emit(self.line(trial, "finished", self._end(trial)))
+        failed = bool((getattr(trial, "last_result", None) or {}).get(CELL_ERROR))
+        self.emit(self.line(trial, "failed" if failed else "finished", self._end(trial)))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.emit(self.line(trial, "failed", self._end(trial)))
