@@ -109,11 +109,14 @@ def _shared_epochs(values: dict[str, Any]) -> int:
 _NP = ("np",)
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
+#: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
+_UNIMATCH = ("fixmatch", "unimatch")
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
            "U2PL@ab3d2be train_semi.py 218-222 (ckpt_best.pth); AugSeg@7ead870 train_semi.py; NP-SemiSeg@afd9672 "
-           "U2PL/train_semi.py 250, U2PL/experiments/cityscapes/744/np/eval.sh 14 (loads ckpt_best)",
+           "U2PL/train_semi.py 250, U2PL/experiments/cityscapes/744/np/eval.sh 14 (loads ckpt_best); "
+           "UniMatch@0324f3d unimatch.py 222-246, fixmatch.py 197-221 (every epoch evaluated, best.pth)",
            "reports the best validation epoch's weights instead of the last epoch's (both are logged)",
            "[D2](deviations.md#d2-best-epoch-reporting)"),
     Switch("np_eval_samples", "evaluation", "evaluation.num_samples", 20, 5,
@@ -256,6 +259,47 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",
            "[D17](deviations.md#d17-ps-mt-blur-kernel)", frameworks=("psmt",)),
+    # ---------------------------------------------------------------- FixMatch / UniMatch (UniMatch@0324f3d)
+    Switch("unimatch_voc_eval_whole", "evaluation", "evaluation.mode", "whole", "center_crop",
+           "UniMatch@0324f3d unimatch.py 222, fixmatch.py 197 (eval_mode 'original' on VOC), supervised.py 59-66 "
+           "(the whole image, no crop), dataset/semi.py 37-39 (val images as they are)",
+           "VOC validation on whole images instead of the 513 px center crop",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("voc",)),
+    Switch("unimatch_eval_window", "evaluation", "evaluation.crop_size", 801, 769,
+           "UniMatch@0324f3d supervised.py 44-55 (grid = cfg['crop_size']), configs/cityscapes.yaml 4; "
+           "unimatch.py 222, fixmatch.py 197 (sliding window at every epoch since 89fda6f; the first release "
+           "7292bac used a center crop until the last 20 epochs)",
+           "Cityscapes sliding-window size at evaluation (the training crop)",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+    Switch("unimatch_eval_stride", "evaluation", "evaluation.stride", 534,
+           Derived("ceil(2/3 x window), derived", lambda values: None),
+           "UniMatch@0324f3d supervised.py 54-55 (int(grid * 2 / 3))",
+           "Cityscapes sliding-window stride at evaluation",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+    Switch("unimatch_ohem_min_kept", "loop", "loss.ohem_min_kept", 200_000, 100_000,
+           "UniMatch@0324f3d configs/cityscapes.yaml 12-17 (OHEM thresh 0.7, min_kept 200000), unimatch.py 70-71, "
+           "util/ohem.py 38-52",
+           "Cityscapes OHEM keeps at least 200,000 pixels per process instead of the NP configs' 100,000",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+    Switch("unimatch_cityscapes_aux", "framework", "model.aux_head", False, True,
+           "UniMatch@0324f3d model/semseg/deeplabv3plus.py 36-55 (no auxiliary head), unimatch.py 174, "
+           "fixmatch.py 160 (loss_x = OHEM of the main output only)",
+           "Cityscapes: OHEM without the auxiliary layer-3 head",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+    Switch("unimatch_weight_decay", "loop", "optim.weight_decay", 1e-4, 5e-4,
+           "UniMatch@0324f3d unimatch.py 54-56, fixmatch.py 57-59 (SGD weight_decay=1e-4 on every dataset)",
+           "Cityscapes weight decay 1e-4 instead of the NP configs' 5e-4",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+    Switch("unimatch_cps_lists", "data", "list_variant", "cps", "u2pl",
+           "UniMatch@0324f3d splits/pascal/1_{16,8,4}, splits/cityscapes/1_{16,8,4,2} (CPS's lists; U2PL's are "
+           "splits/pascal/u2pl_1_*), training-logs/Pascal-VOC-2012/Blended-Split-Size321, scripts/train.sh 8-16",
+           "partition lists (CPS's, UniMatch's main blender and Cityscapes results, instead of U2PL's)",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, needs_lists="cps"),
+    Switch("unimatch_epochs", "loop", "schedule.epochs", Derived("UniMatch's own", _publication_epochs),
+           Derived("shared", _shared_epochs), "UniMatch@0324f3d configs/cityscapes.yaml 8 (240; VOC: "
+           "configs/pascal.yaml 8, 80 as the shared schedule)",
+           "Cityscapes: UniMatch's 240 epochs for every head instead of the shared 200",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
            "dropout in the baseline classifier block",
@@ -283,10 +327,11 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "pseudo-labels and evaluation)", "[D15](deviations.md#d15-precision-and-upsampling)"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 60-80 (_crop), AugSeg@7ead870 augseg/dataset/augs_TIBA.py "
-           "111-124 (U2PL's Crop, u2pl/dataset/augmentation.py 249-256, pads evenly: not U2PL)",
+           "111-124 (U2PL's Crop, u2pl/dataset/augmentation.py 249-256, pads evenly: not U2PL); UniMatch@0324f3d "
+           "dataset/transform.py 9-14",
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
-           frameworks=("augseg", "psmt")),
+           frameworks=("augseg", "psmt", *_UNIMATCH)),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "

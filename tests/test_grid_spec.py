@@ -14,6 +14,7 @@ from semiseg_platform.sweeps.spec_base import Resources, cells_at_once, trial_re
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "jobs" / "specs"
+PAPER_HEADS = ("baseline", "mc_dropout", "np")
 
 
 def _spec(**changes):
@@ -130,6 +131,36 @@ def test_shipped_specs_cover_the_papers_study():
     assert smoke.protocols == ["released", "corrected"]
     assert [(k.framework, k.dataset, k.partition, k.head) for k in cell_keys(corrected)] == [
         (k.framework, k.dataset, k.partition, k.head) for k in cell_keys(paper)]
+
+
+def test_the_unimatch_companion_spec_covers_the_papers_datasets_and_partitions():
+    """FixMatch and UniMatch x the three heads x paper.yaml's datasets and partitions, under both protocols, in the
+    paper's experiment; the mini-study runs both with the three heads and the supervised reference on their network."""
+    paper, companion = load_spec(SPECS / "paper.yaml"), load_spec(SPECS / "paper_unimatch.yaml")
+    keys = list(cell_keys(companion))
+    assert len(keys) == 2 * 3 * 4 * 3 * 2
+    assert {k.framework for k in keys} == {"fixmatch", "unimatch"} and {k.head for k in keys} == set(PAPER_HEADS)
+    assert companion.resolved_partitions == paper.resolved_partitions and companion.protocols == ["released", "corrected"]
+    assert companion.experiment == paper.experiment and companion.preset == paper.preset
+    assert Counter((k.framework, k.dataset, k.head, k.protocol) for k in keys) == {
+        (f, d, h, p): 4 for f in ("fixmatch", "unimatch") for d in paper.datasets for h in PAPER_HEADS
+        for p in ("released", "corrected")}
+    mini = list(cell_keys(load_spec(SPECS / "mini.yaml")))
+    for framework in ("fixmatch", "unimatch"):
+        assert {(k.head, k.partition) for k in mini if k.framework == framework} == {(h, "1/16") for h in PAPER_HEADS}
+    assert {(k.head, k.partition) for k in mini if k.framework == "supervised_unimatch"} == {("baseline", "1/16")}
+
+
+def test_the_unimatch_companion_cells_take_the_unimatch_switches():
+    configs = {(c.framework, c.dataset, c.partition, c.head.variant, c.protocol): c
+               for c in expand(load_spec(SPECS / "paper_unimatch.yaml"))}
+    assert len(configs) == 144
+    released = configs[("unimatch", "cityscapes", "744", "np", "released")]
+    corrected = configs[("unimatch", "cityscapes", "744", "np", "corrected")]
+    assert (released.evaluation.crop_size, released.loss.ohem_min_kept, released.list_variant) == (801, 200_000, "cps")
+    assert (corrected.evaluation.crop_size, corrected.loss.ohem_min_kept, corrected.list_variant) == (769, 100_000, "u2pl")
+    baseline = configs[("fixmatch", "pascal_blender", "662", "baseline", "released")]
+    assert (baseline.schedule.crop_size, baseline.evaluation.mode, baseline.evaluation.select) == (321, "whole", "best")
 
 
 @pytest.mark.integration

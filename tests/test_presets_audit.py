@@ -69,4 +69,6 @@ def test_audit_covers_every_framework_and_family():
     rows = _rows()
     assert {(r["framework"], r["dataset"]) for r in rows} >= {
         ("u2pl", "pascal_classic"), ("u2pl", "cityscapes"), ("augseg", "pascal_classic"), ("augseg", "cityscapes"),
-        ("psmt", "pascal_classic"), ("psmt", "cityscapes"), ("mt", "pascal_classic")}
+        ("psmt", "pascal_classic"), ("psmt", "cityscapes"), ("mt", "pascal_classic"),
+        ("unimatch", "pascal_classic"), ("unimatch", "cityscapes"), ("fixmatch", "pascal_classic"),
+        ("fixmatch", "cityscapes")}

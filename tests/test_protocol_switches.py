@@ -46,6 +46,14 @@ NOT_A_STEP_CHANGE = {
     "mt_select_from_epoch": "evaluation only: test_best_epoch_candidates_start_at_select_from_epoch (test_training)",
     "psmt_epochs": "the schedule: test_psmt_epochs_switch_sets_psmt_epoch_counts",
     "head_settings": "the preset's crop and batches: test_head_settings_switch_trains_the_baseline_at_publication_settings",
+    "unimatch_voc_eval_whole": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_eval_window": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_eval_stride": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_ohem_min_kept": "an untrained model keeps every pixel under OHEM: "
+                              "test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_weight_decay": "the optimiser: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_epochs": "the schedule: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 
@@ -127,12 +135,13 @@ def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):
         assert (out == pad).any() and set(out.unique().tolist()) <= {1, pad}
 
 
-def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config):
-    switch = next(s for s in implemented_switches() if s.name == "augseg_cps_lists")
+@pytest.mark.parametrize("name", ["augseg_cps_lists", "unimatch_cps_lists"])
+def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config, name):
+    switch = next(s for s in implemented_switches() if s.name == name)
     corrected, released = _configs(smoke_config, switch, dataset="synthetic_blender")
     assert corrected.list_variant == "u2pl" and released.list_variant == "cps"
     # where the dataset has only one list variant the switch does not apply
-    plain = smoke_config(framework="augseg", dataset="synthetic", protocol="released")
+    plain = smoke_config(framework=switch.frameworks[0], dataset="synthetic", protocol="released")
     assert plain.list_variant == "u2pl" and switches(plain)[switch.name] == "n/a"
 
 
@@ -215,6 +224,39 @@ def test_augseg_cityscapes_evaluation_window():
     assert released.model.aux_head is False and corrected.model.aux_head is True
     voc = cell_config("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
     assert voc.evaluation.crop_size == 513 and switches(voc)["augseg_eval_window"] == "n/a"
+
+
+@pytest.mark.parametrize("framework", ["fixmatch", "unimatch"])
+def test_unimatch_switches_set_the_official_evaluation_and_schedule(smoke_config, framework):
+    """UniMatch@0324f3d (both trainers): VOC evaluated on whole images, Cityscapes by 801 px windows at stride 534,
+    OHEM min_kept 200000 without an auxiliary head, weight decay 1e-4, 240 epochs for every head; corrected: the
+    shared settings. Every evaluation is a candidate for the best epoch (evaluated every epoch) under released."""
+    from npsemiseg.training.factories import build_optimizer
+
+    city = {"framework": framework, "dataset": "cityscapes", "partition": "186", "head": "np"}
+    released = cell_config("paper", protocol="released", **city)
+    corrected = cell_config("paper", protocol="corrected", **city)
+    assert (released.evaluation.mode, released.evaluation.crop_size, released.evaluation.stride) == ("sliding", 801, 534)
+    assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
+    assert (released.loss.ohem, released.loss.ohem_min_kept, released.loss.ohem_thresh) == (True, 200_000, 0.7)
+    assert corrected.loss.ohem_min_kept == 100_000
+    assert released.model.aux_head is False and corrected.model.aux_head is True
+    assert released.optim.weight_decay == 1e-4 and corrected.optim.weight_decay == 5e-4
+    assert released.schedule.epochs == 240 and corrected.schedule.epochs == 200
+    assert released.evaluation.select == "best" and corrected.evaluation.select == "last"
+    assert released.schedule.eval_every_epochs == corrected.schedule.eval_every_epochs == 1
+    assert released.data.augmentation["crop_padding"] == "bottom_right"
+    small = smoke_config(framework=framework, dataset="synthetic_cityscapes", protocol="released")
+    sgd = build_optimizer(small, build_framework(small).student).torch_optimizer
+    assert {g["weight_decay"] for g in sgd.param_groups} == {1e-4}
+    voc = {**city, "dataset": "pascal_classic", "partition": "92"}
+    assert cell_config("paper", protocol="released", **voc).evaluation.mode == "whole"
+    voc_corrected = cell_config("paper", protocol="corrected", **voc)
+    assert (voc_corrected.evaluation.mode, voc_corrected.evaluation.crop_size) == ("center_crop", 513)
+    assert switches(voc_corrected)["unimatch_eval_window"] == "n/a"
+    # other frameworks keep the shared settings
+    u2pl = cell_config("paper", protocol="released", **{**city, "framework": "u2pl"})
+    assert u2pl.loss.ohem_min_kept == 100_000 and switches(u2pl)["unimatch_ohem_min_kept"] == "n/a"
 
 
 def test_psmt_cityscapes_plain_ce(smoke_config):

@@ -176,6 +176,43 @@ def test_stand_in_datasets_take_their_real_datasets_place(uri):
     assert T.build_tables(uri, "no-such-experiment")["table1_miou_pascal_classic"].status.eq("missing").all()
 
 
+def test_fixmatch_and_unimatch_rows_follow_the_papers_frameworks(uri, tmp_path):
+    """The companion spec's frameworks (jobs/specs/paper_unimatch.yaml) print after the paper's five in each head
+    block, labelled, under every protocol; an experiment without their runs keeps the paper's rows only."""
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("companion")
+    _cell_run(client, experiment_id, framework="u2pl", head="np", partition="92", miou=0.6, pavpu=0.8,
+              protocol="corrected")
+    for head, miou in (("baseline", 0.62), ("np", 0.64)):
+        _cell_run(client, experiment_id, framework="unimatch", head=head, partition="92", miou=miou, pavpu=0.8,
+                  protocol="released")
+    _cell_run(client, experiment_id, framework="fixmatch", head="mc_dropout", partition="183", miou=0.58,
+              protocol="corrected")
+    tables = T.build_tables(uri, "companion")
+    order = [*T.PAPER_FRAMEWORKS, "fixmatch", "unimatch"]
+    for protocol in ("released", "corrected"):
+        table = tables[f"table1_miou_pascal_classic_{protocol}"]
+        assert len(table) == len(order) * len(T.PAPER_HEADS) * 4
+        rows = list(dict.fromkeys(zip(table["block"], table["row"], table["framework"])))
+        for block_rows in (rows[i:i + len(order)] for i in range(0, len(rows), len(order))):
+            assert [framework for _, _, framework in block_rows] == order
+    released = tables["table1_miou_pascal_classic_released"]
+    assert _cell(released, "unimatch", "np", "92")["mean"] == pytest.approx(64.0)
+    assert _cell(released, "unimatch", "np", "92")["row"] == "UniMatch w/ NP-SemiSeg"
+    assert _cell(released, "fixmatch", "baseline", "92")["row"] == "FixMatch"
+    assert math.isnan(_cell(released, "unimatch", "baseline", "92")["paper"])  # the paper has no such row
+    corrected = tables["table1_miou_pascal_classic_corrected"]
+    assert _cell(corrected, "fixmatch", "mc_dropout", "183")["mean"] == pytest.approx(58.0)
+    markdown = T.markdown_report(tables)
+    assert "| UniMatch | 62.00 |" in markdown and "| FixMatch w/ MC dropout | — | 58.00 |" in markdown
+    # Tables 4-6 stay U2PL's
+    assert set(tables["table4_pavpu_released"]["framework"]) == {"u2pl"}
+    # without their runs: the paper's frameworks only; explicit rows win
+    assert T.table_frameworks(T.load_cell_runs(uri, "no-such-experiment")) == list(T.PAPER_FRAMEWORKS)
+    only = T.build_tables(uri, "companion", frameworks=["unimatch"])["table1_miou_pascal_classic_released"]
+    assert set(only["framework"]) == {"unimatch"}
+
+
 def test_uncertainty_time_figure_from_benchmark_runs(uri, tmp_path):
     client = MlflowClient(uri)
     experiment_id = client.create_experiment("bench")

@@ -36,6 +36,7 @@ from semiseg_platform.reports.tables import (
                                               ABLATION_FRAMEWORK,
                                               ABLATION_HEADS,
                                               CELL_KEYS,
+                                              COMPANION_FRAMEWORKS,
                                               MISSING_MARK,
                                               PAPER_DATASETS,
                                               PAPER_FRAMEWORKS,
@@ -51,15 +52,17 @@ from semiseg_platform.reports.tables import (
                                               paper_table_specs,
                                               protocol_groups,
                                               protocol_partitions,
+                                              table_frameworks,
 )
 
 __all__ = [
-    "ABLATION_FRAMEWORK", "ABLATION_HEADS", "CELL_KEYS", "MISSING_MARK", "PAPER_DATASETS", "PAPER_FRAMEWORKS",
+    "ABLATION_FRAMEWORK", "ABLATION_HEADS", "CELL_KEYS", "COMPANION_FRAMEWORKS", "MISSING_MARK", "PAPER_DATASETS",
+    "PAPER_FRAMEWORKS",
     "PAPER_HEADS", "PAPER_PANELS", "UNCERTAINTY_TIME_BENCHMARK", "UNCERTAINTY_TIME_METRIC", "build_table",
     "build_tables", "dataset_label", "format_cell", "format_versus_paper", "framework_label", "has_paper_values",
     "head_label", "hparams_figure", "latest_per_cell", "layout", "line_panels", "load_cell_runs",
     "load_search_trials", "load_uncertainty_times", "log_uncertainty_time_run", "markdown_report", "method_label",
     "paper_results", "paper_table_specs", "paper_value", "profile", "protocol_groups", "protocol_partitions",
     "protocols_side_by_side", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
-    "write_report", "write_tables",
+    "table_frameworks", "write_report", "write_tables",
 ]

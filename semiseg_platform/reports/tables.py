@@ -6,6 +6,9 @@ Tables (the layout of the paper, `paper/np_semiseg_icml2023.tex`):
   (classic VOC, blender VOC, Cityscapes; a synthetic stand-in takes its real
   dataset's place). Rows are grouped in head blocks (baseline, MC dropout,
   NP-SemiSeg), one row per framework; columns are the four partition protocols.
+  FixMatch and UniMatch, which the paper has no rows for (``COMPANION_FRAMEWORKS``,
+  ``jobs/specs/paper_unimatch.yaml``), follow the paper's frameworks in each block
+  when the experiment holds their runs.
 - Table 4: PAvPU of U2PL, MC dropout vs NP-SemiSeg, rows = dataset x partition.
 - Tables 5-6: U2PL + NP-SemiSeg without (mean aggregator, head variant
   ``np_mean``) vs with attention, mIoU and PAvPU.
@@ -55,6 +58,8 @@ ABLATION_DATASET_ORDER = ("cityscapes", "pascal_classic", "pascal_blender")
 MIOU_TABLE_NUMBER = {"pascal_classic": 1, "pascal_blender": 2, "cityscapes": 3}
 #: Frameworks (rows) of Tables 1-3: the supervised reference first, then the paper's four.
 PAPER_FRAMEWORKS = ("supervised", "mt", "psmt", "u2pl", "augseg")
+#: Frameworks the paper has no rows for, printed after the paper's in Tables 1-3 when their runs exist.
+COMPANION_FRAMEWORKS = ("fixmatch", "unimatch")
 #: Head variants (row blocks) of Tables 1-3.
 PAPER_HEADS = ("baseline", "mc_dropout", "np")
 #: The ablation's head variants: NP-SemiSeg with the mean aggregator vs with attention.
@@ -62,7 +67,8 @@ ABLATION_HEADS = ("np_mean", "np")
 #: The framework that Tables 4-6 fix.
 ABLATION_FRAMEWORK = "u2pl"
 
-FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2pl": "U2PL", "augseg": "AugSeg"}
+FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2pl": "U2PL", "augseg": "AugSeg",
+                    "fixmatch": "FixMatch", "unimatch": "UniMatch"}
 FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
 #: Labels of head variants that are no head class of their own (a head class names itself: ``label``)
 VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
@@ -337,21 +343,29 @@ def discover_datasets(runs: pd.DataFrame) -> list[str]:
     return found or list(PAPER_DATASETS)
 
 
+def table_frameworks(runs: pd.DataFrame) -> list[str]:
+    """The framework rows of Tables 1-3 for ``runs``: the paper's, then each of :data:`COMPANION_FRAMEWORKS`
+    that has a run (under any protocol, so that every protocol's tables have the same rows)."""
+    found = set(runs["framework"]) if len(runs) else set()
+    return [*PAPER_FRAMEWORKS, *(f for f in COMPANION_FRAMEWORKS if f in found)]
+
+
 def build_tables(
     tracking_uri: str, experiment: str, *, grid_id: str | None = None,
-    datasets: Sequence[str] | None = None, frameworks: Sequence[str] = PAPER_FRAMEWORKS,
+    datasets: Sequence[str] | None = None, frameworks: Sequence[str] | None = None,
     heads: Sequence[str] = PAPER_HEADS, scale: float = 100.0,
 ) -> dict[str, pd.DataFrame]:
     """The paper's Tables 1-6 from the cell runs of ``experiment`` (see the module docstring).
 
     ``datasets`` defaults to those the runs cover; ``frameworks`` / ``heads`` are the rows of
-    Tables 1-3. The result maps table names (``table1_miou_pascal_classic``, ...,
+    Tables 1-3 (``frameworks`` None: :func:`table_frameworks`). The result maps table names (``table1_miou_pascal_classic``, ...,
     ``table4_pavpu``, ``table5_attention_miou``, ``table6_attention_pavpu``; suffixed ``_<protocol>``
     when the runs hold several protocols) to long frames (``attrs["protocol"]``), plus ``cells``: every
     cell run read (one row per run, metrics unscaled).
     """
     runs = load_cell_runs(tracking_uri, experiment, grid_id=grid_id)
     datasets = list(datasets) if datasets is not None else discover_datasets(runs)
+    frameworks = list(frameworks) if frameworks is not None else table_frameworks(runs)
     groups = protocol_groups(runs)
     tables = {}
     for protocol, group in groups:
