@@ -128,7 +128,8 @@ def _protocol_epochs(cell: Cell) -> int:
     shared schedule's (with the framework's ``paper_schedule``)."""
     family = cell.info.family
     shared = get_framework(cell.framework).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
-    values = {"framework": cell.framework, "dataset": cell.dataset, "partition": cell.partition}
+    values = {"framework": cell.framework, "dataset": cell.dataset, "partition": cell.partition,
+              "head": {"name": cell.head}}
     return protocol_overrides(cell.protocol, framework=cell.framework, dataset=cell.dataset, head=cell.head,
                               values=values).get("schedule.epochs", shared)
 

@@ -27,6 +27,7 @@ from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.data import dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.schedules import SHARED_EPOCHS
+from npsemiseg.heads import head_class
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
 Protocol = Literal["released", "corrected"]
@@ -106,6 +107,11 @@ def _shared_epochs(values: dict[str, Any]) -> int:
     return get_framework(values["framework"]).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
 
 
+def _head_grad_clip(values: dict[str, Any]) -> float | None:
+    """The cell's head's own clipping (``ClassifierHead.paper_grad_clip``: NP 5.0, the others none)."""
+    return head_class(values["head"]["name"]).paper_grad_clip
+
+
 _NP = ("np",)
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
@@ -176,8 +182,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "query at feature size with nearest-downsampled labels",
            "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP),
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
-           "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411", "NP memories and KL targets from unfiltered pseudo-labels",
-           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",), heads=_NP),
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411, AugSeg/train_semi.py 405-408",
+           "NP memories and KL targets from unfiltered pseudo-labels",
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP),
     Switch("np_sup_only_kl", "framework", "framework_options.sup_only_kl", False, True,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 328-355 (kl_divergence = 0 in the supervised-only epochs), 621",
            "no KL term during U2PL's supervised-only epochs",
@@ -208,6 +215,24 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
            "MT cells run CPS's MeanTeacher, framework mt_cps: MSE between softmaxes x 100, one weak view, no "
            "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT),
+    Switch("mt_cps_split_passes", "framework", "framework_options.passes", "split", "joint",
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher train.py 180-183 (model(imgs), then "
+           "model(unsup_imgs))",
+           "the labeled and the unlabeled half in two forwards of student and teacher: every BN normalises each half "
+           "with its own statistics", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=("mt_cps",)),
+    Switch("mt_cps_ema_before_unlabeled", "framework", "framework_options.ema_timing", "before_unlabeled",
+           "after_step",
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher network.py 35-41, 45-47 (EMA inside the labeled "
+           "call), train.py 213-215 (optimiser step after both calls)",
+           "the teacher's EMA from the student before this step's optimiser step, before the teacher predicts the "
+           "unlabeled half, instead of after the step", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
+           frameworks=("mt_cps",)),
+    Switch("mt_cps_no_dropout", "framework", "framework_options.train_dropout", False, True,
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher network.py 61-67, 97-149, 169-201 (ASPP, Head "
+           "and classifier without dropout)",
+           "no train-only dropout in student and teacher (the U2PL decoder's ASPP dropout and the baseline "
+           "classifier's two, 0.1 each); MC dropout stays", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
+           frameworks=("mt_cps",)),
     Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
            "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34)",
            "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
@@ -232,6 +257,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "supervised warm-up epochs before the semi-supervised phase, in which teacher 1, teacher 2 (models of "
            "their own, weak view, optimisers of their own) and the student (strong view) each train on the labeled "
            "batch", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",)),
+    Switch("psmt_warmup_teachers_scratch", "framework", "framework_options.warmup_teacher_backbones", "scratch",
+           "pretrained",
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 15-24 (encoder1, encoder2 with "
+           "pretrained_model=None; encoder_s from the ImageNet file)",
+           "the warm-up teachers' backbones start from a random initialisation instead of the run's (ImageNet) "
+           "weights (only with psmt_warmup_epochs)", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",)),
     Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "PS-MT@058cdc3 VocCode/train.py 192",
            "teachers predict in train mode (BN on the weak batch)",
@@ -332,6 +363,13 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
            frameworks=("augseg", "psmt", *_UNIMATCH)),
+    Switch("grad_clip_per_head", "loop", "optim.grad_clip",
+           Derived("the head's (NP 5.0, others none)", lambda values: _head_grad_clip(values)), 5.0,
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 625, AugSeg/train_semi.py 448 (clip_grad_norm_ at 5 in the NP "
+           "trainers); U2PL@ab3d2be, AugSeg@7ead870, PS-MT@058cdc3, TorchSemiSeg@5e0c29c trainers (no clipping)",
+           "gradient-norm clipping at 5 for NP cells only (the authors' NP scripts) instead of at 5 for every head, "
+           "so that a baseline-vs-NP difference does not mix the head with the clipping",
+           "[D19](deviations.md#d19-gradient-clipping-by-head)"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "

@@ -224,7 +224,9 @@ def test_paper_preset_values_per_dataset_family():
     assert (city.optim.lr, city.optim.head_lr_mult, city.optim.weight_decay) == (5e-3, 1.0, 5e-4)
     assert city.loss.ohem and city.loss.ohem_thresh == 0.7 and city.model.aux_head and city.loss.aux_weight == 0.4
     assert (city.evaluation.mode, city.evaluation.crop_size, city.evaluation.stride) == ("sliding", 769, 513)
-    assert city.optim.grad_clip is None  # baseline head: not clipped
+    assert city.optim.grad_clip == 5.0  # corrected: every head clipped alike (switch grad_clip_per_head)
+    released = cell_config("paper", framework="supervised", dataset="cityscapes", partition="1/16", protocol="released")
+    assert released.optim.grad_clip is None  # released: the baseline head is not clipped, as its own trainers
     assert city.partition == "186"
 
 

@@ -55,7 +55,8 @@ def test_the_mt_variant_switch_chooses_the_framework_class_at_the_cell_step():
     assert (config.framework, config.framework_variant, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
     assert [(s.step, s.value) for s in released.provenance["framework"]] == [("cell", "mt"), ("switch", "mt_cps")]
     assert "switch mt_variant (released" in released.provenance["framework"][-1].why
-    assert set(config.framework_options) == {"ema_decay", "mse_weight"} and config.inputs.framework == "mt"
+    assert set(config.framework_options) == {"ema_decay", "mse_weight", "passes", "ema_timing", "train_dropout"}
+    assert config.inputs.framework == "mt"
     assert switches(config)["mt_variant"] == "mt_cps" and switches(config)["mt_single_lr"] == "single_lr"
     assert config.schedule.epochs == 34  # CPS's MeanTeacher's publication epochs (per_head, baseline head)
     corrected = compose("paper", **cell, protocol="corrected")
@@ -151,8 +152,9 @@ def test_with_overrides_composes_again_without_resets():
     baseline = with_overrides(config, {"head.name": "baseline"})
     fresh = compose("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="baseline",
                     overrides={"optim.lr": 0.02}).config
-    assert baseline == fresh and baseline.optim.grad_clip is None  # the NP head's clipping went with it
+    assert baseline == fresh and baseline.optim.grad_clip == 5.0  # corrected: every head alike (grad_clip_per_head)
     released = with_overrides(config, protocol="released")
+    assert with_overrides(released, {"head.name": "baseline"}).optim.grad_clip is None  # the NP head's went with it
     assert released == compose("smoke", framework="u2pl", dataset="synthetic", partition="1/16", head="np",
                                protocol="released", overrides={"optim.lr": 0.02}).config
     assert with_overrides(config, {"optim.lr": 0.03}).inputs.overrides == {"optim.lr": 0.03}

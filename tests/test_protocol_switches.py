@@ -54,6 +54,11 @@ NOT_A_STEP_CHANGE = {
     "unimatch_weight_decay": "the optimiser: test_unimatch_switches_set_the_official_evaluation_and_schedule",
     "unimatch_epochs": "the schedule: test_unimatch_switches_set_the_official_evaluation_and_schedule",
     "unimatch_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
+    "mt_cps_ema_before_unlabeled": "alone (one joint pass) the EMA only moves by a step, the predicting teacher is "
+                                   "the same: test_mt_cps_ema_timing_matters_with_split_passes",
+    "psmt_warmup_teachers_scratch": "the teachers' initial weights (with the warm-up only): "
+                                    "test_psmt_warmup_teachers_scratch_switch_redraws_the_teachers_backbones",
+    "grad_clip_per_head": "the optimiser step: test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 
@@ -531,3 +536,100 @@ def test_psmt_warm_up_trains_each_teacher_with_an_optimiser_of_its_own(smoke_con
     framework.train_step(batch, semi)
     assert not any(p.requires_grad for t in framework.teachers.values() for p in t.parameters())
     assert framework.state_dict()["teacher_optimizers"] == {}
+
+
+def test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected(smoke_config):
+    """Switch grad_clip_per_head: released clips the NP cells only (the authors' NP trainers, at 5); corrected clips
+    every head of a framework at 5, so a baseline-vs-NP difference is the head's alone. An override still wins."""
+    for framework in ("supervised", "mt", "u2pl", "augseg", "psmt"):
+        for head in ("baseline", "mc_dropout", "np"):
+            released = smoke_config(framework=framework, head=head, protocol="released")
+            corrected = smoke_config(framework=framework, head=head, protocol="corrected")
+            assert released.optim.grad_clip == (5.0 if head == "np" else None), (framework, head)
+            assert corrected.optim.grad_clip == 5.0, (framework, head)
+            assert switches(corrected)["grad_clip_per_head"] == 5.0
+    unclipped = smoke_config(framework="u2pl", head="baseline", protocol="corrected", **{"optim.grad_clip": None})
+    assert unclipped.optim.grad_clip is None
+
+
+@pytest.mark.parametrize("head", ["baseline", "mc_dropout", "np"])
+def test_mt_cps_released_step_trains_every_head_in_two_passes(smoke_config, head):
+    """Switches mt_cps_split_passes / mt_cps_ema_before_unlabeled / mt_cps_no_dropout with each head: the student
+    runs once per half (BN statistics per half), the teacher is updated before it predicts the unlabeled half (and
+    not again after the optimiser step), no train-only dropout is left; the MC-dropout head keeps its own."""
+    config = smoke_config(framework="mt", head=head, protocol="released")
+    assert config.framework == "mt_cps" and config.framework_options["passes"] == "split"
+    torch.manual_seed(0)
+    framework = build_framework(config)
+    kinds = {type(m).__name__ for model in framework.modules().values() for m in model.modules()}
+    assert "Dropout2d" not in kinds and (("MCDropout2d" in kinds) == (head == "mc_dropout"))
+    calls = []
+    framework.student.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    predicted = []
+    original = framework.predict
+    framework.predict = lambda teacher, images, **kw: (predicted.append(
+        [p.detach().clone() for p in teacher.parameters()]), original(teacher, images, **kw))[1]
+    batch = _batch(config, 0)
+    ctx = StepContext(step=3, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    with torch.no_grad():  # a teacher unlike the student, so that the EMA moves it
+        for p in framework.teacher.parameters():
+            p.mul_(0.5)
+    result = framework.train_step(batch, ctx)
+    labeled = batch.labeled["image"].shape[0]
+    if head != "np":  # the NP head runs backbone and decoder per half, then the head once on both
+        assert calls == [labeled, batch.unlabeled["image"].shape[0]]
+    assert len(predicted) == 2 and any(not torch.equal(a, b) for a, b in zip(*predicted))
+    assert torch.isfinite(result.total) and set(result.losses) >= {"sup", "unsup"}
+    result.total.backward()
+    before = [p.detach().clone() for p in framework.teacher.parameters()]
+    framework.after_optimizer_step(ctx)
+    assert all(torch.equal(a, b) for a, b in zip(before, framework.teacher.parameters()))
+
+
+def test_mt_cps_ema_timing_matters_with_split_passes(smoke_config):
+    """Switch mt_cps_ema_before_unlabeled with split passes: from the second step on the labeled half is predicted
+    by a teacher one EMA update older than the one that predicts the unlabeled half (TorchSemiSeg network.py
+    39-41); with the EMA after the optimiser step both halves see the same teacher. With one joint pass the two
+    placements give the same predicting teacher (the update is only moved by a step)."""
+    split = smoke_config(framework="mt_cps", head="baseline", protocol="released")
+    after = with_overrides(split, {"switches.mt_cps_ema_before_unlabeled": "after_step"})
+    first_released, second_released = _steps(split)
+    first_after, second_after = _steps(after)
+    assert first_released == first_after  # the teacher starts as the student: the first EMA changes nothing
+    assert second_released["unsup"] != second_after["unsup"]
+    joint = with_overrides(split, {"switches.mt_cps_split_passes": "joint"})
+    assert _steps(joint) == _steps(with_overrides(joint, {"switches.mt_cps_ema_before_unlabeled": "after_step"}))
+
+
+@pytest.mark.parametrize("backbones", ["scratch", "pretrained"])
+def test_psmt_warmup_teachers_scratch_switch_redraws_the_teachers_backbones(smoke_config, backbones):
+    """Switch psmt_warmup_teachers_scratch (released): with the warm-up, the teachers' backbones start from a random
+    initialisation (BN statistics reset), the student's and the teachers' decoders and heads from the run's weights;
+    ``pretrained`` keeps the run's weights in the teachers' backbones too. Stand-in for pretrained weights here:
+    every backbone parameter 0.125, every BN running mean 0.5."""
+    from npsemiseg.training import build_model
+
+    config = smoke_config(framework="psmt", head="baseline", protocol="released",
+                          **{"framework_options.warmup_teacher_backbones": backbones,
+                             "framework_options.warmup_epochs": 1})  # the smoke preset shortens it to 0
+
+    def pretrained():
+        model = build_model(config)
+        with torch.no_grad():
+            for p in model.backbone.parameters():
+                p.fill_(0.125)
+            for name, b in model.backbone.named_buffers():
+                if name.endswith("running_mean"):
+                    b.fill_(0.5)
+        return model
+
+    framework = build_framework(config, pretrained)
+    assert all(bool((p == 0.125).all()) for p in framework.student.backbone.parameters())
+    for name in framework.teacher_names:
+        teacher = framework.teachers[name]
+        weights = [bool((p == 0.125).all()) for p in teacher.backbone.parameters()]
+        stats = [bool((b == 0.5).all()) for n, b in teacher.backbone.named_buffers() if n.endswith("running_mean")]
+        if backbones == "scratch":
+            assert not any(weights) and not any(stats)
+        else:
+            assert all(weights) and all(stats)

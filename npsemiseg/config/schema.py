@@ -54,6 +54,16 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("head.options.enqueue_order", lambda v: v["head"]["options"].get("enqueue_order") == "random"),
     ("head.options.memory_resolution", lambda v: v["head"]["options"].get("memory_resolution") == "features"),
     ("framework_options.sup_only_kl", lambda v: v["framework_options"].get("sup_only_kl") is True),
+    # AugSeg's NP targets (U2PL's option of the same name was in the record from the start) and CPS's
+    # MeanTeacher's released step, at their corrected values
+    ("framework_options.np_targets",
+     lambda v: v["framework"] == "augseg" and v["framework_options"].get("np_targets") == "filtered"),
+    ("framework_options.passes", lambda v: v["framework_options"].get("passes") == "joint"),
+    ("framework_options.ema_timing", lambda v: v["framework_options"].get("ema_timing") == "after_step"),
+    ("framework_options.train_dropout", lambda v: v["framework_options"].get("train_dropout") is True),
+    # PS-MT's warm-up teachers' backbones, at the corrected value
+    ("framework_options.warmup_teacher_backbones",
+     lambda v: v["framework_options"].get("warmup_teacher_backbones") == "pretrained"),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS

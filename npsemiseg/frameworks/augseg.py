@@ -18,12 +18,15 @@ Per iteration:
 Teacher: EMA over parameters and BN buffers; decay 0 during epoch 0 (the teacher follows the
 student), then ``min(1 - 1/(i + 1), d)`` with i the global iteration, d = 0.999 (VOC) /
 0.996 (Cityscapes). With the NP head, the student's targets are the unlabeled images with
-the masked pseudo-labels (255 where masked) plus the labeled images.
+the masked pseudo-labels (255 where masked) plus the labeled images; with ``np_targets="unfiltered"`` (switch
+``np_unfiltered_targets``, released) the unlabeled targets are the mixed pseudo-labels unmasked, as NP-SemiSeg's
+AugSeg/train_semi.py 405-408 passes the argmax labels after the adaptive CutMix to the NP head (the threshold only
+masks the unsupervised CE there, lines 425-427).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -41,6 +44,9 @@ class AugSegOptions(FrameworkOptions):
     unsup_weight: float = Field(1.0, ge=0.0)
     labeled_beta: tuple[float, float] = (8.0, 2.0)
     unlabeled_beta: float = Field(4.0, gt=0.0)
+    #: the NP head's targets on the unlabeled images: the pseudo-labels masked by ``confidence_threshold``
+    #: (``filtered``) or not (``unfiltered``, NP-SemiSeg's AugSeg/train_semi.py 405-408); other heads ignore them
+    np_targets: Literal["filtered", "unfiltered"] = "filtered"
 
 
 @FRAMEWORKS.register("augseg")
@@ -87,7 +93,8 @@ class AugSeg(SemiSupervisedFramework):
         )
         pseudo = ignore_where(mixed.label, mixed.confidence < opts.confidence_threshold)
 
-        student = self.student_pass(images_l, labels_l, mixed.image, pseudo)
+        student = self.student_pass(images_l, labels_l, mixed.image,
+                                    mixed.label if opts.np_targets == "unfiltered" else pseudo)
         losses = self.supervised_terms(student, labels_l)
         # mean over all pixels: masked pixels contribute 0 to the sum and count in the mean
         losses["unsup"] = opts.unsup_weight * self.pixel_ce(student.logits_u, pseudo).mean()

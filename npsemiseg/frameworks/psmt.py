@@ -31,7 +31,10 @@ EntireModel.py 42-53: plain CE; the three models have their own randomly initial
 teachers' optimisers are built like the student's and never scheduled). Here, in the warm-up epochs, each
 step trains the student (strong view, the loop's optimiser) and each teacher (weak view of the same batch,
 its own optimiser from ``build_optimizer``: the run's optimiser and groups at the base LR, no decay), the
-teachers built as models of their own (own head initialisation), not copies of the student. Sharing the
+teachers built as models of their own (own head initialisation), not copies of the student; with
+``warmup_teacher_backbones="scratch"`` (switch ``psmt_warmup_teachers_scratch``) their backbones start from a
+random initialisation as the released ones (EntireModel.py 15-20: ``pretrained_model=None`` for encoder1 and
+encoder2), the student's from the run's weights. Sharing the
 batch (the released teachers draw their own passes of the labeled loader) keeps one data stream. The
 teachers' optimiser states are framework state (checkpointed); teacher gradients are averaged over the
 processes under DDP; after the warm-up the teachers are frozen and follow the student by EMA. With
@@ -100,6 +103,10 @@ class PSMTOptions(FrameworkOptions):
     eval_average: Literal["probabilities", "logits"] = "probabilities"
     strong_labeled: bool = True
     warmup_epochs: int = Field(0, ge=0)
+    #: the warm-up teachers' backbones (only with ``warmup_epochs`` > 0): the run's weights (``pretrained``) or a
+    #: random initialisation (``scratch``: the released EntireModel.py 15-20 builds encoder1 and encoder2 with
+    #: ``pretrained_model=None``, the student's encoder_s from the ImageNet file); switch psmt_warmup_teachers_scratch
+    warmup_teacher_backbones: Literal["pretrained", "scratch"] = "pretrained"
     teacher_train_mode: bool = False
 
 
@@ -199,6 +206,9 @@ class PSMT(SemiSupervisedFramework):
         self._teacher_optimizers: dict[str, torch.optim.Optimizer] = {}
         if options.warmup_epochs > 0:  # teachers of their own, trained in the warm-up (see the module docstring)
             self.teachers.update((name, build_model().eval()) for name in self.teacher_names)
+            if options.warmup_teacher_backbones == "scratch":
+                for name in self.teacher_names:
+                    unwrap(self.teachers[name]).backbone.reset_parameters()
         self._ensemble = TeacherEnsemble([self.teachers[n] for n in self.teacher_names],
                                          average=options.eval_average)  # type: ignore[attr-defined]
 

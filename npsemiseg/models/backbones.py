@@ -156,6 +156,13 @@ class ResNetBackbone(nn.Module):
                 block.conv2 = AtrousConv2d.from_conv(block.conv2)
         return nn.Sequential(*blocks)
 
+    def reset_parameters(self, zero_init_residual: bool = True) -> None:
+        """A random initialisation, as built with ``weights=None``: the weights re-drawn, BN statistics reset."""
+        self._init_weights(zero_init_residual)
+        for module in self.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.reset_running_stats()
+
     def _init_weights(self, zero_init_residual: bool) -> None:
         # torchvision's initialisation
         for module in self.modules():

@@ -1,0 +1,250 @@
+"""Record one training step of CPS's MeanTeacher as TorchSemiSeg runs it: ``tests/golden/mt_cps_step_released.npz``.
+
+Usage (from the repository root; CHECKOUT is a checkout of charlesCXK/TorchSemiSeg)::
+
+    PYTHONPATH=$PWD python tests/golden/record_mt_cps_golden.py CHECKOUT [--out tests/golden]
+
+What is official and what is not. The official ``Network`` class (``exp.voc/voc8.res50v3+.MeanTeacher/network.py``)
+is imported from CHECKOUT at run time and its ``forward`` and ``_update_ema_variables`` run the step: the student
+and the no-grad teacher on one half, the teacher's EMA inside the call with ``step=1`` (lines 25-47). Its
+``SingleNetwork`` needs a pretrained ResNet-50 and ``furnace``; instead both of its branches are the same tiny
+network built on both sides from the same weights: the project's smoke segmentor (backbone ``resnet_small``, the
+U2PL decoder at widths 16/8, the baseline classifier) with every ``Dropout2d`` replaced by an identity (the official
+network has none), wrapped to return ``(features, logits upsampled to the image with align_corners=True)`` as
+``SingleNetwork.forward`` (lines 70-80). ``config`` is a stub holding ``ema_decay`` read from the official
+``config.py`` (line 74, 0.99); ``base_model`` is a stub (no ResNet is built). The training step around the two
+calls is ``train.py`` 177-215 written out here (one process: the all_reduce over one rank is the identity): CE on
+the student's labeled logits, ``unsup_weight`` (100, config.py line 73) x MSE between the softmaxes of student and
+teacher over both halves, one SGD step of the student.
+
+Weights are a deterministic pattern (:func:`pattern_weights`, also used by the test), the teacher's with another
+salt than the student's so that the EMA's place in the step shows; the step is taken at iteration ``CUR_ITER`` = 3
+(not 0, where the official forward copies the student into the teacher). What is stored: the inputs, both losses,
+the teacher's probabilities on each half (BN statistics per half, the EMA between the halves), and for every
+parameter and buffer of the updated student and teacher its sum, its sum of absolute values and ``SAMPLES``
+entries at stored flat indices (the models hold about a million values each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
+OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py")
+#: the cell whose tiny network both sides use
+CELL = dict(framework="mt", dataset="synthetic", partition="1/16", head="baseline", protocol="released")
+B_L, B_U, SIZE = 2, 2, 32
+SEED = 20261
+CUR_ITER = 3
+LR, MOMENTUM = 0.01, 0.9
+SAMPLES = 32
+STUDENT_SALT, TEACHER_SALT = 0, 1000
+
+
+def pattern_weights(shape: tuple[int, ...], salt: int) -> torch.Tensor:
+    """Deterministic weights of ``shape``: ``bound * sin(1 + 0.7 i + salt)`` over the flat index i, bound the
+    Xavier-uniform bound of the shape (1-d parameters: 0.1). float32, as the NP head golden."""
+    numel = int(np.prod(shape))
+    if len(shape) == 1:
+        bound = 0.1
+    else:
+        receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+        bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
+    values = bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(salt))
+    return torch.from_numpy(values.reshape(shape)).float()
+
+
+def tiny_model(salt: int) -> nn.Module:
+    """The smoke segmentor of :data:`CELL` with pattern weights (parameter ``i`` gets salt ``salt + i``) and no
+    ``Dropout2d``; buffers at their initial values."""
+    from npsemiseg.config import compose
+    from npsemiseg.training import build_model
+
+    model = build_model(compose("smoke", **CELL).config)
+    strip_dropout(model)
+    load_pattern(model, salt)
+    return model
+
+
+def load_pattern(model: nn.Module, salt: int) -> None:
+    with torch.no_grad():
+        for i, (_, p) in enumerate(model.named_parameters()):
+            p.copy_(pattern_weights(tuple(p.shape), salt + i))
+
+
+def strip_dropout(model: nn.Module) -> None:
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Dropout2d:
+                setattr(module, name, nn.Identity())
+
+
+def inputs() -> dict[str, np.ndarray]:
+    gen = torch.Generator().manual_seed(SEED)
+    labels = torch.randint(0, 8, (B_L, SIZE, SIZE), generator=gen)
+    labels[:, :3] = 255
+    return {"images_l": torch.rand(B_L, 3, SIZE, SIZE, generator=gen).numpy(),
+            "labels_l": labels.numpy(),
+            "images_u": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy()}
+
+
+def sample_indices(model: nn.Module) -> dict[str, np.ndarray]:
+    """``SAMPLES`` flat indices per parameter and buffer (all of them for smaller tensors)."""
+    gen = np.random.default_rng(SEED)
+    out = {}
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        n = t.numel()
+        out[name] = (np.arange(n) if n <= SAMPLES else np.sort(gen.choice(n, SAMPLES, replace=False))).astype(np.int32)
+    return out
+
+
+def digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Sum, sum of |values| and the sampled entries of every parameter and buffer, as float64."""
+    out = {}
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        flat = t.detach().double().flatten()
+        out[f"{prefix}/sum/{name}"] = np.array(float(flat.sum()))
+        out[f"{prefix}/abs/{name}"] = np.array(float(flat.abs().sum()))
+        out[f"{prefix}/at/{name}"] = flat[torch.from_numpy(indices[name])].numpy()
+    return out
+
+
+class Branch(nn.Module):
+    """``SingleNetwork``'s interface (network.py 70-80) around the tiny segmentor: ``(features, logits at the image
+    size, align_corners=True)`` in training."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, data: torch.Tensor):
+        out = self.model(data)
+        pred = F.interpolate(out.head.logits[0], size=data.shape[-2:], mode="bilinear", align_corners=True)
+        return out.features, pred
+
+
+def official_network(checkout: Path) -> type:
+    """The official ``Network`` class, imported with stubs for ``config`` (ema_decay read from config.py) and
+    ``base_model``."""
+    folder = checkout / OFFICIAL_DIR
+    text = (folder / "config.py").read_text()
+    ema_decay = float(re.search(r"^C\.ema_decay\s*=\s*([0-9.]+)", text, re.M).group(1))
+    config = types.ModuleType("config")
+    config.config = types.SimpleNamespace(ema_decay=ema_decay)
+    base_model = types.ModuleType("base_model")
+    base_model.resnet50 = None
+    saved = {k: sys.modules.get(k) for k in ("config", "base_model", "network")}
+    sys.modules.update(config=config, base_model=base_model)
+    sys.modules.pop("network", None)
+    sys.path.insert(0, str(folder))
+    try:
+        import network  # noqa: PLC0415 - the official file, from CHECKOUT
+    finally:
+        sys.path.remove(str(folder))
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return network.Network, ema_decay
+
+
+def unsup_weight(checkout: Path) -> float:
+    text = (checkout / OFFICIAL_DIR / "config.py").read_text()
+    return float(re.search(r"^C\.unsup_weight\s*=\s*([0-9.]+)", text, re.M).group(1))
+
+
+def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    Network, ema_decay = official_network(checkout)
+    weight = unsup_weight(checkout)
+    student, teacher = tiny_model(STUDENT_SALT), tiny_model(TEACHER_SALT)
+    net = Network.__new__(Network)
+    nn.Module.__init__(net)
+    net.branch1, net.branch2 = Branch(student), Branch(teacher)
+    for param in net.branch2.parameters():  # network.py 21-23
+        param.detach_()
+    data = inputs()
+    imgs, gts, unsup_imgs = (torch.from_numpy(data[k]) for k in ("images_l", "labels_l", "images_u"))
+    optimizer = torch.optim.SGD(net.branch1.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=0.0)
+    criterion = nn.CrossEntropyLoss(reduction="mean", ignore_index=255)
+    criterion_csst = nn.MSELoss(reduction="mean")
+    net.train()
+    # train.py 177-215 (one process)
+    optimizer.zero_grad()
+    s_sup_pred, t_sup_pred = net(imgs, step=1, cur_iter=CUR_ITER)
+    s_unsup_pred, t_unsup_pred = net(unsup_imgs, step=2, cur_iter=CUR_ITER)
+    s_pred = torch.cat([s_sup_pred, s_unsup_pred], dim=0)
+    t_pred = torch.cat([t_sup_pred, t_unsup_pred], dim=0)
+    softmax_pred_s, softmax_pred_t = F.softmax(s_pred, 1), F.softmax(t_pred, 1)
+    csst_loss = criterion_csst(softmax_pred_s, softmax_pred_t.detach()) * weight
+    loss_sup = criterion(s_sup_pred, gts)
+    loss = loss_sup + csst_loss
+    loss.backward()
+    optimizer.step()
+    indices = sample_indices(student)
+    out = dict(data)
+    out["loss_sup"] = np.array(float(loss_sup.detach()))
+    out["loss_unsup"] = np.array(float(csst_loss.detach()))
+    out["teacher_probs"] = softmax_pred_t.detach().numpy()
+    out.update({f"index/{k}": v for k, v in indices.items()})
+    out.update(digest("student", student, indices))
+    out.update(digest("teacher", teacher, indices))
+    meta = {"ema_decay": ema_decay, "unsup_weight": weight}
+    return out, meta
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkout", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("tests/golden"))
+    parser.add_argument("--commit", default=None, help="the checkout's commit (asked from git when omitted)")
+    args = parser.parse_args()
+    commit = args.commit or subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], check=True,
+                                           capture_output=True, text=True).stdout.strip()
+    arrays, meta = record(args.checkout)
+    np.savez_compressed(args.out / "mt_cps_step_released.npz", **arrays)
+    sidecar = {
+        "about": "One training step of CPS's MeanTeacher as TorchSemiSeg runs it (tests/test_mt_cps_golden.py).",
+        "repository": "https://github.com/charlesCXK/TorchSemiSeg",
+        "commit": commit,
+        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest()
+                                 for f in OFFICIAL_FILES},
+        "sources": {
+            "network_forward_ema": f"{OFFICIAL_DIR}/network.py 25-47 (imported and run: Network.forward, "
+                                   "_update_ema_variables)",
+            "no_dropout": f"{OFFICIAL_DIR}/network.py 49-201 (SingleNetwork, ASPP, Head: no dropout)",
+            "two_calls_and_losses": f"{OFFICIAL_DIR}/train.py 177-215 (written out in the recorder)",
+            "ema_decay_unsup_weight": f"{OFFICIAL_DIR}/config.py 73-74",
+        },
+        "compared": "the step logic on a tiny network built on both sides from the same pattern weights (not the "
+                    "official ResNet-50 DeepLabv3+): losses, the teacher's probabilities on both halves, and sum, "
+                    "sum |x| and sampled entries of every parameter and buffer of the updated student and teacher",
+        "command": f"PYTHONPATH=$PWD python tests/golden/record_mt_cps_golden.py CHECKOUT --commit {commit}",
+        "checkout": "CHECKOUT holds the three files at the commit, e.g. git archive COMMIT "
+                    + " ".join(OFFICIAL_FILES) + " | tar -x -C CHECKOUT (a full clone works too)",
+        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "cur_iter": CUR_ITER, "lr": LR,
+                  "momentum": MOMENTUM, "samples": SAMPLES, "student_salt": STUDENT_SALT,
+                  "teacher_salt": TEACHER_SALT, "cell": CELL},
+        "official_values": meta,
+        "torch": torch.__version__,
+    }
+    (args.out / "mt_cps_step_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
+    print(f"loss_sup {float(arrays['loss_sup']):.6f} loss_unsup {float(arrays['loss_unsup']):.6f}")
+
+
+if __name__ == "__main__":
+    main()
