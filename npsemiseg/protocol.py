@@ -192,6 +192,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",
            "[D3 a](deviations.md#d3-u2pl-contrastive-loss)",
            frameworks=("u2pl",)),
+    Switch("u2pl_label_onehot_ignored", "framework", "framework_options.label_onehot_ignored_bug", True, False,
+           "U2PL@ab3d2be u2pl/utils/utils.py 54-57 (255 set to 0 before the scatter; the clearing reaches each "
+           "image's own slot only)",
+           "with u2pl_label_onehot: the ignored pixels of every image of a part count as class 0 in its first "
+           "image's slot, except where the first image itself ignores the pixel (there it has no class)",
+           "[D3 a](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
     Switch("u2pl_labeled_negatives", "framework", "framework_options.labeled_negatives_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/loss_helper.py 127-140 (U2PL issue #171)",
            "negative masks also require class membership: labeled negatives impossible",

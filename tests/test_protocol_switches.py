@@ -36,6 +36,7 @@ NOT_A_STEP_CHANGE = {
     "psmt_cityscapes_plain_ce": "an untrained model keeps every pixel under OHEM: test_psmt_cityscapes_plain_ce",
     # the smoke step's contrastive term is 0 (too few classes and keys): tested on the loss itself below
     "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
+    "u2pl_label_onehot_ignored": "the golden test: tests/test_u2pl_contrastive_golden.py",
     "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
     "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
     "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",

@@ -54,6 +54,9 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("head.options.enqueue_order", lambda v: v["head"]["options"].get("enqueue_order") == "random"),
     ("head.options.memory_resolution", lambda v: v["head"]["options"].get("memory_resolution") == "features"),
     ("framework_options.sup_only_kl", lambda v: v["framework_options"].get("sup_only_kl") is True),
+    # U2PL's released label_onehot with ignored pixels, at its corrected value
+    ("framework_options.label_onehot_ignored_bug",
+     lambda v: v["framework_options"].get("label_onehot_ignored_bug") is False),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
