@@ -229,6 +229,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
            "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
            "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
+    Switch("psmt_tvat_per_batch", "framework", "framework_options.tvat_per_batch", True, False,
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 60, 64 (the student decoder called on the "
+           "labeled and on the unlabeled features), encoder_decoder.py 59-89 (get_r_adv_t), 148-151",
+           "T-VAT searched once per batch (labeled, unlabeled) instead of once on both: with the released "
+           "normalisation the perturbation's size scales with 1 / (images searched together)",
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT@058cdc3 VocCode/Base/base_trainer.py 137-145 and VocCode/train.py 139-187 (_warm_up), scripts "
            "--warm_up=5",

@@ -57,6 +57,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # U2PL's released label_onehot with ignored pixels, at its corrected value
     ("framework_options.label_onehot_ignored_bug",
      lambda v: v["framework_options"].get("label_onehot_ignored_bug") is False),
+    # PS-MT's released T-VAT search per batch, at its corrected value
+    ("framework_options.tvat_per_batch", lambda v: v["framework_options"].get("tvat_per_batch") is False),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
