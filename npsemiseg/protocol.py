@@ -264,6 +264,17 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "both teachers' logits averaged instead of their softmaxes",
            "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",),
            families=("voc",)),
+    Switch("psmt_eval_whole", "evaluation", "evaluation.mode", "whole",
+           Derived("the preset's or the dataset's", lambda values: values.get("evaluation", {}).get("mode")),
+           "PS-MT@058cdc3 VocCode/configs/config_deeplab_v3+.json 61-68 (val_loader: no crop_size, no base_size), "
+           "VocCode/Base/base_dataset.py 155-162 (_val_augmentation: normalisation only)",
+           "VOC validation images evaluated whole (one per batch) instead of their 513 center crop",
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
+    Switch("psmt_eval_resize", "evaluation", "evaluation.resize_multiple", 8, None,
+           "PS-MT@058cdc3 VocCode/train.py 324-330 (image resized to ceil(H / 8) 8 x ceil(W / 8) 8, bilinear, "
+           "align_corners), 101-118 (teachers' logits at that size), 333-337 (averaged, resized back to H x W)",
+           "each evaluated image resized up to multiples of 8 and the logits resized back to the image size",
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",

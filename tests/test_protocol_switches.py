@@ -42,6 +42,8 @@ NOT_A_STEP_CHANGE = {
     "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",
     "psmt_blur_kernel": "the data pipeline: test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5",
     "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",
+    "psmt_eval_whole": "evaluation only: the golden test tests/test_psmt_eval_golden.py",
+    "psmt_eval_resize": "evaluation only: the golden test tests/test_psmt_eval_golden.py",
     "psmt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
     "mt_single_lr": "the optimiser: test_single_lr_switches_group_the_parameters",
     "mt_select_from_epoch": "evaluation only: test_best_epoch_candidates_start_at_select_from_epoch (test_training)",
