@@ -194,7 +194,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            frameworks=("u2pl",)),
     Switch("u2pl_label_onehot_ignored", "framework", "framework_options.label_onehot_ignored_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/utils.py 54-57 (255 set to 0 before the scatter; the clearing reaches each "
-           "image's own slot only)",
+           "image's own slot only), train_semi.py 456-465; the same in NP-SemiSeg@afd9672 U2PL/u2pl/utils/utils.py",
            "with u2pl_label_onehot: the ignored pixels of every image of a part count as class 0 in its first "
            "image's slot, except where the first image itself ignores the pixel (there it has no class)",
            "[D3 a](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
