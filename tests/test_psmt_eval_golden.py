@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from npsemiseg.config import compose
+from npsemiseg.config import compose, with_overrides
 from npsemiseg.evaluation.inference import predict
 from npsemiseg.frameworks.psmt import TeacherEnsemble
 from npsemiseg.heads.base import HeadOutput
@@ -48,6 +48,7 @@ class _Member(nn.Module):
     with ``align_corners=True`` (as every official model, switch ``align_corners``)."""
 
     align_corners = True
+    head = None  # a deterministic head: no ``stochastic`` attribute read as stochastic by the evaluation
 
     def __init__(self, teacher) -> None:
         super().__init__()
@@ -107,3 +108,22 @@ def test_the_golden_tells_the_resize_apart():
 def test_resize_multiple_needs_mode_whole():
     with pytest.raises(ValueError, match="resize_multiple"):
         predict(_ensemble(), torch.from_numpy(DATA["image0"]), mode="center_crop", resize_multiple=8)
+
+
+def test_a_released_run_evaluates_as_psmt():
+    """The run's evaluation (``evaluate_model`` with a released PS-MT cell's config) resizes as the golden: its
+    pixel accuracy is that of their logits' argmax (and another one without the resize)."""
+    from npsemiseg.training.artifacts import evaluate_model
+
+    config = compose("smoke", framework="psmt", dataset="synthetic", partition="1/16", head="baseline",
+                     protocol="released", overrides={"data.options": {"num_classes": REC.K}}).config
+    assert (config.evaluation.mode, config.evaluation.resize_multiple) == ("whole", 8)
+    val = [{"image": torch.from_numpy(DATA[f"image{i}"]), "label": torch.from_numpy(DATA[f"label{i}"])}
+           for i in range(len(REC.SIZES))]
+    metrics = evaluate_model(_ensemble(), val, config, step=0, device=torch.device("cpu"))
+    correct = sum(int((DATA[f"logits{i}"].argmax(1) == DATA[f"label{i}"]).sum()) for i in range(len(REC.SIZES)))
+    pixels = sum(DATA[f"label{i}"].size for i in range(len(REC.SIZES)))
+    assert metrics["pixel_acc"] == pytest.approx(correct / pixels, abs=1e-9)
+    unresized = with_overrides(config, {"evaluation.resize_multiple": None})
+    other = evaluate_model(_ensemble(), val, unresized, step=0, device=torch.device("cpu"))["pixel_acc"]
+    assert other != pytest.approx(correct / pixels, abs=1e-9)
