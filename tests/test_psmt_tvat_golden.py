@@ -110,5 +110,6 @@ def test_corrected_tvat_is_the_released_direction_at_norm_eps(monkeypatch):
     theirs = torch.from_numpy(DATA["float64/per_batch"])
     expected = (REC.EPS * l2_normalize(theirs)).numpy()
     diff = float(np.abs(corrected - expected).max())
+    print(json.dumps({"corrected": f"{diff:.2e}"}))
     assert diff <= RTOL * REC.EPS, f"corrected: max |difference| {diff:.3g}"
     assert np.allclose(np.linalg.norm(corrected.reshape(corrected.shape[0], -1), axis=1), REC.EPS)
