@@ -202,6 +202,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",
            "[D3 a](deviations.md#d3-u2pl-contrastive-loss)",
            frameworks=("u2pl",)),
+    Switch("u2pl_label_onehot_ignored", "framework", "framework_options.label_onehot_ignored_bug", True, False,
+           "U2PL@ab3d2be u2pl/utils/utils.py 54-57 (255 set to 0 before the scatter; the clearing reaches each "
+           "image's own slot only), train_semi.py 456-465; the same in NP-SemiSeg@afd9672 U2PL/u2pl/utils/utils.py",
+           "with u2pl_label_onehot: the ignored pixels of every image of a part count as class 0 in its first "
+           "image's slot, except where the first image itself ignores the pixel (there it has no class)",
+           "[D3 a](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
     Switch("u2pl_labeled_negatives", "framework", "framework_options.labeled_negatives_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/loss_helper.py 127-140 (U2PL issue #171)",
            "negative masks also require class membership: labeled negatives impossible",
@@ -251,6 +257,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
            "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
            "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
+    Switch("psmt_tvat_per_batch", "framework", "framework_options.tvat_per_batch", True, False,
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 60, 64 (the student decoder called on the "
+           "labeled and on the unlabeled features), encoder_decoder.py 59-89 (get_r_adv_t), 148-151",
+           "T-VAT searched once per batch (labeled, unlabeled) instead of once on both: with the released "
+           "normalisation the perturbation's size scales with 1 / (images searched together)",
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT@058cdc3 VocCode/Base/base_trainer.py 137-145 and VocCode/train.py 139-187 (_warm_up), scripts "
            "--warm_up=5",
@@ -286,6 +298,17 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "both teachers' logits averaged instead of their softmaxes",
            "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",),
            families=("voc",)),
+    Switch("psmt_eval_whole", "evaluation", "evaluation.mode", "whole",
+           Derived("the preset's or the dataset's", lambda values: values.get("evaluation", {}).get("mode")),
+           "PS-MT@058cdc3 VocCode/configs/config_deeplab_v3+.json 61-68 (val_loader: no crop_size, no base_size), "
+           "VocCode/Base/base_dataset.py 155-162 (_val_augmentation: normalisation only)",
+           "VOC validation images evaluated whole (one per batch) instead of their 513 center crop",
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
+    Switch("psmt_eval_resize", "evaluation", "evaluation.resize_multiple", 8, None,
+           "PS-MT@058cdc3 VocCode/train.py 324-330 (image resized to ceil(H / 8) 8 x ceil(W / 8) 8, bilinear, "
+           "align_corners), 101-118 (teachers' logits at that size), 333-337 (averaged, resized back to H x W)",
+           "each evaluated image resized up to multiples of 8 and the logits resized back to the image size",
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",

@@ -64,6 +64,13 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # PS-MT's warm-up teachers' backbones, at the corrected value
     ("framework_options.warmup_teacher_backbones",
      lambda v: v["framework_options"].get("warmup_teacher_backbones") == "pretrained"),
+    # U2PL's released label_onehot with ignored pixels, at its corrected value
+    ("framework_options.label_onehot_ignored_bug",
+     lambda v: v["framework_options"].get("label_onehot_ignored_bug") is False),
+    # PS-MT's released T-VAT search per batch, at its corrected value
+    ("framework_options.tvat_per_batch", lambda v: v["framework_options"].get("tvat_per_batch") is False),
+    # PS-MT's released VOC evaluation: images resized to multiples of 8, at its corrected value
+    ("evaluation.resize_multiple", lambda v: v["evaluation"].get("resize_multiple") is None),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -242,6 +249,9 @@ class EvaluationConfig(Section):
     figures: bool = True
     select: Literal["last", "best"] = "last"
     select_from_epoch: NonNegativeInt = 0
+    #: mode ``whole``: images resized to multiples of it and the logits back (PS-MT's released VOC evaluation,
+    #: switch ``psmt_eval_resize``); None: evaluated at their size. Read by mode ``whole`` only
+    resize_multiple: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _windows_cover_the_image(self) -> EvaluationConfig:

@@ -7,7 +7,10 @@ softmaxes and its entropy in nats (``heads.predictive``).
 
 Modes (``predict(..., mode=...)``):
 
-- ``whole``: the whole image in one pass.
+- ``whole``: the whole image in one pass. With ``resize_multiple`` m (PS-MT's released VOC evaluation,
+  VocCode/train.py 324-337), the image is first resized (bilinear, ``align_corners=True``) to the next
+  multiples of m, ``ceil(H / m) m x ceil(W / m) m``, and each sample's logits at that size are resized back to
+  ``H x W`` (bilinear, ``align_corners=True``) before the predictive.
 - ``center_crop`` (the VOC convention, U2PL's ``Crop(type="center")``): a side
   shorter than the crop is padded to it, ``pad // 2`` before and the rest after,
   with the ImageNet mean colour (the value 0 after the normalisation U2PL pads
@@ -253,6 +256,7 @@ def predict(
     combine: str | None = None,
     pad_fill: tuple[float, ...] = IMAGENET_MEAN,
     global_scale: float | None = None,
+    resize_multiple: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Predictive probabilities and entropy of ``images [B, 3, H, W]`` (in [0, 1]) under ``mode``.
 
@@ -263,6 +267,7 @@ def predict(
     window (``crop_size``), ``stride``, ``placement`` and ``combine`` can be overridden (a window
     given without a stride gets stride ceil(2/3 window)); ``global_scale`` (sliding_global) resizes
     the whole image for the latent (default: to one window's area, ``global_scale_for``).
+    whole: ``resize_multiple`` (None: none) resizes the image to multiples of it and the logits back.
 
     Returns ``probs [B, K, H', W']`` and ``entropy [B, H', W']`` (nats), with ``H' x W'`` the
     image size, or for center_crop the evaluated region ``min(H, crop) x min(W, crop)``.
@@ -274,8 +279,18 @@ def predict(
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
         raise ValueError(f"num_samples: expected a positive int or None, got {num_samples!r}")
 
+    if resize_multiple is not None and (mode != "whole" or isinstance(resize_multiple, bool)
+                                        or not isinstance(resize_multiple, int) or resize_multiple < 1):
+        raise ValueError(f"resize_multiple: expected a positive int with mode 'whole', got {resize_multiple!r} "
+                         f"with mode {mode!r}")
     if mode == "whole":
-        return predictive(sample_logits(model, images, num_samples))
+        if resize_multiple is None:
+            return predictive(sample_logits(model, images, num_samples))
+        height, width = images.shape[-2:]
+        size = (math.ceil(height / resize_multiple) * resize_multiple, math.ceil(width / resize_multiple) * resize_multiple)
+        resized = F.interpolate(images, size=size, mode="bilinear", align_corners=True)
+        logits = sample_logits(model, resized, num_samples)
+        return predictive(upsample_logits(logits, (height, width), align_corners=True))
 
     if mode == "center_crop":
         crop = _pair(DEFAULT_CROP_SIZE if crop_size is None else crop_size, "crop_size")

@@ -15,7 +15,9 @@ InfoNCE on cosine similarity with temperature 0.5, averaged over the classes pre
 
 This follows the paper's definition. The released code differs in three ways, reproduced when
 asked (``released_bugs``, the ``protocol: released`` switches): (0) its ``label_onehot`` gives
-labels to the first labeled and first unlabeled image only (:func:`class_membership`); (1) its
+labels to the first labeled and first unlabeled image only (:func:`class_membership`), and with
+``label_onehot_ignored`` the ignored pixels of every image count as class 0 there unless the first
+image ignores that pixel itself; (1) its
 labeled negative mask requires GT == c and GT != c at once, so labeled pixels never become
 negatives (U2PL issue #171), and its unlabeled negatives also require pseudo-label == c; (2) it
 indexes anchors and prototypes by the position in the list of present classes rather than by
@@ -123,25 +125,35 @@ class ClassQueues:
 
 #: the released code's bugs ``contrastive_loss`` can reproduce (``released_bugs``; U2PL utils.py 50-59,
 #: loss_helper.py 127-140 and 173-188; ``docs/deviations.md`` D3)
-U2PL_BUGS = ("label_onehot", "labeled_negatives", "prototype_index")
+U2PL_BUGS = ("label_onehot", "label_onehot_ignored", "labeled_negatives", "prototype_index")
 
 
 def class_membership(labels: Tensor, num_labeled: int, num_classes: int, *, onehot_bug: bool = False,
-                     ignore_index: int = 255) -> Tensor:
+                     ignored_as_background: bool = False, ignore_index: int = 255) -> Tensor:
     """``[B, K, h, w]`` bool: pixel of image b belongs to class c (``labels [B, h, w]``, labeled images first).
 
     ``onehot_bug``: the released ``label_onehot`` scatters over the batch dimension, so only the first
     labeled and the first unlabeled image hold labels, each the union over its part of the batch (multi-hot);
-    the other images belong to no class.
+    the other images belong to no class. Ignored pixels are left out of the union.
+
+    ``ignored_as_background`` (with ``onehot_bug``; no effect without it): as the released ``label_onehot``
+    (U2PL utils.py 54-57) the ignored pixels are set to class 0 before the scatter, so every ignored pixel of
+    any image of the part adds class 0 at its position in the first image's slot; the clearing that follows
+    (``outputs[:, inputs == 255] = 0``) clears each image's own slot only, so the first image's slot loses
+    the positions that the first image itself ignores (every class there) and nothing else.
     """
     valid = labels != ignore_index
-    member = F.one_hot(torch.where(valid, labels, 0), num_classes).permute(0, 3, 1, 2).bool() & valid[:, None]
+    member = F.one_hot(torch.where(valid, labels, 0), num_classes).permute(0, 3, 1, 2).bool()
+    if not (onehot_bug and ignored_as_background):
+        member = member & valid[:, None]
     if not onehot_bug:
         return member
     scrambled = torch.zeros_like(member)
-    for first, part in ((0, member[:num_labeled]), (num_labeled, member[num_labeled:])):
-        if part.shape[0]:
-            scrambled[first] = part.any(dim=0)
+    for first, part in ((0, slice(0, num_labeled)), (num_labeled, slice(num_labeled, None))):
+        if member[part].shape[0]:
+            scrambled[first] = member[part].any(dim=0)
+            if ignored_as_background:
+                scrambled[first] &= valid[first]
     return scrambled
 
 
@@ -181,7 +193,7 @@ def contrastive_loss(
     teacher = rep_teacher.detach().permute(0, 2, 3, 1).float()
     prob = prob_teacher.detach().float()
     member = class_membership(labels, num_labeled, prob.shape[1], onehot_bug="label_onehot" in released_bugs,
-                              ignore_index=ignore_index)
+                              ignored_as_background="label_onehot_ignored" in released_bugs, ignore_index=ignore_index)
     _enqueue_negatives(teacher, prob, member, unreliable, num_labeled, queues, low_rank, high_rank,
                        bugged="labeled_negatives" in released_bugs)
     present = [c for c in range(prob.shape[1]) if bool((reliable & member[:, c]).any())]

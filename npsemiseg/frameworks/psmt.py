@@ -96,6 +96,9 @@ class PSMTOptions(FrameworkOptions):
     #: the KL of the T-VAT search between crop-size predictions (the released decoder upsamples first)
     #: instead of feature-size ones; switch ``psmt_tvat_crop_kl``
     tvat_kl_at_crop_size: bool = False
+    #: the T-VAT search run once on the labeled and once on the unlabeled features (the released decoder's two
+    #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch``
+    tvat_per_batch: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
     #: how both teachers are averaged at evaluation: their per-sample softmaxes (``probabilities``) or their
@@ -327,7 +330,9 @@ class PSMT(SemiSupervisedFramework):
                 teachers = [at_size(t, images.shape[-2:], align_corners=logit_align_corners(model)) for t in teachers]
             features = features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
                                                     iterations=opts.tvat_iterations,
-                                                    released_normalization=opts.tvat_released_normalization)
+                                                    released_normalization=opts.tvat_released_normalization,
+                                                    parts=(images_l.shape[0], images_u.shape[0])
+                                                    if opts.tvat_per_batch else None)
         head = model.classify(features, labels=labels, num_context=images_l.shape[0])
         output = SegmentorOutput(features, head, None, None)
         return self._split(output, images_l.shape[0])

@@ -13,6 +13,14 @@ stochastic heads (MC dropout, NP) both teacher passes draw the same random numbe
 with one seed), so the KL measures the perturbation and not the sampling noise. The search runs
 with autocast off (bf16 cannot resolve ``xi * d``).
 
+Batches: the released student decoder runs the search once on the labeled and once on the unlabeled
+feature map (two calls, EntireModel.py 60 and 64), ``parts`` gives that (switch ``psmt_tvat_per_batch``);
+by default the whole batch is searched at once. The direction is normalised per image either way and the
+KL's ``batchmean`` scales every image's gradient by 1 / (images searched together), which the exact
+normalisation removes: the two forms differ only in their random draws. With the released ``norm + 1e-8``
+the gradient (order ``xi^2``) is far below 1e-8, so ``|r|`` is proportional to that 1 / B and the two forms
+differ in size (the labeled images' perturbation grows by (B_l + B_u) / B_l when searched on their own).
+
 Precision note (measured on the smoke model, 6144-element feature maps): the KL is quadratic
 around ``d = 0``, so its gradient is of order ``xi^2``. At the paper's ``xi = 1e-6`` in float32
 the gradient (norm ~3e-14) is rounding noise: its cosine with the float64 direction is ~0
@@ -67,8 +75,12 @@ def tvat_perturbation(
     eps: float = 2.0,
     iterations: int = 1,
     released_normalization: bool = False,
+    parts: Sequence[int] | None = None,
 ) -> Tensor:
     """The T-VAT perturbation ``r [B, C, h, w]`` (detached) of ``features [B, C, h, w]``.
+
+    ``parts``: batch sizes that sum to B, each searched on its own in order (its own random start and KL
+    ``batchmean``), as the released code's one call per batch (labeled, then unlabeled); None: one search.
 
     ``classifiers``: the teachers' classifier halves (features -> per-sample logits), used
     in eval mode by the caller and not trained here (no parameter gradients are kept).
@@ -79,6 +91,12 @@ def tvat_perturbation(
     """
     if iterations < 1:
         raise ValueError(f"iterations: expected >= 1, got {iterations}")
+    if parts is not None:
+        if sum(parts) != features.shape[0] or any(int(n) < 0 for n in parts):
+            raise ValueError(f"parts: expected batch sizes summing to {features.shape[0]}, got {list(parts)}")
+        return torch.cat([tvat_perturbation(chunk, classifiers, xi=xi, eps=eps, iterations=iterations,
+                                            released_normalization=released_normalization)
+                          for chunk in features.split([int(n) for n in parts]) if chunk.shape[0]], dim=0)
     f = features.detach()
     if f.dtype in (torch.float16, torch.bfloat16):
         f = f.float()

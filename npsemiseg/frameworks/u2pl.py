@@ -69,6 +69,9 @@ class U2PLOptions(FrameworkOptions):
     contrastive: bool = True
     #: the released contrastive loss's bugs (``contrastive.U2PL_BUGS``), each reproduced when True
     label_onehot_bug: bool = False
+    #: with ``label_onehot_bug``: ignored pixels count as class 0 in the first image's slot (switch
+    #: ``u2pl_label_onehot_ignored``); no effect without it
+    label_onehot_ignored_bug: bool = False
     labeled_negatives_bug: bool = False
     prototype_index_bug: bool = False
     contrastive_weight: float = Field(1.0, ge=0.0)

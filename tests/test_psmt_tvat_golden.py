@@ -1,0 +1,115 @@
+"""PS-MT's T-VAT under the released options reproduces what PS-MT's released ``get_r_adv_t`` computed on the
+same inputs (``tests/golden/psmt_tvat_released.npz``, recorded by ``tests/golden/record_psmt_tvat_golden.py``;
+source and command in ``psmt_tvat_released.json``).
+
+Same features, teacher decoders (built by the recorder's :class:`TeacherDecoder`) and injected random starts.
+Tolerance: float32 round-off relative to the perturbation's size, ``|ours - theirs| <= 1e-5 * max |theirs|``
+(the perturbation is ~1e-4 here, so an absolute bound would say nothing).
+
+In float32 at xi = 1e-6 the released gradient is rounding noise multiplied by ~1e8 (``tvat.py``), so that case
+matches only where both sides reduce in the same order: the recorder and the test run on one thread. The
+float64 case, where the direction is resolved, is the check that does not depend on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from npsemiseg.config import compose
+from npsemiseg.frameworks.tvat import at_size, l2_normalize, tvat_perturbation
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+RTOL = 1e-5
+#: the released T-VAT options (switches psmt_tvat_per_batch, psmt_tvat_released, psmt_tvat_crop_kl)
+RELEASED = dict(tvat_per_batch=True, tvat_released_normalization=True, tvat_kl_at_crop_size=True)
+
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
+
+
+def _recorder():
+    spec = importlib.util.spec_from_file_location("record_psmt_tvat_golden", GOLDEN / "record_psmt_tvat_golden.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REC = _recorder()
+DATA = dict(np.load(GOLDEN / "psmt_tvat_released.npz"))
+
+
+@pytest.mark.parametrize("dataset", ["pascal_blender", "cityscapes"])
+def test_the_released_protocol_sets_these_options(dataset):
+    cell = dict(framework="psmt", dataset=dataset, partition="744" if dataset == "cityscapes" else "662",
+                head="baseline")
+    released = compose("paper", **cell, protocol="released").config.framework_options
+    assert {k: released[k] for k in RELEASED} == RELEASED
+    corrected = compose("paper", **cell, protocol="corrected").config.framework_options
+    assert not any(corrected[k] for k in RELEASED)
+
+
+def _ours(dtype: str, monkeypatch, *, parts, released_normalization: bool, starts: list[str]) -> np.ndarray:
+    """Our search with the recorded random starts (``torch.rand_like`` replays them in order)."""
+    queue = [DATA[name] for name in starts]
+
+    def replay(tensor, **kwargs):
+        start = queue.pop(0)
+        assert tuple(tensor.shape) == start.shape
+        return torch.from_numpy(start).to(tensor.dtype)
+
+    monkeypatch.setattr(torch, "rand_like", replay)
+    decoders = [d.eval() for d in REC.teachers(getattr(torch, dtype))]  # PS-MT stops the teachers' BN
+    classifiers = [at_size(lambda f, d=d: d.logits_small(f).unsqueeze(0), (REC.H, REC.W), align_corners=True)
+                   for d in decoders]
+    features = torch.from_numpy(DATA["features"]).to(getattr(torch, dtype))
+    r = tvat_perturbation(features, classifiers, xi=REC.XI, eps=REC.EPS, iterations=1,
+                          released_normalization=released_normalization, parts=parts)
+    assert not queue
+    return r.double().numpy()
+
+
+def _close(name: str, ours: np.ndarray, theirs: np.ndarray) -> float:
+    diff = float(np.abs(ours - theirs).max())
+    scale = float(np.abs(theirs).max())
+    assert diff <= RTOL * scale, f"{name}: max |difference| {diff:.3g} (max |theirs| {scale:.3g})"
+    return diff
+
+
+@pytest.mark.parametrize("dtype", REC.DTYPES)
+def test_released_tvat_reproduces_the_two_released_calls(dtype, monkeypatch):
+    """``parts`` (labeled, unlabeled) with the released normalisation = their two calls; one search = their call
+    on the whole batch."""
+    per_batch = _ours(dtype, monkeypatch, parts=(REC.BL, REC.BU), released_normalization=True,
+                      starts=["start_labeled", "start_unlabeled"])
+    joint = _ours(dtype, monkeypatch, parts=None, released_normalization=True, starts=["start_joint"])
+    deviations = {"per_batch": _close(f"{dtype}/per_batch", per_batch, DATA[f"{dtype}/per_batch"]),
+                  "joint": _close(f"{dtype}/joint", joint, DATA[f"{dtype}/joint"])}
+    print(json.dumps({dtype: {k: f"{v:.2e}" for k, v in deviations.items()}}))
+    # the golden tells the two apart: a joint search gives a perturbation of another size
+    assert float(np.abs(joint - DATA[f"{dtype}/per_batch"]).max()) > 0.1 * float(np.abs(per_batch).max())
+
+
+def test_per_batch_and_joint_differ_by_the_batchmean_factor():
+    """In float64 (the gradient resolved at xi = 1e-6) their joint search is their per-batch one times
+    B_part / B: the released normalisation keeps the KL's 1 / B."""
+    assert REC.BL == REC.BU
+    ratio = DATA["float64/joint"] / DATA["float64/per_batch"]
+    assert np.allclose(ratio, REC.BL / (REC.BL + REC.BU), rtol=1e-3)
+
+
+def test_corrected_tvat_is_the_released_direction_at_norm_eps(monkeypatch):
+    """``corrected`` (one search on the whole batch, exact per-image normalisation) is the released per-batch
+    direction scaled to norm eps per image: searching the batches together changes nothing there (float64,
+    where the direction is resolved)."""
+    corrected = _ours("float64", monkeypatch, parts=None, released_normalization=False, starts=["start_joint"])
+    theirs = torch.from_numpy(DATA["float64/per_batch"])
+    expected = (REC.EPS * l2_normalize(theirs)).numpy()
+    diff = float(np.abs(corrected - expected).max())
+    print(json.dumps({"corrected": f"{diff:.2e}"}))
+    assert diff <= RTOL * REC.EPS, f"corrected: max |difference| {diff:.3g}"
+    assert np.allclose(np.linalg.norm(corrected.reshape(corrected.shape[0], -1), axis=1), REC.EPS)
