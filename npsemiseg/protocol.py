@@ -392,7 +392,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "trainers); U2PL@ab3d2be, AugSeg@7ead870, PS-MT@058cdc3, TorchSemiSeg@5e0c29c trainers (no clipping)",
            "gradient-norm clipping at 5 for NP cells only (the authors' NP scripts) instead of at 5 for every head, "
            "so that a baseline-vs-NP difference does not mix the head with the clipping",
-           "[D19](deviations.md#d19-gradient-clipping-by-head)"),
+           "[D20](deviations.md#d20-gradient-clipping-by-head)"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
