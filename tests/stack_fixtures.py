@@ -9,9 +9,13 @@ from pathlib import Path
 from semiseg_platform.devstack import StackSettings, port_in_use
 
 
-def free_port_block(count: int, start: int = 21000) -> int:
+def free_port_block(count: int, start: int | None = None) -> int:
     """A base port such that ``base .. base + count`` are free on 127.0.0.1 (inside 20000-32767,
-    outside Ray's worker ports and the kernel's ephemeral range)."""
+    outside Ray's worker ports and the kernel's ephemeral range). Each pytest-xdist worker scans its own
+    part of the range, so two workers starting stacks at once never pick the same block."""
+    if start is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        start = 21000 + 2750 * (int(worker) % 4 if worker.isdigit() else 0)
     for base in range(start, 32000 - count, 37):
         if not any(port_in_use("127.0.0.1", port) for port in range(base, base + count)):
             return base

@@ -69,7 +69,7 @@ def study(store, tmp_path_factory):
         "resources": {"workers": 1, "cpus_per_worker": 1},
         "tracking_uri": uri, "storage": str(root / "ray_results"),
     })
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         summary = run_grid(spec, tables_dir=root / "tables", emit=lambda line: None)
     finally:
