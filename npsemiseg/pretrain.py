@@ -8,6 +8,11 @@ or image in common with the study's train / val / tune splits; its own image str
 then keeps only the backbone, in the layout ``model.weights=PATH`` loads
 (``npsemiseg.models.backbones.load_backbone_state_dict``).
 
+Shipped: a name of ``SHIPPED`` (``pretrained:default`` once its file is in ``npsemiseg/weights/``) loads the
+package's file, its SHA-256 checked, and trains nothing: the weights are then the same on every machine, which a
+build is not (they depend on the thread count and the CPU's kernels). ``npsemiseg pretrain`` still builds any
+configuration, the default's included, into the cache.
+
 Cache: ``<cache_dir>/<key>/backbone.pt`` where ``key`` hashes the configuration. The file is
 written to a temporary name and renamed; its SHA-256 goes to ``backbone.pt.sha256`` (also
 written then renamed) afterwards, so a file without a matching checksum (a crash mid-write, a
@@ -115,18 +120,70 @@ class PretrainResult:
 PRETRAINED: dict[str, PretrainConfig] = {"default": PretrainConfig()}
 PRETRAINED_PREFIX = "pretrained:"
 
+#: the package's folder of shipped weights (package data: ``pyproject.toml``)
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+
+@dataclass(frozen=True)
+class ShippedWeights:
+    """A pretraining shipped with the package: ``WEIGHTS_DIR / file``, its SHA-256, the cache key of the
+    ``PretrainConfig`` that built it and the command that built it (what rebuilds it)."""
+
+    file: str
+    sha256: str
+    key: str
+    command: str
+
+    @property
+    def path(self) -> Path:
+        return WEIGHTS_DIR / self.file
+
+
+#: pretrainings the package ships: ``pretrained:<name>`` loads the file (its SHA-256 checked) and trains nothing, so
+#: every machine starts from the same weights; a name not listed here is built and cached on first use.
+#: ``ship_pretraining`` adds a file; ``docs/learning.md`` ("The shipped backbone") records each.
+SHIPPED: dict[str, ShippedWeights] = {}
+
+
+def shipped_weights(name: str) -> Path:
+    """The shipped file of ``pretrained:<name>`` after checking its SHA-256: a missing file or another checksum is a
+    ``ValueError`` saying what was expected and how to rebuild it."""
+    entry = SHIPPED[name]
+    rebuild = (f"reinstall the package, or rebuild it with `{entry.command}` and give that path as "
+               f"model.weights=PATH (the weights then depend on this machine)")
+    if not entry.path.exists():
+        raise ValueError(f"model.weights: {PRETRAINED_PREFIX}{name}: the shipped file {entry.path} is missing; {rebuild}")
+    found = file_sha256(entry.path)
+    if found != entry.sha256:
+        raise ValueError(f"model.weights: {PRETRAINED_PREFIX}{name}: {entry.path} has SHA-256 {found}, expected "
+                         f"{entry.sha256} (a corrupted or replaced file); {rebuild}")
+    return entry.path
+
 
 def resolve_weights(weights: str | None, *, cache_dir: str | os.PathLike | None = None) -> str | None:
-    """``model.weights`` as ``build_segmentor`` takes it: ``pretrained:<name>`` becomes the cached
-    backbone file of ``PRETRAINED[name]`` (trained first when the cache has none); anything else
-    is returned unchanged. The name, not a machine's path, is what a cell's identity hashes."""
+    """``model.weights`` as ``build_segmentor`` takes it: ``pretrained:<name>`` becomes the shipped file of
+    ``SHIPPED[name]`` (SHA-256 checked) or else the cached backbone file of ``PRETRAINED[name]`` (trained first
+    when the cache has none); anything else is returned unchanged. The name, not a machine's path, is what a
+    cell's identity hashes."""
     if not isinstance(weights, str) or not weights.startswith(PRETRAINED_PREFIX):
         return weights
     name = weights[len(PRETRAINED_PREFIX):]
     if name not in PRETRAINED:
         raise ValueError(f"model.weights: unknown pretraining {name!r}, expected one of "
                          f"{[PRETRAINED_PREFIX + n for n in PRETRAINED]}")
+    if name in SHIPPED:
+        return str(shipped_weights(name))
     return str(pretrain(PRETRAINED[name], cache_dir=cache_dir).path)
+
+
+def ship_pretraining(name: str, built: Path, *, command: str, weights_dir: Path | None = None) -> ShippedWeights:
+    """Copy ``built`` (a backbone ``pretrain`` wrote for ``PRETRAINED[name]``) into the package's weights folder as
+    ``<name>_<key>.pt``; returns the entry to add to ``SHIPPED`` (file, SHA-256, key, ``command``)."""
+    key = PRETRAINED[name].key
+    target = (weights_dir or WEIGHTS_DIR) / f"{name}_{key}.pt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(target, Path(built).read_bytes())
+    return ShippedWeights(target.name, file_sha256(target), key, command)
 
 
 def default_cache_dir() -> Path:

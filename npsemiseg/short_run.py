@@ -24,6 +24,14 @@ crops of ~500 px) is the one such setting of the frameworks' training; on 64 px 
 times wider relative to the image and erases what the study's classes are made of (``benchmarks/RESULTS.md``).
 CutMix boxes, crops and the other intensity operations are relative or pixel-wise already.
 
+The same idea for what is measured in channels (:func:`scale_np_widths`): **the NP head's latent and
+deterministic paths keep their share of the NP decoder's input** where a run narrows the decoder. The NP decoder
+reads the decoder's ``C`` feature channels concatenated with the two ``D``-channel paths (``latent_dim``); the paper
+has ``C = 512`` (U2PL's DeepLabv3+: 256 ASPP + 256 low-level) and ``D = 32``, so the paths are
+``2D / (C + 2D) = 64 / 576`` (11 %) of that input. A narrowed decoder keeps it with ``D = C x 32 / 512``, rounded
+half up to a whole channel and at least 1 (the integer whose share is nearest the paper's). The paper preset
+keeps its 32 (its cells are the paper's); only a spec that narrows the decoder applies the rule.
+
 Nothing else changes (loss weights, thresholds, T-VAT, CutMix, heads). ``PAPER_VOC`` is the
 paper's VOC classic 1/16 run (80 epochs of 874 iterations, 12 + 12 crops of 480 px).
 """
@@ -42,6 +50,9 @@ MIN_QUEUE = 256
 EPOCH_PHASES = ("sup_only_epochs", "warmup_epochs", "rampup_epochs")
 EMA_DECAYS = ("ema_decay", "ema_keep_rate")
 QUEUES = ("queue_size", "background_queue_size")
+#: the paper's NP head: decoder features (U2PL's 256 ASPP + 256 low-level channels) and path width (``latent_dim``)
+PAPER_NP_FEATURES = 512
+PAPER_NP_LATENT_DIM = 32
 
 
 @dataclass(frozen=True)
@@ -90,3 +101,15 @@ def scale_pixel_settings(run: RunLength, paper: RunLength = PAPER_VOC) -> dict[s
     ``{"blur_sigma": [min, max]}`` (rounded to 4 decimals; what a grid spec's ``overrides`` sets)."""
     ratio = run.crop_size / paper.crop_size
     return {"blur_sigma": [round(sigma * ratio, 4) for sigma in PAPER_BLUR_SIGMA]}
+
+
+def scale_np_widths(feature_channels: int, *, paper_features: int = PAPER_NP_FEATURES,
+                    paper_latent_dim: int = PAPER_NP_LATENT_DIM) -> dict[str, Any]:
+    """The NP head's path width for a decoder of ``feature_channels`` output channels (the NP head's
+    ``in_channels``, ``npsemiseg.models.feature_channels``): ``{"latent_dim": D}`` with
+    ``D = feature_channels x paper_latent_dim / paper_features`` rounded half up, at least 1, so that the latent
+    and deterministic paths keep the paper's share ``2D / (C + 2D)`` of the NP decoder's input (what a grid
+    spec's ``cell_overrides`` sets as ``head.options.latent_dim`` for its NP cells)."""
+    if feature_channels < 1:
+        raise ValueError(f"scale_np_widths: expected a positive feature width, got {feature_channels}")
+    return {"latent_dim": max(1, math.floor(feature_channels * paper_latent_dim / paper_features + 0.5))}

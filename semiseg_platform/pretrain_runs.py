@@ -7,7 +7,8 @@ corpus ``pretrain/miou`` / ``pretrain/pixel_acc``, tag ``weights_path``, artifac
 ``pretrain/pretrain.json``. A cache hit trains nothing and logs nothing new when a FINISHED run of
 the same key exists (its id is returned); otherwise it records a run tagged
 ``pretrain.cache_hit = true`` with the cached metrics. ``pretrain_command`` is what
-``npsemiseg pretrain`` calls; ``build_named_pretrainings`` is what a grid calls before its cells.
+``npsemiseg pretrain`` calls; ``build_named_pretrainings`` is what a grid calls before its cells (a name the
+package ships, ``npsemiseg.pretrain.SHIPPED``, is checked, not built).
 """
 
 from __future__ import annotations
@@ -26,7 +27,18 @@ from mlflow.tracking import MlflowClient
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX, RECORD_FILE, PretrainConfig, PretrainResult, pretrain
+from npsemiseg.pretrain import (
+    PRETRAINED,
+    PRETRAINED_PREFIX,
+    RECORD_FILE,
+    SHIPPED,
+    PretrainConfig,
+    PretrainResult,
+    file_sha256,
+    pretrain,
+    ship_pretraining,
+    shipped_weights,
+)
 from semiseg_platform.tracking import DEFAULT_EXPERIMENT, ending_run, prepare_experiment, resolve_tracking_uri, search_all_runs
 from semiseg_platform.tracking.mlflow_names import KIND, KIND_PRETRAIN, PRETRAIN_KEY
 
@@ -113,18 +125,36 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
                      lr: float = PretrainConfig.lr, optimizer: str = PretrainConfig.optimizer,
                      threads: int = PretrainConfig.threads,
                      cache_dir: str | None = None, tracking: str | None = None,
-                     experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print) -> Path:
-    """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``."""
+                     experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print,
+                     ship: bool = False) -> Path:
+    """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``; say whether the build
+    is the file the package ships for its configuration; with ``ship`` (the default configuration only), copy it
+    into the package's weights folder and print the ``SHIPPED`` entry to record."""
     config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
                             image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer,
                             threads=threads)
+    if ship and config.key != PRETRAINED["default"].key:
+        raise ValueError("--ship: only the default configuration is shipped (pretrained:default)")
     result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment,
                                       emit=emit)
     source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
     emit(f"pretrained {backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
          f"MLflow run {run_id})")
     emit(f"model.weights={result.path}")
+    for name, entry in SHIPPED.items():
+        if entry.key == result.key:
+            same = file_sha256(result.path) == entry.sha256
+            emit(f"{PRETRAINED_PREFIX}{name} ships this configuration: the build here is "
+                 f"{'the same file' if same else 'another file'} (shipped SHA-256 {entry.sha256})")
+    if ship:
+        entry = ship_pretraining("default", result.path, command=SHIP_COMMAND)
+        emit(f"shipped {entry.path} ({entry.path.stat().st_size} bytes, SHA-256 {entry.sha256}); record it as "
+             f"SHIPPED['default'] = {entry!r} in npsemiseg/pretrain.py")
     return result.path
+
+
+#: the command that builds (or finds cached) the default pretraining and copies it into the package
+SHIP_COMMAND = "npsemiseg pretrain --ship"
 
 
 def build_named_pretrainings(configs: Iterable[RunConfig], *, tracking: str, experiment: str,
@@ -136,6 +166,9 @@ def build_named_pretrainings(configs: Iterable[RunConfig], *, tracking: str, exp
                     if isinstance(w, str) and w.startswith(PRETRAINED_PREFIX)})
     runs = {}
     for name in names:
+        if name in SHIPPED:  # nothing to build: the package's file (a missing or changed file fails here, early)
+            emit(f"{PRETRAINED_PREFIX}{name}: shipped {shipped_weights(name)} (SHA-256 {SHIPPED[name].sha256})")
+            continue
         config = PRETRAINED[name]
         emit(f"{PRETRAINED_PREFIX}{name}: {config.backbone}, {config.steps} steps on {config.corpus_size} corpus images "
              f"(key {config.key}; nothing to do when cached)")

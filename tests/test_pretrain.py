@@ -163,3 +163,89 @@ def test_the_thread_count_is_fixed_by_the_config_and_part_of_the_key():
     assert PretrainConfig(threads=1).key != PretrainConfig(threads=2).key
     with pytest.raises(ValueError, match="threads"):
         PretrainConfig(threads=0)
+
+
+def _ship_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TINY built into a scratch cache and shipped as ``pretrained:tiny`` from a scratch weights folder."""
+    from npsemiseg import pretrain as module
+
+    monkeypatch.setitem(module.PRETRAINED, "tiny", TINY)
+    monkeypatch.setattr(module, "WEIGHTS_DIR", tmp_path / "weights")
+    built = pretrain(TINY, cache_dir=tmp_path / "build").path
+    entry = module.ship_pretraining("tiny", built, command="npsemiseg pretrain --steps 2")
+    monkeypatch.setitem(module.SHIPPED, "tiny", entry)
+    assert entry.path == tmp_path / "weights" / f"tiny_{TINY.key}.pt" and entry.key == TINY.key
+    assert entry.path.read_bytes() == built.read_bytes()
+    return entry.path
+
+
+def test_a_shipped_pretraining_loads_its_file_after_checking_its_sha256(tmp_path, monkeypatch):
+    from npsemiseg import pretrain as module
+
+    shipped = _ship_tiny(tmp_path, monkeypatch)
+    cache = tmp_path / "cache"
+    assert module.resolve_weights("pretrained:tiny", cache_dir=cache) == str(shipped)
+    assert not cache.exists()  # nothing trained, nothing cached
+    build_backbone("resnet_small", weights=module.resolve_weights("pretrained:tiny"))
+    data = bytearray(shipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte changed
+    shipped.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"pretrained:tiny: .* has SHA-256 [0-9a-f]{64}, expected .*npsemiseg pretrain"):
+        module.resolve_weights("pretrained:tiny", cache_dir=cache)
+    shipped.unlink()
+    with pytest.raises(ValueError, match=r"pretrained:tiny: the shipped file .* is missing; reinstall"):
+        module.resolve_weights("pretrained:tiny", cache_dir=cache)
+    assert not cache.exists()  # never a silent rebuild: the weights would differ by machine
+
+
+def test_a_grid_checks_a_shipped_pretraining_and_builds_nothing(tmp_path_factory, tmp_path, monkeypatch, smoke_config):
+    from npsemiseg import pretrain as module
+    from semiseg_platform.pretrain_runs import build_named_pretrainings
+
+    shipped = _ship_tiny(tmp_path, monkeypatch)
+    monkeypatch.setenv(module.CACHE_ENV, str(tmp_path / "cache"))
+    lines: list[str] = []
+    cells = [smoke_config(dataset="study", **{"model.weights": "pretrained:tiny"})]
+    assert build_named_pretrainings(cells, tracking=fresh_store(tmp_path_factory, "shipped"), experiment="pre",
+                                    emit=lines.append) == {}
+    assert lines == [f"pretrained:tiny: shipped {shipped} (SHA-256 {module.SHIPPED['tiny'].sha256})"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_ship_is_for_the_default_configuration_only(tmp_path_factory, tmp_path):
+    with pytest.raises(ValueError, match="--ship: only the default configuration"):
+        pretrain_command(steps=2, cache_dir=str(tmp_path), tracking=fresh_store(tmp_path_factory, "ship"), ship=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_shipped_pretraining_is_package_data_with_its_recorded_checksum():
+    import tomllib
+
+    from npsemiseg.pretrain import PRETRAINED, SHIPPED, WEIGHTS_DIR, file_sha256
+
+    package_data = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "weights/*.pt" in package_data["tool"]["setuptools"]["package-data"]["npsemiseg"]
+    for name, entry in SHIPPED.items():
+        assert entry.path.parent == WEIGHTS_DIR and entry.path.exists(), name
+        assert file_sha256(entry.path) == entry.sha256 and entry.key == PRETRAINED[name].key, name
+        assert entry.path.stat().st_size < 2_000_000, name  # a few hundred KB, not a checkpoint
+
+
+@pytest.mark.integration
+def test_one_mini_cell_repeats_exactly_at_one_thread_count_and_nearly_across_counts(tmp_path, monkeypatch):
+    """Two runs of a shortened mini-study cell from the same backbone file agree bit for bit at 1 thread and at 2;
+    1 and 2 threads differ slightly (the conv / matmul kernels split their float sums by thread, so the sums are
+    added in another order): benchmarks/thread_repeatability.py measures it on the full-length backbone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "thread_repeatability", Path(__file__).resolve().parents[1] / "benchmarks" / "thread_repeatability.py")
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    compare, mini_cell = benchmark.compare, benchmark.mini_cell
+    monkeypatch.setenv("NPSEMISEG_CACHE", str(tmp_path))
+    built = pretrain(TINY, cache_dir=tmp_path / "build").path
+    result = compare(mini_cell(weights=str(built), steps=4, images=8))
+    assert result["repeatable_at_each_count"] == {1: True, 2: True}
+    assert max(result["metric_differences"].values()) < 0.01

@@ -59,3 +59,30 @@ def test_mini_spec_applies_exactly_the_rule():
         paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
         expected = {**paper, **scale_time_settings(paper, run)}
         assert json.loads(json.dumps(dict(config.framework_options))) == json.loads(json.dumps(expected)), config.cell_name
+
+
+def test_np_widths_keep_the_papers_share_of_the_np_decoders_input():
+    from npsemiseg.models import feature_channels
+    from npsemiseg.short_run import PAPER_NP_LATENT_DIM, scale_np_widths
+
+    paper = feature_channels("u2pl")
+    assert (paper, scale_np_widths(paper)) == (512, {"latent_dim": PAPER_NP_LATENT_DIM})  # 64 / 576, unchanged
+    mini = feature_channels("u2pl", aspp_channels=16, low_level_channels=8)
+    assert (mini, scale_np_widths(mini)) == (24, {"latent_dim": 2})  # 1.5 rounded half up: 4 / 28 (14 %)
+    assert all(scale_np_widths(c)["latent_dim"] == d for c, d in ((1, 1), (16, 1), (23, 1), (48, 3), (256, 16)))
+    with pytest.raises(ValueError):
+        scale_np_widths(0)
+
+
+def test_mini_spec_narrows_the_np_paths_by_the_rule():
+    from npsemiseg.models import feature_channels
+    from npsemiseg.short_run import scale_np_widths
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
+    np_cells = [c for c in expand(load_spec(MINI_SPEC)) if c.head.name == "np"]
+    assert np_cells
+    for config in np_cells:
+        options = config.model.options
+        width = feature_channels(config.model.variant, aspp_channels=options["aspp_channels"],
+                                 low_level_channels=options["low_level_channels"])
+        assert config.head.options["latent_dim"] == scale_np_widths(width)["latent_dim"], config.cell_name

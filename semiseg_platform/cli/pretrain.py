@@ -26,6 +26,8 @@ def pretrain(
                                                     "else ~/.cache/npsemiseg/pretrain)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
     experiment: str = typer.Option(DEFAULT_EXPERIMENT, help="MLflow experiment of the pretraining run"),
+    ship: bool = typer.Option(False, help="copy the default configuration's build into npsemiseg/weights/ (the "
+                                          "file pretrained:default loads) and print its SHA-256 to record"),
 ) -> None:
     """Pretrain the backbone on the study's disjoint corpus (a cache hit returns at once); print the
     ``model.weights=PATH`` to give a cell. Logged as an MLflow run of its own."""
@@ -34,6 +36,6 @@ def pretrain(
                          batch_size=batch_size, lr=lr, optimizer=optimizer, threads=threads, cache_dir=cache_dir,
                          tracking=tracking,
                          experiment=experiment,
-                         emit=typer.echo)
+                         emit=typer.echo, ship=ship)
     except ValueError as error:
         fail(str(error))
