@@ -22,6 +22,7 @@ or ``AWS_ENDPOINT_URL_S3``, credentials from the usual AWS variables and files).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import logging
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from npsemiseg.data.datasets import root_subfolders
 from npsemiseg.data.manifest import MANIFEST_NAME, Manifest, ManifestEntry, compare_sizes, verify_tree
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.storage import Storage, parse_storage
@@ -158,10 +160,11 @@ class RemoteReport:
         return first if first.startswith("data: ") else f"data: {self.uri}/{first}{more}"
 
 
-def check_remote(uri: str | Storage) -> RemoteReport:
-    """The store's listing under ``uri`` against its manifest (sizes); downloads only the manifest."""
+def check_remote(uri: str | Storage, dataset: str | None = None) -> RemoteReport:
+    """The store's listing under ``uri`` (``dataset``'s tree under it: :func:`locate`) against its manifest
+    (sizes); downloads only the manifest."""
     try:
-        storage, manifest = read_remote_manifest(uri)
+        storage, manifest = read_remote_manifest(locate(uri, dataset))
     except DataStagingError as error:
         return RemoteReport(str(uri.uri if isinstance(uri, Storage) else uri), None, (str(error),))
     try:
@@ -169,6 +172,25 @@ def check_remote(uri: str | Storage) -> RemoteReport:
     except OSError as error:
         return RemoteReport(storage.uri, None, (f"data: cannot list {storage.uri}: {' '.join(str(error).split())}",))
     return RemoteReport(storage.uri, manifest, tuple(compare_sizes(manifest, sizes)))
+
+
+def locate(root: str | Storage, dataset: str | None = None) -> Storage:
+    """The store location of ``dataset`` under the S3 ``root``: ``root`` itself when it holds a manifest, else
+    its conventional subfolder that does (``s3://bucket/datasets`` -> ``.../datasets/VOC2012`` for VOC,
+    ``.../datasets/cityscapes``), so one root serves every dataset and a node stages only the one its cell reads.
+    Neither: ``root`` (whose missing manifest is then the error)."""
+    storage = _storage(root)
+    if dataset is None:
+        return storage
+    candidates = [storage] + [dataclasses.replace(storage, uri=storage.uri_of(sub), root=storage.path(sub))
+                              for sub in root_subfolders(dataset)]
+    for candidate in candidates:
+        try:
+            if candidate.filesystem.get_file_info(candidate.path(MANIFEST_NAME)).type == pafs.FileType.File:
+                return candidate
+        except OSError:
+            break  # unreachable: reading the root's manifest names the store
+    return storage
 
 
 def copy_name(storage: Storage, manifest: Manifest) -> str:
@@ -198,7 +220,7 @@ class _Lock:
         self.file.close()
 
 
-def stage(uri: str, cache_dir: str | os.PathLike | None = None, *, emit: Callable[[str], None] = _emit,
+def stage(uri: str | Storage, cache_dir: str | os.PathLike | None = None, *, emit: Callable[[str], None] = _emit,
           threads: int = DOWNLOAD_THREADS, every_s: float = PROGRESS_EVERY_S) -> StagedData:
     """The local copy of the tree at ``uri`` in ``cache_dir`` (default :func:`default_cache_dir`), downloaded
     and verified unless this node has it already. ``DataStagingError`` names the file that is missing or differs."""
@@ -292,9 +314,10 @@ def _download(storage: Storage, manifest: Manifest, into: Path, *, emit: Callabl
     return state["bytes"]
 
 
-def resolve_data_root(root: str | None, cache_dir: str | os.PathLike | None = None, *,
+def resolve_data_root(root: str | None, dataset: str | None = None, cache_dir: str | os.PathLike | None = None, *,
                       emit: Callable[[str], None] = _emit) -> str | None:
-    """``root`` itself unless it is an S3 root; then the local path of its staged copy (:func:`stage`)."""
+    """``root`` itself unless it is an S3 root; then the local path of the staged copy (:func:`stage`) of
+    ``dataset``'s tree under it (:func:`locate`)."""
     if not is_remote(root):
         return root
-    return str(stage(str(root), cache_dir, emit=emit).path)
+    return str(stage(locate(str(root), dataset), cache_dir, emit=emit).path)

@@ -126,10 +126,11 @@ def test_staging_downloads_once_then_hits_the_cache_and_the_readers_read_it(s3, 
     assert lines[-1] == f"data: {uri} already staged at {first.path} ({FILES} files), reused"
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [first.path.name]
 
-    # the launcher's path: an S3 data.root becomes the staged copy before npsemiseg reads it
+    # the launcher's path: an S3 data.root becomes the staged copy before npsemiseg reads it; a root holding
+    # the dataset's conventional folder (VOC2012/, cityscapes/) serves every dataset, each staged on its own
     monkeypatch.setenv("NPSEMISEG_DATA_CACHE", str(cache))
     config = cell_config("smoke", framework="supervised", dataset="pascal_classic", partition=PARTITION,
-                         **{"data.root": uri})
+                         **{"data.root": uri.removesuffix("/VOC2012")})
     local = staged_config(config)
     assert local.data.root == str(first.path) and local.cell_id == config.cell_id
     for split in ("val", "labeled", "unlabeled"):

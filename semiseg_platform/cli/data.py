@@ -69,7 +69,7 @@ def check(
     An S3 root: its manifest and the store's listing against it."""
     remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
     if is_remote(remote) and not dataset_info(dataset).synthetic:
-        found = check_remote(remote)
+        found = check_remote(remote, dataset)
         typer.echo(found.format())
         if not found.usable:
             fail(found.first_problem())

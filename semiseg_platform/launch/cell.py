@@ -139,7 +139,7 @@ def staged_config(config: RunConfig) -> RunConfig:
     if not is_remote(root):
         return config
     ensure_visible()
-    return with_overrides(config, {"data.root": resolve_data_root(root)})
+    return with_overrides(config, {"data.root": resolve_data_root(root, config.dataset)})
 
 
 def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks] | None = None) -> Any:
