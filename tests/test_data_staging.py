@@ -3,7 +3,8 @@
 The manifest tests need nothing but a folder. The staging tests (integration) run against the local
 stack's S3 store (SeaweedFS, started alone for this module) with a VOC tree in the real formats:
 upload, stage (a download, then a cache hit), two concurrent stagings making one copy, a corrupt or
-missing object named by the staging and by ``npsemiseg data check``, and the readers on the staged copy.
+missing object named by the staging and by ``npsemiseg data check``, the readers on the staged copy, and a
+cell launched on an S3 root whose training loop opens the staged copy.
 """
 
 from __future__ import annotations
@@ -71,10 +72,13 @@ def test_a_bad_manifest_or_directory_is_one_clear_error(tmp_path):
         write_manifest(tmp_path / "nothing")
 
 
-def test_a_local_root_is_not_staged(tmp_path):
+def test_a_local_root_or_a_generated_dataset_is_not_staged(tmp_path, monkeypatch):
     config = cell_config("smoke", framework="supervised", dataset="pascal_classic", partition=PARTITION,
                          **{"data.root": str(tmp_path)})
     assert staged_config(config) is config
+    monkeypatch.setenv("NPSEMISEG_DATA", "s3://nowhere/datasets")  # a cluster's root: synthetic cells ignore it
+    synthetic = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16")
+    assert staged_config(synthetic) is synthetic
 
 
 # ----------------------------------------------------------------------------- S3 staging (integration)
@@ -210,3 +214,25 @@ def test_a_corrupt_or_missing_object_is_named_by_staging_and_by_data_check(s3, t
     storage.filesystem.delete_file(storage.path(MANIFEST_NAME))
     bad = runner.invoke(app, ["data", "check", "--dataset", "pascal_classic", "--root", uri, "--no-progress"])
     assert bad.exit_code == 2 and f"{uri}/{MANIFEST_NAME} does not exist" in bad.output
+
+
+@pytest.mark.integration
+def test_a_cell_launched_on_an_s3_root_reads_the_staged_copy(s3, tmp_path, tmp_path_factory, monkeypatch):
+    """The launcher stages before npsemiseg reads: the loop opens the staged copy (whose lists are cut short
+    here, so the cell fails on the first file it lacks, named under the cache)."""
+    from platform_fixtures import fresh_store
+
+    from semiseg_platform.launch import CellFailedError, run_cell_in_process
+
+    uri = upload(s3, voc_tree(tmp_path / "VOC2012"), "datasets/cell/VOC2012")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NPSEMISEG_DATA_CACHE", str(cache))
+    config = cell_config("smoke", framework="supervised", dataset="pascal_classic", partition=PARTITION,
+                         **{"data.root": uri, "runtime.device": "cpu"})
+    with pytest.raises(CellFailedError) as failed:
+        run_cell_in_process(config, storage=tmp_path / "checkpoints", tracking=fresh_store(tmp_path_factory, "staging"),
+                            experiment="staging")
+    staged = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(staged) == 1 and verify_tree(staged[0], build_manifest(tmp_path / "VOC2012")) == []
+    error = failed.value.result.error
+    assert f"pascal_classic under {staged[0]} is missing" in error and failed.value.result.status == "FAILED"
