@@ -13,11 +13,12 @@ tree, ``<cache>/<name>-<hash>``, where the hash covers the URI, the endpoint and
 - a file that is missing in the store, or whose size or digest differs from the manifest, fails the
   staging with one :class:`DataStagingError` naming it (nothing is left in the cache).
 
-:func:`check_remote` compares the store's listing with the manifest (sizes), downloading nothing but the
-manifest: what ``npsemiseg data check`` and the preflight do for an S3 root. The store is reached as the
-checkpoint storage is (:func:`semiseg_platform.storage.parse_storage`: endpoint override in the URI's query
-or ``AWS_ENDPOINT_URL_S3``, credentials from the usual AWS variables and files). The cache is
-``NPSEMISEG_DATA_CACHE`` (default ``~/.cache/npsemiseg/data``): a node's local disk.
+:func:`check_remote` compares the store's listing with the manifest (sizes) and the manifest with the
+dataset's lists (every listed image and label is in it), downloading nothing but the manifest: what
+``npsemiseg data check`` and the preflight do for an S3 root. The store is reached as the checkpoint
+storage is (:func:`semiseg_platform.storage.parse_storage`: endpoint override in the URI's query or
+``AWS_ENDPOINT_URL_S3``, credentials from the usual AWS variables, files or instance profile). The cache
+is ``NPSEMISEG_DATA_CACHE`` (default ``~/.cache/npsemiseg/data``): a node's local disk.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from npsemiseg.data.check import check_file_list
 from npsemiseg.data.datasets import root_subfolders
 from npsemiseg.data.manifest import MANIFEST_NAME, Manifest, ManifestEntry, compare_sizes, verify_tree
 from semiseg_platform.logs import PROGRESS
@@ -160,18 +162,33 @@ class RemoteReport:
         return first if first.startswith("data: ") else f"data: {self.uri}/{first}{more}"
 
 
-def check_remote(uri: str | Storage, dataset: str | None = None) -> RemoteReport:
+def check_remote(uri: str | Storage, dataset: str | None = None, *, partitions: Iterable[str | int] | None = None,
+                 list_variant: str = "u2pl", max_items: int | None = None) -> RemoteReport:
     """The store's listing under ``uri`` (``dataset``'s tree under it: :func:`locate`) against its manifest
-    (sizes); downloads only the manifest."""
+    (sizes), and the manifest against ``dataset``'s lists (``npsemiseg.data.check.check_file_list``: val and
+    the ``partitions``' labeled / unlabeled lists name no file it lacks); downloads only the manifest."""
     try:
         storage, manifest = read_remote_manifest(locate(uri, dataset))
     except DataStagingError as error:
         return RemoteReport(str(uri.uri if isinstance(uri, Storage) else uri), None, (str(error),))
+    problems = []
+    if dataset is not None:
+        folder, missing = check_file_list(dataset, (e.path for e in manifest.files), partitions=partitions,
+                                          list_variant=list_variant, max_items=max_items)
+        where = f"data: the manifest of {storage.uri}"
+        if folder is None:
+            subfolders = ", ".join(f"{sub}/" for sub in root_subfolders(dataset))
+            problems.append(f"{where} lists no file of {dataset} (expected its standard layout at the top or under "
+                            f"{subfolders})")
+        for list_name, lacking in missing.items():
+            base = f"{storage.uri}/{folder}" if folder else storage.uri
+            problems.append(f"{where} lacks {len(lacking)} files of the {list_name} list of {dataset}, e.g. "
+                            f"{base}/{lacking[0]} (expected the standard layout; build it before the manifest)")
     try:
         sizes = remote_sizes(storage)
     except OSError as error:
         return RemoteReport(storage.uri, None, (f"data: cannot list {storage.uri}: {' '.join(str(error).split())}",))
-    return RemoteReport(storage.uri, manifest, tuple(compare_sizes(manifest, sizes)))
+    return RemoteReport(storage.uri, manifest, tuple(compare_sizes(manifest, sizes) + problems))
 
 
 def locate(root: str | Storage, dataset: str | None = None) -> Storage:

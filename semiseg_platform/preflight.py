@@ -78,7 +78,7 @@ def check_data(configs: Iterable[RunConfig]) -> None:
     for (dataset, root, list_variant), partitions in wanted.items():
         remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
         if is_remote(remote) and not dataset_info(dataset).synthetic:
-            found = check_remote(remote, dataset)
+            found = check_remote(remote, dataset, partitions=sorted(partitions), list_variant=list_variant)
             if not found.usable:
                 raise PreflightError(found.first_problem())
             continue

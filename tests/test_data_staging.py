@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from data_fixtures import make_voc_split
+from data_fixtures import make_cityscapes_split, make_voc_split
 from stack_fixtures import reachable_home, stack_settings
 from typer.testing import CliRunner
 
 from npsemiseg.config import cell_config
-from npsemiseg.data import build_dataset
+from npsemiseg.data import build_dataset, partition_ids
+from npsemiseg.data.check import check_file_list
 from npsemiseg.data.manifest import MANIFEST_NAME, Manifest, build_manifest, verify_tree, write_manifest
 from semiseg_platform.cli.main import app
 from semiseg_platform.data_staging import DataStagingError, check_remote, copy_name, read_remote_manifest, stage
@@ -63,6 +64,27 @@ def test_manifest_lists_every_file_with_size_and_digest_and_verifies_a_copy(tmp_
     assert verify_tree(tree, manifest, digests=False) == []  # sizes only: the quick check of a staged copy
     (tree / label.path).unlink()
     assert verify_tree(tree, manifest, digests=False) == [f"{label.path} is missing (the manifest lists {label.size} bytes)"]
+
+
+def test_a_file_list_is_checked_against_the_dataset_lists_without_opening_a_file(tmp_path):
+    voc = voc_tree(tmp_path / "datasets" / "VOC2012")
+    write_manifest(tmp_path / "datasets")  # one manifest above the dataset folder
+    paths = [e.path for e in Manifest.from_json((tmp_path / "datasets" / MANIFEST_NAME).read_text()).files]
+    assert check_file_list("pascal_classic", paths, partitions=["1/16"], max_items=N) == ("VOC2012", {})
+    folder, missing = check_file_list("pascal_classic", [p for p in paths if not p.endswith(".png")],
+                                      partitions=["1/16"], max_items=N)
+    assert folder == "VOC2012" and sorted(missing) == ["92/labeled", "val"]
+    assert all(path.startswith("SegmentationClassAug/") for path in missing["val"]) and len(missing["val"]) == N
+    assert check_file_list("cityscapes", paths) == (None, {})
+    assert voc.is_dir()
+
+    city = tmp_path / "cityscapes"
+    for split in ("val", "labeled", "unlabeled"):
+        make_cityscapes_split(city, split, None if split == "val" else "186", max_items=N, label_kind="labelIds")
+    paths = [e.path for e in build_manifest(city).files]  # labelIds files only: converted when read, accepted
+    assert check_file_list("cityscapes", paths, partitions=["186"], max_items=N) == ("", {})
+    _, missing = check_file_list("cityscapes", paths, partitions=["186"], max_items=N + 1)
+    assert [len(lacking) for lacking in missing.values()] == [2, 2, 1]  # one more entry: image + label, image
 
 
 def test_a_bad_manifest_or_directory_is_one_clear_error(tmp_path):
@@ -141,7 +163,14 @@ def test_staging_downloads_once_then_hits_the_cache_and_the_readers_read_it(s3, 
         dataset = build_dataset("pascal_classic", split, local.data.root, None if split == "val" else PARTITION,
                                 max_items=N)
         assert len(dataset) == N and dataset[0]["image"].shape[0] == 3
-    check_data([config])  # the preflight on the S3 root: manifest and listing
+    # the manifest against the lists: the fixture holds the first N entries of each
+    assert check_remote(config.data.root, "pascal_classic", partitions=[PARTITION], max_items=N).usable
+    full = check_remote(config.data.root, "pascal_classic", partitions=[PARTITION])
+    lacking = 2 * (len(partition_ids("pascal_classic", "val")) - N)
+    assert full.first_problem().startswith(f"data: the manifest of {uri} lacks {lacking} files of the val list of "
+                                           f"pascal_classic, e.g. {uri}/JPEGImages/")
+    with pytest.raises(PreflightError, match=f"the manifest of {uri} lacks {lacking} files of the val list"):
+        check_data([config])  # the preflight: lists, manifest and listing, nothing downloaded
 
 
 @pytest.mark.integration
@@ -183,9 +212,10 @@ def test_a_corrupt_or_missing_object_is_named_by_staging_and_by_data_check(s3, t
     tree = voc_tree(tmp_path / "VOC2012")
     uri = upload(s3, tree, "datasets/broken/VOC2012")
     runner = CliRunner()
-    ok = runner.invoke(app, ["data", "check", "--dataset", "pascal_classic", "--root", uri, "--no-progress"])
+    ok = runner.invoke(app, ["data", "check", "--dataset", "pascal_classic", "--root", uri, "--partition", PARTITION,
+                              "--max-items", str(N), "--no-progress"])
     assert ok.exit_code == 0 and f"{uri}: usable" in ok.output and f"{FILES} files" in ok.output, ok.output
-    assert check_remote(uri).usable
+    assert check_remote(uri).usable  # no dataset named: the listing against the manifest only
 
     storage = parse_storage(uri)
     manifest = build_manifest(tree)

@@ -66,10 +66,15 @@ def check(
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise).
-    An S3 root: its manifest and the store's listing against it."""
+    An S3 root: its manifest against the lists, and the store's listing against the manifest."""
     remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
-    if is_remote(remote) and not dataset_info(dataset).synthetic:
-        found = check_remote(remote, dataset)
+    try:
+        found = (check_remote(remote, dataset, partitions=partition or None, list_variant=list_variant,
+                              max_items=max_items)
+                 if is_remote(remote) and not dataset_info(dataset).synthetic else None)
+    except ValueError as error:
+        fail(one_line(error))
+    if found is not None:
         typer.echo(found.format())
         if not found.usable:
             fail(found.first_problem())
