@@ -8,7 +8,8 @@ a checkpoint folder or ``ray_results/`` behind. In order:
 - data: every dataset the cells read, with the partitions they read, through
   ``npsemiseg.data.check_dataset`` (headers only): root, layout, the list files' images and labels
   (how many are missing, with two examples); an S3 root (``s3://bucket/prefix/VOC2012``, staged on each
-  node when its cells start): its ``manifest.json`` and the store's listing against it (sizes), nothing downloaded;
+  node when its cells start): its ``manifest.json`` against the lists, the store's listing against the manifest
+  (sizes), nothing downloaded;
 - weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining;
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
@@ -71,7 +72,8 @@ def _progress(line: str) -> None:
 # ----------------------------------------------------------------------------- data and weights
 def check_data(configs: Iterable[RunConfig]) -> None:
     """Every dataset the cells read, under its root, with the partitions they read (headers only). An S3
-    root (staged on each node when its cells start): its manifest, and the store's listing against it."""
+    root (staged on each node when its cells start): its manifest against the lists, the store's listing against
+    the manifest."""
     wanted: dict[tuple[str, str | None, str], set[str]] = {}
     for config in configs:
         wanted.setdefault((config.dataset, config.data.root, config.list_variant), set()).add(config.partition)

@@ -61,7 +61,10 @@ def evaluate(
         with open_checkpoint(run_id=run, uri=checkpoint, select=select, tracking=tracking) as found:
             model = load_model(found.local, device=device)
             root = data_root if data_root is not None else model.config.data.root or os.environ.get(DATA_ROOT_ENV)
-            if is_remote(root):  # the cell trained on an S3 root: the same staged copy as a worker's
+            recorded = found.run.data.params.get("data.root") if found.run is not None else None
+            if data_root is None and is_remote(recorded):  # the checkpoint names the worker's staged copy
+                root = recorded
+            if is_remote(root):  # the cell trained on an S3 root: a copy staged here as on a worker
                 data_root = resolve_data_root(root, model.config.dataset)
             metrics = model.evaluate(mode=mode, num_samples=samples, data_root=data_root)
             used_mode = mode or model.config.evaluation.mode or "whole"

@@ -36,8 +36,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig, with_overrides
-from npsemiseg.training import batch_scaling, train
 from npsemiseg.data import DATA_ROOT_ENV, dataset_info
+from npsemiseg.training import batch_scaling, train
 from semiseg_platform.data_staging import is_remote, resolve_data_root
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
