@@ -159,7 +159,7 @@ class RemoteReport:
         """One line: the first problem, with its file (and how many more)."""
         more = f" (and {len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
         first = self.problems[0] if self.problems else "no problem"
-        return first if first.startswith("data: ") else f"data: {self.uri}/{first}{more}"
+        return f"{first}{more}" if first.startswith("data: ") else f"data: {self.uri}/{first}{more}"
 
 
 def check_remote(uri: str | Storage, dataset: str | None = None, *, partitions: Iterable[str | int] | None = None,
