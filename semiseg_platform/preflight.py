@@ -7,7 +7,9 @@ a checkpoint folder or ``ray_results/`` behind. In order:
 
 - data: every dataset the cells read, with the partitions they read, through
   ``npsemiseg.data.check_dataset`` (headers only): root, layout, the list files' images and labels
-  (how many are missing, with two examples);
+  (how many are missing, with two examples); an S3 root (``s3://bucket/prefix/VOC2012``, staged on each
+  node when its cells start): its ``manifest.json`` against the lists, the store's listing against the manifest
+  (sizes), nothing downloaded;
 - weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining;
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
@@ -37,8 +39,10 @@ import ray
 import torch
 
 from npsemiseg.config import RunConfig
+from npsemiseg.data import DATA_ROOT_ENV, dataset_info
 from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
+from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.reservations import Needed
@@ -67,11 +71,19 @@ def _progress(line: str) -> None:
 
 # ----------------------------------------------------------------------------- data and weights
 def check_data(configs: Iterable[RunConfig]) -> None:
-    """Every dataset the cells read, under its root, with the partitions they read (headers only)."""
+    """Every dataset the cells read, under its root, with the partitions they read (headers only). An S3
+    root (staged on each node when its cells start): its manifest against the lists, the store's listing against
+    the manifest."""
     wanted: dict[tuple[str, str | None, str], set[str]] = {}
     for config in configs:
         wanted.setdefault((config.dataset, config.data.root, config.list_variant), set()).add(config.partition)
     for (dataset, root, list_variant), partitions in wanted.items():
+        remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
+        if is_remote(remote) and not dataset_info(dataset).synthetic:
+            found = check_remote(remote, dataset, partitions=sorted(partitions), list_variant=list_variant)
+            if not found.usable:
+                raise PreflightError(found.first_problem())
+            continue
         report = check_dataset(dataset, root, partitions=sorted(partitions), list_variant=list_variant, sample=0)
         if not report.usable:
             raise PreflightError(data_problem(report))

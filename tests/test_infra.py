@@ -228,3 +228,34 @@ def test_infra_readme_and_cluster_doc_name_the_files():
         assert str(path.relative_to(ROOT)) in readme
     cluster_section = (ROOT / "README.md").read_text().split("## Cluster", 1)[1].split("\n## ", 1)[0]
     assert "npsemiseg stack up" in cluster_section and "infra/README.md" in cluster_section
+
+
+# ----------------------------------------------------------------------------- datasets on every node
+def test_gpu_workers_get_the_datasets_by_s3_staging_or_a_shared_volume():
+    """S3 staging is wired (root, cache on the node's disk, mounted); the shared-volume option is shown, commented."""
+    from semiseg_platform.data_staging import DATA_CACHE_ENV, is_remote
+
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    for start in (" ".join(cluster["head_start_ray_commands"]), " ".join(cluster["worker_start_ray_commands"])):
+        env = dict(word.split("=", 1) for word in shlex.split(start.replace(";", " ")) if re.match(r"^[A-Z_]+=", word))
+        assert is_remote(env["NPSEMISEG_DATA"]) and env[DATA_CACHE_ENV].startswith("/")
+        cache = env[DATA_CACHE_ENV]
+    assert any(f"{cache}:{cache}" in option for option in cluster["docker"]["run_options"])  # on the host's disk
+    assert any(cache in command and "chown 1000" in command for command in cluster["initialization_commands"])
+    text = CLUSTER.read_text()
+    assert "# - --volume /mnt/efs/datasets:/data:ro" in text and "mount -t nfs4" in text and "NPSEMISEG_DATA=/data" in text
+
+    documents = _documents(RAYJOB)
+    config = next(doc for doc in documents if doc["kind"] == "ConfigMap")["data"]
+    assert is_remote(config["NPSEMISEG_DATA"])
+    job = next(doc for doc in documents if doc["kind"] == "RayJob")
+    for group in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        container = _containers(group["template"])[0]
+        assert {"configMapRef": {"name": "npsemiseg-client"}} in container["envFrom"]
+        mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+        volume = next(v for v in pod["volumes"] if v["name"] == mounts[config[DATA_CACHE_ENV]])
+        assert "emptyDir" in volume and "medium" not in volume["emptyDir"]  # the node's disk, not its memory
+    text = RAYJOB.read_text()
+    assert "persistentVolumeClaim: {claimName: npsemiseg-datasets, readOnly: true}" in text
+    assert "# NPSEMISEG_DATA: /data" in text

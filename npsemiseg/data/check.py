@@ -27,12 +27,14 @@ from PIL import Image, UnidentifiedImageError
 
 from npsemiseg.data.datasets import (
     _LAYOUTS,
+    _ROOT_MARKERS,
     CITYSCAPES_NUM_LABEL_IDS,
     DATA_ROOT_ENV,
     cityscapes_label_paths,
     cityscapes_labelids_to_trainids,
     load_index_png,
     resolve_root,
+    root_subfolders,
 )
 from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.data.partitions import partition_ids
@@ -354,3 +356,35 @@ def _count(name: str, found: list[tuple[bool, bool, bool | None, bool]], with_la
         bad_files=sum((image_found and not image_ok) or (with_label and label_found is True and not label_ok)
                       for image_found, image_ok, label_found, label_ok in found),
     )
+
+
+def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str | int] | None = None,
+                    list_variant: str = "u2pl", max_items: int | None = None) -> tuple[str | None, dict[str, list[str]]]:
+    """A tree known only by its files' relative ``/`` paths (a manifest) against the lists ``check_dataset``
+    would check: the dataset's folder in it (``""``: the tree itself, or ``"VOC2012"``, ...; None when no
+    folder holds the dataset's ``JPEGImages/`` / ``leftImg8bit/``) and, per list name, the listed files the
+    tree lacks, relative to that folder (a Cityscapes label may be its ``labelTrainIds`` or ``labelIds`` file).
+    Nothing is opened: the values and sizes of the files are the staged copy's to check."""
+    info = dataset_info(name)
+    files = set(paths)
+    marker = _ROOT_MARKERS[name] + "/"
+    folder = next((prefix for prefix in ["", *root_subfolders(name)]
+                   if any(p.startswith(f"{prefix}/{marker}" if prefix else marker) for p in files)), None)
+    if folder is None:
+        return None, {}
+    inside = {p[len(folder) + 1:] if folder else p for p in files if not folder or p.startswith(folder + "/")}
+    missing: dict[str, list[str]] = {}
+    for list_name, (items, with_label) in _lists(info, partitions, list_variant, max_items).items():
+        lacking = []
+        for item in items:
+            if info.name == "cityscapes":
+                image, labels = item, cityscapes_label_paths(item) if with_label else ()
+            else:
+                image, labels = f"JPEGImages/{item}.jpg", (f"SegmentationClassAug/{item}.png",) if with_label else ()
+            if image not in inside:
+                lacking.append(image)
+            if labels and not any(label in inside for label in labels):
+                lacking.append(labels[0])
+        if lacking:
+            missing[list_name] = lacking
+    return folder, missing

@@ -226,6 +226,11 @@ _ROOT_SUBFOLDERS = {
 _ROOT_MARKERS = {"pascal_classic": "JPEGImages", "pascal_blender": "JPEGImages", "cityscapes": "leftImg8bit"}
 
 
+def root_subfolders(name: str) -> list[str]:
+    """The conventional subfolders of a data root holding dataset ``name`` (``["VOC2012", "VOCdevkit/VOC2012"]``)."""
+    return ["/".join(sub) for sub in _ROOT_SUBFOLDERS.get(name, ())]
+
+
 def resolve_root(name: str, root: str | os.PathLike | None = None) -> Path:
     """The folder of dataset ``name``: ``root`` (or ``$NPSEMISEG_DATA``) itself or its conventional subfolder."""
     if root is None:

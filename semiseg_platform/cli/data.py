@@ -1,13 +1,17 @@
-"""``npsemiseg data check`` / ``npsemiseg data prepare voc|cityscapes``: a dataset tree before training on it.
+"""``npsemiseg data check`` / ``manifest`` / ``prepare voc|cityscapes``: a dataset tree before training on it.
 
 ``check`` prints ``npsemiseg.data.check_dataset``'s one-screen summary (layout, counts per list,
 label values, missing files with examples, size mismatches) and exits 0 only when the dataset is
-usable, 2 otherwise. ``prepare voc`` builds ``SegmentationClassAug/`` from VOC 2012 and SBD,
-``prepare cityscapes`` writes ``*_labelTrainIds.png``; both resumable, with a progress bar.
+usable, 2 otherwise; for an S3 root (``s3://bucket/prefix/VOC2012``) it compares the store's listing
+with the tree's ``manifest.json`` (sizes), downloading nothing else. ``manifest DIR`` writes that
+manifest (every file's path, size and SHA-256) into ``DIR`` before it is uploaded. ``prepare voc``
+builds ``SegmentationClassAug/`` from VOC 2012 and SBD, ``prepare cityscapes`` writes
+``*_labelTrainIds.png``; both resumable, with a progress bar.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,10 +19,12 @@ from pathlib import Path
 import typer
 from tqdm import tqdm
 
-from npsemiseg.data import dataset_names
+from npsemiseg.data import DATA_ROOT_ENV, dataset_info, dataset_names
 from npsemiseg.data.check import check_dataset
+from npsemiseg.data.manifest import write_manifest
 from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
 from semiseg_platform.cli.app import app, fail, one_line
+from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.preflight import data_problem
 
 data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes labels.", no_args_is_help=True)
@@ -50,7 +56,7 @@ def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int
 @data_app.command("check")
 def check(
     dataset: str = typer.Option(..., help=" | ".join(dataset_names())),
-    root: Path | None = typer.Option(None, help="the data root (default: $NPSEMISEG_DATA)"),
+    root: str | None = typer.Option(None, help="the data root, a folder or s3://bucket/prefix (default: $NPSEMISEG_DATA)"),
     partition: list[str] | None = typer.Option(None, help="check only this partition besides val (repeatable; "
                                                            "default: all), e.g. 92 or 1/16"),
     list_variant: str = typer.Option("u2pl", help="the partition lists: u2pl | cps"),
@@ -59,7 +65,20 @@ def check(
     max_items: int | None = typer.Option(None, help="only the first N entries of each list"),
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
-    """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise)."""
+    """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise).
+    An S3 root: its manifest against the lists, and the store's listing against the manifest."""
+    remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
+    try:
+        found = (check_remote(remote, dataset, partitions=partition or None, list_variant=list_variant,
+                              max_items=max_items)
+                 if is_remote(remote) and not dataset_info(dataset).synthetic else None)
+    except ValueError as error:
+        fail(one_line(error))
+    if found is not None:
+        typer.echo(found.format())
+        if not found.usable:
+            fail(found.first_problem())
+        return
     try:
         with progress_bar(f"checking {dataset}", progress) as update:
             report = check_dataset(dataset, root, partitions=partition or None, list_variant=list_variant,
@@ -69,6 +88,20 @@ def check(
     typer.echo(report.format())
     if not report.usable:
         fail(data_problem(report))
+
+
+@data_app.command("manifest")
+def manifest_command(
+    root: Path = typer.Argument(..., help="the dataset tree (e.g. .../VOC2012), before it is uploaded"),
+    progress: bool = typer.Option(True, help="a progress bar on stderr"),
+) -> None:
+    """Write ROOT/manifest.json: every file's path, size and SHA-256, what a staged copy is verified against."""
+    try:
+        with progress_bar("manifest", progress) as update:
+            path, manifest = write_manifest(root, progress=update)
+    except ValueError as error:
+        fail(one_line(error))
+    typer.echo(f"{path}: {len(manifest.files)} files, {manifest.total_bytes} bytes")
 
 
 def _prepared(result: PrepareResult) -> None:

@@ -3,13 +3,17 @@ logged as a nested MLflow run of the cell's run."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import typer
 
 from npsemiseg import load_model
+from npsemiseg.data import DATA_ROOT_ENV
 from npsemiseg.inference_model import check_mode, check_samples
 from semiseg_platform.checkpoint_lookup import log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
+from semiseg_platform.data_staging import is_remote, resolve_data_root
 from semiseg_platform.tracking import mlflow_names
 
 RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
@@ -46,7 +50,8 @@ def evaluate(
     mode: str | None = typer.Option(None, help="center_crop | sliding | sliding_global | whole (default: the cell's)"),
     samples: int | None = typer.Option(None, "--samples", help=SAMPLES_HELP),
     select: str = typer.Option("last", help="last | best checkpoint of the cell"),
-    data_root: str | None = typer.Option(None, help="the dataset's root here (default: the cell's data.root)"),
+    data_root: str | None = typer.Option(None, help="the dataset's root here, a folder or s3://... staged into "
+                                                    "$NPSEMISEG_DATA_CACHE (default: the cell's data.root)"),
     device: str | None = typer.Option(None, help="cpu | cuda (default: cuda when available)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
@@ -55,6 +60,12 @@ def evaluate(
         device = check_options(mode, samples, device)
         with open_checkpoint(run_id=run, uri=checkpoint, select=select, tracking=tracking) as found:
             model = load_model(found.local, device=device)
+            root = data_root if data_root is not None else model.config.data.root or os.environ.get(DATA_ROOT_ENV)
+            recorded = found.run.data.params.get("data.root") if found.run is not None else None
+            if data_root is None and is_remote(recorded):  # the checkpoint names the worker's staged copy
+                root = recorded
+            if is_remote(root):  # the cell trained on an S3 root: a copy staged here as on a worker
+                data_root = resolve_data_root(root, model.config.dataset)
             metrics = model.evaluate(mode=mode, num_samples=samples, data_root=data_root)
             used_mode = mode or model.config.evaluation.mode or "whole"
             url = log_evaluation(found, metrics, mode=used_mode, num_samples=model.samples(samples), select=select,

@@ -36,7 +36,9 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig, with_overrides
+from npsemiseg.data import DATA_ROOT_ENV, dataset_info
 from npsemiseg.training import batch_scaling, train
+from semiseg_platform.data_staging import is_remote, resolve_data_root
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
 from semiseg_platform.launch.reporters import CheckpointReporter, ProgressLogger, StoreReporter, TrainReporter
 from semiseg_platform.logs import ensure_visible
@@ -130,8 +132,20 @@ class CellSpec:
         return CheckpointStore(parse_storage(self.storage_uri, endpoint_url=self.storage_endpoint), self.name)
 
 
+def staged_config(config: RunConfig) -> RunConfig:
+    """``config`` with an S3 ``data.root`` (or ``$NPSEMISEG_DATA``) replaced by its copy staged on this node
+    (:func:`semiseg_platform.data_staging.stage`: downloaded once per node, verified, shared by its cells)."""
+    root = config.data.root if config.data.root is not None else os.environ.get(DATA_ROOT_ENV)
+    if not is_remote(root) or dataset_info(config.dataset).synthetic:  # generated data reads no root
+        return config
+    ensure_visible()
+    return with_overrides(config, {"data.root": resolve_data_root(root, config.dataset)})
+
+
 def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks] | None = None) -> Any:
     """Run ``npsemiseg.training.train`` for the cell with the platform's callbacks; returns its ``RunResult``.
+
+    An S3 ``data.root`` is staged on this node first (:func:`staged_config`); ``npsemiseg`` reads the local copy.
 
     Checkpoints are written to a temporary ``runtime.output_dir`` and handed to ``reporter``;
     rank 0 logs into the MLflow run ``spec.run_id``. An exception is recorded on the run
@@ -145,8 +159,8 @@ def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks]
     callbacks.extend(extra or [])
     callbacks.extend(spec.callbacks)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-run-") as output_dir:
-        config = with_overrides(spec.config, {"runtime.output_dir": output_dir})
         try:
+            config = with_overrides(staged_config(spec.config), {"runtime.output_dir": output_dir})
             return train(config, CallbackList(callbacks))
         except BaseException as error:
             if not isinstance(error, (KeyboardInterrupt, SystemExit)):
