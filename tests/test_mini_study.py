@@ -32,7 +32,8 @@ def reduced_mini_spec(root: Path) -> dict:
                 rules=[], tracking_uri=f"sqlite:///{root}/mlruns.db", storage=str(root / "ray_results"))
     # the time-scaled settings of the frameworks kept (MT's EMA warm-up among them)
     spec["cell_overrides"] = [entry for entry in spec.get("cell_overrides", [])
-                              if set(entry["when"].get("frameworks", frameworks)) <= set(frameworks)]
+                              if set(entry["when"].get("frameworks", frameworks)) <= set(frameworks)
+                              and set(entry["when"].get("heads", ["baseline"])) <= {"baseline"}]
     spec["overrides"].update({"model.weights": None, "schedule.max_steps": 4, "schedule.checkpoint_every_steps": 0,
                               "evaluation.max_images": 8})
     return spec
