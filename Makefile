@@ -19,16 +19,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# Two pytest-xdist workers: the unit tests in any order; the integration tests a module per worker at a time
+# (--dist loadfile keeps a module's shared cluster or stack on one worker; stacks take per-worker port blocks).
+# TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+
 test: lint
-	$(PY) -m pytest -q -m "not integration"
-	$(PY) -m pytest -q -m integration
+	$(PY) -m pytest -q -m "not integration" $(XDIST)
+	$(PY) -m pytest -q -m integration $(XDIST) $(if $(XDIST),--dist loadfile)
 
 # Only the end-to-end test on the real local stack (PostgreSQL, SeaweedFS, MLflow server, Ray head).
 test-stack: $(STAMP)
 	$(PY) -m pytest -q tests/test_stack_e2e.py
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest -q -m "not integration" $(XDIST)
 
 demo: $(STAMP)
 	$(PY) -m jobs.demo
