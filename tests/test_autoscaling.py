@@ -186,6 +186,7 @@ def test_a_grid_scales_gpu_workers_up_from_zero_and_idle_ones_are_removed(fake_c
         time.sleep(1.0)
     monitor_log = next(Path(temp_dir).glob("session_*/logs/monitor.log")).read_text()
     events = [line.split(":event_summary:", 1)[1] for line in monitor_log.splitlines() if ":event_summary:" in line]
+    print("autoscaler events:", events)
     assert not any(node["Alive"] for node in _worker_nodes()), f"idle {WORKER_TYPE} nodes were not removed: {events}"
     assert f"Adding 1 node(s) of type {WORKER_TYPE}." in events, events
     assert any(event.startswith("Removing") and "(idle)" in event for event in events), events
