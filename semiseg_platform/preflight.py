@@ -155,23 +155,45 @@ def check_resources(needed: Needed, *, resource_timeout: float = RESOURCE_TIMEOU
 
 def wait_for_resources(needed: Needed, *, timeout_s: float, emit: Callable[[str], None] = _progress,
                        every_s: float = WAIT_LINE_EVERY_S, poll_s: float = 1.0) -> None:
-    """Wait until the connected Ray cluster's resources hold one cell (an autoscaler may add nodes),
-    printing ``waiting for resources: ...`` every ``every_s``; ``PreflightError`` after ``timeout_s``."""
+    """Wait until the connected Ray cluster's resources hold one cell, printing ``waiting for resources: ...``
+    every ``every_s``; ``PreflightError`` after ``timeout_s``. While it waits it asks the cluster's autoscaler
+    (if any) for one cell's bundles (``ray.autoscaler.sdk.request_resources``): nothing else is pending yet,
+    so without the request an autoscaler scaled to zero would add no node. The request is withdrawn on return."""
     started = time.monotonic()
     last_line = None
-    while True:
-        short = needed.missing(ray.cluster_resources())
-        if not short:
-            return
-        waited = time.monotonic() - started
-        if waited >= timeout_s:
-            raise PreflightError(f"resources: the cluster still lacks {', '.join(short)} for {needed.describe()} "
-                                 f"after {timeout_s:g} s (--resource-timeout)")
-        if last_line is None or time.monotonic() - last_line >= every_s:
-            emit(f"waiting for resources: {needed.describe()}, the cluster lacks {', '.join(short)} "
-                 f"({waited:.0f} s of {timeout_s:g} s --resource-timeout)")
-            last_line = time.monotonic()
-        time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+    requested = False
+    try:
+        while True:
+            short = needed.missing(ray.cluster_resources())
+            if not short:
+                return
+            if not requested:
+                requested = _request_bundles(needed.bundles())
+            waited = time.monotonic() - started
+            if waited >= timeout_s:
+                raise PreflightError(f"resources: the cluster still lacks {', '.join(short)} for {needed.describe()} "
+                                     f"after {timeout_s:g} s (--resource-timeout)")
+            if last_line is None or time.monotonic() - last_line >= every_s:
+                emit(f"waiting for resources: {needed.describe()}, the cluster lacks {', '.join(short)} "
+                     f"({waited:.0f} s of {timeout_s:g} s --resource-timeout)")
+                last_line = time.monotonic()
+            time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+    finally:
+        if requested:
+            _request_bundles([])  # withdrawn: the cells' own reservations keep the nodes busy from here
+
+
+def _request_bundles(bundles: list[dict[str, float]]) -> bool:
+    """Ask the connected cluster's autoscaler for ``bundles`` (``[]`` withdraws); False where Ray refuses
+    (no autoscaler state to write to, e.g. a client connection)."""
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=bundles)
+    except Exception as error:  # noqa: BLE001 - a cluster without an autoscaler just waits
+        logging.getLogger(__name__).debug("request_resources(%s) failed: %s", bundles, error)
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- tracking and storage

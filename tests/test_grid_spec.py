@@ -279,3 +279,23 @@ def test_the_spec_and_its_expansion_import_neither_ray_nor_mlflow() -> None:
             "print(sorted({'ray', 'mlflow', 'optuna'} & {m.split('.')[0] for m in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_custom_per_worker_resources_reach_the_trial_and_the_preflight():
+    """``resources.custom_per_worker``: Ray custom resources per worker (one-per-node placement, a node type's
+    stand-in); an in-process cell's trial reserves them, the preflight waits for them and asks an autoscaler
+    for them as one bundle per worker; concurrency stays bound by CPUs and GPUs only."""
+    from semiseg_platform.reservations import Needed
+
+    single = Resources(workers=1, custom_per_worker={"gpu_standin": 4})
+    assert trial_resources(single) == {"CPU": 1.0, "GPU": 0.0, "gpu_standin": 4.0}
+    assert cells_at_once(single, {"CPU": 2.0}) == 2  # Tune queues what does not fit: the autoscaler's demand
+    needed = Needed.of(1, 0, 1, in_process=True, custom_per_worker=single.custom_per_worker)
+    assert needed.bundles() == [{"CPU": 1.0, "gpu_standin": 4.0}]
+    assert needed.missing({"CPU": 4.0}) == ["4 gpu_standin (has 0)"] and needed.missing({"CPU": 1, "gpu_standin": 4}) == []
+    assert "4 gpu_standin per cell" in needed.describe()
+    ddp = Needed.of(2, 0, 0.5, in_process=False, custom_per_worker={"one_per_node": 1})
+    assert ddp.bundles() == [{"CPU": 0.5}, {"CPU": 0.5, "one_per_node": 1.0}, {"CPU": 0.5, "one_per_node": 1.0}]
+    assert Needed(1, 2).bundles() == [{"CPU": 1, "GPU": 2}]
+    with pytest.raises(ValueError, match="Ray's own resources"):
+        Resources(custom_per_worker={"GPU": 1})

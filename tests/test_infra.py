@@ -259,3 +259,45 @@ def test_gpu_workers_get_the_datasets_by_s3_staging_or_a_shared_volume():
     text = RAYJOB.read_text()
     assert "persistentVolumeClaim: {claimName: npsemiseg-datasets, readOnly: true}" in text
     assert "# NPSEMISEG_DATA: /data" in text
+
+
+# ----------------------------------------------------------------------------- fake autoscaling cluster
+def test_fake_autoscaling_config_follows_the_cluster_launchers_node_types():
+    """The local autoscaling test's node types come from cluster.yaml: same worker types and limits,
+    GPUs as the ``gpu_standin`` custom resource, the head as the fake provider's head type."""
+    from semiseg_platform.devstack.fake_cluster import (
+        FAKE_HEAD_TYPE,
+        FAKE_PROVIDER,
+        GPU_STANDIN,
+        fake_autoscaling_config,
+        head_resources,
+    )
+
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    fake = fake_autoscaling_config(cluster, gcs_address="10.0.0.1:6379")
+    real_types = {name: spec for name, spec in cluster["available_node_types"].items()
+                  if name != cluster["head_node_type"]}
+    assert fake["head_node_type"] == FAKE_HEAD_TYPE and fake["available_node_types"][FAKE_HEAD_TYPE]["max_workers"] == 0
+    assert set(fake["available_node_types"]) - {FAKE_HEAD_TYPE} == set(real_types)
+    for name, spec in real_types.items():
+        faked = fake["available_node_types"][name]
+        assert (faked["min_workers"], faked["max_workers"]) == (spec["min_workers"], spec["max_workers"])
+        assert faked["resources"]["CPU"] == spec["resources"]["CPU"]
+        assert faked["resources"][GPU_STANDIN] == spec["resources"]["GPU"] and "GPU" not in faked["resources"]
+        assert faked["node_config"] == {}
+    assert (fake["max_workers"], fake["idle_timeout_minutes"]) == (cluster["max_workers"], cluster["idle_timeout_minutes"])
+    provider = fake["provider"]
+    assert provider["type"] == "external" and provider["module"] == FAKE_PROVIDER
+    assert provider["gcs_address"] == "10.0.0.1:6379" and provider["use_node_id_as_ip"] is True
+    assert provider["disable_node_updaters"] is True
+    assert head_resources(cluster) == {"CPU": cluster["available_node_types"]["head"]["resources"]["CPU"]}
+    # a test's shrunk cluster: a cap on the node counts, fewer CPUs per node, a short idle timeout
+    small = fake_autoscaling_config(cluster, gcs_address="h:1", max_workers=2, cpus=2, idle_timeout_minutes=0.1)
+    assert small["max_workers"] == 2 and small["idle_timeout_minutes"] == 0.1
+    assert all(spec["max_workers"] <= 2 and spec["resources"]["CPU"] == 2
+               for name, spec in small["available_node_types"].items() if name != FAKE_HEAD_TYPE)
+    # the provider class exists in the installed Ray
+    import importlib
+
+    module, _, name = FAKE_PROVIDER.rpartition(".")
+    assert hasattr(importlib.import_module(module), name)

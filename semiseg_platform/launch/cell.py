@@ -25,7 +25,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,7 @@ def _tracked(config: RunConfig, *, storage: Storage, name: str, tracking: str | 
 
 
 def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1.0,
+             custom_per_worker: Mapping[str, float] | None = None,
              storage: str | os.PathLike | Storage | None = None, tracking: str | None = None,
              experiment: str = DEFAULT_EXPERIMENT, max_failures: int = 0, grid_id: str | None = None,
              search_id: str | None = None, parent_run_id: str | None = None, name: str | None = None,
@@ -260,7 +261,9 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
     ``<storage>/<name>`` (``name`` defaults to :func:`cell_run_name`), and the same name resumes
     from its last checkpoint. ``tracking``: MLflow tracking URI (default ``MLFLOW_TRACKING_URI``,
     else ``sqlite:///<cwd>/mlruns.db``). ``max_failures``: worker-group restarts from the last
-    checkpoint (Ray Train's ``FailureConfig``; -1 = forever). Embedded Ray is started when
+    checkpoint (Ray Train's ``FailureConfig``; -1 = forever). ``custom_per_worker``: Ray custom
+    resources each worker reserves besides its CPUs and GPUs (e.g. one of a resource every node has
+    once: one worker per node). Embedded Ray is started when
     needed (``ray_runtime.ensure_ray``); inside ``ray job submit`` the job's cluster is used.
     ``grid_id`` / ``search_id``: the grid or search the cell belongs to (its run's tag).
 
@@ -279,7 +282,8 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
 
     def launch(spec: CellSpec) -> _LoopOutcome:
         fit = _fit(spec, storage, workers=workers, gpus_per_worker=gpus_per_worker,
-                   cpus_per_worker=cpus_per_worker, max_failures=max_failures, train_callbacks=train_callbacks)
+                   cpus_per_worker=cpus_per_worker, custom_per_worker=custom_per_worker, max_failures=max_failures,
+                   train_callbacks=train_callbacks)
         reported = dict(fit.metrics or {})
         if fit.checkpoint is not None:
             uri = storage.uri_of(name, Path(fit.checkpoint.path).name)
@@ -297,11 +301,13 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
 
 
 def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: float, cpus_per_worker: float,
-         max_failures: int, train_callbacks: list[Any] | None = None) -> Any:
+         max_failures: int, train_callbacks: list[Any] | None = None,
+         custom_per_worker: Mapping[str, float] | None = None) -> Any:
     """Build and fit the ``TorchTrainer``; returns its ``Result`` (raises ``TrainingFailedError``)."""
     if workers > 0:
         ensure_ray()
-    resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {}),
+                 **dict(custom_per_worker or {})}
     scaling = ScalingConfig(num_workers=workers, use_gpu=gpus_per_worker > 0,
                             resources_per_worker=resources if workers else None)
     run_config = TrainRunConfig(

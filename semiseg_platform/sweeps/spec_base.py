@@ -79,12 +79,26 @@ class Resources(Strict):
 
     One worker (and at most one GPU) trains in-process in a reused Tune actor; several workers
     launch a ``TorchTrainer``. ``launcher`` forces one or the other (``auto``: by ``workers``).
+    ``custom_per_worker``: Ray custom resources each worker reserves besides its CPUs and GPUs (e.g.
+    ``{one_per_node: 1}`` on nodes started with ``--resources '{"one_per_node": 1}'`` puts every worker on
+    a node of its own; a node type's stand-in resource on a fake autoscaling cluster). They do not cap how
+    many cells run at once: Tune queues a cell that does not fit, and on an autoscaling cluster that queued
+    demand is what adds nodes.
     """
 
     workers: PositiveInt = 1
     gpus_per_worker: float = Field(0.0, ge=0.0)
     cpus_per_worker: PositiveFloat = 1.0
+    custom_per_worker: dict[str, PositiveFloat] = Field(default_factory=dict)
     launcher: Literal["auto", "trainer", "in_process"] = "auto"
+
+    @model_validator(mode="after")
+    def _custom_names_are_custom(self) -> Resources:
+        taken = sorted(set(self.custom_per_worker) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if taken:
+            raise ValueError(f"resources.custom_per_worker: {taken} are Ray's own resources "
+                             "(use cpus_per_worker / gpus_per_worker)")
+        return self
 
     @model_validator(mode="after")
     def _in_process_is_one_device(self) -> Resources:
@@ -105,7 +119,7 @@ def trial_resources(resources: Resources) -> dict[str, float]:
     """What one cell's Tune trial reserves: the whole device for an in-process cell, a small
     driver for a TorchTrainer cell (whose workers reserve their own)."""
     if resources.in_process:
-        return {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+        return {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker, **resources.custom_per_worker}
     return {"CPU": DRIVER_CPUS, "GPU": 0.0}
 
 

@@ -111,7 +111,7 @@ def open_submission(storage: str | None, tracking_uri: str | None, experiment: s
     draw the submission's id."""
     resources = resources or Resources()
     needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
-                       in_process=resources.in_process)
+                       in_process=resources.in_process, custom_per_worker=resources.custom_per_worker)
     uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
                            ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S, shared_filesystem=shared_filesystem)
     return Submission(store, uri, prepare_experiment(uri, experiment), MlflowClient(uri), uuid.uuid4().hex[:8],
@@ -164,7 +164,8 @@ class SweepContext:
             return run_cell_in_process(config, callbacks=[*callbacks, *self.cell_callbacks], **launch)
         resources = self.resources
         return run_cell(config, workers=resources.workers, gpus_per_worker=resources.gpus_per_worker,
-                        cpus_per_worker=resources.cpus_per_worker, max_failures=self.max_failures,
+                        cpus_per_worker=resources.cpus_per_worker, custom_per_worker=resources.custom_per_worker,
+                        max_failures=self.max_failures,
                         train_callbacks=list(train_callbacks), callbacks=list(self.cell_callbacks), **launch)
 
 
