@@ -19,6 +19,7 @@ that no configuration field selects yet. ``docs/PROTOCOL.md`` is generated from 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +35,8 @@ Protocol = Literal["released", "corrected"]
 Owner = Literal["framework", "head", "model", "evaluation", "loop", "data"]
 #: prefix of a switch given by name in overrides (``switches.np_attention=euclidean``) and of its MLflow param
 SWITCH_PREFIX = "switches."
+#: a test named in a switch's ``golden`` or ``no_golden`` (``tests/test_x.py::test_y``)
+TEST_ID = re.compile(r"tests/[\w/]+\.py::\w+")
 #: the target of a switch that chooses the framework class itself (:func:`protocol_framework`)
 FRAMEWORK_TARGET = "framework"
 
@@ -58,7 +61,9 @@ class Switch:
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
     the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
     ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: a Markdown link to the entry
-    of ``docs/deviations.md`` that describes the difference.
+    of ``docs/deviations.md`` that describes the difference. Exactly one of ``golden`` (the test that runs the
+    official function next to ours with the released value, ``tests/test_x.py::test_y``, and the max |difference|
+    it records) and ``no_golden`` (why no function-level comparison exists, and the test that checks the value).
     """
 
     name: str
@@ -73,6 +78,8 @@ class Switch:
     heads: tuple[str, ...] | None = None
     needs_lists: str | None = None
     families: tuple[str, ...] | None = None
+    golden: str = ""
+    no_golden: str = ""
 
     def value(self, protocol: str, values: dict[str, Any] | None = None) -> Any:
         """The switch's value under ``protocol`` (a :class:`Derived` one computed from the cell's ``values``)."""
@@ -113,6 +120,19 @@ def _head_grad_clip(values: dict[str, Any]) -> float | None:
 
 
 _NP = ("np",)
+#: the golden tests (official function and ours on the same inputs; the max |difference| each records)
+_GOLDEN_NP_HEAD = ("tests/test_np_head_golden.py::test_np_head_reproduces_the_authors_centers_latent_kl_and_logits: "
+                   "max |difference| 1.5e-6 (logits; centers 1.2e-7, KL 1.1e-6)")
+_GOLDEN_U2PL_CONTRASTIVE = ("tests/test_u2pl_contrastive_golden.py::test_released_contrastive_loss_reproduces_the_released_"
+                            "code: loss 0 over two steps; membership and queues equal")
+_GOLDEN_MT_CPS = ("tests/test_mt_cps_golden.py::test_one_released_step_matches_the_official_step: max |difference| 3.0e-7 "
+                  "(teacher probabilities; losses 0; weight sums 4.4e-6 relative)")
+_GOLDEN_PSMT_TVAT = ("tests/test_psmt_tvat_golden.py::test_released_tvat_reproduces_the_two_released_calls: max |difference| "
+                     "2.9e-11 (float32 perturbation; float64 7.0e-12)")
+_GOLDEN_PSMT_EVAL = ("tests/test_psmt_eval_golden.py::test_released_evaluation_reproduces_psmt_valid_epoch: max |difference| "
+                     "2.4e-7 (probabilities)")
+_GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_released_targets_are_the_official_unfiltered_ones: "
+                             "targets equal (0), AugSeg's step; U2PL's not compared")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
@@ -124,275 +144,367 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "U2PL/train_semi.py 250, U2PL/experiments/cityscapes/744/np/eval.sh 14 (loads ckpt_best); "
            "UniMatch@0324f3d unimatch.py 222-246, fixmatch.py 197-221 (every epoch evaluated, best.pth)",
            "reports the best validation epoch's weights instead of the last epoch's (both are logged)",
-           "[D2](deviations.md#d2-best-epoch-reporting)"),
+           "[D2](deviations.md#d2-best-epoch-reporting)",
+           no_golden="which checkpoint the training script keeps: no function; "
+                     "tests/test_training.py::test_checkpoint_selection_reports_and_restores_the_best_epoch"),
     Switch("np_eval_samples", "evaluation", "evaluation.num_samples", 20, 5,
            "NP-SemiSeg@afd9672 U2PL/eval.py 172 (T = 20; the paper says 5)", "T latent samples averaged at evaluation",
-           "[N7](deviations.md#n7-samples-at-evaluation)", heads=_NP),
+           "[N7](deviations.md#n7-samples-at-evaluation)", heads=_NP,
+           no_golden="a constant of the evaluation script (T = 20): no function; "
+                     "tests/test_protocol.py::test_protocol_sets_every_switch_on_the_paper_preset"),
     Switch("fp32", "loop", "runtime.amp", False, True, "every official trainer (fp32)",
-           "bf16 autocast on GPU (corrected) or float32 (released)", "[D15](deviations.md#d15-precision-and-upsampling)"),
+           "bf16 autocast on GPU (corrected) or float32 (released)", "[D15](deviations.md#d15-precision-and-upsampling)",
+           no_golden="the precision of whole trainers: no function; "
+                     "tests/test_protocol_switches.py::test_fp32_switch_turns_autocast_off"),
     # ---------------------------------------------------------------- NP head
     Switch("np_attention", "head", "head.options.attention", "per_channel", "euclidean",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 200-214 (attention over squared per-channel residuals)",
            "softmax over classes per channel instead of one Euclidean distance per class",
-           "[N5](deviations.md#n5-per-channel-attention)", heads=_NP),
+           "[N5](deviations.md#n5-per-channel-attention)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_kl", "head", "head.options.kl", "authors", "paper",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 447-448 (KL with sigma as variance)",
            "closed-form Gaussian KL with sigma used where sigma^2 belongs",
-           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", heads=_NP),
+           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_zero_centers", "head", "head.options.mask_empty", False, True,
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 183-189 (a center for every class), 203-214 (every "
            "class in the softmax)",
            "classes with empty memories take part in attention with a zero center",
-           "[N6](deviations.md#n6-memory-contents)", heads=_NP),
+           "[N6](deviations.md#n6-memory-contents)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_sync_memories", "head", "head.options.sync_memories", False, True,
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (no all_gather of memories)",
            "each rank enqueues only its own pixels",
-           "[N6](deviations.md#n6-memory-contents)", heads=_NP),
+           "[N6](deviations.md#n6-memory-contents)", heads=_NP,
+           no_golden="needs several processes: the golden runs one, where a gather changes nothing (the official "
+                     "head has none); tests/test_heads_ddp.py::test_memories_and_centers_identical_across_ranks "
+                     "(corrected value)"),
     Switch("np_push_every_pixel", "head", "head.options.enqueue_per_class", None,
            "auto",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (masked_select of every pixel, FIFO to Q)",
            "every pixel of a class enters the memory each step (the memory is the last image) "
-           "instead of a bounded random subset", "[N6](deviations.md#n6-memory-contents)", heads=_NP),
+           "instead of a bounded random subset", "[N6](deviations.md#n6-memory-contents)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_sample_ce", "head", "head.sample_ce", "mean_logits", "elbo",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 620-625", "CE on the mean of the T logits instead of the mean of "
-           "per-sample CEs", "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", heads=_NP),
+           "per-sample CEs", "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", heads=_NP,
+           no_golden="a loss line of the whole training script: no function; by hand in "
+                     "tests/test_training.py::test_sample_cross_entropy_forms_by_hand"),
     Switch("np_scrambled_memories", "head", "head.options.memory_rows", "scrambled", "pixel",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 169, 177 (masked_select(...).view(-1, 32))",
            "memory rows hold one channel of many pixels, not one pixel's feature vector",
-           "[N1](deviations.md#n1-scrambled-memories)", heads=_NP),
+           "[N1](deviations.md#n1-scrambled-memories)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_memories_persist", "head", "head.options.persist_memories", False, True,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 119, 126-133, 414 (lists passed through the DDP forward, torch 1.10)",
            "memories never persist: each training step starts empty, every inference uses all-zero centers",
-           "[N2](deviations.md#n2-memories-that-never-persist)", heads=_NP),
+           "[N2](deviations.md#n2-memories-that-never-persist)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_memory_zero_row", "head", "head.options.memory_zero_row", True, False,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 129-133 (zeros(1, 32) per class), U2PL/u2pl/models/np_head.py "
            "170, 178 (rows appended to it), 171-173, 179-181 (dropped only past Q rows), 186-187 (the mean)",
            "each memory starts with one zero row that counts in its center (n / (n + 1) of the pixels' mean "
-           "while fewer than Q rows arrive)", "[N6](deviations.md#n6-memory-contents)", heads=_NP),
+           "while fewer than Q rows arrive)", "[N6](deviations.md#n6-memory-contents)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_memory_stream", "head", "head.options.enqueue_order", "stream", "random",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 169-173, 177-181 (masked_select order, the last Q rows "
            "kept)",
            "a memory takes the last rows of the batch in masked_select order (image by image, raster order, so "
            "the last image's last channels) instead of a random subset of the batch's pixels",
-           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP),
+           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_memory_label_size", "head", "head.options.memory_resolution", "labels", "features",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 149-163 (features upsampled to the label size before "
            "the small ConvNet)",
            "memory rows from the features upsampled (bilinear, align_corners) to label size, instead of the "
            "query at feature size with nearest-downsampled labels",
-           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP),
+           "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP,
+           golden=_GOLDEN_NP_HEAD),
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411, AugSeg/train_semi.py 405-408",
            "NP memories and KL targets from unfiltered pseudo-labels",
-           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP),
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
+           golden=_GOLDEN_AUGSEG_NP_TARGETS),
     Switch("np_sup_only_kl", "framework", "framework_options.sup_only_kl", False, True,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 328-355 (kl_divergence = 0 in the supervised-only epochs), 621",
            "no KL term during U2PL's supervised-only epochs",
-           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", frameworks=("u2pl",), heads=_NP),
+           "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", frameworks=("u2pl",), heads=_NP,
+           no_golden="the epoch loop of the whole training script: no function; "
+                     "tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs"),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
-           "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",)),
+           "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           no_golden="inside the whole training step (distributed script, data loaders): not compared; "
+                     "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
     Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
            "weak crops pad labels with background (0) instead of ignore (255)",
            "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)",
-           frameworks=("u2pl",)),
+           frameworks=("u2pl",),
+           no_golden="a constant of the official crop, not compared: "
+                     "tests/test_protocol_switches.py::test_u2pl_label_pad_switch_pads_labels_with_background"),
     Switch("u2pl_label_onehot", "framework", "framework_options.label_onehot_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/utils.py 50-59",
            "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",
            "[D3 a](deviations.md#d3-u2pl-contrastive-loss)",
-           frameworks=("u2pl",)),
+           frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_CONTRASTIVE),
     Switch("u2pl_label_onehot_ignored", "framework", "framework_options.label_onehot_ignored_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/utils.py 54-57 (255 set to 0 before the scatter; the clearing reaches each "
            "image's own slot only), train_semi.py 456-465; the same in NP-SemiSeg@afd9672 U2PL/u2pl/utils/utils.py",
            "with u2pl_label_onehot: the ignored pixels of every image of a part count as class 0 in its first "
            "image's slot, except where the first image itself ignores the pixel (there it has no class)",
-           "[D3 a](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
+           "[D3 a](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_CONTRASTIVE),
     Switch("u2pl_labeled_negatives", "framework", "framework_options.labeled_negatives_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/loss_helper.py 127-140 (U2PL issue #171)",
            "negative masks also require class membership: labeled negatives impossible",
-           "[D3 b](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
+           "[D3 b](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_CONTRASTIVE),
     Switch("u2pl_prototype_index", "framework", "framework_options.prototype_index_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/loss_helper.py 173-188 (U2PL issue #111)",
            "anchors and prototypes indexed by position, not class",
-           "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",)),
+           "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_CONTRASTIVE),
     # ---------------------------------------------------------------- MT
     Switch("mt_variant", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
            "MT cells run CPS's MeanTeacher, framework mt_cps: MSE between softmaxes x 100, one weak view, no "
-           "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT),
+           "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT,
+           golden=_GOLDEN_MT_CPS),
     Switch("mt_cps_split_passes", "framework", "framework_options.passes", "split", "joint",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher train.py 180-183 (model(imgs), then "
            "model(unsup_imgs))",
            "the labeled and the unlabeled half in two forwards of student and teacher: every BN normalises each half "
-           "with its own statistics", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=("mt_cps",)),
+           "with its own statistics", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=("mt_cps",),
+           golden=_GOLDEN_MT_CPS),
     Switch("mt_cps_ema_before_unlabeled", "framework", "framework_options.ema_timing", "before_unlabeled",
            "after_step",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher network.py 35-41, 45-47 (EMA inside the labeled "
            "call), train.py 213-215 (optimiser step after both calls)",
            "the teacher's EMA from the student before this step's optimiser step, before the teacher predicts the "
            "unlabeled half, instead of after the step", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
-           frameworks=("mt_cps",)),
+           frameworks=("mt_cps",),
+           golden=_GOLDEN_MT_CPS),
     Switch("mt_cps_no_dropout", "framework", "framework_options.train_dropout", False, True,
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher network.py 61-67, 97-149, 169-201 (ASPP, Head "
            "and classifier without dropout)",
            "no train-only dropout in student and teacher (the U2PL decoder's ASPP dropout and the baseline "
            "classifier's two, 0.1 each); MC dropout stays", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
-           frameworks=("mt_cps",)),
+           frameworks=("mt_cps",),
+           golden=_GOLDEN_MT_CPS),
     Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
            "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34)",
            "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
-           "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=_MT),
+           "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=_MT,
+           no_golden="an argument of the evaluation script: no function; "
+                     "tests/test_training.py::test_best_epoch_candidates_start_at_select_from_epoch"),
     Switch("mt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
            "TorchSemiSeg@5e0c29c MeanTeacher train.py 95-100 (group_weight at base_lr for backbone and head), "
            "furnace/utils/init_func.py 44-75",
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
-           "[P](deviations.md#provenance-of-the-papers-rows)", frameworks=_MT),
+           "[P](deviations.md#provenance-of-the-papers-rows)", frameworks=_MT,
+           no_golden="the optimiser's groups in the training script: no function; "
+                     "tests/test_protocol_switches.py::test_single_lr_switches_group_the_parameters"),
     # ---------------------------------------------------------------- PS-MT
     Switch("psmt_tvat_released", "framework", "framework_options.tvat_released_normalization", True, False,
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 53-89",
            "float32 power iteration at xi = 1e-6 (almost no perturbation)",
-           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",),
+           golden=_GOLDEN_PSMT_TVAT),
     Switch("psmt_tvat_crop_kl", "framework", "framework_options.tvat_kl_at_crop_size", True, False,
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 136-154 (the decoder upsamples before the KL)",
            "T-VAT's KL between crop-size predictions instead of feature-size ones (a pixel weighting of the direction)",
-           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",),
+           golden=_GOLDEN_PSMT_TVAT),
     Switch("psmt_tvat_per_batch", "framework", "framework_options.tvat_per_batch", True, False,
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 60, 64 (the student decoder called on the "
            "labeled and on the unlabeled features), encoder_decoder.py 59-89 (get_r_adv_t), 148-151",
            "T-VAT searched once per batch (labeled, unlabeled) instead of once on both: with the released "
            "normalisation the perturbation's size scales with 1 / (images searched together)",
-           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",)),
+           "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",),
+           golden=_GOLDEN_PSMT_TVAT),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT@058cdc3 VocCode/Base/base_trainer.py 137-145 and VocCode/train.py 139-187 (_warm_up), scripts "
            "--warm_up=5",
            "supervised warm-up epochs before the semi-supervised phase, in which teacher 1, teacher 2 (models of "
            "their own, weak view, optimisers of their own) and the student (strong view) each train on the labeled "
-           "batch", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",)),
+           "batch", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",),
+           no_golden="a trainer method bound to the whole training script: "
+                     "tests/test_protocol_switches.py::test_psmt_warm_up_trains_each_teacher_with_an_optimiser_of_its_own"),
     Switch("psmt_warmup_teachers_scratch", "framework", "framework_options.warmup_teacher_backbones", "scratch",
            "pretrained",
            "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 15-24 (encoder1, encoder2 with "
            "pretrained_model=None; encoder_s from the ImageNet file)",
            "the warm-up teachers' backbones start from a random initialisation instead of the run's (ImageNet) "
-           "weights (only with psmt_warmup_epochs)", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",)),
+           "weights (only with psmt_warmup_epochs)", "[D7](deviations.md#d7-ps-mt-warm-up)", frameworks=("psmt",),
+           no_golden="the teachers' initial weights (no weights file): "
+                     "tests/test_protocol_switches.py::test_psmt_warmup_teachers_scratch_switch_redraws_the_teachers_backbones"),
     Switch("psmt_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "PS-MT@058cdc3 VocCode/train.py 192",
            "teachers predict in train mode (BN on the weak batch)",
-           "[D6](deviations.md#d6-ps-mt-teachers-in-train-mode)", frameworks=("psmt",)),
+           "[D6](deviations.md#d6-ps-mt-teachers-in-train-mode)", frameworks=("psmt",),
+           no_golden="inside the whole training step: not compared; "
+                     "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
     Switch("psmt_epochs", "loop", "schedule.epochs", Derived("PS-MT's own", _publication_epochs),
            Derived("shared", _shared_epochs), "PS-MT@058cdc3 scripts/train_voc_blender.sh, train_city.sh, docs/before_start.md",
            "PS-MT's own epoch counts (VOC blender 80/80/200/300 for 662/1323/2646/5291, classic 80; Cityscapes "
            "320/450/550 for 372/744/1488) instead of the shared 80 / 200",
-           "[D8](deviations.md#d8-ps-mt-epochs)", frameworks=("psmt",)),
+           "[D8](deviations.md#d8-ps-mt-epochs)", frameworks=("psmt",),
+           no_golden="schedule values from the scripts: no function; "
+                     "tests/test_protocol_switches.py::test_psmt_epochs_switch_sets_psmt_epoch_counts"),
     Switch("psmt_cityscapes_plain_ce", "framework", "loss.ohem", False, True,
            "PS-MT@058cdc3 CityCode/Model/Deeplabv3_plus/EntireModel.py 62",
            "Cityscapes supervised loss is plain CE (the config says OHEM)",
            "[D9](deviations.md#d9-ps-mt-cityscapes-loss)", frameworks=("psmt",),
-           families=("cityscapes",)),
+           families=("cityscapes",),
+           no_golden="the loss the model builds (a constructor argument): no function; "
+                     "tests/test_protocol_switches.py::test_psmt_cityscapes_plain_ce"),
     Switch("psmt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
            "PS-MT@058cdc3 VocCode/Utils/helpers.py 38-77 (group_weight), VocCode/Base/base_trainer.py 88-115",
            "one LR (optim.lr) for every parameter instead of the head at 10x, and no weight decay on BN and biases",
-           "[D10](deviations.md#d10-ps-mt-learning-rates)", frameworks=("psmt",)),
+           "[D10](deviations.md#d10-ps-mt-learning-rates)", frameworks=("psmt",),
+           no_golden="the optimiser's groups in the trainer: no function; "
+                     "tests/test_protocol_switches.py::test_single_lr_switches_group_the_parameters"),
     Switch("psmt_eval_logits", "evaluation", "framework_options.eval_average", "logits", "probabilities",
            "PS-MT@058cdc3 VocCode/train.py 332-333 ((output1 + output2) / 2)",
            "both teachers' logits averaged instead of their softmaxes",
            "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",),
-           families=("voc",)),
+           families=("voc",),
+           golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_eval_whole", "evaluation", "evaluation.mode", "whole",
            Derived("the preset's or the dataset's", lambda values: values.get("evaluation", {}).get("mode")),
            "PS-MT@058cdc3 VocCode/configs/config_deeplab_v3+.json 61-68 (val_loader: no crop_size, no base_size), "
            "VocCode/Base/base_dataset.py 155-162 (_val_augmentation: normalisation only)",
            "VOC validation images evaluated whole (one per batch) instead of their 513 center crop",
-           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",),
+           golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_eval_resize", "evaluation", "evaluation.resize_multiple", 8, None,
            "PS-MT@058cdc3 VocCode/train.py 324-330 (image resized to ceil(H / 8) 8 x ceil(W / 8) 8, bilinear, "
            "align_corners), 101-118 (teachers' logits at that size), 333-337 (averaged, resized back to H x W)",
            "each evaluated image resized up to multiples of 8 and the logits resized back to the image size",
-           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",)),
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",),
+           golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",
-           "[D17](deviations.md#d17-ps-mt-blur-kernel)", frameworks=("psmt",)),
+           "[D17](deviations.md#d17-ps-mt-blur-kernel)", frameworks=("psmt",),
+           no_golden="random draws of the official data_aug (its module imports cv2, not installed): "
+                     "tests/test_protocol_switches.py::test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5"),
     # ---------------------------------------------------------------- FixMatch / UniMatch (UniMatch@0324f3d)
     Switch("unimatch_voc_eval_whole", "evaluation", "evaluation.mode", "whole", "center_crop",
            "UniMatch@0324f3d unimatch.py 222, fixmatch.py 197 (eval_mode 'original' on VOC), supervised.py 59-66 "
            "(the whole image, no crop), dataset/semi.py 37-39 (val images as they are)",
            "VOC validation on whole images instead of the 513 px center crop",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("voc",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("voc",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_eval_window", "evaluation", "evaluation.crop_size", 801, 769,
            "UniMatch@0324f3d supervised.py 44-55 (grid = cfg['crop_size']), configs/cityscapes.yaml 4; "
            "unimatch.py 222, fixmatch.py 197 (sliding window at every epoch since 89fda6f; the first release "
            "7292bac used a center crop until the last 20 epochs)",
            "Cityscapes sliding-window size at evaluation (the training crop)",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_eval_stride", "evaluation", "evaluation.stride", 534,
            Derived("ceil(2/3 x window), derived", lambda values: None),
            "UniMatch@0324f3d supervised.py 54-55 (int(grid * 2 / 3))",
            "Cityscapes sliding-window stride at evaluation",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_ohem_min_kept", "loop", "loss.ohem_min_kept", 200_000, 100_000,
            "UniMatch@0324f3d configs/cityscapes.yaml 12-17 (OHEM thresh 0.7, min_kept 200000), unimatch.py 70-71, "
            "util/ohem.py 38-52",
            "Cityscapes OHEM keeps at least 200,000 pixels per process instead of the NP configs' 100,000",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_cityscapes_aux", "framework", "model.aux_head", False, True,
            "UniMatch@0324f3d model/semseg/deeplabv3plus.py 36-55 (no auxiliary head), unimatch.py 174, "
            "fixmatch.py 160 (loss_x = OHEM of the main output only)",
            "Cityscapes: OHEM without the auxiliary layer-3 head",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_weight_decay", "loop", "optim.weight_decay", 1e-4, 5e-4,
            "UniMatch@0324f3d unimatch.py 54-56, fixmatch.py 57-59 (SGD weight_decay=1e-4 on every dataset)",
            "Cityscapes weight decay 1e-4 instead of the NP configs' 5e-4",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_cps_lists", "data", "list_variant", "cps", "u2pl",
            "UniMatch@0324f3d splits/pascal/1_{16,8,4}, splits/cityscapes/1_{16,8,4,2} (CPS's lists; U2PL's are "
            "splits/pascal/u2pl_1_*), training-logs/Pascal-VOC-2012/Blended-Split-Size321, scripts/train.sh 8-16",
            "partition lists (CPS's, UniMatch's main blender and Cityscapes results, instead of U2PL's)",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, needs_lists="cps"),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, needs_lists="cps",
+           no_golden="partition list files: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cps_lists_switch_reads_the_cps_lists"),
     Switch("unimatch_epochs", "loop", "schedule.epochs", Derived("UniMatch's own", _publication_epochs),
            Derived("shared", _shared_epochs), "UniMatch@0324f3d configs/cityscapes.yaml 8 (240; VOC: "
            "configs/pascal.yaml 8, 80 as the shared schedule)",
            "Cityscapes: UniMatch's 240 epochs for every head instead of the shared 200",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",)),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           no_golden="config and script values: no function; "
+                     "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
            "dropout in the baseline classifier block",
            "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg", "psmt"),
-           heads=("baseline",)),
+           heads=("baseline",),
+           no_golden="a layer's rate in the official decoder: no function; "
+                     "tests/test_protocol_switches.py::test_switch_changes_the_training_step"),
     Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
            "partition lists (CPS's instead of U2PL's)",
-           "[D14](deviations.md#d14-augseg-partition-lists)", frameworks=("augseg",), needs_lists="cps"),
+           "[D14](deviations.md#d14-augseg-partition-lists)", frameworks=("augseg",), needs_lists="cps",
+           no_golden="partition list files: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cps_lists_switch_reads_the_cps_lists"),
     Switch("augseg_cityscapes_aux", "framework", "model.aux_head", False, True,
            "AugSeg@7ead870 Cityscapes configs (aux commented out)",
            "Cityscapes: OHEM without the auxiliary layer-3 head",
            "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",),
-           families=("cityscapes",)),
+           families=("cityscapes",),
+           no_golden="config values: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg@7ead870 Cityscapes configs",
            "sliding-window size at evaluation",
-           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",)),
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           no_golden="config values: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533,
            Derived("ceil(2/3 x window), derived", lambda values: None), "AugSeg@7ead870 evaluation (stride 2/3 window)",
            "sliding-window stride at evaluation",
-           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",)),
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           no_golden="config values: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
            "the logits to label size; e.g. PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 116, "
            "VocCode/train.py 334-337; NP-SemiSeg@afd9672 U2PL/train_semi.py 339)",
            "logits upsampled to label size with align_corners=True (training losses, "
-           "pseudo-labels and evaluation)", "[D15](deviations.md#d15-precision-and-upsampling)"),
+           "pseudo-labels and evaluation)", "[D15](deviations.md#d15-precision-and-upsampling)",
+           no_golden="one argument of every official F.interpolate; the PS-MT and AugSeg goldens run at True, none "
+                     "alone: "
+                     "tests/test_protocol_switches.py::test_align_corners_switch_reaches_the_model_and_the_evaluation"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 60-80 (_crop), AugSeg@7ead870 augseg/dataset/augs_TIBA.py "
            "111-124 (U2PL's Crop, u2pl/dataset/augmentation.py 249-256, pads evenly: not U2PL); UniMatch@0324f3d "
            "dataset/transform.py 9-14",
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
-           frameworks=("augseg", "psmt", *_UNIMATCH)),
+           frameworks=("augseg", "psmt", *_UNIMATCH),
+           no_golden="the official crops' padding, not compared (PS-MT's uses cv2, not installed): "
+                     "tests/test_protocol_switches.py::test_crop_padding_switch_pads_on_the_bottom_and_right"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",
            Derived("the head's (NP 5.0, others none)", lambda values: _head_grad_clip(values)), 5.0,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 625, AugSeg/train_semi.py 448 (clip_grad_norm_ at 5 in the NP "
            "trainers); U2PL@ab3d2be, AugSeg@7ead870, PS-MT@058cdc3, TorchSemiSeg@5e0c29c trainers (no clipping)",
            "gradient-norm clipping at 5 for NP cells only (the authors' NP scripts) instead of at 5 for every head, "
            "so that a baseline-vs-NP difference does not mix the head with the clipping",
-           "[D20](deviations.md#d20-gradient-clipping-by-head)"),
+           "[D20](deviations.md#d20-gradient-clipping-by-head)",
+           no_golden="one line of each trainer: no function; "
+                     "tests/test_protocol_switches.py::test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
            "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
@@ -400,7 +512,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (Framework.np_config_settings)",
            "baseline rows at each framework's own full crops and batches, LR and epochs, MC dropout and NP at "
            "the NP configs' 480/580 and 12/8 (AugSeg VOC 8) (released); one setting for all heads of a framework "
-           "(corrected)", "[P](deviations.md#provenance-of-the-papers-rows)"),
+           "(corrected)", "[P](deviations.md#provenance-of-the-papers-rows)",
+           no_golden="values of the official configs: no function; "
+                     "tests/test_presets_audit.py::test_audit_row_matches_the_preset"),
 )
 
 #: every switch by name (the one table)
@@ -507,9 +621,12 @@ def protocol_markdown() -> str:
         "A switch whose key is `-` is a known difference that no configuration field selects yet.",
         "The official sources are `repository@commit path lines`; [deviations.md](deviations.md) names the",
         "repositories and describes each difference (column `details`).",
+        "Column `golden`: the test that runs the official function and ours on the same inputs with the released",
+        "value, and the largest \\|difference\\| it records; or `none:`, why no such comparison exists and which",
+        "test checks the value instead.",
         "",
-        "| switch | owner | key | released | corrected | applies to | official source | what it changes | details |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| switch | owner | key | released | corrected | applies to | official source | what it changes | details | golden |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in _SWITCH_LIST:
         scope = ", ".join(part for part in (
@@ -520,8 +637,15 @@ def protocol_markdown() -> str:
         ) if part) or "all"
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "
-                     f"{s.source} | {s.changes} | {s.rows} |")
+                     f"{s.source} | {s.changes} | {s.rows} | {_evidence(s)} |")
     return "\n".join(lines) + "\n"
+
+
+def _evidence(switch: Switch) -> str:
+    """The ``golden`` column: the golden test and its max |difference|, or ``none:`` and the reason (test ids as
+    code, ``|`` escaped for the table)."""
+    text = switch.golden or f"none: {switch.no_golden}"
+    return TEST_ID.sub(lambda m: f"`{m.group(0)}`", text).replace("|", "\\|")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ the doc is the table, and the MLflow params / tags carry them."""
 
 from __future__ import annotations
 
+import ast
 import json
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from npsemiseg.protocol import (
     NOT_APPLICABLE,
     PROTOCOLS,
     SWITCHES,
+    TEST_ID,
     Derived,
     get_switch,
     implemented_switches,
@@ -23,7 +26,8 @@ from npsemiseg.training import train
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.tags import cell_tags
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "PROTOCOL.md"
 
 
 def _cell_for(switch) -> dict[str, str]:
@@ -48,6 +52,29 @@ def test_every_switch_has_distinct_values_and_a_source():
         assert switch.source and switch.changes and switch.rows, switch.name
     assert len(implemented_switches()) >= 14
     assert all(switch.target is not None for switch in SWITCHES.values())  # every known difference is a switch
+
+
+@cache
+def _test_functions(path: str) -> frozenset[str]:
+    """The module-level test functions of the test file ``path`` (relative to the repository root)."""
+    tree = ast.parse((ROOT / path).read_text())
+    return frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
+
+
+@pytest.mark.parametrize("switch", SWITCHES.values(), ids=lambda s: s.name)
+def test_every_switch_names_its_golden_or_why_there_is_none(switch):
+    """Exactly one of ``golden`` (a golden test, first, with the max |difference| it records) and ``no_golden`` (the
+    reason); every test either names exists as a test function of its file."""
+    assert bool(switch.golden) != bool(switch.no_golden), f"{switch.name}: set golden or no_golden, not both"
+    text = switch.golden or switch.no_golden
+    named = TEST_ID.findall(text)
+    if switch.golden:
+        assert TEST_ID.match(switch.golden) and named[0].split("::")[0].endswith("_golden.py"), switch.golden
+        assert ": " in switch.golden.removeprefix(named[0]), f"{switch.name}: the golden's max |difference| is missing"
+    for test_id in named:
+        path, _, function = test_id.partition("::")
+        assert (ROOT / path).is_file(), f"{switch.name}: no file {path}"
+        assert function in _test_functions(path), f"{switch.name}: no test function {test_id}"
 
 
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)
