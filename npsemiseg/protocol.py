@@ -494,8 +494,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
            frameworks=("augseg", "psmt", *_UNIMATCH),
-           no_golden="the official crops' padding, not compared (PS-MT's uses cv2, not installed): "
-                     "tests/test_protocol_switches.py::test_crop_padding_switch_pads_on_the_bottom_and_right"),
+           golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
+                  "(UniMatch's crop; PS-MT's imports cv2, not installed; AugSeg's not run)"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",
            Derived("the head's (NP 5.0, others none)", lambda values: _head_grad_clip(values)), 5.0,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 625, AugSeg/train_semi.py 448 (clip_grad_norm_ at 5 in the NP "
