@@ -484,9 +484,10 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "VocCode/train.py 334-337; NP-SemiSeg@afd9672 U2PL/train_semi.py 339)",
            "logits upsampled to label size with align_corners=True (training losses, "
            "pseudo-labels and evaluation)", "[D15](deviations.md#d15-precision-and-upsampling)",
-           no_golden="one argument of every official F.interpolate; the PS-MT and AugSeg goldens run at True, none "
-                     "alone: "
-                     "tests/test_protocol_switches.py::test_align_corners_switch_reaches_the_model_and_the_evaluation"),
+           golden="tests/test_psmt_eval_golden.py::test_released_evaluation_reproduces_psmt_valid_epoch: max "
+                  "|difference| 2.4e-7 (PS-MT's evaluation upsampling; False alone moves it by > 1e-3: "
+                  "tests/test_psmt_eval_golden.py::test_the_golden_tells_align_corners_apart; training losses not "
+                  "compared alone)"),
     Switch("crop_padding", "data", "data.augmentation.crop_padding", "bottom_right", "centered",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 60-80 (_crop), AugSeg@7ead870 augseg/dataset/augs_TIBA.py "
            "111-124 (U2PL's Crop, u2pl/dataset/augmentation.py 249-256, pads evenly: not U2PL); UniMatch@0324f3d "

@@ -127,3 +127,19 @@ def test_a_released_run_evaluates_as_psmt():
     unresized = with_overrides(config, {"evaluation.resize_multiple": None})
     other = evaluate_model(_ensemble(), val, unresized, step=0, device=torch.device("cpu"))["pixel_acc"]
     assert other != pytest.approx(correct / pixels, abs=1e-9)
+
+
+def test_the_golden_tells_align_corners_apart(monkeypatch):
+    """Switch ``align_corners`` on its own: released PS-MT cells upsample logits with ``align_corners=True``; the
+    same evaluation upsampling the teachers' logits with ``align_corners=False`` (corrected) and nothing else
+    changed is far from the record on every image."""
+    cell = dict(framework="psmt", dataset="pascal_blender", partition="662", head="baseline")
+    assert compose("paper", **cell, protocol="released").config.model.align_corners is True
+    assert compose("paper", **cell, protocol="corrected").config.model.align_corners is False
+    monkeypatch.setattr(_Member, "align_corners", False)
+    model = _ensemble()
+    for i, size in enumerate(REC.SIZES):
+        probs, _ = predict(model, torch.from_numpy(DATA[f"image{i}"]), mode="whole", resize_multiple=8)
+        theirs = torch.softmax(torch.from_numpy(DATA[f"logits{i}"]), dim=1).numpy()
+        diff = float(np.abs(probs.numpy() - theirs).max())
+        assert diff > 1e-3, f"image {i} {size}: align_corners=False changes nothing ({diff:.3g})"
