@@ -1,0 +1,73 @@
+"""The training crop of a released U2PL cell pads as U2PL's released ``Crop`` does: evenly, the label with 0
+(``tests/golden/u2pl_label_pad_released.npz``, recorded by ``tests/golden/record_u2pl_label_pad_golden.py``;
+source and command in ``u2pl_label_pad_released.json``).
+
+Images at most the crop size on both sides, so the official random offset can only be 0 and the record is the
+padding alone. The image and label go through the released cell's whole weak pipeline (resize and flip off); ours
+pads the [0, 1] image with the ImageNet mean before normalisation, theirs the normalised image with 0, so ours is
+normalised with the same mean and std before comparing. Tolerance: labels exact; images float32 round-off, 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from npsemiseg.config import cell_config, with_overrides
+from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD
+from npsemiseg.training import train_transforms
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SIDECAR = json.loads((GOLDEN / "u2pl_label_pad_released.json").read_text())
+DATA = dict(np.load(GOLDEN / "u2pl_label_pad_released.npz"))
+CROP = SIDECAR["sizes"]["crop"]
+SIZES = [tuple(size) for size in SIDECAR["sizes"]["images"]]
+CELL = dict(framework="u2pl", dataset="pascal_classic", partition="92", head="baseline")
+ATOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
+
+
+def test_the_released_protocol_pads_labels_with_background_evenly():
+    released = cell_config("paper", protocol="released", **CELL).data.augmentation
+    corrected = cell_config("paper", protocol="corrected", **CELL).data.augmentation
+    assert released["label_pad_value"] == 0
+    assert released.get("crop_padding", "centered") == "centered"  # switch crop_padding leaves U2PL's even padding
+    assert corrected["label_pad_value"] == 255
+    # the official normalisation is ours, in [0, 255]
+    assert np.allclose(np.array(SIDECAR["sizes"]["mean"]) / 255, IMAGENET_MEAN, atol=1e-6)
+    assert np.allclose(np.array(SIDECAR["sizes"]["std"]) / 255, IMAGENET_STD, atol=1e-6)
+
+
+def _crop(protocol: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+    config = cell_config("paper", protocol=protocol, **CELL)
+    config = with_overrides(config, {"schedule.crop_size": CROP, "data.augmentation.resize": "none",
+                                     "data.augmentation.flip": False})
+    image = torch.from_numpy(DATA[f"image{i}"]).permute(2, 0, 1).float() / 255
+    item = {"image": image, "label": torch.from_numpy(DATA[f"label{i}"]).long(), "id": str(i)}
+    out = train_transforms(config)["labeled"](item)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    return ((out["image"] - mean) / std).numpy(), out["label"].numpy()
+
+
+def test_released_crop_reproduces_u2pl_crop():
+    deviations = {}
+    for i, size in enumerate(SIZES):
+        image, label = _crop("released", i)
+        assert label.shape == DATA[f"cropped_label{i}"].shape == (CROP, CROP), size
+        deviations[f"label{i}"] = float(np.abs(label.astype(np.int64) - DATA[f"cropped_label{i}"]).max())
+        deviations[f"image{i}"] = float(np.abs(image - DATA[f"cropped_image{i}"]).max())
+        assert deviations[f"label{i}"] == 0, f"image {i} {size}: labels differ"
+        assert deviations[f"image{i}"] <= ATOL, f"image {i} {size}: max |difference| {deviations[f'image{i}']:.3g}"
+    print(json.dumps({k: f"{v:.2e}" for k, v in deviations.items()}))
+
+
+def test_the_golden_tells_the_label_padding_apart():
+    """Corrected (labels padded with 255) moves every label that needs padding away from the record."""
+    for i, size in enumerate(SIZES):
+        _, label = _crop("corrected", i)
+        assert (not np.array_equal(label, DATA[f"cropped_label{i}"])) == (size != (CROP, CROP)), size
