@@ -390,8 +390,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
            "strong-view blur kernel 1/3/5 (p = 0.40/0.40/0.19; 1 = no blur) instead of 2 ceil(3 sigma) + 1",
            "[D17](deviations.md#d17-ps-mt-blur-kernel)", frameworks=("psmt",),
-           no_golden="random draws of the official data_aug (its module imports cv2, not installed): "
-                     "tests/test_protocol_switches.py::test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5"),
+           golden="tests/test_psmt_blur_kernel_golden.py::test_released_kernel_draw_reproduces_psmt_data_aug: max "
+                  "|difference| 0 (kernel for the same uniform number, 15 numbers)"),
     # ---------------------------------------------------------------- FixMatch / UniMatch (UniMatch@0324f3d)
     Switch("unimatch_voc_eval_whole", "evaluation", "evaluation.mode", "whole", "center_crop",
            "UniMatch@0324f3d unimatch.py 222, fixmatch.py 197 (eval_mode 'original' on VOC), supervised.py 59-66 "
