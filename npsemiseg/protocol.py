@@ -177,9 +177,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (no all_gather of memories)",
            "each rank enqueues only its own pixels",
            "[N6](deviations.md#n6-memory-contents)", heads=_NP,
-           no_golden="needs several processes: the golden runs one, where a gather changes nothing (the official "
-                     "head has none); tests/test_heads_ddp.py::test_memories_and_centers_identical_across_ranks "
-                     "(corrected value)"),
+           no_golden="needs several processes: per rank the released head (no gather, as the official one) is the "
+                     "one-process head of the NP golden, which cannot run ranks; the corrected gather: "
+                     "tests/test_heads_ddp.py::test_memories_and_centers_identical_across_ranks"),
     Switch("np_push_every_pixel", "head", "head.options.enqueue_per_class", None,
            "auto",
            "NP-SemiSeg@afd9672 U2PL/u2pl/models/np_head.py 166-180 (masked_select of every pixel, FIFO to Q)",
@@ -236,7 +236,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
            "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
-           no_golden="inside the whole training step (distributed script, data loaders): not compared; "
+           no_golden="a line inside the official step (train_semi.py, whose step needs torch.distributed, U2PL's "
+                     "models and loaders): not compared; "
                      "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
     Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
            "weak crops pad labels with background (0) instead of ignore (255)",
@@ -345,8 +346,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/train.py 192",
            "teachers predict in train mode (BN on the weak batch)",
            "[D6](deviations.md#d6-ps-mt-teachers-in-train-mode)", frameworks=("psmt",),
-           no_golden="inside the whole training step: not compared; "
-                     "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
+           no_golden="a line inside the official step (VocCode/train.py, a method of the whole Trainer): not "
+                     "compared; tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
     Switch("psmt_epochs", "loop", "schedule.epochs", Derived("PS-MT's own", _publication_epochs),
            Derived("shared", _shared_epochs), "PS-MT@058cdc3 scripts/train_voc_blender.sh, train_city.sh, docs/before_start.md",
            "PS-MT's own epoch counts (VOC blender 80/80/200/300 for 662/1323/2646/5291, classic 80; Cityscapes "
