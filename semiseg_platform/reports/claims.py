@@ -85,22 +85,25 @@ def framework_claims(cells: pd.DataFrame, frameworks: Sequence[str], *, own: pd.
     partitions: those where one of its compared heads ran in ``own`` (the cells these claims are about: not e.g.
     the all-labels supervised reference, nor a partition that only the other claims' frameworks ran)."""
     frameworks = list(frameworks)
+    # the paper's statements as they were; the others name their frameworks
+    subject, scope, named = (who, "", "") if not suffix else (
+        f"each of {who}" if len(frameworks) > 1 else who, f"; {who}", f" ({who})")
     partitions = sorted(set(own.loc[own["head"].isin(["np", "mc_dropout"]), "partition"]))
-    s0 = Claim("S0" + suffix, f"{who} beats supervised at the same partition (baseline heads; mIoU; supervised on "
+    s0 = Claim("S0" + suffix, f"{subject} beats supervised at the same partition (baseline heads; mIoU; supervised on "
                "the framework's network where the grid ran it)", "sanity" + source_note, "mIoU points", "framework",
                [s0_evidence(cells, f) for f in frameworks])
     # "in most cells": one pooled comparison over the frameworks; per framework shown as detail
-    c1 = Claim("C1" + suffix, f"NP-SemiSeg improves mIoU over the baseline head (in most cells; {who})",
+    c1 = Claim("C1" + suffix, f"NP-SemiSeg improves mIoU over the baseline head (in most cells{scope})",
                "Tables 1-3" + source_note, "mIoU points", "framework", detail=per_part(frameworks, lambda f: paired_diffs(
                    cells, "miou", {"head": "np"}, {"head": "baseline"}, where={"framework": f})))
     c1.pooled = evidence("all", [d for e in c1.detail for d in e.diffs])
     c2 = Claim("C2" + suffix, "MC dropout lowers mIoU against the baseline (baseline - MC dropout), and NP-SemiSeg "
-               f"beats MC dropout (NP - MC dropout; {who})", "Tables 1-3" + source_note, "mIoU points", "comparison", [
+               f"beats MC dropout (NP - MC dropout{scope})", "Tables 1-3" + source_note, "mIoU points", "comparison", [
                    evidence("baseline - mc_dropout", paired_diffs(cells, "miou", {"head": "baseline"},
                                                                   {"head": "mc_dropout"}, where={"framework": frameworks})),
                    evidence("np - mc_dropout", paired_diffs(cells, "miou", {"head": "np"}, {"head": "mc_dropout"},
                                                             where={"framework": frameworks}))])
-    c3 = Claim("C3" + suffix, f"NP-SemiSeg's PAvPU is higher than MC dropout's at every partition ({who})",
+    c3 = Claim("C3" + suffix, f"NP-SemiSeg's PAvPU is higher than MC dropout's at every partition{named}",
                "Table 4" + source_note, "PAvPU points", "partition",
                per_part(partitions, lambda p: paired_diffs(cells, "pavpu", {"head": "np"}, {"head": "mc_dropout"},
                                                            where={"partition": p, "framework": frameworks})))
