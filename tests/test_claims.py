@@ -14,20 +14,22 @@ from typer.testing import CliRunner
 
 from semiseg_platform.cli.main import app
 from semiseg_platform.reports import log_uncertainty_time_run
-from semiseg_platform.reports.claims import (
-    PAPER_Q,
+from semiseg_platform.reports.claim_evidence import (
     CONTRADICTED,
     INCONCLUSIVE,
     NO_DATA,
     SUPPORTED,
     bootstrap_interval,
+    evidence,
+    paired_diffs,
+)
+from semiseg_platform.reports.claims import (
+    PAPER_Q,
     cell_claims,
     check_claims,
     claims_command,
-    evidence,
     hyperparameter_claim,
     log_claims,
-    paired_diffs,
     write_claims,
 )
 from semiseg_platform.reports.claims_figure import (
@@ -328,3 +330,69 @@ def test_a_recorded_claims_json_is_drawn_again_from_the_command_line(store, tmp_
     (tmp_path / "empty.json").write_text("[]")
     assert claims_figure_main([str(tmp_path / "empty.json"), str(tmp_path / "none.png")]) == 2
     assert "error: forest plot: no claim has a difference" in capsys.readouterr().err
+
+
+def test_fixmatch_and_unimatch_get_their_own_claims_against_supervised_unimatch(tmp_path_factory, tmp_path):
+    """FixMatch and UniMatch train AugSeg's network, as ``supervised_augseg`` and ``supervised_unimatch`` do: the
+    network alone does not name their reference; both pair with ``supervised_unimatch`` (AugSeg with its own)."""
+    uri = fresh_store(tmp_path_factory, "claims_companions")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("companions")
+    networks = {"supervised": "u2pl", "mt": "u2pl", "u2pl": "u2pl", "psmt": "psmt", "augseg": "augseg",
+                "supervised_augseg": "augseg", "supervised_unimatch": "augseg", "fixmatch": "augseg",
+                "unimatch": "augseg"}
+    # supervised_augseg 0.30 (AugSeg +2), supervised_unimatch 0.25 (FixMatch +8, UniMatch +11: against
+    # supervised_augseg they would be +3 and +6)
+    baseline = {**BASELINE, "supervised_augseg": 0.30, "supervised_unimatch": 0.25, "fixmatch": 0.33, "unimatch": 0.36}
+    for seed in SEEDS:
+        for framework, base in baseline.items():
+            name = "supervised" if framework.startswith("supervised") else framework
+            _cell(client, experiment, framework, "baseline", seed, base + seed / 100, 0.5,
+                  params={"model.variant": networks[framework]}, tags={"framework_name": name})
+        for framework in ("fixmatch", "unimatch"):  # MC dropout 2 below the baseline, NP 1 above; PAvPU +5
+            base = baseline[framework] + seed / 100
+            _cell(client, experiment, framework, "mc_dropout", seed, base - 0.02, 0.50, params={"model.variant": "augseg"})
+            _cell(client, experiment, framework, "np", seed, base + 0.01, 0.55, params={"model.variant": "augseg"})
+    claims = {c.id: c for c in check_claims(uri, "companions")}
+    assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "C5", "C6"]
+    s0 = {p.name: p for p in claims["S0+"].parts}
+    assert list(s0) == ["fixmatch", "unimatch"]
+    assert s0["fixmatch"].against == "supervised_unimatch" and s0["fixmatch"].mean_diff == pytest.approx(8)
+    assert s0["unimatch"].against == "supervised_unimatch" and s0["unimatch"].mean_diff == pytest.approx(11)
+    paper_s0 = {p.name: p for p in claims["S0"].parts}
+    assert paper_s0["augseg"].against == "supervised_augseg" and paper_s0["augseg"].mean_diff == pytest.approx(2)
+    assert [p.name for p in claims["S0"].parts] == ["mt", "psmt", "u2pl", "augseg"]  # the paper's claim: its four
+    verdicts = {key: claim.verdict for key, claim in claims.items()}
+    assert {k: verdicts[k] for k in ("S0+", "C1+", "C2+", "C3+")} == {k: SUPPORTED for k in ("S0+", "C1+", "C2+", "C3+")}
+    assert verdicts["C1"] == verdicts["C2"] == verdicts["C3"] == NO_DATA  # no head cells of the paper's frameworks
+    assert claims["C1+"].pooled.mean_diff == pytest.approx(1) and claims["C1+"].pooled.pairs == 6
+    assert [p.mean_diff for p in claims["C2+"].parts] == pytest.approx([2, 3])
+    assert [p.name for p in claims["C3+"].parts] == ["1/16"] and claims["C3+"].pooled.mean_diff == pytest.approx(5)
+    assert "FixMatch and UniMatch" in claims["S0+"].statement
+    claims_command("companions", tracking=uri, out=tmp_path, emit=lambda text: None)
+    markdown = (tmp_path / "claims.md").read_text()
+    assert "| fixmatch vs supervised_unimatch | supported | +8.00 |" in markdown
+    assert "| S0+ | **supported** | +9.50 |" in markdown
+    data = json.loads((tmp_path / "claims.json").read_text())
+    assert data[1]["per_framework"]["unimatch"]["against"] == "supervised_unimatch"
+    rows = [(r.claim, r.label) for r in forest_rows(data)]
+    assert ("S0+", "fixmatch vs supervised_unimatch") in rows and ("C3+", "1/16") in rows
+
+
+def test_the_paper_claims_do_not_move_when_fixmatch_and_unimatch_cells_are_added():
+    """The companions' cells (here also at a partition only they ran) change none of the paper's claims."""
+    cells = _random_cells()
+    rng = np.random.default_rng(7)
+    extra = pd.DataFrame([{"replicate": replicate, "framework": framework, "framework_name": framework,
+                           "model_variant": "", "dataset": "study", "partition": partition, "head": head, "seed": str(s),
+                           "miou": rng.uniform(0.2, 0.6), "pavpu": rng.uniform(0.4, 0.9)}
+                          for replicate in ("a", "b") for framework in ("fixmatch", "unimatch")
+                          for partition in ("1/16", "1/8") for head in ("baseline", "mc_dropout", "np")
+                          for s in range(5)])
+    paper = {c.id: c.to_dict() for c in cell_claims(cells)}
+    both = {c.id: c.to_dict() for c in cell_claims(pd.concat([cells, extra], ignore_index=True))}
+    assert list(paper) == ["S0", "S1", "C1", "C2", "C3", "C4"]
+    assert list(both) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4"]
+    assert {key: both[key] for key in paper} == paper
+    assert [p["name"] for p in both["C3+"]["parts"]] == ["1/16", "1/8"]
+    assert [p["name"] for p in both["C3"]["parts"]] == ["1/16", "full"]

@@ -24,7 +24,13 @@ NP > MC dropout in mIoU), C3 (NP's PAvPU > MC dropout's at every partition, Tabl
 framework's cells), C4 (attention > mean aggregator in mIoU and PAvPU, U2PL, Tables 5-6), C5 (NP
 quantifies uncertainty faster than MC dropout and the gap grows with T and with sliding
 evaluation; uncertainty-time benchmark runs), C6 (small Q, lambda_kl = 0.1 and T = 1 hurt; search
-trial runs, compared unpaired: their "pairs" count runs).
+trial runs, compared unpaired: their "pairs" count runs). Where the runs hold FixMatch or UniMatch cells
+(frameworks the paper has no rows for), S0+, C1+, C2+ and C3+ check S0 and C1-C3 on them, each beside the
+paper's claim, which stays on the paper's four frameworks; their supervised reference is ``supervised_unimatch``
+where the grid ran it.
+
+The pairs, intervals and verdicts are :mod:`.claim_evidence`'s; this module defines the claims, reads the runs
+and writes the report.
 """
 
 from __future__ import annotations
@@ -32,8 +38,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,222 +46,100 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from npsemiseg.heads import PAPER_MEMORY_SIZE
+from semiseg_platform.reports.claim_evidence import (
+    REPLICATE,
+    Claim,
+    Evidence,
+    evidence,
+    finished_cells,
+    paired_diffs,
+    per_part,
+    pool_parts,
+    s0_evidence,
+    unpaired,
+)
 from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
-from semiseg_platform.reports.tables import ABLATION_FRAMEWORK, PAPER_FRAMEWORKS, latest_per_cell, load_cell_runs
+from semiseg_platform.reports.tables import (
+    ABLATION_FRAMEWORK,
+    COMPANION_FRAMEWORKS,
+    FRAMEWORK_LABELS,
+    PAPER_FRAMEWORKS,
+    load_cell_runs,
+)
 from semiseg_platform.tracking import resolve_tracking_uri, search_all_runs
 from semiseg_platform.tracking.mlflow_names import GRID_CLAIMS_DIR, KIND, KIND_BENCHMARK, KIND_CELL, param_value
 
-SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
 SSL_FRAMEWORKS = tuple(f for f in PAPER_FRAMEWORKS if f != "supervised")
 PAPER_Q = PAPER_MEMORY_SIZE
-#: the column naming the experiment a cell came from: pairs never cross it
-REPLICATE = "replicate"
-
-
-@dataclass
-class Evidence:
-    """One comparison's differences and what they say (``name`` labels a part)."""
-
-    name: str
-    diffs: list[float] = field(default_factory=list)
-    mean_diff: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: str = NO_DATA
-    count: int | None = None  # unpaired comparisons: runs compared (else the number of differences)
-    against: str = ""  # what the part was compared with, where the claim's statement does not say (S0's reference)
-
-    @property
-    def pairs(self) -> int:
-        return len(self.diffs) if self.count is None else self.count
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} vs {self.against}" if self.against else self.name
-
-    def summary(self) -> dict:
-        out = {"name": self.name, "verdict": self.verdict, "mean_diff": self.mean_diff, "ci_low": self.ci_low,
-               "ci_high": self.ci_high, "pairs": self.pairs}
-        if self.against:
-            out["against"] = self.against
-        return out
-
-
-@dataclass
-class Claim:
-    """A claim of the paper with its evidence: ``parts`` (``by`` says what they are per) and the pooled numbers."""
-
-    id: str
-    statement: str
-    source: str
-    unit: str
-    by: str = ""
-    parts: list[Evidence] = field(default_factory=list)
-    pooled: Evidence = field(default_factory=lambda: Evidence("all"))
-    detail: list[Evidence] = field(default_factory=list)  # shown, not part of the verdict
-
-    @property
-    def verdict(self) -> str:
-        return combine_verdicts([p.verdict for p in self.parts]) if self.parts else self.pooled.verdict
-
-    def to_dict(self) -> dict:
-        """The JSON object of ``claims.json``."""
-        out = {"id": self.id, "verdict": self.verdict, "mean_diff": self.pooled.mean_diff, "ci_low": self.pooled.ci_low,
-               "ci_high": self.pooled.ci_high, "pairs": self.pooled.pairs, "statement": self.statement,
-               "source": self.source, "unit": self.unit, "parts_by": self.by,
-               "parts": [p.summary() for p in self.parts], "detail": [d.summary() for d in self.detail]}
-        if self.by == "framework":
-            out["per_framework"] = {p.name: p.summary() for p in self.parts or self.detail}
-        return out
-
-
-def bootstrap_interval(diffs: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                       level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``diffs`` (resampled with replacement, seeded).
-
-    A function of the differences alone, not of their order: they are sorted before resampling, so the same
-    runs give the same interval whatever order MLflow returns them in.
-    """
-    values = np.sort(np.asarray(diffs, dtype=float))
-    if values.size == 0:
-        raise ValueError("bootstrap_interval: expected at least one difference, got none")
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def verdict_of(ci_low: float | None, ci_high: float | None, pairs: int) -> str:
-    if pairs == 0:
-        return NO_DATA
-    if pairs < 2 or ci_low is None or ci_high is None:
-        return INCONCLUSIVE
-    return SUPPORTED if ci_low > 0 else CONTRADICTED if ci_high < 0 else INCONCLUSIVE
-
-
-def combine_verdicts(verdicts: Iterable[str]) -> str:
-    """All parts supported -> supported; one contradicted -> contradicted; all no data -> no data."""
-    verdicts = list(verdicts)
-    if not verdicts or all(v == NO_DATA for v in verdicts):
-        return NO_DATA
-    if CONTRADICTED in verdicts:
-        return CONTRADICTED
-    return SUPPORTED if all(v == SUPPORTED for v in verdicts) else INCONCLUSIVE
-
-
-def evidence(name: str, diffs: Sequence[float]) -> Evidence:
-    """Mean, interval and verdict of one list of differences."""
-    diffs = [float(d) for d in diffs if not math.isnan(float(d))]
-    if not diffs:
-        return Evidence(name)
-    low, high = bootstrap_interval(diffs)
-    return Evidence(name, diffs, float(np.mean(diffs)), low, high, verdict_of(low, high, len(diffs)))
-
-
-def _pool(claim: Claim) -> Claim:
-    claim.pooled = evidence("all", [d for p in claim.parts for d in p.diffs])
-    return claim
-
 
 # ----------------------------------------------------------------------------- cell-run claims
 
 
-def finished_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest finished run per (framework, dataset, partition, head, seed) (ties in time: the larger run id)."""
-    cells = latest_per_cell(runs)
-    cells = cells.sort_values(["end_time", "start_time", "run_id"], na_position="first", kind="stable")
-    return cells.drop_duplicates(["framework", "dataset", "partition", "head", "seed"], keep="last")
+#: the suffix of the ids of the claims checked on the frameworks the paper has no rows for (S0+, C1+, C2+, C3+)
+COMPANION_SUFFIX = "+"
 
 
-def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *, scale: float = 100.0,
-                 where: dict | None = None) -> list[float]:
-    """``scale x (metric of better - metric of worse)`` over the pairs sharing every other cell key.
-
-    ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
-    ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``). The differences come in the order of the
-    pairs' key (replicate, framework, dataset, partition, head, seed, less what the sides select), not in the
-    order of ``cells`` (MLflow's search order): the same runs give the same list.
-    """
-    keys = [k for k in (REPLICATE, "framework", "dataset", "partition", "head", "seed")
-            if k not in better and k in cells.columns]
-
-    def side(selection: dict) -> pd.DataFrame:
-        chosen = cells
-        for key, value in {**(where or {}), **selection}.items():
-            chosen = chosen[chosen[key].isin(value if isinstance(value, (list, tuple)) else [value])]
-        return chosen[keys + [metric]]
-
-    merged = side(better).merge(side(worse), on=keys, suffixes=("_a", "_b"))
-    merged = merged.sort_values(keys, kind="stable") if keys else merged
-    return [scale * (a - b) for a, b in zip(merged[f"{metric}_a"], merged[f"{metric}_b"])]
-
-
-def _per(name_values: Iterable[str], diffs_of: Callable[[str], list[float]]) -> list[Evidence]:
-    return [evidence(name, diffs_of(name)) for name in name_values]
-
-
-def supervised_reference(cells: pd.DataFrame, framework: str) -> tuple[str, str]:
-    """The supervised cells S0 compares ``framework``'s baseline cells with, as (framework label, description).
-
-    Those trained on the framework's own network (``model.variant``) when the grid ran them (a framework variant
-    of ``supervised``, e.g. ``supervised_psmt``), so that the difference is the framework's use of unlabeled
-    images and not its decoder; else the plain ``supervised`` cells, described with both networks.
-    """
-    baseline = cells[cells["head"] == "baseline"]
-    networks = set(baseline.loc[baseline["framework"] == framework, "model_variant"]) - {""}
-    references = baseline[baseline["framework_name"] == "supervised"]
-    matching = sorted(set(references.loc[references["model_variant"].isin(networks), "framework"]))
-    label = "supervised" if not matching or "supervised" in matching else matching[0]
-    reference_networks = set(references.loc[references["framework"] == label, "model_variant"]) - {""}
-    if not networks or not reference_networks or networks == reference_networks:
-        return label, label
-    return label, (f"{label} (network {', '.join(sorted(reference_networks))}; {framework}'s is "
-                   f"{', '.join(sorted(networks))}: the difference includes the network)")
-
-
-def s0_evidence(cells: pd.DataFrame, framework: str) -> Evidence:
-    """S0's part for one framework: its baseline cells minus those of its supervised reference."""
-    label, description = supervised_reference(cells, framework)
-    part = evidence(framework, paired_diffs(cells, "miou", {"framework": framework}, {"framework": label},
-                                            where={"head": "baseline"}))
-    part.against = description
-    return part
-
-
-def cell_claims(cells: pd.DataFrame) -> list[Claim]:
-    """S0, S1 and C1-C4 from the finished cell runs."""
-    frameworks = list(SSL_FRAMEWORKS)  # every one of the paper's: a framework not run is "no data"
-    # partitions where one of the compared heads ran (not e.g. the all-labels supervised reference)
-    partitions = sorted(set(cells.loc[cells["head"].isin(["np", "mc_dropout"]), "partition"]))
-    s0 = Claim("S0", "every SSL framework beats supervised at the same partition (baseline heads; mIoU; supervised "
-               "on the framework's network where the grid ran it)", "sanity", "mIoU points", "framework",
+def framework_claims(cells: pd.DataFrame, frameworks: Sequence[str], *, own: pd.DataFrame, suffix: str = "",
+                     who: str = "every SSL framework", source_note: str = "") -> dict[str, Claim]:
+    """S0, C1, C2 and C3 on ``frameworks`` (ids with ``suffix``; ``who`` names them in the statements). C3's
+    partitions: those where one of its compared heads ran in ``own`` (the cells these claims are about: not e.g.
+    the all-labels supervised reference, nor a partition that only the other claims' frameworks ran)."""
+    frameworks = list(frameworks)
+    # the paper's statements as they were; the others name their frameworks
+    subject, scope, named = (who, "", "") if not suffix else (
+        f"each of {who}" if len(frameworks) > 1 else who, f"; {who}", f" ({who})")
+    partitions = sorted(set(own.loc[own["head"].isin(["np", "mc_dropout"]), "partition"]))
+    s0 = Claim("S0" + suffix, f"{subject} beats supervised at the same partition (baseline heads; mIoU; supervised on "
+               "the framework's network where the grid ran it)", "sanity" + source_note, "mIoU points", "framework",
                [s0_evidence(cells, f) for f in frameworks])
-    # "in most cells": one pooled comparison over every SSL framework; per framework shown as detail
-    c1 = Claim("C1", "NP-SemiSeg improves mIoU over the baseline head (in most cells)", "Tables 1-3", "mIoU points",
-               "framework", detail=_per(frameworks, lambda f: paired_diffs(
+    # "in most cells": one pooled comparison over the frameworks; per framework shown as detail
+    c1 = Claim("C1" + suffix, f"NP-SemiSeg improves mIoU over the baseline head (in most cells{scope})",
+               "Tables 1-3" + source_note, "mIoU points", "framework", detail=per_part(frameworks, lambda f: paired_diffs(
                    cells, "miou", {"head": "np"}, {"head": "baseline"}, where={"framework": f})))
     c1.pooled = evidence("all", [d for e in c1.detail for d in e.diffs])
-    c2 = Claim("C2", "MC dropout lowers mIoU against the baseline (baseline - MC dropout), and NP-SemiSeg beats "
-               "MC dropout (NP - MC dropout)", "Tables 1-3", "mIoU points", "comparison", [
+    c2 = Claim("C2" + suffix, "MC dropout lowers mIoU against the baseline (baseline - MC dropout), and NP-SemiSeg "
+               f"beats MC dropout (NP - MC dropout{scope})", "Tables 1-3" + source_note, "mIoU points", "comparison", [
                    evidence("baseline - mc_dropout", paired_diffs(cells, "miou", {"head": "baseline"},
                                                                   {"head": "mc_dropout"}, where={"framework": frameworks})),
                    evidence("np - mc_dropout", paired_diffs(cells, "miou", {"head": "np"}, {"head": "mc_dropout"},
                                                             where={"framework": frameworks}))])
-    c3 = Claim("C3", "NP-SemiSeg's PAvPU is higher than MC dropout's at every partition", "Table 4", "PAvPU points",
-               "partition", _per(partitions, lambda p: paired_diffs(cells, "pavpu", {"head": "np"}, {"head": "mc_dropout"},
-                                                                    where={"partition": p, "framework": frameworks})))
+    c3 = Claim("C3" + suffix, f"NP-SemiSeg's PAvPU is higher than MC dropout's at every partition{named}",
+               "Table 4" + source_note, "PAvPU points", "partition",
+               per_part(partitions, lambda p: paired_diffs(cells, "pavpu", {"head": "np"}, {"head": "mc_dropout"},
+                                                           where={"partition": p, "framework": frameworks})))
+    return {"S0": pool_parts(s0), "C1": c1, "C2": pool_parts(c2), "C3": pool_parts(c3)}
+
+
+def companion_frameworks(cells: pd.DataFrame) -> list[str]:
+    """The frameworks the paper has no rows for (FixMatch, UniMatch) that have cells, in their tables' order."""
+    found = set(cells["framework"]) if len(cells) else set()
+    return [f for f in COMPANION_FRAMEWORKS if f in found]
+
+
+def cell_claims(cells: pd.DataFrame) -> list[Claim]:
+    """S0, S1 and C1-C4 from the finished cell runs; where FixMatch or UniMatch ran, S0+, C1+, C2+ and C3+ (the
+    same claims on them, each beside the paper's)."""
+    # every one of the paper's: a framework not run is "no data"
+    paper = framework_claims(cells, SSL_FRAMEWORKS, own=cells[~cells["framework"].isin(COMPANION_FRAMEWORKS)])
+    companions = companion_frameworks(cells)
+    who = " and ".join(FRAMEWORK_LABELS[f] for f in companions)
+    extra = framework_claims(cells, companions, own=cells[cells["framework"].isin(companions)], suffix=COMPANION_SUFFIX,
+                             who=who, source_note="; frameworks the paper has no rows for") if companions else {}
     ablation = {"framework": ABLATION_FRAMEWORK}
     c4 = Claim("C4", "the attention aggregator beats the mean aggregator in mIoU and PAvPU (U2PL)", "Tables 5-6",
-               "points", "metric", _per(("miou", "pavpu"), lambda m: paired_diffs(
+               "points", "metric", per_part(("miou", "pavpu"), lambda m: paired_diffs(
                    cells, m, {"head": "np"}, {"head": "np_mean"}, where=ablation)))
     s1 = Claim("S1", "labels are the bottleneck: supervised with all labels ('full') beats supervised at 1/16 "
-               "(mIoU; the mini-study's target is >= 15 points)", "sanity", "mIoU points")
+               "(mIoU)", "sanity", "mIoU points")
     s1.pooled = evidence("all", paired_diffs(cells, "miou", {"partition": "full"}, {"partition": "1/16"},
                                              where={"framework": "supervised", "head": "baseline"}))
-    return [_pool(s0), s1, c1, _pool(c2), _pool(c3), _pool(c4)]
+    return [*_with(paper, extra, "S0"), s1, *_with(paper, extra, "C1"), *_with(paper, extra, "C2"),
+            *_with(paper, extra, "C3"), pool_parts(c4)]
+
+
+def _with(paper: dict[str, Claim], extra: dict[str, Claim], claim: str) -> list[Claim]:
+    """The paper's claim, then the same claim on the companion frameworks where they ran."""
+    return [paper[claim], *([extra[claim]] if claim in extra else [])]
 
 
 # ----------------------------------------------------------------------------- benchmark and search claims
@@ -319,18 +202,6 @@ def _number(text: str | None) -> float:
         return math.nan
 
 
-def unpaired(name: str, good: Sequence[float], bad: Sequence[float], *, scale: float = 100.0) -> Evidence:
-    """Difference of means ``good - bad`` with a bootstrap resampling each group (runs, not pairs)."""
-    good, bad = np.sort(np.asarray(good, dtype=float)), np.sort(np.asarray(bad, dtype=float))  # order-free
-    if good.size == 0 or bad.size == 0:
-        return Evidence(name)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    draws = (good[rng.integers(0, good.size, (BOOTSTRAP_RESAMPLES, good.size))].mean(1)
-             - bad[rng.integers(0, bad.size, (BOOTSTRAP_RESAMPLES, bad.size))].mean(1))
-    low, high = (scale * v for v in np.percentile(draws, [2.5, 97.5]))
-    runs = int(good.size + bad.size)
-    verdict = verdict_of(low, high, runs) if min(good.size, bad.size) >= 2 else INCONCLUSIVE
-    return Evidence(name, [], float(scale * (good.mean() - bad.mean())), float(low), float(high), verdict, runs)
 
 
 def hyperparameter_claim(trials: pd.DataFrame) -> Claim:
