@@ -20,14 +20,16 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # Two pytest-xdist workers: the unit tests in any order; the integration tests a module per worker at a time
-# (--dist loadfile keeps a module's shared cluster or stack on one worker; stacks take per-worker port blocks).
+# (--dist loadfile keeps a module's shared cluster or stack on one worker; stacks take per-worker port blocks);
+# then the tests marked isolated, in a process of their own.
 # TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 test: lint
 	$(PY) -m pytest -q -m "not integration" $(XDIST)
-	$(PY) -m pytest -q -m integration $(XDIST) $(if $(XDIST),--dist loadfile)
+	$(PY) -m pytest -q -m "integration and not isolated" $(XDIST) $(if $(XDIST),--dist loadfile)
+	$(PY) -m pytest -q -m isolated
 
 # Only the end-to-end test on the real local stack (PostgreSQL, SeaweedFS, MLflow server, Ray head).
 test-stack: $(STAMP)

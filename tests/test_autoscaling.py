@@ -38,7 +38,8 @@ from semiseg_platform.logs import PROGRESS
 from semiseg_platform.sweeps.grid_runner import run_grid
 from semiseg_platform.sweeps.grid_spec import load_spec
 
-pytestmark = pytest.mark.integration
+# isolated: joining the fake cluster (auth disabled) fixes Ray's auth mode for the rest of the process
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "infra" / "aws" / "cluster.yaml"
@@ -85,7 +86,7 @@ def fake_cluster():
     import ray._private.services as services
 
     ip = services.get_node_ip_address()
-    base = free_port_block(8, start=24000)
+    base = free_port_block(8)
     temp_dir = tempfile.mkdtemp(prefix="npss-fake-")  # short: Ray's socket paths live under it
     config = write_fake_autoscaling_config(CLUSTER_YAML, Path(temp_dir) / "autoscaling.yaml",
                                            gcs_address=f"{ip}:{base}", idle_timeout_minutes=0.1, max_workers=2,
