@@ -299,3 +299,17 @@ def test_custom_per_worker_resources_reach_the_trial_and_the_preflight():
     assert Needed(1, 2).bundles() == [{"CPU": 1, "GPU": 2}]
     with pytest.raises(ValueError, match="Ray's own resources"):
         Resources(custom_per_worker={"GPU": 1})
+
+
+def test_a_trial_cancelled_before_it_ran_is_a_failed_cell_named_from_its_folder() -> None:
+    """Tune reports no config for a trial whose actor never started; the grid still names its cell (the
+    trial folder is ``cell_<id>``) and records it failed instead of crashing on the summary."""
+    from ray.tune import Result
+
+    from semiseg_platform.sweeps.grid_runner import GridProgress, _trial_outcome
+
+    names = {"abc123": "supervised/synthetic/1/16/baseline"}
+    result = Result(metrics=None, checkpoint=None, error=RuntimeError("actor cancelled"),
+                    path="/tmp/ray_results/grid-x/cell_abc123")
+    outcome = _trial_outcome(result, names, GridProgress(names, skipped=0, label="x", emit=lambda line: None))
+    assert (outcome.cell_id, outcome.status, outcome.cell_name) == ("abc123", "failed", names["abc123"])

@@ -207,8 +207,15 @@ def _skipped(configs: list[RunConfig], previous: Mapping[str, Any]) -> dict[str,
     return outcomes
 
 
+def _trial_cell_id(result: Any) -> str:
+    """The cell of a Tune trial's result: from its config, else from its folder ``cell_<id>`` (a trial whose actor
+    was cancelled before it ran reports no config)."""
+    config = result.config or {}
+    return config["cell_id"] if "cell_id" in config else Path(result.path).name.removeprefix("cell_")
+
+
 def _trial_outcome(result: Any, names: Mapping[str, str], progress: GridProgress) -> CellOutcome:
-    cell_id = result.config["cell_id"]
+    cell_id = _trial_cell_id(result)
     metrics = dict(result.metrics or {})
     if result.error is not None:
         status, reason = "failed", error_reason(result.error)
@@ -217,7 +224,7 @@ def _trial_outcome(result: Any, names: Mapping[str, str], progress: GridProgress
     else:
         status, reason = "finished", ""
     return CellOutcome(cell_id, status, reason, metrics.get("run_id"),
-                       {k: metrics[k] for k in mlflow_names.TRIAL_METRICS if k in metrics}, names[cell_id],
+                       {k: metrics[k] for k in mlflow_names.TRIAL_METRICS if k in metrics}, names.get(cell_id, cell_id),
                        trial_seconds=progress.durations.get(cell_id), loop_seconds=metrics.get("loop_seconds"))
 
 
