@@ -14,18 +14,20 @@ cv2) and AugSeg's; ``tests/test_crop_padding_golden.py`` runs our crop on the sa
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import PIL
 from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "dataset/transform.py"
 #: the crop size and the (H, W) of each image: both sides short, the height short, the width short, neither
@@ -62,20 +64,9 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of UniMatch")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of UniMatch", argv)
     arrays = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     npz = args.out / "crop_padding_released.npz"

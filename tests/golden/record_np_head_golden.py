@@ -22,17 +22,19 @@ slice per sample, in order). The sidecar JSON names the source and this command.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "U2PL/u2pl/models/np_head.py"
 #: sizes of the recorded problem: target images B (the first M are the labelled context), feature channels C,
@@ -157,20 +159,9 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of the authors' NP-SemiSeg repository")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of the authors' NP-SemiSeg repository", argv)
     arrays = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     npz = args.out / "np_head_released.npz"

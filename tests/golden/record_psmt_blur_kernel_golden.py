@@ -15,11 +15,9 @@ installed here).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -28,6 +26,10 @@ import numpy as np
 import torchvision
 from PIL import Image
 from torchvision import transforms as tv_transforms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "VocCode/Base/base_dataset.py"
 #: the uniform numbers: a grid and both sides of each boundary of int(u x 4.95)
@@ -79,20 +81,9 @@ def record(checkout: Path) -> list[int]:
     return kernels
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of PS-MT")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of PS-MT", argv)
     kernels = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     sidecar = {

@@ -16,11 +16,9 @@ averaged and resized back to the image size (train.py 324-337). The test builds 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
-import subprocess
 import sys
 import types
 from contextlib import contextmanager
@@ -30,6 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "VocCode/train.py"
 #: feature channels C, classes K; image sizes (H, W), one not a multiple of 8, one that is
@@ -136,20 +138,9 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of PS-MT")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of PS-MT", argv)
     arrays = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     npz = args.out / "psmt_eval_released.npz"

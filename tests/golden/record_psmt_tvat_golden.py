@@ -18,11 +18,9 @@ precision, where it is rounding noise: still the same operations on both sides).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
-import subprocess
 import sys
 import types
 from contextlib import contextmanager
@@ -32,6 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "VocCode/Model/Deeplabv3_plus/encoder_decoder.py"
 #: labeled images BL, unlabeled BU, feature channels C, feature map h x w, crop H x W, classes K, hidden channels
@@ -134,20 +136,9 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of PS-MT")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of PS-MT", argv)
     arrays = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     npz = args.out / "psmt_tvat_released.npz"

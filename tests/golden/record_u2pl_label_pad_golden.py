@@ -16,18 +16,20 @@ normalised image with 0 and the label with 0 although it is given 255 (augmentat
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments  # noqa: E402
+
 
 OFFICIAL_FILE = "u2pl/dataset/augmentation.py"
 #: the crop size and the (H, W) of each image: both sides short, the height short, the width short, neither
@@ -84,20 +86,9 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def official_commit(checkout: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkout", type=Path, help="a checkout of U2PL")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
-    args = parser.parse_args(argv)
+    args = recorder_arguments(__doc__, "a checkout of U2PL", argv)
     arrays = record(args.checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     npz = args.out / "u2pl_label_pad_released.npz"

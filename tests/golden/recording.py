@@ -1,0 +1,33 @@
+"""What every golden recorder shares: its command line and the official checkout's commit.
+
+A recorder runs as ``PYTHONPATH=$PWD python tests/golden/record_<name>_golden.py CHECKOUT`` and imports this
+module from its own folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+GOLDEN = Path(__file__).resolve().parent
+
+
+def official_commit(checkout: Path) -> str:
+    """The checkout's HEAD, or a note saying it is not a git work tree."""
+    try:
+        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
+def recorder_arguments(doc: str, checkout_help: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``checkout`` (the official code), ``--out`` (default: this folder) and ``--commit`` (for a checkout that
+    is no git work tree)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("checkout", type=Path, help=checkout_help)
+    parser.add_argument("--out", type=Path, default=GOLDEN)
+    parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
+    return parser.parse_args(argv)
