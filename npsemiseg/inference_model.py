@@ -90,8 +90,7 @@ class SegmentationModel:
             if self.seed is not None:
                 torch.manual_seed(self.seed)
             probs, entropy = predict(self.model, images.to(device), mode=mode, num_samples=self.samples(num_samples),
-                                     crop_size=evaluation.crop_size, stride=evaluation.stride,
-                                     resize_multiple=evaluation.resize_multiple if mode == "whole" else None)
+                                     **evaluation.predict_options(mode))
         return probs.float(), entropy.float()
 
     def predict(self, images: Tensor, *, mode: str | None = None,

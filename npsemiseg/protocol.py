@@ -416,6 +416,17 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
+    Switch("unimatch_eval_scheme", "evaluation", "evaluation.sliding_scheme", "augseg", "u2pl",
+           "UniMatch@0324f3d supervised.py 44-57 (windows at every multiple of int(grid x 2/3) below the side, cut "
+           "at the border; softmaxes summed, then argmax)",
+           "Cityscapes sliding windows cut at the border with their probabilities summed, instead of the last "
+           "window shifted inside the image and logits averaged",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           golden="tests/test_sliding_eval_golden.py::test_released_scheme_reproduces_unimatch_evaluate: windows "
+                  "and predicted classes equal; the run's per-class IoU and pixel accuracy |difference| 0 "
+                  "(tests/test_sliding_eval_golden.py::test_a_released_run_evaluates_as_unimatch); the corrected "
+                  "scheme's classes differ: "
+                  "tests/test_sliding_eval_golden.py::test_the_golden_tells_the_schemes_apart"),
     Switch("unimatch_ohem_min_kept", "loop", "loss.ohem_min_kept", 200_000, 100_000,
            "UniMatch@0324f3d configs/cityscapes.yaml 12-17 (OHEM thresh 0.7, min_kept 200000), unimatch.py 70-71, "
            "util/ohem.py 38-52",
@@ -479,6 +490,15 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "sliding-window stride at evaluation",
            "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
            no_golden="config values: no function; "
+                     "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
+    Switch("augseg_eval_scheme", "evaluation", "evaluation.sliding_scheme", "augseg", "u2pl",
+           "AugSeg@7ead870 train_semi.py 537-552 (validate_citys: the loop of UniMatch's evaluate)",
+           "Cityscapes sliding windows cut at the border with their probabilities summed, instead of the last "
+           "window shifted inside the image and logits averaged",
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           no_golden="the same loop as UniMatch's evaluate, line for line (windows, softmax sum, argmax), whose "
+                     "golden covers it: tests/test_sliding_eval_golden.py::"
+                     "test_released_scheme_reproduces_unimatch_evaluate; the value: "
                      "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("align_corners", "model", "model.align_corners", True, False, "every official model (F.interpolate of "
            "the logits to label size; e.g. PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/encoder_decoder.py 116, "

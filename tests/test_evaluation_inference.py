@@ -125,13 +125,26 @@ def test_whole_is_the_predictive_of_upsampled_logits(mc_dropout):
 @pytest.mark.parametrize("scheme", ["u2pl", "augseg"])
 @pytest.mark.parametrize("model_name", ["baseline", "mc_dropout", "np_model"])
 def test_sliding_with_window_covering_the_image_equals_whole(request, scheme, model_name):
+    """One window covering the image is the whole prediction (``augseg`` needs the stride past the image too:
+    its windows start at every multiple of the stride below the side)."""
     model = request.getfixturevalue(model_name)
     images = _images(27, 30)
     torch.manual_seed(4)
     whole = predict(model, images, mode="whole")
     torch.manual_seed(4)
-    sliding = predict(model, images, mode="sliding", scheme=scheme, crop_size=32)
+    sliding = predict(model, images, mode="sliding", scheme=scheme, crop_size=32, stride=32)
     assert torch.allclose(whole[0], sliding[0], atol=1e-6) and torch.allclose(whole[1], sliding[1], atol=1e-5)
+
+
+def test_clipped_windows_start_at_every_stride_below_the_side_even_inside_one_window():
+    """AugSeg's and UniMatch's loops (``while row < h: ...; row += stride``): a side between the stride and the
+    window gets a second window, cut at the border; shifted windows give it one."""
+    assert window_starts(27, 32, 22, "clip") == [0, 22]
+    assert window_starts(27, 32, 22, "shift") == [0]
+    assert window_starts(22, 32, 22, "clip") == [0]
+    windows = sliding_windows(27, 30, SlidingScheme(32, 22, "clip", "probs"))
+    assert windows == [(slice(0, 27), slice(0, 30)), (slice(0, 27), slice(22, 30)),
+                       (slice(22, 27), slice(0, 30)), (slice(22, 27), slice(22, 30))]
 
 
 def test_sliding_logits_scheme_averages_logits_by_count(baseline):

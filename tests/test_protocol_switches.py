@@ -33,6 +33,7 @@ NOT_A_STEP_CHANGE = {
     "augseg_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
     "augseg_eval_window": "evaluation only: test_augseg_cityscapes_evaluation_window",
     "augseg_eval_stride": "evaluation only: test_augseg_cityscapes_evaluation_window",
+    "augseg_eval_scheme": "evaluation only: the golden test tests/test_sliding_eval_golden.py (the same loop)",
     "psmt_cityscapes_plain_ce": "an untrained model keeps every pixel under OHEM: test_psmt_cityscapes_plain_ce",
     # the smoke step's contrastive term is 0 (too few classes and keys): tested on the loss itself below
     "u2pl_label_onehot": "test_label_onehot_bug_leaves_images_after_the_first_without_labels",
@@ -52,6 +53,7 @@ NOT_A_STEP_CHANGE = {
     "unimatch_voc_eval_whole": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
     "unimatch_eval_window": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
     "unimatch_eval_stride": "evaluation only: test_unimatch_switches_set_the_official_evaluation_and_schedule",
+    "unimatch_eval_scheme": "evaluation only: the golden test tests/test_sliding_eval_golden.py",
     "unimatch_ohem_min_kept": "an untrained model keeps every pixel under OHEM: "
                               "test_unimatch_switches_set_the_official_evaluation_and_schedule",
     "unimatch_weight_decay": "the optimiser: test_unimatch_switches_set_the_official_evaluation_and_schedule",
@@ -229,6 +231,7 @@ def test_augseg_cityscapes_evaluation_window():
     corrected = cell_config("paper", protocol="corrected", **cell)
     assert (released.evaluation.crop_size, released.evaluation.stride) == (800, 533)
     assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
+    assert (released.evaluation.sliding_scheme, corrected.evaluation.sliding_scheme) == ("augseg", "u2pl")
     assert released.model.aux_head is False and corrected.model.aux_head is True
     voc = cell_config("paper", protocol="released", **{**cell, "dataset": "pascal_classic", "partition": "92"})
     assert voc.evaluation.crop_size == 513 and switches(voc)["augseg_eval_window"] == "n/a"
@@ -246,6 +249,7 @@ def test_unimatch_switches_set_the_official_evaluation_and_schedule(smoke_config
     corrected = cell_config("paper", protocol="corrected", **city)
     assert (released.evaluation.mode, released.evaluation.crop_size, released.evaluation.stride) == ("sliding", 801, 534)
     assert (corrected.evaluation.crop_size, corrected.evaluation.stride) == (769, 513)
+    assert (released.evaluation.sliding_scheme, corrected.evaluation.sliding_scheme) == ("augseg", "u2pl")
     assert (released.loss.ohem, released.loss.ohem_min_kept, released.loss.ohem_thresh) == (True, 200_000, 0.7)
     assert corrected.loss.ohem_min_kept == 100_000
     assert released.model.aux_head is False and corrected.model.aux_head is True

@@ -71,6 +71,9 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("framework_options.tvat_per_batch", lambda v: v["framework_options"].get("tvat_per_batch") is False),
     # PS-MT's released VOC evaluation: images resized to multiples of 8, at its corrected value
     ("evaluation.resize_multiple", lambda v: v["evaluation"].get("resize_multiple") is None),
+    # AugSeg's and UniMatch's released sliding windows (cut at the border, probabilities summed), at the corrected
+    # value
+    ("evaluation.sliding_scheme", lambda v: v["evaluation"].get("sliding_scheme") == "u2pl"),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -224,7 +227,11 @@ class EvaluationConfig(Section):
     """Evaluation with the framework's evaluation model (the teacher).
 
     ``mode``/``crop_size``: None = the dataset's convention (``dataset_info``); ``stride``: None =
-    ceil(2/3 x crop) for sliding modes (U2PL). ``num_samples`` = T predictions per pixel.
+    ceil(2/3 x crop) for sliding modes (U2PL). ``sliding_scheme``: how sliding windows are placed and
+    combined (``npsemiseg.evaluation.inference.SLIDING_SCHEMES``): ``u2pl``, the last window shifted back
+    inside the image and per-sample logits averaged; ``augseg``, windows at every multiple of the stride cut
+    at the border and predictive probabilities summed, as AugSeg's and UniMatch's released evaluations.
+    ``num_samples`` = T predictions per pixel.
     PAvPU follows Mukhoti & Gal: ``pavpu_window`` patches, accurate if accuracy >=
     ``pavpu_accuracy_threshold``, uncertain if mean entropy >= ``pavpu_uncertainty_threshold``.
     ``max_images`` evaluates only the first images of the validation set (None = all).
@@ -240,6 +247,7 @@ class EvaluationConfig(Section):
     mode: Literal["whole", "center_crop", "sliding", "sliding_global"] | None = None
     crop_size: PositiveInt | None = None
     stride: PositiveInt | None = None
+    sliding_scheme: Literal["u2pl", "augseg"] = "u2pl"
     num_samples: PositiveInt = 5
     batch_size: PositiveInt = 1
     pavpu_window: PositiveInt = 64
@@ -252,6 +260,14 @@ class EvaluationConfig(Section):
     #: mode ``whole``: images resized to multiples of it and the logits back (PS-MT's released VOC evaluation,
     #: switch ``psmt_eval_resize``); None: evaluated at their size. Read by mode ``whole`` only
     resize_multiple: PositiveInt | None = None
+
+    def predict_options(self, mode: str) -> dict[str, Any]:
+        """What ``npsemiseg.evaluation.predict`` takes of this section besides the mode and T, for ``mode``
+        (the loop's evaluation and an exported model predict alike)."""
+        options: dict[str, Any] = {"crop_size": self.crop_size, "stride": self.stride, "scheme": self.sliding_scheme}
+        if mode == "whole" and self.resize_multiple is not None:
+            options["resize_multiple"] = self.resize_multiple
+        return options
 
     @model_validator(mode="after")
     def _windows_cover_the_image(self) -> EvaluationConfig:

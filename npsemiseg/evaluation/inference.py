@@ -24,11 +24,13 @@ Modes (``predict(..., mode=...)``):
   (``SLIDING_SCHEMES``): ``u2pl`` = 769 window, stride ceil(769 x 2/3) = 513,
   the last window shifted back inside the image, per-sample logits averaged by
   the number of windows covering a pixel; ``augseg`` = 800 window, stride 533,
-  windows starting at multiples of the stride and clipped at the image border,
-  predictive probabilities summed (divided here by the count: same argmax,
-  and still probabilities for the calibration metrics). A side shorter than the
-  window is taken whole (no padding), so a window covering the image gives
-  exactly the ``whole`` prediction.
+  windows starting at every multiple of the stride below the image side and cut
+  at the image border (also UniMatch's and FixMatch's evaluation), predictive
+  probabilities summed (divided here by the count: same argmax, and still
+  probabilities for the calibration metrics). With ``u2pl``'s placement a side
+  shorter than the window is taken whole (no padding), so a window covering the
+  image gives exactly the ``whole`` prediction; ``augseg``'s still starts a cut
+  window at the stride where the side is longer than it, as the official loops.
 - ``sliding_global``: ``sliding`` for the NP head with one latent per image:
   the latent samples and the deterministic (context) vector are inferred once
   from the whole image (downscaled to the area of one window, see
@@ -137,15 +139,16 @@ def window_starts(size: int, window: int, stride: int, placement: str) -> list[i
     """Start offsets of the windows along one side of length ``size``.
 
     ``shift``: ``ceil((size - window) / stride) + 1`` windows at ``i x stride``, the last moved
-    back to end at ``size`` (U2PL). ``clip``: every multiple of ``stride`` below ``size``
-    (AugSeg; the windows are cut at the border). A side no longer than the window gets one window.
+    back to end at ``size`` (U2PL); a side no longer than the window gets one window. ``clip``: every
+    multiple of ``stride`` below ``size``, the windows cut at the border, whatever the window
+    (AugSeg's ``validate_citys`` and UniMatch's ``evaluate``: ``while row < h: ...; row += stride``).
     """
+    if placement == "clip":
+        return list(range(0, size, stride))
     if size <= window:
         return [0]
-    if placement == "shift":
-        count = math.ceil((size - window) / stride) + 1
-        return [min(i * stride, size - window) for i in range(count)]
-    return list(range(0, size, stride))
+    count = math.ceil((size - window) / stride) + 1
+    return [min(i * stride, size - window) for i in range(count)]
 
 
 def sliding_windows(height: int, width: int, scheme: SlidingScheme) -> list[tuple[slice, slice]]:

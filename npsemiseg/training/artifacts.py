@@ -48,8 +48,7 @@ def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, s
         with autocast(config, device):
             metrics = evaluate(
                 model, val, num_classes=config.num_classes, mode=ev.mode,
-                num_samples=num_samples, crop_size=ev.crop_size, stride=ev.stride,
-                **({"resize_multiple": ev.resize_multiple} if ev.resize_multiple and ev.mode == "whole" else {}),
+                num_samples=num_samples, **ev.predict_options(ev.mode),
                 class_names=config.dataset_info.class_names, max_images=ev.max_images,
                 pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,
                 pavpu_uncertainty_threshold=ev.pavpu_uncertainty_threshold,
