@@ -1,8 +1,10 @@
-"""What the head tests share: small sizes, a small NP head, a batch, a training step."""
+"""What the head tests share: small sizes, a small NP head, a batch, a training step, the largest tensor an op
+returns."""
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPHead
 
@@ -26,3 +28,18 @@ def train_step(head: NPHead, features, labels, m: int = 1):
     """One training-mode forward with the first ``m`` images as the context."""
     head.train()
     return head(features, labels=labels, context_features=features[:m], context_labels=labels[:m])
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op returns (``largest``), forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from head_fixtures import LargestOutput
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.data.mixing import adaptive_confidence
 from npsemiseg.frameworks import framework_names, get_framework
@@ -525,21 +525,6 @@ def test_u2pl_teacher_inactive_until_semi_supervised_phase(smoke_config):
     assert framework.eval_model() is framework.teacher
 
 
-class _LargestTensor(TorchDispatchMode):
-    """The largest number of elements of any tensor an op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("framework", ["u2pl", "mt", "unimatch", "augseg"])
 def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framework):
     """The T samples' logits stay at feature resolution: the losses and the pseudo-labels upsample one sample
@@ -552,7 +537,7 @@ def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framewo
     fw.seed_memories(*(_batch(config, seed=1).labeled[k] for k in ("image", "label")))
     size = config.schedule.crop_size
     ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
-    with _LargestTensor() as mode:
+    with LargestOutput() as mode:
         result = fw.train_step(_batch(config), ctx)
         result.total.backward()
     one_sample = 2 * 2 * config.num_classes * size * size  # labeled + unlabeled images, one sample

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from head_fixtures import C, D, K, batch, small_np, train_step
+from head_fixtures import C, D, K, LargestOutput, batch, small_np, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
@@ -64,21 +64,6 @@ def test_empty_class_gets_no_weight_even_when_nearest():
     keep = [0, 2, 3]
     expected = attention_aggregate(query, centers[keep], torch.ones(3, dtype=torch.bool))
     assert torch.allclose(got, expected, atol=1e-6)
-
-
-class LargestOutput(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 @pytest.mark.parametrize("kind, bound_channels", [("euclidean", 1), ("squared", 1), ("per_channel", 2)])
