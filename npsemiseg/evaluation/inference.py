@@ -245,6 +245,31 @@ def _predict_sliding(
     return predictive(total) if scheme.combine == "logits" else probs_entropy(total)
 
 
+def _check_arguments(images: Tensor, mode: str, num_samples: int | None, resize_multiple: int | None) -> None:
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"images: expected [B, 3, H, W], got shape {tuple(images.shape)}")
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples: expected a positive int or None, got {num_samples!r}")
+    if resize_multiple is not None and (mode != "whole" or isinstance(resize_multiple, bool)
+                                        or not isinstance(resize_multiple, int) or resize_multiple < 1):
+        raise ValueError(f"resize_multiple: expected a positive int with mode 'whole', got {resize_multiple!r} "
+                         f"with mode {mode!r}")
+
+
+def _predict_whole(model: nn.Module, images: Tensor, num_samples: int | None,
+                   resize_multiple: int | None) -> tuple[Tensor, Tensor]:
+    """The whole image, or resized to multiples of ``resize_multiple`` and the logits resized back (PS-MT)."""
+    if resize_multiple is None:
+        return predictive(sample_logits(model, images, num_samples))
+    height, width = images.shape[-2:]
+    size = (math.ceil(height / resize_multiple) * resize_multiple, math.ceil(width / resize_multiple) * resize_multiple)
+    resized = F.interpolate(images, size=size, mode="bilinear", align_corners=True)
+    logits = sample_logits(model, resized, num_samples)
+    return predictive(upsample_logits(logits, (height, width), align_corners=True))
+
+
 @torch.inference_mode()
 def predict(
     model: nn.Module,
@@ -275,25 +300,9 @@ def predict(
     Returns ``probs [B, K, H', W']`` and ``entropy [B, H', W']`` (nats), with ``H' x W'`` the
     image size, or for center_crop the evaluated region ``min(H, crop) x min(W, crop)``.
     """
-    if images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(f"images: expected [B, 3, H, W], got shape {tuple(images.shape)}")
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
-        raise ValueError(f"num_samples: expected a positive int or None, got {num_samples!r}")
-
-    if resize_multiple is not None and (mode != "whole" or isinstance(resize_multiple, bool)
-                                        or not isinstance(resize_multiple, int) or resize_multiple < 1):
-        raise ValueError(f"resize_multiple: expected a positive int with mode 'whole', got {resize_multiple!r} "
-                         f"with mode {mode!r}")
+    _check_arguments(images, mode, num_samples, resize_multiple)
     if mode == "whole":
-        if resize_multiple is None:
-            return predictive(sample_logits(model, images, num_samples))
-        height, width = images.shape[-2:]
-        size = (math.ceil(height / resize_multiple) * resize_multiple, math.ceil(width / resize_multiple) * resize_multiple)
-        resized = F.interpolate(images, size=size, mode="bilinear", align_corners=True)
-        logits = sample_logits(model, resized, num_samples)
-        return predictive(upsample_logits(logits, (height, width), align_corners=True))
+        return _predict_whole(model, images, num_samples, resize_multiple)
 
     if mode == "center_crop":
         crop = _pair(DEFAULT_CROP_SIZE if crop_size is None else crop_size, "crop_size")
