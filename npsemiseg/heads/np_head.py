@@ -167,19 +167,10 @@ class NPHead(ClassifierHead):
     ) -> None:
         super().__init__(in_channels, num_classes)
         self.check_values(
-            latent_dim=latent_dim,
-            memory_size=memory_size,
-            training_samples=training_samples,
-            attention=attention,
-            kl=kl,
-            decoder_impl=decoder_impl,
-            enqueue_per_class=enqueue_per_class,
-            lambda_kl=lambda_kl,
-            decoder_norm=decoder_norm,
-            hidden_channels=hidden_channels,
-            memory_rows=memory_rows,
-            enqueue_order=enqueue_order,
-            memory_resolution=memory_resolution,
+            latent_dim=latent_dim, memory_size=memory_size, training_samples=training_samples, attention=attention,
+            kl=kl, decoder_impl=decoder_impl, enqueue_per_class=enqueue_per_class, lambda_kl=lambda_kl,
+            decoder_norm=decoder_norm, hidden_channels=hidden_channels, memory_rows=memory_rows,
+            enqueue_order=enqueue_order, memory_resolution=memory_resolution,
         )
         self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
         self.memory_zero_row, self.enqueue_order = bool(memory_zero_row), enqueue_order
@@ -197,13 +188,17 @@ class NPHead(ClassifierHead):
         self.decoder = NPDecoder(
             in_channels, latent_dim, num_classes, hidden_channels=hidden_channels, impl=decoder_impl, norm=decoder_norm
         )
+        self._register_memories(num_classes, memory_size, latent_dim)
+        self.reset_memories()
+        self.reset_parameters()
+
+    def _register_memories(self, num_classes: int, memory_size: int, latent_dim: int) -> None:
+        """Per memory (``MEMORIES``): its rows ``[K, Q, D]``, write pointers and fill counts ``[K]``, centers ``[K, D]``."""
         for name in MEMORIES:
             self.register_buffer(f"{name}_memory", torch.zeros(num_classes, memory_size, latent_dim))
             self.register_buffer(f"{name}_pointer", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_count", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_centers", torch.zeros(num_classes, latent_dim))
-        self.reset_memories()
-        self.reset_parameters()
 
     @classmethod
     def check_values(
