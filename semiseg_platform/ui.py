@@ -12,6 +12,9 @@ This module serves the UI itself:
 - :func:`ui_command`: the ``mlflow server`` command that serves a local store's UI (on loopback,
   one worker); ``npsemiseg ui`` / ``python -m semiseg_platform.ui`` run it (``--print`` only prints it);
 - :func:`ready_made_searches`: the README's searches, as filter strings for the search box;
+- :func:`study_links`: for each experiment of a store that holds cells, links opening its runs table on a
+  saved view (:mod:`semiseg_platform.tracking.experiment_page`): every cell, or one of the ready-made
+  searches, best mIoU first, with the final mIoU, PAvPU and ECE as columns; ``npsemiseg ui`` prints them;
 - :func:`experiment_url`, :func:`compare_url`: pages of the UI (MLflow 3's hash routes);
 - what each cell run says (its description, the per-class IoU figure) is written by
   :mod:`semiseg_platform.tracking.describe`.
@@ -26,14 +29,19 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import quote, urlencode, urlparse
+
+from mlflow import MlflowClient
 
 from semiseg_platform.logs import configure_logging
-from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, resolve_tracking_uri
-
-logger = logging.getLogger(__name__)
+from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, mlflow_names, resolve_tracking_uri
+from semiseg_platform.tracking.experiment_page import CELL_FILTER, CELLS_VIEW, CELLS_VIEW_NAME, describe_experiment
+from semiseg_platform.tracking.store import sqlite_path
 
 DEFAULT_PORT = 5000
+#: the names of :func:`ready_made_searches` as the UI's saved views name them
+SEARCH_TITLES = {"np_cells": "NP cells", "mc_dropout_vs_np": "MC dropout vs NP",
+                 "attention_ablation": "Attention ablation"}
 
 def ui_command(tracking: str | os.PathLike | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                workers: int = 1) -> list[str]:
@@ -73,13 +81,49 @@ def ready_made_searches(dataset: str = "synthetic_voc", framework: str = "u2pl")
     }
 
 
-def experiment_url(base_url: str, experiment_id: str) -> str:
-    """The experiment's runs table (``base_url`` = the server's address, e.g. ``http://127.0.0.1:5000``).
+def experiment_url(base_url: str, experiment_id: str, *, view: str | None = None) -> str:
+    """The experiment's runs table (``base_url`` = the server's address, e.g. ``http://127.0.0.1:5000``),
+    on its saved ``view`` if given (``viewStateShareKey``: its search, order and columns).
 
-    ``workflowType=machine_learning`` = the UI's "Model training" view: MLflow 3 otherwise opens
-    an experiment on its GenAI overview (traces), where training runs are not listed.
+    ``workflowType=machine_learning`` = the UI's "Model training" view: MLflow 3.17 otherwise opens
+    an experiment on its GenAI overview (traces), where training runs are not listed (the URL
+    parameter decides, not the experiment's kind tag: :mod:`semiseg_platform.tracking.experiment_page`).
     """
-    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    query = {"workflowType": "machine_learning", **({"viewStateShareKey": view} if view else {})}
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
+
+
+def search_views(dataset: str, framework: str = "u2pl") -> dict[str, tuple[str, str]]:
+    """Saved views ``{id: (name, search filter)}``: every cell, then each of :func:`ready_made_searches`."""
+    views = {CELLS_VIEW: (CELLS_VIEW_NAME, CELL_FILTER)}
+    for name, search in ready_made_searches(dataset, framework).items():
+        views[f"npsemiseg-{name.replace('_', '-')}"] = (f"{SEARCH_TITLES[name]} ({dataset})", search)
+    return views
+
+
+def study_links(tracking_uri: str, base_url: str, framework: str = "u2pl") -> dict[str, dict[str, str]]:
+    """``{experiment name: {view name: link}}`` for every experiment of the store that holds cell runs.
+
+    The views (:func:`search_views`, on the dataset of the experiment's newest cell) are written onto the
+    experiment first (:func:`~semiseg_platform.tracking.experiment_page.describe_experiment`, which also
+    gives experiments created before the UI tags their kind and description). A SQLite store that does
+    not exist yet has no links (and is not created).
+    """
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        return {}
+    client = MlflowClient(tracking_uri)
+    links: dict[str, dict[str, str]] = {}
+    for experiment in client.search_experiments():
+        newest = client.search_runs([experiment.experiment_id], CELL_FILTER, max_results=1,
+                                    order_by=["attributes.start_time DESC"])
+        if not newest:
+            continue
+        views = search_views(newest[0].data.tags.get(mlflow_names.DATASET, ""), framework)
+        describe_experiment(client, experiment, views)
+        links[experiment.name] = {name: experiment_url(base_url, experiment.experiment_id, view=view)
+                                  for view, (name, _) in views.items()}
+    return links
 
 
 def compare_url(base_url: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
@@ -93,8 +137,8 @@ def compare_url(base_url: str, run_ids: Sequence[str], experiment_ids: Sequence[
 
 def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           print_only: bool = False) -> int:
-    """Replace this process with the MLflow UI server of a local store, after printing the
-    ready-made searches (``print_only``: print the command and return 0). Exit status 2, with the
+    """Replace this process with the MLflow UI server of a local store, after printing the links of
+    :func:`study_links` (``print_only``: print the command and return 0). Exit status 2, with the
     reason on stderr, for a tracking server (it serves its own UI)."""
     try:
         command = ui_command(tracking, host=host, port=port)
@@ -104,9 +148,14 @@ def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = D
     if print_only:
         print(" ".join(command))
         return 0
-    logger.info("MLflow UI at http://%s:%s (Ctrl-C stops it); searches to paste:", host, port)
-    for name, search in ready_made_searches().items():
-        logger.info("  %s: %s", name, search)
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    print(f"MLflow UI at {base} (Ctrl-C stops it); each link opens an experiment's runs table: expand a "
+          "submission's parent run (grid/... or search/...) to see its cells")
+    for experiment, views in study_links(resolve_tracking_uri(tracking), base).items():
+        print(f"experiment {experiment}:")
+        for name, url in views.items():
+            print(f"  {name}: {url}")
+    sys.stdout.flush()  # before execv replaces this process
     os.execv(command[0], command)
     return 0  # not reached
 

@@ -1,5 +1,6 @@
 """Unit tests of what the MLflow UI shows: one parameter key set per study, the server command,
-the README's searches, the UI's URLs, the cell description and the per-class IoU figure."""
+the README's searches, the UI's URLs, the experiment's kind, description and saved views (on a real
+MLflow store), the cell description and the per-class IoU figure."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import sys
 from urllib.parse import unquote
 
 import pytest
+from mlflow import MlflowClient
 from mlflow.utils.search_utils import SearchUtils
+from platform_fixtures import fresh_store
 
 from npsemiseg.config import config_params, with_overrides
 from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
 from semiseg_platform.sweeps.grid_spec import expand, load_spec
-from semiseg_platform.tracking import cell_description, per_class_iou_figure
-from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, ui_command
+from semiseg_platform.tracking import cell_description, mlflow_names, per_class_iou_figure, prepare_experiment
+from semiseg_platform.tracking.experiment_page import CELLS_VIEW
+from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, study_links, ui_command
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +78,62 @@ def test_ready_made_searches_parse_as_mlflow_filters():
 
 def test_urls_point_at_the_runs_table_and_the_compare_view():
     assert experiment_url("http://h:1/", "7") == "http://h:1/#/experiments/7/runs?workflowType=machine_learning"
+    assert experiment_url("http://h:1", "7", view="npsemiseg-cells") == \
+        "http://h:1/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=npsemiseg-cells"
     url = compare_url("http://h:1", ["a1", "b2"], ["7"])
     assert unquote(url) == 'http://h:1/#/compare-runs?runs=["a1","b2"]&experiments=["7"]'
     with pytest.raises(ValueError, match="run_ids"):
         compare_url("http://h:1", ["a1"], ["7"])
+
+
+def _saved_view(tags: dict[str, str], view: str) -> tuple[str, dict]:
+    """A saved view's name and state, read back as MLflow's UI reads the experiment tag."""
+    envelope = json.loads(tags[mlflow_names.SAVED_VIEW_PREFIX + view])
+    assert isinstance(envelope["createdAt"], int)  # the UI drops a view without a number there
+    return envelope["name"], json.loads(envelope["state"])
+
+
+def test_a_study_experiment_opens_on_its_cells_in_the_training_view(tmp_path_factory):
+    """A new experiment gets its kind, description and saved view; one created before gets them too,
+    keeping a description someone wrote."""
+    uri = fresh_store(tmp_path_factory, "experiment-tags")
+    client = MlflowClient(uri)
+    tags = client.get_experiment(prepare_experiment(uri, "study")).tags
+    assert tags[mlflow_names.EXPERIMENT_KIND] == "custom_model_development"
+    assert tags[mlflow_names.NOTE].startswith("**study**") and "claims/claims.md" in tags[mlflow_names.NOTE]
+    assert "npsemiseg tables --experiment study" in tags[mlflow_names.NOTE]
+    name, state = _saved_view(tags, CELLS_VIEW)
+    assert name == "Cells by mIoU"
+    assert SearchUtils.parse_search_filter(state["searchFilter"]) == [
+        {"type": "tag", "key": "npsemiseg.kind", "comparator": "=", "value": "cell"}]
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`miou`", False)
+    assert state["selectedColumns"][:2] == ["metrics.`miou`", "metrics.`pavpu`"]
+
+    older = client.create_experiment("older", tags={mlflow_names.NOTE: "written by hand"})
+    prepare_experiment(uri, "older")
+    tags = client.get_experiment(older).tags
+    assert tags[mlflow_names.NOTE] == "written by hand"
+    assert tags[mlflow_names.EXPERIMENT_KIND] == "custom_model_development" and _saved_view(tags, CELLS_VIEW)
+
+
+def test_study_links_open_saved_views_of_the_experiments_with_cells(tmp_path_factory):
+    uri = fresh_store(tmp_path_factory, "links")
+    client = MlflowClient(uri)
+    with_cells = client.create_experiment("with-cells")  # as a store written before the UI tags
+    client.create_run(with_cells, tags={mlflow_names.KIND: mlflow_names.KIND_CELL, mlflow_names.DATASET: "pascal_classic"})
+    client.create_run(client.create_experiment("benchmarks"), tags={mlflow_names.KIND: mlflow_names.KIND_BENCHMARK})
+
+    links = study_links(uri, "http://127.0.0.1:5123")
+
+    assert list(links) == ["with-cells"]
+    assert links["with-cells"]["Cells by mIoU"] == experiment_url("http://127.0.0.1:5123", with_cells, view=CELLS_VIEW)
+    tags = client.get_experiment(with_cells).tags
+    assert tags[mlflow_names.EXPERIMENT_KIND] == "custom_model_development" and mlflow_names.NOTE in tags
+    name, state = _saved_view(tags, "npsemiseg-np-cells")
+    assert name == "NP cells (pascal_classic)" and links["with-cells"][name].endswith("viewStateShareKey=npsemiseg-np-cells")
+    assert state["searchFilter"] == ready_made_searches("pascal_classic", "u2pl")["np_cells"]
+    missing = tmp_path_factory.mktemp("none") / "mlruns.db"
+    assert study_links(f"sqlite:///{missing}", "http://h:1") == {} and not missing.exists()  # no store created
 
 
 def test_cell_description_says_what_the_cell_is(study_cells):

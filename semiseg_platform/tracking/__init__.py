@@ -11,7 +11,9 @@ The tracking schema (run name, tags, params, metric and artifact names) is :mod:
   FINISHED, FAILED or KILLED whatever happens; a restarted cell reuses it), :func:`ending_run`;
 - :mod:`.callbacks`: :class:`MLflowCallbacks`, rank 0's logging into that run;
 - :mod:`.tags`: the cell run's tags; :mod:`.describe`: its description and per-class IoU figure;
-  :mod:`.metric_logging`: writing metrics in batches.
+  :mod:`.metric_logging`: writing metrics in batches;
+- :mod:`.experiment_page`: what a study's experiment shows in the MLflow UI (its kind, description and
+  saved view of its cells), written by :func:`prepare_experiment`.
 """
 
 from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path

@@ -45,6 +45,10 @@ BEST_CELL_ID = "best_cell_id"
 #: MLflow's own tags
 NOTE = "mlflow.note.content"
 PARENT_RUN_ID = "mlflow.parentRunId"
+#: MLflow's experiment tags: the experiment's kind (``custom_model_development``: model training, not GenAI)
+#: and its saved views of the runs table (``mlflow.sharedViewState.<view id>``; :mod:`.experiment_page`)
+EXPERIMENT_KIND, EXPERIMENT_KIND_TRAINING = "mlflow.experimentKind", "custom_model_development"
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
 #: Who owns a RUNNING run (for the orphan sweep)
 OWNER_HOST = "npsemiseg.owner_host"
 OWNER_PID = "npsemiseg.owner_pid"

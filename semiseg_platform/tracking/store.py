@@ -29,6 +29,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from semiseg_platform.tracking import mlflow_names
+from semiseg_platform.tracking.experiment_page import describe_experiment, experiment_tags
 
 DEFAULT_EXPERIMENT = "npsemiseg"
 DEFAULT_STORE_FILE = "mlruns.db"
@@ -81,7 +82,9 @@ def prepare_experiment(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) 
     """Create the store (SQLite: its tables) and the experiment if missing; returns the experiment id.
 
     Call in the driver before any worker starts. A SQLite store keeps its artifacts in
-    ``mlartifacts/`` next to the database file (absolute, so every process finds them).
+    ``mlartifacts/`` next to the database file (absolute, so every process finds them). The
+    experiment carries what the MLflow UI shows of it (:mod:`.experiment_page`: its kind, description
+    and saved view), also when it was created before.
     """
     if not experiment:
         raise ValueError("experiment: expected a non-empty experiment name")
@@ -91,11 +94,12 @@ def prepare_experiment(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) 
         if found is not None:
             if found.lifecycle_stage == "deleted":
                 client.restore_experiment(found.experiment_id)
+            describe_experiment(client, found)
             return found.experiment_id
         db = sqlite_path(tracking_uri)
         location = (db.parent / DEFAULT_ARTIFACT_DIR).as_uri() if db is not None else None
         try:
-            return client.create_experiment(experiment, artifact_location=location)
+            return client.create_experiment(experiment, artifact_location=location, tags=experiment_tags(experiment))
         except MlflowException:  # created meanwhile by another process (not SQLite-locked)
             found = client.get_experiment_by_name(experiment)
             if found is None:
