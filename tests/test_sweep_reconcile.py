@@ -26,7 +26,7 @@ import sys, time
 from semiseg_platform.sweeps.submission import open_parent, open_submission
 from semiseg_platform.tracking import ending_run
 sub = open_submission(sys.argv[1], sys.argv[2], "reconcile")
-parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
+parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={}, to_run=1)
 with ending_run(sub.client, parent):
     print(parent, flush=True)
     time.sleep(600)
@@ -66,7 +66,7 @@ def test_a_killed_drivers_parent_run_ends_killed_on_the_next_submission(tmp_path
         fresh = _other_host_run(client, sub.experiment_id, 5)
         other_grid = client.create_run(sub.experiment_id, tags={mlflow_names.GRID_ID: "gid2", mlflow_names.OWNER_PID: "1"})
 
-        new_parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
+        new_parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={}, to_run=1)
 
         for run_id in (killed_parent, cell):
             run = client.get_run(run_id)
@@ -85,7 +85,7 @@ def test_a_killed_drivers_parent_run_ends_killed_on_the_next_submission(tmp_path
 def test_children_of_a_submission_whose_trials_are_over_end_killed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     sub = open_submission(str(tmp_path / "ray_results"), uri, "reconcile")
-    parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={})
+    parent = open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={}, to_run=1)
     client = sub.client
     child = client.create_run(sub.experiment_id, tags={mlflow_names.GRID_ID: "gid1", mlflow_names.PARENT_RUN_ID: parent,
                                                        mlflow_names.OWNER_HOST: socket.gethostname(),
@@ -94,6 +94,20 @@ def test_children_of_a_submission_whose_trials_are_over_end_killed(tmp_path):
     assert reconcile_submission(client, [sub.experiment_id], "gid1", ended_parent=parent) == [child]
     assert client.get_run(child).info.status == "KILLED"
     assert client.get_run(parent).info.status == "RUNNING"
+
+
+def test_a_submission_with_nothing_to_run_opens_no_parent_but_reconciles(tmp_path):
+    """A re-submission whose cells all finished adds no parent run to the experiment; the earlier
+    submission's parent its dead driver left RUNNING still ends KILLED."""
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    sub = open_submission(str(tmp_path / "ray_results"), uri, "reconcile")
+    orphan = _other_host_run(sub.client, sub.experiment_id, REMOTE_STALE_AFTER_S + 60,
+                             **{mlflow_names.KIND: mlflow_names.KIND_GRID})
+
+    assert open_parent(sub, kind="grid", name="g", sweep_id="gid1", spec={}, params={}, to_run=0) is None
+
+    assert [run.info.run_id for run in sub.client.search_runs([sub.experiment_id])] == [orphan]
+    assert sub.client.get_run(orphan).info.status == "KILLED"
 
 
 def test_heartbeat_stamps_the_run(tmp_path):

@@ -9,12 +9,15 @@ allow: a cell with several DDP workers is a Tune trial that launches the cell's
 in a reused Tune actor (about 1 s of overhead instead of about 27 s, ``benchmarks/RESULTS.md``).
 A parent MLflow run per submission holds every cell's run as its child; re-submission skips
 cells whose run FINISHED and resumes interrupted ones from their checkpoints; one failing cell
-does not stop the others. The tables are built last and logged as the parent run's artifacts. What grid and search
+does not stop the others. The tables are built last and logged as the parent run's artifacts. A
+re-submission whose cells all finished earlier runs nothing and opens no parent run: its tables and
+claims are built from the store all the same. What grid and search
 share (submission, parent run, Tuner, progress, reconciliation, summary) is :mod:`.submission`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -49,7 +52,7 @@ from semiseg_platform.sweeps.submission import (
     start_ray,
     trial_dirname,
 )
-from semiseg_platform.tracking import ending_run, error_reason, mlflow_names, submission_runs
+from semiseg_platform.tracking import RunEnd, ending_run, error_reason, mlflow_names, submission_runs
 
 __all__ = ["CellOutcome", "GridProgress", "GridSummary", "run_grid", "table_layout"]
 
@@ -84,7 +87,8 @@ class GridSummary:
     submission_id: str
     experiment: str
     tracking_uri: str
-    parent_run_id: str
+    #: None when the submission ran nothing (every cell finished earlier): it opened no parent run
+    parent_run_id: str | None
     outcomes: list[CellOutcome]
     wall_seconds: float
     concurrency: int
@@ -116,7 +120,9 @@ class GridSummary:
             f"(finished earlier)",
             f"wall {duration(self.wall_seconds)}, {self.concurrency} cell(s) at once"
             + (f", median orchestration overhead {overhead:.2f} s per cell" if overhead is not None else ""),
-            f"MLflow: experiment {self.experiment!r}, parent run {self.parent_run_id} ({self.tracking_uri})",
+            f"MLflow: experiment {self.experiment!r}, "
+            + (f"parent run {self.parent_run_id}" if self.parent_run_id else "no new parent run (nothing ran)")
+            + f" ({self.tracking_uri})",
         ]
         for outcome in self.cells("failed"):
             lines.append(f"  FAILED {outcome.cell_name} [{outcome.cell_id}]: {outcome.reason}")
@@ -266,12 +272,13 @@ def _reconcile_with_mlflow(outcomes: dict[str, CellOutcome], runs: Mapping[str, 
 def _write_tables(spec: GridSpec, sub: Submission, summary: GridSummary, tables_dir: str | Path | None) -> None:
     out = Path(tables_dir) if tables_dir is not None else sub.out_dir("tables", spec.name, summary.grid_id)
     tables, _ = write_report(sub.tracking_uri, spec.experiment, out, grid_id=summary.grid_id, **table_layout(spec))
-    sub.client.log_artifacts(summary.parent_run_id, str(out), mlflow_names.GRID_TABLES_DIR)
     summary.tables_dir, summary.tables_markdown = out, markdown_report(tables)
     claims = check_claims(sub.tracking_uri, spec.experiment, grid_id=summary.grid_id)
     # no experiment name in the grid's report: the same runs under another experiment write the same report
     write_claims(claims, out)
-    log_claims(sub.tracking_uri, summary.parent_run_id, claims)
+    if summary.parent_run_id:
+        sub.client.log_artifacts(summary.parent_run_id, str(out), mlflow_names.GRID_TABLES_DIR)
+        log_claims(sub.tracking_uri, summary.parent_run_id, claims)
     summary.claims_markdown = claims_markdown(claims)
 
 
@@ -294,7 +301,8 @@ def run_grid(
     weights or resources that cannot work, an unreachable store or storage raise ``PreflightError`` (a
     ``ValueError``) before anything is written; ``resource_timeout``: how long to wait for a cluster's resources;
     ``shared_filesystem``: the local tracking store and storage paths are reachable from every node
-    (needed for them on a cluster of several hosts; None: ``NPSEMISEG_SHARED_FILESYSTEM``).
+    (needed for them on a cluster of several hosts; None: ``NPSEMISEG_SHARED_FILESYSTEM``). A submission
+    whose cells all finished earlier opens no parent run (:attr:`GridSummary.parent_run_id` is None).
 
     A cell whose trial process or node dies is retried up to ``spec.max_failures`` times in this
     submission, resuming its MLflow run from its last checkpoint; a cell that fails on its own is not.
@@ -311,11 +319,11 @@ def run_grid(
     parent_id = open_parent(sub, kind=mlflow_names.KIND_GRID, name=spec.name, sweep_id=gid,
                             spec=spec.model_dump(mode="json"),
                             params={mlflow_names.SPEC_NAME: spec.name, "preset": spec.preset, "cells": len(configs),
-                                    mlflow_names.GRID_ID: gid})
+                                    mlflow_names.GRID_ID: gid}, to_run=len(to_run))
     emit(f"[grid {spec.name}] {len(configs)} cells ({len(outcomes)} finished earlier, {len(to_run)} to run); "
-         f"grid_id {gid}, parent run {parent_id}")
+         f"grid_id {gid}, " + (f"parent run {parent_id}" if parent_id else "nothing to run: no new parent run"))
     concurrency = 0
-    with ending_run(sub.client, parent_id) as end:
+    with ending_run(sub.client, parent_id) if parent_id else contextlib.nullcontext(RunEnd()) as end:
         if to_run:
             build_named_pretrainings(to_run, tracking=sub.tracking_uri, experiment=spec.experiment,
                                      emit=lambda line: emit(f"[grid {spec.name}] {line}"))
@@ -329,7 +337,8 @@ def run_grid(
                               [outcomes[c.cell_id] for c in configs], time.monotonic() - started, concurrency)
         _write_tables(spec, sub, summary, tables_dir)
         summary.wall_seconds = time.monotonic() - started
-        _log_summary(sub, parent_id, summary)
+        if parent_id:
+            _log_summary(sub, parent_id, summary)
         end.status = "FINISHED" if summary.ok else "FAILED"
         return summary
 

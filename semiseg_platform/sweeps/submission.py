@@ -119,11 +119,18 @@ def open_submission(storage: str | None, tracking_uri: str | None, experiment: s
 
 
 def open_parent(sub: Submission, *, kind: str, name: str, sweep_id: str, spec: Mapping[str, Any],
-                params: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> str:
+                params: Mapping[str, Any], to_run: int, tags: Mapping[str, str] | None = None) -> str | None:
     """Create the submission's parent run (``<kind>/<name>``, owned by this process) with its tags,
     spec and params; returns its id. First, the runs that earlier submissions of ``sweep_id`` left
-    RUNNING with their owner gone end KILLED (:func:`reconcile_submission`)."""
+    RUNNING with their owner gone end KILLED (:func:`reconcile_submission`).
+
+    ``to_run``: how many cells or trials the submission will run. None (no run) when it is 0, e.g. a
+    grid whose cells all finished earlier: a parent that ran nothing would only add an empty row at the
+    top of the experiment's runs list on every re-submission.
+    """
     reconcile_submission(sub.client, [sub.experiment_id], sweep_id)
+    if not to_run:
+        return None
     parent = sub.client.create_run(sub.experiment_id, run_name=f"{kind}/{name}", tags={
         mlflow_names.KIND: kind, **mlflow_names.submission_tags(kind, sweep_id), mlflow_names.SUBMISSION_ID: sub.submission_id,
         mlflow_names.SPEC_NAME: name, **owner_tags(), **dict(tags or {})})
