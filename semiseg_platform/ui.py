@@ -149,8 +149,8 @@ def serve(tracking: str | None = None, *, host: str = "127.0.0.1", port: int = D
         print(" ".join(command))
         return 0
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    print(f"MLflow UI at {base} (Ctrl-C stops it); each link opens an experiment's runs table: expand a "
-          "submission's parent run (grid/... or search/...) to see its cells")
+    print(f"MLflow UI at {base} (Ctrl-C stops it); each link opens an experiment's cell runs, best mIoU first, "
+          "with their mIoU, PAvPU and ECE")
     for experiment, views in study_links(resolve_tracking_uri(tracking), base).items():
         print(f"experiment {experiment}:")
         for name, url in views.items():

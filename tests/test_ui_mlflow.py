@@ -1,12 +1,15 @@
-"""The MLflow UI over a reduced grid, as a person uses it: search the experiment, compare two cells.
+"""The MLflow UI over a reduced grid, as a person uses it: open the link ``npsemiseg ui`` prints,
+search the experiment, compare two cells.
 
 A real grid job (``run_grid``, local Ray, MLflow SQLite store) trains 5 smoke cells on
 ``synthetic_voc`` partition 92: U2PL with the baseline, MC dropout and NP heads and the
-``np_mean`` ablation, and supervised with the NP head. The store is read through the API (run
-shape, the README's searches) and through the UI: ``mlflow server`` (the command
-``semiseg_platform.ui`` runs) on loopback, driven by headless Chromium (Debian's package)
-through Playwright: the search box, the nested runs table, the Compare button and the compare
-view. Screenshots go to ``test-artifacts/ui/``.
+``np_mean`` ablation, and supervised with the NP head; submitted again, it finds every cell
+finished and opens no second parent run. The store is read through the API (run shape, the
+README's searches) and through the UI: ``mlflow server`` (the command ``semiseg_platform.ui``
+runs) on loopback, driven by headless Chromium (Debian's package) through Playwright: the
+printed link (the training view, the experiment's description, the cells with their mIoU and PAvPU), the
+search box, the nested runs table, the Compare button and the compare view. Screenshots go to
+``test-artifacts/ui/``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from semiseg_platform.sweeps.grid_runner import run_grid
 from semiseg_platform.sweeps.grid_spec import load_spec
 from semiseg_platform.tracking.mlflow_names import FINAL_METRICS, PER_CLASS_IOU_FIGURE
 from semiseg_platform.tracking.mlflow_names import NOTE as NOTE_TAG
-from semiseg_platform.ui import experiment_url, ready_made_searches, ui_command
+from semiseg_platform.ui import experiment_url, ready_made_searches, study_links, ui_command
 from tests.platform_fixtures import free_ports, fresh_store
 from tests.ui_browser import ARTIFACTS, compare_view_metrics, headless_chromium, running_server
 
@@ -53,8 +56,8 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def study(store, tmp_path_factory):
-    """The reduced grid's runs: ``(tracking_uri, experiment_id, parent_run_id, {run name: Run})``."""
+def submissions(store, tmp_path_factory):
+    """The reduced grid submitted twice: ``(first, second)`` summaries (the second finds every cell finished)."""
     import ray
 
     uri = store[0]
@@ -71,9 +74,18 @@ def study(store, tmp_path_factory):
     })
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        summary = run_grid(spec, tables_dir=root / "tables", emit=lambda line: None)
+        first = run_grid(spec, tables_dir=root / "tables", emit=lambda line: None)
+        second = run_grid(spec, tables_dir=root / "tables-again", emit=lambda line: None)
     finally:
         ray.shutdown()
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def study(store, submissions):
+    """The reduced grid's runs: ``(tracking_uri, experiment_id, parent_run_id, {run name: Run})``."""
+    uri = store[0]
+    summary = submissions[0]
     assert summary.ok, summary.format()
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name(EXPERIMENT).experiment_id
@@ -109,6 +121,18 @@ def test_every_cell_describes_itself_and_carries_its_figures(study):
     assert "attention = mean" in runs[U2PL["np_mean"]].data.tags[NOTE_TAG]
 
 
+def test_a_resubmission_that_runs_nothing_opens_no_parent_run(study, submissions):
+    uri, experiment_id, parent_id, runs = study
+    first, second = submissions
+    assert second.ok and len(second.cells("skipped")) == len(CELLS) and second.parent_run_id is None
+    assert "no new parent run (nothing ran)" in second.format()
+    parents = MlflowClient(uri).search_runs([experiment_id], "tags.`npsemiseg.kind` = 'grid'")
+    assert [run.info.run_id for run in parents] == [parent_id]
+    # the tables and claims still come from the store: the same as the first submission's
+    assert "| U2PL w/ NP-SemiSeg |" in second.tables_markdown and second.tables_markdown == first.tables_markdown
+    assert second.claims_markdown == first.claims_markdown and (second.tables_dir / "claims.md").is_file()
+
+
 @pytest.mark.parametrize("search", sorted(EXPECTED))
 def test_ready_made_searches_select_exactly_their_cells(study, search):
     uri, experiment_id, parent_id, runs = study
@@ -125,12 +149,48 @@ def ui_server(store, study):
 
 
 @pytest.fixture(scope="module")
-def page(ui_server):
+def browser(ui_server):
     with headless_chromium() as browser:
-        context = browser.new_context(viewport={"width": 1600, "height": 1000})
-        context.set_default_timeout(TIMEOUT_MS)
-        yield context.new_page()
-        context.close()
+        yield browser
+
+
+@pytest.fixture
+def page(browser):
+    """A page in a fresh browser profile (the UI keeps each experiment's table state in local storage)."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context.new_page()
+    context.close()
+
+
+def test_the_printed_link_opens_the_cells_with_their_miou_and_pavpu(study, ui_server, page):
+    """The link ``npsemiseg ui`` prints first: the training view's runs table, the experiment's
+    description, and every cell run listed with its mIoU and PAvPU, best mIoU first."""
+    uri, experiment_id, parent_id, runs = study
+    page.goto(study_links(uri, ui_server)[EXPERIMENT]["Cells by mIoU"])
+    page.get_by_text(f"{len(CELLS)} matching runs").wait_for()  # the view's search: the cells themselves
+    for run in runs.values():  # the runs table of the training view (the GenAI overview lists no runs)
+        page.locator(f'[role="row"][row-id="{run.info.run_id}"]').first.wait_for()
+    page.screenshot(path=str(ARTIFACTS / "cells_view.png"))
+    assert re.search(rf"#/experiments/{experiment_id}/runs\?.*workflowType=machine_learning", page.url), page.url
+    page.get_by_text("npsemiseg cell runs, one per framework", exact=False).first.wait_for()  # the description
+    listed = page.locator('[role="row"][row-id]').evaluate_all("rows => rows.map(r => r.getAttribute('row-id'))")
+    assert set(listed) == {run.info.run_id for run in runs.values()}  # no parent run among them
+    for metric in ("miou", "pavpu"):
+        column = _column_id(page, metric)
+        for name, run in runs.items():
+            cell = page.locator(f'[role="row"][row-id="{run.info.run_id}"] [col-id="{column}"]').first
+            assert float(cell.inner_text()) == pytest.approx(run.data.metrics[metric], abs=1e-3), (name, metric)
+    # best mIoU first (the view's order), as the table lists the cells
+    miou = {run.info.run_id: run.data.metrics["miou"] for run in runs.values()}
+    assert [miou[row] for row in dict.fromkeys(listed)] == sorted(miou.values(), reverse=True)
+
+
+def _column_id(page, header: str) -> str:
+    """The column id of the runs table's column headed ``header`` (fails when the column is not shown)."""
+    cell = page.locator(".ag-header-cell[col-id]").filter(has_text=re.compile(rf"^\s*{re.escape(header)}\s*$")).first
+    cell.wait_for()
+    return cell.get_attribute("col-id")
 
 
 def test_search_then_compare_two_cells_in_the_browser(study, ui_server, page):

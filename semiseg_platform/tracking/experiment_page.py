@@ -12,8 +12,9 @@ MLflow 3.17's UI (its JS bundle, ``mlflow/server/js/build/static/js``) reads, fo
   and opened by the URL parameter ``viewStateShareKey=<id>`` (module ``53787``: the value is the JSON envelope
   ``{name, createdAt, updatedAt, state}``, ``state`` a JSON string, optionally ``deflate;``-compressed). The
   state holds the search (``searchFilter``, ``orderByKey``, ``orderByAsc``: the same keys the URL takes, module
-  ``57637``) and the table's layout (``selectedColumns``, the only way to choose columns: no URL parameter does);
-  a URL that carries any search key ignores the view.
+  ``57637``) and the table's layout (``selectedColumns``: the only way to choose columns, no URL parameter
+  does); a URL that carries any search key ignores the view. Opened on the cells' view, the table lists the
+  cell runs themselves, not nested under their parent run (``tests/test_ui_mlflow.py`` checks it).
 
 Column and sort keys are ``<type>.`<key>``` (``metrics.`miou```, ``tags.`framework```: MLflow's
 ``makeCanonicalSortKey``, module ``95051``).
@@ -70,7 +71,7 @@ def experiment_description(experiment: str) -> str:
         "(`grid/<spec>` or `search/<spec>`: expand it to see its cells).",
         "",
         f"A cell's final metrics: {metrics} (per evaluation under `eval/`); its figures under `figures/`. "
-        f"The view **{CELLS_VIEW_NAME}** (Views menu) lists every cell with its mIoU and PAvPU, best first.",
+        f"The view **{CELLS_VIEW_NAME}** (Views menu) lists every cell run with its mIoU, PAvPU and ECE, best mIoU first.",
         "",
         "The paper's tables and the claims report: artifacts `tables/` and `claims/claims.md` of each grid's "
         f"parent run; rebuilt from this store by `npsemiseg tables --experiment {experiment} --out DIR` and "
