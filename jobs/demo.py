@@ -36,7 +36,7 @@ def mlflow_ui_command(tracking_uri: str) -> str:
         cwd = Path.cwd()
         executable = local.relative_to(cwd) if local.is_relative_to(cwd) else local
         hint = f"{executable} {hint[len('npsemiseg '):]}"
-    return hint + "   # then open http://127.0.0.1:5000"
+    return hint + "   # prints the links to open (the cells with their mIoU and PAvPU, http://127.0.0.1:5000)"
 
 
 def main() -> int:
