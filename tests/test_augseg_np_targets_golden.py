@@ -13,13 +13,12 @@ corrected the same with 255 where the mixed confidence is below the threshold.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, sidecar
 from npsemiseg.config import compose
 from npsemiseg.data.mixing import MixResult
 from npsemiseg.frameworks import augseg as augseg_module
@@ -27,9 +26,8 @@ from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.training import build_framework
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-DATA = dict(np.load(GOLDEN / "augseg_np_targets_released.npz"))
-META = json.loads((GOLDEN / "augseg_np_targets_released.json").read_text())
+DATA = recorded("augseg_np_targets_released")
+META = sidecar("augseg_np_targets_released")
 CELL = dict(framework="augseg", dataset="synthetic", partition="1/16", head="np")
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")

@@ -12,20 +12,19 @@ compare). Tolerance: exact equality (integer pixels): max |difference| 0.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torchvision import tv_tensors
 
+from golden_files import recorded, sidecar
 from npsemiseg.config import cell_config, with_overrides
 from npsemiseg.data.transforms import PadCrop
 from npsemiseg.training import train_transforms
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-SIDECAR = json.loads((GOLDEN / "crop_padding_released.json").read_text())
-DATA = dict(np.load(GOLDEN / "crop_padding_released.npz"))
+SIDECAR = sidecar("crop_padding_released")
+DATA = recorded("crop_padding_released")
 CROP = SIDECAR["sizes"]["crop"]
 SIZES = [tuple(size) for size in SIDECAR["sizes"]["images"]]
 CELL = dict(framework="unimatch", dataset="pascal_classic", partition="92", head="baseline")

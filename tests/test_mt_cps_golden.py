@@ -16,34 +16,26 @@ probabilities 4.4e-3 and 2.6e-3 away), so the comparison tells them apart.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, recorder, sidecar
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.training import build_framework
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 RTOL_SCALE = 1e-5
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("record_mt_cps_golden", GOLDEN / "record_mt_cps_golden.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-REC = _recorder()
-DATA = dict(np.load(GOLDEN / "mt_cps_step_released.npz"))
-META = json.loads((GOLDEN / "mt_cps_step_released.json").read_text())
+REC = recorder("mt_cps")
+DATA = recorded("mt_cps_step_released")
+META = sidecar("mt_cps_step_released")
 
 
 def _close(ours, theirs, what: str) -> float:

@@ -8,32 +8,24 @@ noise. Tolerance: float32 round-off, ``|ours - theirs| <= 1e-5 * max(1, max |the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, recorder
 from npsemiseg.config import compose
 from npsemiseg.heads import NPHead
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 RTOL_SCALE = 1e-5
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("record_np_head_golden", GOLDEN / "record_np_head_golden.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-REC = _recorder()
-DATA = dict(np.load(GOLDEN / "np_head_released.npz"))
+REC = recorder("np_head")
+DATA = recorded("np_head_released")
 
 #: the released options (switches np_attention, np_kl, np_zero_centers, np_sync_memories, np_push_every_pixel,
 #: np_scrambled_memories, np_memories_persist, np_memory_zero_row, np_memory_stream, np_memory_label_size)

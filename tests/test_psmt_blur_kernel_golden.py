@@ -9,16 +9,16 @@ sides of each boundary) to kernels, and ours is given the same numbers. Toleranc
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
+from golden_files import sidecar
 
 from npsemiseg.config import cell_config
 from npsemiseg.data import transforms as transforms_module
 from npsemiseg.data.transforms import RandomGaussianBlur, psmt_blur_kernel_size
 from npsemiseg.training import train_transforms
 
-RECORD = json.loads((Path(__file__).resolve().parent / "golden" / "psmt_blur_kernel_released.json").read_text())
+RECORD = sidecar("psmt_blur_kernel_released")
 
 
 def test_the_released_protocol_draws_psmt_kernels():

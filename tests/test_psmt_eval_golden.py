@@ -11,36 +11,28 @@ theirs after: the same up to round-off, upsampling being linear).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from golden_files import recorded, recorder
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.evaluation.inference import predict
 from npsemiseg.frameworks.psmt import TeacherEnsemble
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 ATOL = 1e-5
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("record_psmt_eval_golden", GOLDEN / "record_psmt_eval_golden.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-REC = _recorder()
-DATA = dict(np.load(GOLDEN / "psmt_eval_released.npz"))
+REC = recorder("psmt_eval")
+DATA = recorded("psmt_eval_released")
 
 
 class _Member(nn.Module):

@@ -13,18 +13,16 @@ float64 case, where the direction is resolved, is the check that does not depend
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, recorder
 from npsemiseg.config import compose
 from npsemiseg.frameworks.tvat import at_size, l2_normalize, tvat_perturbation
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 RTOL = 1e-5
 #: the released T-VAT options (switches psmt_tvat_per_batch, psmt_tvat_released, psmt_tvat_crop_kl)
 RELEASED = dict(tvat_per_batch=True, tvat_released_normalization=True, tvat_kl_at_crop_size=True)
@@ -32,15 +30,9 @@ RELEASED = dict(tvat_per_batch=True, tvat_released_normalization=True, tvat_kl_a
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("record_psmt_tvat_golden", GOLDEN / "record_psmt_tvat_golden.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-REC = _recorder()
-DATA = dict(np.load(GOLDEN / "psmt_tvat_released.npz"))
+REC = recorder("psmt_tvat")
+DATA = recorded("psmt_tvat_released")
 
 
 @pytest.mark.parametrize("dataset", ["pascal_blender", "cityscapes"])

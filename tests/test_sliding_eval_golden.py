@@ -10,33 +10,25 @@ probabilities summed). Compared exactly: the windows, the predicted classes and 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from golden_files import recorded, recorder
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.evaluation.inference import SLIDING_SCHEMES, SlidingScheme, predict, sliding_windows
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def _recorder():
-    spec = importlib.util.spec_from_file_location("record_sliding_eval_golden", GOLDEN / "record_sliding_eval_golden.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-REC = _recorder()
-DATA = dict(np.load(GOLDEN / "sliding_eval_released.npz"))
+REC = recorder("sliding_eval")
+DATA = recorded("sliding_eval_released")
 STRIDE = int(REC.GRID * 2 / 3)  # UniMatch's int(grid * 2 / 3): 5
 
 

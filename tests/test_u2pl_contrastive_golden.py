@@ -10,20 +10,19 @@ class membership, enqueued counts and queued keys (copies of the same float32 va
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, sidecar
 from npsemiseg.config import compose
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, class_membership, contrastive_loss
 from npsemiseg.heads.base import downsample_labels
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-SIDECAR = json.loads((GOLDEN / "u2pl_contrastive_released.json").read_text())
-DATA = dict(np.load(GOLDEN / "u2pl_contrastive_released.npz"))
+SIDECAR = sidecar("u2pl_contrastive_released")
+DATA = recorded("u2pl_contrastive_released")
 SIZES = SIDECAR["sizes"]
 RTOL_SCALE = 1e-5
 #: the recorder's queue sizes (class 0, the others)

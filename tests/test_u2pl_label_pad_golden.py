@@ -11,19 +11,18 @@ normalised with the same mean and std before comparing. Tolerance: labels exact;
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from golden_files import recorded, sidecar
 from npsemiseg.config import cell_config, with_overrides
 from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD
 from npsemiseg.training import train_transforms
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-SIDECAR = json.loads((GOLDEN / "u2pl_label_pad_released.json").read_text())
-DATA = dict(np.load(GOLDEN / "u2pl_label_pad_released.npz"))
+SIDECAR = sidecar("u2pl_label_pad_released")
+DATA = recorded("u2pl_label_pad_released")
 CROP = SIDECAR["sizes"]["crop"]
 SIZES = [tuple(size) for size in SIDECAR["sizes"]["images"]]
 CELL = dict(framework="u2pl", dataset="pascal_classic", partition="92", head="baseline")

@@ -15,16 +15,17 @@ the per-image confidence, the mixed image, labels and confidences, and ``label_a
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
-import json
 import random
-import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_FILE = "AugSeg/augseg/dataset/augs_ALIA.py"
 STEP_FILE = "AugSeg/train_semi.py"
@@ -77,16 +78,10 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkout", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("tests/golden"))
-    parser.add_argument("--commit", default=None, help="the checkout's commit (asked from git when omitted)")
-    args = parser.parse_args()
-    commit = args.commit or subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], check=True,
-                                           capture_output=True, text=True).stdout.strip()
+def main(argv: list[str] | None = None) -> None:
+    args = recorder_arguments(__doc__, "a checkout of NP-SemiSeg", argv)
+    commit = args.commit or official_commit(args.checkout)
     arrays = record(args.checkout)
-    np.savez_compressed(args.out / "augseg_np_targets_released.npz", **arrays)
     sidecar = {
         "about": "The targets NP-SemiSeg's AugSeg step passes to its NP head (tests/test_augseg_np_targets_golden.py).",
         "repository": "https://github.com/Jianf-Wang/NP-SemiSeg",
@@ -107,7 +102,7 @@ def main() -> None:
         "torch": torch.__version__,
         "numpy": np.__version__,
     }
-    (args.out / "augseg_np_targets_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
+    save_golden(args.out, "augseg_np_targets_released", arrays, sidecar)
     kept = float((arrays["mixed_confidence"] >= THRESHOLD).mean())
     print(f"fraction of unlabeled pixels at or above {THRESHOLD}: {kept:.3f}")
 

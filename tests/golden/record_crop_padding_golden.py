@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import random
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import PIL
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 OFFICIAL_FILE = "dataset/transform.py"
@@ -68,9 +67,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of UniMatch", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "crop_padding_released.npz"
-    np.savez_compressed(npz, **arrays)
     sidecar = {
         "about": "UniMatch's released training crop of images smaller than the crop (tests/test_crop_padding_golden.py).",
         "repository": "https://github.com/LiheYoung/UniMatch",
@@ -88,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         "pillow": PIL.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "crop_padding_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "crop_padding_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,8 @@ entries at stored flat indices (the models hold about a million values each).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import re
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -40,6 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
 OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py")
@@ -207,16 +207,10 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     return out, meta
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkout", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("tests/golden"))
-    parser.add_argument("--commit", default=None, help="the checkout's commit (asked from git when omitted)")
-    args = parser.parse_args()
-    commit = args.commit or subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], check=True,
-                                           capture_output=True, text=True).stdout.strip()
+def main(argv: list[str] | None = None) -> None:
+    args = recorder_arguments(__doc__, "a checkout of TorchSemiSeg", argv)
+    commit = args.commit or official_commit(args.checkout)
     arrays, meta = record(args.checkout)
-    np.savez_compressed(args.out / "mt_cps_step_released.npz", **arrays)
     sidecar = {
         "about": "One training step of CPS's MeanTeacher as TorchSemiSeg runs it (tests/test_mt_cps_golden.py).",
         "repository": "https://github.com/charlesCXK/TorchSemiSeg",
@@ -242,7 +236,7 @@ def main() -> None:
         "official_values": meta,
         "torch": torch.__version__,
     }
-    (args.out / "mt_cps_step_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
+    save_golden(args.out, "mt_cps_step_released", arrays, sidecar)
     print(f"loss_sup {float(arrays['loss_sup']):.6f} loss_unsup {float(arrays['loss_unsup']):.6f}")
 
 

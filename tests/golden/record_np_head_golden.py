@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import sys
 import types
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 OFFICIAL_FILE = "U2PL/u2pl/models/np_head.py"
@@ -163,9 +162,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of the authors' NP-SemiSeg repository", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "np_head_released.npz"
-    np.savez_compressed(npz, **arrays)
     official = (args.checkout / OFFICIAL_FILE).read_bytes()
     sidecar = {
         "about": "What the authors' NP head computes on fixed small inputs (tests/test_np_head_golden.py).",
@@ -190,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "np_head_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "np_head_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import sys
 import types
 from pathlib import Path
@@ -28,7 +27,7 @@ from PIL import Image
 from torchvision import transforms as tv_transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 OFFICIAL_FILE = "VocCode/Base/base_dataset.py"
@@ -85,7 +84,6 @@ def record(checkout: Path) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of PS-MT", argv)
     kernels = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
     sidecar = {
         "about": "The blur kernel of PS-MT's released strong view for given uniform numbers "
                  "(tests/test_psmt_blur_kernel_golden.py).",
@@ -101,9 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         "uniforms": list(UNIFORMS),
         "kernels": kernels,
     }
-    out = args.out / "psmt_blur_kernel_released.json"
-    out.write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
+    save_golden(args.out, "psmt_blur_kernel_released", None, sidecar)
 
 
 if __name__ == "__main__":

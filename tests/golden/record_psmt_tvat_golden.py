@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import sys
 import types
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 OFFICIAL_FILE = "VocCode/Model/Deeplabv3_plus/encoder_decoder.py"
@@ -140,9 +139,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of PS-MT", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "psmt_tvat_released.npz"
-    np.savez_compressed(npz, **arrays)
     sidecar = {
         "about": "What PS-MT's released T-VAT search computes on fixed small inputs (tests/test_psmt_tvat_golden.py).",
         "repository": "https://github.com/yyliu01/PS-MT",
@@ -162,8 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "psmt_tvat_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "psmt_tvat_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

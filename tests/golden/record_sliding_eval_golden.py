@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import sys
 import types
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_FILE = "supervised.py"
 #: UniMatch's evaluate sums into a 19-class map whatever cfg['nclass'] says (Cityscapes' classes)
@@ -141,9 +140,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of UniMatch", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "sliding_eval_released.npz"
-    np.savez_compressed(npz, **arrays)
     sidecar = {
         "about": "What UniMatch's released sliding-window evaluation predicts on fixed small images "
                  "(tests/test_sliding_eval_golden.py).",
@@ -165,8 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "sliding_eval_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "sliding_eval_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

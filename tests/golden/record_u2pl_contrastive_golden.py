@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import sys
 import types
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 FILES = ("u2pl/utils/utils.py", "u2pl/utils/loss_helper.py")
@@ -151,9 +150,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of U2PL", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "u2pl_contrastive_released.npz"
-    np.savez_compressed(npz, **arrays)
     sidecar = {
         "about": "What U2PL's released contrastive loss computes on fixed small inputs with ignored pixels "
                  "(tests/test_u2pl_contrastive_golden.py).",
@@ -176,8 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "u2pl_contrastive_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "u2pl_contrastive_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

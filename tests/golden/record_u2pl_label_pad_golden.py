@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import random
 import sys
 import types
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 
 OFFICIAL_FILE = "u2pl/dataset/augmentation.py"
@@ -90,9 +89,6 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of U2PL", argv)
     arrays = record(args.checkout)
-    args.out.mkdir(parents=True, exist_ok=True)
-    npz = args.out / "u2pl_label_pad_released.npz"
-    np.savez_compressed(npz, **arrays)
     sidecar = {
         "about": "U2PL's released training crop of images smaller than the crop (tests/test_u2pl_label_pad_golden.py).",
         "repository": "https://github.com/Haochen-Wang409/U2PL",
@@ -111,8 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "keys": sorted(arrays),
     }
-    (args.out / "u2pl_label_pad_released.json").write_text(json.dumps(sidecar, indent=1) + "\n")
-    print(f"wrote {npz} ({npz.stat().st_size} bytes) and its sidecar", file=sys.stderr)
+    save_golden(args.out, "u2pl_label_pad_released", arrays, sidecar)
 
 
 if __name__ == "__main__":

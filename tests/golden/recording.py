@@ -7,9 +7,14 @@ module from its own folder.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 GOLDEN = Path(__file__).resolve().parent
 
@@ -31,3 +36,13 @@ def recorder_arguments(doc: str, checkout_help: str, argv: Sequence[str] | None 
     parser.add_argument("--out", type=Path, default=GOLDEN)
     parser.add_argument("--commit", default=None, help="the checkout's commit, where it is not a git work tree")
     return parser.parse_args(argv)
+
+
+def save_golden(out: Path, stem: str, arrays: Mapping[str, np.ndarray] | None, sidecar: Mapping[str, Any]) -> None:
+    """Write ``out/<stem>.npz`` (the recorded ``arrays``, where a recorder has any) and its sidecar ``out/<stem>.json``
+    (where they come from and how they were made)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if arrays is not None:
+        np.savez_compressed(out / f"{stem}.npz", **arrays)
+    (out / f"{stem}.json").write_text(json.dumps(sidecar, indent=1) + "\n")
+    print(f"wrote {out / stem}.npz and .json" if arrays is not None else f"wrote {out / stem}.json", file=sys.stderr)

@@ -1,0 +1,33 @@
+"""What the golden tests share: the recorder of a golden (its fixed inputs, small networks and stand-ins, imported
+from ``tests/golden/record_<name>_golden.py``) and the arrays it recorded."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def recorder(name: str) -> types.ModuleType:
+    """``tests/golden/record_<name>_golden.py`` as a module (nothing of the official code: it is imported only when
+    the recorder runs)."""
+    module_name = f"record_{name}_golden"
+    spec = importlib.util.spec_from_file_location(module_name, GOLDEN / f"{module_name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded(stem: str) -> dict[str, np.ndarray]:
+    """The arrays of ``tests/golden/<stem>.npz``."""
+    return dict(np.load(GOLDEN / f"{stem}.npz"))
+
+
+def sidecar(stem: str) -> dict:
+    """``tests/golden/<stem>.json``: where the golden's arrays come from (repository, commit, lines, command)."""
+    return json.loads((GOLDEN / f"{stem}.json").read_text())
