@@ -61,10 +61,13 @@ from npsemiseg.data.partitions import partition_ids
 from npsemiseg.frameworks import StepContext, framework_names, get_framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.heads import head_names
+from npsemiseg.heads.np_layers import NPDecoder
 from npsemiseg.inference_model import SegmentationModel, load_model
 from npsemiseg.training import average_gradients, broadcast_state, plan_run, train
 from npsemiseg.training.setup import backend_flags, setup_run
 from npsemiseg.training.step import train_step
+
+from host_work import HostWork
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_acceptance"
@@ -101,6 +104,8 @@ def cell_overrides(args: argparse.Namespace, device: torch.device) -> dict[str, 
     }
     if args.tiny:
         overrides["data.num_workers"] = 0
+    if args.crop:
+        overrides["schedule.crop_size"] = args.crop
     else:
         overrides["model.backbone"] = args.backbone  # data.num_workers stays the preset's 4
     return overrides
@@ -139,6 +144,11 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         torch.cuda.reset_peak_memory_stats(device)
     with backend_flags(config, device):
         run = setup_run(config, device)
+        if args.np_samples_per_conv:
+            for model in run.framework.modules().values():
+                for module in model.modules():
+                    if isinstance(module, NPDecoder):
+                        module.samples_per_conv = args.np_samples_per_conv
         key = json.dumps([config.data.model_dump(mode="json"), config.schedule.model_dump(mode="json"),
                           run.framework.uses_unlabeled, args.steps], sort_keys=True)
         batches = (batch_cache or {}).get(key) or list(itertools.islice(run.streams.epoch(0, 0), 1 + args.steps))
@@ -146,17 +156,19 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
             batch_cache[key] = batches
         if len(batches) < 1 + args.steps:
             raise RuntimeError(f"{framework} x {head}: the data streams gave {len(batches)} batches")
-        plan, times, logs = run.plan, [], {}
+        times, logs, first_step_s = [], {}, None
         for step, batch in enumerate(batches):
-            ctx = StepContext(step=step, total_steps=plan.total_steps, epoch=step // plan.iters_per_epoch,
-                              total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
             synchronize(device)
             tick = time.perf_counter()
-            logs = train_step(run.framework, batch, ctx, run.optimizer, config, device, run.world_size)
+            logs = train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device,
+                              run.world_size)
             synchronize(device)
-            if step:  # the first is the warm-up (cuDNN autotuning, allocator)
+            if step:  # the first is the warm-up (cuDNN autotuning, allocator), reported on its own
                 times.append(time.perf_counter() - tick)
+            else:
+                first_step_s = time.perf_counter() - tick
         profile = profile_step(run, batches[-1], len(batches), config, device, args.profile) if args.profile else None
+        host = count_host_work(run, batches[-1], len(batches), config, device) if args.host_work else None
     schedule = config.schedule
     uses_unlabeled = run.framework.uses_unlabeled
     images = schedule.batch_size + (schedule.unlabeled_batch_size if uses_unlabeled else 0)
@@ -167,10 +179,26 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         "framework": framework, "head": head, "backbone": config.model.backbone, "crop": schedule.crop_size,
         "labeled_batch": schedule.batch_size, "unlabeled_batch": schedule.unlabeled_batch_size if uses_unlabeled else 0,
         "amp_bf16": device.type == "cuda" and config.runtime.amp, "step_s": step_s, "all_step_s": times,
+        "first_step_s": first_step_s, "first_step_ratio": first_step_s / step_s,
         "images_per_s": images / step_s, "peak_memory_mib": peak, "loss": logs.get("train/loss"),
         "pixels_per_step": schedule.crop_size ** 2 * images, "cell_s": time.perf_counter() - started,
         **({"profile": profile} if profile is not None else {}),
+        **({"host_work": host} if host is not None else {}),
     }
+
+
+def step_context(run: Any, step: int) -> StepContext:
+    plan = run.plan
+    return StepContext(step=step, total_steps=plan.total_steps, epoch=step // plan.iters_per_epoch,
+                       total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
+
+
+def count_host_work(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device) -> dict[str, Any]:
+    """One more step under ``host_work.HostWork``: its operator calls and host reads (untimed: counting slows it)."""
+    with HostWork() as work:
+        train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device, run.world_size)
+    synchronize(device)
+    return work.summary()
 
 
 def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device,
@@ -180,9 +208,7 @@ def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: tor
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    plan = run.plan
-    ctx = StepContext(step=step, total_steps=plan.total_steps, epoch=step // plan.iters_per_epoch,
-                      total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
+    ctx = step_context(run, step)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         train_step(run.framework, batch, ctx, run.optimizer, config, device, run.world_size)
@@ -214,6 +240,9 @@ def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
             row[f"{head}_step_ratio"] = cell["step_s"] / base["step_s"]
             row[f"{head}_memory_ratio"] = (cell["peak_memory_mib"] / base["peak_memory_mib"]
                                            if cell["peak_memory_mib"] and base["peak_memory_mib"] else None)
+            if "host_work" in cell and "host_work" in base:
+                row[f"{head}_ops_ratio"] = cell["host_work"]["ops"] / base["host_work"]["ops"]
+                row[f"{head}_extra_reads"] = cell["host_work"]["reads"] - base["host_work"]["reads"]
         out[framework] = row
     return out
 
@@ -338,18 +367,30 @@ def markdown(report: dict[str, Any]) -> str:
     lines = ["# GPU acceptance", "", f"- date: {report['date']}", f"- machine: {report['machine']}",
              f"- command: `{report['command']}`", f"- mode: {report['mode']}",
              f"- seconds so far: {report.get('seconds', 0.0):.1f}", f"- errors: {len(report['errors'])}",
-             "", "## Steps", "", "| framework | head | step s | images/s | peak MiB |", "|---|---|---|---|---|"]
+             "", "## Steps", "",
+             "| framework | head | step s | first step s | images/s | peak MiB | operator calls | host reads |",
+             "|---|---|---|---|---|---|---|---|"]
     for c in report.get("cells", []):
         if "error" in c:
-            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | |")
+            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | | | | |")
             continue
         peak = f"{c['peak_memory_mib']:.0f}" if c["peak_memory_mib"] is not None else "-"
-        lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['images_per_s']:.1f} | {peak} |")
-    lines += ["", "## Ratios to the baseline head", "", "| framework | NP step | MC step | NP memory | MC memory |",
-              "|---|---|---|---|---|"]
+        host = c.get("host_work", {})
+        lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['first_step_s']:.4f} | "
+                     f"{c['images_per_s']:.1f} | {peak} | {host.get('ops', '-')} | {host.get('reads', '-')} |")
+    lines += ["", "## Ratios to the baseline head", "",
+              "| framework | NP step | MC step | NP memory | MC memory | NP operator calls | NP extra host reads |",
+              "|---|---|---|---|---|---|---|"]
     for framework, r in report.get("ratios", {}).items():
         lines.append(f"| {framework} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
-                     f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
+                     f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} | "
+                     f"{_f(r.get('np_ops_ratio'))} | {r.get('np_extra_reads', '-')} |")
+    read_sites = [c for c in report.get("cells", []) if c.get("host_work", {}).get("read_sites")]
+    if read_sites:
+        lines += ["", "## Host reads (where a step waits for the device)"]
+        for c in read_sites:
+            lines += ["", f"### {c['framework']} x {c['head']}", "", "| calls | read at |", "|---|---|",
+                      *[f"| {e['calls']} | `{e['site']}` |" for e in c["host_work"]["read_sites"]]]
     profiled = [c for c in report.get("cells", []) if c.get("profile")]
     if profiled:
         lines += ["", "## Profiles (one step, costliest operators by self time on the device)", "",
@@ -390,6 +431,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--heads", nargs="+", default=list(head_names()))
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="profile one more step per cell and keep its ROWS costliest operators (default off)")
+    parser.add_argument("--host-work", action="store_true",
+                        help="count one more step's operator calls and host reads per cell (host_work.py)")
+    parser.add_argument("--crop", type=int, default=None, help="crop size instead of the preset's (host counts on CPU)")
+    parser.add_argument("--steps-only", action="store_true", help="only the steps: no DDP, inference or GPU-hours")
+    parser.add_argument("--np-samples-per-conv", type=int, default=None, metavar="N",
+                        help="the NP decoder's samples per convolution call (default: the device's; e.g. 5 = "
+                             "the CUDA path's calls counted on CPU)")
     args = parser.parse_args(argv)
     args.steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -399,7 +447,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(device),
         "command": shlex.join(["python", "benchmarks/gpu_acceptance.py", *(argv if argv is not None else sys.argv[1:])]),
-        "mode": "tiny (smoke preset model, not paper scale)" if args.tiny else f"paper preset, {args.backbone}",
+        "mode": ("tiny (smoke preset model, not paper scale)" if args.tiny else f"paper preset, {args.backbone}")
+        + (f", crop {args.crop}" if args.crop else "")
+        + (f", NP samples per conv {args.np_samples_per_conv}" if args.np_samples_per_conv else ""),
         "torch": torch.__version__, "device": str(device),
     }
     report["errors"] = []
@@ -443,6 +493,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{framework:<11}NP/baseline {_f(r.get('np_step_ratio'))}  MC/baseline {_f(r.get('mc_dropout_step_ratio'))}"
               f"  (memory {_f(r.get('np_memory_ratio'))} / {_f(r.get('mc_dropout_memory_ratio'))})", flush=True)
     write()
+    if args.steps_only:
+        print(f"wrote {args.out / 'gpu_acceptance.json'} (steps only)", flush=True)
+        return report
     try:
         report["ddp"], report["inference"] = ddp_and_inference(args, device)
         print(f"DDP: {report['ddp']['backend']} world {report['ddp']['world_size']}, {report['ddp']['steps']} steps, "

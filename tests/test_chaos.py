@@ -8,21 +8,14 @@ training cell: the grid retries the cell in the same submission (no resubmission
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _chaos_module():
-    spec = importlib.util.spec_from_file_location("chaos_benchmark", ROOT / "benchmarks" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("chaos")
 
 
 def test_identical_metrics_count_nan_as_equal_to_nan():

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from head_fixtures import LargestOutput
 from torch import nn
 
@@ -542,3 +543,22 @@ def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framewo
         result.total.backward()
     one_sample = 2 * 2 * config.num_classes * size * size  # labeled + unlabeled images, one sample
     assert one_sample <= mode.largest < 4 * one_sample
+
+
+@pytest.mark.parametrize("framework", ["mt", "mt_cps", "psmt", "augseg", "supervised"])
+def test_an_np_step_reads_one_device_value_more_than_the_baseline_heads(smoke_config, framework):
+    """A read of a device value in the middle of a step makes the host wait for the GPU. The NP head adds one (its
+    label check): memories known to hold rows are not read again, its statistics and the frameworks' logs stay
+    on the device for the loop to read with the losses."""
+    host_work = load_benchmark("host_work")
+    reads = {}
+    for head in ("baseline", "np"):
+        fw, config = _framework(smoke_config, framework, head)
+        ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+        fw.train_step(_batch(config), ctx)  # seeds the NP memories
+        with host_work.HostWork() as work:
+            result = fw.train_step(_batch(config, seed=1), ctx)
+        assert head == "baseline" or isinstance(result.logs["head/kl"], torch.Tensor)
+        reads[head] = work.reads
+    assert reads["np"] == reads["baseline"] + 1
+

@@ -4,29 +4,25 @@ device and a GPU-hours figure of ``jobs/specs/paper.yaml``, in the JSON and the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.integration  # about a minute on a loaded 2-core machine
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_acceptance", ROOT / "benchmarks" / "gpu_acceptance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_acceptance")
 
 
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
-    _script().main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    _script().main(["--device", "cpu", "--tiny", "--host-work", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
     assert report["errors"] == []
     assert report["date"] and report["machine"] and "--tiny" in report["command"]
@@ -34,9 +30,11 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert set(cells) == {(f, h) for f in framework_names() for h in head_names()}
     for cell in cells.values():
         assert cell["step_s"] > 0 and cell["images_per_s"] > 0 and cell["loss"] is not None
+        assert cell["first_step_s"] > 0 and cell["host_work"]["ops"] > 100 and cell["host_work"]["reads"] >= 1
     for framework in framework_names():
         assert report["ratios"][framework]["np_step_ratio"] > 0
         assert report["ratios"][framework]["mc_dropout_step_ratio"] > 0
+        assert report["ratios"][framework]["np_ops_ratio"] > 1.0  # the NP head's layers and memories
     ddp = report["ddp"]
     assert ddp["backend"] == "gloo" and ddp["world_size"] == 1 and ddp["steps"] == 2
     assert ddp["all_reduce_ok"] and ddp["broadcast_unchanged"]

@@ -75,8 +75,9 @@ def test_np_head_contract_shapes_and_aux():
     out = head(features, labels=labels, context_features=features[:1], context_labels=labels[:1])
     assert out.logits.shape == (3, 2, K, 5, 6)
     assert out.aux_loss.dim() == 0 and out.aux_loss.item() > 0.0
-    assert all(isinstance(v, float) for v in out.stats.values()) and "kl" in out.stats
-    assert out.aux_loss.item() == pytest.approx(head.lambda_kl * out.stats["kl"], rel=1e-5)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in out.stats.values())
+    assert "kl" in out.stats
+    assert out.aux_loss.item() == pytest.approx(head.lambda_kl * out.stats["kl"].item(), rel=1e-5)
     head.eval()
     inference = head(features, num_samples=2)
     assert inference.logits.shape == (2, 2, K, 5, 6) and inference.aux_loss.item() == 0.0

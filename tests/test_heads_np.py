@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from head_fixtures import C, D, K, LargestOutput, batch, small_np, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npsemiseg.heads import IGNORE_INDEX, NPDecoder, NPHead, NPLatent, attention_aggregate
-from npsemiseg.heads.np_kernels import norm_relu_conv
+from npsemiseg.heads.np_kernels import attention_aggregates, norm_relu_conv
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -53,6 +54,23 @@ def test_attention_gradient_matches_direct_computation(kind):
     (grad,) = torch.autograd.grad((attention_aggregate(query, centers, filled, kind, channel_chunk=3) * weights).sum(), query)
     (expected,) = torch.autograd.grad((reference_attention(query, centers, filled, kind) * weights).sum(), query)
     assert torch.allclose(grad, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "squared", "per_channel", "mean"])
+def test_attention_over_several_memories_at_once_equals_one_memory_at_a_time_with_gradients(kind):
+    """The head attends its target and context centers in one call: values and the query's gradient as two calls."""
+    query = torch.randn(2, D, 3, 5, dtype=torch.float64, requires_grad=True)
+    centers = [torch.randn(K, D, dtype=torch.float64), torch.randn(K, D, dtype=torch.float64)]
+    filled = [torch.tensor([True, False, True, True]), torch.tensor([True, True, True, False])]
+    together = attention_aggregates(query, centers, filled, kind, channel_chunk=3)
+    apart = [attention_aggregate(query, c, f, kind, channel_chunk=3) for c, f in zip(centers, filled)]
+    weights = torch.randn(2, D)
+    for got, expected in zip(together, apart):
+        assert got.shape == (2, D) and torch.allclose(got, expected, atol=1e-6)
+    if kind != "mean":  # (no gradient reaches the query through uniform weights)
+        (grad,) = torch.autograd.grad(sum((a * weights).sum() for a in together), query)
+        (expected,) = torch.autograd.grad(sum((a * weights).sum() for a in apart), query)
+        assert torch.allclose(grad, expected, atol=1e-6)
 
 
 def test_empty_class_gets_no_weight_even_when_nearest():
@@ -250,8 +268,11 @@ def test_split_first_conv_matches_concat_exactly_in_float64():
     assert torch.allclose(split, decoder.first_conv(x, z, r), atol=1e-12)
 
 
-def test_fused_decoder_tail_equals_plain_layers_with_gradients():
+@pytest.mark.parametrize("samples_per_conv", [None, 1, 2, 3])
+def test_fused_decoder_tail_equals_plain_layers_with_gradients(samples_per_conv):
+    """Whatever the samples per convolution call (T = 3: 3, 2 + 1 or 1 call per stage)."""
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
+    decoder.samples_per_conv = samples_per_conv
     x, z, r = (
         torch.randn(2, C, 4, 5, dtype=torch.float64),
         torch.randn(3, 2, D, dtype=torch.float64),
@@ -269,12 +290,21 @@ def test_fused_decoder_tail_equals_plain_layers_with_gradients():
         assert torch.allclose(a, b, atol=1e-10)
 
 
+def test_decoder_convolves_all_samples_at_once_on_cuda_and_one_at_a_time_on_cpu():
+    decoder = NPDecoder(C, D, K, hidden_channels=8)
+    assert decoder.sample_groups(5, torch.device("cuda")) == 1 and decoder.sample_groups(5, torch.device("cpu")) == 5
+    decoder.samples_per_conv = 2
+    assert decoder.sample_groups(5, torch.device("cuda")) == 3 and decoder.sample_groups(1, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("samples_per_conv", [None, 2, 3])
 @pytest.mark.parametrize("size", [(3, 3), (2, 7), (1, 5), (9, 4)])
-def test_inference_decoder_matches_the_plain_layers_at_every_map_size_and_offset(size):
-    """The inference path (InstanceNorm statistics of the first conv from its border terms, sample by
-    sample) equals the plain layers in float64, and stays accurate in float32 when the maps carry
-    a large offset and the latent terms are large (cancellation in the variance would show)."""
+def test_inference_decoder_matches_the_plain_layers_at_every_map_size_and_offset(size, samples_per_conv):
+    """The inference path (InstanceNorm statistics of the first conv from its border terms, a group of
+    samples per convolution call) equals the plain layers in float64, and stays accurate in float32 when the
+    maps carry a large offset and the latent terms are large (cancellation in the variance would show)."""
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
+    decoder.samples_per_conv = samples_per_conv
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, C, *size, generator=g, dtype=torch.float64) * 0.5 + 20.0
     z, r = torch.randn(3, 2, D, generator=g, dtype=torch.float64) * 30, torch.randn(2, D, generator=g, dtype=torch.float64)
@@ -567,3 +597,31 @@ def test_enqueue_explicit_contradiction_is_an_error():
         NPHead(8, 3, memory_size=64, enqueue_per_class="some")
     assert NPHead(8, 3, memory_size=64, enqueue_per_class=None).enqueue_per_class == 64
     assert NPHead(8, 3, memory_size=64, enqueue_per_class="auto").enqueue_per_class == 64
+
+
+def test_np_head_reads_back_one_value_in_training_and_none_in_inference():
+    """Each read of a device value makes the host wait for the GPU: a training-mode forward reads the label check
+    only (the context labels are a slice of the checked labels), an inference forward nothing once the memories
+    are known to hold rows; a loaded state is checked again, once."""
+    host_work = load_benchmark("host_work")
+    head, (features, labels) = small_np(), batch(h=6, w=6)
+    train_step(head, features, labels)
+    with host_work.HostWork() as work:
+        out = train_step(head, features, labels)
+    assert work.reads == 1 and "check_label_values" in next(iter(work.read_sites))
+    assert set(out.stats) >= {"kl", "target_classes", "spread_border"}
+    head.eval()
+    with host_work.HostWork() as work:
+        head(features)
+    assert work.reads == 0
+    head.load_state_dict(head.state_dict())
+    reads = []
+    for _ in range(2):
+        with host_work.HostWork() as work:
+            head(features)
+        reads.append(work.reads)
+    assert reads == [1, 0]
+    empty = small_np().eval()
+    with pytest.raises(ValueError, match="target memory is empty"):
+        empty(features)
+

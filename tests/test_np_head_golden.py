@@ -132,7 +132,7 @@ def test_np_head_reproduces_the_authors_centers_latent_kl_and_logits(variant, de
         for name, value in (("mean_t", mean_t), ("sigma_t", sigma_t), ("mean_c", mean_c), ("sigma_c", sigma_c)):
             _close(f"{prefix}/{name}", value, DATA[f"{prefix}/{name}"], deviations)
         _close(f"{prefix}/kl", head.kl_divergence(mean_t, sigma_t, mean_c, sigma_c), DATA[f"{prefix}/kl"], deviations)
-        _close(f"{prefix}/kl_mean", torch.tensor(out.stats["kl"]), DATA[f"{prefix}/kl"].mean(), deviations)
+        _close(f"{prefix}/kl_mean", torch.as_tensor(out.stats["kl"]), DATA[f"{prefix}/kl"].mean(), deviations)
         _close(f"{prefix}/aux_loss", out.aux_loss, DATA[f"{prefix}/kl"].mean(), deviations)  # lambda_kl = 1
         _close(f"{prefix}/logits", out.logits, DATA[f"{prefix}/logits"], deviations)
     noise.eps = torch.from_numpy(DATA["infer_eps"])

@@ -236,13 +236,9 @@ def test_one_mini_cell_repeats_exactly_at_one_thread_count_and_nearly_across_cou
     """Two runs of a shortened mini-study cell from the shipped backbone agree bit for bit at 1 thread and at 2;
     1 and 2 threads differ slightly (the conv / matmul kernels split their float sums by thread, so the sums are
     added in another order): benchmarks/thread_repeatability.py measures it on the full-length backbone."""
-    import importlib.util
+    from benchmark_scripts import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "thread_repeatability", Path(__file__).resolve().parents[1] / "benchmarks" / "thread_repeatability.py")
-    assert spec is not None and spec.loader is not None
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
+    benchmark = load_benchmark("thread_repeatability")
     compare, mini_cell = benchmark.compare, benchmark.mini_cell
     monkeypatch.setenv("NPSEMISEG_CACHE", str(tmp_path))  # the shipped file: nothing is built into the cache
     result = compare(mini_cell(weights="pretrained:default", steps=4, images=8))

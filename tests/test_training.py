@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 import torch.nn.functional as F
 
 from npsemiseg.callbacks import Callbacks
@@ -503,3 +504,22 @@ def test_epoch_throughput_and_peak_memory_at_the_end_of_each_epoch(smoke_config)
     last = steps.logs[-1]
     assert last["train/epoch_images_per_sec"] > 0 and last["train/peak_memory_mb"] > 10  # a Python process's RSS
     assert "train/peak_memory_mb" not in steps.logs[0]
+
+
+def test_step_logs_given_as_tensors_come_back_as_floats_in_the_transfer_of_the_losses():
+    """Frameworks and heads leave their logs on the device; the loop reads them with the loss terms, one read."""
+    from npsemiseg.frameworks import StepContext, StepResult
+    from npsemiseg.training.step import _read_values
+
+    result = StepResult(losses={"sup": torch.tensor(2.0), "kl": torch.tensor(0.5, requires_grad=True)},
+                        logs={"head/kl": torch.tensor(0.25), "kept_fraction": 0.75, "rho": torch.tensor([3.0])})
+    ctx = StepContext(step=0, total_steps=2, epoch=0, total_epochs=1, iters_per_epoch=2)
+    with load_benchmark("host_work").HostWork() as work:
+        names, floats, logs = _read_values(None, result, ctx, world_size=1)
+    assert work.reads == 1
+    assert names == ["sup", "kl"] and floats == [2.0, 0.5]
+    assert logs == {"head/kl": 0.25, "kept_fraction": 0.75, "rho": 3.0} and all(type(v) is float for v in logs.values())
+    result.losses["sup"] = torch.tensor(float("nan"))
+    with pytest.raises(FloatingPointError, match="'sup'"):
+        _read_values(None, result, ctx, world_size=1)
+

@@ -98,7 +98,7 @@ class AugSeg(SemiSupervisedFramework):
         losses = self.supervised_terms(student, labels_l)
         # mean over all pixels: masked pixels contribute 0 to the sum and count in the mean
         losses["unsup"] = opts.unsup_weight * self.pixel_ce(student.logits_u, pseudo).mean()
-        logs = self.step_logs(student, rho=float(rho.mean()), kept_fraction=float((pseudo != 255).float().mean()))
+        logs = self.step_logs(student, rho=rho.mean(), kept_fraction=(pseudo != 255).float().mean())
         return StepResult(losses, logs)
 
     def after_optimizer_step(self, ctx: StepContext) -> None:

@@ -55,10 +55,11 @@ class StepContext:
 
 @dataclass
 class StepResult:
-    """Weighted loss terms (their sum is optimised) and extra floats to log."""
+    """Weighted loss terms (their sum is optimised) and extra values to log: floats, or 0-dim tensors that the
+    loop reads from the device in one transfer with the loss terms (a read of its own would wait for the device)."""
 
     losses: dict[str, Tensor]
-    logs: dict[str, float] = field(default_factory=dict)
+    logs: dict[str, float | Tensor] = field(default_factory=dict)
 
     @property
     def total(self) -> Tensor:
@@ -69,10 +70,10 @@ class StepResult:
 FRAMEWORKS: Registry[type[Framework]] = Registry("framework")
 
 
-def head_logs(stats: dict[str, float]) -> dict[str, float]:
+def head_logs(stats: dict[str, float | Tensor]) -> dict[str, float | Tensor]:
     """The head's diagnostics (``HeadOutput.stats``) as step logs ``head/<name>``: apart from the
     loss terms (the NP head's raw ``kl`` is ``train/head/kl``; ``train/kl`` is the lambda_kl x KL term)."""
-    return {f"head/{k}": float(v) for k, v in stats.items()}
+    return {f"head/{k}": v for k, v in stats.items()}
 
 
 class Framework:

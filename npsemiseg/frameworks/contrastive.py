@@ -196,7 +196,8 @@ def contrastive_loss(
                               ignored_as_background="label_onehot_ignored" in released_bugs, ignore_index=ignore_index)
     _enqueue_negatives(teacher, prob, member, unreliable, num_labeled, queues, low_rank, high_rank,
                        bugged="labeled_negatives" in released_bugs)
-    present = [c for c in range(prob.shape[1]) if bool((reliable & member[:, c]).any())]
+    has_reliable = (reliable[:, None] & member).flatten(2).any(dim=2).any(dim=0).tolist()  # [K], one read
+    present = [c for c in range(prob.shape[1]) if has_reliable[c]]
     logs = {"contrastive_classes": float(len(present))}
     if len(present) <= 1:
         return rep_student.sum() * 0.0, logs
@@ -208,7 +209,7 @@ def contrastive_loss(
         reliable_c = reliable & member[:, source]
         anchors = student[reliable_c & (prob[:, source] > anchor_threshold)]
         negatives = queues.class_keys(c)
-        if anchors.shape[0] == 0 or negatives.shape[0] == 0 or not bool(reliable_c.any()):
+        if anchors.shape[0] == 0 or negatives.shape[0] == 0 or not has_reliable[source]:
             continue
         used_anchors.append(anchors.detach())
         losses.append(_infonce(anchors, teacher[reliable_c].mean(dim=0), negatives, num_queries=num_queries,
@@ -219,12 +220,12 @@ def contrastive_loss(
     return torch.stack(losses).sum() / len(present), logs
 
 
-def _anchor_logs(anchor_sets: Sequence[Tensor]) -> dict[str, float]:
+def _anchor_logs(anchor_sets: Sequence[Tensor]) -> dict[str, float | Tensor]:
     """The fewest anchors of a class and the smallest anchor norm. A class's queries all sample its anchors and
     the cosine's gradient grows as 1 / |anchor|, so one anchor of small norm takes the class's whole loss with a
     large gradient (``docs/learning.md``, U2PL seed 1's exploding step)."""
     return {"contrastive_fewest_anchors": float(min(a.shape[0] for a in anchor_sets)),
-            "contrastive_anchor_norm_min": float(torch.cat([a.norm(dim=1) for a in anchor_sets]).min())}
+            "contrastive_anchor_norm_min": torch.cat([a.norm(dim=1) for a in anchor_sets]).min()}
 
 
 def _enqueue_negatives(teacher: Tensor, prob: Tensor, member: Tensor, unreliable: Tensor, num_labeled: int,

@@ -193,6 +193,6 @@ class FixMatch(SemiSupervisedFramework):
             box_valid = torch.where(box, valid[partner], valid)
             losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, box_valid, threshold)
         losses.update(self.extra_terms(perturbed, weak_pred, valid))
-        mask_ratio = float(((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1))
+        mask_ratio = ((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)
         return StepResult(losses, self.step_logs(clean, mask_ratio=mask_ratio,
-                                                 box_fraction=float(torch.stack(boxes).float().mean())))
+                                                 box_fraction=torch.stack(boxes).float().mean()))

@@ -77,7 +77,7 @@ class MeanTeacher(SemiSupervisedFramework):
         student = self.student_pass(images_l, labels_l, mixed.image, pseudo)
         losses = self.supervised_terms(student, labels_l)
         losses["unsup"] = opts.unsup_weight * self.mean_ce(student.logits_u, pseudo)
-        return StepResult(losses, self.step_logs(student, teacher_confidence=float(teacher.confidence.mean())))
+        return StepResult(losses, self.step_logs(student, teacher_confidence=teacher.confidence.mean()))
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: MTOptions = self.options  # type: ignore[assignment]

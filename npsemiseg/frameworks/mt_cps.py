@@ -108,7 +108,7 @@ class CPSMeanTeacher(SemiSupervisedFramework):
         probs = logits.float().softmax(dim=2).mean(dim=0)
         losses = self.supervised_terms(student, labels_l)
         losses["unsup"] = opts.mse_weight * F.mse_loss(probs, teacher_probs.float())
-        return StepResult(losses, self.step_logs(student, teacher_confidence=float(confidence.mean())))
+        return StepResult(losses, self.step_logs(student, teacher_confidence=confidence.mean()))
 
     def _split_passes(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor,
                       opts: CPSMeanTeacherOptions) -> tuple[StudentPass, Tensor, Tensor]:

@@ -272,10 +272,10 @@ class PSMT(SemiSupervisedFramework):
         weight = rampup_weight(ctx.step - opts.warmup_epochs * ctx.iters_per_epoch, ctx.iters_per_epoch,
                                opts.unsup_weight, opts.rampup_epochs)
         losses["unsup"] = weight * masked_mean(per_pixel, confident)
-        logs = self.step_logs(student, unsup_weight=weight, kept_fraction=float(confident.float().mean()))
+        logs = self.step_logs(student, unsup_weight=weight, kept_fraction=confident.float().mean())
         return StepResult(losses, logs)
 
-    def _warm_up_teachers(self, labeled: dict[str, Tensor]) -> dict[str, float]:
+    def _warm_up_teachers(self, labeled: dict[str, Tensor]) -> dict[str, Tensor]:
         """One supervised step of each teacher on the weak labeled view with its own optimiser; returns
         ``{"warmup/<teacher>_loss": loss}``."""
         images, labels = labeled_view(labeled, strong=False), labeled["label"]
@@ -289,7 +289,7 @@ class PSMT(SemiSupervisedFramework):
             _average_gradients(teacher)
             optimizer.step()
             teacher.eval()
-            logs[f"warmup/{name}_loss"] = float(loss.detach())
+            logs[f"warmup/{name}_loss"] = loss.detach()
         return logs
 
     def _teacher_optimizer(self, name: str) -> torch.optim.Optimizer:

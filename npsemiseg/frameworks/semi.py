@@ -140,10 +140,9 @@ class SemiSupervisedFramework(Framework):
         if not self._memory_names:
             return
         student = unwrap(self.student)
-        head = student.head
-        if bool((head.target_count.sum() > 0) & (head.context_count.sum() > 0)):
+        if not student.head.empty_memories():
             return
-        with torch.no_grad(), mode(student, False), mode(head, True):
+        with torch.no_grad(), mode(student, False), mode(student.head, True):
             student(images_l, labels=labels_l, num_context=images_l.shape[0])
         for teacher in self.teachers.values():
             self.sync_memories(teacher)
@@ -208,10 +207,11 @@ class SemiSupervisedFramework(Framework):
         """:meth:`pixel_ce` averaged over the non-ignored pixels (0 when all are ignored)."""
         return cross_entropy_loss(logits, labels, form=self.sample_ce, align_corners=self.align_corners)
 
-    def step_logs(self, student: StudentPass, **values: float) -> dict[str, float]:
-        """The head's statistics, ``values``, and the pseudo-label accuracy measured in this step (if any)."""
+    def step_logs(self, student: StudentPass, **values: float | Tensor) -> dict[str, float | Tensor]:
+        """The head's statistics, ``values`` (floats or 0-dim tensors, read by the loop with the losses), and the
+        pseudo-label accuracy measured in this step (if any)."""
         logs = head_logs(student.head.stats)
-        logs.update({k: float(v) for k, v in values.items()})
+        logs.update(values)
         if self._step_confusion is not None:
             logs.update(pseudo_label_accuracy(self._step_confusion))
             self._step_confusion = None

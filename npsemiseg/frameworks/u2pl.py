@@ -151,8 +151,8 @@ class U2PL(SemiSupervisedFramework):
         losses = self.supervised_terms(student, labels_l)
         scale = kept.numel() / num_kept.clamp_min(1).float()
         losses["unsup"] = opts.unsup_weight * scale * self.mean_ce(student.logits_u, kept)
-        logs = self.step_logs(student, kept_fraction=float(num_kept) / kept.numel(),
-                              teacher_confidence=float(weak.confidence.mean()))
+        logs = self.step_logs(student, kept_fraction=num_kept / kept.numel(),
+                              teacher_confidence=weak.confidence.mean())
         if self.queues is not None:
             contra, contra_logs = self._contrastive(student, stats, labels_l, pseudo, entropy_u, ctx, opts)
             losses["contrastive"] = opts.contrastive_weight * contra

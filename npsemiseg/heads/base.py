@@ -30,12 +30,13 @@ class HeadOutput:
 
     logits: ``[S, B, K, h, w]`` per-sample logits at feature resolution.
     aux_loss: scalar tensor added to the training loss (lambda_kl x KL for NP, 0 otherwise).
-    stats: floats for logging (e.g. ``kl``, memory fill).
+    stats: values for logging (e.g. ``kl``, memory fill): floats or 0-dim tensors, which the training loop reads
+    from the device together with the step's losses (no read of its own in the middle of a step).
     """
 
     logits: Tensor
     aux_loss: Tensor
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float | Tensor] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:

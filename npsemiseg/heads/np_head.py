@@ -47,7 +47,7 @@ from .base import (
     downsample_labels,
     gaussian_kl,
 )
-from .np_kernels import ATTENTIONS, attention_aggregate
+from .np_kernels import ATTENTIONS, attention_aggregates
 from .np_layers import DECODER_IMPLS, DECODER_NORMS, LatentEncoder, NPDecoder, SmallConvNet
 
 MEMORY_ROWS = ("pixel", "scrambled")
@@ -282,6 +282,22 @@ class NPHead(ClassifierHead):
             if self.memory_zero_row:
                 getattr(self, f"{name}_pointer").fill_(1 % self.memory_size)
                 getattr(self, f"{name}_count").fill_(1)
+        self._memories_hold_rows = self.memory_zero_row  # (the zero rows count)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        self._memories_hold_rows = False  # the loaded counts are read again
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def empty_memories(self) -> list[str]:
+        """The memories (``MEMORIES``) that hold no row. Reads the counts from the device until both memories
+        hold rows, then answers ``[]`` without a read: rows leave a memory only through :meth:`reset_memories`
+        or a loaded state_dict, after which the counts are read again. (A read waits for the device.)"""
+        if self._memories_hold_rows:
+            return []
+        counts = torch.stack([self.target_count.sum(), self.context_count.sum()]).tolist()
+        empty = [name for name, rows in zip(MEMORIES, counts) if rows == 0]
+        self._memories_hold_rows = not empty
+        return empty
 
     def _scramble(self, picked: Tensor, valid: Tensor) -> Tensor:
         """The released code's rows (``memory_rows="scrambled"``; ``docs/np_head.md``, np_scrambled_memories):
@@ -395,13 +411,11 @@ class NPHead(ClassifierHead):
     def _check_memories_filled(self) -> None:
         if not self.persist_memories:  # the authors' empty banks: zero centers, never an error
             return
-        filled = torch.stack([self.target_count.sum(), self.context_count.sum()]).tolist()
-        for name, rows in zip(MEMORIES, filled):
-            if rows == 0:
-                raise ValueError(
-                    f"NPHead: the {name} memory is empty; run training-mode steps (labels=..., "
-                    f"context_features=..., context_labels=...) or load a state_dict before inference"
-                )
+        for name in self.empty_memories():
+            raise ValueError(
+                f"NPHead: the {name} memory is empty; run training-mode steps (labels=..., "
+                f"context_features=..., context_labels=...) or load a state_dict before inference"
+            )
 
     # ---- paths ----------------------------------------------------------------------------
 
@@ -416,8 +430,9 @@ class NPHead(ClassifierHead):
         zero = inference and not self.persist_memories
         target_centers = torch.zeros_like(self.target_centers) if zero else self.target_centers
         context_centers = torch.zeros_like(self.context_centers) if zero else self.context_centers
-        target = attention_aggregate(query, target_centers, self.filled("target"), self.attention)
-        context = attention_aggregate(query, context_centers, self.filled("context"), self.attention)
+        target, context = attention_aggregates(
+            query, [target_centers, context_centers], [self.filled("target"), self.filled("context")], self.attention
+        )
         return target, context
 
     @staticmethod
@@ -484,9 +499,8 @@ class NPHead(ClassifierHead):
             z, r, aux, kl = self._training_latent(features, labels, context_features, context_labels, num_samples)
             stats["kl"] = kl
         logits = self.decoder(features, z.to(features.dtype), r.to(features.dtype))
-        stats.update(self._stats(logits))
-        values = torch.stack([v.float() for v in stats.values()]).tolist()  # one host sync for all stats
-        return HeadOutput(logits, aux, dict(zip(stats, values)))
+        stats.update(self._stats(logits))  # 0-dim tensors: the loop reads them with the step's losses
+        return HeadOutput(logits, aux, stats)
 
     def _training_latent(
         self,
@@ -504,7 +518,8 @@ class NPHead(ClassifierHead):
         if context_features is not None:
             self.check_features(context_features)
             self.check_labels(context_labels, context_features, "context_labels")
-            check_label_values(context_labels, self.num_classes, "context_labels")
+            if not self._is_leading_slice(context_labels, labels):  # (a slice of checked labels needs no read)
+                check_label_values(context_labels, self.num_classes, "context_labels")
         t = self.resolve_num_samples(num_samples)
         query = self.query(features)
         if self.training and not self.persist_memories:

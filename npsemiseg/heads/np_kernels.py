@@ -16,6 +16,9 @@ Double backward is not supported (``once_differentiable``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -75,26 +78,62 @@ def attention_aggregate(
     ``"mean"`` uniform weights over filled classes (the paper's mean-aggregator ablation).
     Runs in float32 (the distance expansion cancels badly in half precision).
     """
+    return attention_aggregates(query, [centers], [filled], kind, channel_chunk=channel_chunk)[0]
+
+
+def attention_aggregates(
+    query: Tensor, centers: Sequence[Tensor], filled: Sequence[Tensor], kind: str = "euclidean", *, channel_chunk: int = 4
+) -> list[Tensor]:
+    """:func:`attention_aggregate` of one query over the centers of several memories (M of them, each ``[K, D]``
+    with its ``filled [K]``) -> M x ``[B, D]``: one distance conv and one softmax for all of them."""
     with torch.autocast(device_type=query.device.type, enabled=False):
-        query, centers = query.float(), centers.float()
+        query, stacked, mask = query.float(), torch.stack(list(centers)).float(), torch.stack(list(filled))  # [M, K, D]
+        m, k, d = stacked.shape
         if kind == "mean":
-            weights = filled.float() / filled.sum().clamp_min(1)
-            return (weights @ centers).expand(query.shape[0], -1)
+            weights = mask.float() / mask.sum(dim=1, keepdim=True).clamp_min(1)  # [M, K]
+            return list((weights[:, None] @ stacked).expand(m, query.shape[0], d).unbind(0))
         if kind == "per_channel":
-            return _PerChannelAttention.apply(query, centers, filled, channel_chunk)
+            return [_PerChannelAttention.apply(query, c, f, channel_chunk) for c, f in zip(stacked, mask)]
         if kind not in ("euclidean", "squared"):
             raise ValueError(f"attention: expected one of {ATTENTIONS}, got {kind!r}")
-        cross = F.conv2d(query, centers[:, :, None, None])  # [B, K, h, w] = q . c_k
-        dist2 = (query.pow(2).sum(dim=1, keepdim=True) - 2.0 * cross + centers.pow(2).sum(dim=1)[:, None, None]).clamp_min(0.0)
+        flat = stacked.view(m * k, d)
+        cross = F.conv2d(query, flat[:, :, None, None])  # [B, M * K, h, w] = q . c_k
+        dist2 = (query.pow(2).sum(dim=1, keepdim=True) - 2.0 * cross + flat.pow(2).sum(dim=1)[:, None, None]).clamp_min(0.0)
         score = -dist2 if kind == "squared" else -dist2.clamp_min(1e-12).sqrt()
-        score = score.masked_fill(~filled[None, :, None, None], float("-inf"))
-        return score.softmax(dim=1).mean(dim=(2, 3)) @ centers
+        score = score.unflatten(1, (m, k)).masked_fill(~mask[None, :, :, None, None], float("-inf"))
+        weights = score.softmax(dim=2).mean(dim=(3, 4))  # [B, M, K]
+        return list((weights.transpose(0, 1) @ stacked).unbind(0))
 
 
+@functools.lru_cache(maxsize=64)
 def valid_taps(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``[size, 3]``: 1 where tap a of a 3x3, padding-1 kernel falls inside the map at position i."""
-    i = torch.arange(size, device=device)[:, None] + torch.arange(3, device=device)[None] - 1
-    return ((i >= 0) & (i < size)).to(dtype)
+    """``[size, 3]``: 1 where tap a of a 3x3, padding-1 kernel falls inside the map at position i.
+
+    A constant, built once per (size, device, dtype) and shared (read only): eight operator calls fewer per use,
+    where a step's host time is what counts. Built outside inference mode, so autograd may save it."""
+    with torch.inference_mode(False), torch.no_grad():
+        i = torch.arange(size, device=device)[:, None] + torch.arange(3, device=device)[None] - 1
+        return ((i >= 0) & (i < size)).to(dtype)
+
+
+def border_slices(size: int) -> slice:
+    """The first and last index of a side of ``size`` (one index when ``size`` is 1) as a slice: a view, not a copy."""
+    return slice(0, None, max(size - 1, 1))
+
+
+def constant_map_border(taps: Tensor, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Where the 3x3 zero-padded conv of spatially constant maps differs from its interior value: the border.
+
+    ``taps [T, B, O, 3, 3]`` (``W[:, constant channels, u, v] @ values``) -> ``interior [T, B, O, 1, 1]`` (the sum
+    of all nine taps), ``edge_rows [T, B, O, r, w]`` on the border rows (``border_slices(h)``) and ``edge_cols
+    [T, B, O, c, h - 2]`` on the border columns (``border_slices(w)``) of rows 1 .. h - 2, both minus the interior
+    value. Pixel (i, j) receives ``rows[i] @ taps @ cols[j]`` with the masks of valid taps (``valid_taps``).
+    """
+    rows, cols = valid_taps(h, taps.device, taps.dtype), valid_taps(w, taps.device, taps.dtype)
+    interior = taps.sum(dim=(-2, -1), keepdim=True)
+    edge_rows = rows[border_slices(h)] @ taps @ cols.t() - interior
+    edge_cols = (rows[1 : h - 1] @ taps @ cols[border_slices(w)].t()).transpose(-2, -1) - interior
+    return interior, edge_rows, edge_cols
 
 
 def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> Tensor:
@@ -186,16 +225,12 @@ class _AddConstantMaps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
         h, w = conv_x.shape[-2:]
-        rows, cols = valid_taps(h, conv_x.device, taps.dtype), valid_taps(w, conv_x.device, taps.dtype)
-        interior = taps.sum(dim=(-2, -1))  # [T, B, O]
-        constant = interior if bias is None else interior + bias.to(interior.dtype)
-        out = conv_x + constant[..., None, None]
-        for i in sorted({0, h - 1}):  # whole border rows
-            out[..., i, :] += torch.einsum("u,tnouv,jv->tnoj", rows[i], taps, cols) - interior[..., None]
+        interior, edge_rows, edge_cols = constant_map_border(taps, h, w)
+        out = conv_x + (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None])
+        out[..., border_slices(h), :].add_(edge_rows)  # whole border rows
         if h > 2:  # border columns of the remaining rows
-            for j in sorted({0, w - 1}):
-                out[..., 1 : h - 1, j] += torch.einsum("iu,tnouv,v->tnoi", rows[1 : h - 1], taps, cols[j]) - interior[..., None]
-        ctx.save_for_backward(rows, cols)
+            out[..., 1 : h - 1, border_slices(w)].add_(edge_cols.transpose(-2, -1))
+        ctx.save_for_backward(valid_taps(h, conv_x.device, taps.dtype), valid_taps(w, conv_x.device, taps.dtype))
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .base import check_choice
-from .np_kernels import add_constant_maps, norm_relu_conv, records_grad, valid_taps
+from .np_kernels import add_constant_maps, border_slices, constant_map_border, norm_relu_conv, records_grad
 
 DECODER_IMPLS = ("split", "concat")
 DECODER_NORMS = ("instance", "group", "batch")
@@ -64,7 +64,14 @@ class NPDecoder(nn.Module):
     the map`` of ``W[:, :, a, b] @ v``, which is computed exactly from the per-tap products and the
     masks of valid taps (rows x columns), border pixels included. ``impl="concat"`` builds the
     ``[T*B, C + 2D, h, w]`` concatenation (the reference).
+
+    ``samples_per_conv``: how many of the T samples' maps one convolution call takes. None (the default)
+    suits the device: all T on CUDA, where one launch for all samples beats T small ones and the host's
+    time per call is what a small batch is bound by; one sample at a time elsewhere, which bounds the CPU
+    convolution library's buffers. The results agree at float round-off whatever the value.
     """
+
+    samples_per_conv: int | None = None
 
     def __init__(
         self,
@@ -90,6 +97,11 @@ class NPDecoder(nn.Module):
             nn.ReLU(inplace=True),
             nn.Conv2d(hidden_channels, num_classes, 1),
         )
+
+    def sample_groups(self, t: int, device: torch.device) -> int:
+        """Into how many convolution calls the T samples' maps go (``samples_per_conv``)."""
+        per_conv = self.samples_per_conv or (t if device.type == "cuda" else 1)
+        return -(-t // min(per_conv, t))
 
     @staticmethod
     def _norm(kind: str, channels: int) -> nn.Module:
@@ -125,8 +137,8 @@ class NPDecoder(nn.Module):
         return conv_x.to(taps.dtype), taps
 
     def normalized_first_stage(self, x: Tensor, z: Tensor, r: Tensor, eps: float = 1e-5) -> Iterator[Tensor]:
-        """``relu(instance_norm(first_conv(x, z, r)))`` one sample at a time, without building
-        ``first_conv``: yields T maps ``[B, O, h, w]``.
+        """``relu(instance_norm(first_conv(x, z, r)))`` a group of samples at a time (``samples_per_conv``),
+        without building ``first_conv``: yields the maps ``[g * B, O, h, w]`` of g consecutive samples.
 
         Inference only (no autograd), split decoder, maps of at least 3 x 3. The first conv's
         output is ``conv_x + c + e_t``: c is constant over the map (interior taps and bias) and
@@ -140,14 +152,12 @@ class NPDecoder(nn.Module):
             conv_x, taps = conv_x.float(), taps.float()
         h, w = conv_x.shape[-2:]
         with torch.autocast(device_type=x.device.type, enabled=False):  # (not around the yields: the caller's convs keep it)
-            rows, cols = valid_taps(h, conv_x.device, taps.dtype), valid_taps(w, conv_x.device, taps.dtype)
-            interior = taps.sum(dim=(-2, -1))[..., None, None]  # [T, B, O, 1, 1]
-            edge_rows = torch.einsum("ku,tnouv,jv->tnokj", rows[[0, h - 1]], taps, cols) - interior  # [T, B, O, 2, w]
-            edge_cols = torch.einsum("iu,tnouv,kv->tnoki", rows[1 : h - 1], taps, cols[[0, w - 1]]) - interior  # [.., 2, h-2]
+            _, edge_rows, edge_cols = constant_map_border(taps, h, w)  # [T, B, O, 2, w], [T, B, O, 2, h - 2]
             area = h * w
             centred = conv_x.sub_(conv_x.sum(dim=(-2, -1), keepdim=True) / area)  # x' [B, O, h, w]
             var_x = torch.linalg.vector_norm(centred.flatten(-2), dim=-1).square() / area  # [B, O]
-            x_rows, x_cols = centred[..., [0, h - 1], :], centred[..., 1 : h - 1, [0, w - 1]].transpose(-2, -1)
+            x_rows = centred[..., border_slices(h), :]
+            x_cols = centred[..., 1 : h - 1, border_slices(w)].transpose(-2, -1)
             mean_e = (edge_rows.sum(dim=(-2, -1)) + edge_cols.sum(dim=(-2, -1))) / area  # [T, B, O]
             var_e = (edge_rows.square().sum(dim=(-2, -1)) + edge_cols.square().sum(dim=(-2, -1))) / area - mean_e.square()
             cov = ((edge_rows * x_rows).sum(dim=(-2, -1)) + (edge_cols * x_cols).sum(dim=(-2, -1))) / area
@@ -155,11 +165,13 @@ class NPDecoder(nn.Module):
             shift = -mean_e[..., None, None] * rstd
             edge_rows.mul_(rstd)
             edge_cols.mul_(rstd)
-        for sample in range(z.shape[0]):
-            out = torch.addcmul(shift[sample], centred, rstd[sample])  # [B, O, h, w]
-            out[..., [0, h - 1], :] += edge_rows[sample]
-            out[..., 1 : h - 1, [0, w - 1]] += edge_cols[sample].transpose(-2, -1)
-            yield out.relu_()
+        for group in zip(*(part.tensor_split(self.sample_groups(z.shape[0], x.device)) for part in
+                           (shift, rstd, edge_rows, edge_cols))):
+            shift_g, rstd_g, rows_g, cols_g = group
+            out = torch.addcmul(shift_g, centred, rstd_g)  # [g, B, O, h, w]
+            out[..., border_slices(h), :].add_(rows_g)
+            out[..., 1 : h - 1, border_slices(w)].add_(cols_g.transpose(-2, -1))
+            yield out.flatten(0, 1).relu_()
 
     def forward(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
         t, b = z.shape[:2]
@@ -180,5 +192,6 @@ class NPDecoder(nn.Module):
                 ]
             )
         else:  # same maths as self.tail, a third of the memory
-            logits = norm_relu_conv(norm_relu_conv(self.first_conv(x, z, r), self.tail[2], t), self.tail[5], t)
+            chunks = self.sample_groups(t, x.device)
+            logits = norm_relu_conv(norm_relu_conv(self.first_conv(x, z, r), self.tail[2], chunks), self.tail[5], chunks)
         return logits.view(t, b, *logits.shape[1:])

@@ -52,7 +52,7 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
                   unlabeled=_to_device(batch.unlabeled, device) if batch.unlabeled is not None else None)
     with autocast(config, device):
         result = framework.train_step(batch, ctx)
-    names, floats = _loss_values(framework, result, ctx, world_size)
+    names, floats, step_logs = _read_values(framework, result, ctx, world_size)
     optimizer.torch_optimizer.zero_grad(set_to_none=True)
     result.total.backward()
     if world_size > 1:
@@ -68,13 +68,15 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
     if clash:
         raise ValueError(f"{type(framework).__name__}: step logs {sorted(clash)} reuse loss term names; "
                          "log them under another name (e.g. head/<name>)")
-    logs.update({f"train/{k}": float(v) for k, v in result.logs.items()})
+    logs.update({f"train/{k}": v for k, v in step_logs.items()})
     return logs
 
 
-def _loss_values(framework: Framework, result: StepResult, ctx: StepContext,
-                 world_size: int) -> tuple[list[str], list[float]]:
-    """The loss terms' names and values averaged over ranks, checked finite on every rank together."""
+def _read_values(framework: Framework, result: StepResult, ctx: StepContext,
+                 world_size: int) -> tuple[list[str], list[float], dict[str, float]]:
+    """The loss terms' names and values averaged over ranks, checked finite on every rank together, and the
+    step's logs as floats (this rank's): the tensors among them come back in the same transfer as the losses,
+    the step's one read of device values before the gradient norm."""
     if not result.losses:
         raise ValueError(f"{type(framework).__name__}.train_step returned no loss terms at step {ctx.step}")
     names = list(result.losses)
@@ -82,9 +84,14 @@ def _loss_values(framework: Framework, result: StepResult, ctx: StepContext,
     if world_size > 1:
         dist.all_reduce(values)  # a non-finite term on any rank reaches every rank: all stop together
         values /= world_size
+    logged = [k for k, v in result.logs.items() if isinstance(v, Tensor)]
+    if logged:
+        values = torch.cat([values, torch.stack([result.logs[k].detach().float().reshape(()).to(values.device)
+                                                 for k in logged])])
     floats = values.tolist()
-    check_finite(ctx.step + 1, names, floats)
-    return names, floats
+    check_finite(ctx.step + 1, names, floats[: len(names)])
+    read = dict(zip(logged, floats[len(names):]))
+    return names, floats[: len(names)], {k: read[k] if k in read else float(v) for k, v in result.logs.items()}
 
 
 def gradient_norm(optimizer: Optimizer, max_norm: float | None, ctx: StepContext, names: list[str],
