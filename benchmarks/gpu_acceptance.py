@@ -195,7 +195,7 @@ def step_context(run: Any, step: int) -> StepContext:
 
 def count_host_work(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device) -> dict[str, Any]:
     """One more step under ``host_work.HostWork``: its operator calls and host reads (untimed: counting slows it)."""
-    with HostWork() as work:
+    with HostWork(device) as work:
         train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device, run.world_size)
     synchronize(device)
     return work.summary()

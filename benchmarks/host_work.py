@@ -14,6 +14,10 @@ are measured on CPU where no GPU is lent. Used by ``gpu_acceptance.py --host-wor
   ``float`` / index / format of a tensor) and operators whose output size depends on the values
   (``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing), each one synchronisation on CUDA;
 - ``read_sites``: where in the project's code each read happened (``file:line function``).
+
+On a GPU (``HostWork(device)`` with a CUDA device) only reads of tensors on the GPU count: a value drawn on the host
+(UniMatch's CutMix boxes from a CPU generator) waits for nothing. On CPU every tensor is on the host, so such draws
+count too; ``read_sites`` tells them apart.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class _CountOps(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name in DATA_DEPENDENT_OPS or (name == "index" and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ()))):
-            self.work.read(name)
+            self.work.read(name, args[0])
         return func(*args, **(kwargs or {}))
 
 
@@ -62,21 +66,24 @@ class _CountReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in READ_METHODS:
-            self.work.read(name)
+        if name in READ_METHODS and args and isinstance(args[0], torch.Tensor):
+            self.work.read(name, args[0])
         return func(*args, **(kwargs or {}))
 
 
 class HostWork:
     """Context manager counting operator calls and host reads (module docstring) of the code it wraps."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.on_gpu = device is not None and torch.device(device).type != "cpu"
         self.ops = 0
         self.reads = 0
         self.read_sites: collections.Counter[str] = collections.Counter()
         self._modes: list[Any] = []
 
-    def read(self, what: str) -> None:
+    def read(self, what: str, tensor: torch.Tensor) -> None:
+        if self.on_gpu and tensor.device.type == "cpu":
+            return
         self.reads += 1
         self.read_sites[f"{what} at {_project_site()}"] += 1
 
