@@ -11,10 +11,12 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
    framework on the device, optimiser, data streams) and ``npsemiseg.training.step.train_step`` (the loop's step).
    The frameworks' supervised-only / warm-up phases are set to 0 so the step measured is the semi-supervised one.
    The batches are drawn from the run's data streams before timing (once per framework: the head changes no data
-   setting); one warm-up step, then ``--steps`` timed steps
+   setting); one warm-up step (its time reported as the first step's), then ``--steps`` timed steps
    (CUDA synchronised around each): step time (median), images/s, peak CUDA memory
    (``torch.cuda.max_memory_allocated``, reset per cell), and per framework the NP / baseline and MC dropout /
-   baseline ratios.
+   baseline ratios. ``--host-work`` counts one more step's operator calls and reads of device values
+   (``host_work.py``; a small batch's step is bound by the host), with NP / baseline ratios; ``--crop`` and
+   ``--steps-only`` make that count a CPU run of a minute, ``--np-samples-per-conv`` counts the CUDA path on CPU.
 2. DDP. ``torch.distributed`` with world size 1 (NCCL on CUDA, gloo on CPU) and the project's loop
    (``npsemiseg.training.train``) for ``--ddp-steps`` steps of U2PL x NP (NP memory sync and the contrastive queues
    see an initialised process group), then the project's collectives (``broadcast_state``, ``average_gradients``)
@@ -30,6 +32,7 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
 
     python benchmarks/gpu_acceptance.py                          # on a GPU (make gpu-check)
     python benchmarks/gpu_acceptance.py --device cpu --tiny      # the same path on CPU in seconds
+    python benchmarks/gpu_acceptance.py --device cpu --crop 64 --steps-only --host-work --heads baseline np
 """
 
 from __future__ import annotations
