@@ -176,7 +176,7 @@ def contrastive_loss(
     ignore_index: int = 255,
     generator: torch.Generator | None = None,
     released_bugs: Sequence[str] = (),
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, float | Tensor]]:
     """U2PL's contrastive loss; enqueues this batch's negative keys first.
 
     rep_student, rep_teacher: ``[B, E, h, w]`` embeddings (labeled images first);
@@ -201,8 +201,7 @@ def contrastive_loss(
     logs = {"contrastive_classes": float(len(present))}
     if len(present) <= 1:
         return rep_student.sum() * 0.0, logs
-    losses: list[Tensor] = []
-    used_anchors: list[Tensor] = []
+    losses, used_anchors = [], []  # (Tensors) the InfoNCE loss of each class with anchors; its anchors
     for position, c in enumerate(present):
         # the released code takes anchors and positive of the class at this *position*, negatives of class c
         source = position if "prototype_index" in released_bugs else c
