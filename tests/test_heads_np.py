@@ -270,15 +270,16 @@ def test_split_first_conv_matches_concat_exactly_in_float64():
 
 @pytest.mark.parametrize("samples_per_conv", [None, 1, 2, 3])
 def test_fused_decoder_tail_equals_plain_layers_with_gradients(samples_per_conv):
-    """Whatever the samples per convolution call (T = 3: 3, 2 + 1 or 1 call per stage)."""
+    """Whatever the samples per convolution call (T = 3: 3, 2 + 1 or 1 call per stage); the gradients of every
+    parameter and input (the first stage's maps are recomputed in backward from the shared ``conv_x``)."""
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
     decoder.samples_per_conv = samples_per_conv
     x, z, r = (
-        torch.randn(2, C, 4, 5, dtype=torch.float64),
-        torch.randn(3, 2, D, dtype=torch.float64),
-        torch.randn(2, D, dtype=torch.float64),
+        torch.randn(2, C, 4, 5, dtype=torch.float64, requires_grad=True),
+        torch.randn(3, 2, D, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, D, dtype=torch.float64, requires_grad=True),
     )
-    params = [decoder.conv1.weight, decoder.tail[2].weight, decoder.tail[2].bias, decoder.tail[5].weight]
+    params = [*decoder.parameters(), x, z, r]
     fused = decoder(x, z, r)
     g_fused = torch.autograd.grad(fused.sin().sum(), params)
     plain = decoder.tail(decoder.first_conv(x, z, r)).view(3, 2, K, 4, 5)
@@ -288,6 +289,20 @@ def test_fused_decoder_tail_equals_plain_layers_with_gradients(samples_per_conv)
         assert torch.allclose(decoder(x, z, r), plain, atol=1e-10)
     for a, b in zip(g_fused, g_plain):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+@pytest.mark.parametrize("samples_per_conv", [None, 3])
+def test_decoder_keeps_one_t_by_b_map_per_sample_for_backward_not_two(samples_per_conv):
+    """Autograd keeps the second stage's normalised maps only: the first stage's are recomputed from ``conv_x``."""
+    decoder = NPDecoder(C, D, K, hidden_channels=8)
+    decoder.samples_per_conv = samples_per_conv
+    x, z, r = torch.randn(2, C, 6, 7, requires_grad=True), torch.randn(3, 2, D), torch.randn(2, D)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        decoder(x, z, r).sum().backward()
+    per_stage = 3 * 2 * 8 * 6 * 7  # T x B maps of the hidden width
+    assert saved.count(per_stage) == 1 and max(saved) == per_stage
+    assert sum(saved) < 1.5 * per_stage + x.numel() + sum(p.numel() for p in decoder.parameters())
 
 
 def test_decoder_convolves_all_samples_at_once_on_cuda_and_one_at_a_time_on_cpu():

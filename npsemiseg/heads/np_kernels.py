@@ -136,21 +136,23 @@ def constant_map_border(taps: Tensor, h: int, w: int) -> tuple[Tensor, Tensor, T
     return interior, edge_rows, edge_cols
 
 
-def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> Tensor:
-    """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``rstd [N, C, 1, 1]``.
+def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> tuple[Tensor, Tensor]:
+    """In-place InstanceNorm without affine parameters of ``y [N, C, h, w]``; returns ``(mean, rstd)``, ``[N, C, 1, 1]``.
 
     Two-pass (mean, then the norm of the centred map): on CPU several times faster than
     ``var_mean`` over the spatial dims, and no temporary of the size of ``y``. ``scale=False``
-    only centres ``y`` (the caller folds ``rstd`` into what follows).
+    only centres ``y`` (the caller folds ``rstd`` into what follows). ``y.sub_(mean).mul_(rstd)`` on the same
+    ``y`` gives the same values again, bit for bit (what :class:`_FirstStage` recomputes in backward).
     """
     n, c, h, w = y.shape
     flat = y.view(n * c, h * w)
-    y.sub_((flat.sum(dim=1) / (h * w)).view(n, c, 1, 1))
+    mean = (flat.sum(dim=1) / (h * w)).view(n, c, 1, 1)
+    y.sub_(mean)
     var = torch.linalg.vector_norm(flat, dim=1).square().view(n, c, 1, 1) / (h * w)
     rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
     if scale:
         y.mul_(rstd)
-    return rstd
+    return mean, rstd
 
 
 def conv_dtype(x: Tensor) -> torch.dtype:
@@ -166,6 +168,42 @@ def _conv_backward(grad_out: Tensor, input: Tensor, weight: Tensor, mask: tuple[
     )
 
 
+def _norm_relu_conv_forward(y: Tensor, weight: Tensor, bias: Tensor, chunks: int,
+                            keep_xhat: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``conv(relu(instance_norm(y)))`` with ``y`` normalised in place (it becomes ``xhat``; with ``keep_xhat=False``
+    its ReLU, in place, no copy) and the convs in ``chunks`` slices of N; returns the output, the InstanceNorm's
+    ``mean`` and ``rstd``, and the weight in the conv's dtype (autocast's; backward repeats it)."""
+    dtype = conv_dtype(y)
+    weight_, bias_ = weight.to(dtype), bias.to(dtype)
+    mean, rstd = _instance_norm_(y)
+    padding = weight.shape[-1] // 2
+    with torch.autocast(device_type=y.device.type, enabled=False):  # the dtype is explicit: backward repeats it
+        relu = F.relu if keep_xhat else torch.relu_
+        parts = [F.conv2d(relu(part).to(dtype), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), mean, rstd, weight_
+
+
+def _norm_relu_conv_backward(grad_out: Tensor, xhat: Tensor, rstd: Tensor, weight: Tensor,
+                             chunks: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`_norm_relu_conv_forward` for ``y``, the weight and the bias (in the conv's dtype), from the
+    normalised ``xhat`` (overwritten: its ReLU is the conv input recomputed for the weight's gradient)."""
+    grad_out = grad_out.contiguous()
+    grad_y = torch.empty_like(xhat)
+    grad_weight = grad_bias = None
+    for x, r, g_out, g_y in zip(xhat.chunk(chunks), rstd.chunk(chunks), grad_out.chunk(chunks), grad_y.chunk(chunks)):
+        g_out = g_out.to(weight.dtype)
+        g = _conv_backward(g_out, x.to(weight.dtype), weight, (True, False, False))[0]  # d loss / d relu(xhat)
+        g = torch.ops.aten.threshold_backward(g.to(x.dtype), x, 0)  # through the ReLU
+        n, c, h, w = x.shape
+        mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
+        mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
+        g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
+        _, g_w, g_b = _conv_backward(g_out, x.relu_().to(weight.dtype), weight, (False, True, True))
+        grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
+        grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
+    return grad_y, grad_weight, grad_bias
+
+
 class _NormReLUConv(torch.autograd.Function):
     """``conv(relu(instance_norm(y)))`` saving one activation-sized tensor (the normalised ``y``).
 
@@ -178,72 +216,105 @@ class _NormReLUConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y: Tensor, weight: Tensor, bias: Tensor, chunks: int) -> Tensor:
-        dtype = conv_dtype(y)
-        weight_, bias_ = weight.to(dtype), bias.to(dtype)
-        rstd = _instance_norm_(y)
-        padding = weight.shape[-1] // 2
-        with torch.autocast(device_type=y.device.type, enabled=False):  # the dtype is explicit: backward repeats it
-            parts = [F.conv2d(F.relu(part).to(dtype), weight_, bias_, padding=padding) for part in y.chunk(chunks)]
+        out, _, rstd, weight_ = _norm_relu_conv_forward(y, weight, bias, chunks)
         ctx.save_for_backward(y, rstd, weight_)
         ctx.chunks, ctx.param_dtype = chunks, weight.dtype
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         xhat, rstd, weight = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_y = torch.empty_like(xhat)
-        grad_weight = grad_bias = None
-        for x, r, g_out, g_y in zip(
-            xhat.chunk(ctx.chunks), rstd.chunk(ctx.chunks), grad_out.chunk(ctx.chunks), grad_y.chunk(ctx.chunks)
-        ):
-            g_out = g_out.to(weight.dtype)
-            g = _conv_backward(g_out, x.to(weight.dtype), weight, (True, False, False))[0]  # d loss / d relu(xhat)
-            g = torch.ops.aten.threshold_backward(g.to(x.dtype), x, 0)  # through the ReLU
-            n, c, h, w = x.shape
-            mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
-            mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
-            g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
-            _, g_w, g_b = _conv_backward(g_out, x.relu_().to(weight.dtype), weight, (False, True, True))
-            grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
-            grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
+        grad_y, grad_weight, grad_bias = _norm_relu_conv_backward(grad_out, xhat, rstd, weight, ctx.chunks)
         return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None
 
 
-class _AddConstantMaps(torch.autograd.Function):
-    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of spatially constant input maps -> ``[T, B, O, h, w]``.
+def _constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of the constant maps given by ``taps [T, B, O, 3, 3]``
+    and ``bias [O]`` -> ``[T, B, O, h, w]``: the interior value in one pass, the border rows and columns corrected in
+    place."""
+    h, w = conv_x.shape[-2:]
+    interior, edge_rows, edge_cols = constant_map_border(taps, h, w)
+    out = conv_x + (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None])
+    out[..., border_slices(h), :].add_(edge_rows)  # whole border rows
+    if h > 2:  # border columns of the remaining rows
+        out[..., 1 : h - 1, border_slices(w)].add_(edge_cols.transpose(-2, -1))
+    return out
 
-    ``taps [T, B, O, 3, 3]`` holds ``W[:, constant channels, u, v] @ values`` per tap (u, v). Pixel
-    (i, j) receives the sum over the taps that fall inside the map (``rows[i, u] * cols[j, v]``):
-    all nine in the interior, fewer on the border. Forward writes the interior value in one pass
-    and corrects the border rows and columns in place; backward is
-    ``grad_taps = rows^T @ grad @ cols`` (one read of the gradient), so autograd never copies
-    activation-sized tensors for the in-place border writes.
-    """
+
+def _constant_maps_backward(grad: Tensor, bias_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Gradients of :func:`_constant_maps` from ``grad [T, B, O, h, w]``: ``conv_x`` (the sum over T),
+    ``taps = rows^T @ grad @ cols`` (one read of the gradient) and the bias (None without one)."""
+    h, w = grad.shape[-2:]
+    grad_cols = torch.matmul(grad, valid_taps(w, grad.device, grad.dtype))  # [T, B, O, h, 3]
+    grad_taps = torch.matmul(valid_taps(h, grad.device, grad.dtype).t(), grad_cols)  # [T, B, O, 3, 3]
+    grad_bias = None
+    if bias_dtype is not None:  # the centre tap is inside everywhere: its column sums all pixels
+        grad_bias = grad_cols[..., 1].sum(dim=(0, 1, 3)).to(bias_dtype)
+    return grad.sum(dim=0), grad_taps, grad_bias
+
+
+class _AddConstantMaps(torch.autograd.Function):
+    """:func:`_constant_maps` (``[T, B, O, h, w]``); autograd never copies activation-sized tensors for its in-place
+    border writes, and backward reads the gradient once."""
 
     @staticmethod
     def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
-        h, w = conv_x.shape[-2:]
-        interior, edge_rows, edge_cols = constant_map_border(taps, h, w)
-        out = conv_x + (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None])
-        out[..., border_slices(h), :].add_(edge_rows)  # whole border rows
-        if h > 2:  # border columns of the remaining rows
-            out[..., 1 : h - 1, border_slices(w)].add_(edge_cols.transpose(-2, -1))
-        ctx.save_for_backward(valid_taps(h, conv_x.device, taps.dtype), valid_taps(w, conv_x.device, taps.dtype))
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
+        return _constant_maps(conv_x, taps, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        rows, cols = ctx.saved_tensors
-        grad_cols = torch.matmul(grad, cols.to(grad.dtype))  # [T, B, O, h, 3]
-        grad_taps = torch.matmul(rows.t().to(grad.dtype), grad_cols)  # [T, B, O, 3, 3]
-        grad_bias = None
-        if ctx.bias_dtype is not None:  # the centre tap is inside everywhere: its column sums all pixels
-            grad_bias = grad_cols[..., 1].sum(dim=(0, 1, 3)).to(ctx.bias_dtype)
-        return grad.sum(dim=0), grad_taps, grad_bias
+        return _constant_maps_backward(grad, ctx.bias_dtype)
+
+
+class _FirstStage(torch.autograd.Function):
+    """The split decoder's first stage and the conv after it, ``conv(relu(instance_norm(conv_x + constant maps)))``
+    -> ``[T * B, O', h, w]``, keeping none of its ``[T * B, O, h, w]`` maps for backward.
+
+    The first conv's output for T samples is ``conv_x`` (``[B, O, h, w]``, shared by the samples) plus the constant
+    maps' terms, cheap to recompute: backward rebuilds it from ``conv_x``, ``taps`` and the saved InstanceNorm
+    statistics (the same values, bit for bit where forward grouped the samples alike). Forward takes the samples in
+    ``groups`` groups (all at once on CUDA: fewer calls), backward in ``backward_groups`` (one at a time: backward
+    starts where a step's memory peaks, so only one sample's maps exist at once there). Autograd keeps ``conv_x``:
+    1 / T of the maps that the first stage kept before."""
+
+    @staticmethod
+    def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None, weight: Tensor, conv_bias: Tensor,
+                groups: int, backward_groups: int) -> Tensor:
+        outs, means, rstds = [], [], []
+        for taps_g in taps.tensor_split(groups):
+            y = _constant_maps(conv_x, taps_g, bias).flatten(0, 1)  # [g * B, O, h, w]
+            out, mean, rstd, weight_ = _norm_relu_conv_forward(y, weight, conv_bias, 1, keep_xhat=False)
+            outs.append(out)
+            means.append(mean)
+            rstds.append(rstd)
+        ctx.save_for_backward(conv_x, taps, bias, weight_, torch.cat(means), torch.cat(rstds))
+        ctx.groups, ctx.param_dtype = backward_groups, weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        conv_x, taps, bias, weight, means, rstds = ctx.saved_tensors
+        b, start = conv_x.shape[0], 0
+        grad_x = grad_bias = grad_w = grad_b = None
+        grad_taps = []
+        for taps_g in taps.tensor_split(ctx.groups):
+            rows = slice(start, start + taps_g.shape[0] * b)
+            start = rows.stop
+            xhat = _constant_maps(conv_x, taps_g, bias).flatten(0, 1).sub_(means[rows]).mul_(rstds[rows])  # as forward
+            g_y, g_w, g_b = _norm_relu_conv_backward(grad_out[rows], xhat, rstds[rows], weight, 1)
+            g_x, g_taps, g_bias = _constant_maps_backward(g_y.view(taps_g.shape[0], b, *g_y.shape[1:]), ctx.bias_dtype)
+            grad_taps.append(g_taps)
+            grad_x, grad_bias, grad_w, grad_b = (
+                part if total is None else total.add_(part)
+                for total, part in zip((grad_x, grad_bias, grad_w, grad_b), (g_x, g_bias, g_w, g_b))
+            )
+        grad_taps_all = grad_taps[0] if len(grad_taps) == 1 else torch.cat(grad_taps)
+        return grad_x, grad_taps_all, grad_bias, grad_w.to(ctx.param_dtype), grad_b.to(ctx.param_dtype), None, None
 
 
 def records_grad(*tensors: Tensor) -> bool:
@@ -258,12 +329,20 @@ def norm_relu_conv(y: Tensor, conv: nn.Conv2d, chunks: int) -> Tensor:
         return _NormReLUConv.apply(y, conv.weight, conv.bias, chunks)
     if conv.weight.shape[-1] == 1:  # 1x1: relu((y - mu) * rstd) = rstd * relu(y - mu), rstd folded into the weights
         n, c, h, w = y.shape
-        rstd = _instance_norm_(y, scale=False).view(n, 1, c)
+        rstd = _instance_norm_(y, scale=False)[1].view(n, 1, c)
         weight = conv.weight.to(y.dtype).flatten(1)[None] * rstd  # [N, K, C]
         bias = conv.bias.to(y.dtype)[None, :, None].expand(n, -1, h * w)
         return torch.baddbmm(bias, weight, y.relu_().view(n, c, h * w)).view(n, -1, h, w)
     _instance_norm_(y)
     return F.conv2d(y.relu_(), conv.weight.to(y.dtype), conv.bias.to(y.dtype), padding=conv.weight.shape[-1] // 2)
+
+
+def first_stage_conv(conv_x: Tensor, taps: Tensor, bias: Tensor | None, conv: nn.Conv2d, groups: int,
+                     backward_groups: int) -> Tensor:
+    """``conv(relu(instance_norm(conv_x + constant maps)))`` for T samples -> ``[T * B, O', h, w]``, its
+    ``[T * B, O, h, w]`` maps recomputed in backward instead of kept (:class:`_FirstStage`): ``groups`` groups of
+    samples at a time in forward, ``backward_groups`` in backward."""
+    return _FirstStage.apply(conv_x, taps, bias, conv.weight, conv.bias, groups, backward_groups)
 
 
 def add_constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:

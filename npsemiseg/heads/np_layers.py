@@ -13,7 +13,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .base import check_choice
-from .np_kernels import add_constant_maps, border_slices, constant_map_border, norm_relu_conv, records_grad
+from .np_kernels import (
+    add_constant_maps,
+    border_slices,
+    constant_map_border,
+    first_stage_conv,
+    norm_relu_conv,
+    records_grad,
+)
 
 DECODER_IMPLS = ("split", "concat")
 DECODER_NORMS = ("instance", "group", "batch")
@@ -68,7 +75,9 @@ class NPDecoder(nn.Module):
     ``samples_per_conv``: how many of the T samples' maps one convolution call takes. None (the default)
     suits the device: all T on CUDA, where one launch for all samples beats T small ones and the host's
     time per call is what a small batch is bound by; one sample at a time elsewhere, which bounds the CPU
-    convolution library's buffers. The results agree at float round-off whatever the value.
+    convolution library's buffers. The results agree at float round-off whatever the value. In training the
+    split decoder keeps no ``[T * B, O, h, w]`` map of its first stage for backward: backward recomputes it from
+    the shared ``conv_x``, one sample at a time (``np_kernels.first_stage_conv``).
     """
 
     samples_per_conv: int | None = None
@@ -191,7 +200,11 @@ class NPDecoder(nn.Module):
                     for hidden in self.normalized_first_stage(x, z, r)
                 ]
             )
-        else:  # same maths as self.tail, a third of the memory
-            chunks = self.sample_groups(t, x.device)
-            logits = norm_relu_conv(norm_relu_conv(self.first_conv(x, z, r), self.tail[2], chunks), self.tail[5], chunks)
+        else:  # same maths as self.tail, in less memory: the split first stage is recomputed in backward
+            groups = self.sample_groups(t, x.device)
+            if self.impl == "split":
+                hidden = first_stage_conv(*self._split_parts(x, z, r), self.conv1.bias, self.tail[2], groups, t)
+            else:
+                hidden = norm_relu_conv(self.first_conv(x, z, r), self.tail[2], groups)
+            logits = norm_relu_conv(hidden, self.tail[5], groups)
         return logits.view(t, b, *logits.shape[1:])
