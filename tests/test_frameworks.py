@@ -526,7 +526,7 @@ def test_u2pl_teacher_inactive_until_semi_supervised_phase(smoke_config):
     assert framework.eval_model() is framework.teacher
 
 
-@pytest.mark.parametrize("framework", ["u2pl", "mt", "unimatch", "augseg"])
+@pytest.mark.parametrize("framework", ["u2pl", "mt", "mt_cps", "psmt", "unimatch", "fixmatch", "augseg"])
 def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framework):
     """The T samples' logits stay at feature resolution: the losses and the pseudo-labels upsample one sample
     at a time, forward and backward, so no tensor of T x B x K x H x W elements exists in a step."""

@@ -15,6 +15,7 @@ from npsemiseg.config import with_overrides
 from npsemiseg.frameworks.losses import (
     cross_entropy_loss,
     mean_probabilities,
+    mean_softmax,
     ohem_cross_entropy,
     ohem_mask,
     pixel_cross_entropy,
@@ -152,6 +153,21 @@ def test_mean_probabilities_equal_the_predictive_of_the_upsampled_samples():
     up = F.interpolate(logits.flatten(0, 1), size=(17, 19), mode="bilinear", align_corners=True).view(4, 2, 5, 17, 19)
     expected, _ = predictive(up)
     assert torch.allclose(mean_probabilities(logits, (17, 19), align_corners=True), expected, atol=1e-6)
+
+
+def test_mean_softmax_equals_the_materialised_form_with_gradients():
+    """MT (CPS)'s MSE term: the mean softmax of the upsampled samples, one sample at a time, equals upsampling all
+    samples at once, softmax and mean, and so does its gradient (float64)."""
+    torch.manual_seed(5)
+    logits = (torch.randn(3, 2, 4, 5, 6, dtype=torch.float64) * 2).requires_grad_()
+    target = torch.rand(2, 4, 13, 11, dtype=torch.float64)
+    lean = mean_softmax(logits, (13, 11), align_corners=False)
+    (grad_lean,) = torch.autograd.grad(F.mse_loss(lean, target), logits)
+    up = F.interpolate(logits.flatten(0, 1), size=(13, 11), mode="bilinear", align_corners=False).view(3, 2, 4, 13, 11)
+    full = up.softmax(dim=2).mean(dim=0)
+    (grad_full,) = torch.autograd.grad(F.mse_loss(full, target), logits)
+    assert lean.dtype == torch.float32 and torch.allclose(lean.double(), full, atol=1e-6)
+    assert torch.allclose(grad_lean, grad_full, rtol=1e-5, atol=1e-9)
 
 
 def test_ohem_mask_threshold_and_min_kept():

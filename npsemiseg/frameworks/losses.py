@@ -126,15 +126,46 @@ def pixel_cross_entropy(
     raise ValueError(f"form: expected one of {SAMPLE_CE_FORMS}, got {form!r}")
 
 
-def mean_probabilities(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> Tensor:
-    """Mean over samples of the softmax of ``logits [S, B, K, h, w]`` upsampled to ``size``: ``[B, K, H, W]``
-    float32, one sample at a time (no gradient)."""
-    with torch.no_grad():
+class _MeanSoftmax(torch.autograd.Function):
+    """Mean over samples of the softmax of ``logits [S, B, K, h, w]`` upsampled to ``size``: ``[B, K, H, W]`` float32.
+
+    Forward upsamples one sample at a time and keeps only the feature-resolution logits; backward recomputes each
+    sample's upsampled softmax ``p``: ``d loss / d logit = p * (g - sum_k g p) / S``, then the upsampling's adjoint.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, size: tuple[int, int], align_corners: bool) -> Tensor:
         total = None
         for sample in logits:
             probs = _sample_logits(sample, size, align_corners).softmax(dim=1)
             total = probs if total is None else total.add_(probs)
-        return total / logits.shape[0]
+        ctx.save_for_backward(logits)
+        ctx.size, ctx.align_corners = size, align_corners
+        return total.div_(logits.shape[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        (logits,) = ctx.saved_tensors
+        grad = grad.float() / logits.shape[0]
+        grad_logits = torch.empty_like(logits)
+        for sample, grad_sample in zip(logits, grad_logits):
+            probs = _sample_logits(sample, ctx.size, ctx.align_corners).softmax(dim=1)
+            inner = (grad * probs).sum(dim=1, keepdim=True)
+            grad_sample.copy_(_upsample_backward(probs.mul_(grad - inner), sample.shape, ctx.align_corners))
+        return grad_logits, None, None
+
+
+def mean_softmax(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> Tensor:
+    """Mean over samples of the softmax of ``logits [S, B, K, h, w]`` upsampled to ``size``: ``[B, K, H, W]``
+    float32, differentiable, one sample at a time forward and backward (no ``[S, B, K, H, W]`` tensor exists)."""
+    return _MeanSoftmax.apply(logits, tuple(size), align_corners)
+
+
+def mean_probabilities(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> Tensor:
+    """:func:`mean_softmax` without gradient (a teacher's predictive)."""
+    with torch.no_grad():
+        return mean_softmax(logits, size, align_corners=align_corners)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -36,7 +36,8 @@ from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.mt import MeanTeacherOptions
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, require_unlabeled
 from npsemiseg.heads.base import HeadOutput
-from npsemiseg.models import SegmentorOutput, upsample_logits
+from npsemiseg.frameworks.losses import mean_softmax
+from npsemiseg.models import SegmentorOutput
 
 
 class CPSMeanTeacherOptions(MeanTeacherOptions):
@@ -104,8 +105,7 @@ class CPSMeanTeacher(SemiSupervisedFramework):
             teacher = self.predict(self.teacher, torch.cat([images_l, images_u]), train_mode=True)
             student = self.student_pass(images_l, labels_l, images_u, teacher.label[images_l.shape[0]:])
             teacher_probs, confidence = teacher.probs, teacher.confidence
-        logits = upsample_logits(student.head.logits, images_l.shape[-2:], align_corners=self.align_corners)
-        probs = logits.float().softmax(dim=2).mean(dim=0)
+        probs = mean_softmax(student.head.logits, images_l.shape[-2:], align_corners=self.align_corners)
         losses = self.supervised_terms(student, labels_l)
         losses["unsup"] = opts.mse_weight * F.mse_loss(probs, teacher_probs.float())
         return StepResult(losses, self.step_logs(student, teacher_confidence=confidence.mean()))
