@@ -190,7 +190,8 @@ def _norm_relu_conv_backward(grad_out: Tensor, xhat: Tensor, rstd: Tensor, weigh
     grad_out = grad_out.contiguous()
     grad_y = torch.empty_like(xhat)
     grad_weight = grad_bias = None
-    for x, r, g_out, g_y in zip(xhat.chunk(chunks), rstd.chunk(chunks), grad_out.chunk(chunks), grad_y.chunk(chunks)):
+    parts = (xhat, rstd, grad_out, grad_y)
+    for x, r, g_out, g_y in zip(*(part.chunk(chunks) for part in parts)) if chunks > 1 else [parts]:
         g_out = g_out.to(weight.dtype)
         g = _conv_backward(g_out, x.to(weight.dtype), weight, (True, False, False))[0]  # d loss / d relu(xhat)
         g = torch.ops.aten.threshold_backward(g.to(x.dtype), x, 0)  # through the ReLU
@@ -229,12 +230,13 @@ class _NormReLUConv(torch.autograd.Function):
         return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None
 
 
-def _constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+def _constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None,
+                   border: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of the constant maps given by ``taps [T, B, O, 3, 3]``
     and ``bias [O]`` -> ``[T, B, O, h, w]``: the interior value in one pass, the border rows and columns corrected in
-    place."""
+    place. ``border``: :func:`constant_map_border` of these taps, where the caller has it."""
     h, w = conv_x.shape[-2:]
-    interior, edge_rows, edge_cols = constant_map_border(taps, h, w)
+    interior, edge_rows, edge_cols = border if border is not None else constant_map_border(taps, h, w)
     out = conv_x + (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None])
     out[..., border_slices(h), :].add_(edge_rows)  # whole border rows
     if h > 2:  # border columns of the remaining rows
@@ -284,8 +286,9 @@ class _FirstStage(torch.autograd.Function):
     def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None, weight: Tensor, conv_bias: Tensor,
                 groups: int, backward_groups: int) -> Tensor:
         outs, means, rstds = [], [], []
-        for taps_g in taps.tensor_split(groups):
-            y = _constant_maps(conv_x, taps_g, bias).flatten(0, 1)  # [g * B, O, h, w]
+        border = constant_map_border(taps, *conv_x.shape[-2:])  # for all samples, sliced per group
+        for taps_g, *border_g in zip(*(part.tensor_split(groups) for part in (taps, *border))):
+            y = _constant_maps(conv_x, taps_g, bias, border_g).flatten(0, 1)  # [g * B, O, h, w]
             out, mean, rstd, weight_ = _norm_relu_conv_forward(y, weight, conv_bias, 1, keep_xhat=False)
             outs.append(out)
             means.append(mean)
@@ -302,10 +305,11 @@ class _FirstStage(torch.autograd.Function):
         b, start = conv_x.shape[0], 0
         grad_x = grad_bias = grad_w = grad_b = None
         grad_taps = []
-        for taps_g in taps.tensor_split(ctx.groups):
+        border = constant_map_border(taps, *conv_x.shape[-2:])
+        for taps_g, *border_g in zip(*(part.tensor_split(ctx.groups) for part in (taps, *border))):
             rows = slice(start, start + taps_g.shape[0] * b)
             start = rows.stop
-            xhat = _constant_maps(conv_x, taps_g, bias).flatten(0, 1).sub_(means[rows]).mul_(rstds[rows])  # as forward
+            xhat = _constant_maps(conv_x, taps_g, bias, border_g).flatten(0, 1).sub_(means[rows]).mul_(rstds[rows])
             g_y, g_w, g_b = _norm_relu_conv_backward(grad_out[rows], xhat, rstds[rows], weight, 1)
             g_x, g_taps, g_bias = _constant_maps_backward(g_y.view(taps_g.shape[0], b, *g_y.shape[1:]), ctx.bias_dtype)
             grad_taps.append(g_taps)
