@@ -1,4 +1,4 @@
-"""``benchmarks/host_work.py``: the count of operator calls and host reads behind the host-work figures."""
+"""The tools of `benchmarks/` behind the host-work and step-memory figures: operator calls, host reads, peak tensor memory."""
 
 from __future__ import annotations
 
@@ -25,3 +25,20 @@ def test_on_a_gpu_only_reads_of_device_tensors_count():
     with host_work.HostWork("cuda") as work:
         float(drawn), bool(drawn > 0.5)
     assert work.reads == 0 and work.ops >= 1
+
+
+def test_step_memory_peak_is_the_largest_sum_of_live_tensors_the_step_made():
+    """``benchmarks/step_memory.py``: 4 MiB made and freed, then 1 + 2 MiB held together: the peak is 4 MiB, not 7;
+    tensors that existed before the step do not count."""
+    step_memory = load_benchmark("step_memory")
+    before = torch.ones(1 << 20)  # 4 MiB, made before the step
+
+    def step():
+        first = torch.ones(1 << 20)
+        del first
+        held = [torch.ones(1 << 18), torch.ones(1 << 19)]
+        before.add_(1.0)
+        return held
+
+    peak = step_memory.step_peak_mib(step)
+    assert 4.0 <= peak < 4.1
