@@ -147,11 +147,11 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         torch.cuda.reset_peak_memory_stats(device)
     with backend_flags(config, device):
         run = setup_run(config, device)
-        if args.np_samples_per_conv:
-            for model in run.framework.modules().values():
-                for module in model.modules():
-                    if isinstance(module, NPDecoder):
-                        module.samples_per_conv = args.np_samples_per_conv
+        for model in run.framework.modules().values():
+            for module in model.modules():
+                if isinstance(module, NPDecoder):
+                    module.samples_per_conv = args.np_samples_per_conv or module.samples_per_conv
+                    module.keep_first_stage = args.np_keep_first_stage
         key = json.dumps([config.data.model_dump(mode="json"), config.schedule.model_dump(mode="json"),
                           run.framework.uses_unlabeled, args.steps], sort_keys=True)
         batches = (batch_cache or {}).get(key) or list(itertools.islice(run.streams.epoch(0, 0), 1 + args.steps))
@@ -438,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="count one more step's operator calls and host reads per cell (host_work.py)")
     parser.add_argument("--crop", type=int, default=None, help="crop size instead of the preset's (host counts on CPU)")
     parser.add_argument("--steps-only", action="store_true", help="only the steps: no DDP, inference or GPU-hours")
+    parser.add_argument("--np-keep-first-stage", action="store_true",
+                        help="the NP decoder keeps its first stage's maps for backward instead of recomputing them "
+                             "(fewer operator calls, more memory: measure the trade)")
     parser.add_argument("--np-samples-per-conv", type=int, default=None, metavar="N",
                         help="the NP decoder's samples per convolution call (default: the device's; e.g. 5 = "
                              "the CUDA path's calls counted on CPU)")
@@ -452,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(["python", "benchmarks/gpu_acceptance.py", *(argv if argv is not None else sys.argv[1:])]),
         "mode": ("tiny (smoke preset model, not paper scale)" if args.tiny else f"paper preset, {args.backbone}")
         + (f", crop {args.crop}" if args.crop else "")
-        + (f", NP samples per conv {args.np_samples_per_conv}" if args.np_samples_per_conv else ""),
+        + (f", NP samples per conv {args.np_samples_per_conv}" if args.np_samples_per_conv else "")
+        + (", NP first stage kept" if args.np_keep_first_stage else ""),
         "torch": torch.__version__, "device": str(device),
     }
     report["errors"] = []

@@ -73,11 +73,11 @@ def measure_cell(args: argparse.Namespace, framework: str, head: str) -> float:
     device = torch.device("cpu")
     config = gpu_acceptance.compose_cell(args, device, framework, head, **{"data.num_workers": 0})
     run = setup_run(config, device)
-    if args.np_samples_per_conv:
-        for model in run.framework.modules().values():
-            for module in model.modules():
-                if isinstance(module, NPDecoder):
-                    module.samples_per_conv = args.np_samples_per_conv
+    for model in run.framework.modules().values():
+        for module in model.modules():
+            if isinstance(module, NPDecoder):
+                module.samples_per_conv = args.np_samples_per_conv or module.samples_per_conv
+                module.keep_first_stage = args.np_keep_first_stage
     batches = list(itertools.islice(run.streams.epoch(0, 0), 3))
 
     def step(index: int) -> None:
@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backbone", default="resnet101")
     parser.add_argument("--bf16", action="store_true", help="the step under CPU bf16 autocast (as the GPU run's)")
     parser.add_argument("--np-samples-per-conv", type=int, default=None, metavar="N")
+    parser.add_argument("--np-keep-first-stage", action="store_true", help="as gpu_acceptance.py's")
     parser.add_argument("--frameworks", nargs="+", default=list(framework_names()))
     parser.add_argument("--heads", nargs="+", default=["baseline", "np"])
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
@@ -106,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(json.dumps({"peak_mib": measure_cell(args, *args.cell)}), flush=True)
         return {}
     options = ["--crop", str(args.crop), "--backbone", args.backbone, *(["--bf16"] if args.bf16 else []),
-               *(["--np-samples-per-conv", str(args.np_samples_per_conv)] if args.np_samples_per_conv else [])]
+               *(["--np-samples-per-conv", str(args.np_samples_per_conv)] if args.np_samples_per_conv else []),
+               *(["--np-keep-first-stage"] if args.np_keep_first_stage else [])]
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": gpu_acceptance.machine(torch.device("cpu")), "torch": torch.__version__,

@@ -268,12 +268,13 @@ def test_split_first_conv_matches_concat_exactly_in_float64():
     assert torch.allclose(split, decoder.first_conv(x, z, r), atol=1e-12)
 
 
-@pytest.mark.parametrize("samples_per_conv", [None, 1, 2, 3])
-def test_fused_decoder_tail_equals_plain_layers_with_gradients(samples_per_conv):
+@pytest.mark.parametrize("samples_per_conv, keep_first_stage", [(None, False), (1, False), (2, False), (3, False),
+                                                                (None, True), (3, True)])
+def test_fused_decoder_tail_equals_plain_layers_with_gradients(samples_per_conv, keep_first_stage):
     """Whatever the samples per convolution call (T = 3: 3, 2 + 1 or 1 call per stage); the gradients of every
     parameter and input (the first stage's maps are recomputed in backward from the shared ``conv_x``)."""
     decoder = NPDecoder(C, D, K, hidden_channels=8).double()
-    decoder.samples_per_conv = samples_per_conv
+    decoder.samples_per_conv, decoder.keep_first_stage = samples_per_conv, keep_first_stage
     x, z, r = (
         torch.randn(2, C, 4, 5, dtype=torch.float64, requires_grad=True),
         torch.randn(3, 2, D, dtype=torch.float64, requires_grad=True),
@@ -303,6 +304,10 @@ def test_decoder_keeps_one_t_by_b_map_per_sample_for_backward_not_two(samples_pe
     per_stage = 3 * 2 * 8 * 6 * 7  # T x B maps of the hidden width
     assert saved.count(per_stage) == 1 and max(saved) == per_stage
     assert sum(saved) < 1.5 * per_stage + x.numel() + sum(p.numel() for p in decoder.parameters())
+    decoder.keep_first_stage, saved[:] = True, []  # the other side of the trade
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        decoder(x, z, r).sum().backward()
+    assert saved.count(per_stage) == 2
 
 
 def test_decoder_convolves_all_samples_at_once_on_cuda_and_one_at_a_time_on_cpu():

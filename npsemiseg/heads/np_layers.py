@@ -75,12 +75,16 @@ class NPDecoder(nn.Module):
     ``samples_per_conv``: how many of the T samples' maps one convolution call takes. None (the default)
     suits the device: all T on CUDA, where one launch for all samples beats T small ones and the host's
     time per call is what a small batch is bound by; one sample at a time elsewhere, which bounds the CPU
-    convolution library's buffers. The results agree at float round-off whatever the value. In training the
-    split decoder keeps no ``[T * B, O, h, w]`` map of its first stage for backward: backward recomputes it from
-    the shared ``conv_x``, one sample at a time (``np_kernels.first_stage_conv``).
+    convolution library's buffers. The results agree at float round-off whatever the value.
+
+    ``keep_first_stage``: False (the default), the split decoder keeps no ``[T * B, O, h, w]`` map of its first
+    stage for backward, which recomputes it from the shared ``conv_x`` one sample at a time
+    (``np_kernels.first_stage_conv``): less memory at the peak of a step, more operator calls; True keeps it
+    (the other side of that trade, for measuring it). Results equal either way.
     """
 
     samples_per_conv: int | None = None
+    keep_first_stage: bool = False
 
     def __init__(
         self,
@@ -202,7 +206,7 @@ class NPDecoder(nn.Module):
             )
         else:  # same maths as self.tail, in less memory: the split first stage is recomputed in backward
             groups = self.sample_groups(t, x.device)
-            if self.impl == "split":
+            if self.impl == "split" and not self.keep_first_stage:
                 hidden = first_stage_conv(*self._split_parts(x, z, r), self.conv1.bias, self.tail[2], groups, t)
             else:
                 hidden = norm_relu_conv(self.first_conv(x, z, r), self.tail[2], groups)
