@@ -16,7 +16,8 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
    (``torch.cuda.max_memory_allocated``, reset per cell), and per framework the NP / baseline and MC dropout /
    baseline ratios. ``--host-work`` counts one more step's operator calls and reads of device values
    (``host_work.py``; a small batch's step is bound by the host), with NP / baseline ratios; ``--crop`` and
-   ``--steps-only`` make that count a CPU run of a minute, ``--np-samples-per-conv`` counts the CUDA path on CPU.
+   ``--steps-only`` make that count a CPU run of a minute, ``--np-samples-per-conv`` counts the CUDA path on CPU;
+   ``--np-keep-first-stage`` keeps the NP decoder's first stage for backward (the memory / time trade).
 2. DDP. ``torch.distributed`` with world size 1 (NCCL on CUDA, gloo on CPU) and the project's loop
    (``npsemiseg.training.train``) for ``--ddp-steps`` steps of U2PL x NP (NP memory sync and the contrastive queues
    see an initialised process group), then the project's collectives (``broadcast_state``, ``average_gradients``)
