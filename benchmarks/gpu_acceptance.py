@@ -148,11 +148,7 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         torch.cuda.reset_peak_memory_stats(device)
     with backend_flags(config, device):
         run = setup_run(config, device)
-        for model in run.framework.modules().values():
-            for module in model.modules():
-                if isinstance(module, NPDecoder):
-                    module.samples_per_conv = args.np_samples_per_conv or module.samples_per_conv
-                    module.keep_first_stage = args.np_keep_first_stage
+        configure_np_decoders(run, args)
         key = json.dumps([config.data.model_dump(mode="json"), config.schedule.model_dump(mode="json"),
                           run.framework.uses_unlabeled, args.steps], sort_keys=True)
         batches = (batch_cache or {}).get(key) or list(itertools.islice(run.streams.epoch(0, 0), 1 + args.steps))
@@ -189,6 +185,15 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         **({"profile": profile} if profile is not None else {}),
         **({"host_work": host} if host is not None else {}),
     }
+
+
+def configure_np_decoders(run: Any, args: argparse.Namespace) -> None:
+    """``--np-samples-per-conv`` and ``--np-keep-first-stage`` on every NP decoder of the run's models."""
+    for model in run.framework.modules().values():
+        for module in model.modules():
+            if isinstance(module, NPDecoder):
+                module.samples_per_conv = args.np_samples_per_conv or module.samples_per_conv
+                module.keep_first_stage = args.np_keep_first_stage
 
 
 def step_context(run: Any, step: int) -> StepContext:

@@ -36,7 +36,6 @@ from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import Action, MemoryProfile
 
 from npsemiseg.frameworks import framework_names
-from npsemiseg.heads.np_layers import NPDecoder
 from npsemiseg.training.setup import setup_run
 from npsemiseg.training.step import train_step
 
@@ -73,11 +72,7 @@ def measure_cell(args: argparse.Namespace, framework: str, head: str) -> float:
     device = torch.device("cpu")
     config = gpu_acceptance.compose_cell(args, device, framework, head, **{"data.num_workers": 0})
     run = setup_run(config, device)
-    for model in run.framework.modules().values():
-        for module in model.modules():
-            if isinstance(module, NPDecoder):
-                module.samples_per_conv = args.np_samples_per_conv or module.samples_per_conv
-                module.keep_first_stage = args.np_keep_first_stage
+    gpu_acceptance.configure_np_decoders(run, args)
     batches = list(itertools.islice(run.streams.epoch(0, 0), 3))
 
     def step(index: int) -> None:
