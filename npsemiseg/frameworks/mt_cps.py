@@ -33,10 +33,10 @@ from torch import Tensor, nn
 
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.losses import mean_softmax
 from npsemiseg.frameworks.mt import MeanTeacherOptions
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, require_unlabeled
 from npsemiseg.heads.base import HeadOutput
-from npsemiseg.frameworks.losses import mean_softmax
 from npsemiseg.models import SegmentorOutput
 
 
