@@ -12,9 +12,10 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
    The frameworks' supervised-only / warm-up phases are set to 0 so the step measured is the semi-supervised one.
    The batches are drawn from the run's data streams before timing (once per framework: the head changes no data
    setting); one warm-up step (its time reported as the first step's), then ``--steps`` timed steps
-   (CUDA synchronised around each): step time (median), images/s, peak CUDA memory
-   (``torch.cuda.max_memory_allocated``, reset per cell), and per framework the NP / baseline and MC dropout /
-   baseline ratios. ``--host-work`` counts one more step's operator calls and reads of device values
+   (CUDA synchronised around each): step time (median; on CPU also the process's CPU seconds), images/s, peak
+   memory (``torch.cuda.max_memory_allocated`` on CUDA, the process's peak RSS on CPU, reset per cell), and per
+   framework the NP / baseline and MC dropout / baseline ratios. The ``supervised`` row is every framework's
+   supervised-only phase (labeled images only). ``--host-work`` counts one more step's operator calls and reads of device values
    (``host_work.py``; a small batch's step is bound by the host), with NP / baseline ratios; ``--crop`` and
    ``--steps-only`` make that count a CPU run of a minute, ``--np-samples-per-conv`` counts the CUDA path on CPU;
    ``--np-keep-first-stage`` keeps the NP decoder's first stage for backward (the memory / time trade).
@@ -39,6 +40,7 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import gc
 import itertools
@@ -134,6 +136,41 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a cell's peak: CUDA's allocator statistics, or on CPU (Linux) the process's resident high-water mark.
+
+    On CPU the freed heap is first handed back to the system (``malloc_trim``), so that the next cell's tensors
+    cannot reuse pages the last one left resident without counting; the mark is then reset to the current resident
+    size (``/proc/self/clear_refs``, Linux 4.0 and later)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory_mib(device: torch.device) -> float | None:
+    """The cell's peak since ``reset_peak_memory``: ``max_memory_allocated`` on CUDA, peak RSS (VmHWM) on CPU.
+
+    The CPU figure is the whole process's (libraries, the cached batches), as a CPU run's proxy for memory;
+    None where ``/proc`` has no such line."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def measure_cell(args: argparse.Namespace, device: torch.device, framework: str, head: str,
                  batch_cache: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """Warm-up step + ``args.steps`` timed steps of one framework x head through ``setup_run`` / ``train_step``.
@@ -142,10 +179,7 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
     the same framework (the head changes no data setting), which saves most of the CPU time of the run."""
     config = compose_cell(args, device, framework, head)
     started = time.perf_counter()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     with backend_flags(config, device):
         run = setup_run(config, device)
         configure_np_decoders(run, args)
@@ -156,39 +190,46 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
             batch_cache[key] = batches
         if len(batches) < 1 + args.steps:
             raise RuntimeError(f"{framework} x {head}: the data streams gave {len(batches)} batches")
-        times, logs, first_step_s = [], {}, None
+        times, cpu_times, logs, first_step_s = [], [], {}, None
         for step, batch in enumerate(batches):
             synchronize(device)
-            tick = time.perf_counter()
+            tick, cpu_tick = time.perf_counter(), time.process_time()
             logs = train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device,
                               run.world_size)
             synchronize(device)
             if step:  # the first is the warm-up (cuDNN autotuning, allocator), reported on its own
                 times.append(time.perf_counter() - tick)
+                cpu_times.append(time.process_time() - cpu_tick)
             else:
                 first_step_s = time.perf_counter() - tick
+        peak = peak_memory_mib(device)
         profile = profile_step(run, batches[-1], len(batches), config, device, args.profile) if args.profile else None
         host = count_host_work(run, batches[-1], len(batches), config, device) if args.host_work else None
+        flops = count_flops(run, batches[-1], len(batches), config, device) if args.flops else None
     schedule = config.schedule
     uses_unlabeled = run.framework.uses_unlabeled
     images = schedule.batch_size + (schedule.unlabeled_batch_size if uses_unlabeled else 0)
     step_s = statistics.median(times)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     del run
     return {
         "framework": framework, "head": head, "backbone": config.model.backbone, "crop": schedule.crop_size,
         "labeled_batch": schedule.batch_size, "unlabeled_batch": schedule.unlabeled_batch_size if uses_unlabeled else 0,
         "amp_bf16": device.type == "cuda" and config.runtime.amp, "step_s": step_s, "all_step_s": times,
+        "step_cpu_s": statistics.median(cpu_times),
         "first_step_s": first_step_s, "first_step_ratio": first_step_s / step_s,
-        "images_per_s": images / step_s, "peak_memory_mib": peak, "loss": logs.get("train/loss"),
+        "images_per_s": images / step_s, "peak_memory_mib": peak,
+        "peak_memory_measure": "max_memory_allocated" if device.type == "cuda" else "peak RSS", "loss": logs.get("train/loss"),
         "pixels_per_step": schedule.crop_size ** 2 * images, "cell_s": time.perf_counter() - started,
         **({"profile": profile} if profile is not None else {}),
         **({"host_work": host} if host is not None else {}),
+        **({"flops": flops} if flops is not None else {}),
     }
 
 
 def configure_np_decoders(run: Any, args: argparse.Namespace) -> None:
     """``--np-samples-per-conv`` and ``--np-keep-first-stage`` on every NP decoder of the run's models."""
+    if not (args.np_samples_per_conv or args.np_keep_first_stage):
+        return  # the decoders' own defaults
     for model in run.framework.modules().values():
         for module in model.modules():
             if isinstance(module, NPDecoder):
@@ -208,6 +249,22 @@ def count_host_work(run: Any, batch: Any, step: int, config: RunConfig, device: 
         train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device, run.world_size)
     synchronize(device)
     return work.summary()
+
+
+def count_flops(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device) -> dict[str, Any]:
+    """One more step under ``torch.utils.flop_counter.FlopCounterMode``: the floating-point operations of its
+    matrix products and convolutions, forward and backward, by operator (element-wise work is not counted). The
+    NP / baseline ratio of these totals is the least step-time ratio a device bound by its arithmetic could reach.
+    (The counter's split by module is left out: with custom autograd functions its backward shares are wrong.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device, run.world_size)
+    synchronize(device)
+    by_operator = sorted(counter.get_flop_counts()["Global"].items(), key=lambda item: item[1], reverse=True)
+    return {"gflop": counter.get_total_flops() / 1e9,
+            "by_operator": [{"operator": str(op), "gflop": flops / 1e9} for op, flops in by_operator]}
 
 
 def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: torch.device,
@@ -249,6 +306,8 @@ def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
             row[f"{head}_step_ratio"] = cell["step_s"] / base["step_s"]
             row[f"{head}_memory_ratio"] = (cell["peak_memory_mib"] / base["peak_memory_mib"]
                                            if cell["peak_memory_mib"] and base["peak_memory_mib"] else None)
+            if "flops" in cell and "flops" in base:
+                row[f"{head}_flops_ratio"] = cell["flops"]["gflop"] / base["flops"]["gflop"]
             if "host_work" in cell and "host_work" in base:
                 row[f"{head}_ops_ratio"] = cell["host_work"]["ops"] / base["host_work"]["ops"]
                 row[f"{head}_extra_reads"] = cell["host_work"]["reads"] - base["host_work"]["reads"]
@@ -377,29 +436,41 @@ def markdown(report: dict[str, Any]) -> str:
              f"- command: `{report['command']}`", f"- mode: {report['mode']}",
              f"- seconds so far: {report.get('seconds', 0.0):.1f}", f"- errors: {len(report['errors'])}",
              "", "## Steps", "",
-             "| framework | head | step s | first step s | images/s | peak MiB | operator calls | host reads |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Peak MiB: `torch.cuda.max_memory_allocated` on CUDA, the process's peak RSS on CPU; step CPU s: "
+             "the process's CPU seconds per timed step (median).", "",
+             "| framework | head | step s | step CPU s | first step s | images/s | peak MiB | GFLOP | operator calls "
+             "| host reads |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in report.get("cells", []):
         if "error" in c:
-            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | | | | |")
+            lines.append(f"| {c['framework']} | {c['head']} | error: {c['error'][:120]} | | | | | | | |")
             continue
         peak = f"{c['peak_memory_mib']:.0f}" if c["peak_memory_mib"] is not None else "-"
         host = c.get("host_work", {})
-        lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['first_step_s']:.4f} | "
-                     f"{c['images_per_s']:.1f} | {peak} | {host.get('ops', '-')} | {host.get('reads', '-')} |")
+        lines.append(f"| {c['framework']} | {c['head']} | {c['step_s']:.4f} | {c['step_cpu_s']:.2f} | "
+                     f"{c['first_step_s']:.4f} | "
+                     f"{c['images_per_s']:.1f} | {peak} | {_f(c.get('flops', {}).get('gflop'))} | "
+                     f"{host.get('ops', '-')} | {host.get('reads', '-')} |")
     lines += ["", "## Ratios to the baseline head", "",
-              "| framework | NP step | MC step | NP memory | MC memory | NP operator calls | NP extra host reads |",
-              "|---|---|---|---|---|---|---|"]
+              "| framework | NP step | MC step | NP memory | MC memory | NP FLOPs | NP operator calls "
+              "| NP extra host reads |",
+              "|---|---|---|---|---|---|---|---|"]
     for framework, r in report.get("ratios", {}).items():
         lines.append(f"| {framework} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
                      f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} | "
-                     f"{_f(r.get('np_ops_ratio'))} | {r.get('np_extra_reads', '-')} |")
+                     f"{_f(r.get('np_flops_ratio'))} | {_f(r.get('np_ops_ratio'))} | {r.get('np_extra_reads', '-')} |")
     read_sites = [c for c in report.get("cells", []) if c.get("host_work", {}).get("read_sites")]
     if read_sites:
         lines += ["", "## Host reads (where a step waits for the device)"]
         for c in read_sites:
             lines += ["", f"### {c['framework']} x {c['head']}", "", "| calls | read at |", "|---|---|",
                       *[f"| {e['calls']} | `{e['site']}` |" for e in c["host_work"]["read_sites"]]]
+    counted = [c for c in report.get("cells", []) if c.get("flops")]
+    if counted:
+        lines += ["", "## FLOPs by operator (one step, forward and backward)"]
+        for c in counted:
+            lines += ["", f"### {c['framework']} x {c['head']}", "", "| operator | GFLOP |", "|---|---|",
+                      *[f"| `{e['operator']}` | {e['gflop']:.1f} |" for e in c["flops"]["by_operator"]]]
     profiled = [c for c in report.get("cells", []) if c.get("profile")]
     if profiled:
         lines += ["", "## Profiles (one step, costliest operators by self time on the device)", "",
@@ -442,6 +513,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="profile one more step per cell and keep its ROWS costliest operators (default off)")
     parser.add_argument("--host-work", action="store_true",
                         help="count one more step's operator calls and host reads per cell (host_work.py)")
+    parser.add_argument("--flops", action="store_true",
+                        help="count one more step's matrix-product and convolution FLOPs per cell (the compute floor "
+                             "of the step-time ratios)")
     parser.add_argument("--crop", type=int, default=None, help="crop size instead of the preset's (host counts on CPU)")
     parser.add_argument("--steps-only", action="store_true", help="only the steps: no DDP, inference or GPU-hours")
     parser.add_argument("--np-keep-first-stage", action="store_true",

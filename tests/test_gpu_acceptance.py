@@ -8,21 +8,35 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from benchmark_scripts import load_benchmark
 
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 
 
-pytestmark = pytest.mark.integration  # about a minute on a loaded 2-core machine
-
-
 def _script():
     return load_benchmark("gpu_acceptance")
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the CPU peak needs Linux's /proc")
+def test_cpu_peak_memory_is_reset_per_cell() -> None:
+    """The CPU peak (RSS high-water mark) counts what a cell allocates after the reset, not what came before."""
+    script = _script()
+    cpu = torch.device("cpu")
+    script.reset_peak_memory(cpu)
+    before = script.peak_memory_mib(cpu)
+    big = torch.ones(64, 2**20)  # 256 MiB, touched
+    with_big = script.peak_memory_mib(cpu)
+    assert with_big - before > 200
+    del big
+    script.reset_peak_memory(cpu)
+    assert script.peak_memory_mib(cpu) < with_big - 200  # the freed tensor no longer counts
+
+
+@pytest.mark.integration  # about a minute on a loaded 2-core machine
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
-    _script().main(["--device", "cpu", "--tiny", "--host-work", "--out", str(tmp_path)])
+    _script().main(["--device", "cpu", "--tiny", "--host-work", "--flops", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
     assert report["errors"] == []
     assert report["date"] and report["machine"] and "--tiny" in report["command"]
@@ -31,10 +45,16 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     for cell in cells.values():
         assert cell["step_s"] > 0 and cell["images_per_s"] > 0 and cell["loss"] is not None
         assert cell["first_step_s"] > 0 and cell["host_work"]["ops"] > 100 and cell["host_work"]["reads"] >= 1
+        assert cell["step_cpu_s"] > 0 and cell["peak_memory_measure"] == "peak RSS"
+        operators = {e["operator"] for e in cell["flops"]["by_operator"]}
+        assert cell["flops"]["gflop"] > 0 and {"aten.convolution", "aten.convolution_backward"} <= operators
+        assert cell["peak_memory_mib"] is None or cell["peak_memory_mib"] > 100  # the process: torch and the model
     for framework in framework_names():
         assert report["ratios"][framework]["np_step_ratio"] > 0
         assert report["ratios"][framework]["mc_dropout_step_ratio"] > 0
         assert report["ratios"][framework]["np_ops_ratio"] > 1.0  # the NP head's layers and memories
+        assert report["ratios"][framework]["np_flops_ratio"] > 0
+        assert report["ratios"][framework]["np_memory_ratio"] is None or report["ratios"][framework]["np_memory_ratio"] > 0
     ddp = report["ddp"]
     assert ddp["backend"] == "gloo" and ddp["world_size"] == 1 and ddp["steps"] == 2
     assert ddp["all_reduce_ok"] and ddp["broadcast_unchanged"]
@@ -46,4 +66,4 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert estimate["total_steps"] > 0 and estimate["gpu_hours"] > 0 and estimate["assumptions"]
     assert set(estimate["gpu_hours_by_dataset"]) == {"pascal_classic", "pascal_blender", "cityscapes"}
     text = (tmp_path / "gpu_acceptance.md").read_text()
-    assert "GPU-hours" in text and report["machine"] in text
+    assert "GPU-hours" in text and report["machine"] in text and "FLOPs by operator" in text
