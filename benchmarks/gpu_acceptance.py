@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 
 from npsemiseg.config import RunConfig, cell_config
 from npsemiseg.data import dataset_info
@@ -256,8 +257,6 @@ def count_flops(run: Any, batch: Any, step: int, config: RunConfig, device: torc
     matrix products and convolutions, forward and backward, by operator (element-wise work is not counted). The
     NP / baseline ratio of these totals is the least step-time ratio a device bound by its arithmetic could reach.
     (The counter's split by module is left out: with custom autograd functions its backward shares are wrong.)"""
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
     with counter:
         train_step(run.framework, batch, step_context(run, step), run.optimizer, config, device, run.world_size)
