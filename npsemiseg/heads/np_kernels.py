@@ -305,7 +305,7 @@ class _FirstStage(torch.autograd.Function):
         b, start = conv_x.shape[0], 0
         grad_x = grad_bias = grad_w = grad_b = None
         grad_taps = []
-        border = constant_map_border(taps, *conv_x.shape[-2:])
+        border = constant_map_border(taps, *conv_x.shape[-2:])  # recomputed: kept, it would add T x B x O x perimeter
         for taps_g, *border_g in zip(*(part.tensor_split(ctx.groups) for part in (taps, *border))):
             rows = slice(start, start + taps_g.shape[0] * b)
             start = rows.stop
