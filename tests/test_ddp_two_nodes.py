@@ -18,13 +18,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from platform_fixtures import fresh_store, start_seaweedfs
+from platform_fixtures import fresh_store, running_seaweedfs
 from ray import cloudpickle
 
 from npsemiseg.config import cell_config
@@ -78,14 +77,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def s3_storage(tmp_path_factory):
-    process, endpoint = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield f"s3://npsemiseg-test/two-nodes?endpoint_override={endpoint}"
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    with running_seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as (_, endpoint):
+        yield f"s3://npsemiseg-test/two-nodes?endpoint_override={endpoint}"
 
 
 def _run(tmp_path: Path, name: str, custom: dict, storage: str, tracking: str):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from platform_fixtures import FaultInjection, fresh_store, start_seaweedfs
+from platform_fixtures import FaultInjection, fresh_store, running_seaweedfs
 
 from npsemiseg.config import RunConfig, cell_config, config_params, with_overrides
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
@@ -174,14 +173,8 @@ def test_in_process_cell_reports_to_tune(ray_cluster, config, tracking_uri, tmp_
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory):
     """A real S3-compatible store (SeaweedFS) for the module; skipped when ``weed`` is not installed."""
-    process, endpoint = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield endpoint
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    with running_seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as (_, endpoint):
+        yield endpoint
 
 
 def test_s3_storage_with_endpoint_override(ray_cluster, config, tracking_uri, s3_endpoint):

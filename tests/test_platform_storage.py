@@ -116,3 +116,24 @@ def test_checkpoint_names_sort_by_step():
     assert [checkpoint_step(n) for n in names] == [1, 20, 300]
     assert checkpoint_step("checkpoint_2026-11-21_08-24-58.628667") is None
     assert Path(checkpoint_dir_name(5)).name == "checkpoint_000000005"
+
+
+@pytest.mark.integration
+def test_two_s3_stores_run_side_by_side_on_one_host(tmp_path, monkeypatch):
+    """Two SeaweedFS servers at once (as two xdist workers start them) both serve: no listener of
+    either sits on a fixed default port (the Lance namespace's 9101 once killed the second)."""
+    from tests.platform_fixtures import running_seaweedfs
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the servers take their one identity from these
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with running_seaweedfs(tmp_path / "first") as (first, first_endpoint), \
+            running_seaweedfs(tmp_path / "second") as (second, second_endpoint):
+        time.sleep(2.0)  # a listener that dies on a taken port does so a moment after S3 answers
+        assert first.poll() is None and second.poll() is None
+        for endpoint in (first_endpoint, second_endpoint):
+            filesystem = pafs.S3FileSystem(endpoint_override=endpoint.removeprefix("http://"), scheme="http",
+                                           access_key="test", secret_key="test")
+            with filesystem.open_output_stream("npsemiseg-test/probe.txt") as stream:
+                stream.write(endpoint.encode())
+            with filesystem.open_input_stream("npsemiseg-test/probe.txt") as stream:
+                assert stream.read() == endpoint.encode()

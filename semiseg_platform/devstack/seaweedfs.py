@@ -19,6 +19,10 @@ from semiseg_platform.devstack.service import Requirement, Service
 #: kernel's ephemeral range where outgoing connections may hold the port)
 SEAWEED_GRPC_OFFSET = 1
 _GRPC = " grpc"
+#: Listeners ``weed server -s3`` opens on fixed default ports that the platform does not use (the
+#: Iceberg REST catalog on 8181, the Lance namespace on 9101): turned off, so that several servers
+#: can run on one host (two at once otherwise die on ``bind: address already in use``)
+UNUSED_LISTENERS_OFF = ("-s3.port.iceberg=0", "-s3.port.lance=0")
 
 
 class SeaweedFS(Service):
@@ -58,7 +62,7 @@ class SeaweedFS(Service):
                    f"-filer.localSocket={data}/filer.sock",
                    "-s3", f"-s3.port={s.s3_port}", f"-s3.port.grpc={grpc['s3']}", f"-s3.config={config}",
                    f"-s3.localSocket={data}/s3.sock",
-                   "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+                   *UNUSED_LISTENERS_OFF, "-master.volumeSizeLimitMB=64", "-volume.max=0",
                    "-volume.preStopSeconds=1"]  # one server, no peers to hand over to: stop in seconds
         self.process.spawn(command, base_env())
 
