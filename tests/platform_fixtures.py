@@ -11,6 +11,7 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from ray import cloudpickle
 
 from npsemiseg.callbacks import Callbacks
+from semiseg_platform.devstack.seaweedfs import server_command
 
 
 def fresh_store(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
@@ -63,14 +65,7 @@ def running_seaweedfs(directory: Path, timeout_s: float = 120.0):
     The store's one identity comes from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` when set;
     with none, any credentials are accepted.
     """
-    import os
-    import subprocess
-    import sys
-    import time
-
     import pyarrow.fs as pafs
-
-    from semiseg_platform.devstack.seaweedfs import UNUSED_LISTENERS_OFF
 
     weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     if not Path(weed).is_file():
@@ -79,9 +74,7 @@ def running_seaweedfs(directory: Path, timeout_s: float = 120.0):
              "s3.port", "s3.port.grpc", "iam.port", "metricsPort", "webdav.port", "sftp.port"]
     ports = dict(zip(names, free_ports(len(names))))
     directory.mkdir(parents=True, exist_ok=True)
-    args = [weed, "server", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", "-volume.max=4",
-            "-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=1", *UNUSED_LISTENERS_OFF,
-            *(f"-{name}={port}" for name, port in ports.items())]
+    args = server_command(weed, directory, "127.0.0.1", ports, "-volume.max=4")
     log = open(directory / "weed.log", "w")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     endpoint = f"127.0.0.1:{ports['s3.port']}"

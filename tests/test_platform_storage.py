@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from platform_fixtures import running_seaweedfs
 from semiseg_platform.storage import (
     COMPLETE_MARKER,
     CheckpointStore,
@@ -122,8 +123,6 @@ def test_checkpoint_names_sort_by_step():
 def test_two_s3_stores_run_side_by_side_on_one_host(tmp_path, monkeypatch):
     """Two SeaweedFS servers at once (as two xdist workers start them) both serve: no listener of
     either sits on a fixed default port (the Lance namespace's 9101 once killed the second)."""
-    from tests.platform_fixtures import running_seaweedfs
-
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the servers take their one identity from these
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     with running_seaweedfs(tmp_path / "first") as (first, first_endpoint), \

@@ -8,6 +8,8 @@ the server is healthy. Master, volume server, filer and S3 gateway run in one pr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from pathlib import Path
 from typing import ClassVar
 
 from semiseg_platform.devstack.client import s3_client
@@ -23,6 +25,17 @@ _GRPC = " grpc"
 #: Iceberg REST catalog on 8181, the Lance namespace on 9101): turned off, so that several servers
 #: can run on one host (two at once otherwise die on ``bind: address already in use``)
 UNUSED_LISTENERS_OFF = ("-s3.port.iceberg=0", "-s3.port.lance=0")
+
+
+def server_command(weed: str, data: Path, host: str, ports: Mapping[str, int], *options: str) -> list[str]:
+    """``weed server``: master, volume server, filer and S3 gateway in one process, bound to ``host``.
+
+    ``ports``: flag name to port (``master.port``, ``s3.port.grpc``, ...); the listeners of
+    :data:`UNUSED_LISTENERS_OFF` are off. One server with no peers to hand its volumes over to, so it
+    stops in seconds. ``options``: further flags."""
+    return [weed, "server", f"-dir={data}", f"-ip={host}", f"-ip.bind={host}", "-filer", "-s3",
+            *(f"-{name}={port}" for name, port in ports.items()), *UNUSED_LISTENERS_OFF,
+            "-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=1", *options]
 
 
 class SeaweedFS(Service):
@@ -54,16 +67,12 @@ class SeaweedFS(Service):
                                                      "secretKey": self.secrets.get("s3_secret_key")}]}]}
         config = s.secrets_dir / "s3.json"
         write_private(config, json.dumps(identity))
-        grpc = {role: port + SEAWEED_GRPC_OFFSET for role, port in super().ports().items()}
-        command = [executable("weed"), "server", f"-dir={data}", f"-ip={s.host}", f"-ip.bind={s.host}",
-                   f"-master.port={s.seaweed_master_port}", f"-master.port.grpc={grpc['master']}",
-                   f"-volume.port={s.seaweed_volume_port}", f"-volume.port.grpc={grpc['volume']}",
-                   "-filer", f"-filer.port={s.seaweed_filer_port}", f"-filer.port.grpc={grpc['filer']}",
-                   f"-filer.localSocket={data}/filer.sock",
-                   "-s3", f"-s3.port={s.s3_port}", f"-s3.port.grpc={grpc['s3']}", f"-s3.config={config}",
-                   f"-s3.localSocket={data}/s3.sock",
-                   *UNUSED_LISTENERS_OFF, "-master.volumeSizeLimitMB=64", "-volume.max=0",
-                   "-volume.preStopSeconds=1"]  # one server, no peers to hand over to: stop in seconds
+        http = super().ports()  # by role: master, volume, filer, s3
+        ports = {**{f"{role}.port": port for role, port in http.items()},
+                 **{f"{role}.port.grpc": port + SEAWEED_GRPC_OFFSET for role, port in http.items()}}
+        command = server_command(executable("weed"), data, s.host, ports, f"-s3.config={config}",
+                                 f"-filer.localSocket={data}/filer.sock", f"-s3.localSocket={data}/s3.sock",
+                                 "-volume.max=0")
         self.process.spawn(command, base_env())
 
     def probe(self) -> bool:
