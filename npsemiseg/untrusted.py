@@ -29,7 +29,8 @@ from PIL import Image
 #: image; 256 MiB decoded as RGB. Below PIL's own warning (89.5 M) so PIL's global setting never decides.
 MAX_IMAGE_PIXELS = 8192 * 8192
 
-_GLOBAL = re.compile(r"GLOBAL\s+([\w.]+)")
+#: how torch's weights-only unpickler names what it refused: a global to import, or a type to build
+_REFUSED = re.compile(r"GLOBAL\s+([\w.]+)|but got <class '([\w.]+)'>")
 _PIXELS = re.compile(r"\((\d+) pixels\)")
 
 
@@ -45,11 +46,12 @@ def load_torch_file(path: str | os.PathLike, *, what: str, allow: Sequence[Any] 
         with torch.serialization.safe_globals(list(allow)):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch wraps the unpickler's refusal in an UnpicklingError
-        found = _GLOBAL.search(str(error))
+        found = _REFUSED.search(str(error))
         if found is None:
             raise
-        raise UnsafeFileError(f"{what}: {path} asks to load {found.group(1)}, which is not a tensor or plain data; "
-                              "refused without running it (files from others are read as data only)") from None
+        refused = found.group(1) or found.group(2)
+        raise UnsafeFileError(f"{what}: {path} asks to load {refused}, which is not a tensor or plain data; refused "
+                              "without running it (files from others are read as data only)") from None
 
 
 class ImageTooLargeError(UnsafeFileError):

@@ -34,7 +34,7 @@ LATEST_FILE = "latest"
 #: What a checkpoint written before its RNG states were plain data holds beyond them: numpy's legacy
 #: ``get_state()`` tuple pickles its ``uint32 [624]`` MT19937 key as an ndarray. Allowed for checkpoints only.
 _MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray  # numpy 2 / 1.26
-LEGACY_NUMPY_GLOBALS = (_MULTIARRAY._reconstruct, np.ndarray, np.dtype)
+LEGACY_NUMPY_GLOBALS = (_MULTIARRAY._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)))
 
 
 def rng_state() -> dict[str, Any]:

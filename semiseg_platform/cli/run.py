@@ -11,6 +11,7 @@ from npsemiseg.config import Composition, RunConfig, compose, read_config, recom
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
+from npsemiseg.untrusted import UnsafeFileError
 from semiseg_platform.cli.app import (
     CELL_FAILED,
     INTERRUPTED,
@@ -127,6 +128,10 @@ def run(
                               max_failures=max_failures, **launch)
     except CellFailedError as error:
         failed = error.result
+        refused = refused_file(error)
+        if refused is not None:  # the lineage's checkpoint asked to run code: the input is bad, nothing of it ran
+            fail(f"{refused} (cell {failed.name} {failed.status}" + (f", MLflow run {failed.run_url})" if failed.run_url
+                                                                      else ")"))
         typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
         if failed.run_url:
             typer.echo(f"MLflow run: {failed.run_url}", err=True)
@@ -135,6 +140,15 @@ def run(
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
         raise typer.Exit(INTERRUPTED) from None
     _print_result(result, tracking_uri)
+
+
+def refused_file(error: CellFailedError) -> UnsafeFileError | None:
+    """The refusal of a file from others (its checkpoint asking to run code) that failed the cell, or None:
+    the cell's error itself (in this process) or a Ray Train worker's."""
+    cause = error.__cause__
+    failures = getattr(cause, "worker_failures", None) or {}
+    causes = [cause, *(getattr(f, "cause", None) or f.__cause__ or f for f in failures.values())]
+    return next((c for c in causes if isinstance(c, UnsafeFileError)), None)
 
 
 def _print_result(result: Any, tracking_uri: str) -> None:
