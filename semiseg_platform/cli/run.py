@@ -102,7 +102,8 @@ def run(
     """Train one cell (in this process, or on Ray Train), tracked in MLflow; print its metrics and the run's URL.
 
     Everything that can be checked first is (data, weights, resources, tracking store, storage): a bad
-    input is one ``error:`` line and exit status 2, with nothing written.
+    input is one ``error:`` line and exit status 2, with nothing written. A lineage whose newest checkpoint asks to
+    run code (``npsemiseg.untrusted``) is refused with one line and exit status 2 too, its MLflow run ended FAILED.
     """
     try:
         cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
