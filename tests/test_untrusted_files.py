@@ -107,16 +107,36 @@ def test_every_torch_reader_refuses_a_payload_naming_file_and_global(tmp_path, p
     assert not marker.exists()
 
 
+def test_the_legacy_numpy_allowance_builds_no_other_array(tmp_path):
+    """Checkpoints allow numpy's uint32 key of older RNG states, not numpy arrays at large: an object array
+    holding the payload (or a float64 array) is refused."""
+    marker = tmp_path / "created"
+    for value, refused in ((np.array([Reduce(marker)], dtype=object), "numpy.dtypes.ObjectDType"),
+                           (np.zeros(3), "numpy.dtypes.Float64DType")):
+        torch.save({"rng": [], "extra": value}, tmp_path / "state.pt")
+        with pytest.raises(UnsafeFileError, match=re.escape(f"asks to load {refused}")):
+            load_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
 def test_rng_states_are_plain_data_and_restore_exactly(tmp_path):
     """Checkpoints' RNG states load with weights_only=True and continue every stream bit for bit; a
     checkpoint written before (numpy's legacy tuple with an ndarray key) still loads and restores too."""
+    before = rng_state()
+    try:
+        _check_rng_round_trip(tmp_path)
+    finally:
+        set_rng_state(before)
+
+
+def _check_rng_round_trip(tmp_path: Path) -> None:
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     np.random.normal()  # a cached Gaussian: has_gauss = 1
     legacy = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     torch.save({"rng": [rng_state()], "legacy": [legacy]}, tmp_path / "state.pt")
     expected = (torch.rand(3), np.random.normal(size=3), random.random())
     loaded = load_checkpoint(tmp_path)
-    with pytest.raises(Exception, match="numpy"):  # the legacy key is an ndarray: only checkpoints allow it
+    with pytest.raises(UnsafeFileError, match="numpy"):  # the legacy key is an ndarray: only checkpoints allow it
         load_torch_file(tmp_path / "state.pt", what="test")
     for state in (loaded["rng"][0], loaded["legacy"][0]):
         set_rng_state(state)
@@ -173,11 +193,11 @@ def test_data_check_reports_a_bomb_in_the_tree(tmp_path):
     from data_fixtures import make_voc_split
 
     for split in ("val", "labeled", "unlabeled"):
-        ids = make_voc_split(tmp_path, "pascal_classic", split, None if split == "val" else "92", max_items=2)
+        make_voc_split(tmp_path, "pascal_classic", split, None if split == "val" else "92", max_items=2)
     image = sorted((tmp_path / "JPEGImages").iterdir())[0]
     bomb_png(image)
     report = check_dataset("pascal_classic", tmp_path, partitions=["92"], max_items=2)
-    assert not report.usable and ids is not None
+    assert not report.usable
     assert [p.kind for p in report.problems] == ["unreadable"] * len(report.problems)
     assert any(f"image file {image} declares 2,500,000,000 pixels" in p.detail for p in report.problems)
     result = runner.invoke(app, ["data", "check", "--dataset", "pascal_classic", "--root", str(tmp_path), "--partition",
