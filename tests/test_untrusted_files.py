@@ -386,3 +386,20 @@ def test_a_grid_refuses_its_cells_crafted_s3_checkpoint(trained, tmp_path, tmp_p
     [failed] = summary.cells("failed")
     assert f"state.pt asks to load {name}" in failed.reason, failed.reason
     assert not marker.exists()
+
+
+@pytest.mark.integration
+def test_a_ray_train_cell_refuses_its_crafted_s3_checkpoint(trained, tmp_path, tmp_path_factory, s3_storage):
+    """The same through a TorchTrainer worker (``run_cell``, one worker): the refusal crosses Ray and ``npsemiseg
+    run`` still finds it (exit 2)."""
+    from semiseg_platform.cli.run import refused_file
+    from semiseg_platform.launch import CellFailedError, run_cell
+    from tests.platform_fixtures import fresh_store
+
+    marker, _, name = _plant(trained, s3_storage, "crafted-train", tmp_path / "crafted")
+    with pytest.raises(CellFailedError) as raised:
+        run_cell(trained["config"], workers=1, cpus_per_worker=1, storage=s3_storage,
+                 tracking=fresh_store(tmp_path_factory, "untrusted-train"), experiment="x", name="crafted-train")
+    assert f"state.pt asks to load {name}" in raised.value.result.error, raised.value.result.error
+    assert refused_file(raised.value) is not None
+    assert not marker.exists()
