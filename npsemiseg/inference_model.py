@@ -3,17 +3,18 @@
 ``load_model(path)`` returns a :class:`SegmentationModel` whose ``predict(images)`` gives the
 labels and the uncertainty (entropy of the mean prediction, nats) of a batch of images.
 ``path`` is a file written by :func:`export_model` (the configuration and the weights of the
-evaluated model, NP memories and centers included; loaded with ``weights_only=True``) or a
-checkpoint directory written by training (``state.pt`` + ``config.yaml``, or a checkpoint root
-with ``latest`` / ``step_*``). The model is the framework's evaluation model (the teacher where
-there is one), rebuilt from the configuration without its pretrained ``model.weights`` (the
-file holds every weight). No MLflow, no Ray: the platform resolves run ids to checkpoints.
+evaluated model, NP memories and centers included) or a checkpoint directory written by training
+(``state.pt`` + ``config.yaml``, or a checkpoint root with ``latest`` / ``step_*``). Both are read
+with ``weights_only=True`` (:mod:`npsemiseg.untrusted`): a file asking to run code is refused.
+The model is the framework's evaluation model (the teacher where there is one), rebuilt from the
+configuration without its pretrained ``model.weights`` (the file holds every weight). No MLflow,
+no Ray: the platform resolves run ids to checkpoints.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,10 @@ from npsemiseg.data import build_dataset
 from npsemiseg.evaluation.inference import MODES, predict
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.artifacts import evaluate_model
-from npsemiseg.training.checkpoint import CHECKPOINT_FORMAT, STATE_FILE, resolve_checkpoint
+from npsemiseg.training.checkpoint import CHECKPOINT_FORMAT, LEGACY_NUMPY_GLOBALS, STATE_FILE, resolve_checkpoint
 from npsemiseg.training.factories import build_framework
 from npsemiseg.training.step import autocast
+from npsemiseg.untrusted import UnsafeFileError, load_torch_file
 
 #: What an exported file says it is, and the version of its layout
 EXPORT_KIND = "npsemiseg.model"
@@ -130,12 +132,16 @@ def check_samples(num_samples: int | None) -> int | None:
     return num_samples
 
 
-def _read(path: Path, *, weights_only: bool) -> Any:
-    """``torch.load`` of ``path`` on CPU; ``ValueError`` naming the file when it is not a readable torch file."""
+def _read(path: Path, *, allow: Sequence[Any] = ()) -> Any:
+    """``path`` read as data (``weights_only=True``, ``allow``: the extra globals accepted); ``ValueError`` naming
+    the file when it is not a readable torch file, :class:`~npsemiseg.untrusted.UnsafeFileError` when it asks to
+    run code."""
     if not path.is_file():
         raise ValueError(f"checkpoint: {path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
+        return load_torch_file(path, what="checkpoint", allow=allow)
+    except UnsafeFileError:
+        raise
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors alike mean "not a checkpoint"
         raise ValueError(f"checkpoint: {path} is not a readable checkpoint file ({type(error).__name__}: "
                          f"{' '.join(str(error).split())[:200]})") from None
@@ -171,7 +177,7 @@ def load_checkpoint_model(path: str | os.PathLike, **options: Any) -> Segmentati
                              "step_* checkpoint)") from None
     if not (directory / CONFIG_FILE).is_file():
         raise ValueError(f"checkpoint: {directory} has no {CONFIG_FILE} (the run's configuration)")
-    state = _read(directory / STATE_FILE, weights_only=False)  # our own format: optimiser and RNG states
+    state = _read(directory / STATE_FILE, allow=LEGACY_NUMPY_GLOBALS)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "modules" not in state:
         raise ValueError(f"checkpoint: {directory / STATE_FILE} is not a training checkpoint of format {CHECKPOINT_FORMAT}")
     config = RunConfig.from_yaml((directory / CONFIG_FILE).read_text())
@@ -205,7 +211,7 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu", m
     path = Path(path)
     if path.is_dir():
         return load_checkpoint_model(path, **options).to(device)
-    payload = _read(path, weights_only=True)
+    payload = _read(path)
     if not isinstance(payload, dict) or payload.get("kind") != EXPORT_KIND:
         raise ValueError(f"checkpoint: {path} is not an exported npsemiseg model (export one with `npsemiseg export`)")
     if payload.get("format") != EXPORT_FORMAT:

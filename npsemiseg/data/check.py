@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from npsemiseg.data.datasets import (
     _LAYOUTS,
@@ -38,6 +38,7 @@ from npsemiseg.data.datasets import (
 )
 from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.data.partitions import partition_ids
+from npsemiseg.untrusted import ImageTooLargeError, open_image
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``, called after each file; the CLI turns it into a tqdm bar."""
@@ -205,12 +206,18 @@ def _entry(info: DatasetInfo, root: Path, item: str, with_label: bool) -> _Entry
 def _header(path: Path) -> tuple[tuple[int, int], str] | None | Exception:
     """(size (W, H), PIL mode) from the file header; None if missing; the error if unreadable."""
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             return img.size, img.mode
     except FileNotFoundError:
         return None
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except (UnidentifiedImageError, OSError, SyntaxError, ImageTooLargeError) as err:
         return err
+
+
+def _unreadable(what: str, path: Path, error: Exception) -> Problem:
+    """An image or label file that cannot be used: too large (its own message) or not decodable."""
+    detail = str(error) if isinstance(error, ImageTooLargeError) else f"{what} file {path} is corrupt or not an image ({error})"
+    return Problem("unreadable", str(path), detail)
 
 
 def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool, bool | None, list[Problem]]:
@@ -218,8 +225,7 @@ def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool,
     problems: list[Problem] = []
     image = _header(entry.image)
     if isinstance(image, Exception):
-        problems.append(Problem("unreadable", str(entry.image),
-                                f"image file {entry.image} is corrupt or not an image ({image})"))
+        problems.append(_unreadable("image", entry.image, image))
     elif image is None:
         problems.append(Problem("missing_image", str(entry.image), f"image file {entry.image} does not exist"))
     image_found = image is not None
@@ -230,8 +236,7 @@ def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool,
         problems.append(Problem("missing_label", str(entry.label), f"label file {entry.label} does not exist"))
         return image_found, False, problems
     if isinstance(label, Exception):
-        problems.append(Problem("unreadable", str(entry.label),
-                                f"label file {entry.label} is corrupt or not an image ({label})"))
+        problems.append(_unreadable("label", entry.label, label))
         return image_found, True, problems
     (width, height), mode = label
     if mode not in ("L", "P"):

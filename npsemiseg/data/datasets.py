@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from npsemiseg.data.info import (
@@ -36,6 +36,7 @@ from npsemiseg.data.info import (
 from npsemiseg.data.partitions import partition_ids
 from npsemiseg.data.study import STUDY_DATASETS, build_study_dataset
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
+from npsemiseg.untrusted import open_image
 
 DATA_ROOT_ENV = "NPSEMISEG_DATA"
 SPLITS = ("labeled", "unlabeled", "val")
@@ -66,9 +67,10 @@ def cityscapes_labelids_to_trainids(label_ids: np.ndarray) -> np.ndarray:
 
 
 def load_image(path: Path) -> torch.Tensor:
-    """RGB image file -> float32 ``[3, H, W]`` in [0, 1]. ``ValueError`` if it cannot be decoded."""
+    """RGB image file -> float32 ``[3, H, W]`` in [0, 1]. ``ValueError`` if it cannot be decoded or declares
+    more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`)."""
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             img.load()
             rgb = img.convert("RGB")
     except FileNotFoundError:
@@ -85,7 +87,7 @@ def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
     Values must be in ``0..max_value`` or 255; ``what`` says in the error what they are.
     """
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             img.load()
             mode = img.mode
             array = np.asarray(img) if mode in ("L", "P") else None

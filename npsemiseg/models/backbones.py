@@ -29,6 +29,7 @@ from torchvision.models.resnet import Bottleneck, conv1x1
 
 from npsemiseg._registry import Registry
 from npsemiseg.models.atrous import AtrousConv2d
+from npsemiseg.untrusted import UnsafeFileError, load_torch_file
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -242,7 +243,7 @@ def imagenet_state_dict(name: str, *, deep_stem: bool = False, allow_download: b
     if not allow_download:
         raise FileNotFoundError(_not_cached_message(cached, weights.url, "downloading is disabled"))
     try:
-        return weights.get_state_dict(progress=False, check_hash=True)
+        return weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
     except (OSError, RuntimeError) as error:  # URLError is an OSError; hash mismatch a RuntimeError
         raise FileNotFoundError(_not_cached_message(cached, weights.url, f"download failed: {error}")) from error
 
@@ -262,7 +263,9 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights: backbone weights file {str(path)!r} does not exist")
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = load_torch_file(path, what="weights")  # read as data: a file asking to run code is refused
+    except UnsafeFileError:
+        raise
     except Exception as error:  # pickle/zip errors have no common base class
         raise ValueError(f"weights: cannot read {str(path)!r} as a PyTorch state dict: {error}") from error
     for key in ("state_dict", "model"):

@@ -24,23 +24,38 @@ from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.data_order import derive_seed
 from npsemiseg.training.plan import Plan
+from npsemiseg.untrusted import load_torch_file
 
 CHECKPOINT_FORMAT = 1
 STATE_FILE = "state.pt"
 LATEST_FILE = "latest"
 
 
+#: What a checkpoint written before its RNG states were plain data holds beyond them: numpy's legacy
+#: ``get_state()`` tuple pickles its ``uint32 [624]`` MT19937 key as an ndarray. Allowed for checkpoints only.
+_MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray  # numpy 2 / 1.26
+LEGACY_NUMPY_GLOBALS = (_MULTIARRAY._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)))
+
+
 def rng_state() -> dict[str, Any]:
-    """This process's torch (CPU and, when initialised, CUDA), numpy and python RNG states."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This process's torch (CPU and, when initialised, CUDA), numpy and python RNG states, as tensors and
+    plain data (numpy's ``get_state(legacy=False)`` dict with its key as a list of ints), so a checkpoint
+    loads with ``weights_only=True``."""
+    numpy_state = np.random.get_state(legacy=False)
+    inner = numpy_state["state"]
+    numpy_state = {"bit_generator": str(numpy_state["bit_generator"]),
+                   "state": {"key": [int(k) for k in inner["key"]], "pos": int(inner["pos"])},
+                   "has_gauss": int(numpy_state["has_gauss"]), "gauss": float(numpy_state["gauss"])}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state` (numpy's state as that dict, or the legacy tuple of older checkpoints)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])  # takes both: the key list is converted to uint32 exactly
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -85,9 +100,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
                      f"checkpoint root with a valid '{LATEST_FILE}' file")
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    # our own files: optimiser state and numpy/python RNG states need full unpickling
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path, *, what: str = "resume_from") -> dict[str, Any]:
+    """``path/state.pt`` read as data (``weights_only=True``; checkpoints come from others too): anything
+    beyond tensors, plain containers, optimiser states and :data:`LEGACY_NUMPY_GLOBALS` is refused with
+    :class:`~npsemiseg.untrusted.UnsafeFileError` naming the file and the global, nothing of it run."""
+    return load_torch_file(path / STATE_FILE, what=what, allow=LEGACY_NUMPY_GLOBALS)
 
 
 def restore(path: Path, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer,

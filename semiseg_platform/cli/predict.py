@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 import typer
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from npsemiseg import SegmentationModel, load_model
 from npsemiseg.data.datasets import load_image
+from npsemiseg.untrusted import open_image
 from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, save_uncertainty_png
 from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
@@ -41,7 +42,7 @@ def collect_images(inputs: list[Path]) -> list[Path]:
     stems: dict[str, Path] = {}
     for image in found:
         try:
-            with Image.open(image) as opened:
+            with open_image(image) as opened:  # an image declaring too many pixels: refused from its header
                 opened.verify()
         except (UnidentifiedImageError, OSError, SyntaxError) as error:
             raise ValueError(f"{image}: not an image ({' '.join(str(error).split())})") from None
@@ -55,7 +56,7 @@ def batches(images: list[Path], batch_size: int) -> list[list[Path]]:
     """Batches of at most ``batch_size`` images of one size (sizes differ between user images)."""
     by_size: dict[tuple[int, int], list[Path]] = defaultdict(list)
     for image in images:
-        with Image.open(image) as opened:
+        with open_image(image) as opened:
             by_size[opened.size].append(image)
     return [group[i:i + batch_size] for group in by_size.values() for i in range(0, len(group), batch_size)]
 

@@ -11,6 +11,7 @@ from npsemiseg.config import Composition, RunConfig, compose, read_config, recom
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
+from npsemiseg.untrusted import UnsafeFileError
 from semiseg_platform.cli.app import (
     CELL_FAILED,
     INTERRUPTED,
@@ -101,7 +102,8 @@ def run(
     """Train one cell (in this process, or on Ray Train), tracked in MLflow; print its metrics and the run's URL.
 
     Everything that can be checked first is (data, weights, resources, tracking store, storage): a bad
-    input is one ``error:`` line and exit status 2, with nothing written.
+    input is one ``error:`` line and exit status 2, with nothing written. A lineage whose newest checkpoint asks to
+    run code (``npsemiseg.untrusted``) is refused with one line and exit status 2 too, its MLflow run ended FAILED.
     """
     try:
         cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
@@ -127,6 +129,10 @@ def run(
                               max_failures=max_failures, **launch)
     except CellFailedError as error:
         failed = error.result
+        refused = refused_file(error)
+        if refused is not None:  # the lineage's checkpoint asked to run code: the input is bad, nothing of it ran
+            fail(f"{refused} (cell {failed.name} {failed.status}" + (f", MLflow run {failed.run_url})" if failed.run_url
+                                                                      else ")"))
         typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
         if failed.run_url:
             typer.echo(f"MLflow run: {failed.run_url}", err=True)
@@ -135,6 +141,15 @@ def run(
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
         raise typer.Exit(INTERRUPTED) from None
     _print_result(result, tracking_uri)
+
+
+def refused_file(error: CellFailedError) -> UnsafeFileError | None:
+    """The refusal of a file from others (its checkpoint asking to run code) that failed the cell, or None:
+    the cell's error itself (in this process) or a Ray Train worker's."""
+    cause = error.__cause__
+    failures = getattr(cause, "worker_failures", None) or {}
+    causes = [cause, *(getattr(f, "cause", None) or f.__cause__ or f for f in failures.values())]
+    return next((c for c in causes if isinstance(c, UnsafeFileError)), None)
 
 
 def _print_result(result: Any, tracking_uri: str) -> None:
