@@ -121,6 +121,17 @@ def digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray]) -> dic
     return out
 
 
+def gradient_digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Sum, sum of |values| and the sampled entries of every parameter's gradient (zeros where it has none), float64."""
+    out = {}
+    for name, p in model.named_parameters():
+        flat = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().flatten()
+        out[f"{prefix}/grad_sum/{name}"] = np.array(float(flat.sum()))
+        out[f"{prefix}/grad_abs/{name}"] = np.array(float(flat.abs().sum()))
+        out[f"{prefix}/grad_at/{name}"] = flat[torch.from_numpy(indices[name])].numpy()
+    return out
+
+
 class Branch(nn.Module):
     """``SingleNetwork``'s interface (network.py 70-80) around the tiny segmentor: ``(features, logits at the image
     size, align_corners=True)`` in training."""

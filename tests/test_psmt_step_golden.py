@@ -1,0 +1,165 @@
+"""PS-MT's whole training step under ``protocol: released`` reproduces one iteration of the released loop
+(``tests/golden/psmt_step_released.npz``, recorded by ``tests/golden/record_psmt_step_golden.py``; source, command
+and what was compared in ``psmt_step_released.json``).
+
+The official ``Trainer._train_epoch`` (PS-MT VocCode/train.py 189-311) ran one iteration with ``EntireModel.forward``
+(two student passes, T-VAT, ``semi_ce_loss``), its SGD step on ``group_weight``'s groups, the ``Poly`` LR and the
+EMA of the core teacher, on the project's tiny segmentors (the official ResNet-50 encoder needs the pretrained file;
+see the recorder). Here :func:`npsemiseg.training.step.train_step` takes the same step with framework ``psmt``
+under ``released`` (switch ``psmt_split_passes`` among them): same weights, inputs and injected draws (T-VAT's random
+starts, the CutMix permutation and boxes). Compared: both losses, the LR, the teachers' logits, every student
+gradient, and every parameter and buffer of the student and both teachers after the step (sum, sum |x| and sampled
+entries), within float32 round-off: ``|ours - theirs| <= 1e-5 * max(1, max |theirs|)`` per quantity, and for
+the gradients ``5e-5`` of the tensor's largest |entry| (its sum: of its sum of |entries|), at least ``5e-8``.
+
+Not compared: the teachers' ``num_batches_tracked`` (the official EMA averages the integer counter and truncates it,
+the project copies the student's; BN momentum is set, so the counter is never read).
+
+The golden fails when the behaviour it guards changes (:func:`test_each_change_moves_the_step_away_from_the_record`):
+one joint student pass, the teachers in eval mode, or a flipped unsupervised weight.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import npsemiseg.frameworks.psmt as psmt_module
+from golden_files import recorded, recorder
+from npsemiseg.config import compose, with_overrides
+from npsemiseg.data.mixing import _paste, box_mask
+from npsemiseg.frameworks.base import Batch, StepContext
+from npsemiseg.training import build_framework
+from npsemiseg.training.factories import build_optimizer
+from npsemiseg.training.step import train_step
+
+RTOL_SCALE = 1e-5
+#: gradients: relative to the tensor's scale (float32 round-off through the backward pass), with a floor
+GRAD_RTOL, GRAD_FLOOR = 5e-5, 1e-3
+
+pytestmark = pytest.mark.usefixtures("single_seeded_thread")
+
+REC = recorder("psmt_step")
+DATA = recorded("psmt_step_released")
+
+
+def _close(ours, theirs, what: str) -> float:
+    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    diff = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
+    bound = RTOL_SCALE * max(1.0, float(np.max(np.abs(theirs))) if theirs.size else 1.0)
+    assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
+    return diff / bound * RTOL_SCALE  # relative to max(1, max |theirs|)
+
+
+def _close_grad(ours, theirs, scale: float, what: str) -> float:
+    """A gradient quantity within ``GRAD_RTOL`` of ``scale`` (its largest recorded |entry|, or for a sum its recorded
+    sum of |entries|), at least :data:`GRAD_FLOOR` (biases before a BN have a zero gradient: round-off alone)."""
+    diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))))
+    bound = GRAD_RTOL * max(scale, GRAD_FLOOR)
+    assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
+    return diff / max(scale, GRAD_FLOOR)
+
+
+def _recorded_cutmix(image, label, confidence=None, **_):
+    """The official draw: image i takes the box ``cutmix_boxes[i]`` (rows bbx1:bbx2, columns bby1:bby2) of image
+    ``cutmix_perm[i]``."""
+    boxes = torch.from_numpy(DATA["cutmix_boxes"])  # bbx1, bby1, bbx2, bby2
+    mask = box_mask(boxes[:, [0, 2, 1, 3]], image.shape[-2], image.shape[-1])
+    return _paste(image, label, confidence, mask, torch.from_numpy(DATA["cutmix_perm"]))
+
+
+def _step(monkeypatch, **overrides):
+    """Framework ``psmt`` of the recorded cell, the recorder's weights, one ``train_step`` on the recorded inputs."""
+    config = compose("smoke", **REC.CELL).config
+    if overrides:
+        config = with_overrides(config, overrides)
+    framework = build_framework(config)
+    for name, model in framework.modules().items():
+        salt = REC.SALTS["student" if name == "student" else name]
+        REC.load_pattern(model, salt)
+        if name != "student":
+            REC.sharpen(model, salt)
+    starts = [DATA["start_l"], DATA["start_u"]]  # T-VAT per part in both pass forms (switch psmt_tvat_per_batch)
+
+    def rand_like(t, **_):
+        start = starts.pop(0)
+        assert tuple(t.shape) == start.shape, (tuple(t.shape), start.shape)
+        return torch.from_numpy(start.copy())
+
+    monkeypatch.setattr(torch, "rand_like", rand_like)
+    monkeypatch.setattr(psmt_module, "psmt_cutmix", _recorded_cutmix)
+    teacher_logits = []
+    original = framework.predict_unlabeled
+    monkeypatch.setattr(framework, "predict_unlabeled", lambda *a, **k: teacher_logits.append(original(*a, **k)) or
+                        teacher_logits[-1])
+    t = {k: torch.from_numpy(DATA[k]) for k in ("images_l_weak", "images_l", "labels_l", "images_u_weak", "images_u")}
+    batch = Batch(labeled={"image": t["images_l_weak"], "image_strong": t["images_l"], "label": t["labels_l"]},
+                  unlabeled={"image": t["images_u_weak"], "image_strong": t["images_u"]})
+    ctx = StepContext(step=REC.IPE * (REC.EPOCH - 1), total_steps=REC.IPE * REC.EPOCHS, epoch=REC.EPOCH - 1,
+                      total_epochs=REC.EPOCHS, iters_per_epoch=REC.IPE)
+    framework.student.train()
+    optimizer = build_optimizer(config, framework.student)
+    logs = train_step(framework, batch, ctx, optimizer, config, torch.device("cpu"), 1)
+    assert not starts
+    monkeypatch.undo()
+    return framework, logs, [p.raw_logits.detach() for p in teacher_logits]
+
+
+def test_the_released_protocol_runs_the_recorded_options():
+    config = compose("smoke", **REC.CELL).config
+    assert config.framework_options["student_passes"] == "split" and config.framework_options["teacher_train_mode"]
+    assert config.optim.parameter_groups == "single_lr" and config.optim.lr == REC.LR
+    assert (config.optim.momentum, config.optim.weight_decay) == (REC.MOMENTUM, REC.WEIGHT_DECAY)
+    assert config.num_classes == REC.K and config.model.align_corners is True
+
+
+def test_one_released_step_matches_the_official_step(monkeypatch):
+    framework, logs, teacher_logits = _step(monkeypatch)
+    diffs = {"loss_sup": _close(logs["train/sup"], DATA["loss_sup"], "sup"),
+             "loss_unsup": _close(logs["train/unsup"], DATA["loss_unsup"], "unsup"),
+             "lr": _close(logs["train/lr"], DATA["lr"][0], "lr"),
+             "teacher_logits": max(_close(teacher_logits[i].flatten()[::REC.LOGIT_STRIDE].numpy(),
+                                          DATA[f"teacher{i + 1}_logits"], f"teacher {i + 1}")
+                                   for i in range(2))}
+    student = framework.student
+    for name, p in student.named_parameters():
+        grad, total = p.grad.detach().double().flatten(), float(DATA[f"student/grad_abs/{name}"])
+        entries = DATA[f"student/grad_at/{name}"]
+        diffs[f"grad/{name}"] = max(
+            _close_grad(float(grad.sum()), DATA[f"student/grad_sum/{name}"], total, f"grad {name} sum"),
+            _close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|"),
+            _close_grad(grad[torch.from_numpy(DATA[f"index/{name}"]).long()].numpy(), entries,
+                        float(np.abs(entries).max()), f"grad {name} entries"))
+    for prefix, model in framework.modules().items():
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            if prefix != "student" and name.endswith("num_batches_tracked"):
+                continue
+            flat = t.detach().double().flatten()
+            diffs[f"{prefix}/{name}"] = max(
+                _close(float(flat.sum()), DATA[f"{prefix}/sum/{name}"], f"{prefix} {name} sum"),
+                _close(float(flat.abs().sum()), DATA[f"{prefix}/abs/{name}"], f"{prefix} {name} sum |x|"),
+                _close(flat[torch.from_numpy(DATA[f"index/{name}"]).long()].numpy(), DATA[f"{prefix}/at/{name}"],
+                       f"{prefix} {name} entries"))
+    assert len(diffs) > 200
+    worst = max(diffs, key=diffs.get)
+    weights = max(v for k, v in diffs.items() if "/" in k and not k.startswith("grad/"))
+    losses = max(diffs["loss_sup"], diffs["loss_unsup"])
+    print(json.dumps({"max": f"{diffs[worst]:.2e}", "where": worst, "losses": f"{losses:.2e}",
+                      "teacher_logits": f"{diffs['teacher_logits']:.2e}", "weights_buffers": f"{weights:.2e}"}))
+
+
+@pytest.mark.parametrize("override", [{"framework_options.student_passes": "joint"},
+                                      {"framework_options.teacher_train_mode": False},
+                                      {"framework_options.unsup_weight": 0.6}])
+def test_each_change_moves_the_step_away_from_the_record(monkeypatch, override):
+    """One joint student pass (one BN batch), the teachers in eval mode, or another unsupervised weight: the
+    recorded step tells each apart (a loss or a student gradient moves by far more than the tolerance)."""
+    framework, logs, _ = _step(monkeypatch, **override)
+    moved = [abs(logs["train/sup"] - float(DATA["loss_sup"])), abs(logs["train/unsup"] - float(DATA["loss_unsup"]))]
+    moved += [abs(float(p.grad.double().sum()) - float(DATA[f"student/grad_sum/{n}"]))
+              for n, p in framework.student.named_parameters()]
+    print(json.dumps({"moved": f"{max(moved):.2e}"}))
+    assert max(moved) > 1e-3
