@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 import npsemiseg.frameworks.psmt as psmt_module
 from golden_files import recorded, recorder
+from step_golden import close, compare_gradients, compare_states, summary
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.data.mixing import _paste, box_mask
 from npsemiseg.frameworks.base import Batch, StepContext
@@ -36,31 +36,10 @@ from npsemiseg.training import build_framework
 from npsemiseg.training.factories import build_optimizer
 from npsemiseg.training.step import train_step
 
-RTOL_SCALE = 1e-5
-#: gradients: relative to the tensor's scale (float32 round-off through the backward pass), with a floor
-GRAD_RTOL, GRAD_FLOOR = 5e-5, 1e-3
-
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 REC = recorder("psmt_step")
 DATA = recorded("psmt_step_released")
-
-
-def _close(ours, theirs, what: str) -> float:
-    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
-    diff = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
-    bound = RTOL_SCALE * max(1.0, float(np.max(np.abs(theirs))) if theirs.size else 1.0)
-    assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
-    return diff / bound * RTOL_SCALE  # relative to max(1, max |theirs|)
-
-
-def _close_grad(ours, theirs, scale: float, what: str) -> float:
-    """A gradient quantity within ``GRAD_RTOL`` of ``scale`` (its largest recorded |entry|, or for a sum its recorded
-    sum of |entries|), at least :data:`GRAD_FLOOR` (biases before a BN have a zero gradient: round-off alone)."""
-    diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))))
-    bound = GRAD_RTOL * max(scale, GRAD_FLOOR)
-    assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
-    return diff / max(scale, GRAD_FLOOR)
 
 
 def _recorded_cutmix(image, label, confidence=None, **_):
@@ -118,37 +97,18 @@ def test_the_released_protocol_runs_the_recorded_options():
 
 def test_one_released_step_matches_the_official_step(monkeypatch):
     framework, logs, teacher_logits = _step(monkeypatch)
-    diffs = {"loss_sup": _close(logs["train/sup"], DATA["loss_sup"], "sup"),
-             "loss_unsup": _close(logs["train/unsup"], DATA["loss_unsup"], "unsup"),
-             "lr": _close(logs["train/lr"], DATA["lr"][0], "lr"),
-             "teacher_logits": max(_close(teacher_logits[i].flatten()[::REC.LOGIT_STRIDE].numpy(),
-                                          DATA[f"teacher{i + 1}_logits"], f"teacher {i + 1}")
-                                   for i in range(2))}
-    student = framework.student
-    for name, p in student.named_parameters():
-        grad, total = p.grad.detach().double().flatten(), float(DATA[f"student/grad_abs/{name}"])
-        entries = DATA[f"student/grad_at/{name}"]
-        diffs[f"grad/{name}"] = max(
-            _close_grad(float(grad.sum()), DATA[f"student/grad_sum/{name}"], total, f"grad {name} sum"),
-            _close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|"),
-            _close_grad(grad[torch.from_numpy(DATA[f"index/{name}"]).long()].numpy(), entries,
-                        float(np.abs(entries).max()), f"grad {name} entries"))
-    for prefix, model in framework.modules().items():
-        for name, t in (*model.named_parameters(), *model.named_buffers()):
-            if prefix != "student" and name.endswith("num_batches_tracked"):
-                continue
-            flat = t.detach().double().flatten()
-            diffs[f"{prefix}/{name}"] = max(
-                _close(float(flat.sum()), DATA[f"{prefix}/sum/{name}"], f"{prefix} {name} sum"),
-                _close(float(flat.abs().sum()), DATA[f"{prefix}/abs/{name}"], f"{prefix} {name} sum |x|"),
-                _close(flat[torch.from_numpy(DATA[f"index/{name}"]).long()].numpy(), DATA[f"{prefix}/at/{name}"],
-                       f"{prefix} {name} entries"))
+    diffs = {"loss_sup": close(logs["train/sup"], DATA["loss_sup"], "sup"),
+             "loss_unsup": close(logs["train/unsup"], DATA["loss_unsup"], "unsup"),
+             "lr": close(logs["train/lr"], DATA["lr"][0], "lr"),
+             "teacher_logits": max(close(teacher_logits[i].flatten()[::REC.LOGIT_STRIDE].numpy(),
+                                         DATA[f"teacher{i + 1}_logits"], f"teacher {i + 1}") for i in range(2))}
+    diffs.update(compare_gradients(framework.student, DATA))
+    teachers_counters = [f"{t}/{n}" for t in ("teacher1", "teacher2") for n, _ in framework.student.named_buffers()
+                         if n.endswith("num_batches_tracked")]
+    diffs.update(compare_states(framework.modules(), DATA, skip=teachers_counters))
     assert len(diffs) > 200
-    worst = max(diffs, key=diffs.get)
-    weights = max(v for k, v in diffs.items() if "/" in k and not k.startswith("grad/"))
-    losses = max(diffs["loss_sup"], diffs["loss_unsup"])
-    print(json.dumps({"max": f"{diffs[worst]:.2e}", "where": worst, "losses": f"{losses:.2e}",
-                      "teacher_logits": f"{diffs['teacher_logits']:.2e}", "weights_buffers": f"{weights:.2e}"}))
+    print(json.dumps({**summary(diffs), "losses": f"{max(diffs['loss_sup'], diffs['loss_unsup']):.2e}",
+                      "teacher_logits": f"{diffs['teacher_logits']:.2e}"}))
 
 
 @pytest.mark.parametrize("override", [{"framework_options.student_passes": "joint"},
