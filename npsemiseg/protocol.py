@@ -561,6 +561,11 @@ STEP_GOLDENS: tuple[tuple[str, str, str, str], ...] = (
      "tests/test_mt_cps_golden.py::test_one_released_step_matches_the_official_step",
      "losses 0, LR 0, teacher's probabilities 3.0e-7; every student gradient 2.4e-5 (relative to its tensor's largest "
      "entry); every parameter and BN buffer of student and teacher 4.4e-6 (relative to max(1, max |x|))"),
+    ("supervised", "U2PL@ab3d2be train_sup.py 177-251 (train(), one iteration), 97-134 (optimiser, scheduler), "
+     "u2pl/utils/loss_helper.py 238-360 (criterion)",
+     "tests/test_supervised_step_golden.py::test_one_released_step_matches_the_official_step",
+     "VOC (CE) and Cityscapes (OHEM + 0.4 aux) cells: loss 1.5e-7, LR 0; every gradient 2.2e-5 (relative to its "
+     "tensor's largest entry); every parameter and BN buffer 1.3e-7 (relative to max(1, max |x|))"),
 )
 
 #: every switch by name (the one table)
