@@ -348,8 +348,8 @@ def test_framework_trains_with_every_head(smoke_config, framework, head):
 @pytest.mark.parametrize("framework", ["supervised", "mt", "mt_cps", "psmt"])
 def test_whole_step_of_every_head_under_both_protocols(smoke_config, framework, head, protocol):
     """``train_step`` (LR, step, backward, SGD, EMA) of the smoke cell under each protocol: finite losses and
-    gradients, most student parameters move (some take no gradient in the smoke network; released PS-MT: two student passes, the NP head
-    once on both; ``mt`` runs ``mt_cps`` under ``released``)."""
+    gradients, most student parameters move (some take no gradient in the smoke network). Released PS-MT: two
+    student passes, the NP head once on both; ``mt`` runs ``mt_cps`` under ``released``."""
     from npsemiseg.training.factories import build_optimizer
     from npsemiseg.training.step import train_step
 

@@ -15,7 +15,10 @@ at least ``5e-8``. Seen: losses, LR and the teachers' logits 0; gradients 1.6e-5
 weights and buffers 2.7e-6. The three changes below move a loss or a gradient sum by 93 to 380.
 
 Not compared: the teachers' ``num_batches_tracked`` (the official EMA averages the integer counter and truncates it,
-the project copies the student's; BN momentum is set, so the counter is never read).
+the project copies the student's; BN momentum is set, so the counter is never read); the Cityscapes loop
+(``CityCode/``, a trainer of its own: three CutMix boxes, weight 3.0; not run here, its CutMix checked by
+``tests/test_data_mixing.py``); the warm-up epochs (a supervised step per model, switch
+``psmt_warmup_epochs``).
 
 The golden fails when the behaviour it guards changes (:func:`test_each_change_moves_the_step_away_from_the_record`):
 one joint student pass, the teachers in eval mode, or another unsupervised weight (0.6 for 1.5).
