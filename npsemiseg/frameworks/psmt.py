@@ -102,7 +102,8 @@ class PSMTOptions(FrameworkOptions):
     #: instead of feature-size ones; switch ``psmt_tvat_crop_kl``
     tvat_kl_at_crop_size: bool = False
     #: the T-VAT search run once on the labeled and once on the unlabeled features (the released decoder's two
-    #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch``
+    #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch`` (with ``student_passes="split"``
+    #: each pass searches its own part whatever this says)
     tvat_per_batch: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
