@@ -126,11 +126,13 @@ _GOLDEN_NP_HEAD = ("tests/test_np_head_golden.py::test_np_head_reproduces_the_au
 _GOLDEN_U2PL_CONTRASTIVE = ("tests/test_u2pl_contrastive_golden.py::test_released_contrastive_loss_reproduces_the_released_"
                             "code: loss 0 over two steps; membership and queues equal")
 _GOLDEN_MT_CPS = ("tests/test_mt_cps_golden.py::test_one_released_step_matches_the_official_step: max |difference| 3.0e-7 "
-                  "(teacher probabilities; losses 0; weight sums 4.4e-6 relative)")
+                  "(teacher probabilities; losses 0; gradients 2.4e-5, weight sums 4.4e-6 relative)")
 _GOLDEN_PSMT_TVAT = ("tests/test_psmt_tvat_golden.py::test_released_tvat_reproduces_the_two_released_calls: max |difference| "
                      "2.9e-11 (float32 perturbation; float64 7.0e-12)")
 _GOLDEN_PSMT_EVAL = ("tests/test_psmt_eval_golden.py::test_released_evaluation_reproduces_psmt_valid_epoch: max |difference| "
                      "2.4e-7 (probabilities)")
+_GOLDEN_PSMT_STEP = ("tests/test_psmt_step_golden.py::test_one_released_step_matches_the_official_step: losses 0; "
+                     "gradients 1.6e-5 of their tensor's largest entry; weights and BN buffers 2.7e-6 (whole step)")
 _GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_released_targets_are_the_official_unfiltered_ones: "
                              "targets equal (0), AugSeg's step; U2PL's not compared")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
@@ -326,6 +328,13 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "normalisation the perturbation's size scales with 1 / (images searched together)",
            "[D16](deviations.md#d16-ps-mt-t-vat)", frameworks=("psmt",),
            golden=_GOLDEN_PSMT_TVAT),
+    Switch("psmt_split_passes", "framework", "framework_options.student_passes", "split", "joint",
+           "PS-MT@058cdc3 VocCode/Model/Deeplabv3_plus/EntireModel.py 60, 64 (encoder_s and decoder_s called on the "
+           "labeled, then on the unlabeled images)",
+           "the labeled and the unlabeled images in two student passes (each part its own BN batch, two BN updates, "
+           "its own T-VAT search and head call) instead of one",
+           "[D10](deviations.md#d10-ps-mt-learning-rates)", frameworks=("psmt",),
+           golden=_GOLDEN_PSMT_STEP),
     Switch("psmt_warmup_epochs", "framework", "framework_options.warmup_epochs", 5, 0,
            "PS-MT@058cdc3 VocCode/Base/base_trainer.py 137-145 and VocCode/train.py 139-187 (_warm_up), scripts "
            "--warm_up=5",
@@ -539,6 +548,26 @@ _SWITCH_LIST: tuple[Switch, ...] = (
                      "tests/test_presets_audit.py::test_audit_row_matches_the_preset"),
 )
 
+#: whole-step goldens (issue: every framework's step equals its official loop under ``released``): framework, the
+#: official loop body run, the test, and what it compares with its largest |difference|
+STEP_GOLDENS: tuple[tuple[str, str, str, str], ...] = (
+    ("psmt", "PS-MT@058cdc3 VocCode/train.py 189-311 (Trainer._train_epoch, one iteration), EntireModel.py 55-100",
+     "tests/test_psmt_step_golden.py::test_one_released_step_matches_the_official_step",
+     "losses 0, teachers' logits 0, LR 0; every student gradient 1.6e-5 (relative to its tensor's largest entry); "
+     "every parameter and BN buffer of student and both teachers 2.7e-6 (relative to max(1, max |x|)); not compared: "
+     "the teachers' num_batches_tracked (never read)"),
+    ("mt_cps", "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher network.py 25-47 (run), train.py 90-123, 177-215 "
+     "(the step written out around it, the official group_weight and WarmUpPolyLR run)",
+     "tests/test_mt_cps_golden.py::test_one_released_step_matches_the_official_step",
+     "losses 0, LR 0, teacher's probabilities 3.0e-7; every student gradient 2.4e-5 (relative to its tensor's largest "
+     "entry); every parameter and BN buffer of student and teacher 4.4e-6 (relative to max(1, max |x|))"),
+    ("supervised", "U2PL@ab3d2be train_sup.py 177-251 (train(), one iteration), 97-134 (optimiser, scheduler), "
+     "u2pl/utils/loss_helper.py 238-360 (criterion)",
+     "tests/test_supervised_step_golden.py::test_one_released_step_matches_the_official_step",
+     "VOC (CE) and Cityscapes (OHEM + 0.4 aux) cells: loss 1.5e-7, LR 0; every gradient 2.2e-5 (relative to its "
+     "tensor's largest entry); every parameter and BN buffer 1.3e-7 (relative to max(1, max |x|))"),
+)
+
 #: every switch by name (the one table)
 SWITCHES: dict[str, Switch] = {switch.name: switch for switch in _SWITCH_LIST}
 
@@ -660,6 +689,13 @@ def protocol_markdown() -> str:
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "
                      f"{s.source} | {s.changes} | {s.rows} | {_evidence(s)} |")
+    lines += ["", "## Whole-step goldens", "",
+              "One training step of `npsemiseg.training.step.train_step` under `released` against one iteration of the",
+              "official loop body (imported from the official checkout by the recorder, on the project's small network",
+              "with the same weights and random draws), and the largest \\|difference\\| each records.", "",
+              "| framework | official loop body | test | compared, max \\|difference\\| |", "|---|---|---|---|"]
+    lines += [f"| `{name}` | {source} | `{test}` | {text.replace('|', chr(92) + '|')} |"
+              for name, source, test, text in STEP_GOLDENS]
     return "\n".join(lines) + "\n"
 
 

@@ -343,6 +343,31 @@ def test_framework_trains_with_every_head(smoke_config, framework, head):
                     assert torch.equal(buf, student_buffers[name]), name
 
 
+@pytest.mark.parametrize("protocol", ["released", "corrected"])
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("framework", ["supervised", "mt", "mt_cps", "psmt"])
+def test_whole_step_of_every_head_under_both_protocols(smoke_config, framework, head, protocol):
+    """``train_step`` (LR, step, backward, SGD, EMA) of the smoke cell under each protocol: finite losses and
+    gradients, most student parameters move (some take no gradient in the smoke network). Released PS-MT: two
+    student passes, the NP head once on both; ``mt`` runs ``mt_cps`` under ``released``."""
+    from npsemiseg.training.factories import build_optimizer
+    from npsemiseg.training.step import train_step
+
+    config = smoke_config(framework=framework, head=head, protocol=protocol)
+    torch.manual_seed(0)
+    fw = build_framework(config)
+    optimizer = build_optimizer(config, fw.student)
+    before = [p.detach().clone() for p in optimizer.parameters]
+    ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    logs = train_step(fw, _batch(config), ctx, optimizer, config, torch.device("cpu"), 1)
+    assert all(math.isfinite(v) for v in logs.values()) and logs["train/loss"] > 0
+    assert all(torch.isfinite(p.grad).all() for p in optimizer.parameters if p.grad is not None)
+    moved = [not torch.equal(b, p) for b, p in zip(before, optimizer.parameters)]
+    assert sum(moved) > 0.6 * len(moved), f"{sum(moved)} of {len(moved)} parameters moved"
+    if framework == "psmt":
+        assert fw.options.student_passes == ("split" if protocol == "released" else "joint")
+
+
 @pytest.mark.parametrize("head", HEADS)
 def test_student_pass_shapes_and_np_context(smoke_config, head):
     fw, config = _framework(smoke_config, "mt", head)

@@ -3,13 +3,17 @@
 and what was compared in ``mt_cps_step_released.json``).
 
 The official ``Network.forward`` / ``_update_ema_variables`` (TorchSemiSeg MeanTeacher network.py 25-47) ran the
-recorded step with the training step of train.py 177-215 around it, on a tiny network built on both sides from the
-same pattern weights (the project's smoke segmentor without dropout; the official ResNet-50 network needs pretrained
-weights and furnace). Here framework ``mt_cps`` with the released options (switches ``mt_cps_split_passes``,
-``mt_cps_ema_before_unlabeled``, ``mt_cps_no_dropout``) takes the same step: same weights, same inputs, SGD at the
-same LR and momentum. Tolerance: float32 round-off, ``|ours - theirs| <= 1e-5 * max(1, max |theirs|)`` per quantity
-(seen: losses 0; the teacher's probabilities 3.0e-7; the updated student's sampled entries 7.5e-9 and sums 4.0e-8; the
-updated teacher's sampled entries 5.4e-7, its sums at most 4.4e-6 relative, a BN running mean's sum of |x|). The
+recorded step with the training step of train.py 177-215 around it and the official optimiser (train.py 90-104:
+``group_weight``, momentum 0.9, weight decay 1e-4 on conv weights; the LR of ``WarmUpPolyLR`` at the step, 206-211),
+on a tiny network built on both sides from the same pattern weights (the project's smoke segmentor without dropout;
+the official ResNet-50 network needs pretrained weights and furnace). Here
+:func:`npsemiseg.training.step.train_step` with framework ``mt_cps`` and the released options (switches
+``mt_cps_split_passes``, ``mt_cps_ema_before_unlabeled``, ``mt_cps_no_dropout``, ``mt_single_lr``) takes the same
+step: same weights and inputs, the run's optimiser (``build_optimizer``) at the poly LR of the step. Compared: both
+losses, the LR, the teacher's probabilities, every student gradient, and every parameter and buffer of the updated
+student and teacher (``tests/step_golden.py``: float32 round-off, ``1e-5 * max(1, max |theirs|)`` per quantity;
+gradients ``5e-5`` of their tensor's scale). Seen: losses 0; the teacher's probabilities 3.0e-7; gradients 2.4e-5
+of their tensor's largest entry; weights and buffers 4.4e-6 (relative, a BN running mean's sum of |x|). The
 corrected behaviours (one pass; the EMA after the optimiser step) are checked to be far from the record (teacher
 probabilities 4.4e-3 and 2.6e-3 away), so the comparison tells them apart.
 """
@@ -23,27 +27,18 @@ import pytest
 import torch
 
 from golden_files import recorded, recorder, sidecar
+from step_golden import close, compare_gradients, compare_states, summary
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.training import build_framework
-
-RTOL_SCALE = 1e-5
+from npsemiseg.training.factories import build_optimizer
+from npsemiseg.training.step import train_step
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
-
-
 
 REC = recorder("mt_cps")
 DATA = recorded("mt_cps_step_released")
 META = sidecar("mt_cps_step_released")
-
-
-def _close(ours, theirs, what: str) -> float:
-    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
-    diff = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
-    bound = RTOL_SCALE * max(1.0, float(np.max(np.abs(theirs))) if theirs.size else 1.0)
-    assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
-    return diff
 
 
 def _step(**overrides):
@@ -56,18 +51,15 @@ def _step(**overrides):
     REC.load_pattern(framework.teacher, REC.TEACHER_SALT)
     batch = Batch(labeled={"image": torch.from_numpy(DATA["images_l"]), "label": torch.from_numpy(DATA["labels_l"])},
                   unlabeled={"image": torch.from_numpy(DATA["images_u"])})
-    optimizer = torch.optim.SGD(framework.student.parameters(), lr=REC.LR, momentum=REC.MOMENTUM, weight_decay=0.0)
-    ctx = StepContext(step=REC.CUR_ITER, total_steps=10, epoch=0, total_epochs=1, iters_per_epoch=10)
+    ctx = StepContext(step=REC.CUR_ITER, total_steps=REC.TOTAL_ITERS, epoch=0, total_epochs=1,
+                      iters_per_epoch=REC.TOTAL_ITERS)
     predictions = []
     original = framework.predict
     framework.predict = lambda teacher, images, **kw: predictions.append(original(teacher, images, **kw)) or predictions[-1]
-    result = framework.train_step(batch, ctx)
-    optimizer.zero_grad()
-    result.total.backward()
-    optimizer.step()
-    framework.after_optimizer_step(ctx)
+    framework.student.train()
+    logs = train_step(framework, batch, ctx, build_optimizer(config, framework.student), config, torch.device("cpu"), 1)
     probs = torch.cat([p.probs for p in predictions]).detach()
-    return framework, config, result, probs
+    return framework, config, logs, probs
 
 
 def test_the_released_protocol_runs_the_recorded_options():
@@ -78,25 +70,23 @@ def test_the_released_protocol_runs_the_recorded_options():
         "passes": "split", "ema_timing": "before_unlabeled", "train_dropout": False,
         "ema_decay": META["official_values"]["ema_decay"], "mse_weight": META["official_values"]["unsup_weight"]}
     assert config.loss.ohem is False and config.head.name == "baseline"
+    assert config.optim.parameter_groups == "single_lr" and config.optim.lr == REC.LR
+    assert (config.optim.momentum, config.optim.weight_decay, config.schedule.poly_power) == (
+        META["official_values"]["momentum"], META["official_values"]["weight_decay"], META["official_values"]["lr_power"])
     framework = build_framework(config)
     assert not any(type(m) is torch.nn.Dropout2d for model in framework.modules().values() for m in model.modules())
 
 
 def test_one_released_step_matches_the_official_step():
-    framework, _, result, probs = _step()
-    diffs = {"loss_sup": _close(float(result.losses["sup"].detach()), DATA["loss_sup"], "sup"),
-             "loss_unsup": _close(float(result.losses["unsup"].detach()), DATA["loss_unsup"], "unsup"),
-             "teacher_probs": _close(probs.numpy(), DATA["teacher_probs"], "teacher probabilities")}
-    for prefix, model in (("student", framework.student), ("teacher", framework.teacher)):
-        for name, t in (*model.named_parameters(), *model.named_buffers()):
-            flat = t.detach().double().flatten()
-            diffs[f"{prefix}/{name}"] = max(
-                _close(float(flat.sum()), DATA[f"{prefix}/sum/{name}"], f"{prefix} {name} sum"),
-                _close(float(flat.abs().sum()), DATA[f"{prefix}/abs/{name}"], f"{prefix} {name} sum |x|"),
-                _close(flat[torch.from_numpy(DATA[f"index/{name}"]).long()].numpy(), DATA[f"{prefix}/at/{name}"],
-                       f"{prefix} {name} entries"))
-    assert len(diffs) > 100  # every parameter and buffer of both models was compared
-    print(json.dumps({"max": f"{max(diffs.values()):.2e}", "teacher_probs": f"{diffs['teacher_probs']:.2e}"}))
+    framework, _, logs, probs = _step()
+    diffs = {"loss_sup": close(logs["train/sup"], DATA["loss_sup"], "sup"),
+             "loss_unsup": close(logs["train/unsup"], DATA["loss_unsup"], "unsup"),
+             "lr": close(logs["train/lr"], DATA["lr"], "lr"),
+             "teacher_probs": close(probs.numpy(), DATA["teacher_probs"], "teacher probabilities")}
+    diffs.update(compare_gradients(framework.student, DATA))
+    diffs.update(compare_states({"student": framework.student, "teacher": framework.teacher}, DATA))
+    assert len(diffs) > 100  # every gradient, parameter and buffer of both models was compared
+    print(json.dumps({**summary(diffs), "teacher_probs": f"{diffs['teacher_probs']:.2e}"}))
 
 
 @pytest.mark.parametrize("override", [{"framework_options.passes": "joint"},
@@ -104,8 +94,8 @@ def test_one_released_step_matches_the_official_step():
 def test_each_corrected_behaviour_moves_the_step_away_from_the_record(override):
     """One pass (BN statistics over both halves) or the EMA after the optimiser step gives another step: the
     golden tells each released behaviour apart."""
-    framework, _, result, probs = _step(**override)
-    far = abs(float(result.losses["unsup"].detach()) - float(DATA["loss_unsup"])) > 1e-4 * float(DATA["loss_unsup"])
+    framework, _, logs, probs = _step(**override)
+    far = abs(logs["train/unsup"] - float(DATA["loss_unsup"])) > 1e-4 * float(DATA["loss_unsup"])
     far = far or float(np.max(np.abs(probs.numpy() - DATA["teacher_probs"]))) > 1e-4
     teacher_sum = sum(float(p.detach().double().sum()) for p in framework.teacher.parameters())
     recorded = sum(float(DATA[f"teacher/sum/{n}"]) for n, _ in framework.teacher.named_parameters())

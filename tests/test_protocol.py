@@ -15,6 +15,7 @@ from npsemiseg.frameworks import framework_names
 from npsemiseg.protocol import (
     NOT_APPLICABLE,
     PROTOCOLS,
+    STEP_GOLDENS,
     SWITCHES,
     TEST_ID,
     Derived,
@@ -75,6 +76,14 @@ def test_every_switch_names_its_golden_or_why_there_is_none(switch):
         path, _, function = test_id.partition("::")
         assert (ROOT / path).is_file(), f"{switch.name}: no file {path}"
         assert function in _test_functions(path), f"{switch.name}: no test function {test_id}"
+
+
+@pytest.mark.parametrize("golden", STEP_GOLDENS, ids=lambda g: g[0])
+def test_every_step_golden_names_an_existing_test_of_a_registered_framework(golden):
+    name, _, test_id, _ = golden
+    assert name in framework_names(), name
+    path, _, function = test_id.partition("::")
+    assert path.endswith("_golden.py") and function in _test_functions(path), test_id
 
 
 @pytest.mark.parametrize("switch", implemented_switches(), ids=lambda s: s.name)

@@ -69,6 +69,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["framework_options"].get("label_onehot_ignored_bug") is False),
     # PS-MT's released T-VAT search per batch, at its corrected value
     ("framework_options.tvat_per_batch", lambda v: v["framework_options"].get("tvat_per_batch") is False),
+    # PS-MT's released student passes (one per part), at the corrected value
+    ("framework_options.student_passes", lambda v: v["framework_options"].get("student_passes") == "joint"),
     # PS-MT's released VOC evaluation: images resized to multiples of 8, at its corrected value
     ("evaluation.resize_multiple", lambda v: v["evaluation"].get("resize_multiple") is None),
     # AugSeg's and UniMatch's released sliding windows (cut at the border, probabilities summed), at the corrected

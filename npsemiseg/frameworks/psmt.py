@@ -46,8 +46,13 @@ moves the teachers' running statistics); ``tvat_released_normalization`` divides
 gradient by ``norm + 1e-8`` as the released code does, which at ``xi = 1e-6`` shrinks the
 perturbation to ~1e-4 of ``eps`` (see ``tvat.py``).
 
-Design notes: labeled and unlabeled images go through the student as one batch (the
-released code makes two passes) so the NP head sees the labeled slice as its context. The
+Student passes (``student_passes``, switch ``psmt_split_passes``): ``joint`` runs labeled and unlabeled images
+through the student as one batch (one BN batch and one BN update; the NP head sees the labeled slice as its
+context); ``split`` runs them as the released student does (EntireModel.py 60 and 64: the student encoder and its
+VAT decoder called on the labeled, then on the unlabeled images), so every BN of the student normalises each part
+with its own statistics and updates its running statistics twice, and each part has its own T-VAT search. A head
+with memories (NP) takes the two parts' perturbed features in one call (its labeled context and its memories as
+in the joint pass: PS-MT has no NP code to follow); the other heads classify each part on its own. The
 student's feature map comes from ``Segmentor.extract`` (one decoder pass), so MC dropout
 with decoder scope samples only in the head during PS-MT training, and the auxiliary
 layer-3 head (Cityscapes) is not trained by PS-MT (its released code has none).
@@ -97,7 +102,8 @@ class PSMTOptions(FrameworkOptions):
     #: instead of feature-size ones; switch ``psmt_tvat_crop_kl``
     tvat_kl_at_crop_size: bool = False
     #: the T-VAT search run once on the labeled and once on the unlabeled features (the released decoder's two
-    #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch``
+    #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch`` (with ``student_passes="split"``
+    #: each pass searches its own part whatever this says)
     tvat_per_batch: bool = False
     cutmix_variant: Literal["voc", "cityscapes"] = "voc"
     eval_teachers: Literal["both", "first"] = "both"
@@ -111,6 +117,9 @@ class PSMTOptions(FrameworkOptions):
     #: ``pretrained_model=None``, the student's encoder_s from the ImageNet file); switch psmt_warmup_teachers_scratch
     warmup_teacher_backbones: Literal["pretrained", "scratch"] = "pretrained"
     teacher_train_mode: bool = False
+    #: one student pass over labeled + unlabeled images (``joint``) or one per part (``split``, the released
+    #: EntireModel.py 60 and 64); switch ``psmt_split_passes``
+    student_passes: Literal["joint", "split"] = "joint"
 
 
 def assist_combine(core: Tensor, assist: Tensor, topk: int) -> Tensor:
@@ -173,6 +182,14 @@ class TeacherEnsemble(nn.Module):
             logits = torch.cat(member_logits, dim=0)
         head = HeadOutput(logits, logits.new_zeros((), dtype=torch.float32), {})
         return SegmentorOutput(outputs[0].features, head, None, None)
+
+
+def _joined(labeled: HeadOutput, unlabeled: HeadOutput) -> HeadOutput:
+    """Two head calls as one output: logits ``[S, B_l + B_u, K, h, w]``, auxiliary losses summed, statistics
+    averaged over the images."""
+    n_l, n_u = labeled.logits.shape[1], unlabeled.logits.shape[1]
+    stats = {k: (n_l * v + n_u * unlabeled.stats[k]) / (n_l + n_u) for k, v in labeled.stats.items() if k in unlabeled.stats}
+    return HeadOutput(torch.cat([labeled.logits, unlabeled.logits], dim=1), labeled.aux_loss + unlabeled.aux_loss, stats)
 
 
 def _average_gradients(model: nn.Module) -> None:
@@ -319,23 +336,37 @@ class PSMT(SemiSupervisedFramework):
 
     def _perturbed_pass(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor, labels_u: Tensor,
                         opts: PSMTOptions) -> StudentPass:
-        """Student features of the whole batch, T-VAT perturbation, head on the perturbed features."""
+        """Student features (one pass over both parts, or one per part: ``student_passes``), T-VAT perturbation,
+        head on the perturbed features."""
         model = unwrap(self.student)
-        images = torch.cat([images_l, images_u], dim=0)
         labels = torch.cat([labels_l, labels_u], dim=0)
+        if opts.student_passes == "split":
+            parts = [self._perturbed_features(model, images, opts, None) for images in (images_l, images_u)]
+            features = torch.cat(parts, dim=0)
+            if model.head.has_memories:  # NP: labeled context and memories as in the joint pass
+                head = model.classify(features, labels=labels, num_context=images_l.shape[0])
+            else:
+                head = _joined(model.classify(parts[0]), model.classify(parts[1]))
+        else:
+            images = torch.cat([images_l, images_u], dim=0)
+            features = self._perturbed_features(model, images, opts,
+                                                (images_l.shape[0], images_u.shape[0]) if opts.tvat_per_batch else None)
+            head = model.classify(features, labels=labels, num_context=images_l.shape[0])
+        return self._split(SegmentorOutput(features, head, None, None), images_l.shape[0])
+
+    def _perturbed_features(self, model: nn.Module, images: Tensor, opts: PSMTOptions,
+                            parts: tuple[int, int] | None) -> Tensor:
+        """The student's features ``[B, C, h, w]`` of ``images [B, 3, H, W]`` plus their T-VAT perturbation
+        (searched per ``parts`` when given)."""
         features = model.extract(images)
-        if opts.tvat:
-            teachers = [frozen_classifier(self.teachers[n]) for n in self.teacher_names]
-            if opts.tvat_kl_at_crop_size:
-                teachers = [at_size(t, images.shape[-2:], align_corners=logit_align_corners(model)) for t in teachers]
-            features = features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
-                                                    iterations=opts.tvat_iterations,
-                                                    released_normalization=opts.tvat_released_normalization,
-                                                    parts=(images_l.shape[0], images_u.shape[0])
-                                                    if opts.tvat_per_batch else None)
-        head = model.classify(features, labels=labels, num_context=images_l.shape[0])
-        output = SegmentorOutput(features, head, None, None)
-        return self._split(output, images_l.shape[0])
+        if not opts.tvat:
+            return features
+        teachers = [frozen_classifier(self.teachers[n]) for n in self.teacher_names]
+        if opts.tvat_kl_at_crop_size:
+            teachers = [at_size(t, images.shape[-2:], align_corners=logit_align_corners(model)) for t in teachers]
+        return features + tvat_perturbation(features, teachers, xi=opts.tvat_xi, eps=opts.tvat_eps,
+                                            iterations=opts.tvat_iterations,
+                                            released_normalization=opts.tvat_released_normalization, parts=parts)
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: PSMTOptions = self.options  # type: ignore[assignment]

@@ -4,6 +4,9 @@ Loss = supervised CE over the head's S predictions (``head.sample_ce`` form; OHE
 0.4-weighted auxiliary head loss when the config asks, as on Cityscapes) + the head's
 auxiliary loss (its ``aux_loss_term``: lambda_kl x KL for NP: context = targets = the labeled batch, so the NP
 memories are filled from ground truth). The loop loads no unlabeled data for it.
+
+The step follows U2PL's supervised baseline (``train_sup.py`` 177-251 with its ``u2pl`` network, the head at 10x the
+backbone's LR on VOC); ``tests/test_supervised_step_golden.py`` runs that official loop body beside ``train_step``.
 """
 
 from __future__ import annotations

@@ -12,17 +12,21 @@ network built on both sides from the same weights: the project's smoke segmentor
 U2PL decoder at widths 16/8, the baseline classifier) with every ``Dropout2d`` replaced by an identity (the official
 network has none), wrapped to return ``(features, logits upsampled to the image with align_corners=True)`` as
 ``SingleNetwork.forward`` (lines 70-80). ``config`` is a stub holding ``ema_decay`` read from the official
-``config.py`` (line 74, 0.99); ``base_model`` is a stub (no ResNet is built). The training step around the two
-calls is ``train.py`` 177-215 written out here (one process: the all_reduce over one rank is the identity): CE on
-the student's labeled logits, ``unsup_weight`` (100, config.py line 73) x MSE between the softmaxes of student and
-teacher over both halves, one SGD step of the student.
+``config.py`` (line 74, 0.99); ``base_model`` is a stub (no ResNet is built). The training step around the two calls
+is ``train.py`` 177-215 written out here (one process: the all_reduce over one rank is the identity): CE on the
+student's labeled logits, ``unsup_weight`` (100, config.py line 73) x MSE between the softmaxes of student and
+teacher over both halves, one SGD step of the student: the official optimiser (train.py 90-104, ``group_weight`` of
+``furnace/utils/init_func.py`` over backbone and business layers, momentum and weight decay of config.py 99-100) at
+the LR train.py 206-211 sets (``WarmUpPolyLR`` of ``furnace/engine/lr_policy.py`` at ``CUR_ITER`` of
+``TOTAL_ITERS``), both imported from CHECKOUT.
 
 Weights are a deterministic pattern (:func:`pattern_weights`, also used by the test), the teacher's with another
 salt than the student's so that the EMA's place in the step shows; the step is taken at iteration ``CUR_ITER`` = 3
 (not 0, where the official forward copies the student into the teacher). What is stored: the inputs, both losses,
-the teacher's probabilities on each half (BN statistics per half, the EMA between the halves), and for every
-parameter and buffer of the updated student and teacher its sum, its sum of absolute values and ``SAMPLES``
-entries at stored flat indices (the models hold about a million values each).
+the teacher's probabilities on each half (BN statistics per half, the EMA between the halves), the LR, every
+parameter's gradient of the student, and for every parameter and buffer of the updated student and teacher its sum,
+its sum of absolute values and ``SAMPLES`` entries at stored flat indices (the models hold about a million values
+each).
 """
 
 from __future__ import annotations
@@ -42,13 +46,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its
 from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
-OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py")
+OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py",
+                  "furnace/utils/init_func.py", "furnace/engine/lr_policy.py")
 #: the cell whose tiny network both sides use
 CELL = dict(framework="mt", dataset="synthetic", partition="1/16", head="baseline", protocol="released")
 B_L, B_U, SIZE = 2, 2, 32
 SEED = 20261
 CUR_ITER = 3
-LR, MOMENTUM = 0.01, 0.9
+#: the schedule's iterations (``config.nepochs * config.niters_per_epoch`` of train.py 122)
+TOTAL_ITERS = 10
+#: base LR (the project's smoke LR; the official one is a script's environment value); momentum and weight decay
+#: are read from the official config.py (99-100) and checked equal to these
+LR, MOMENTUM, WEIGHT_DECAY, LR_POWER = 0.01, 0.9, 1e-4, 0.9
 SAMPLES = 32
 STUDENT_SALT, TEACHER_SALT = 0, 1000
 
@@ -121,6 +130,17 @@ def digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray]) -> dic
     return out
 
 
+def gradient_digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Sum, sum of |values| and the sampled entries of every parameter's gradient (zeros where it has none), float64."""
+    out = {}
+    for name, p in model.named_parameters():
+        flat = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().flatten()
+        out[f"{prefix}/grad_sum/{name}"] = np.array(float(flat.sum()))
+        out[f"{prefix}/grad_abs/{name}"] = np.array(float(flat.abs().sum()))
+        out[f"{prefix}/grad_at/{name}"] = flat[torch.from_numpy(indices[name])].numpy()
+    return out
+
+
 class Branch(nn.Module):
     """``SingleNetwork``'s interface (network.py 70-80) around the tiny segmentor: ``(features, logits at the image
     size, align_corners=True)`` in training."""
@@ -161,16 +181,41 @@ def official_network(checkout: Path) -> type:
     return network.Network, ema_decay
 
 
-def unsup_weight(checkout: Path) -> float:
+def config_value(checkout: Path, name: str) -> float:
+    """``C.<name>`` of the official config.py (a number assigned at the start of a line)."""
     text = (checkout / OFFICIAL_DIR / "config.py").read_text()
-    return float(re.search(r"^C\.unsup_weight\s*=\s*([0-9.]+)", text, re.M).group(1))
+    return float(re.search(rf"^C\.{name}\s*=\s*([0-9.e-]+)", text, re.M).group(1))
+
+
+def official_optimizer(checkout: Path, net: nn.Module) -> torch.optim.Optimizer:
+    """The student's SGD as train.py 90-104 builds it (``group_weight`` of furnace/utils/init_func.py over the
+    backbone and the business layers: the decoder and the head here; conv weights decayed, biases and BN not), its LR
+    set as train.py 206-211 sets it (``WarmUpPolyLR`` of furnace/engine/lr_policy.py at ``CUR_ITER``, no warm-up)."""
+    furnace = str(checkout / "furnace")
+    sys.path.insert(0, furnace)
+    try:
+        from engine.lr_policy import WarmUpPolyLR  # noqa: PLC0415 - the official files, from CHECKOUT
+        from utils.init_func import group_weight  # noqa: PLC0415
+    finally:
+        sys.path.remove(furnace)
+    values = (config_value(checkout, "momentum"), config_value(checkout, "weight_decay"), config_value(checkout, "lr_power"))
+    assert values == (MOMENTUM, WEIGHT_DECAY, LR_POWER), values
+    student = net.branch1.model
+    params = group_weight([], student.backbone, nn.BatchNorm2d, LR)
+    for module in (student.decoder, student.head):
+        params = group_weight(params, module, nn.BatchNorm2d, LR)
+    optimizer = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    lr = WarmUpPolyLR(LR, LR_POWER, TOTAL_ITERS, 0).get_lr(CUR_ITER)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return optimizer
 
 
 def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     Network, ema_decay = official_network(checkout)
-    weight = unsup_weight(checkout)
+    weight = config_value(checkout, "unsup_weight")
     student, teacher = tiny_model(STUDENT_SALT), tiny_model(TEACHER_SALT)
     net = Network.__new__(Network)
     nn.Module.__init__(net)
@@ -179,7 +224,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
         param.detach_()
     data = inputs()
     imgs, gts, unsup_imgs = (torch.from_numpy(data[k]) for k in ("images_l", "labels_l", "images_u"))
-    optimizer = torch.optim.SGD(net.branch1.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=0.0)
+    optimizer = official_optimizer(checkout, net)
     criterion = nn.CrossEntropyLoss(reduction="mean", ignore_index=255)
     criterion_csst = nn.MSELoss(reduction="mean")
     net.train()
@@ -199,11 +244,14 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     out = dict(data)
     out["loss_sup"] = np.array(float(loss_sup.detach()))
     out["loss_unsup"] = np.array(float(csst_loss.detach()))
+    out["lr"] = np.array(optimizer.param_groups[0]["lr"])
     out["teacher_probs"] = softmax_pred_t.detach().numpy()
     out.update({f"index/{k}": v for k, v in indices.items()})
+    out.update(gradient_digest("student", student, indices))
     out.update(digest("student", student, indices))
     out.update(digest("teacher", teacher, indices))
-    meta = {"ema_decay": ema_decay, "unsup_weight": weight}
+    meta = {"ema_decay": ema_decay, "unsup_weight": weight, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,
+            "lr_power": LR_POWER}
     return out, meta
 
 
@@ -223,14 +271,18 @@ def main(argv: list[str] | None = None) -> None:
             "no_dropout": f"{OFFICIAL_DIR}/network.py 49-201 (SingleNetwork, ASPP, Head: no dropout)",
             "two_calls_and_losses": f"{OFFICIAL_DIR}/train.py 177-215 (written out in the recorder)",
             "ema_decay_unsup_weight": f"{OFFICIAL_DIR}/config.py 73-74",
+            "optimizer": f"{OFFICIAL_DIR}/train.py 90-104, 122-123, 206-213 (group_weight of furnace/utils/init_func.py, "
+                         "WarmUpPolyLR of furnace/engine/lr_policy.py, imported and run), config.py 98-100",
         },
         "compared": "the step logic on a tiny network built on both sides from the same pattern weights (not the "
-                    "official ResNet-50 DeepLabv3+): losses, the teacher's probabilities on both halves, and sum, "
-                    "sum |x| and sampled entries of every parameter and buffer of the updated student and teacher",
+                    "official ResNet-50 DeepLabv3+): losses, the teacher's probabilities on both halves, the LR, "
+                    "every student gradient, and sum, sum |x| and sampled entries of every parameter and buffer of the "
+                    "updated student and teacher",
         "command": f"PYTHONPATH=$PWD python tests/golden/record_mt_cps_golden.py CHECKOUT --commit {commit}",
-        "checkout": "CHECKOUT holds the three files at the commit, e.g. git archive COMMIT "
-                    + " ".join(OFFICIAL_FILES) + " | tar -x -C CHECKOUT (a full clone works too)",
-        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "cur_iter": CUR_ITER, "lr": LR,
+        "checkout": "CHECKOUT holds these folders at the commit (init_func.py imports furnace/seg_opr), e.g. git "
+                    f"archive COMMIT {OFFICIAL_DIR} furnace/utils furnace/seg_opr furnace/engine | tar -x -C CHECKOUT "
+                    "(a full clone works too)",
+        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "cur_iter": CUR_ITER, "total_iters": TOTAL_ITERS, "lr": LR,
                   "momentum": MOMENTUM, "samples": SAMPLES, "student_salt": STUDENT_SALT,
                   "teacher_salt": TEACHER_SALT, "cell": CELL},
         "official_values": meta,
