@@ -25,6 +25,8 @@ class Synthetic(DatasetDef):
     settings = VOC_SETTINGS
     #: the real dataset this one stands in for (None: none)
     stands_in_for: ClassVar[str | None] = None
+    #: the generator's settings for this dataset (``SyntheticConfig``), which options override
+    generator_defaults: ClassVar[dict[str, object]] = {}
 
     @classmethod
     def info(cls, *, num_classes: int | None = None, train_size: int = 1024, val_size: int = 128,
@@ -97,6 +99,7 @@ class SyntheticVOC(Synthetic):
     name = "synthetic_voc"
     label = "synthetic_voc"
     stands_in_for = "pascal_classic"
+    generator_defaults = {"num_classes": 21, "boundary_ignore": 1, "num_scene_types": 5}
 
 
 @DATASETS.register("synthetic_blender")
@@ -106,6 +109,7 @@ class SyntheticBlender(Synthetic):
     name = "synthetic_blender"
     label = "synthetic_blender"
     stands_in_for = "pascal_blender"
+    generator_defaults = SyntheticVOC.generator_defaults
 
 
 @DATASETS.register("synthetic_cityscapes")
@@ -115,3 +119,5 @@ class SyntheticCityscapes(Synthetic):
     name = "synthetic_cityscapes"
     label = "synthetic_cityscapes"
     stands_in_for = "cityscapes"
+    generator_defaults = {"num_classes": 19, "per_scene_background": True, "shapes_per_image": (4, 8),
+                          "num_scene_types": 4}
