@@ -46,7 +46,8 @@ Transform = Callable[[dict], dict]
 class ItemFiles:
     """The files of one list entry: ``image``, ``label`` (None: not read), ``id``; ``max_value`` / ``what``: the
     valid label values (``0..max_value``, 255) and what they are; ``converted``: the label goes through
-    :meth:`DatasetDef.convert_label` (Cityscapes' labelIds)."""
+    :meth:`DatasetDef.convert_label` (Cityscapes' labelIds); ``ignore_value``: the value the file marks ignored
+    pixels with (255 unless the dataset says otherwise)."""
 
     image: Path
     label: Path | None
@@ -54,6 +55,7 @@ class ItemFiles:
     max_value: int
     what: str
     converted: bool = False
+    ignore_value: int = IGNORE_INDEX
 
 
 class DatasetDef:
@@ -93,7 +95,7 @@ class DatasetDef:
         return DatasetInfo(
             name=cls.name, num_classes=len(cls.class_names), class_names=cls.class_names,
             partitions=dict(cls.partitions), partition_aliases=dict(cls.partition_aliases),
-            eval_mode=cls.settings.eval_mode, eval_crop_size=cls.settings.eval_crop_size or 0,
+            eval_mode=cls.settings.eval_mode, eval_crop_size=cls.settings.eval_crop_size or cls.settings.crop_size,
             train_size=cls.train_size, val_size=cls.val_size, list_variants=cls.list_variants,
             ignore_index=cls.ignore_index, settings=cls.settings, label=cls.label or cls.name,
         )

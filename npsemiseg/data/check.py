@@ -223,7 +223,7 @@ def _check_values(definition: type[DatasetDef], entry: ItemFiles, counts: np.nda
     except ValueError as err:
         return [Problem("unreadable", str(entry.label), str(err))]
     histogram = np.bincount(array.ravel(), minlength=256)
-    bad = [int(v) for v in np.flatnonzero(histogram) if entry.max_value < v < IGNORE_INDEX]
+    bad = [int(v) for v in np.flatnonzero(histogram) if entry.max_value < v < IGNORE_INDEX and v != entry.ignore_value]
     if bad:
         return [Problem("label_values", str(entry.label),
                         f"label file {entry.label} holds values {bad[:10]} outside {entry.what} "
