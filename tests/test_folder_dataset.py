@@ -101,7 +101,7 @@ def test_check_then_a_smoke_cell_and_the_grid(plants):
                          **{"data.root": str(plants)})
     result = train(config)
     assert result.steps == 3 and 0.0 <= result.metrics["miou"] <= 1.0
-    paper = cell_config("paper", framework="fixmatch", dataset="plants", partition="1/4", head="np")
+    paper = cell_config("paper", framework="u2pl", dataset="plants", partition="1/4", head="np")
     assert (paper.schedule.crop_size, paper.evaluation.mode, paper.dataset_info.num_classes) == (480, "whole", 3)
     from semiseg_platform.sweeps.grid_spec import GridSpec, cell_keys
 
