@@ -27,7 +27,8 @@ def partition_ids(dataset: str, split: str, partition: str | int | None = None, 
     as ``"1/16"``) or ``"val"``.
     """
     definition = DATASETS.get(dataset)
-    definition.list_folder(list_variant)  # no lists / unknown variant: the error first
+    if list_variant not in LIST_VARIANTS:
+        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
     if split == "val":
         return definition.list_ids("val", None, list_variant)
     if split not in ("labeled", "unlabeled"):
