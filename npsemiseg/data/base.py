@@ -117,8 +117,9 @@ class DatasetDef:
         return cls.list_folders.get(list_variant, cls.list_folders["u2pl"])
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl") -> list[str]:
-        """Entries of one list: ``val`` or a canonical partition's ``labeled`` / ``unlabeled`` list."""
+    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+        """Entries of one list: ``val`` or a canonical partition's ``labeled`` / ``unlabeled`` list. ``root``: the
+        dataset's folder where known (a list derived from the files on disk needs it: COCO's unlabeled lists)."""
         folder = cls.list_folder(list_variant)
         relative = "val.txt" if split == "val" else f"{partition}/{split}.txt"
         return list(read_list(cls.lists_root(), folder, relative))
@@ -190,20 +191,42 @@ class DatasetDef:
         raise FileNotFoundError(f"{cls.name} not found under {base}: expected a {cls.root_marker}/ folder at one of {tried}")
 
     @classmethod
+    def split_info(cls, split: str, partition: str | int | None, **options: object) -> tuple[DatasetInfo, str | None]:
+        """``(info, canonical partition or None for val)`` of one split; a clear error for a wrong split or partition."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        info = cls.info(**options)
+        return info, None if split == "val" else required_partition(info, split, partition)
+
+    @classmethod
     def build(cls, split: str, root: str | os.PathLike | None = None, partition: str | int | None = None, *,
               list_variant: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split read from files (``build_dataset``'s contract)."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        info = cls.info(**options)
-        part = None if split == "val" else required_partition(info, split, partition)
+        info, part = cls.split_info(split, partition, **options)
         folder = cls.resolve_root(root)
-        entries = cls.list_ids(split, part, list_variant)[:max_items]
+        entries = cls.list_ids(split, part, list_variant, root=folder)[:max_items]
         with_label = split != "unlabeled" or reveal_labels
         files = [cls.item_files(folder, entry, with_label) for entry in entries]
         return FilesDataset(cls, info, folder, split, files, partition=part, list_variant=list_variant,
                             transform=transform)
+
+
+class PairedLines(DatasetDef):
+    """A dataset whose list lines name both files, ``"<image> <label>"`` relative to its folder (UniMatch's lists:
+    ADE20K, COCO); the item id is the image's file stem."""
+
+    @classmethod
+    def entry_image(cls, entry: str) -> str:
+        return entry.split()[0]
+
+    @classmethod
+    def entry_labels(cls, entry: str) -> tuple[str, ...]:
+        return (entry.split()[1],)
+
+    @classmethod
+    def entry_id(cls, entry: str) -> str:
+        return Path(entry.split()[0]).stem
 
 
 def required_partition(info: DatasetInfo, split: str, partition: str | int | None) -> str:

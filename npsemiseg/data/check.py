@@ -25,10 +25,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from npsemiseg.data.base import DatasetDef, ItemFiles
+from npsemiseg.data.base import LIST_VARIANTS, DatasetDef, ItemFiles
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo, dataset_info
-from npsemiseg.data.partitions import partition_ids
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``, called after each file; the CLI turns it into a tqdm bar."""
@@ -156,14 +155,21 @@ def _format_problems(name: str, problems: list[Problem], max_lines: int) -> list
     return lines
 
 
+def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str) -> list[str]:
+    """The canonical partitions to check (all by default); ``ValueError`` for a wrong one or a wrong list variant."""
+    if list_variant not in LIST_VARIANTS:
+        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
+    return list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
+
+
 def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str,
-           max_items: int | None) -> dict[str, tuple[list[str], bool]]:
+           max_items: int | None, root: Path | None = None) -> dict[str, tuple[list[str], bool]]:
     """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
-    chosen = list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
-    lists = {"val": (partition_ids(info.name, "val", list_variant=list_variant)[:max_items], True)}
+    definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, list_variant)
+    lists = {"val": (definition.list_ids("val", None, list_variant, root=root)[:max_items], True)}
     for part in chosen:
         for split in ("labeled", "unlabeled"):
-            entries = partition_ids(info.name, split, part, list_variant=list_variant)[:max_items]
+            entries = definition.list_ids(split, part, list_variant, root=root)[:max_items]
             lists[f"{part}/{split}"] = (entries, split == "labeled")
     return lists
 
@@ -262,12 +268,13 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     for key, value, least in (("max_items", max_items, 1), ("sample", sample, 0)):
         if value is not None and (not isinstance(value, int) or value < least):
             raise ValueError(f"{key} must be an int >= {least} or None, got {value!r}")
-    lists = _lists(info, partitions, list_variant, max_items)
+    _chosen(info, partitions, list_variant)  # a wrong partition or list variant: the error before the root's
     try:
         folder = definition.resolve_root(root)
     except FileNotFoundError as err:
         where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
         return DatasetReport(name, None, list_variant, problems=[Problem("root", where, str(err))])
+    lists = _lists(info, partitions, list_variant, max_items, folder)
     entries: dict[Path, ItemFiles] = {}
     images: dict[str, list[Path]] = {}
     for list_name, (items, with_label) in lists.items():

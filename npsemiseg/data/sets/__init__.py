@@ -5,6 +5,8 @@ used (``tests/test_dataset_plugin.py`` registers one from the tests); ``docs/dat
 # ruff: noqa: I001, F401  (the registration order is the import order)
 from npsemiseg.data.sets import pascal
 from npsemiseg.data.sets import cityscapes
+from npsemiseg.data.sets import ade20k
+from npsemiseg.data.sets import coco
 from npsemiseg.data.sets import synthetic
 from npsemiseg.data.sets import study
 from npsemiseg.data.sets import folder

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from torch.utils.data import Dataset
 
-from npsemiseg.data.base import SPLITS, DatasetDef, Transform, required_partition
+from npsemiseg.data.base import DatasetDef, Transform
 from npsemiseg.data.info import _FRACTIONS, DATASETS, DatasetInfo, scaled_partition_count
 from npsemiseg.data.settings import VOC_SETTINGS
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
@@ -69,10 +69,7 @@ class Synthetic(DatasetDef):
               list_variant: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split generated in memory (``root`` is not used)."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        info = cls.info(**options)
-        part = None if split == "val" else required_partition(info, split, partition)
+        info, part = cls.split_info(split, partition, **options)
         return SyntheticSegmentation(
             SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
             partition=part, info=info, list_variant=list_variant, max_items=max_items, transform=transform,
