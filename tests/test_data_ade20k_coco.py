@@ -117,3 +117,14 @@ def test_a_smoke_cell_trains_on_it(tmp_path, monkeypatch, dataset, make, partiti
     paper = cell_config("paper", framework="u2pl", dataset=dataset, partition=partition, head="np")
     assert (paper.evaluation.mode, paper.optim.lr, paper.optim.head_lr_mult) == ("whole", 4e-3, 10.0)
     assert paper.schedule.crop_size == {"ade20k": 518, "coco": 513}[dataset]
+
+
+def test_the_tables_print_their_rows():
+    """An mIoU table of ADE20K / COCO: one column per UniMatch V2 partition, labelled by the dataset's class."""
+    from semiseg_platform.reports.tables import miou_table_spec
+
+    ade = miou_table_spec("ade20k", ["fixmatch", "unimatch"], ["baseline", "np"])
+    assert ade.title == "Table: mIoU on ADE20K" and len(ade.rows) == 4
+    assert ade.columns == ("1/64 (316)", "1/32 (631)", "1/16 (1263)", "1/8 (2526)", "1/4 (5052)", "1/2 (10105)")
+    coco = miou_table_spec("coco", ["unimatch"], ["np"])
+    assert coco.columns[0] == "1/512 (232)" and coco.cells[0][0].partition == "232" and "COCO" in coco.title
