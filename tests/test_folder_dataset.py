@@ -158,3 +158,21 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(plants, spoil, message
         again = runner.invoke(app, ["data", "partition", str(plants), "--labeled", "1/4"])
         assert again.exit_code == 2 and len(again.stderr.strip().splitlines()) == 1
     assert {p: p.stat().st_mtime_ns for p in plants.rglob("*")} == before
+
+
+def test_a_run_record_finds_its_folder_dataset_by_its_data_root(tmp_path):
+    """A fresh process (a Ray worker) knows no folder dataset: reading a run's configuration registers it from
+    the record's ``data.root``; a name no folder holds stays an unknown dataset."""
+    folder = make_folder(tmp_path)
+    write_partitions(folder, ["1/4"], seed=0, val="4")
+    try:
+        config = cell_config("smoke", framework="supervised", dataset="plants", partition="1/4",
+                             **{"data.root": str(folder)})
+        DATASETS.remove("plants")
+        record = config.model_dump(mode="json")
+        assert type(config).model_validate(record).dataset == "plants" and "plants" in DATASETS
+        with pytest.raises(ValueError, match="dataset: unknown name 'weeds'"):
+            type(config).model_validate({**record, "dataset": "weeds"})
+    finally:
+        if "plants" in DATASETS:
+            DATASETS.remove("plants")

@@ -35,6 +35,7 @@ from npsemiseg.config.overrides import apply_overrides
 from npsemiseg.config.schema import CellInputs, RunConfig, ScheduleConfig
 from npsemiseg.constants import sliding_stride
 from npsemiseg.data import dataset_info
+from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.data.transforms import paper_augmentation
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
@@ -121,6 +122,7 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     key or value.
     """
     given = dict(overrides or {})
+    ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
                    "protocol": protocol, **cell_changes}

@@ -253,6 +253,22 @@ def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int
     return lists
 
 
+def ensure_registered(name: object, root: object = None) -> None:
+    """Register dataset ``name`` from its folder when it is not registered yet and a folder holding a
+    ``classes.yaml`` is at ``root``, ``root/name`` or ``$NPSEMISEG_DATA/name`` (a run's ``data.root`` names it,
+    so a worker process that reads the run's configuration finds the dataset). Anything else: left to the
+    registry's unknown-name error."""
+    if not isinstance(name, str) or not name or name in DATASETS:
+        return
+    bases = [Path(str(root)).expanduser()] if root and "://" not in str(root) else []
+    if os.environ.get(DATA_ROOT_ENV):
+        bases.append(Path(os.environ[DATA_ROOT_ENV]).expanduser())
+    for candidate in [b for base in bases for b in (base, base / name)]:
+        if (candidate / CLASSES_FILE).is_file() and candidate.name == name:
+            register_folder(candidate, name)
+            return
+
+
 def register_data_root() -> list[str]:
     """Register every folder under ``$NPSEMISEG_DATA`` holding a ``classes.yaml`` that parses; their names."""
     root = os.environ.get(DATA_ROOT_ENV)
