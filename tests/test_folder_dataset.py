@@ -22,6 +22,7 @@ from semiseg_platform.cli.main import app
 
 runner = CliRunner()
 NAMES = ["background", "leaf", "stem"]
+IMAGE_SIZE = (24, 32)
 
 
 def make_folder(root: Path, *, count: int = 20, unlabeled: int = 4, ignore: int | None = None,
@@ -176,3 +177,21 @@ def test_a_run_record_finds_its_folder_dataset_by_its_data_root(tmp_path):
     finally:
         if "plants" in DATASETS:
             DATASETS.remove("plants")
+
+
+def test_stratified_lists_cover_a_rare_class_first(tmp_path):
+    """Class 2 is in one image only (p005): each stratified 2-image labeled list holds it (whenever p005 is not
+    drawn for val); unstratified, most seeds' lists miss it, which is what the stratification is for."""
+    folder = make_folder(tmp_path)
+    for i in range(20):
+        mask = np.asarray(Image.open(folder / "masks" / f"p{i:03d}.png"))
+        write_label(folder / "masks" / f"p{i:03d}.png", np.where(mask == 2, 1, mask).astype(np.uint8))
+    write_label(folder / "masks" / "p005.png", np.full(IMAGE_SIZE, 2, dtype=np.uint8))
+    found = {True: [], False: []}
+    for seed in range(8):
+        for stratify in (True, False):
+            lists = write_partitions(folder, ["2"], seed=seed, val="4", stratify=stratify)
+            if "p005.jpg" not in (lists / "val.txt").read_text().split():
+                found[stratify].append("p005.jpg" in (lists / "2" / "labeled.txt").read_text().split())
+    assert found[True] and all(found[True]) and not all(found[False])
+    assert yaml.safe_load((lists / "partitions.yaml").read_text())["stratify"] is False

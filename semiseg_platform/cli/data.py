@@ -110,11 +110,12 @@ def partition_command(
                                                 "repeatable"),
     seed: int = typer.Option(0, help="the seed of the val split and the labeled draws"),
     val: str = typer.Option("0.1", help="the val split: a fraction or a count of the images with masks"),
+    stratify: bool = typer.Option(True, help="labeled lists cover every class first (then random)"),
 ) -> None:
     """Write FOLDER/lists/ (val, each partition's labeled and unlabeled lists, partitions.yaml with the seed),
     reproducibly from the seed; nothing is written when an argument or the folder is wrong."""
     try:
-        lists = write_partitions(folder, labeled, seed=seed, val=val)
+        lists = write_partitions(folder, labeled, seed=seed, val=val, stratify=stratify)
     except (ValueError, OSError) as error:
         fail(one_line(error))
     typer.echo(f"{lists}: val.txt and {', '.join(labeled)} (seed {seed}); cite {lists / 'partitions.yaml'}")

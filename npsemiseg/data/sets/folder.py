@@ -219,19 +219,40 @@ def labeled_count(asked: str, pool: int, what: str = "--labeled") -> int:
     return count
 
 
-def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int = 0, val: str = "0.1") -> Path:
+def class_cover_first(folder: Path, pool: list[str], num_classes: int) -> list[str]:
+    """``pool`` reordered so that its first images cover every class its masks hold: for each class, rarest
+    first (fewest images), the first image of ``pool`` holding it unless an earlier pick covers it; then the rest
+    in ``pool``'s order. A labeled list cut from the front holds every class it can (stratification by coverage)."""
+    classes = {i: {int(v) for v in np.unique(load_index_png(folder / "masks" / mask_name(i), max_value=IGNORE_INDEX - 1,
+                                                             what="class indices")) if v < num_classes}
+               for i in pool}
+    counts = {k: sum(k in c for c in classes.values()) for k in range(num_classes)}
+    picks: list[str] = []
+    covered: set[int] = set()
+    for k in sorted((k for k in counts if counts[k]), key=lambda k: (counts[k], k)):
+        if k not in covered:
+            first = next(i for i in pool if k in classes[i])
+            picks.append(first)
+            covered |= classes[first]
+    return picks + [i for i in pool if i not in set(picks)]
+
+
+def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int = 0, val: str = "0.1",
+                     stratify: bool = True) -> Path:
     """Write ``lists/`` for the dataset in ``folder``: a seeded val split of the images with masks (``val``: a
     fraction or a count), then per ``labeled`` entry a labeled list drawn from the remaining images with masks
-    (nested: smaller partitions are subsets of larger ones) and the unlabeled list of every other train image.
-    Everything is checked before anything is written; returns the lists folder."""
+    (nested: smaller partitions are subsets of larger ones; ``stratify``: the draw covers every class first,
+    :func:`class_cover_first`) and the unlabeled list of every other train image. Everything is checked before
+    anything is written; returns the lists folder."""
     path = Path(folder).expanduser().resolve()
-    read_classes(path)
+    names, _, _ = read_classes(path)
     images = image_files(path)
     with_mask = [i for i in images if (path / "masks" / mask_name(i)).is_file()]
     rng = random.Random(seed)
     order = rng.sample(with_mask, len(with_mask))
     num_val = labeled_count(val, len(with_mask), "--val")
     val_list, pool = sorted(order[:num_val]), order[num_val:]
+    pool = class_cover_first(path, pool, len(names)) if stratify else pool
     train = sorted(set(images) - set(val_list))
     partitions = {}
     for asked in labeled:
@@ -246,9 +267,11 @@ def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int
         (lists / name / "labeled.txt").write_text("\n".join(chosen) + "\n", encoding="utf-8")
         rest = [i for i in train if i not in set(chosen)]
         (lists / name / "unlabeled.txt").write_text("\n".join(rest) + "\n", encoding="utf-8")
-    record = {"seed": seed, "val": str(val), "val_size": len(val_list), "train_size": len(train),
-              "partitions": partitions, "how": "random.Random(seed).sample of the images with masks: the first "
-              "val_size are val, the next `labeled` of the rest each labeled list (nested)"}
+    how = ("random.Random(seed).sample of the images with masks: the first val_size are val; the rest, "
+           + ("reordered to cover every class first (class_cover_first), " if stratify else "")
+           + "give each labeled list as its first `labeled` images (nested)")
+    record = {"seed": seed, "val": str(val), "stratify": stratify, "val_size": len(val_list),
+              "train_size": len(train), "partitions": partitions, "how": how}
     (lists / PARTITIONS_FILE).write_text(yaml.safe_dump(record, sort_keys=False), encoding="utf-8")
     return lists
 
