@@ -138,8 +138,9 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
                                            framework_cls.publication_lr)
         if publication is not None:
             crop, batch, lr = publication.crop_size, publication.batch, publication.lr or lr
-        own = publication.epochs if publication is not None and publication.epochs is not None else \
-            framework_cls.publication_epochs(cell.info.paper_dataset, cell.info.resolve_partition(cell.partition))
+        partition = cell.info.resolve_partition(cell.partition)
+        own = publication.epochs_for(partition) if publication is not None else None
+        own = own if own is not None else framework_cls.publication_epochs(cell.info.paper_dataset, partition)
         epochs, epochs_why = (own, f"head_settings per_head: {cell.framework}'s publication epochs") \
             if own is not None else (epochs, epochs_why)
         why = f"head_settings per_head: {cell.framework}'s publication settings ({family})"

@@ -109,3 +109,19 @@ def test_head_schedule_reads_a_registered_dataset_settings(monkeypatch):
     cell = Cell("paper", "u2pl", "pascal_classic", "92", "baseline")
     assert [value for _, value, _ in head_schedule(cell, "per_head")] == [400, 2, 2, 8, 2e-3, 33]
     assert DATASETS.get("pascal_classic") is definition
+
+
+def test_a_dataset_sets_framework_options_per_partition(monkeypatch):
+    """``framework_options`` then ``partition_options`` lie over the framework's ``paper_options`` (what PS-MT's
+    per-partition unsupervised weight will move to); a publication's ``partition_epochs`` reach per_head."""
+    from npsemiseg.config import cell_config
+
+    definition = dataset_definition("pascal_classic")
+    monkeypatch.setattr(definition, "settings", VOC_SETTINGS.scaled(
+        framework_options={"psmt": {"unsup_weight": 0.5}}, partition_options={"psmt": {"92": {"unsup_weight": 0.25}}},
+        publications={"psmt": Publication(512, 32, lr=1e-2, epochs=80, partition_epochs={"183": 120})}))
+    small = cell_config("paper", framework="psmt", dataset="pascal_classic", partition="1/16", head="np")
+    larger = cell_config("paper", framework="psmt", dataset="pascal_classic", partition="1/8", head="baseline",
+                         **{"schedule.head_settings": "per_head"})
+    assert small.framework_options["unsup_weight"] == 0.25 and larger.framework_options["unsup_weight"] == 0.5
+    assert larger.schedule.epochs == 120 and larger.schedule.crop_size == 512

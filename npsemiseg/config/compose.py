@@ -248,7 +248,8 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
     framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
     settings, name = info.settings, cell.framework
     family = settings.family
-    options = {**framework.paper_options(info.paper_dataset, cell.partition), **settings.options_for(name)}
+    options = {**framework.paper_options(info.paper_dataset, cell.partition),
+               **settings.options_for(name, info.resolve_partition(cell.partition))}
     values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
     values.set("model.variant", framework.model_variant, "defaults", f"{name}'s DeepLabv3+")
     values.set_all(settings.framework_schedule(name, framework.paper_schedule(family)), "defaults",

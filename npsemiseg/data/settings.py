@@ -25,12 +25,18 @@ FAMILIES = ("voc", "cityscapes")
 
 @dataclass(frozen=True)
 class Publication:
-    """A framework's own publication on a dataset: crop, global labeled batch, LR and epochs (None: the shared)."""
+    """A framework's own publication on a dataset: crop, global labeled batch, LR and epochs (None: the shared);
+    ``partition_epochs``: epochs of single partitions where they differ (PS-MT's Cityscapes 744: 450)."""
 
     crop_size: int
     batch: int
     lr: float | None = None
     epochs: int | None = None
+    partition_epochs: Mapping[str, int] = field(default_factory=dict)
+
+    def epochs_for(self, partition: str | None = None) -> int | None:
+        """The publication's epochs on canonical ``partition`` (its own where listed, else ``epochs``)."""
+        return self.partition_epochs.get(str(partition), self.epochs)
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,9 @@ class PaperSettings:
     eval_mode ``center_crop`` / ``sliding`` / ``whole`` with window ``eval_crop_size`` (None: whole images);
     augmentation: the ``dataset_kind`` of ``npsemiseg.data.transforms.paper_augmentation``.
     publications / np_configs / framework_epochs / framework_options: per framework name, what the dataset's
-    publications set for it (``np_configs``: the NP-SemiSeg configs' ``(crop, batch)`` for the stochastic heads).
+    publications set for it (``np_configs``: the NP-SemiSeg configs' ``(crop, batch)`` for the stochastic heads);
+    partition_options: per framework and canonical partition, options over ``framework_options`` (PS-MT's
+    unsupervised weight 0.06 on VOC classic 92).
     """
 
     family: str
@@ -65,6 +73,7 @@ class PaperSettings:
     np_configs: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     framework_epochs: Mapping[str, int] = field(default_factory=dict)
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    partition_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -133,9 +142,11 @@ class PaperSettings:
         """The epochs of the shared schedule for ``framework`` (its own schedule change, else ``epochs``)."""
         return int(self.framework_schedule(framework, fallback).get("epochs", self.epochs))
 
-    def options_for(self, framework: str) -> dict[str, Any]:
-        """Framework options this dataset's publications set for ``framework`` (thresholds and the like)."""
-        return dict(self.framework_options.get(framework, {}))
+    def options_for(self, framework: str, partition: str | None = None) -> dict[str, Any]:
+        """Framework options this dataset's publications set for ``framework`` (thresholds and the like), with
+        those of canonical ``partition`` over them."""
+        by_partition = self.partition_options.get(framework, {}).get(str(partition), {})
+        return {**self.framework_options.get(framework, {}), **by_partition}
 
     def scaled(self, **changes: Any) -> PaperSettings:
         """A copy with ``changes`` (a dataset derived from another: ``VOC.scaled(crop_size=321)``)."""
