@@ -1,14 +1,15 @@
 """The presets a cell's configuration is composed from: ``paper`` and ``smoke``.
 
 A preset gives two steps of :func:`npsemiseg.config.compose` (which lists the whole order):
-``values`` (step ``preset``: the settings of the cell's dataset family before the framework's and the
-head's own) and ``scale`` (step ``scale``, after the protocol's switches: the crop, batches, learning rate
-and epochs of the cell, and for ``smoke`` everything else that makes a run take seconds).
+``values`` (step ``preset``: the cell's dataset's paper settings, ``dataset_info(name).settings``
+(``npsemiseg.data.settings.PaperSettings``), before the framework's and the head's own) and ``scale`` (step
+``scale``, after the protocol's switches: the crop, batches, learning rate and epochs of the cell, and for
+``smoke`` everything else that makes a run take seconds).
 
-``paper``, VOC family (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``,
+``paper``, VOC's settings (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``,
 the study datasets): crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = the paper's batch
 of 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs; evaluation on a
-513 px center crop (U2PL's). Cityscapes family: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
+513 px center crop (U2PL's). Cityscapes' settings: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
 1x, weight decay 5e-4, 200 epochs (AugSeg 240), OHEM (0.7, at least 100,000 pixels) plus 0.4 x the
 auxiliary layer-3 head's loss, sliding-window evaluation at 769 px. These are the NP-SemiSeg authors'
 released U2PL and AugSeg configurations (``npsemiseg/presets_audit.md`` gives each value's file and line;
@@ -37,7 +38,6 @@ from npsemiseg._registry import Registry
 from npsemiseg.data import dataset_info
 from npsemiseg.data.info import DatasetInfo
 from npsemiseg.frameworks import get_framework
-from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 from npsemiseg.heads import head_class
 from npsemiseg.protocol import protocol_overrides
 
@@ -90,88 +90,70 @@ def preset_names() -> tuple[str, ...]:
     return PRESETS.names()
 
 
-_VOC: dict[str, Any] = {
-    "optim": {"lr": 1e-3, "head_lr_mult": 10.0, "momentum": 0.9, "weight_decay": 1e-4, "reference_batch": 12},
-    "schedule": {"epochs": SHARED_EPOCHS["voc"], "batch_size": 3, "unlabeled_batch_size": 3, "crop_size": 480,
-                 "poly_power": 0.9, "epoch_length": "unlabeled", "eval_every_epochs": 1},
-    "loss": {"ohem": False},
-    "model": {"aux_head": False},
-    "evaluation": {"mode": "center_crop", "crop_size": 513, "num_samples": 5},
-}
-
-_CITYSCAPES: dict[str, Any] = {
-    "optim": {"lr": 5e-3, "head_lr_mult": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "reference_batch": 8},
-    "schedule": {"epochs": SHARED_EPOCHS["cityscapes"], "batch_size": 2, "unlabeled_batch_size": 2, "crop_size": 580,
-                 "poly_power": 0.9, "epoch_length": "unlabeled", "eval_every_epochs": 1},
-    "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
-    "model": {"aux_head": True},
-    # no stride: the derived one (ceil(2/3 x crop) = 513 at 769) follows a changed crop
-    "evaluation": {"mode": "sliding", "crop_size": 769, "num_samples": 5},
-}
-
 SMOKE_DATA_OPTIONS: dict[str, Any] = {"train_size": 512, "val_size": 4, "image_size": 32}
-#: processes of the paper's setting (4 GPUs): the per-process batch is the global batch / 4
-PAPER_PROCESSES = 4
 #: the keys :func:`head_schedule` sets: the crop and batches, then the LR and epochs of a framework's publication
 HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unlabeled_batch_size",
                       "optim.reference_batch", "optim.lr", "schedule.epochs")
 
 
-def family_values(family: str) -> dict[str, Any]:
-    """A copy of the paper's shared settings of dataset family ``voc`` or ``cityscapes`` (nested values)."""
-    base = _CITYSCAPES if family == "cityscapes" else _VOC
-    return {key: dict(section) for key, section in base.items()}
+def shared_epochs(cell: Cell) -> int:
+    """The shared schedule's epochs of the cell's dataset for its framework (the dataset's settings, with the
+    framework's own schedule change where it has one)."""
+    settings = cell.info.settings
+    return settings.shared_epochs(cell.framework, get_framework(cell.framework).paper_schedule(settings.family))
 
 
 def _protocol_epochs(cell: Cell) -> int:
     """The cell's epochs without a publication's own: a switch's (``psmt_epochs``) where one sets them, else the
-    shared schedule's (with the framework's ``paper_schedule``)."""
-    family = cell.info.family
-    shared = get_framework(cell.framework).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
+    shared schedule's (:func:`shared_epochs`)."""
     values = {"framework": cell.framework, "dataset": cell.dataset, "partition": cell.partition,
               "head": {"name": cell.head}}
     return protocol_overrides(cell.protocol, framework=cell.framework, dataset=cell.dataset, head=cell.head,
-                              values=values).get("schedule.epochs", shared)
+                              values=values).get("schedule.epochs", shared_epochs(cell))
 
 
 def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
     """The crop, per-process labeled / unlabeled batch, global batch (``optim.reference_batch``), LR and epochs
     of ``cell`` under ``head_settings`` (keys :data:`HEAD_SCHEDULE_KEYS`), each with why.
 
-    ``shared``: every head at the reduced setting the paper trained its MC-dropout and NP rows with (VOC crop
-    480, batch 12; Cityscapes 580, 8), the shared LR and the protocol's epochs. ``per_head``: a deterministic
-    head (the baseline) at its framework's ``publication_settings``, ``publication_lr`` and
-    ``publication_epochs`` where it has them; the stochastic heads at the NP configurations' crop and batch
-    (``np_config_settings`` where they differ from the shared ones)."""
+    ``shared``: every head at the reduced setting the paper trained its MC-dropout and NP rows with (the dataset's
+    settings: VOC crop 480, batch 12; Cityscapes 580, 8), the shared LR and the protocol's epochs. ``per_head``:
+    a deterministic head (the baseline) at its framework's publication on the dataset
+    (``PaperSettings.publication``: crop, batch, LR, epochs) where it has one; the stochastic heads at the NP
+    configurations' crop and batch (``PaperSettings.np_config``)."""
     if head_settings not in ("per_head", "shared"):
         raise ValueError(f"schedule.head_settings: expected 'per_head' or 'shared', got {head_settings!r}")
-    family = cell.info.family
-    base = family_values(family)
-    crop, batch, lr = base["schedule"]["crop_size"], base["optim"]["reference_batch"], base["optim"]["lr"]
+    settings = cell.info.settings
+    family = settings.family
+    crop, batch, lr = settings.crop_size, settings.batch, settings.lr
     epochs = _protocol_epochs(cell)
     framework_cls = get_framework(cell.framework)
     why = f"head_settings shared: every head of {cell.framework} at the NP configs' {family} crop and batch"
-    epochs_why = "the protocol's epochs" if epochs != SHARED_EPOCHS[family] else f"the shared {family} epochs"
+    epochs_why = "the protocol's epochs" if epochs != settings.epochs else f"the shared {family} epochs"
     if head_settings == "per_head" and head_class(cell.head).stochastic:
-        crop, batch = framework_cls.np_config_settings.get(family, (crop, batch))
+        crop, batch = settings.np_config(cell.framework, framework_cls.np_config_settings)
         why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
     elif head_settings == "per_head":
-        crop, batch = framework_cls.publication_settings[family]
-        lr = framework_cls.publication_lr.get(family, lr)
-        own = framework_cls.publication_epochs(cell.info.paper_dataset, cell.info.resolve_partition(cell.partition))
+        publication = settings.publication(cell.framework, framework_cls.publication_settings,
+                                           framework_cls.publication_lr)
+        if publication is not None:
+            crop, batch, lr = publication.crop_size, publication.batch, publication.lr or lr
+        partition = cell.info.resolve_partition(cell.partition)
+        own = publication.epochs_for(partition) if publication is not None else None
+        own = own if own is not None else framework_cls.publication_epochs(cell.info.paper_dataset, partition)
         epochs, epochs_why = (own, f"head_settings per_head: {cell.framework}'s publication epochs") \
             if own is not None else (epochs, epochs_why)
         why = f"head_settings per_head: {cell.framework}'s publication settings ({family})"
-    per_process = max(1, batch // PAPER_PROCESSES)
+    processes = settings.processes
+    per_process = max(1, batch // processes)
     values = (crop, per_process, per_process, batch, lr, epochs)
-    reasons = (why, f"{why}, / {PAPER_PROCESSES} processes", f"{why}, / {PAPER_PROCESSES} processes", why, why,
-               epochs_why)
+    reasons = (why, f"{why}, / {processes} processes", f"{why}, / {processes} processes", why, why, epochs_why)
     return list(zip(HEAD_SCHEDULE_KEYS, values, reasons))
 
 
 def _paper_values(cell: Cell) -> dict[str, Any]:
-    """The paper's shared settings of the cell's dataset family, ResNet-50 with ImageNet weights."""
-    values = family_values(cell.info.family)
+    """The paper settings of the cell's dataset (``PaperSettings.values``), ResNet-50 with ImageNet weights."""
+    values = cell.info.settings.values()
     values["model"].update(backbone="resnet50", weights="imagenet")
     values["data"] = {"num_workers": 4}
     return values

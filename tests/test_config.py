@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from npsemiseg.config import IDENTITY_EXCLUDED, RunConfig, cell_config, config_params, with_overrides
-from npsemiseg.data import dataset_names
+from npsemiseg.data import dataset_info, dataset_names, protocol_partitions
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -234,8 +234,9 @@ def test_paper_preset_values_per_dataset_family():
 @pytest.mark.parametrize("preset", preset_names())
 def test_presets_resolve_for_every_framework_dataset_and_head(preset, framework):
     for dataset in dataset_names():
+        partition = "1/8" if "1/8" in dataset_info(dataset).partition_aliases else protocol_partitions(dataset)[0][0]
         for head in head_names():
-            config = cell_config(preset, framework=framework, dataset=dataset, partition="1/8", head=head)
+            config = cell_config(preset, framework=framework, dataset=dataset, partition=partition, head=head)
             assert config.framework == framework and config.head.name == head
             assert RunConfig.from_yaml(config.to_yaml()).cell_id == config.cell_id
     u2pl_like = cell_config(preset, framework=framework, dataset="synthetic", partition="1/8")

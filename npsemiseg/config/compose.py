@@ -7,7 +7,7 @@ function below; a later step wins over an earlier one:
 0. ``cell``      the cell's coordinates; the framework class (a switch whose target is ``framework``,
                  ``mt_variant``, chooses it here, before the framework's settings are known:
                  ``npsemiseg.protocol.protocol_framework``; ``switches.<name>`` overrides it here too)
-1. ``preset``    the preset's values for the cell's dataset family (``npsemiseg.presets``)
+1. ``preset``    the preset's values for the cell's dataset (its paper settings; ``npsemiseg.presets``)
 2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ variant, schedule
                  changes, augmentation pipeline, head options and gradient clipping
 3. ``switch``    every switch of the cell's protocol that applies to it (``npsemiseg.protocol``)
@@ -35,6 +35,7 @@ from npsemiseg.config.overrides import apply_overrides
 from npsemiseg.config.schema import CellInputs, RunConfig, ScheduleConfig
 from npsemiseg.constants import sliding_stride
 from npsemiseg.data import dataset_info
+from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.data.transforms import paper_augmentation
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
@@ -121,6 +122,7 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     key or value.
     """
     given = dict(overrides or {})
+    ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
                    "protocol": protocol, **cell_changes}
@@ -244,15 +246,17 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
     """The framework's paper options, model variant, schedule changes and augmentation pipeline; the head's paper
     options and gradient clipping."""
     framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
-    family = info.family
-    name = cell.framework
-    values.set("framework_options", framework.paper_options(info.paper_dataset, cell.partition), "defaults",
-               f"{name}'s paper options on {info.paper_dataset}")
+    settings, name = info.settings, cell.framework
+    family = settings.family
+    options = {**framework.paper_options(info.paper_dataset, cell.partition),
+               **settings.options_for(name, info.resolve_partition(cell.partition))}
+    values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
     values.set("model.variant", framework.model_variant, "defaults", f"{name}'s DeepLabv3+")
-    values.set_all(framework.paper_schedule(family), "defaults", f"{name}'s own {family} schedule", prefix="schedule")
+    values.set_all(settings.framework_schedule(name, framework.paper_schedule(family)), "defaults",
+                   f"{name}'s own {family} schedule", prefix="schedule")
     values.set("optim.grad_clip", head.paper_grad_clip, "defaults", f"the {cell.head} head's paper clipping")
     values.set("head.options", dict(head.paper_options), "defaults", f"the {cell.head} head's paper options")
-    pipeline = paper_augmentation(framework.augmentation, family)
+    pipeline = paper_augmentation(framework.augmentation, settings.augmentation_kind)
     why = f"{name}'s {framework.augmentation} augmentation pipeline ({family})"
     if info.synthetic and pipeline.get("base_size") is not None:
         size = dataset_info(cell.dataset, **values.view()["data"].get("options", {})).options.get("image_size", 64)

@@ -29,6 +29,7 @@ from pydantic import (
 from npsemiseg.constants import SampleCE
 from npsemiseg.data import augmentation_keys, dataset_info
 from npsemiseg.data.info import DATASETS
+from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_class
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
@@ -387,6 +388,15 @@ class RunConfig(Section):
     @classmethod
     def _registered_framework(cls, value: str) -> str:
         return FRAMEWORKS.check(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _folder_dataset(cls, values: Any) -> Any:
+        """A folder dataset of one's own named by the record and found at its ``data.root``: registered first."""
+        if isinstance(values, dict):
+            data = values.get("data")
+            ensure_registered(values.get("dataset"), data.get("root") if isinstance(data, dict) else None)
+        return values
 
     @field_validator("dataset", mode="after")
     @classmethod

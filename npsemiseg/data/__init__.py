@@ -1,22 +1,23 @@
-"""Datasets (PASCAL VOC classic/blender, Cityscapes, synthetic stand-ins), the standard
-partition lists, joint image + label transforms and batch CutMix.
+"""Datasets (PASCAL VOC classic/blender, Cityscapes, synthetic stand-ins, the study's, and any registered
+later), the standard partition lists, joint image + label transforms and batch CutMix.
 
-Entry points: ``build_dataset(name, split, root=None, partition=None, *, list_variant="u2pl",
-transform=None, **options)`` and ``dataset_info(name)``; ``npsemiseg.data.transforms`` and
+A dataset is one registered class (``npsemiseg.data.base.DatasetDef``, the built-in ones in
+``npsemiseg/data/sets/``). Entry points: ``build_dataset(name, split, root=None, partition=None, *,
+list_variant="u2pl", transform=None, **options)``, ``dataset_info(name)`` (with ``info.settings``, the
+dataset's paper settings) and ``dataset_definition(name)``; ``npsemiseg.data.transforms`` and
 ``npsemiseg.data.mixing`` for the augmentation pipelines of the frameworks.
 """
 
 from npsemiseg.data.datasets import (
     CITYSCAPES_ID_TO_TRAINID,
     DATA_ROOT_ENV,
-    CityscapesSegmentation,
-    VOCSegmentation,
     build_dataset,
     cityscapes_labelids_to_trainids,
     resolve_root,
 )
 from npsemiseg.data.info import (
     CITYSCAPES_CLASSES,
+    DATASETS,
     IGNORE_INDEX,
     VOC_CLASSES,
     DatasetInfo,
@@ -24,14 +25,22 @@ from npsemiseg.data.info import (
     dataset_names,
     protocol_partitions,
 )
+from npsemiseg.data.base import DatasetDef, FilesDataset, ItemFiles
+from npsemiseg.data.settings import PaperSettings, Publication
+from npsemiseg.data import sets  # noqa: F401  (registers the built-in datasets)
 from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
 from npsemiseg.data.transforms import augmentation_keys
 
+
+def dataset_definition(name: str) -> type[DatasetDef]:
+    """The registered class of dataset ``name`` (``ValueError`` listing the names otherwise)."""
+    return DATASETS.get(name)
+
+
 __all__ = [
-    "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "CityscapesSegmentation",
-    "DATA_ROOT_ENV", "DatasetInfo", "IGNORE_INDEX", "LIST_VARIANTS", "SyntheticConfig",
-    "SyntheticSegmentation", "VOCSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset",
-    "cityscapes_labelids_to_trainids", "dataset_info", "dataset_names", "partition_ids", "protocol_partitions",
-    "resolve_root",
+    "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "DATASETS", "DATA_ROOT_ENV", "DatasetDef", "DatasetInfo",
+    "FilesDataset", "IGNORE_INDEX", "ItemFiles", "LIST_VARIANTS", "PaperSettings", "Publication", "SyntheticConfig",
+    "SyntheticSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset", "cityscapes_labelids_to_trainids",
+    "dataset_definition", "dataset_info", "dataset_names", "partition_ids", "protocol_partitions", "resolve_root",
 ]

@@ -25,19 +25,9 @@ from pathlib import Path
 import numpy as np
 from PIL import UnidentifiedImageError
 
-from npsemiseg.data.datasets import (
-    _LAYOUTS,
-    _ROOT_MARKERS,
-    CITYSCAPES_NUM_LABEL_IDS,
-    DATA_ROOT_ENV,
-    cityscapes_label_paths,
-    cityscapes_labelids_to_trainids,
-    load_index_png,
-    resolve_root,
-    root_subfolders,
-)
-from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo, dataset_info
-from npsemiseg.data.partitions import partition_ids
+from npsemiseg.data.base import LIST_VARIANTS, DatasetDef, ItemFiles
+from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
+from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.untrusted import ImageTooLargeError, open_image
 
 Progress = Callable[[int, int], None]
@@ -158,7 +148,7 @@ def _format_problems(name: str, problems: list[Problem], max_lines: int) -> list
         if kind in ("missing_image", "missing_label") and found:
             what = kind.split("_")[1] + "s"
             examples = ", ".join(p.path for p in found[:2])
-            lines.append(f"  missing {what}: {len(found)}, e.g. {examples} (expected {_LAYOUTS[name]})")
+            lines.append(f"  missing {what}: {len(found)}, e.g. {examples} (expected {DATASETS.get(name).layout})")
             continue
         lines += [f"  {p.detail}" for p in found[:max_lines]]
         if len(found) > max_lines:
@@ -166,41 +156,23 @@ def _format_problems(name: str, problems: list[Problem], max_lines: int) -> list
     return lines
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One listed image and its label (None: only unlabeled lists name it)."""
-
-    image: Path
-    label: Path | None
-    max_value: int        # largest valid label value in the file (Cityscapes labelIds files: 33)
-    what: str             # what the label values are, for messages
-    label_ids: bool = False  # a Cityscapes labelIds file, converted to train ids when read
+def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str) -> list[str]:
+    """The canonical partitions to check (all by default); ``ValueError`` for a wrong one or a wrong list variant."""
+    if list_variant not in LIST_VARIANTS:
+        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
+    return list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
 
 
 def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str,
-           max_items: int | None) -> dict[str, tuple[list[str], bool]]:
+           max_items: int | None, root: Path | None = None) -> dict[str, tuple[list[str], bool]]:
     """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
-    chosen = list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
-    lists = {"val": (partition_ids(info.name, "val", list_variant=list_variant)[:max_items], True)}
+    definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, list_variant)
+    lists = {"val": (definition.list_ids("val", None, list_variant, root=root)[:max_items], True)}
     for part in chosen:
         for split in ("labeled", "unlabeled"):
-            entries = partition_ids(info.name, split, part, list_variant=list_variant)[:max_items]
+            entries = definition.list_ids(split, part, list_variant, root=root)[:max_items]
             lists[f"{part}/{split}"] = (entries, split == "labeled")
     return lists
-
-
-def _entry(info: DatasetInfo, root: Path, item: str, with_label: bool) -> _Entry:
-    """The files the readers open for one list entry (a VOC ID or a Cityscapes image path)."""
-    classes = (info.num_classes - 1, f"{info.name} class indices")
-    if info.name != "cityscapes":
-        label = root / "SegmentationClassAug" / f"{item}.png" if with_label else None
-        return _Entry(root / "JPEGImages" / f"{item}.jpg", label, *classes)
-    if not with_label:
-        return _Entry(root / item, None, *classes)
-    train_ids, label_ids = (root / p for p in cityscapes_label_paths(item))
-    if not train_ids.is_file() and label_ids.is_file():
-        return _Entry(root / item, label_ids, CITYSCAPES_NUM_LABEL_IDS - 1, "Cityscapes label ids", label_ids=True)
-    return _Entry(root / item, train_ids, *classes)
 
 
 def _header(path: Path) -> tuple[tuple[int, int], str] | None | Exception:
@@ -220,7 +192,8 @@ def _unreadable(what: str, path: Path, error: Exception) -> Problem:
     return Problem("unreadable", str(path), detail)
 
 
-def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool, bool | None, list[Problem]]:
+def _check_entry(definition: type[DatasetDef], entry: ItemFiles, decode: bool,
+                 counts: np.ndarray) -> tuple[bool, bool | None, list[Problem]]:
     """(image found, label found or None if not needed, problems); decoded values go into ``counts``."""
     problems: list[Problem] = []
     image = _header(entry.image)
@@ -249,11 +222,11 @@ def _check_entry(entry: _Entry, decode: bool, counts: np.ndarray) -> tuple[bool,
                                 f"label file {entry.label} is {width}x{height} (WxH) but image {entry.image} is "
                                 f"{image[0][0]}x{image[0][1]}; expected the same size"))
     if decode:
-        problems += _check_values(entry, counts)
+        problems += _check_values(definition, entry, counts)
     return image_found, True, problems
 
 
-def _check_values(entry: _Entry, counts: np.ndarray) -> list[Problem]:
+def _check_values(definition: type[DatasetDef], entry: ItemFiles, counts: np.ndarray) -> list[Problem]:
     """Decode one label; values outside ``0..max_value`` and 255 are a problem naming the file."""
     assert entry.label is not None
     try:  # max_value=254 accepts every value: the values are judged here, all of them named
@@ -261,35 +234,26 @@ def _check_values(entry: _Entry, counts: np.ndarray) -> list[Problem]:
     except ValueError as err:
         return [Problem("unreadable", str(entry.label), str(err))]
     histogram = np.bincount(array.ravel(), minlength=256)
-    bad = [int(v) for v in np.flatnonzero(histogram) if entry.max_value < v < IGNORE_INDEX]
+    bad = [int(v) for v in np.flatnonzero(histogram) if entry.max_value < v < IGNORE_INDEX and v != entry.ignore_value]
     if bad:
         return [Problem("label_values", str(entry.label),
                         f"label file {entry.label} holds values {bad[:10]} outside {entry.what} "
                         f"(0..{entry.max_value}, 255 = ignore)")]
-    if entry.label_ids:
-        histogram = np.bincount(cityscapes_labelids_to_trainids(array).ravel(), minlength=256)
+    if entry.converted:
+        histogram = np.bincount(definition.convert_label(array, entry).ravel(), minlength=256)
     counts += histogram
     return []
 
 
-def _layout(info: DatasetInfo, root: Path, entries: dict[Path, _Entry]) -> list[str]:
-    """Lines saying which folders exist (with file counts) and which label kind is used."""
-    folders = (("JPEGImages", "SegmentationClassAug", "SegmentationClass") if info.name != "cityscapes"
-               else ("leftImg8bit/train", "leftImg8bit/val", "gtFine/train", "gtFine/val"))
+def _layout(definition: type[DatasetDef], root: Path, entries: dict[Path, ItemFiles]) -> list[str]:
+    """Lines saying which folders exist (with file counts), then the dataset's own notes (what to prepare)."""
     found = []
-    for folder in folders:
+    for folder in definition.layout_folders:
         path = root / folder
         found.append(f"{folder}/ ({sum(1 for _ in os.scandir(path))} entries)" if path.is_dir()
                      else f"{folder}/ missing")
-    lines = ["layout: " + ", ".join(found)]
-    if info.name != "cityscapes" and not (root / "SegmentationClassAug").is_dir():
-        lines.append("SegmentationClassAug/ is missing: build it from VOC 2012 and SBD "
-                     "with `npsemiseg data prepare voc`")
-    converted = sum(1 for e in entries.values() if e.label_ids)
-    if converted:
-        lines.append(f"{converted} labels are labelIds files, converted at every read: "
-                     "`npsemiseg data prepare cityscapes` writes labelTrainIds once")
-    return lines
+    lines = ["layout: " + ", ".join(found)] if found else []
+    return lines + definition.check_notes(root, list(entries.values()))
 
 
 def check_dataset(name: str, root: str | os.PathLike | None = None, *,
@@ -303,35 +267,36 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     the value check, evenly spread (default: all; 0: headers only). An unknown dataset, partition
     or list variant is a ``ValueError``; every finding about the files is in the report.
     """
-    info = dataset_info(name)
+    info, definition = dataset_info(name), DATASETS.get(name)
     if info.synthetic:
         return DatasetReport(name, None, list_variant, ["generated in memory: no files to check"], synthetic=True)
     for key, value, least in (("max_items", max_items, 1), ("sample", sample, 0)):
         if value is not None and (not isinstance(value, int) or value < least):
             raise ValueError(f"{key} must be an int >= {least} or None, got {value!r}")
-    lists = _lists(info, partitions, list_variant, max_items)
+    _chosen(info, partitions, list_variant)  # a wrong partition or list variant: the error before the root's
     try:
-        folder = resolve_root(name, root)
+        folder = definition.resolve_root(root)
     except FileNotFoundError as err:
         where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
         return DatasetReport(name, None, list_variant, problems=[Problem("root", where, str(err))])
-    entries: dict[Path, _Entry] = {}
+    lists = _lists(info, partitions, list_variant, max_items, folder)
+    entries: dict[Path, ItemFiles] = {}
     images: dict[str, list[Path]] = {}
     for list_name, (items, with_label) in lists.items():
         images[list_name] = []
         for item in items:
-            entry = _entry(info, folder, item, with_label)
+            entry = definition.item_files(folder, item, with_label)
             if entry.image not in entries or entry.label is not None:
                 entries[entry.image] = entry
             images[list_name].append(entry.image)
-    report = DatasetReport(name, folder, list_variant, _layout(info, folder, entries))
-    status = _check_entries(list(entries.values()), sample, progress, report)
+    report = DatasetReport(name, folder, list_variant, _layout(definition, folder, entries))
+    status = _check_entries(definition, list(entries.values()), sample, progress, report)
     report.lists = [_count(list_name, [status[i] for i in images[list_name]], lists[list_name][1])
                     for list_name in lists]
     return report
 
 
-def _check_entries(entries: list[_Entry], sample: int | None, progress: Progress | None,
+def _check_entries(definition: type[DatasetDef], entries: list[ItemFiles], sample: int | None, progress: Progress | None,
                    report: DatasetReport) -> dict[Path, tuple[bool, bool, bool | None, bool]]:
     """Check each entry once; image path -> (image found, image ok, label found or None, label ok)."""
     labeled = [i for i, e in enumerate(entries) if e.label is not None]
@@ -342,7 +307,7 @@ def _check_entries(entries: list[_Entry], sample: int | None, progress: Progress
         decode = {labeled[int(j)] for j in np.linspace(0, len(labeled) - 1, sample).round()} if sample else set()
     status = {}
     for i, entry in enumerate(entries):
-        image_found, label_found, problems = _check_entry(entry, i in decode, report.value_counts)
+        image_found, label_found, problems = _check_entry(definition, entry, i in decode, report.value_counts)
         report.labels_checked += i in decode and label_found is True
         report.problems += problems
         paths = {p.path for p in problems}
@@ -370,10 +335,10 @@ def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str
     folder holds the dataset's ``JPEGImages/`` / ``leftImg8bit/``) and, per list name, the listed files the
     tree lacks, relative to that folder (a Cityscapes label may be its ``labelTrainIds`` or ``labelIds`` file).
     Nothing is opened: the values and sizes of the files are the staged copy's to check."""
-    info = dataset_info(name)
+    info, definition = dataset_info(name), DATASETS.get(name)
     files = set(paths)
-    marker = _ROOT_MARKERS[name] + "/"
-    folder = next((prefix for prefix in ["", *root_subfolders(name)]
+    marker = definition.root_marker + "/"
+    folder = next((prefix for prefix in ["", *definition.root_subfolders]
                    if any(p.startswith(f"{prefix}/{marker}" if prefix else marker) for p in files)), None)
     if folder is None:
         return None, {}
@@ -382,10 +347,7 @@ def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str
     for list_name, (items, with_label) in _lists(info, partitions, list_variant, max_items).items():
         lacking = []
         for item in items:
-            if info.name == "cityscapes":
-                image, labels = item, cityscapes_label_paths(item) if with_label else ()
-            else:
-                image, labels = f"JPEGImages/{item}.jpg", (f"SegmentationClassAug/{item}.png",) if with_label else ()
+            image, labels = definition.entry_image(item), definition.entry_labels(item) if with_label else ()
             if image not in inside:
                 lacking.append(image)
             if labels and not any(label in inside for label in labels):

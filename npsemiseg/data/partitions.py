@@ -1,4 +1,5 @@
-"""The standard partition lists shipped in ``npsemiseg/data/splits`` (see its README).
+"""The standard partition lists shipped in ``npsemiseg/data/splits`` (see its README), read through the dataset's
+registered class (``DatasetDef.list_folders``).
 
 U2PL's lists are the default (``list_variant="u2pl"``); CPS's lists, where they differ,
 are ``list_variant="cps"``. Classic VOC has a single set of lists that every
@@ -7,40 +8,15 @@ framework uses, so both variant names select it.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
+from npsemiseg.data.base import LIST_VARIANTS
+from npsemiseg.data.info import DATASETS
 
-from npsemiseg.data.info import REAL_DATASETS
-
-LIST_VARIANTS = ("u2pl", "cps")
-
-#: (dataset, list_variant) -> folder under splits/
-_LIST_FOLDERS = {
-    ("pascal_classic", "u2pl"): "pascal_classic",
-    ("pascal_classic", "cps"): "pascal_classic",
-    ("pascal_blender", "u2pl"): "pascal_blender",
-    ("pascal_blender", "cps"): "pascal_blender_cps",
-    ("cityscapes", "u2pl"): "cityscapes",
-    ("cityscapes", "cps"): "cityscapes_cps",
-}
+__all__ = ["LIST_VARIANTS", "list_folder", "partition_ids"]
 
 
 def list_folder(dataset: str, list_variant: str = "u2pl") -> str:
     """Name of the folder under ``splits/`` holding ``dataset``'s lists in ``list_variant``."""
-    if dataset not in REAL_DATASETS:
-        raise ValueError(f"dataset {dataset!r} has no partition lists; valid: {sorted(REAL_DATASETS)}")
-    if list_variant not in LIST_VARIANTS:
-        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
-    return _LIST_FOLDERS[(dataset, list_variant)]
-
-
-@lru_cache(maxsize=64)
-def _read(folder: str, relative: str) -> tuple[str, ...]:
-    node = resources.files("npsemiseg.data").joinpath("splits", folder, *relative.split("/"))
-    if not node.is_file():
-        raise FileNotFoundError(f"partition list splits/{folder}/{relative} is missing from the package")
-    lines = tuple(line.strip() for line in node.read_text(encoding="utf-8").splitlines())
-    return tuple(line for line in lines if line)
+    return DATASETS.get(dataset).list_folder(list_variant)
 
 
 def partition_ids(dataset: str, split: str, partition: str | int | None = None, *,
@@ -50,15 +26,16 @@ def partition_ids(dataset: str, split: str, partition: str | int | None = None, 
     split: ``"labeled"`` / ``"unlabeled"`` (need ``partition``: a name, count or alias such
     as ``"1/16"``) or ``"val"``.
     """
-    folder = list_folder(dataset, list_variant)
+    definition = DATASETS.get(dataset)
+    if list_variant not in LIST_VARIANTS:
+        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
     if split == "val":
-        return list(_read(folder, "val.txt"))
+        return definition.list_ids("val", None, list_variant)
     if split not in ("labeled", "unlabeled"):
         raise ValueError(f"split must be 'labeled', 'unlabeled' or 'val', got {split!r}")
-    info = REAL_DATASETS[dataset]
+    info = definition.info()
     if partition is None:
         raise ValueError(
             f"partition is required for the {split} split of {dataset}; valid: {', '.join(info.partitions)}"
         )
-    name = info.resolve_partition(partition)
-    return list(_read(folder, f"{name}/{split}.txt"))
+    return definition.list_ids(split, info.resolve_partition(partition), list_variant)

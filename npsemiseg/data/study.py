@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo
+from npsemiseg.data.info import IGNORE_INDEX, DatasetInfo
 
 STUDY_DATASETS = ("study",)
 STUDY_SPLITS = ("labeled", "unlabeled", "val", "tune")
@@ -332,12 +332,7 @@ def study_info(name: str = "study", **options: object) -> DatasetInfo:
         name=name, num_classes=len(names), class_names=names, partitions=partition_counts(config.train_size),
         partition_aliases={}, eval_mode="whole", eval_crop_size=config.image_size, train_size=config.train_size,
         val_size=config.val_size, synthetic=True, options={k: v for k, v in asdict(config).items() if k != "name"},
-        describe=study_info,
     )
-
-
-for _name in STUDY_DATASETS:
-    DATASETS.add(_name, study_info(_name))
 
 
 class StudySegmentation(Dataset):

@@ -41,6 +41,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from npsemiseg.constants import IGNORE_INDEX
+from npsemiseg.data.info import DATASETS
 
 _STREAMS = {"train": 1, "val": 2, "partition": 3, "world": 4}
 
@@ -100,17 +101,14 @@ class SyntheticConfig:
 
     @classmethod
     def for_dataset(cls, name: str, **options: object) -> SyntheticConfig:
-        """Settings of a named synthetic dataset, with ``options`` overriding its defaults.
+        """Settings of a named synthetic dataset, with ``options`` overriding its defaults (its registered
+        class's ``generator_defaults``, ``npsemiseg/data/sets/synthetic.py``).
 
         ``synthetic_voc`` / ``synthetic_blender``: 21 classes, class 0 the background of every
         scene, a 1-pixel ignore band on boundaries. ``synthetic_cityscapes``: 19 classes,
         per-scene background ("stuff"), more shapes per image.
         """
-        defaults: dict[str, object] = {"name": name}
-        if name in ("synthetic_voc", "synthetic_blender"):
-            defaults.update(num_classes=21, boundary_ignore=1, num_scene_types=5)
-        elif name == "synthetic_cityscapes":
-            defaults.update(num_classes=19, per_scene_background=True, shapes_per_image=(4, 8), num_scene_types=4)
+        defaults: dict[str, object] = {"name": name, **getattr(DATASETS.get(name), "generator_defaults", {})}
         valid = {f for f in cls.__dataclass_fields__ if f != "name"}
         unknown = sorted(set(options) - valid)
         if unknown:

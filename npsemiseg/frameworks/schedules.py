@@ -11,8 +11,9 @@ import math
 from torch import Tensor
 
 #: the epochs every framework shares per dataset family (NP configs: VOC 80, Cityscapes 200), unless its
-#: ``paper_schedule`` says otherwise (AugSeg's 240 on Cityscapes)
-SHARED_EPOCHS: dict[str, int] = {"voc": 80, "cityscapes": 200}
+#: ``paper_schedule`` says otherwise (AugSeg's 240 on Cityscapes): the datasets' paper settings'
+#: (``npsemiseg.data.settings``), re-exported for the callers that still ask by family
+from npsemiseg.data.settings import SHARED_EPOCHS as SHARED_EPOCHS
 
 
 def cosine_rampup(current: float, length: float) -> float:

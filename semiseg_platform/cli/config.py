@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from npsemiseg.data import dataset_names
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -26,7 +27,7 @@ app.add_typer(config_app, name="config")
 @config_app.command("show")
 def show(
     framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
-    dataset: str | None = typer.Option(None, help="pascal_classic | pascal_blender | cityscapes | synthetic ..."),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
     head: str | None = typer.Option(None, help=" | ".join(head_names())),
     preset: str = typer.Option("smoke", help=" | ".join(preset_names())),

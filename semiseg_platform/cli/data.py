@@ -6,7 +6,9 @@ usable, 2 otherwise; for an S3 root (``s3://bucket/prefix/VOC2012``) it compares
 with the tree's ``manifest.json`` (sizes), downloading nothing else. ``manifest DIR`` writes that
 manifest (every file's path, size and SHA-256) into ``DIR`` before it is uploaded. ``prepare voc``
 builds ``SegmentationClassAug/`` from VOC 2012 and SBD, ``prepare cityscapes`` writes
-``*_labelTrainIds.png``; both resumable, with a progress bar.
+``*_labelTrainIds.png``; both resumable, with a progress bar. A folder dataset of one's own
+(``docs/datasets.md``): ``partition FOLDER --labeled 1/8 --seed 0`` writes its lists,
+``check --folder FOLDER`` checks it (its classes file, images, masks, lists) as any other dataset.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from npsemiseg.data import DATA_ROOT_ENV, dataset_info, dataset_names
 from npsemiseg.data.check import check_dataset
 from npsemiseg.data.manifest import write_manifest
 from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
+from npsemiseg.data.sets.folder import register_folder, write_partitions
 from semiseg_platform.cli.app import app, fail, one_line
 from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.preflight import data_problem
@@ -55,7 +58,9 @@ def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int
 
 @data_app.command("check")
 def check(
-    dataset: str = typer.Option(..., help=" | ".join(dataset_names())),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " (or --folder)"),
+    folder: Path | None = typer.Option(None, help="a folder dataset of one's own (classes.yaml, images/, masks/, "
+                                                  "lists/), registered under its folder's name"),
     root: str | None = typer.Option(None, help="the data root, a folder or s3://bucket/prefix (default: $NPSEMISEG_DATA)"),
     partition: list[str] | None = typer.Option(None, help="check only this partition besides val (repeatable; "
                                                            "default: all), e.g. 92 or 1/16"),
@@ -67,6 +72,14 @@ def check(
 ) -> None:
     """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise).
     An S3 root: its manifest against the lists, and the store's listing against the manifest."""
+    if (dataset is None) == (folder is None):
+        fail("pass one of --dataset NAME or --folder PATH")
+    if folder is not None:
+        try:
+            dataset, root = register_folder(folder).name, str(folder)
+        except (ValueError, OSError) as error:
+            fail(one_line(error))
+    assert dataset is not None
     remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
     try:
         found = (check_remote(remote, dataset, partitions=partition or None, list_variant=list_variant,
@@ -83,11 +96,29 @@ def check(
         with progress_bar(f"checking {dataset}", progress) as update:
             report = check_dataset(dataset, root, partitions=partition or None, list_variant=list_variant,
                                    max_items=max_items, sample=sample, progress=update)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         fail(one_line(error))
     typer.echo(report.format())
     if not report.usable:
         fail(data_problem(report))
+
+
+@data_app.command("partition")
+def partition_command(
+    folder: Path = typer.Argument(..., help="the folder dataset (classes.yaml, images/, masks/)"),
+    labeled: list[str] = typer.Option(..., help="a labeled partition: a fraction (1/8, 0.125) or a count (50); "
+                                                "repeatable"),
+    seed: int = typer.Option(0, help="the seed of the val split and the labeled draws"),
+    val: str = typer.Option("0.1", help="the val split: a fraction or a count of the images with masks"),
+    stratify: bool = typer.Option(True, help="labeled lists cover every class first (then random)"),
+) -> None:
+    """Write FOLDER/lists/ (val, each partition's labeled and unlabeled lists, partitions.yaml with the seed),
+    reproducibly from the seed; nothing is written when an argument or the folder is wrong."""
+    try:
+        lists = write_partitions(folder, labeled, seed=seed, val=val, stratify=stratify)
+    except (ValueError, OSError) as error:
+        fail(one_line(error))
+    typer.echo(f"{lists}: val.txt and {', '.join(labeled)} (seed {seed}); cite {lists / 'partitions.yaml'}")
 
 
 @data_app.command("manifest")

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from npsemiseg.config import Composition, RunConfig, compose, read_config, recompose
+from npsemiseg.data import dataset_names
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -80,7 +81,7 @@ assert set(_SUMMARY_METRICS) == set(mlflow_names.FINAL_METRICS)
 @app.command()
 def run(
     framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
-    dataset: str | None = typer.Option(None, help="pascal_classic | pascal_blender | cityscapes | synthetic ..."),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
     head: str | None = typer.Option(None, help=" | ".join(head_names())),
     preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),

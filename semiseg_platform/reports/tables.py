@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import pandas as pd
 from mlflow import MlflowClient
 
-from npsemiseg.data import dataset_info, protocol_partitions
+from npsemiseg.data import dataset_definition, dataset_info, protocol_partitions
 from npsemiseg.heads import head_class, head_names
 from semiseg_platform.reports.paper_results import paper_value
 from semiseg_platform.tracking import experiment_id, mlflow_names, search_all_runs, submission_runs
@@ -72,8 +72,6 @@ FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2
 FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
 #: Labels of head variants that are no head class of their own (a head class names itself: ``label``)
 VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
-DATASET_LABELS = {"pascal_classic": "VOC (classic)", "pascal_blender": "VOC (blender)", "cityscapes": "Cityscapes"}
-DATASET_LATEX = {"pascal_classic": "VOC (\\it classic)", "pascal_blender": "VOC (\\it blender)"}
 MISSING_MARK = "—"
 CELL_KEYS = mlflow_names.CELL_KEYS
 #: The order of the protocol groups (runs without the tag last)
@@ -179,8 +177,8 @@ def _real_dataset(name: str) -> str:
 
 def dataset_label(dataset: str, *, latex: bool = False) -> str:
     real = _real_dataset(dataset)
-    labels = DATASET_LATEX if latex else {}
-    label = labels.get(real, DATASET_LABELS.get(real, real))
+    definition = dataset_definition(real)  # its ``label`` and ``latex_label``
+    label = (definition.latex_label if latex else "") or definition.label or real
     if real == dataset:
         return label
     name = dataset.replace("_", "\\_") if latex else dataset

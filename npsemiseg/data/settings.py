@@ -1,0 +1,169 @@
+"""A dataset's paper settings: one object per dataset that the presets and (soon) the frameworks ask.
+
+``PaperSettings`` holds what a publication fixes for a dataset: the crop, the global batch and the processes
+it is split over, the optimiser (LR, head LR multiple, momentum, weight decay, poly power), the epochs,
+OHEM and the auxiliary head, the evaluation mode and window, and what individual frameworks published on it
+(``Publication``: crop, batch, LR, epochs; framework options such as confidence thresholds). A dataset class
+(``npsemiseg.data.base.DatasetDef``) carries one as ``settings``; ``settings.values()`` is the ``paper``
+preset's nested values.
+
+``family`` names which column of the frameworks' older per-family tables (``publication_settings`` and the
+like, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads while those tables still live in the framework
+classes: the helpers here (:meth:`PaperSettings.publication`, :meth:`PaperSettings.np_config`,
+:meth:`PaperSettings.framework_schedule`) look in the dataset's own settings first and fall back to that column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: the frameworks' per-family tables are keyed by one of these
+FAMILIES = ("voc", "cityscapes")
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A framework's own publication on a dataset: crop, global labeled batch, LR and epochs (None: the shared);
+    ``partition_epochs``: epochs of single partitions where they differ (PS-MT's Cityscapes 744: 450)."""
+
+    crop_size: int
+    batch: int
+    lr: float | None = None
+    epochs: int | None = None
+    partition_epochs: Mapping[str, int] = field(default_factory=dict)
+
+    def epochs_for(self, partition: str | None = None) -> int | None:
+        """The publication's epochs on canonical ``partition`` (its own where listed, else ``epochs``)."""
+        return self.partition_epochs.get(str(partition), self.epochs)
+
+
+@dataclass(frozen=True)
+class PaperSettings:
+    """The paper settings of one dataset (the ``paper`` preset's values, before a framework's and a head's own).
+
+    batch: the global labeled batch (= unlabeled batch), split over ``processes`` processes; ohem: ``(threshold,
+    min_kept)`` or None; aux_weight: the auxiliary layer-3 head's loss weight (None: no auxiliary head);
+    eval_mode ``center_crop`` / ``sliding`` / ``whole`` with window ``eval_crop_size`` (None: whole images);
+    augmentation: the ``dataset_kind`` of ``npsemiseg.data.transforms.paper_augmentation``.
+    publications / np_configs / framework_epochs / framework_options: per framework name, what the dataset's
+    publications set for it (``np_configs``: the NP-SemiSeg configs' ``(crop, batch)`` for the stochastic heads);
+    partition_options: per framework and canonical partition, options over ``framework_options`` (PS-MT's
+    unsupervised weight 0.06 on VOC classic 92).
+    """
+
+    family: str
+    crop_size: int
+    batch: int
+    lr: float
+    epochs: int
+    head_lr_mult: float = 10.0
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    poly_power: float = 0.9
+    processes: int = 4
+    ohem: tuple[float, int] | None = None
+    aux_weight: float | None = None
+    eval_mode: str = "center_crop"
+    eval_crop_size: int | None = None
+    eval_samples: int = 5
+    augmentation: str = ""
+    publications: Mapping[str, Publication] = field(default_factory=dict)
+    np_configs: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    framework_epochs: Mapping[str, int] = field(default_factory=dict)
+    framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    partition_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"PaperSettings.family: expected one of {FAMILIES}, got {self.family!r}")
+        if self.eval_mode not in ("center_crop", "sliding", "whole"):
+            raise ValueError(f"PaperSettings.eval_mode: expected center_crop, sliding or whole, got {self.eval_mode!r}")
+        if self.batch < 1 or self.processes < 1 or self.crop_size < 1 or self.epochs < 1:
+            raise ValueError(f"PaperSettings: crop, batch, processes and epochs must be >= 1, got {self}")
+
+    @property
+    def per_process_batch(self) -> int:
+        """Labeled (= unlabeled) images per process: the global batch over the processes (at least 1)."""
+        return max(1, self.batch // self.processes)
+
+    @property
+    def augmentation_kind(self) -> str:
+        """The ``dataset_kind`` of the frameworks' augmentation pipelines (default: the family)."""
+        return self.augmentation or self.family
+
+    def values(self) -> dict[str, Any]:
+        """The nested values of the ``paper`` preset's step for a dataset with these settings (fresh dicts)."""
+        per_process = self.per_process_batch
+        loss: dict[str, Any] = {"ohem": self.ohem is not None}
+        if self.ohem is not None:
+            loss.update(ohem_thresh=self.ohem[0], ohem_min_kept=self.ohem[1])
+        if self.aux_weight is not None:
+            loss["aux_weight"] = self.aux_weight
+        return {
+            "optim": {"lr": self.lr, "head_lr_mult": self.head_lr_mult, "momentum": self.momentum,
+                      "weight_decay": self.weight_decay, "reference_batch": self.batch},
+            "schedule": {"epochs": self.epochs, "batch_size": per_process, "unlabeled_batch_size": per_process,
+                         "crop_size": self.crop_size, "poly_power": self.poly_power, "epoch_length": "unlabeled",
+                         "eval_every_epochs": 1},
+            "loss": loss,
+            "model": {"aux_head": self.aux_weight is not None},
+            # no stride: the derived one follows a changed window
+            "evaluation": {"mode": self.eval_mode, "crop_size": self.eval_crop_size, "num_samples": self.eval_samples},
+        }
+
+    def publication(self, framework: str, fallback: Mapping[str, tuple[int, int]] | None = None,
+                    fallback_lr: Mapping[str, float] | None = None) -> Publication | None:
+        """Framework ``framework``'s own publication on this dataset: the dataset's entry, else (while the
+        framework class still keeps its per-family tables) ``fallback[family]`` with ``fallback_lr[family]``."""
+        if framework in self.publications:
+            return self.publications[framework]
+        if fallback is None or self.family not in fallback:
+            return None
+        crop, batch = fallback[self.family]
+        return Publication(crop, batch, lr=(fallback_lr or {}).get(self.family))
+
+    def np_config(self, framework: str, fallback: Mapping[str, tuple[int, int]] | None = None) -> tuple[int, int]:
+        """``(crop, global batch)`` of the NP-SemiSeg configs for ``framework``'s stochastic heads (default: the
+        shared crop and batch)."""
+        if framework in self.np_configs:
+            return self.np_configs[framework]
+        return (fallback or {}).get(self.family, (self.crop_size, self.batch))
+
+    def framework_schedule(self, framework: str, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The framework's own changes to the shared schedule here (``{"epochs": 240}``): the dataset's entry,
+        else the framework's ``paper_schedule(family)`` passed as ``fallback``."""
+        if framework in self.framework_epochs:
+            return {"epochs": self.framework_epochs[framework]}
+        return dict(fallback or {})
+
+    def shared_epochs(self, framework: str, fallback: Mapping[str, Any] | None = None) -> int:
+        """The epochs of the shared schedule for ``framework`` (its own schedule change, else ``epochs``)."""
+        return int(self.framework_schedule(framework, fallback).get("epochs", self.epochs))
+
+    def options_for(self, framework: str, partition: str | None = None) -> dict[str, Any]:
+        """Framework options this dataset's publications set for ``framework`` (thresholds and the like), with
+        those of canonical ``partition`` over them."""
+        by_partition = self.partition_options.get(framework, {}).get(str(partition), {})
+        return {**self.framework_options.get(framework, {}), **by_partition}
+
+    def scaled(self, **changes: Any) -> PaperSettings:
+        """A copy with ``changes`` (a dataset derived from another: ``VOC.scaled(crop_size=321)``)."""
+        return replace(self, **changes)
+
+
+#: VOC (classic and blender; the default of datasets without settings of their own): the NP-SemiSeg authors'
+#: released U2PL VOC config (``npsemiseg/presets_audit.md``): crop 480, 12 = 4 x 3, lr 1e-3 (head x10), weight
+#: decay 1e-4, 80 epochs, evaluation on a 513 px center crop
+VOC_SETTINGS = PaperSettings(family="voc", crop_size=480, batch=12, lr=1e-3, epochs=80, head_lr_mult=10.0,
+                             weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513)
+
+#: Cityscapes: crop 580, 8 = 4 x 2, lr 5e-3 (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in its class),
+#: OHEM 0.7 with at least 100,000 pixels, 0.4 x the auxiliary head's loss, sliding windows of 769 px
+CITYSCAPES_SETTINGS = PaperSettings(family="cityscapes", crop_size=580, batch=8, lr=5e-3, epochs=200,
+                                    head_lr_mult=1.0, weight_decay=5e-4, ohem=(0.7, 100_000), aux_weight=0.4,
+                                    eval_mode="sliding", eval_crop_size=769)
+
+#: the shared epochs per family (what ``frameworks.schedules.SHARED_EPOCHS`` used to spell out)
+SHARED_EPOCHS: dict[str, int] = {s.family: s.epochs for s in (VOC_SETTINGS, CITYSCAPES_SETTINGS)}

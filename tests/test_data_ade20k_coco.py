@@ -1,0 +1,130 @@
+"""ADE20K and COCO on fixture trees in their real formats: ADEChallengeData2016's folders and 0 = other
+annotations (read as 255, k as k - 1), UniMatch's COCO layout (train2017 / val2017 / masks, 81 classes, unlabeled
+= every other train2017 image); UniMatch V2's bundled lists; ``data check``; smoke cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from data_fixtures import random_label, write_image, write_label
+from PIL import Image
+from typer.testing import CliRunner
+
+from npsemiseg.config import cell_config
+from npsemiseg.data import build_dataset, dataset_definition, dataset_info, partition_ids
+from npsemiseg.training import train
+from semiseg_platform.cli.main import app
+
+N = 4
+runner = CliRunner()
+
+
+def _write(root: Path, entries: list[str], values: list[int], rng: np.random.Generator) -> None:
+    """Each ``"image label"`` line's files: a JPEG and an index PNG of ``values`` (255 on block edges)."""
+    for entry in entries:
+        image, label = entry.split()
+        (root / image).parent.mkdir(parents=True, exist_ok=True)
+        (root / label).parent.mkdir(parents=True, exist_ok=True)
+        write_image(root / image, rng, 20, 28)
+        write_label(root / label, random_label(rng, 20, 28, values))
+
+
+def ade_tree(root: Path, partition: str = "316") -> Path:
+    rng = np.random.default_rng(0)
+    folder = root / "ADEChallengeData2016"
+    for split in ("labeled", "unlabeled"):
+        _write(folder, partition_ids("ade20k", split, partition)[:N], [0, 1, 75, 150], rng)
+    _write(folder, partition_ids("ade20k", "val")[:N], [0, 3, 150], rng)
+    return folder
+
+
+def coco_tree(root: Path, partition: str = "232", unlabeled: int = N) -> Path:
+    """The first N labeled and val entries, and ``unlabeled`` more train2017 images (no masks needed)."""
+    rng = np.random.default_rng(1)
+    folder = root / "coco"
+    _write(folder, partition_ids("coco", "labeled", partition)[:N], [0, 1, 40, 80], rng)
+    _write(folder, partition_ids("coco", "val")[:N], [0, 80], rng)
+    for i in range(unlabeled):
+        write_image(folder / "train2017" / f"9{i:011d}.jpg", rng, 20, 28)
+    return folder
+
+
+def test_the_bundled_lists_are_unimatch_v2s():
+    ade, coco = dataset_info("ade20k"), dataset_info("coco")
+    assert ade.num_classes == 150 and coco.num_classes == 81 and coco.class_names[:2] == ("void", "person")
+    for alias, count in (("1/64", 316), ("1/2", 10105)):
+        labeled = partition_ids("ade20k", "labeled", alias)
+        unlabeled = partition_ids("ade20k", "unlabeled", alias)
+        assert len(labeled) == count and len(unlabeled) == 20210 - count and not set(labeled) & set(unlabeled)
+    assert set(partition_ids("ade20k", "labeled", "1/64")) < set(partition_ids("ade20k", "labeled", "1/32"))
+    assert [len(partition_ids("coco", "labeled", a)) for a in ("1/512", "1/256", "1/128", "1/64", "1/32")] == \
+        [232, 463, 925, 1849, 3697]
+    assert len(partition_ids("ade20k", "val")) == 2000 and len(partition_ids("coco", "val")) == 5000
+    with pytest.raises(ValueError, match="coco's unlabeled lists are every train2017 image"):
+        partition_ids("coco", "unlabeled", "1/512")
+
+
+def test_ade20k_reads_0_as_ignored_and_shifts_the_classes(tmp_path):
+    folder = ade_tree(tmp_path)
+    labeled = build_dataset("ade20k", "labeled", tmp_path, "1/64", max_items=N)
+    assert labeled.root == folder and len(labeled) == N and labeled.ids[0].startswith("ADE_train_")
+    for i in range(N):
+        raw = np.asarray(Image.open(labeled.labels[i]))
+        read = labeled[i]["label"].numpy()
+        assert ((read == 255) == ((raw == 0) | (raw == 255))).all() and (read[raw == 150] == 149).all()
+        assert (read[raw == 1] == 0).all() and (read[raw == 75] == 74).all()
+    write_label(labeled.labels[1], np.full((20, 28), 151, dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"holds values \[151\] outside ADE20K annotation values \(0 = other\)"):
+        labeled[1]
+
+
+def test_coco_unlabeled_is_every_other_train2017_image(tmp_path):
+    folder = coco_tree(tmp_path, unlabeled=3)
+    unlabeled = build_dataset("coco", "unlabeled", tmp_path, "1/512")
+    labeled = build_dataset("coco", "labeled", folder, "232", max_items=N)
+    assert sorted(unlabeled.ids) == [f"9{i:011d}" for i in range(3)] and (unlabeled[0]["label"] == 255).all()
+    assert set(np.unique(labeled[0]["label"].numpy())) <= {0, 1, 40, 80, 255}
+
+
+@pytest.mark.parametrize("dataset,make,partition", [("ade20k", ade_tree, "316"), ("coco", coco_tree, "232")])
+def test_data_check_names_an_out_of_range_class(tmp_path, dataset, make, partition):
+    folder = make(tmp_path)
+    check = ["data", "check", "--dataset", dataset, "--root", str(tmp_path), "--partition", partition,
+             "--max-items", str(N)]
+    good = runner.invoke(app, check)
+    assert good.exit_code == 0, good.output
+    label = folder / partition_ids(dataset, "val")[0].split()[1]
+    write_label(label, np.full((20, 28), 151 if dataset == "ade20k" else 81, dtype=np.uint8))
+    bad = runner.invoke(app, check)
+    assert bad.exit_code == 2 and label.name in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.output
+
+
+@pytest.mark.parametrize("dataset,make,partition,framework,head", [
+    ("ade20k", ade_tree, "1/64", "unimatch", "np"), ("coco", coco_tree, "1/512", "u2pl", "mc_dropout")])
+def test_a_smoke_cell_trains_on_it(tmp_path, monkeypatch, dataset, make, partition, framework, head):
+    """The lists are cut to the fixture's first N entries (the full lists name 20,210 / 118,287 images); the
+    readers, the label conversion and the dataset's settings are the real ones."""
+    make(tmp_path)
+    definition = dataset_definition(dataset)
+    full = definition.list_ids
+    monkeypatch.setattr(definition, "list_ids", classmethod(lambda cls, *a, **k: full(*a, **k)[:N]))
+    config = cell_config("smoke", framework=framework, dataset=dataset, partition=partition, head=head,
+                         **{"data.root": str(tmp_path)})
+    result = train(config)
+    assert result.steps == 3 and 0.0 <= result.metrics["miou"] <= 1.0
+    paper = cell_config("paper", framework="u2pl", dataset=dataset, partition=partition, head="np")
+    assert (paper.evaluation.mode, paper.optim.lr, paper.optim.head_lr_mult) == ("whole", 4e-3, 10.0)
+    assert paper.schedule.crop_size == {"ade20k": 518, "coco": 513}[dataset]
+
+
+def test_the_tables_print_their_rows():
+    """An mIoU table of ADE20K / COCO: one column per UniMatch V2 partition, labelled by the dataset's class."""
+    from semiseg_platform.reports.tables import miou_table_spec
+
+    ade = miou_table_spec("ade20k", ["fixmatch", "unimatch"], ["baseline", "np"])
+    assert ade.title == "Table: mIoU on ADE20K" and len(ade.rows) == 4
+    assert ade.columns == ("1/64 (316)", "1/32 (631)", "1/16 (1263)", "1/8 (2526)", "1/4 (5052)", "1/2 (10105)")
+    coco = miou_table_spec("coco", ["unimatch"], ["np"])
+    assert coco.columns[0] == "1/512 (232)" and coco.cells[0][0].partition == "232" and "COCO" in coco.title
