@@ -222,3 +222,24 @@ def load_vit_state_dict(backbone: ViTBackbone, state_dict: dict[str, Tensor], *,
     if problems:
         raise ValueError(f"weights: {source} does not fit the {backbone.name} backbone; " + "; ".join(problems))
     backbone.vit.load_state_dict(mapped)
+
+
+def vit_settings_problem(backbone: str, weights: str | None, crop_size: int) -> str | None:
+    """One line saying why a cell's ``model.weights`` / ``schedule.crop_size`` cannot work with the ViT
+    ``backbone`` (checked before a run starts: ``semiseg_platform.preflight``), or None."""
+    spec = BACKBONES.get(backbone)
+    if crop_size % spec.patch_size:
+        fit = max(spec.patch_size, crop_size // spec.patch_size * spec.patch_size)
+        return (f"schedule.crop_size: the {backbone} backbone takes sides that are multiples of its patch size "
+                f"{spec.patch_size}, got {crop_size} (e.g. {fit})")
+    if weights is None:
+        return None
+    if weights == "imagenet":
+        return (f"model.weights: 'imagenet' names torchvision's ResNet weights; the {backbone} backbone takes a DINOv2 "
+                f"checkpoint file, '{HUB_WEIGHTS}' or null")
+    if weights == HUB_WEIGHTS:
+        return None if spec.timm_name else f"model.weights: the {backbone} backbone has no hub weights; use null"
+    if not os.path.isfile(os.path.expanduser(weights)):
+        return (f"model.weights: file {weights} does not exist (expected a DINOv2 checkpoint .pth in the official or "
+                f"timm layout, '{HUB_WEIGHTS}' for timm's hub weights, or null for random init)")
+    return None
