@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: E402
 
 OFFICIAL_FILES = ("model/backbone/dinov2.py", "model/semseg/dpt.py", "model/util/blocks.py",
                   "model/backbone/dinov2_layers/block.py", "model/backbone/dinov2_layers/attention.py")
@@ -48,19 +48,12 @@ SEED = 20262
 
 
 def pattern_weights(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Deterministic float32 weights for parameter ``name``: ``bound * sin(1 + 0.7 i + crc32(name))`` over the flat
-    index i (bound: the Xavier-uniform bound of the shape; 0.1 for 1-d), plus 1 for norm weights and LayerScale
-    gammas (which sit around 1 in a trained network)."""
-    numel = int(np.prod(shape))
-    if len(shape) == 1:
-        bound = 0.1
-    else:
-        receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
-        bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
-    values = bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(zlib.crc32(name.encode()) % 9973))
+    """Deterministic float32 weights for parameter ``name``: :func:`recording.sine_pattern` salted by
+    ``crc32(name) % 9973``, plus 1 for norm weights and LayerScale gammas (which sit around 1 in a trained network)."""
+    values = sine_pattern(shape, zlib.crc32(name.encode()) % 9973)
     if name.endswith("gamma") or (".norm" in f".{name}" and name.endswith("weight")):
         values = values + 1.0
-    return torch.from_numpy(values.reshape(shape)).float()
+    return torch.from_numpy(values).float()
 
 
 def pattern_state(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
