@@ -5,7 +5,7 @@ Source: LiheYoung/UniMatch-V2@f6afb4d ``unimatch_v2.py`` 163-214 (the loop body)
 
 1. The EMA teacher (eval mode, no gradient) predicts the weak view: confidences and hard pseudo-labels at image
    size (``unimatch_v2.py`` 168-171; the mean of the per-sample softmaxes for the stochastic heads).
-2. Each strong view gets its own CutMix box (``dataset/transform.py`` ``obtain_cutmix_box``, :func:`unimatch_boxes`)
+2. Each strong view gets its own CutMix box (``dataset/transform.py`` ``obtain_cutmix_box``, FixMatch's draw)
    inside which the *batch flipped* (image ``B - 1 - i``) is pasted (173-174); the pseudo-labels and confidences are
    mixed the same way (179-188). The project's data pipeline makes one strong view per unlabeled image
    (``image_strong``), so both views start from it and differ by their boxes (and their dropout masks), where the
@@ -40,10 +40,10 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap, warmup_decay
-from npsemiseg.frameworks.fixmatch import thresholded_loss, unimatch_boxes
-from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled
+from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
+from npsemiseg.frameworks.semi import require_unlabeled
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import BackboneFeatures, Segmentor, ViTBackbone
 
@@ -85,34 +85,35 @@ def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
     return model.classify(model.decoder(encoded.low_level, encoded.high_level))
 
 
-class UniMatchV2Options(FrameworkOptions):
+class UniMatchV2Options(FixMatchOptions):
     """UniMatch V2 options; defaults = the Pascal settings (configs/pascal.yaml 17, dpt.py 152, unimatch_v2.py 221)."""
 
-    confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
-    cutmix_p: float = Field(0.5, ge=0.0, le=1.0)
     #: the fraction of strong-view pairs kept whole by the complementary dropout (dpt.py 152: 1 - dropout_prob)
     comp_drop_kept: float = Field(0.5, ge=0.0, le=1.0)
     ema_decay: float = Field(0.996, ge=0.0, le=1.0)
 
 
 @FRAMEWORKS.register("unimatch_v2")
-class UniMatchV2(SemiSupervisedFramework):
-    """An EMA teacher's weak-view pseudo-labels; two strong views, batch-flipped CutMix, complementary dropout."""
+class UniMatchV2(FixMatch):
+    """An EMA teacher's weak-view pseudo-labels; two strong views, batch-flipped CutMix, complementary dropout.
+
+    From FixMatch: the box draws (:meth:`draw_boxes`, one per strong view), the augmentation, the thresholded loss.
+    """
 
     name = "unimatch_v2"
     Options = UniMatchV2Options
-    #: dataset/semi.py 41-64 (UniMatch's pipeline: rescale U[0.5, 2], crop, flip; strong ColorJitter, grayscale, blur)
-    augmentation = "psmt"
+    teacher_names = ("teacher",)
     #: configs/pascal.yaml 5, 9: crop 518, batch 4 per GPU x 4; configs/cityscapes.yaml 5, 9: crop 798, 2 x 4
     publication_settings = {"voc": (518, 16), "cityscapes": (798, 8)}
+    #: AdamW at 5e-6 (x40 for the head; configs/*.yaml 10-11) comes with the presets, not composed yet
+    publication_lr: ClassVar[dict[str, float]] = {}
     #: unimatch_v2.py 202: loss = (loss_x + (loss_s1 + loss_s2) / 2) / 2
     sup_weight: ClassVar[float] = 0.5
-    strong_weights: ClassVar[tuple[float, float]] = (0.25, 0.25)
-    smoke_options: ClassVar[dict[str, Any]] = {}
+    strong_weights: ClassVar[tuple[float, ...]] = (0.25, 0.25)
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """Threshold 0.95 (configs/pascal.yaml 17, configs/cityscapes.yaml 17)."""
+        """Threshold 0.95 on every dataset (configs/pascal.yaml 17, configs/cityscapes.yaml 17)."""
         return cls.Options().model_dump()
 
     @classmethod
@@ -123,14 +124,8 @@ class UniMatchV2(SemiSupervisedFramework):
     def eval_model(self) -> nn.Module:
         return self.teacher
 
-    # ----------------------------------------------------------------- draws (a test injects them)
-    def draw_boxes(self, batch: int, height: int, width: int, device: torch.device) -> list[Tensor]:
-        """One independent box per strong view, ``[B, H, W]`` bool each."""
-        p = self.options.cutmix_p  # type: ignore[attr-defined]
-        return [unimatch_boxes(batch, height, width, p=p, device=device) for _ in self.strong_weights]
-
     def draw_masks(self, pairs: int, widths: Sequence[int], device: torch.device) -> list[Tensor]:
-        """The complementary channel masks of the strong pass (:func:`complementary_masks`)."""
+        """The complementary channel masks of the strong pass (:func:`complementary_masks`; a test injects them)."""
         kept = self.options.comp_drop_kept  # type: ignore[attr-defined]
         return complementary_masks(pairs, widths, kept_fraction=kept, device=device)
 

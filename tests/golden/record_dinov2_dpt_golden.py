@@ -23,7 +23,6 @@ Stored: the images, the four intermediate maps ``[B, D, 3, 5]`` and the DPT's lo
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import zlib
 from functools import partial
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: E402
+from recording import official_commit, official_sidecar, recorder_arguments, save_golden, sine_pattern  # noqa: E402
 
 OFFICIAL_FILES = ("model/backbone/dinov2.py", "model/semseg/dpt.py", "model/util/blocks.py",
                   "model/backbone/dinov2_layers/block.py", "model/backbone/dinov2_layers/attention.py")
@@ -47,18 +46,18 @@ BATCH, HEIGHT, WIDTH = 2, 42, 70
 SEED = 20262
 
 
-def pattern_weights(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+def pattern_weights(name: str, shape: tuple[int, ...], salt: int = 0) -> torch.Tensor:
     """Deterministic float32 weights for parameter ``name``: :func:`recording.sine_pattern` salted by
-    ``crc32(name) % 9973``, plus 1 for norm weights and LayerScale gammas (which sit around 1 in a trained network)."""
-    values = sine_pattern(shape, zlib.crc32(name.encode()) % 9973)
+    ``crc32(name) % 9973 + salt``, plus 1 for norm weights and LayerScale gammas (which sit around 1 in a trained network)."""
+    values = sine_pattern(shape, zlib.crc32(name.encode()) % 9973 + salt)
     if name.endswith("gamma") or (".norm" in f".{name}" and name.endswith("weight")):
         values = values + 1.0
     return torch.from_numpy(values).float()
 
 
-def pattern_state(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+def pattern_state(shapes: dict[str, list[int]], salt: int = 0) -> dict[str, torch.Tensor]:
     """The official-layout state dict of ``shapes`` (name -> shape) filled with :func:`pattern_weights`."""
-    return {name: pattern_weights(name, tuple(shape)) for name, shape in shapes.items()}
+    return {name: pattern_weights(name, tuple(shape), salt) for name, shape in shapes.items()}
 
 
 def images() -> torch.Tensor:
@@ -66,7 +65,7 @@ def images() -> torch.Tensor:
     return torch.randn(BATCH, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(SEED))
 
 
-def official_dpt(checkout: Path) -> torch.nn.Module:
+def official_dpt(checkout: Path, salt: int = 0) -> torch.nn.Module:
     """The official ``DPT`` with the tiny ViT and DPT head (module docstring), pattern weights loaded."""
     sys.path.insert(0, str(checkout))
     try:
@@ -83,7 +82,7 @@ def official_dpt(checkout: Path) -> torch.nn.Module:
     dpt.head = DPTHead(NUM_CLASSES, EMBED_DIM, FEATURES, False, out_channels=CHANNELS)
     dpt.intermediate_layer_idx = {"small": LAYERS}
     shapes = {k: list(v.shape) for k, v in dpt.state_dict().items()}
-    dpt.load_state_dict(pattern_state(shapes))
+    dpt.load_state_dict(pattern_state(shapes, salt))
     return dpt.eval()
 
 
@@ -104,12 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     commit = args.commit or official_commit(args.checkout)
     arrays, shapes = record(args.checkout)
     sidecar = {
-        "about": "UniMatch V2's DINOv2 intermediate layers and DPT forward on a tiny ViT "
-                 "(tests/test_dinov2_dpt_golden.py).",
-        "repository": "https://github.com/LiheYoung/UniMatch-V2",
-        "commit": commit,
-        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest()
-                                 for f in OFFICIAL_FILES},
+        **official_sidecar("UniMatch V2's DINOv2 intermediate layers and DPT forward on a tiny ViT "
+                           "(tests/test_dinov2_dpt_golden.py).", "https://github.com/LiheYoung/UniMatch-V2",
+                           args.checkout, commit, OFFICIAL_FILES),
         "sources": {
             "encoder": "model/backbone/dinov2.py 179-231 (interpolate_pos_encoding, prepare_tokens_with_masks), 271-321 "
                        "(get_intermediate_layers with norm; imported and run), 400-417 (the DINOv2(...) arguments)",
