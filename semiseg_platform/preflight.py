@@ -11,7 +11,7 @@ a checkpoint folder or ``ray_results/`` behind. In order:
   node when its cells start): its ``manifest.json`` against the lists, the store's listing against the manifest
   (sizes), nothing downloaded;
 - weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining (a DINOv2
-  backbone: a checkpoint file, ``timm`` or null, and a crop that is a multiple of its patch size);
+  backbone: a checkpoint file, ``timm`` or null, and crops / evaluation sizes at multiples of its patch size);
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
   ``waiting for resources: ...`` every 30 s and fails after ``--resource-timeout`` seconds;
@@ -118,7 +118,11 @@ def check_weights(configs: Iterable[RunConfig]) -> None:
     for config in configs:
         weights = config.model.weights
         if is_vit_backbone(config.model.backbone) and not (weights or "").startswith(PRETRAINED_PREFIX):
-            problem = vit_settings_problem(config.model.backbone, weights, config.schedule.crop_size)
+            evaluation, info = config.evaluation, dataset_info(config.dataset)
+            problem = vit_settings_problem(config.model.backbone, weights, config.schedule.crop_size,
+                                           eval_mode=evaluation.mode or info.eval_mode,
+                                           eval_crop_size=evaluation.crop_size or info.eval_crop_size,
+                                           resize_multiple=evaluation.resize_multiple)
             if problem:
                 raise PreflightError(problem)
             continue

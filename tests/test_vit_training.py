@@ -10,14 +10,14 @@ import torch
 
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.models import DPTDecoder, ViTBackbone
-from npsemiseg.training import build_framework
+from npsemiseg.training import build_framework, train
 from npsemiseg.training.factories import build_optimizer
 from npsemiseg.training.step import train_step
 from semiseg_platform.preflight import PreflightError, check_weights
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
-VIT = {"model.backbone": "vit_tiny", "schedule.crop_size": 28}
+VIT = {"model.backbone": "vit_tiny", "schedule.crop_size": 28, "evaluation.resize_multiple": 14}
 
 
 def _batch(config, batch: int = 2) -> Batch:
@@ -59,6 +59,9 @@ def test_preflight_names_a_missing_dinov2_file_and_settings_that_cannot_work(smo
         ({"model.weights": "imagenet"}, "model.weights: 'imagenet' names torchvision's ResNet weights"),
         ({"schedule.crop_size": 32}, "schedule.crop_size: the vit_tiny backbone takes sides that are multiples of its "
                                      "patch size 14, got 32 (e.g. 28)"),
+        ({"evaluation.resize_multiple": None}, "evaluation.resize_multiple: the vit_tiny backbone takes sides that are "
+                                               "multiples of its patch size 14; whole images need resize_multiple=14"),
+        ({"evaluation.mode": "sliding", "evaluation.crop_size": 30}, "evaluation.crop_size: the vit_tiny backbone "),
     ]
     for overrides, line in cases:
         with pytest.raises(PreflightError) as error:
@@ -68,3 +71,12 @@ def test_preflight_names_a_missing_dinov2_file_and_settings_that_cannot_work(smo
     check_weights([smoke_config(**{**VIT, "model.weights": str(missing)})])
     check_weights([smoke_config(**{**VIT, "model.backbone": "dinov2_s", "schedule.crop_size": 518,
                                    "model.weights": "timm"})])
+
+
+def test_a_unimatch_v2_run_on_the_tiny_vit_trains_evaluates_its_teacher_and_checkpoints(smoke_config, tmp_path):
+    config = smoke_config(framework="unimatch_v2", head="np", **VIT, **{"schedule.max_steps": 2,
+                                                                       "runtime.output_dir": str(tmp_path)})
+    result = train(config)
+    assert result.steps == 2 and not result.interrupted
+    assert 0.0 <= result.metrics["miou"] <= 1.0 and 0.0 <= result.metrics["pavpu"] <= 1.0
+    assert result.checkpoint is not None

@@ -224,21 +224,32 @@ def load_vit_state_dict(backbone: ViTBackbone, state_dict: dict[str, Tensor], *,
     backbone.vit.load_state_dict(mapped)
 
 
-def vit_settings_problem(backbone: str, weights: str | None, crop_size: int) -> str | None:
-    """One line saying why a cell's ``model.weights`` / ``schedule.crop_size`` cannot work with the ViT
-    ``backbone`` (checked before a run starts: ``semiseg_platform.preflight``), or None."""
-    spec = BACKBONES.get(backbone)
-    if crop_size % spec.patch_size:
-        fit = max(spec.patch_size, crop_size // spec.patch_size * spec.patch_size)
-        return (f"schedule.crop_size: the {backbone} backbone takes sides that are multiples of its patch size "
-                f"{spec.patch_size}, got {crop_size} (e.g. {fit})")
+def vit_settings_problem(backbone: str, weights: str | None, crop_size: int, *, eval_mode: str = "whole",
+                         eval_crop_size: int | None = None, resize_multiple: int | None = None) -> str | None:
+    """One line saying why a cell's ``model.weights``, ``schedule.crop_size`` or evaluation cannot work with the ViT
+    ``backbone`` (checked before a run starts: ``semiseg_platform.preflight``), or None. ``eval_mode`` /
+    ``eval_crop_size``: the evaluation's, resolved; ``resize_multiple``: ``evaluation.resize_multiple``."""
+    patch = BACKBONES.get(backbone).patch_size
+    sides = f"the {backbone} backbone takes sides that are multiples of its patch size {patch}"
+    if crop_size % patch:
+        return f"schedule.crop_size: {sides}, got {crop_size} (e.g. {max(patch, crop_size // patch * patch)})"
+    if eval_mode == "whole" and (resize_multiple is None or resize_multiple % patch):
+        return (f"evaluation.resize_multiple: {sides}; whole images need resize_multiple={patch} (or a multiple), "
+                f"got {resize_multiple}")
+    if eval_mode != "whole" and eval_crop_size is not None and eval_crop_size % patch:
+        return f"evaluation.crop_size: {sides}, got {eval_crop_size} (e.g. {max(patch, eval_crop_size // patch * patch)})"
+    return _weights_problem(backbone, weights)
+
+
+def _weights_problem(backbone: str, weights: str | None) -> str | None:
     if weights is None:
         return None
     if weights == "imagenet":
         return (f"model.weights: 'imagenet' names torchvision's ResNet weights; the {backbone} backbone takes a DINOv2 "
                 f"checkpoint file, '{HUB_WEIGHTS}' or null")
     if weights == HUB_WEIGHTS:
-        return None if spec.timm_name else f"model.weights: the {backbone} backbone has no hub weights; use null"
+        has_hub = BACKBONES.get(backbone).timm_name is not None
+        return None if has_hub else f"model.weights: the {backbone} backbone has no hub weights; use null"
     if not os.path.isfile(os.path.expanduser(weights)):
         return (f"model.weights: file {weights} does not exist (expected a DINOv2 checkpoint .pth in the official or "
                 f"timm layout, '{HUB_WEIGHTS}' for timm's hub weights, or null for random init)")
