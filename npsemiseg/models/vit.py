@@ -37,10 +37,8 @@ import math
 import os
 from dataclasses import dataclass
 
-import timm.layers
 import torch
 import torch.nn.functional as F
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import Tensor, nn
 
 from npsemiseg.models.backbones import BACKBONES, BackboneFeatures, read_state_dict
@@ -88,8 +86,15 @@ def is_vit_backbone(name: str) -> bool:
     return isinstance(BACKBONES.get(name), ViTSpec)
 
 
-def timm_vit(spec: ViTSpec) -> VisionTransformer:
-    """timm's DINOv2 ``VisionTransformer`` for ``spec``, without classifier (random init)."""
+def timm_vit(spec: ViTSpec) -> nn.Module:
+    """timm's DINOv2 ``VisionTransformer`` for ``spec``, without classifier (random init).
+
+    timm is imported here, where a ViT is built, not with the package: its import (every timm architecture
+    registers itself) takes about 0.7 s on a 2-core machine, which every process importing ``npsemiseg`` (the CLI,
+    each Ray worker, each test worker) would pay, ViT or not."""
+    import timm.layers
+    from timm.models.vision_transformer import VisionTransformer
+
     extra: dict = {}
     if spec.swiglu:  # timm's vit_giant_patch14_dinov2: SwiGLU with fc1 = the official w12 (packed)
         extra = dict(mlp_ratio=2.66667 * 2, mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU)
@@ -197,6 +202,8 @@ def hub_state_dict(name: str, spec: ViTSpec, *, allow_download: bool) -> dict[st
         raise ValueError(f"weights='{HUB_WEIGHTS}': the {name} backbone has no pretrained weights on the hub; use null")
     if not allow_download:
         raise ValueError(f"weights='{HUB_WEIGHTS}': downloading is disabled; pass a local DINOv2 checkpoint file")
+    import timm
+
     try:
         model = timm.create_model(f"{spec.timm_name}.lvd142m", pretrained=True, num_classes=0, img_size=spec.img_size)
     except Exception as error:  # hub/network errors have no common base class
@@ -209,6 +216,8 @@ def load_vit_state_dict(backbone: ViTBackbone, state_dict: dict[str, Tensor], *,
     """Load an official-DINOv2-layout or timm-layout state dict (timm's ``checkpoint_filter_fn`` maps the official
     keys: ``mask_token`` dropped, SwiGLU ``w12``/``w3`` -> ``fc1``/``fc2``). A missing, unexpected or wrongly shaped
     key is a ``ValueError`` listing them."""
+    from timm.models.vision_transformer import checkpoint_filter_fn  # imported late: see timm_vit
+
     if "patch_embed.proj.weight" not in state_dict:
         raise ValueError(f"weights: {source} is not a DINOv2 ViT state dict (no patch_embed.proj.weight key)")
     own = backbone.vit.state_dict()
