@@ -19,7 +19,7 @@ K = 4
 
 
 def test_the_dinov2_sizes_read_the_official_layers_and_widths():
-    """UniMatch V2 dpt.py 126-131 (layers) and unimatch_v2.py 53-58 (features, projections)."""
+    """UniMatch V2 dpt.py 123-128 (layers) and unimatch_v2.py 54-59 (features, projections)."""
     expected = {"dinov2_s": (384, 12, (2, 5, 8, 11), 64, (48, 96, 192, 384)),
                 "dinov2_b": (768, 12, (2, 5, 8, 11), 128, (96, 192, 384, 768)),
                 "dinov2_l": (1024, 24, (4, 11, 17, 23), 256, (256, 512, 1024, 1024)),

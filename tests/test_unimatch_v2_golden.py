@@ -1,7 +1,7 @@
 """Framework ``unimatch_v2`` takes the official UniMatch V2 step (``tests/golden/unimatch_v2_step.npz``, recorded by
 ``tests/golden/record_unimatch_v2_golden.py``; source, command and what was compared in ``unimatch_v2_step.json``).
 
-The official loop body (unimatch_v2.py 168-224) ran one step at iteration 3 on the official DPT at tiny sizes, with
+The official loop body (unimatch_v2.py 170-226) ran one step at iteration 3 on the official DPT at tiny sizes, with
 injected CutMix boxes and complementary-dropout draws. Here the framework runs the same step on the project's
 ``vit_tiny`` + DPT with a 1x1 classifier head (the official ``output_conv.2``; a test head, so that the network is
 the official one layer for layer), the same pattern weights for student and EMA teacher, the same inputs and draws

@@ -22,7 +22,7 @@ name          D     depth  heads  layers read         DPT features    DPT projec
 ``vit_tiny``  32    4      2      0, 1, 2, 3          16              8, 16, 32, 32 (tests, smoke)
 ============  ====  =====  =====  ==================  ==============  ===========================
 
-(layers: UniMatch V2 ``dpt.py`` 126-131; widths: ``unimatch_v2.py`` 53-58.) Inputs must have sides that are
+(layers: UniMatch V2 ``dpt.py`` 123-128; widths: ``unimatch_v2.py`` 54-59.) Inputs must have sides that are
 multiples of the patch size (14): the official patch embedding asserts it; here it is a ``ValueError``.
 
 Weights: ``None`` (random init), a local file in the official DINOv2 layout (``dinov2_vits14_pretrain.pth`` etc.,

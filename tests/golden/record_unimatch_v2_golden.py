@@ -7,10 +7,10 @@ Usage (from the repository root; CHECKOUT is a checkout of LiheYoung/UniMatch-V2
 What is official and what is not. The network is the official ``DPT`` (``model/semseg/dpt.py``, imported from
 CHECKOUT and run, ``comp_drop`` included) at tiny sizes, as ``record_dinov2_dpt_golden.py`` builds it: the official
 ViT constructor at width 32, 4 blocks, the DPT at features 16; student and EMA model from the same pattern with
-other salts. The loop body of ``unimatch_v2.py`` 163-224 is written out here (it is no function), without its
+other salts. The loop body of ``unimatch_v2.py`` 170-226 is written out here (it is no function), without its
 ``.cuda()`` calls, on one process: the EMA model's weak-view prediction, CutMix of both strong views with the
 flipped batch, the supervised CE (Pascal's ``CELoss``, ignore 255), the two strong terms with their valid-pixel
-normalisation, ``(loss_x + (s1 + s2) / 2) / 2``, one AdamW step (betas and weight decay of lines 64-70, a backbone
+normalisation, ``(loss_x + (s1 + s2) / 2) / 2``, one AdamW step (betas and weight decay of lines 67-73, a backbone
 group and a head group at ``lr x lr_multi``), then the EMA over parameters and buffers with
 ``min(1 - 1 / (iters + 1), 0.996)`` at ``iters`` = 3. The LR of the step is set on both sides (the official loop
 sets it after the previous step).
@@ -120,10 +120,10 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     model, model_ema = official_dpt(checkout, STUDENT_SALT), official_dpt(checkout, TEACHER_SALT)
     model.train()
     model_ema.eval()
-    for param in model_ema.parameters():  # unimatch_v2.py 89-91
+    for param in model_ema.parameters():  # unimatch_v2.py 88-91
         param.requires_grad = False
     model.binomial = _Binomial(torch.from_numpy(data["bernoulli"]))
-    optimizer = torch.optim.AdamW(  # unimatch_v2.py 64-70
+    optimizer = torch.optim.AdamW(  # unimatch_v2.py 67-73
         [{"params": [p for p in model.backbone.parameters() if p.requires_grad], "lr": LR},
          {"params": [p for n, p in model.named_parameters() if "backbone" not in n], "lr": LR * LR_MULTI}],
         lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
@@ -135,7 +135,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     ignore_mask = torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)
     cutmix_box1, cutmix_box2 = torch.from_numpy(data["box1"]), torch.from_numpy(data["box2"])
 
-    # unimatch_v2.py 168-202
+    # unimatch_v2.py 170-208
     with torch.no_grad():
         pred_u_w = model_ema(img_u_w).detach()
         conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
@@ -172,7 +172,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
     mask_ratio = ((conf_u_w >= CONF_THRESH) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum()
-    # unimatch_v2.py 219-224
+    # unimatch_v2.py 221-226
     ema_ratio = min(1 - 1 / (ITERS + 1), EMA_CAP)
     with torch.no_grad():
         for param, param_ema in zip(model.parameters(), model_ema.parameters()):
@@ -183,7 +183,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     (perm,) = kept
     mask1 = torch.from_numpy(data["bernoulli"]) * 2.0
     mask2 = 2.0 - mask1
-    num_kept = int(B_U * (1 - 0.5))  # dpt.py 152-156 with bs // 2 = B_U
+    num_kept = int(B_U * (1 - 0.5))  # dpt.py 151-159 with bs // 2 = B_U
     mask1[perm[:num_kept]], mask2[perm[:num_kept]] = 1.0, 1.0
     indices = sample_indices(model)
     names = [n for n, _ in model.named_parameters() if n in grads]  # every parameter but the unused mask token
@@ -215,9 +215,9 @@ def main(argv: list[str] | None = None) -> None:
                            "(tests/test_unimatch_v2_golden.py).", "https://github.com/LiheYoung/UniMatch-V2",
                            args.checkout, commit, OFFICIAL_FILES),
         "sources": {
-            "loop_body": "unimatch_v2.py 168-202 (written out in the recorder), 219-224 (EMA, written out)",
-            "optimizer": "unimatch_v2.py 64-70 (AdamW: two groups, betas (0.9, 0.999), weight decay 0.01)",
-            "comp_drop": "model/semseg/dpt.py 141-166 (imported and run; Binomial draw injected, randperm recorded)",
+            "loop_body": "unimatch_v2.py 170-208 (written out in the recorder), 221-226 (EMA, written out)",
+            "optimizer": "unimatch_v2.py 67-73 (AdamW: two groups, betas (0.9, 0.999), weight decay 0.01)",
+            "comp_drop": "model/semseg/dpt.py 148-167 (imported and run; Binomial draw injected, randperm recorded)",
             "network": "tests/golden/record_dinov2_dpt_golden.py (the official DPT at tiny sizes)",
         },
         "compared": "losses, mask ratio, the EMA model's confidences and pseudo-labels, and sum, sum |x| and sampled "
