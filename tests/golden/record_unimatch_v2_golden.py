@@ -1,4 +1,5 @@
-"""Record one training step of UniMatch V2 as its official loop runs it: ``tests/golden/unimatch_v2_step.npz``.
+"""Record one training step of UniMatch V2 and of its repository's FixMatch as the official loops run them:
+``tests/golden/unimatch_v2_step.npz`` and ``tests/golden/fixmatch_v2_step.npz``.
 
 Usage (from the repository root; CHECKOUT is a checkout of LiheYoung/UniMatch-V2)::
 
@@ -13,7 +14,9 @@ flipped batch, the supervised CE (Pascal's ``CELoss``, ignore 255), the two stro
 normalisation, ``(loss_x + (s1 + s2) / 2) / 2``, one AdamW step (betas and weight decay of lines 67-73, a backbone
 group and a head group at ``lr x lr_multi``), then the EMA over parameters and buffers with
 ``min(1 - 1 / (iters + 1), 0.996)`` at ``iters`` = 3. The LR of the step is set on both sides (the official loop
-sets it after the previous step).
+sets it after the previous step). The repository's ``fixmatch.py`` 171-199 likewise (one strong view with box 1,
+labeled and strong images in one pass, ``(loss_x + loss_s) / 2``; its optimiser and EMA are the same lines as
+UniMatch V2's: 68-73, 212-217).
 
 Injected draws: the CutMix boxes (hand-made ``[B, H, W]`` 0/1 masks; the official ones come from the dataset) and
 the complementary dropout's draws: ``DPT.binomial.sample`` returns a recorded Bernoulli tensor (its ``.cuda()`` a
@@ -22,7 +25,7 @@ no-op) and ``torch.randperm`` inside the strong pass is recorded as it runs; the
 unlabeled image; the views differ by box and mask). Images are stored in [0, 1] and normalised with the ImageNet
 mean and std for the official network (the project's segmentor normalises inside).
 
-Stored: inputs and draws, the four losses and the mask ratio, the EMA model's confidences and pseudo-labels, and
+Stored: inputs and draws, the losses and the mask ratio, the EMA model's confidences and pseudo-labels, and
 for every parameter of the student (in the order of the sidecar's ``parameters.names``; the unused mask token left
 out) its gradient and updated value and of the EMA model its updated value, each as sum, sum of |x| and up to
 ``SAMPLES`` entries at stored indices (``index``, concatenated in that order); the attention's ``qkv`` biases also in
@@ -45,7 +48,6 @@ from record_dinov2_dpt_golden import NUM_CLASSES, official_dpt  # noqa: E402
 from recording import official_commit, official_sidecar, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_FILES = ("unimatch_v2.py", "model/semseg/dpt.py", "configs/pascal.yaml")
-STEM = "unimatch_v2_step"
 B_L, B_U, SIZE = 2, 2, 42
 SEED = 20263
 ITERS = 3
@@ -113,7 +115,68 @@ def digest(tensors: dict[str, torch.Tensor], names: list[str], indices: dict[str
             "at": np.concatenate([f[torch.from_numpy(indices[n])].numpy() for f, n in zip(flats, names)])}
 
 
-def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
+def _cutmixed(box: torch.Tensor, *maps: torch.Tensor) -> list[torch.Tensor]:
+    """unimatch_v2.py 181-190 / fixmatch.py 181-185: each map with the flipped batch's values inside ``box``."""
+    out = []
+    for values in maps:
+        mixed = values.clone()
+        mixed[box == 1] = values.flip(0)[box == 1]
+        out.append(mixed)
+    return out
+
+
+def _strong_loss(criterion_u: nn.Module, pred: torch.Tensor, box: torch.Tensor, mask_u_w: torch.Tensor,
+                 conf_u_w: torch.Tensor, ignore_mask: torch.Tensor) -> torch.Tensor:
+    """unimatch_v2.py 194-196 (fixmatch.py 189-191): thresholded CE over the valid pixels of one view."""
+    mask_cutmixed, conf_cutmixed, ignore_cutmixed = _cutmixed(box, mask_u_w, conf_u_w, ignore_mask)
+    loss = criterion_u(pred, mask_cutmixed)
+    loss = loss * ((conf_cutmixed >= CONF_THRESH) & (ignore_cutmixed != 255))
+    return loss.sum() / (ignore_cutmixed != 255).sum().item()
+
+
+def _paste(image: torch.Tensor, box: torch.Tensor) -> None:
+    """unimatch_v2.py 175-176 (fixmatch.py 176): the flipped batch pasted into ``box``, in place."""
+    image[box.unsqueeze(1).expand(image.shape) == 1] = image.flip(0)[box.unsqueeze(1).expand(image.shape) == 1]
+
+
+def unimatch_v2_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """unimatch_v2.py 175-204 on the inputs ``t`` (the teacher's ``mask_u_w`` / ``conf_u_w`` in it)."""
+    img_u_s1, img_u_s2 = t["img_u_s"].clone(), t["img_u_s"].clone()
+    _paste(img_u_s1, t["box1"])
+    _paste(img_u_s2, t["box2"])
+    pred_x = model(t["img_x"])
+    randperm = torch.randperm
+    torch.randperm = lambda *a, **k: kept.append(randperm(*a, **k)) or kept[-1]  # record dpt.py 155's draw
+    try:
+        pred_u_s1, pred_u_s2 = model(torch.cat((img_u_s1, img_u_s2)), comp_drop=True).chunk(2)
+    finally:
+        torch.randperm = randperm
+    criterion_u = nn.CrossEntropyLoss(reduction="none")
+    losses = {"loss_x": nn.CrossEntropyLoss(ignore_index=255)(pred_x, t["mask_x"])}
+    for name, pred, box in (("loss_u_s1", pred_u_s1, t["box1"]), ("loss_u_s2", pred_u_s2, t["box2"])):
+        losses[name] = _strong_loss(criterion_u, pred, box, t["mask_u_w"], t["conf_u_w"], t["ignore_mask"])
+    losses["loss"] = (losses["loss_x"] + (losses["loss_u_s1"] + losses["loss_u_s2"]) / 2.0) / 2.0
+    return losses
+
+
+def fixmatch_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """fixmatch.py 176-193: one strong view (box 1), labeled and strong images in one pass."""
+    img_u_s = t["img_u_s"].clone()
+    _paste(img_u_s, t["box1"])
+    num_lb, num_ulb = t["img_x"].shape[0], img_u_s.shape[0]
+    pred_x, pred_u_s = model(torch.cat((t["img_x"], img_u_s))).split([num_lb, num_ulb])
+    losses = {"loss_x": nn.CrossEntropyLoss(ignore_index=255)(pred_x, t["mask_x"]),
+              "loss_u_s": _strong_loss(nn.CrossEntropyLoss(reduction="none"), pred_u_s, t["box1"], t["mask_u_w"],
+                                       t["conf_u_w"], t["ignore_mask"])}
+    losses["loss"] = (losses["loss_x"] + losses["loss_u_s"]) / 2.0
+    return losses
+
+
+METHODS = {"unimatch_v2": unimatch_v2_losses, "fixmatch_v2": fixmatch_losses}
+
+
+def record(checkout: Path, method: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """One official step of ``method`` (a key of :data:`METHODS`): the arrays to store and the parameter names."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)  # dpt.py 155's randperm draws from the global generator
     data = inputs()
@@ -127,78 +190,54 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[str]]:
         [{"params": [p for p in model.backbone.parameters() if p.requires_grad], "lr": LR},
          {"params": [p for n, p in model.named_parameters() if "backbone" not in n], "lr": LR * LR_MULTI}],
         lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    criterion_l = nn.CrossEntropyLoss(ignore_index=255)
-    criterion_u = nn.CrossEntropyLoss(reduction="none")
-    img_x, mask_x = normalise(torch.from_numpy(data["images_l"])), torch.from_numpy(data["labels_l"])
-    img_u_w = normalise(torch.from_numpy(data["images_w"]))
-    img_u_s1, img_u_s2 = normalise(torch.from_numpy(data["images_s"])), normalise(torch.from_numpy(data["images_s"]))
-    ignore_mask = torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)
-    cutmix_box1, cutmix_box2 = torch.from_numpy(data["box1"]), torch.from_numpy(data["box2"])
-
-    # unimatch_v2.py 170-208
-    with torch.no_grad():
-        pred_u_w = model_ema(img_u_w).detach()
-        conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
-        mask_u_w = pred_u_w.argmax(dim=1)
-    img_u_s1[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1] = img_u_s1.flip(0)[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1]  # noqa: E501
-    img_u_s2[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1] = img_u_s2.flip(0)[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1]  # noqa: E501
-    pred_x = model(img_x)
+    t = {"img_x": normalise(torch.from_numpy(data["images_l"])), "mask_x": torch.from_numpy(data["labels_l"]),
+         "img_u_s": normalise(torch.from_numpy(data["images_s"])), "box1": torch.from_numpy(data["box1"]),
+         "box2": torch.from_numpy(data["box2"]), "ignore_mask": torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)}
+    with torch.no_grad():  # unimatch_v2.py 170-173
+        pred_u_w = model_ema(normalise(torch.from_numpy(data["images_w"]))).detach()
+        t["conf_u_w"] = pred_u_w.softmax(dim=1).max(dim=1)[0]
+        t["mask_u_w"] = pred_u_w.argmax(dim=1)
     kept: list[torch.Tensor] = []
-    randperm = torch.randperm
-    torch.randperm = lambda *a, **k: kept.append(randperm(*a, **k)) or kept[-1]  # record dpt.py 155's draw
-    try:
-        pred_u_s1, pred_u_s2 = model(torch.cat((img_u_s1, img_u_s2)), comp_drop=True).chunk(2)
-    finally:
-        torch.randperm = randperm
-    mask_u_w_cutmixed1, conf_u_w_cutmixed1, ignore_mask_cutmixed1 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed2, conf_u_w_cutmixed2, ignore_mask_cutmixed2 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed1[cutmix_box1 == 1] = mask_u_w.flip(0)[cutmix_box1 == 1]
-    conf_u_w_cutmixed1[cutmix_box1 == 1] = conf_u_w.flip(0)[cutmix_box1 == 1]
-    ignore_mask_cutmixed1[cutmix_box1 == 1] = ignore_mask.flip(0)[cutmix_box1 == 1]
-    mask_u_w_cutmixed2[cutmix_box2 == 1] = mask_u_w.flip(0)[cutmix_box2 == 1]
-    conf_u_w_cutmixed2[cutmix_box2 == 1] = conf_u_w.flip(0)[cutmix_box2 == 1]
-    ignore_mask_cutmixed2[cutmix_box2 == 1] = ignore_mask.flip(0)[cutmix_box2 == 1]
-    loss_x = criterion_l(pred_x, mask_x)
-    loss_u_s1 = criterion_u(pred_u_s1, mask_u_w_cutmixed1)
-    loss_u_s1 = loss_u_s1 * ((conf_u_w_cutmixed1 >= CONF_THRESH) & (ignore_mask_cutmixed1 != 255))
-    loss_u_s1 = loss_u_s1.sum() / (ignore_mask_cutmixed1 != 255).sum().item()
-    loss_u_s2 = criterion_u(pred_u_s2, mask_u_w_cutmixed2)
-    loss_u_s2 = loss_u_s2 * ((conf_u_w_cutmixed2 >= CONF_THRESH) & (ignore_mask_cutmixed2 != 255))
-    loss_u_s2 = loss_u_s2.sum() / (ignore_mask_cutmixed2 != 255).sum().item()
-    loss_u_s = (loss_u_s1 + loss_u_s2) / 2.0
-    loss = (loss_x + loss_u_s) / 2.0
-    optimizer.zero_grad()
-    loss.backward()
+    losses = METHODS[method](model, t, kept)
+    optimizer.zero_grad()  # unimatch_v2.py 206-208
+    losses["loss"].backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
-    mask_ratio = ((conf_u_w >= CONF_THRESH) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum()
-    # unimatch_v2.py 221-226
-    ema_ratio = min(1 - 1 / (ITERS + 1), EMA_CAP)
+    ema_ratio = min(1 - 1 / (ITERS + 1), EMA_CAP)  # unimatch_v2.py 221-226
     with torch.no_grad():
         for param, param_ema in zip(model.parameters(), model_ema.parameters()):
             param_ema.copy_(param_ema * ema_ratio + param.detach() * (1 - ema_ratio))
         for buffer, buffer_ema in zip(model.buffers(), model_ema.buffers()):
             buffer_ema.copy_(buffer_ema * ema_ratio + buffer.detach() * (1 - ema_ratio))
-
-    (perm,) = kept
-    mask1 = torch.from_numpy(data["bernoulli"]) * 2.0
-    mask2 = 2.0 - mask1
-    num_kept = int(B_U * (1 - 0.5))  # dpt.py 151-159 with bs // 2 = B_U
-    mask1[perm[:num_kept]], mask2[perm[:num_kept]] = 1.0, 1.0
-    indices = sample_indices(model)
-    names = [n for n, _ in model.named_parameters() if n in grads]  # every parameter but the unused mask token
     out = dict(data, labels_l=data["labels_l"].astype(np.int16), box1=data["box1"].astype(np.uint8),
-               box2=data["box2"].astype(np.uint8))
-    out.update(kept=perm.numpy(), dropout_mask=torch.cat((mask1, mask2)).numpy(), conf_u_w=conf_u_w.numpy(),
-               mask_u_w=mask_u_w.numpy().astype(np.int16), mask_ratio=np.array(float(mask_ratio)),
-               **{k: np.array(float(v.detach())) for k, v in (("loss_x", loss_x), ("loss_u_s1", loss_u_s1),
-                                                              ("loss_u_s2", loss_u_s2), ("loss", loss))})
-    out["index"] = np.concatenate([indices[n] for n in names])
+               box2=data["box2"].astype(np.uint8), conf_u_w=t["conf_u_w"].numpy(),
+               mask_u_w=t["mask_u_w"].numpy().astype(np.int16),
+               mask_ratio=np.array(float(((t["conf_u_w"] >= CONF_THRESH) & (t["ignore_mask"] != 255)).sum()
+                                         / (t["ignore_mask"] != 255).sum())),  # unimatch_v2.py 213
+               **{k: np.array(float(v.detach())) for k, v in losses.items()})
+    if kept:
+        out.update(kept=kept[0].numpy(), dropout_mask=_dropout_mask(data["bernoulli"], kept[0]))
+    names = [n for n, _ in model.named_parameters() if n in grads]  # every parameter but the unused ones
+    return {**out, **_digests(model, model_ema, grads, names)}, names
+
+
+def _dropout_mask(bernoulli: np.ndarray, perm: torch.Tensor) -> np.ndarray:
+    """dpt.py 151-159 with bs // 2 = B_U: the mask the official strong pass applied."""
+    mask1 = torch.from_numpy(bernoulli) * 2.0
+    mask2 = 2.0 - mask1
+    num_kept = int(B_U * (1 - 0.5))
+    mask1[perm[:num_kept]], mask2[perm[:num_kept]] = 1.0, 1.0
+    return torch.cat((mask1, mask2)).numpy()
+
+
+def _digests(model: nn.Module, model_ema: nn.Module, grads: dict[str, torch.Tensor], names: list[str]) -> dict:
+    indices = sample_indices(model)
+    out = {"index": np.concatenate([indices[n] for n in names])}
     for prefix, tensors in (("grad", grads), ("student", dict(model.named_parameters())),
                             ("ema", dict(model_ema.named_parameters()))):
         out.update({f"{prefix}/{k}": v for k, v in digest(tensors, names, indices).items()})
         out[f"{prefix}/qkv_bias"] = torch.stack([tensors[n].detach() for n in names if n.endswith("attn.qkv.bias")]).numpy()
-    return out, names
+    return out
 
 
 def _numels(checkout: Path, names: list[str]) -> list[int]:
@@ -206,32 +245,40 @@ def _numels(checkout: Path, names: list[str]) -> list[int]:
     return [params[n].numel() for n in names]
 
 
+#: per method: the stem, the loop's file and lines (written out), what the step runs
+SOURCES = {
+    "unimatch_v2": ("unimatch_v2_step", "unimatch_v2.py", "170-208", "model/semseg/dpt.py 148-167 (comp_drop, imported "
+                    "and run; the Binomial draw injected, randperm recorded)"),
+    "fixmatch_v2": ("fixmatch_v2_step", "fixmatch.py", "171-199", "model/semseg/dpt.py 141-172 (DPT.forward without "
+                    "comp_drop, imported and run)"),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = recorder_arguments(__doc__, "a checkout of UniMatch-V2", argv)
     commit = args.commit or official_commit(args.checkout)
-    arrays, names = record(args.checkout)
-    sidecar = {
-        **official_sidecar("One training step of UniMatch V2 as its official loop runs it "
-                           "(tests/test_unimatch_v2_golden.py).", "https://github.com/LiheYoung/UniMatch-V2",
-                           args.checkout, commit, OFFICIAL_FILES),
-        "sources": {
-            "loop_body": "unimatch_v2.py 170-208 (written out in the recorder), 221-226 (EMA, written out)",
-            "optimizer": "unimatch_v2.py 67-73 (AdamW: two groups, betas (0.9, 0.999), weight decay 0.01)",
-            "comp_drop": "model/semseg/dpt.py 148-167 (imported and run; Binomial draw injected, randperm recorded)",
-            "network": "tests/golden/record_dinov2_dpt_golden.py (the official DPT at tiny sizes)",
-        },
-        "compared": "losses, mask ratio, the EMA model's confidences and pseudo-labels, and sum, sum |x| and sampled "
-                    "entries of the student's gradients and updated parameters and the EMA model's parameters",
-        "command": f"PYTHONPATH=$PWD python tests/golden/record_unimatch_v2_golden.py CHECKOUT --commit {commit}",
-        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "iters": ITERS, "lr": LR, "lr_multi": LR_MULTI,
-                  "weight_decay": WEIGHT_DECAY, "betas": list(BETAS), "conf_thresh": CONF_THRESH, "ema_cap": EMA_CAP,
-                  "samples": SAMPLES, "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT},
-        "parameters": {"names": names, "samples": [int(min(SAMPLES, n)) for n in _numels(args.checkout, names)]},
-        "torch": torch.__version__,
-    }
-    save_golden(args.out, STEM, arrays, sidecar)
-    print(f"loss {float(arrays['loss']):.6f} x {float(arrays['loss_x']):.6f} s1 {float(arrays['loss_u_s1']):.6f} "
-          f"s2 {float(arrays['loss_u_s2']):.6f} mask ratio {float(arrays['mask_ratio']):.3f}")
+    for method, (stem, loop_file, lines, network) in SOURCES.items():
+        arrays, names = record(args.checkout, method)
+        sidecar = {
+            **official_sidecar(f"One training step of {loop_file} of UniMatch V2's repository "
+                               "(tests/test_unimatch_v2_golden.py).", "https://github.com/LiheYoung/UniMatch-V2",
+                               args.checkout, commit, (loop_file, *OFFICIAL_FILES[1:])),
+            "sources": {"loop_body": f"{loop_file} {lines} (written out in the recorder), 212-217 / 221-226 (EMA)",
+                        "optimizer": f"{loop_file} 67-73 / 68-73 (AdamW: two groups, betas (0.9, 0.999), weight decay "
+                                     "0.01)", "network": network + "; the tiny official DPT of "
+                                                                   "tests/golden/record_dinov2_dpt_golden.py"},
+            "compared": "losses, mask ratio, the EMA model's confidences and pseudo-labels, and sum, sum |x| and "
+                        "sampled entries of the student's gradients and updated parameters and the EMA model's parameters",
+            "command": f"PYTHONPATH=$PWD python tests/golden/record_unimatch_v2_golden.py CHECKOUT --commit {commit}",
+            "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "iters": ITERS, "lr": LR,
+                      "lr_multi": LR_MULTI, "weight_decay": WEIGHT_DECAY, "betas": list(BETAS),
+                      "conf_thresh": CONF_THRESH, "ema_cap": EMA_CAP, "samples": SAMPLES,
+                      "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT},
+            "parameters": {"names": names, "samples": [int(min(SAMPLES, n)) for n in _numels(args.checkout, names)]},
+            "torch": torch.__version__,
+        }
+        save_golden(args.out, stem, arrays, sidecar)
+        print(f"{method}: " + ", ".join(f"{k} {float(arrays[k]):.6f}" for k in arrays if k.startswith("loss")))
 
 
 if __name__ == "__main__":
