@@ -10,7 +10,8 @@ a checkpoint folder or ``ray_results/`` behind. In order:
   (how many are missing, with two examples); an S3 root (``s3://bucket/prefix/VOC2012``, staged on each
   node when its cells start): its ``manifest.json`` against the lists, the store's listing against the manifest
   (sizes), nothing downloaded;
-- weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining;
+- weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining (a DINOv2
+  backbone: a checkpoint file, ``timm`` or null, and crops / evaluation sizes at multiples of its patch size);
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
   an error at once); on a cluster (``RAY_ADDRESS``) :func:`wait_for_resources` prints
   ``waiting for resources: ...`` every 30 s and fails after ``--resource-timeout`` seconds;
@@ -42,6 +43,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.data import DATA_ROOT_ENV, dataset_info
 from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
+from npsemiseg.models.vit import is_vit_backbone, vit_settings_problem
 from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
@@ -115,6 +117,15 @@ def check_weights(configs: Iterable[RunConfig]) -> None:
     must name a pretraining of ``npsemiseg.pretrain.PRETRAINED`` (its file is built on first use)."""
     for config in configs:
         weights = config.model.weights
+        if is_vit_backbone(config.model.backbone) and not (weights or "").startswith(PRETRAINED_PREFIX):
+            evaluation, info = config.evaluation, dataset_info(config.dataset)
+            problem = vit_settings_problem(config.model.backbone, weights, config.schedule.crop_size,
+                                           eval_mode=evaluation.mode or info.eval_mode,
+                                           eval_crop_size=evaluation.crop_size or info.eval_crop_size,
+                                           resize_multiple=evaluation.resize_multiple)
+            if problem:
+                raise PreflightError(problem)
+            continue
         if weights is None or weights == "imagenet":
             continue
         if weights.startswith(PRETRAINED_PREFIX):

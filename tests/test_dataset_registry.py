@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 PENDING = {"npsemiseg/frameworks/augseg.py": 2, "npsemiseg/frameworks/fixmatch.py": 2,
            "npsemiseg/frameworks/mt.py": 1, "npsemiseg/frameworks/mt_cps.py": 1,
            "npsemiseg/frameworks/psmt.py": 4, "npsemiseg/frameworks/u2pl.py": 1,
+           "npsemiseg/frameworks/unimatch_v2.py": 1,
            # PS-MT's CutMix box scheme is named after a dataset (option ``cutmix_variant``: "voc" / "cityscapes"):
            # renamed with the option's values, in psmt.py
            "npsemiseg/data/mixing.py": 1}

@@ -20,6 +20,7 @@ from npsemiseg.frameworks.losses import LossSettings
 
 # the built-in frameworks, in the paper's order: importing them registers them
 from npsemiseg.frameworks import supervised, mt, mt_cps, psmt, u2pl, augseg, fixmatch, unimatch  # noqa: E402,F401  isort: skip
+from npsemiseg.frameworks import unimatch_v2  # noqa: E402,F401  isort: skip  (unimatch_v2, fixmatch_v2)
 
 __all__ = [
     "FRAMEWORKS",

@@ -1,4 +1,4 @@
-"""Segmentation models: dilated ResNet backbones, DeepLabv3+ variants and the segmentor."""
+"""Segmentation models: dilated ResNet and DINOv2 ViT backbones, DeepLabv3+ variants, the DPT and the segmentor."""
 
 from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import (
@@ -9,6 +9,7 @@ from .deeplab import (
     RepresentationHead,
     feature_channels,
 )
+from .dpt import DPTDecoder
 from .segmentor import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -19,6 +20,7 @@ from .segmentor import (
     logit_align_corners,
     upsample_logits,
 )
+from .vit import ViTBackbone, ViTSpec, build_vit_backbone, is_vit_backbone
 
 __all__ = [
     "BACKBONES",
@@ -28,15 +30,20 @@ __all__ = [
     "AuxiliaryHead",
     "BackboneFeatures",
     "DecoderVariant",
+    "DPTDecoder",
     "DeepLabV3PlusDecoder",
     "RepresentationHead",
     "ResNetBackbone",
     "Segmentor",
+    "ViTBackbone",
+    "ViTSpec",
     "SegmentorOutput",
     "build_backbone",
     "build_segmentor",
+    "build_vit_backbone",
     "convert_sync_batchnorm",
     "feature_channels",
+    "is_vit_backbone",
     "logit_align_corners",
     "upsample_logits",
 ]

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -44,8 +44,8 @@ class ResNetSpec:
     imagenet_weights: WeightsEnum | None
 
 
-#: every backbone by name
-BACKBONES: Registry[ResNetSpec] = Registry("backbone")
+#: every backbone by name: the ResNets here, the DINOv2 ViTs (``ViTSpec``) in ``npsemiseg.models.vit``
+BACKBONES: Registry[Any] = Registry("backbone")
 BACKBONES.add("resnet50", ResNetSpec((3, 4, 6, 3), (64, 128, 256, 512), 64, ResNet50_Weights.IMAGENET1K_V1))
 BACKBONES.add("resnet101", ResNetSpec((3, 4, 23, 3), (64, 128, 256, 512), 64, ResNet101_Weights.IMAGENET1K_V1))
 # CPU smoke runs: same block type, strides and dilations, ~1/8 of the widths.
@@ -203,6 +203,8 @@ def build_backbone(
     path to a local file (torchvision layout, or the deep-stem layout with ``deep_stem=True``).
     """
     spec = BACKBONES.get(name)
+    if not isinstance(spec, ResNetSpec):
+        raise ValueError(f"backbone: {name!r} is not a ResNet; build it with npsemiseg.models.build_vit_backbone")
     state_dict = None
     if isinstance(weights, str) and weights == "imagenet":
         state_dict = imagenet_state_dict(name, deep_stem=deep_stem, allow_download=allow_download)

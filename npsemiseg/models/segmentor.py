@@ -33,6 +33,8 @@ from npsemiseg.heads.factory import build_head
 
 from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, feature_channels, get_variant
+from .dpt import DPTDecoder
+from .vit import ViTBackbone, build_vit_backbone, is_vit_backbone
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -310,6 +312,10 @@ def build_segmentor(
 ) -> Segmentor:
     """Build a segmentor for one framework variant.
 
+    backbone: a ResNet (DeepLabv3+ of ``variant``) or a DINOv2 ViT (``npsemiseg.models.vit``: UniMatch V2's DPT
+        decoder; ``variant``, ``output_stride``, ``multi_grid``, ``zero_init_residual`` and the ASPP / low-level
+        widths are DeepLabv3+ settings and do not apply to it, so a framework's composed settings work with either).
+
     head: a built :class:`ClassifierHead` (its ``in_channels`` must equal
         ``feature_channels(variant, aspp_channels=..., low_level_channels=...)``) or a head name for
         ``npsemiseg.heads.build_head`` with ``head_options``.
@@ -325,11 +331,19 @@ def build_segmentor(
     allow_download: with ``weights="imagenet"``, whether torchvision may download a missing file.
     align_corners: how the segmentor's logits are upsampled to label size (:func:`logit_align_corners`).
     """
-    spec = get_variant(variant)
     if mc_dropout_scope not in ("decoder", "head"):
         raise ValueError(f"mc_dropout_scope must be 'decoder' or 'head', got {mc_dropout_scope!r}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
+    if is_vit_backbone(backbone):
+        if deep_stem:
+            raise ValueError(f"deep_stem=True: the deep stem is a ResNet stem; the {backbone} backbone has none")
+        return _build_vit_segmentor(
+            num_classes=num_classes, head=head, head_options=head_options, backbone=backbone, weights=weights,
+            aux_head=aux_head, representation_head=representation_head, representation_dim=representation_dim,
+            mc_dropout_scope=mc_dropout_scope, samples_per_pass=samples_per_pass, allow_download=allow_download,
+            align_corners=align_corners)
+    spec = get_variant(variant)
     channels = feature_channels(variant, aspp_channels=aspp_channels, low_level_channels=low_level_channels)
     head = _classifier_head(head, head_options, channels, num_classes)
     encoder = build_backbone(backbone, output_stride=output_stride or spec.output_stride, multi_grid=multi_grid,
@@ -352,6 +366,31 @@ def build_segmentor(
         representation_head=(
             RepresentationHead(decoder.out_channels, representation_dim, hidden) if representation_head else None
         ),
+        samples_per_pass=samples_per_pass,
+        align_corners=align_corners,
+    )
+
+
+def _build_vit_segmentor(*, num_classes: int, head: ClassifierHead | str, head_options: dict[str, Any] | None,
+                         backbone: str, weights: str | os.PathLike | None, aux_head: bool, representation_head: bool,
+                         representation_dim: int, mc_dropout_scope: str, samples_per_pass: int | None,
+                         allow_download: bool, align_corners: bool) -> Segmentor:
+    """A DINOv2 ViT + UniMatch V2's DPT + ``head`` (``npsemiseg.models.dpt``: where each head reads); the aux head
+    reads the third ViT map, the representation head the DPT's features, both at the DPT's width."""
+    encoder: ViTBackbone = build_vit_backbone(backbone, weights=weights, allow_download=allow_download)
+    spec = encoder.spec
+    head = _classifier_head(head, head_options, spec.dpt_features, num_classes)
+    mc_dropout = 0.0
+    if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
+        mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
+    decoder = DPTDecoder(spec.embed_dim, spec.dpt_features, spec.dpt_channels, mc_dropout=mc_dropout)
+    hidden = spec.dpt_features
+    return Segmentor(
+        encoder,  # type: ignore[arg-type]
+        decoder,  # type: ignore[arg-type]
+        head,
+        aux_head=AuxiliaryHead(encoder.channels["layer3"], num_classes, hidden) if aux_head else None,
+        representation_head=RepresentationHead(hidden, representation_dim, hidden) if representation_head else None,
         samples_per_pass=samples_per_pass,
         align_corners=align_corners,
     )

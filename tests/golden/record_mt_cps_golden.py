@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: E402
 
 OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
 OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py",
@@ -65,14 +65,7 @@ STUDENT_SALT, TEACHER_SALT = 0, 1000
 def pattern_weights(shape: tuple[int, ...], salt: int) -> torch.Tensor:
     """Deterministic weights of ``shape``: ``bound * sin(1 + 0.7 i + salt)`` over the flat index i, bound the
     Xavier-uniform bound of the shape (1-d parameters: 0.1). float32, as the NP head golden."""
-    numel = int(np.prod(shape))
-    if len(shape) == 1:
-        bound = 0.1
-    else:
-        receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
-        bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
-    values = bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(salt))
-    return torch.from_numpy(values.reshape(shape)).float()
+    return torch.from_numpy(sine_pattern(shape, salt)).float()
 
 
 def tiny_model(salt: int) -> nn.Module:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+from recording import official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: E402
 
 
 OFFICIAL_FILE = "U2PL/u2pl/models/np_head.py"
@@ -46,14 +46,7 @@ STEPS = 2
 def pattern_weights(shape: tuple[int, ...], salt: int) -> torch.Tensor:
     """Deterministic weights of ``shape``: ``bound * sin(1 + 0.7 i + salt)`` over the flat index i, bound the
     Xavier-uniform bound of the shape (biases: 0.1). Computed in float64, returned float32."""
-    numel = int(np.prod(shape))
-    if len(shape) == 1:
-        bound = 0.1
-    else:
-        receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
-        bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
-    values = bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(salt))
-    return torch.from_numpy(values.reshape(shape)).float()
+    return torch.from_numpy(sine_pattern(shape, salt)).float()
 
 
 def inputs() -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ module from its own folder.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -46,3 +47,22 @@ def save_golden(out: Path, stem: str, arrays: Mapping[str, np.ndarray] | None, s
         np.savez_compressed(out / f"{stem}.npz", **arrays)
     (out / f"{stem}.json").write_text(json.dumps(sidecar, indent=1) + "\n")
     print(f"wrote {out / stem}.npz and .json" if arrays is not None else f"wrote {out / stem}.json", file=sys.stderr)
+
+
+def sine_pattern(shape: Sequence[int], salt: float) -> np.ndarray:
+    """Deterministic float64 values of ``shape``: ``bound * sin(1 + 0.7 i + salt)`` over the flat index i, ``bound``
+    the Xavier-uniform bound of the shape (1-d: 0.1); the weights pattern of the recorders that copy weights."""
+    numel = int(np.prod(shape))
+    if len(shape) == 1:
+        bound = 0.1
+    else:
+        receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+        bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
+    return (bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(salt))).reshape(tuple(shape))
+
+
+def official_sidecar(about: str, repository: str, checkout: Path, commit: str, files: Sequence[str]) -> dict[str, Any]:
+    """The sidecar's opening keys: what the golden is, the official repository and commit, and the SHA-256 of the
+    official ``files`` it ran (paths in ``checkout``)."""
+    return {"about": about, "repository": repository, "commit": commit,
+            "official_file_sha256": {f: hashlib.sha256((checkout / f).read_bytes()).hexdigest() for f in files}}

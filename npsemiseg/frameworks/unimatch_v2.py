@@ -1,0 +1,211 @@
+"""UniMatch V2 (Yang et al., 2024): an EMA teacher, two CutMixed strong views with complementary channel dropout.
+
+Source: LiheYoung/UniMatch-V2@f6afb4d ``unimatch_v2.py`` 170-226 (the loop body), ``model/semseg/dpt.py`` 148-167
+(``comp_drop``). Per iteration:
+
+1. The EMA teacher (eval mode, no gradient) predicts the weak view: confidences and hard pseudo-labels at image
+   size (``unimatch_v2.py`` 170-173; the mean of the per-sample softmaxes for the stochastic heads).
+2. Each strong view gets its own CutMix box (``dataset/transform.py`` ``obtain_cutmix_box``, FixMatch's draw)
+   inside which the *batch flipped* (image ``B - 1 - i``) is pasted (175-176); the pseudo-labels and confidences are
+   mixed the same way (181-190). The project's data pipeline makes one strong view per unlabeled image
+   (``image_strong``), so both views start from it and differ by their boxes (and their dropout masks), where the
+   official views also differ by their photometric draws (as in :mod:`npsemiseg.frameworks.unimatch`).
+3. The student (train mode) on the labeled images: the supervised loss (178, 192; the NP head's context and
+   targets are the labeled images: the official loop has no student pass on the weak view).
+4. The student on ``cat(strong1, strong2)`` with **complementary dropout** (``dpt.py`` 148-161): per pair
+   ``(i, B_u + i)`` a channel mask ``m = 2 x Bernoulli(1/2)`` over the encoder width D and its complement ``2 - m``,
+   the same for the four ViT maps; ``int(B_u x (1 - 0.5))`` random pairs (``comp_drop_kept``: half) keep every
+   channel (mask 1). The decoder and head then run on the masked maps without labels (the NP head draws its latent
+   from its stored centers). On a ResNet encoder the pair of masks is drawn per map width (``low_level`` and
+   ``high_level``), the same pairs kept whole.
+5. Each strong term sums the per-pixel CE over pixels with mixed confidence >= ``confidence_threshold`` that are
+   valid and divides by the valid pixels (194-200; the unlabeled items carry no padding mask here, so all are
+   valid); loss ``(loss_x + (loss_s1 + loss_s2) / 2) / 2`` (202-204): terms ``sup`` (0.5), ``unsup_s1`` and
+   ``unsup_s2`` (0.25 each); the NP head's ``kl`` unscaled, as in every framework.
+6. After the optimiser step the teacher follows the student over parameters and buffers with ratio
+   ``min(1 - 1 / (iters + 1), ema_decay)`` (``ema_decay`` 0.996; 221-226; NP memories are copied, not averaged).
+
+``fixmatch_v2`` (:class:`FixMatchV2`): the repository's ``fixmatch.py``, UniMatch V2's FixMatch row: the same
+teacher, one strong view, labeled and strong images in one student pass, no complementary dropout.
+
+Evaluated: the EMA teacher (the official loop evaluates both and the published numbers are the EMA's best: e.g.
+Pascal 92 labels, DINOv2-B, ``training-logs/table01-pascal_unimatch_v2_92labels_dinov2_base.log``: EMA 86.29,
+published 86.3). Not here (the training loop's and the presets' part): the official LR is set after the step, so
+step ``i`` runs at the poly LR of ``i - 1`` (216-219); AdamW with the backbone / head LRs of each config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
+from npsemiseg.frameworks.ema import unwrap, warmup_decay
+from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
+from npsemiseg.frameworks.pseudo_labels import TeacherPrediction
+from npsemiseg.frameworks.semi import StudentPass, ignore_where, require_unlabeled
+from npsemiseg.heads.base import HeadOutput
+from npsemiseg.models import BackboneFeatures, Segmentor, ViTBackbone
+
+
+def complementary_masks(pairs: int, widths: Sequence[int], *, kept_fraction: float = 0.5,
+                        generator: torch.Generator | None = None, device: torch.device | str | None = None) -> list[Tensor]:
+    """UniMatch V2's complementary channel masks, one ``[2 x pairs, C]`` per width ``C`` in ``widths``.
+
+    Row ``i`` is ``2 x Bernoulli(1/2)`` per channel and row ``pairs + i`` its complement ``2 - m`` (``dpt.py``
+    151-152); ``int(pairs x kept_fraction)`` random pairs, the same for every width, are all ones (153-157).
+    """
+    kept = torch.randperm(pairs, generator=generator)[:int(pairs * kept_fraction)]
+    masks = []
+    for width in widths:
+        first = torch.bernoulli(torch.full((pairs, width), 0.5), generator=generator) * 2.0
+        second = 2.0 - first
+        first[kept], second[kept] = 1.0, 1.0
+        masks.append(torch.cat([first, second]).to(device) if device is not None else torch.cat([first, second]))
+    return masks
+
+
+def masked_encoding(encoded: BackboneFeatures, masks: Sequence[Tensor], vit: bool) -> BackboneFeatures:
+    """The encoder maps times their channel masks: a ViT's one ``[N, D]`` mask on all four maps (``low_level``
+    holds three: the mask repeated), else ``masks = (low_level's, high_level's)`` (``layer3`` kept as it is)."""
+    if vit:
+        mask = masks[0]
+        return BackboneFeatures(encoded.low_level * mask.repeat(1, 3)[:, :, None, None],
+                                encoded.layer3 * mask[:, :, None, None], encoded.high_level * mask[:, :, None, None])
+    low, high = masks
+    return BackboneFeatures(encoded.low_level * low[:, :, None, None], encoded.layer3,
+                            encoded.high_level * high[:, :, None, None])
+
+
+def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
+    """The decoder and head of ``model`` on given encoder maps, without labels (decoder-scope MC dropout samples
+    the decoder as :meth:`Segmentor.forward` does)."""
+    if model.decoder_sampling:
+        return model.sample_decoder(encoded)[1]
+    return model.classify(model.decoder(encoded.low_level, encoded.high_level))
+
+
+class UniMatchV2Options(FixMatchOptions):
+    """UniMatch V2 options; defaults = the Pascal settings (configs/pascal.yaml 16, dpt.py 153-154, unimatch_v2.py 221)."""
+
+    #: the fraction of strong-view pairs kept whole by the complementary dropout (dpt.py 153-154: 1 - dropout_prob)
+    comp_drop_kept: float = Field(0.5, ge=0.0, le=1.0)
+    ema_decay: float = Field(0.996, ge=0.0, le=1.0)
+
+
+@FRAMEWORKS.register("unimatch_v2")
+class UniMatchV2(FixMatch):
+    """An EMA teacher's weak-view pseudo-labels; two strong views, batch-flipped CutMix, complementary dropout.
+
+    From FixMatch: the box draws (:meth:`draw_boxes`, one per strong view), the augmentation, the thresholded loss.
+    """
+
+    name = "unimatch_v2"
+    Options = UniMatchV2Options
+    teacher_names = ("teacher",)
+    #: configs/pascal.yaml 5, 9: crop 518, batch 4 per GPU x 4; configs/cityscapes.yaml 5, 9: crop 798, 2 x 4
+    publication_settings = {"voc": (518, 16), "cityscapes": (798, 8)}
+    #: AdamW at 5e-6 (x40 for the head; configs/*.yaml 10-11) comes with the presets, not composed yet
+    publication_lr: ClassVar[dict[str, float]] = {}
+    #: unimatch_v2.py 202-204: loss = (loss_x + (loss_s1 + loss_s2) / 2) / 2
+    sup_weight: ClassVar[float] = 0.5
+    strong_weights: ClassVar[tuple[float, ...]] = (0.25, 0.25)
+
+    @classmethod
+    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
+        """Threshold 0.95 on every dataset (configs/pascal.yaml 16, configs/cityscapes.yaml 18)."""
+        return cls.Options().model_dump()
+
+    @classmethod
+    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
+        """60 on Pascal (configs/pascal.yaml 8), 180 on Cityscapes (configs/cityscapes.yaml 8)."""
+        return 180 if dataset == "cityscapes" else 60
+
+    def eval_model(self) -> nn.Module:
+        return self.teacher
+
+    def draw_masks(self, pairs: int, widths: Sequence[int], device: torch.device) -> list[Tensor]:
+        """The complementary channel masks of the strong pass (:func:`complementary_masks`; a test injects them)."""
+        kept = self.options.comp_drop_kept  # type: ignore[attr-defined]
+        return complementary_masks(pairs, widths, kept_fraction=kept, device=device)
+
+    # ----------------------------------------------------------------- step
+    def strong_pass(self, views: Tensor) -> HeadOutput:
+        """The student on ``views [2 B_u, 3, H, W]`` (``cat(strong1, strong2)``) with complementary dropout."""
+        student = unwrap(self.student)
+        encoded = student.encode(views)
+        vit = isinstance(student.backbone, ViTBackbone)
+        widths = [encoded.high_level.shape[1]] if vit else [encoded.low_level.shape[1], encoded.high_level.shape[1]]
+        masks = self.draw_masks(views.shape[0] // 2, widths, views.device)
+        return decode(student, masked_encoding(encoded, masks, vit))
+
+    def mixed_views(self, batch: Batch) -> tuple[TeacherPrediction, list[Tensor], list[Tensor]]:
+        """Steps 1-2: the EMA teacher's prediction on the weak view, a box per strong view (``[B_u, H, W]``) and the
+        views ``[B_u, 3, H, W]`` with the flipped batch pasted into their boxes."""
+        unlabeled = require_unlabeled(batch, self.name)
+        if "image_strong" not in unlabeled:
+            raise ValueError(f"batch.unlabeled: {self.name} needs 'image_strong' (the strong view; augmentation "
+                             f"{self.augmentation!r} makes it)")
+        weak, strong = unlabeled["image"], unlabeled["image_strong"]
+        self.seed_memories(batch.labeled["image"], batch.labeled["label"])
+        teacher = self.predict_unlabeled(self.teacher, unlabeled)
+        boxes = self.draw_boxes(weak.shape[0], weak.shape[-2], weak.shape[-1], weak.device)
+        return teacher, boxes, [torch.where(box[:, None], strong.flip(0), strong) for box in boxes]
+
+    @staticmethod
+    def mixed_targets(teacher: TeacherPrediction, box: Tensor) -> tuple[Tensor, Tensor]:
+        """The teacher's labels and confidences ``[B_u, H, W]`` mixed like a view: the flipped batch in ``box``."""
+        return (torch.where(box, teacher.label.flip(0), teacher.label),
+                torch.where(box, teacher.confidence.flip(0), teacher.confidence))
+
+    def step_result(self, student: StudentPass, labels_l: Tensor, teacher: TeacherPrediction, boxes: list[Tensor],
+                    strong_logits: Sequence[Tensor]) -> StepResult:
+        """Step 5: the supervised terms (x ``sup_weight``) and a thresholded term per strong view (logits
+        ``[S, B_u, K, h, w]``), valid-pixel normalised; the unlabeled items carry no padding mask, so all are valid."""
+        threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
+        aux_term = self.head_aux_term
+        losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(student, labels_l).items()}
+        valid = torch.ones_like(teacher.label, dtype=torch.bool)
+        for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
+            label, confidence = self.mixed_targets(teacher, box)
+            losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, valid, threshold)
+        mask_ratio = (teacher.confidence >= threshold).float().mean()
+        return StepResult(losses, self.step_logs(student, mask_ratio=mask_ratio,
+                                                 box_fraction=torch.stack(boxes).float().mean()))
+
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        teacher, boxes, views = self.mixed_views(batch)
+        images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
+        labeled = self.labeled_pass(images_l, labels_l)  # 3. the supervised pass
+        # 4. both strong views in one pass, complementary dropout on the encoder maps
+        strong_logits = self.strong_pass(torch.cat(views)).logits.chunk(len(views), dim=1)
+        return self.step_result(labeled, labels_l, teacher, boxes, strong_logits)
+
+    @torch.no_grad()
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """The teacher follows the student with ratio ``min(1 - 1 / (step + 1), ema_decay)`` (unimatch_v2.py 221-226)."""
+        self.ema(self.teacher, warmup_decay(ctx.step, self.options.ema_decay))  # type: ignore[attr-defined]
+
+
+@FRAMEWORKS.register("fixmatch_v2")
+class FixMatchV2(UniMatchV2):
+    """FixMatch as UniMatch V2's repository runs it (``fixmatch.py`` 171-217; UniMatch V2's comparison row): the
+    EMA teacher, one strong view with the flipped batch CutMixed in, the labeled images and the strong view in one
+    student pass (the NP head: labeled = context, targets = both, the strong view's with the mixed pseudo-labels,
+    255 below the threshold), no complementary dropout; loss ``(loss_x + loss_s) / 2`` (fixmatch.py 193); the EMA
+    and the evaluated teacher as UniMatch V2's."""
+
+    name = "fixmatch_v2"
+    strong_weights: ClassVar[tuple[float, ...]] = (0.5,)
+
+    def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
+        teacher, boxes, views = self.mixed_views(batch)
+        label, confidence = self.mixed_targets(teacher, boxes[0])
+        joint = self.student_pass(batch.labeled["image"], batch.labeled["label"], views[0],
+                                  ignore_where(label, confidence < threshold))
+        return self.step_result(joint, batch.labeled["label"], teacher, boxes, [joint.logits_u])

@@ -1,0 +1,285 @@
+"""Record one training step of UniMatch V2 and of its repository's FixMatch as the official loops run them:
+``tests/golden/unimatch_v2_step.npz`` and ``tests/golden/fixmatch_v2_step.npz``.
+
+Usage (from the repository root; CHECKOUT is a checkout of LiheYoung/UniMatch-V2)::
+
+    PYTHONPATH=$PWD python tests/golden/record_unimatch_v2_golden.py CHECKOUT [--out tests/golden]
+
+What is official and what is not. The network is the official ``DPT`` (``model/semseg/dpt.py``, imported from
+CHECKOUT and run, ``comp_drop`` included) at tiny sizes, as ``record_dinov2_dpt_golden.py`` builds it: the official
+ViT constructor at width 32, 4 blocks, the DPT at features 16; student and EMA model from the same pattern with
+other salts. The loop body of ``unimatch_v2.py`` 170-226 is written out here (it is no function), without its
+``.cuda()`` calls, on one process: the EMA model's weak-view prediction, CutMix of both strong views with the
+flipped batch, the supervised CE (Pascal's ``CELoss``, ignore 255), the two strong terms with their valid-pixel
+normalisation, ``(loss_x + (s1 + s2) / 2) / 2``, one AdamW step (betas and weight decay of lines 67-73, a backbone
+group and a head group at ``lr x lr_multi``), then the EMA over parameters and buffers with
+``min(1 - 1 / (iters + 1), 0.996)`` at ``iters`` = 3. The LR of the step is set on both sides (the official loop
+sets it after the previous step). The repository's ``fixmatch.py`` 171-199 likewise (one strong view with box 1,
+labeled and strong images in one pass, ``(loss_x + loss_s) / 2``; its optimiser and EMA are the same lines as
+UniMatch V2's: 68-73, 212-217).
+
+Injected draws: the CutMix boxes (hand-made ``[B, H, W]`` 0/1 masks; the official ones come from the dataset) and
+the complementary dropout's draws: ``DPT.binomial.sample`` returns a recorded Bernoulli tensor (its ``.cuda()`` a
+no-op) and ``torch.randperm`` inside the strong pass is recorded as it runs; the mask the official code built
+(``dropout_mask [2 B_u, D]``) is stored. The two strong views are one image (the project makes one strong view per
+unlabeled image; the views differ by box and mask). Images are stored in [0, 1] and normalised with the ImageNet
+mean and std for the official network (the project's segmentor normalises inside).
+
+Stored: inputs and draws, the losses and the mask ratio, the EMA model's confidences and pseudo-labels, and
+for every parameter of the student (in the order of the sidecar's ``parameters.names``; the unused mask token left
+out) its gradient and updated value and of the EMA model its updated value, each as sum, sum of |x| and up to
+``SAMPLES`` entries at stored indices (``index``, concatenated in that order); the attention's ``qkv`` biases also in
+full (``<prefix>/qkv_bias [blocks, 3D]``): the key bias has no gradient in exact arithmetic (it shifts every
+attention logit of a query alike), so its float gradient is round-off that AdamW's first step divides by
+``|g| + 1e-8``, and the test compares those entries by what that step can do.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from record_dinov2_dpt_golden import NUM_CLASSES, official_dpt  # noqa: E402
+from recording import official_commit, official_sidecar, recorder_arguments, save_golden  # noqa: E402
+
+OFFICIAL_FILES = ("unimatch_v2.py", "model/semseg/dpt.py", "configs/pascal.yaml")
+B_L, B_U, SIZE = 2, 2, 42
+SEED = 20263
+ITERS = 3
+LR, LR_MULTI, WEIGHT_DECAY, BETAS = 1e-3, 40.0, 0.01, (0.9, 0.999)
+CONF_THRESH = 0.5  # Pascal's 0.95 would keep no pixel of a tiny untrained network; both sides use this value
+EMA_CAP = 0.996
+SAMPLES = 24
+STUDENT_SALT, TEACHER_SALT = 0, 500
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def inputs() -> dict[str, np.ndarray]:
+    """Images in [0, 1], labels (255 in the top rows), hand-made boxes and the Bernoulli draw of the masks."""
+    gen = torch.Generator().manual_seed(SEED)
+    labels = torch.randint(0, NUM_CLASSES, (B_L, SIZE, SIZE), generator=gen)
+    labels[:, :4] = 255
+    box1, box2 = torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64), torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)
+    box1[0, 5:30, 10:26] = 1  # image 1 of view 1: no box
+    box2[0, 20:41, 0:17] = 1
+    box2[1, 2:20, 15:40] = 1
+    return {"images_l": torch.rand(B_L, 3, SIZE, SIZE, generator=gen).numpy(), "labels_l": labels.numpy(),
+            "images_w": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy(),
+            "images_s": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy(),
+            "box1": box1.numpy(), "box2": box2.numpy(),
+            "bernoulli": torch.bernoulli(torch.full((B_U, 32), 0.5), generator=gen).numpy()}
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    return (images - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+
+
+class _Draw:
+    """What ``Binomial.sample`` returns here: the recorded draw, ``.cuda()`` a no-op."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def cuda(self) -> torch.Tensor:
+        return self.value.clone()
+
+
+class _Binomial:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def sample(self, shape: tuple[int, ...]) -> _Draw:
+        assert tuple(shape) == tuple(self.value.shape), (shape, self.value.shape)
+        return _Draw(self.value)
+
+
+def sample_indices(model: nn.Module) -> dict[str, np.ndarray]:
+    gen = np.random.default_rng(SEED)
+    out = {}
+    for name, t in model.named_parameters():
+        n = t.numel()
+        out[name] = (np.arange(n) if n <= SAMPLES else np.sort(gen.choice(n, SAMPLES, replace=False))).astype(np.int32)
+    return out
+
+
+def digest(tensors: dict[str, torch.Tensor], names: list[str], indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per parameter of ``names`` (in that order): ``sum [P]``, ``abs [P]`` (sum of |x|) and the entries at its
+    indices, concatenated (``at``), as float64."""
+    flats = [tensors[name].detach().double().flatten() for name in names]
+    return {"sum": np.array([float(f.sum()) for f in flats]), "abs": np.array([float(f.abs().sum()) for f in flats]),
+            "at": np.concatenate([f[torch.from_numpy(indices[n])].numpy() for f, n in zip(flats, names)])}
+
+
+def _cutmixed(box: torch.Tensor, *maps: torch.Tensor) -> list[torch.Tensor]:
+    """unimatch_v2.py 181-190 / fixmatch.py 181-185: each map with the flipped batch's values inside ``box``."""
+    out = []
+    for values in maps:
+        mixed = values.clone()
+        mixed[box == 1] = values.flip(0)[box == 1]
+        out.append(mixed)
+    return out
+
+
+def _strong_loss(criterion_u: nn.Module, pred: torch.Tensor, box: torch.Tensor, mask_u_w: torch.Tensor,
+                 conf_u_w: torch.Tensor, ignore_mask: torch.Tensor) -> torch.Tensor:
+    """unimatch_v2.py 194-196 (fixmatch.py 189-191): thresholded CE over the valid pixels of one view."""
+    mask_cutmixed, conf_cutmixed, ignore_cutmixed = _cutmixed(box, mask_u_w, conf_u_w, ignore_mask)
+    loss = criterion_u(pred, mask_cutmixed)
+    loss = loss * ((conf_cutmixed >= CONF_THRESH) & (ignore_cutmixed != 255))
+    return loss.sum() / (ignore_cutmixed != 255).sum().item()
+
+
+def _paste(image: torch.Tensor, box: torch.Tensor) -> None:
+    """unimatch_v2.py 175-176 (fixmatch.py 176): the flipped batch pasted into ``box``, in place."""
+    image[box.unsqueeze(1).expand(image.shape) == 1] = image.flip(0)[box.unsqueeze(1).expand(image.shape) == 1]
+
+
+def unimatch_v2_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """unimatch_v2.py 175-204 on the inputs ``t`` (the teacher's ``mask_u_w`` / ``conf_u_w`` in it)."""
+    img_u_s1, img_u_s2 = t["img_u_s"].clone(), t["img_u_s"].clone()
+    _paste(img_u_s1, t["box1"])
+    _paste(img_u_s2, t["box2"])
+    pred_x = model(t["img_x"])
+    randperm = torch.randperm
+    torch.randperm = lambda *a, **k: kept.append(randperm(*a, **k)) or kept[-1]  # record dpt.py 155's draw
+    try:
+        pred_u_s1, pred_u_s2 = model(torch.cat((img_u_s1, img_u_s2)), comp_drop=True).chunk(2)
+    finally:
+        torch.randperm = randperm
+    criterion_u = nn.CrossEntropyLoss(reduction="none")
+    losses = {"loss_x": nn.CrossEntropyLoss(ignore_index=255)(pred_x, t["mask_x"])}
+    for name, pred, box in (("loss_u_s1", pred_u_s1, t["box1"]), ("loss_u_s2", pred_u_s2, t["box2"])):
+        losses[name] = _strong_loss(criterion_u, pred, box, t["mask_u_w"], t["conf_u_w"], t["ignore_mask"])
+    losses["loss"] = (losses["loss_x"] + (losses["loss_u_s1"] + losses["loss_u_s2"]) / 2.0) / 2.0
+    return losses
+
+
+def fixmatch_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """fixmatch.py 176-193: one strong view (box 1), labeled and strong images in one pass."""
+    img_u_s = t["img_u_s"].clone()
+    _paste(img_u_s, t["box1"])
+    num_lb, num_ulb = t["img_x"].shape[0], img_u_s.shape[0]
+    pred_x, pred_u_s = model(torch.cat((t["img_x"], img_u_s))).split([num_lb, num_ulb])
+    losses = {"loss_x": nn.CrossEntropyLoss(ignore_index=255)(pred_x, t["mask_x"]),
+              "loss_u_s": _strong_loss(nn.CrossEntropyLoss(reduction="none"), pred_u_s, t["box1"], t["mask_u_w"],
+                                       t["conf_u_w"], t["ignore_mask"])}
+    losses["loss"] = (losses["loss_x"] + losses["loss_u_s"]) / 2.0
+    return losses
+
+
+METHODS = {"unimatch_v2": unimatch_v2_losses, "fixmatch_v2": fixmatch_losses}
+
+
+def record(checkout: Path, method: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """One official step of ``method`` (a key of :data:`METHODS`): the arrays to store and the parameter names."""
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)  # dpt.py 155's randperm draws from the global generator
+    data = inputs()
+    model, model_ema = official_dpt(checkout, STUDENT_SALT), official_dpt(checkout, TEACHER_SALT)
+    model.train()
+    model_ema.eval()
+    for param in model_ema.parameters():  # unimatch_v2.py 88-91
+        param.requires_grad = False
+    model.binomial = _Binomial(torch.from_numpy(data["bernoulli"]))
+    optimizer = torch.optim.AdamW(  # unimatch_v2.py 67-73
+        [{"params": [p for p in model.backbone.parameters() if p.requires_grad], "lr": LR},
+         {"params": [p for n, p in model.named_parameters() if "backbone" not in n], "lr": LR * LR_MULTI}],
+        lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    t = {"img_x": normalise(torch.from_numpy(data["images_l"])), "mask_x": torch.from_numpy(data["labels_l"]),
+         "img_u_s": normalise(torch.from_numpy(data["images_s"])), "box1": torch.from_numpy(data["box1"]),
+         "box2": torch.from_numpy(data["box2"]), "ignore_mask": torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)}
+    with torch.no_grad():  # unimatch_v2.py 170-173
+        pred_u_w = model_ema(normalise(torch.from_numpy(data["images_w"]))).detach()
+        t["conf_u_w"] = pred_u_w.softmax(dim=1).max(dim=1)[0]
+        t["mask_u_w"] = pred_u_w.argmax(dim=1)
+    kept: list[torch.Tensor] = []
+    losses = METHODS[method](model, t, kept)
+    optimizer.zero_grad()  # unimatch_v2.py 206-208
+    losses["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    optimizer.step()
+    ema_ratio = min(1 - 1 / (ITERS + 1), EMA_CAP)  # unimatch_v2.py 221-226
+    with torch.no_grad():
+        for param, param_ema in zip(model.parameters(), model_ema.parameters()):
+            param_ema.copy_(param_ema * ema_ratio + param.detach() * (1 - ema_ratio))
+        for buffer, buffer_ema in zip(model.buffers(), model_ema.buffers()):
+            buffer_ema.copy_(buffer_ema * ema_ratio + buffer.detach() * (1 - ema_ratio))
+    out = dict(data, labels_l=data["labels_l"].astype(np.int16), box1=data["box1"].astype(np.uint8),
+               box2=data["box2"].astype(np.uint8), conf_u_w=t["conf_u_w"].numpy(),
+               mask_u_w=t["mask_u_w"].numpy().astype(np.int16),
+               mask_ratio=np.array(float(((t["conf_u_w"] >= CONF_THRESH) & (t["ignore_mask"] != 255)).sum()
+                                         / (t["ignore_mask"] != 255).sum())),  # unimatch_v2.py 213
+               **{k: np.array(float(v.detach())) for k, v in losses.items()})
+    if kept:
+        out.update(kept=kept[0].numpy(), dropout_mask=_dropout_mask(data["bernoulli"], kept[0]))
+    names = [n for n, _ in model.named_parameters() if n in grads]  # every parameter but the unused ones
+    return {**out, **_digests(model, model_ema, grads, names)}, names
+
+
+def _dropout_mask(bernoulli: np.ndarray, perm: torch.Tensor) -> np.ndarray:
+    """dpt.py 151-159 with bs // 2 = B_U: the mask the official strong pass applied."""
+    mask1 = torch.from_numpy(bernoulli) * 2.0
+    mask2 = 2.0 - mask1
+    num_kept = int(B_U * (1 - 0.5))
+    mask1[perm[:num_kept]], mask2[perm[:num_kept]] = 1.0, 1.0
+    return torch.cat((mask1, mask2)).numpy()
+
+
+def _digests(model: nn.Module, model_ema: nn.Module, grads: dict[str, torch.Tensor], names: list[str]) -> dict:
+    indices = sample_indices(model)
+    out = {"index": np.concatenate([indices[n] for n in names])}
+    for prefix, tensors in (("grad", grads), ("student", dict(model.named_parameters())),
+                            ("ema", dict(model_ema.named_parameters()))):
+        out.update({f"{prefix}/{k}": v for k, v in digest(tensors, names, indices).items()})
+        out[f"{prefix}/qkv_bias"] = torch.stack([tensors[n].detach() for n in names if n.endswith("attn.qkv.bias")]).numpy()
+    return out
+
+
+def _numels(checkout: Path, names: list[str]) -> list[int]:
+    params = dict(official_dpt(checkout).named_parameters())
+    return [params[n].numel() for n in names]
+
+
+#: per method: the stem, the loop's file and lines (written out), what the step runs
+SOURCES = {
+    "unimatch_v2": ("unimatch_v2_step", "unimatch_v2.py", "170-208", "model/semseg/dpt.py 148-167 (comp_drop, imported "
+                    "and run; the Binomial draw injected, randperm recorded)"),
+    "fixmatch_v2": ("fixmatch_v2_step", "fixmatch.py", "171-199", "model/semseg/dpt.py 141-172 (DPT.forward without "
+                    "comp_drop, imported and run)"),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = recorder_arguments(__doc__, "a checkout of UniMatch-V2", argv)
+    commit = args.commit or official_commit(args.checkout)
+    for method, (stem, loop_file, lines, network) in SOURCES.items():
+        arrays, names = record(args.checkout, method)
+        sidecar = {
+            **official_sidecar(f"One training step of {loop_file} of UniMatch V2's repository "
+                               "(tests/test_unimatch_v2_golden.py).", "https://github.com/LiheYoung/UniMatch-V2",
+                               args.checkout, commit, (loop_file, *OFFICIAL_FILES[1:])),
+            "sources": {"loop_body": f"{loop_file} {lines} (written out in the recorder), 212-217 / 221-226 (EMA)",
+                        "optimizer": f"{loop_file} 67-73 / 68-73 (AdamW: two groups, betas (0.9, 0.999), weight decay "
+                                     "0.01)", "network": network + "; the tiny official DPT of "
+                                                                   "tests/golden/record_dinov2_dpt_golden.py"},
+            "compared": "losses, mask ratio, the EMA model's confidences and pseudo-labels, and sum, sum |x| and "
+                        "sampled entries of the student's gradients and updated parameters and the EMA model's parameters",
+            "command": f"PYTHONPATH=$PWD python tests/golden/record_unimatch_v2_golden.py CHECKOUT --commit {commit}",
+            "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "iters": ITERS, "lr": LR,
+                      "lr_multi": LR_MULTI, "weight_decay": WEIGHT_DECAY, "betas": list(BETAS),
+                      "conf_thresh": CONF_THRESH, "ema_cap": EMA_CAP, "samples": SAMPLES,
+                      "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT},
+            "parameters": {"names": names, "samples": [int(min(SAMPLES, n)) for n in _numels(args.checkout, names)]},
+            "torch": torch.__version__,
+        }
+        save_golden(args.out, stem, arrays, sidecar)
+        print(f"{method}: " + ", ".join(f"{k} {float(arrays[k]):.6f}" for k in arrays if k.startswith("loss")))
+
+
+if __name__ == "__main__":
+    main()
