@@ -25,13 +25,23 @@ HEADS = head_names()
 CTX = StepContext(step=0, total_steps=4, epoch=0, total_epochs=2, iters_per_epoch=2)
 
 
-def _batch(config, *, seed: int = 0, batch: int = 2) -> Batch:
+def _unlabeled(gen: torch.Generator, batch: int, size: int, suffix: str = "") -> dict[str, torch.Tensor]:
+    """One augmentation draw of an unlabeled batch: weak view, two strong views, the last two columns padded."""
+    image = torch.rand(batch, 3, size, size, generator=gen)
+    padding = torch.zeros(batch, size, size, dtype=torch.bool)
+    padding[..., -2:] = True
+    views = {"image": image, "image_strong": image.flip(-1), "image_strong2": image.flip(-2), "padding": padding}
+    return {k + suffix: v for k, v in views.items()}
+
+
+def _batch(config, *, seed: int = 0, batch: int = 2, second_draw: bool = False) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     size, k = config.schedule.crop_size, config.num_classes
     labels = torch.randint(0, k, (batch, size, size), generator=gen)
     labels[:, :2] = 255
-    unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen)}
-    unlabeled["image_strong"] = unlabeled["image"].flip(-1)
+    unlabeled = _unlabeled(gen, batch, size)
+    if second_draw:
+        unlabeled.update(_unlabeled(gen, batch, size, "_mix"))
     return Batch(labeled={"image": torch.rand(batch, 3, size, size, generator=gen), "label": labels},
                  unlabeled=unlabeled)
 
@@ -106,8 +116,8 @@ def test_step_draws_two_boxes_and_pastes_them_independently(smoke_config, monkey
     assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
     (mixed,) = strong_inputs
     s1, s2 = mixed.chunk(2)
-    strong = batch.unlabeled["image_strong"]
-    for view, box in ((s1, seen[0]), (s2, seen[1])):
+    for view, box, key in ((s1, seen[0], "image_strong"), (s2, seen[1], "image_strong2")):
+        strong = batch.unlabeled[key]  # each view its own photometric draw, pasted from the source's same view
         outside = ~box[:, None].expand_as(view)
         assert torch.equal(view[outside], strong[outside])  # outside its own box: the view itself
         assert not torch.equal(view, strong)  # inside: pasted from another image
@@ -175,10 +185,13 @@ def test_weak_view_pseudo_labels_are_detached_and_feed_the_np_targets(smoke_conf
 
 
 # ----------------------------------------------------------------------------------------- feature perturbation
-def test_feature_perturbation_drops_encoder_features_only(smoke_config, monkeypatch):
+def test_feature_perturbation_decodes_clean_and_perturbed_as_one_batch(smoke_config, monkeypatch):
+    """deeplabv3plus.py 44-50: one decoder call on ``cat(clean, Dropout2d(clean))`` of the whole batch (2B rows: the
+    decoder's BatchNorm sees both), channel masks on the encoder maps only, the clean half equal to ``forward``'s
+    where BatchNorm uses running statistics (eval mode), parameters untouched."""
     fw, config = _framework(smoke_config, "unimatch")
     model = fw.student
-    model.eval()  # the dropout is active whatever the mode
+    model.eval()  # the dropout is active whatever the mode; eval-mode BN makes each row independent of the others
     images = _batch(config, batch=3).labeled["image"]
     decoded: list[tuple[torch.Tensor, torch.Tensor]] = []
     real_decoder = type(model.decoder).forward
@@ -191,24 +204,45 @@ def test_feature_perturbation_drops_encoder_features_only(smoke_config, monkeypa
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(0)
     with torch.no_grad():
-        clean, perturbed = model.forward_feature_perturbed(images, dropout=0.5, perturb_from=1)
+        clean, perturbed = model.forward_feature_perturbed(images, dropout=0.5)
         encoded = model.encode(images)
         reference = model(images)
-    assert torch.allclose(clean.head.logits, reference.head.logits)  # the clean stream is forward's
-    assert perturbed.head.logits.shape[1] == 2 and perturbed.aux_logits is None
-    (low_c, high_c), (low_p, high_p) = decoded[0], decoded[1]
-    assert torch.equal(low_c, encoded.low_level) and torch.equal(high_c, encoded.high_level)
-    for dropped, whole in ((low_p, encoded.low_level[1:]), (high_p, encoded.high_level[1:])):
+    (low, high), _ = decoded[0], decoded[1]  # one joint decoder call, then forward's
+    assert low.shape[0] == high.shape[0] == 6 and len(decoded) == 2
+    assert torch.allclose(clean.head.logits, reference.head.logits, atol=1e-6)  # the clean half is forward's
+    assert perturbed.head.logits.shape[1] == 3 and perturbed.aux_logits is None
+    assert torch.equal(low[:3], encoded.low_level) and torch.equal(high[:3], encoded.high_level)
+    for dropped, whole in ((low[3:], encoded.low_level), (high[3:], encoded.high_level)):
         channel_zero = dropped.flatten(2).abs().amax(dim=2) == 0
         kept = ~channel_zero & (whole.flatten(2).abs().amax(dim=2) > 0)
         assert 0.2 < float(channel_zero.float().mean()) < 0.8  # whole channels dropped at rate ~0.5
         assert torch.allclose(dropped[kept], 2.0 * whole[kept])  # kept channels scaled by 1 / (1 - p)
     assert all(torch.equal(p, params[n]) for n, p in model.named_parameters())  # decoder and head untouched
     with torch.no_grad():
-        _, none = model.forward_feature_perturbed(images, dropout=0.0, perturb_from=1)
-    assert torch.allclose(none.head.logits, reference.head.logits[:, 1:], atol=1e-5)  # p = 0: the clean decoding
-    with pytest.raises(ValueError, match="perturb_from"):
-        model.forward_feature_perturbed(images, perturb_from=3)
+        _, none = model.forward_feature_perturbed(images, dropout=0.0)
+    assert torch.allclose(none.head.logits, reference.head.logits, atol=1e-5)  # p = 0: the clean decoding
+    with pytest.raises(ValueError, match="dropout"):
+        model.forward_feature_perturbed(images, dropout=1.0)
+
+
+def test_joint_decode_batchnorm_sees_clean_and_perturbed_rows(smoke_config):
+    """In train mode the decoder's BN batch is the 2B rows: its running mean moves to the mean over clean and
+    perturbed features, not over the clean ones alone."""
+    fw, config = _framework(smoke_config, "unimatch")
+    model = fw.student.train()
+    images = _batch(config, batch=2).labeled["image"]
+    bn = model.decoder.low_level[1]
+    assert isinstance(bn, torch.nn.BatchNorm2d)
+    with torch.no_grad():
+        low = model.encode(images).low_level
+        torch.manual_seed(1)
+        mask = torch.nn.functional.dropout2d(torch.ones_like(low[:, :, :1, :1]), 0.5, training=True)
+        before = bn.running_mean.clone()
+        torch.manual_seed(1)
+        model.forward_feature_perturbed(images, dropout=0.5)
+        conv = model.decoder.low_level[0](torch.cat([low, low * mask]))
+    expected = (1 - bn.momentum) * before + bn.momentum * conv.mean(dim=(0, 2, 3))
+    assert torch.allclose(bn.running_mean, expected, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------- loss

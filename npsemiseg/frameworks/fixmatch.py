@@ -31,13 +31,16 @@ The model evaluated is the network itself (no teacher).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from npsemiseg.constants import IGNORE_INDEX
+from npsemiseg.data.transforms import DRAW_SUFFIX, strong_key
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
@@ -96,6 +99,23 @@ class FixMatchOptions(FrameworkOptions):
 
     confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
     cutmix_p: float = Field(0.5, ge=0.0, le=1.0)
+    #: where each unlabeled image's CutMix box comes from (switch ``unimatch_cutmix_source``): ``second_draw`` =
+    #: another augmentation draw of the same image (the official second iterator over the unlabeled set, unimatch.py
+    #: 121; the maintainer, UniMatch issue #51), ``batch_shift`` = another image of the batch (issue #34: not
+    #: intentional, a shuffled batch does as well)
+    cutmix_source: Literal["second_draw", "batch_shift"] = "batch_shift"
+
+
+@dataclass
+class CutMixSource:
+    """What the boxes paste, image by image: the source's eval-mode prediction (labels and confidences
+    ``[B_u, H, W]``), its strong views (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``:
+    the eval-mode prediction of the weak view itself where the NP head needs it as targets, else None."""
+
+    prediction: TeacherPrediction
+    strong: list[Tensor]
+    valid: Tensor
+    weak: TeacherPrediction | None
 
 
 @FRAMEWORKS.register("fixmatch")
@@ -132,6 +152,14 @@ class FixMatch(SemiSupervisedFramework):
         """80 on VOC (configs/pascal.yaml 8), 240 on Cityscapes (configs/cityscapes.yaml 8)."""
         return 240 if dataset == "cityscapes" else 80
 
+    @classmethod
+    def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """One strong view per strong term, each its own photometric draw (dataset/semi.py 51-60); the crop's padding
+        mask (dataset/semi.py 45, 64-68); a second draw of every item when the CutMix source is ``second_draw``."""
+        source = cls.Options.model_validate(dict(options)).cutmix_source
+        return {"strong_views": len(cls.strong_weights), "padding_mask": True,
+                "draws": 2 if source == "second_draw" else 1}
+
     def eval_model(self) -> nn.Module:
         return self.student
 
@@ -140,6 +168,32 @@ class FixMatch(SemiSupervisedFramework):
         """One independent box draw per strong view (``[B, H, W]`` bool each)."""
         p = self.options.cutmix_p  # type: ignore[attr-defined]
         return [unimatch_boxes(batch, height, width, p=p, device=device) for _ in self.strong_weights]
+
+    def views(self, unlabeled: dict[str, Tensor], suffix: str = "") -> tuple[list[Tensor], Tensor]:
+        """The strong views ``image_strong<suffix>``, ``image_strong2<suffix>``, ... ``[B_u, 3, H, W]`` (one per strong
+        term) and the valid pixels ``[B_u, H, W]`` (not ``padding<suffix>``) of one augmentation draw."""
+        keys = [strong_key(i) + suffix for i in range(len(self.strong_weights))]
+        missing = [k for k in (*keys, "padding" + suffix) if k not in unlabeled]
+        if missing:
+            raise ValueError(f"batch.unlabeled: {self.name} needs {missing} (its unlabeled views: the data pipeline makes "
+                             f"them from Framework.unlabeled_views)")
+        return [unlabeled[k] for k in keys], ~unlabeled["padding" + suffix]
+
+    def cutmix_source(self, unlabeled: dict[str, Tensor], strong: list[Tensor], valid: Tensor) -> CutMixSource:
+        """The eval-mode, no-gradient prediction of the CutMix source (fixmatch.py 132-137, unimatch.py 131-136) and
+        what the boxes paste from it: the items' second draw (``cutmix_source="second_draw"``; the NP head's targets
+        then need an eval-mode prediction of the weak view too), or the batch shifted by :func:`mix_partners`
+        (``batch_shift``; that prediction is also the weak view's)."""
+        if self.options.cutmix_source == "second_draw":  # type: ignore[attr-defined]
+            mix = {k.removesuffix(DRAW_SUFFIX): v for k, v in unlabeled.items() if k.endswith(DRAW_SUFFIX)}
+            prediction = self.predict_unlabeled(self.student, mix)
+            weak = self.predict(self.student, unlabeled["image"]) if self._memory_names else None
+            return CutMixSource(prediction, *self.views(unlabeled, DRAW_SUFFIX), weak)
+        prediction = self.predict_unlabeled(self.student, unlabeled)
+        partner = mix_partners(strong[0].shape[0]).to(strong[0].device)
+        shifted = TeacherPrediction(prediction.probs[partner], prediction.entropy[partner],
+                                    prediction.confidence[partner], prediction.label[partner], None, None)
+        return CutMixSource(shifted, [view[partner] for view in strong], valid[partner], prediction)
 
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
@@ -159,27 +213,24 @@ class FixMatch(SemiSupervisedFramework):
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
         unlabeled = require_unlabeled(batch, self.name)
-        if "image_strong" not in unlabeled:
-            raise ValueError(f"batch.unlabeled: {self.name} needs 'image_strong' (the strong view; augmentation "
-                             f"{self.augmentation!r} makes it)")
-        weak, strong = unlabeled["image"], unlabeled["image_strong"]
+        weak = unlabeled["image"]
+        strong, valid = self.views(unlabeled)
         size = tuple(weak.shape[-2:])
         self.seed_memories(images_l, labels_l)
 
         # 1. eval mode, no gradient: the CutMix source's pseudo-labels (and the NP head's targets)
-        source = self.predict_unlabeled(self.student, unlabeled)
-        partner = mix_partners(weak.shape[0]).to(weak.device)
-        # 2. one independent box per strong view, the partner's strong view pasted in
+        source = self.cutmix_source(unlabeled, strong, valid)
+        # 2. one independent box per strong view, the source's strong view pasted in
         boxes = self.draw_boxes(weak.shape[0], size[0], size[1], weak.device)
-        mixed = [torch.where(box[:, None], strong[partner], strong) for box in boxes]
+        mixed = [torch.where(box[:, None], pasted, view) for box, pasted, view in zip(boxes, source.strong, strong)]
 
         # 3. train mode on labeled + weak: supervised loss, detached weak-view pseudo-labels
-        targets_u = ignore_where(source.label, source.confidence < threshold)
+        targets_u = (ignore_where(source.weak.label, source.weak.confidence < threshold) if source.weak is not None
+                     else torch.full((weak.shape[0], *size), IGNORE_INDEX, dtype=labels_l.dtype, device=weak.device))
         clean, perturbed = self.weak_pass(images_l, labels_l, weak, targets_u)
         weak_pred = prediction_from_logits(clean.logits_u.detach(), size, align_corners=self.align_corners)
         if self.unlabeled_truth == "oracle":
             weak_pred = oracle_prediction(weak_pred, unlabeled["label"])
-        valid = torch.ones_like(weak_pred.label, dtype=torch.bool)  # no padding mask on unlabeled items
 
         # 4. train mode on the mixed strong views (one batch), no labels
         output = self.student(torch.cat(mixed, dim=0))
@@ -188,9 +239,9 @@ class FixMatch(SemiSupervisedFramework):
         aux_term = self.head_aux_term
         losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(clean, labels_l).items()}
         for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
-            label = torch.where(box, source.label[partner], weak_pred.label)
-            confidence = torch.where(box, source.confidence[partner], weak_pred.confidence)
-            box_valid = torch.where(box, valid[partner], valid)
+            label = torch.where(box, source.prediction.label, weak_pred.label)
+            confidence = torch.where(box, source.prediction.confidence, weak_pred.confidence)
+            box_valid = torch.where(box, source.valid, valid)
             losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, box_valid, threshold)
         losses.update(self.extra_terms(perturbed, weak_pred, valid))
         mask_ratio = ((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)

@@ -55,16 +55,17 @@ class UniMatch(FixMatch):
 
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
-        """``cat(labeled, weak)`` once through the encoder: the clean stream (as FixMatch's, NP context = labeled,
-        targets = all with ``targets_u``) and the perturbed stream of the weak images, logits ``[S, B_u, K, h, w]``
-        at feature resolution (``pixel_ce`` upsamples them)."""
+        """``model(cat(labeled, weak), need_fp=True)`` (unimatch.py 151-153): the clean and perturbed streams of the
+        whole batch decoded as one batch of ``2 (B_l + B_u)`` (:meth:`npsemiseg.models.Segmentor.forward_feature_perturbed`;
+        NP context = the clean labeled rows, targets = the clean rows with ``targets_u``); returns the clean pass (as
+        FixMatch's) and the perturbed logits of the weak images only, ``[S, B_u, K, h, w]`` at feature resolution
+        (``pixel_ce`` upsamples them; the perturbed labeled rows enter no loss, unimatch.py 153)."""
         images = torch.cat([images_l, weak], dim=0)
         labels = torch.cat([labels_l, targets_u], dim=0)
         num_labeled = images_l.shape[0]
         clean, perturbed = unwrap(self.student).forward_feature_perturbed(
-            images, dropout=self.options.feature_dropout, perturb_from=num_labeled,  # type: ignore[attr-defined]
-            labels=labels, num_context=num_labeled)
-        return self._split(clean, num_labeled), perturbed.head.logits
+            images, dropout=self.options.feature_dropout, labels=labels, num_context=num_labeled)  # type: ignore[attr-defined]
+        return self._split(clean, num_labeled), perturbed.head.logits[:, num_labeled:]
 
     def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
         assert perturbed is not None
