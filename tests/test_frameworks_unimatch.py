@@ -340,3 +340,90 @@ def test_smoke_cell_trains_and_evaluates(tmp_path, monkeypatch, framework, head,
     assert result.steps == config.schedule.max_steps and not result.interrupted
     assert math.isfinite(result.metrics["miou"]) and result.history  # evaluated
     assert set(result.framework.modules()) == {"student"}
+
+
+# ----------------------------------------------------------------------------------------- released switches and data
+def test_lr_timing_after_step_runs_iteration_k_at_lr_k_minus_1(smoke_config):
+    """unimatch.py 205-208: the LR of iteration i is set after its optimizer.step(), so iteration k runs at lr(k - 1)
+    and iteration 0 at the base LR (switch unimatch_lr_timing); train_step logs the LR it ran at."""
+    from npsemiseg.training.factories import build_optimizer
+    from npsemiseg.training.plan import poly_lr, step_lr
+    from npsemiseg.training.step import train_step
+
+    assert step_lr(1.0, 0, 10, 0.9, "after_step") == 1.0 == step_lr(1.0, 0, 10, 0.9)
+    assert step_lr(1.0, 4, 10, 0.9, "after_step") == poly_lr(1.0, 3, 10, 0.9) != step_lr(1.0, 4, 10, 0.9)
+    with pytest.raises(ValueError, match="lr_timing"):
+        step_lr(1.0, 4, 10, 0.9, "later")
+    lrs = {}
+    for protocol in ("released", "corrected"):
+        config = smoke_config(framework="fixmatch", protocol=protocol)
+        assert config.schedule.lr_timing == ("after_step" if protocol == "released" else "before_step")
+        torch.manual_seed(0)
+        fw = build_framework(config)
+        optimizer = build_optimizer(config, fw.student)
+        ctx = StepContext(step=3, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+        logs = train_step(fw, _batch(config, second_draw=True), ctx, optimizer, config, torch.device("cpu"), 1)
+        lrs[protocol] = logs["train/lr"]
+        assert optimizer.torch_optimizer.param_groups[0]["lr"] == logs["train/lr"]
+    base = optimizer.base_lr
+    assert lrs == {"released": poly_lr(base, 2, 8, 0.9), "corrected": poly_lr(base, 3, 8, 0.9)}
+
+
+@pytest.mark.parametrize("framework", NEW_FRAMEWORKS)
+def test_released_switches_and_what_the_data_pipeline_gives(framework):
+    """Released: no classifier dropout, the CutMix source a second draw; corrected: the shared block's dropout, another
+    image of the batch. The unlabeled items carry one strong view per strong term (each its own photometric draw),
+    the padding mask and, for the second draw, every key again as ``*_mix``; other frameworks' items are unchanged."""
+    from npsemiseg.config import cell_config, with_overrides
+    from npsemiseg.data.transforms import train_transform
+    from npsemiseg.training.factories import train_transforms
+
+    cell = {"framework": framework, "dataset": "pascal_classic", "partition": "92", "head": "baseline"}
+    released, corrected = (cell_config("paper", protocol=p, **cell) for p in ("released", "corrected"))
+    assert released.head.options["dropout"] == 0.0 and corrected.head.options["dropout"] == 0.1
+    assert (released.framework_options["cutmix_source"], corrected.framework_options["cutmix_source"]) == (
+        "second_draw", "batch_shift")
+    views = get_framework(framework).unlabeled_views(released.framework_options)
+    assert views == {"strong_views": 2 if framework == "unimatch" else 1, "padding_mask": True, "draws": 2}
+    assert get_framework(framework).unlabeled_views(corrected.framework_options)["draws"] == 1
+    released = with_overrides(released, {"schedule.crop_size": 24, "data.augmentation.resize": "none"})
+    transform = train_transforms(released)["unlabeled"]
+    item = {"image": torch.rand(3, 16, 40), "label": torch.full((16, 40), 255), "id": "x"}
+    torch.manual_seed(0)
+    out = transform(item)
+    strong = [k for k in out if k.startswith("image_strong") and not k.endswith("_mix")]
+    assert len(strong) == views["strong_views"] and out["padding"].shape == (24, 24)
+    assert out["padding"].any() and not out["padding"].all()  # the 16 rows padded to the 24 crop
+    assert bool((out["image"][:, out["padding"]] == out["image"][:, out["padding"]][:, :1]).all())  # padded: the fill
+    assert {f"{k}_mix" for k in ("image", "label", "padding", *strong)} <= set(out)
+    assert not torch.equal(out["image"], out["image_mix"])  # another draw (crop, flip) of the same item
+    assert not torch.equal(out["image_strong"], out["image_strong_mix"])
+    if framework == "unimatch":
+        assert not torch.equal(out["image_strong"], out["image_strong2"])  # independent photometric draws
+    torch.manual_seed(0)
+    plain = train_transform(24, **released.data.augmentation)(item)  # what every other framework gets
+    assert set(plain) == {"image", "label", "id", "image_strong"}
+    torch.manual_seed(0)
+    assert torch.equal(plain["image_strong"], out["image_strong"]) and torch.equal(plain["image"], out["image"])
+
+
+def test_second_draw_pastes_the_source_view_and_predicts_it_in_eval_mode(smoke_config, monkeypatch):
+    """cutmix_source second_draw: the eval-mode pass predicts ``image_mix`` and each box pastes the ``_mix`` strong
+    view of the same index (unimatch.py 131-145); the padding of the source counts inside the box."""
+    fw, config = _framework(smoke_config, "unimatch", cutmix_p=1.0, cutmix_source="second_draw")
+    batch = _batch(config, batch=2, second_draw=True)
+    seen: list[torch.Tensor] = []
+    forward = type(fw.student).forward
+
+    def spy(model, images, **kwargs):
+        seen.append(images.detach().clone())
+        return forward(model, images, **kwargs)
+
+    monkeypatch.setattr(type(fw.student), "forward", spy)
+    torch.manual_seed(3)
+    fw.train_step(batch, CTX)
+    assert torch.equal(seen[0], batch.unlabeled["image_mix"])  # the eval-mode pass: the source's weak view
+    s1, s2 = seen[-1].chunk(2)
+    for view, key in ((s1, "image_strong"), (s2, "image_strong2")):
+        pasted = view != batch.unlabeled[key]
+        assert pasted.any() and torch.equal(view[pasted], batch.unlabeled[key + "_mix"][pasted])

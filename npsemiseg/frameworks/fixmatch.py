@@ -1,31 +1,32 @@
 """FixMatch for segmentation as UniMatch's code runs it (Yang et al., CVPR 2023, its baseline;
 ``docs/frameworks.md``, FixMatch and UniMatch).
 
-Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``fixmatch.py`` 122-166. One network,
-no EMA teacher; per iteration:
+Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``fixmatch.py`` 120-184. One network,
+no EMA teacher; per iteration (whole-step golden under ``released``: ``tests/test_fixmatch_step_golden.py``):
 
-1. The network in eval mode, without gradient, predicts the weak view (fixmatch.py 132-137: there the
-   prediction of a *second* unlabeled batch, the CutMix source). The project's Batch carries one
-   unlabeled batch per step, so the CutMix source is the same batch shifted cyclically by a random
-   ``1 <= k < B_u`` (image i takes its box from image ``(i + k) mod B_u``: never itself for ``B_u > 1``),
-   and this eval-mode prediction, permuted the same way, labels the pasted boxes. Its hard pseudo-labels,
-   255 below the threshold, are also the NP head's targets in step 3 (the memories and the KL target).
+1. The CutMix source (:meth:`FixMatch.cutmix_source`, option ``cutmix_source``, switch ``unimatch_cutmix_source``):
+   the network in eval mode, without gradient, predicts its weak view (fixmatch.py 132-137). ``second_draw``
+   (released): the source is a second augmentation draw of the same unlabeled items (``*_mix`` keys: the official
+   loader zips the unlabeled loader with itself, fixmatch.py 120, the same images in the same order, each in another
+   view; UniMatch issue #51). ``batch_shift`` (corrected): the batch shifted cyclically by a random ``1 <= k < B_u``
+   (image i pastes image ``(i + k) mod B_u``; the maintainer, issue #34: a shuffled batch does as well), and the
+   eval-mode prediction is of the weak view itself.
 2. One box per image (:func:`unimatch_boxes`, ``obtain_cutmix_box`` of dataset/transform.py 66-84: probability
-   ``cutmix_p``, area U[0.02, 0.4] of the crop, aspect U[0.3, 1/0.3]) pastes the partner's strong view into the
+   ``cutmix_p``, area U[0.02, 0.4] of the crop, aspect U[0.3, 1/0.3]) pastes the source's strong view into the
    strong view ``image_strong`` (fixmatch.py 139-140).
 3. The network in train mode on ``cat(labeled, weak)`` (fixmatch.py 142-146; the NP head: labeled = context,
-   all = targets with the step-1 pseudo-labels): the supervised loss, and the detached weak-view prediction
-   (mean of the per-sample softmaxes for the stochastic heads) gives the pseudo-labels and confidences
-   outside the boxes (fixmatch.py 149-158).
-4. The network in train mode on the mixed strong view, no labels (the NP head draws its latent from its
-   stored centers): per-pixel CE against the mixed pseudo-labels, summed over pixels whose (mixed)
-   confidence is >= ``confidence_threshold`` and that are valid, divided by the number of valid pixels
-   (fixmatch.py 162-164). The project's unlabeled items carry no crop-padding mask (their labels are
-   hidden), so every pixel is valid and the divisor is ``B_u x H x W``.
+   all = targets, the unlabeled ones labelled with the eval-mode pseudo-labels of the weak view, 255 below the
+   threshold): the supervised loss, and the detached weak-view prediction (mean of the per-sample softmaxes for
+   the stochastic heads) gives the pseudo-labels and confidences outside the boxes (fixmatch.py 149-158).
+4. The network in train mode on the mixed strong view, no labels (the NP head draws its latent from its stored
+   centers): per-pixel CE against the mixed pseudo-labels, summed over pixels whose (mixed) confidence is >=
+   ``confidence_threshold`` and that are valid, divided by the number of valid pixels (fixmatch.py 162-164). Valid =
+   not padded by the crop (the items' ``padding`` mask, and the source's inside the box: dataset/semi.py 64-68).
 5. Loss ``(loss_x + loss_s) / 2`` (fixmatch.py 166): terms ``sup`` = 0.5 loss_x (and 0.5 of any other
    supervised term), ``unsup`` = 0.5 loss_s; the NP head's ``kl`` is added unscaled, as in every framework.
 
-The model evaluated is the network itself (no teacher).
+What the unlabeled items carry (``Framework.unlabeled_views``): one strong view per strong term, the padding mask,
+and the second draw under ``second_draw``. The model evaluated is the network itself (no teacher).
 """
 
 from __future__ import annotations
