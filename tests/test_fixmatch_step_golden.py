@@ -49,13 +49,7 @@ def test_one_released_step_matches_the_official_step(setting):
                                     "switches.unimatch_classifier_dropout=0.1",
                                     "switches.unimatch_lr_timing=before_step", "no_padding"])
 def test_each_guarded_behaviour_moves_the_step(change):
-    data = recorded("fixmatch_step_pascal")
-    overrides = {}
-    if change == "no_padding":
-        data = {**data, "padding": data["padding"] & False, "padding_mix": data["padding_mix"] & False}
-    else:
-        key, value = change.split("=")
-        overrides[key] = float(value) if value[0].isdigit() else value
+    data, overrides = REC.changed(recorded("fixmatch_step_pascal"), change)
     fw, logs = REC.project_step("fixmatch", "pascal", data, overrides)
     diffs = REC.step_differences("fixmatch", fw, logs, data)
     assert max(diffs.values()) > 1e-2, change

@@ -69,17 +69,13 @@ def test_one_released_step_matches_the_official_step(setting):
                                     "switches.unimatch_classifier_dropout=0.1",
                                     "switches.unimatch_lr_timing=before_step", "no_padding"])
 def test_each_guarded_behaviour_moves_the_step(change, monkeypatch):
-    data = recorded("unimatch_step_pascal")
-    overrides = {}
-    if change == "no_padding":
-        data = {**data, "padding": data["padding"] & False, "padding_mix": data["padding_mix"] & False}
-    elif change == "decode_apart":
+    data, overrides = recorded("unimatch_step_pascal"), {}
+    if change == "decode_apart":
         from npsemiseg.models import Segmentor
 
         monkeypatch.setattr(Segmentor, "forward_feature_perturbed", _decode_apart)
     else:
-        key, value = change.split("=")
-        overrides[key] = float(value) if value[0].isdigit() else value
+        data, overrides = REC.changed(data, change)
     fw, logs = REC.project_step("unimatch", "pascal", data, overrides)
     diffs = REC.step_differences("unimatch", fw, logs, data)
     assert max(diffs.values()) > 1e-2, change

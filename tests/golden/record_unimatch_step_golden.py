@@ -474,6 +474,28 @@ def step_differences(framework: str, fw: Any, logs: dict[str, float], data: dict
     return diffs
 
 
+def sources(framework: str, config: str) -> dict[str, str]:
+    """What of the official checkout the record ran, and how (read and executed, imported, written out)."""
+    return {
+        "loop_body": f"{framework}.py, the 'for i, ((img_x, mask_x), ...' statement up to 'eval_mode =' (read and "
+                     "executed: one iteration)",
+        "optimizer": f"{framework}.py 'optimizer = SGD(' (three lines, read and executed)",
+        "model": "model/semseg/deeplabv3plus.py DeepLabV3Plus (imported; its encoder the project's)",
+        "criterion": "unimatch.py 68-75 (written out), util/ohem.py (imported)",
+        "boxes": "dataset/transform.py obtain_cutmix_box (imported, seeded)",
+        "config": config,
+    }
+
+
+def changed(data: dict[str, np.ndarray], change: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The record's inputs and the overrides of one guarded change: ``no_padding`` (no padded pixel in either draw)
+    or ``switches.<name>=<value>`` (a switch at another value)."""
+    if change == "no_padding":
+        return {**data, "padding": data["padding"] & False, "padding_mix": data["padding_mix"] & False}, {}
+    key, value = change.split("=")
+    return data, {key: float(value) if value[0].isdigit() else value}
+
+
 def main(argv: list[str] | None = None, framework: str = "unimatch") -> None:
     args = recorder_arguments(__doc__, "a checkout of LiheYoung/UniMatch", argv)
     commit = args.commit or official_commit(args.checkout)
@@ -486,15 +508,7 @@ def main(argv: list[str] | None = None, framework: str = "unimatch") -> None:
             "commit": commit,
             "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest()
                                      for f in OFFICIAL_FILES},
-            "sources": {
-                "loop_body": f"{framework}.py, the 'for i, ((img_x, mask_x), ...' statement up to 'eval_mode =' "
-                             "(read and executed: one iteration)",
-                "optimizer": f"{framework}.py 'optimizer = SGD(' (three lines, read and executed)",
-                "model": "model/semseg/deeplabv3plus.py DeepLabV3Plus (imported; its encoder the project's)",
-                "criterion": "unimatch.py 68-75 (written out), util/ohem.py (imported)",
-                "boxes": "dataset/transform.py obtain_cutmix_box (imported, seeded)",
-                "config": meta["cfg"],
-            },
+            "sources": sources(framework, meta["cfg"]),
             "compared": "losses, mask ratio, LR; gradient, and after the SGD step value, of every parameter and "
                         "buffer (sum, sum |x|, sampled entries)",
             "command": f"PYTHONPATH=$PWD python tests/golden/record_{framework}_step_golden.py CHECKOUT --commit {commit}",
