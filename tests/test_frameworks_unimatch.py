@@ -427,3 +427,25 @@ def test_second_draw_pastes_the_source_view_and_predicts_it_in_eval_mode(smoke_c
     for view, key in ((s1, "image_strong"), (s2, "image_strong2")):
         pasted = view != batch.unlabeled[key]
         assert pasted.any() and torch.equal(view[pasted], batch.unlabeled[key + "_mix"][pasted])
+
+
+def test_np_head_in_the_joint_decode_takes_clean_context_and_no_perturbed_targets(smoke_config, monkeypatch):
+    """UniMatch + NP: one head call on the 2N rows of the joint decode; its context is the clean labeled rows, its
+    targets the clean rows (ground truth + weak pseudo-labels), the perturbed half labelled 255 (no memory rows)."""
+    fw, config = _framework(smoke_config, "unimatch", "np", confidence_threshold=0.0)  # every weak pixel a target
+    calls: list[dict] = []
+    real = type(fw.student.head).forward
+
+    def spy(head, features, **kwargs):
+        calls.append({"rows": features.shape[0], **{k: v for k, v in kwargs.items() if torch.is_tensor(v)}})
+        return real(head, features, **kwargs)
+
+    monkeypatch.setattr(type(fw.student.head), "forward", spy)
+    batch = _batch(config, batch=2)
+    fw.train_step(batch, CTX)
+    joint = next(c for c in calls if c["rows"] == 8)  # 2 x (2 labeled + 2 weak)
+    assert joint["context_features"].shape[0] == 2 and joint["labels"].shape[0] == 8
+    assert torch.equal(joint["context_labels"], batch.labeled["label"])  # context: the clean labeled rows
+    assert torch.equal(joint["labels"][:2], batch.labeled["label"])
+    assert bool((joint["labels"][2:4] != 255).all())  # the clean weak rows: pseudo-labelled targets
+    assert bool((joint["labels"][4:] == 255).all())  # the perturbed half: no targets
