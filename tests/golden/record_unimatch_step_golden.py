@@ -37,7 +37,8 @@ remains is the project's loss path, which computes in float32 by design.
 
 Stored, in the project's parameter names: the inputs, boxes and masks; the official loss terms, mask
 ratio and the LR of the step; for every parameter its gradient, and for every parameter and buffer after the official
-SGD step: sum, sum of |x| and ``SAMPLES`` sampled entries (``record_mt_cps_golden.sample_indices``).
+SGD step: sum, sum of |x| and ``SAMPLES`` sampled entries (``record_mt_cps_golden.sample_indices``), packed per kind
+(:func:`digest`).
 """
 
 from __future__ import annotations
@@ -367,14 +368,21 @@ def run_official(checkout: Path, framework: str, cfg: dict, model: nn.Module, da
 
 
 def digest(prefix: str, named: dict[str, torch.Tensor], indices: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Sum, sum of |values| and the sampled entries of every tensor of ``named`` (project names), as float64."""
-    out = {}
-    for name, t in named.items():
-        flat = t.detach().double().flatten()
-        out[f"{prefix}/sum/{name}"] = np.array(float(flat.sum()))
-        out[f"{prefix}/abs/{name}"] = np.array(float(flat.abs().sum()))
-        out[f"{prefix}/at/{name}"] = flat[torch.from_numpy(indices[name]).long()].numpy()
-    return out
+    """Sum, sum of |values| and the sampled entries of every tensor of ``named`` (project names), as float64, packed:
+    ``<prefix>/names`` [n], ``<prefix>/sum`` and ``<prefix>/abs`` [n], ``<prefix>/index`` [n, SAMPLES] (-1 past a small
+    tensor's size) and ``<prefix>/at`` [n, SAMPLES] (NaN there)."""
+    names = list(named)
+    index = np.full((len(names), SAMPLES), -1, dtype=np.int32)
+    at = np.full((len(names), SAMPLES), np.nan)
+    total, absolute = np.zeros(len(names)), np.zeros(len(names))
+    for row, name in enumerate(names):
+        flat = named[name].detach().double().flatten()
+        total[row], absolute[row] = float(flat.sum()), float(flat.abs().sum())
+        picked = indices[name]
+        index[row, :picked.size] = picked
+        at[row, :picked.size] = flat[torch.from_numpy(picked).long()].numpy()
+    return {f"{prefix}/names": np.array(names), f"{prefix}/sum": total, f"{prefix}/abs": absolute,
+            f"{prefix}/index": index, f"{prefix}/at": at}
 
 
 def in_project_names(model: nn.Module, project: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
@@ -406,7 +414,6 @@ def record(checkout: Path, framework: str, setting: str) -> tuple[dict[str, np.n
     out["official/mask_ratio"] = np.array(float(namespace["mask_ratio"]))
     out["official/lr_step"] = np.array(namespace["lr_step"])
     out["official/lr_next"] = np.array(namespace["optimizer"].param_groups[0]["lr"])
-    out.update({f"index/{k}": v for k, v in indices.items()})
     out.update(digest("grad", in_project_names(model, project, grads=True), indices))
     out.update(digest("after", in_project_names(model, project), indices))
     meta = {"cfg": SETTINGS[setting][0], "terms": list(terms), "feature_masks": len(replay.masks)}
@@ -458,16 +465,17 @@ def step_differences(framework: str, fw: Any, logs: dict[str, float], data: dict
     diffs["lr"] = abs(logs["train/lr"] - float(data["official/lr_step"])) / float(data["official/lr_step"])
     params, state = dict(fw.student.named_parameters()), fw.student.state_dict()
     for prefix in ("grad", "after"):
-        for key in (k for k in data if k.startswith(f"{prefix}/abs/")):
-            name = key.split("/", 2)[2]
+        for row, name in enumerate(data[f"{prefix}/names"]):
             flat = (params[name].grad if prefix == "grad" else state[name]).detach().double().flatten()
-            ref, scale = data[f"{prefix}/at/{name}"], max(float(data[key]), 1e-30)
-            at = flat[torch.from_numpy(data[f"index/{name}"]).long()].numpy()
+            picked = data[f"{prefix}/index"][row] >= 0
+            ref = data[f"{prefix}/at"][row][picked]
+            at = flat[torch.from_numpy(data[f"{prefix}/index"][row][picked]).long()].numpy()
+            scale = max(float(data[f"{prefix}/abs"][row]), 1e-30)
+            largest = float(np.abs(ref).max())
             diffs[f"{prefix}/{name}"] = max(
-                float(np.abs(at - ref).max()) / max(float(np.abs(ref).max()), 1e-30) if ref.size and np.abs(ref).max() else
-                float(np.abs(at - ref).max()),
-                abs(float(flat.sum()) - float(data[f"{prefix}/sum/{name}"])) / scale,
-                abs(float(flat.abs().sum()) - float(data[key])) / scale)
+                float(np.abs(at - ref).max()) / (largest if largest else 1.0),
+                abs(float(flat.sum()) - float(data[f"{prefix}/sum"][row])) / scale,
+                abs(float(flat.abs().sum()) - float(data[f"{prefix}/abs"][row])) / scale)
     for name in UNMATCHED:
         weight = params[name.removesuffix("bias") + "weight"].grad
         diffs[f"unmatched/{name}"] = float(params[name].grad.abs().max() / weight.abs().max())
