@@ -135,6 +135,13 @@ _GOLDEN_PSMT_STEP = ("tests/test_psmt_step_golden.py::test_one_released_step_mat
                      "gradients 1.6e-5 of their tensor's largest entry; weights and BN buffers 2.7e-6 (whole step)")
 _GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_released_targets_are_the_official_unfiltered_ones: "
                              "targets equal (0), AugSeg's step; U2PL's not compared")
+#: the whole-step goldens of FixMatch and UniMatch (official loop body and train_step on one network)
+_GOLDEN_UNIMATCH_STEPS = ("tests/test_unimatch_step_golden.py::test_one_released_step_matches_the_official_step: max "
+                          "|difference| 4.5e-7 relative (VOC settings 3.2e-7, Cityscapes 4.5e-7; every loss, gradient, "
+                          "parameter and BN buffer of one step, float64 network, float32 losses); "
+                          "tests/test_fixmatch_step_golden.py::test_one_released_step_matches_the_official_step: 5.7e-7 "
+                          "(VOC 3.6e-7, Cityscapes 5.7e-7); each switch moves the step: "
+                          "tests/test_unimatch_step_golden.py::test_each_guarded_behaviour_moves_the_step")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
@@ -470,6 +477,25 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
+    Switch("unimatch_classifier_dropout", "head", "head.options.dropout", 0.0, 0.1,
+           "UniMatch@0324f3d model/semseg/deeplabv3plus.py 29-36, 64-66 (fuse: two 3x3 conv-BN-ReLU, 1x1 classifier; "
+           "no dropout)",
+           "no dropout in the baseline classifier block (the official fuse and classifier have none) instead of the "
+           "shared block's Dropout2d(0.1) twice", "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH,
+           heads=("baseline",), golden=_GOLDEN_UNIMATCH_STEPS),
+    Switch("unimatch_cutmix_source", "framework", "framework_options.cutmix_source", "second_draw", "batch_shift",
+           "UniMatch@0324f3d unimatch.py 121-125 (zip(trainloader_l, trainloader_u, trainloader_u)), 131-145, "
+           "fixmatch.py 120-141; LiheYoung/UniMatch issues #51 (the same raw image, another view) and #34 (not "
+           "intentional; a shuffled batch does as well)",
+           "the CutMix box pastes a second augmentation draw of the same image (its own crop, flip and photometric "
+           "draws, predicted in eval mode) instead of another image of the batch",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, golden=_GOLDEN_UNIMATCH_STEPS),
+    Switch("unimatch_lr_timing", "loop", "schedule.lr_timing", "after_step", "before_step",
+           "UniMatch@0324f3d unimatch.py 54-56 (SGD at cfg['lr']), 192-208 (the poly LR of iteration i set after "
+           "optimizer.step()), fixmatch.py 57-59, 170-184",
+           "iteration k runs at the poly LR of k - 1 (iteration 0 at the base LR) instead of at lr(k)",
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH,
+           golden=_GOLDEN_UNIMATCH_STEPS),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
            "dropout in the baseline classifier block",

@@ -16,6 +16,7 @@ from benchmark_scripts import load_benchmark
 from head_fixtures import LargestOutput
 from torch import nn
 
+from unlabeled_views import with_unimatch_views
 from npsemiseg.data.mixing import adaptive_confidence
 from npsemiseg.frameworks import framework_names, get_framework
 from npsemiseg.frameworks.base import Batch, StepContext
@@ -288,7 +289,7 @@ def _batch(config, *, seed: int = 0, batch: int = 2) -> Batch:
     labeled["image_strong"] = (labeled["image"] * 0.8).clamp(0, 1)
     unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen)}
     unlabeled["image_strong"] = unlabeled["image"].flip(-1)
-    return Batch(labeled=labeled, unlabeled=unlabeled)
+    return Batch(labeled=labeled, unlabeled=with_unimatch_views(unlabeled))
 
 
 def _framework(smoke_config, framework: str, head: str, **options):

@@ -25,13 +25,23 @@ HEADS = head_names()
 CTX = StepContext(step=0, total_steps=4, epoch=0, total_epochs=2, iters_per_epoch=2)
 
 
-def _batch(config, *, seed: int = 0, batch: int = 2) -> Batch:
+def _unlabeled(gen: torch.Generator, batch: int, size: int, suffix: str = "") -> dict[str, torch.Tensor]:
+    """One augmentation draw of an unlabeled batch: weak view, two strong views, the last two columns padded."""
+    image = torch.rand(batch, 3, size, size, generator=gen)
+    padding = torch.zeros(batch, size, size, dtype=torch.bool)
+    padding[..., -2:] = True
+    views = {"image": image, "image_strong": image.flip(-1), "image_strong2": image.flip(-2), "padding": padding}
+    return {k + suffix: v for k, v in views.items()}
+
+
+def _batch(config, *, seed: int = 0, batch: int = 2, second_draw: bool = False) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     size, k = config.schedule.crop_size, config.num_classes
     labels = torch.randint(0, k, (batch, size, size), generator=gen)
     labels[:, :2] = 255
-    unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen)}
-    unlabeled["image_strong"] = unlabeled["image"].flip(-1)
+    unlabeled = _unlabeled(gen, batch, size)
+    if second_draw:
+        unlabeled.update(_unlabeled(gen, batch, size, "_mix"))
     return Batch(labeled={"image": torch.rand(batch, 3, size, size, generator=gen), "label": labels},
                  unlabeled=unlabeled)
 
@@ -106,8 +116,8 @@ def test_step_draws_two_boxes_and_pastes_them_independently(smoke_config, monkey
     assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
     (mixed,) = strong_inputs
     s1, s2 = mixed.chunk(2)
-    strong = batch.unlabeled["image_strong"]
-    for view, box in ((s1, seen[0]), (s2, seen[1])):
+    for view, box, key in ((s1, seen[0], "image_strong"), (s2, seen[1], "image_strong2")):
+        strong = batch.unlabeled[key]  # each view its own photometric draw, pasted from the source's same view
         outside = ~box[:, None].expand_as(view)
         assert torch.equal(view[outside], strong[outside])  # outside its own box: the view itself
         assert not torch.equal(view, strong)  # inside: pasted from another image
@@ -175,10 +185,13 @@ def test_weak_view_pseudo_labels_are_detached_and_feed_the_np_targets(smoke_conf
 
 
 # ----------------------------------------------------------------------------------------- feature perturbation
-def test_feature_perturbation_drops_encoder_features_only(smoke_config, monkeypatch):
+def test_feature_perturbation_decodes_clean_and_perturbed_as_one_batch(smoke_config, monkeypatch):
+    """deeplabv3plus.py 44-50: one decoder call on ``cat(clean, Dropout2d(clean))`` of the whole batch (2B rows: the
+    decoder's BatchNorm sees both), channel masks on the encoder maps only, the clean half equal to ``forward``'s
+    where BatchNorm uses running statistics (eval mode), parameters untouched."""
     fw, config = _framework(smoke_config, "unimatch")
     model = fw.student
-    model.eval()  # the dropout is active whatever the mode
+    model.eval()  # the dropout is active whatever the mode; eval-mode BN makes each row independent of the others
     images = _batch(config, batch=3).labeled["image"]
     decoded: list[tuple[torch.Tensor, torch.Tensor]] = []
     real_decoder = type(model.decoder).forward
@@ -191,24 +204,45 @@ def test_feature_perturbation_drops_encoder_features_only(smoke_config, monkeypa
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(0)
     with torch.no_grad():
-        clean, perturbed = model.forward_feature_perturbed(images, dropout=0.5, perturb_from=1)
+        clean, perturbed = model.forward_feature_perturbed(images, dropout=0.5)
         encoded = model.encode(images)
         reference = model(images)
-    assert torch.allclose(clean.head.logits, reference.head.logits)  # the clean stream is forward's
-    assert perturbed.head.logits.shape[1] == 2 and perturbed.aux_logits is None
-    (low_c, high_c), (low_p, high_p) = decoded[0], decoded[1]
-    assert torch.equal(low_c, encoded.low_level) and torch.equal(high_c, encoded.high_level)
-    for dropped, whole in ((low_p, encoded.low_level[1:]), (high_p, encoded.high_level[1:])):
+    (low, high), _ = decoded[0], decoded[1]  # one joint decoder call, then forward's
+    assert low.shape[0] == high.shape[0] == 6 and len(decoded) == 2
+    assert torch.allclose(clean.head.logits, reference.head.logits, atol=1e-6)  # the clean half is forward's
+    assert perturbed.head.logits.shape[1] == 3 and perturbed.aux_logits is None
+    assert torch.equal(low[:3], encoded.low_level) and torch.equal(high[:3], encoded.high_level)
+    for dropped, whole in ((low[3:], encoded.low_level), (high[3:], encoded.high_level)):
         channel_zero = dropped.flatten(2).abs().amax(dim=2) == 0
         kept = ~channel_zero & (whole.flatten(2).abs().amax(dim=2) > 0)
         assert 0.2 < float(channel_zero.float().mean()) < 0.8  # whole channels dropped at rate ~0.5
         assert torch.allclose(dropped[kept], 2.0 * whole[kept])  # kept channels scaled by 1 / (1 - p)
     assert all(torch.equal(p, params[n]) for n, p in model.named_parameters())  # decoder and head untouched
     with torch.no_grad():
-        _, none = model.forward_feature_perturbed(images, dropout=0.0, perturb_from=1)
-    assert torch.allclose(none.head.logits, reference.head.logits[:, 1:], atol=1e-5)  # p = 0: the clean decoding
-    with pytest.raises(ValueError, match="perturb_from"):
-        model.forward_feature_perturbed(images, perturb_from=3)
+        _, none = model.forward_feature_perturbed(images, dropout=0.0)
+    assert torch.allclose(none.head.logits, reference.head.logits, atol=1e-5)  # p = 0: the clean decoding
+    with pytest.raises(ValueError, match="dropout"):
+        model.forward_feature_perturbed(images, dropout=1.0)
+
+
+def test_joint_decode_batchnorm_sees_clean_and_perturbed_rows(smoke_config):
+    """In train mode the decoder's BN batch is the 2B rows: its running mean moves to the mean over clean and
+    perturbed features, not over the clean ones alone."""
+    fw, config = _framework(smoke_config, "unimatch")
+    model = fw.student.train()
+    images = _batch(config, batch=2).labeled["image"]
+    bn = model.decoder.low_level[1]
+    assert isinstance(bn, torch.nn.BatchNorm2d)
+    with torch.no_grad():
+        low = model.encode(images).low_level
+        torch.manual_seed(1)
+        mask = torch.nn.functional.dropout2d(torch.ones_like(low[:, :, :1, :1]), 0.5, training=True)
+        before = bn.running_mean.clone()
+        torch.manual_seed(1)
+        model.forward_feature_perturbed(images, dropout=0.5)
+        conv = model.decoder.low_level[0](torch.cat([low, low * mask]))
+    expected = (1 - bn.momentum) * before + bn.momentum * conv.mean(dim=(0, 2, 3))
+    assert torch.allclose(bn.running_mean, expected, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------- loss
@@ -306,3 +340,112 @@ def test_smoke_cell_trains_and_evaluates(tmp_path, monkeypatch, framework, head,
     assert result.steps == config.schedule.max_steps and not result.interrupted
     assert math.isfinite(result.metrics["miou"]) and result.history  # evaluated
     assert set(result.framework.modules()) == {"student"}
+
+
+# ----------------------------------------------------------------------------------------- released switches and data
+def test_lr_timing_after_step_runs_iteration_k_at_lr_k_minus_1(smoke_config):
+    """unimatch.py 205-208: the LR of iteration i is set after its optimizer.step(), so iteration k runs at lr(k - 1)
+    and iteration 0 at the base LR (switch unimatch_lr_timing); train_step logs the LR it ran at."""
+    from npsemiseg.training.factories import build_optimizer
+    from npsemiseg.training.plan import poly_lr, step_lr
+    from npsemiseg.training.step import train_step
+
+    assert step_lr(1.0, 0, 10, 0.9, "after_step") == 1.0 == step_lr(1.0, 0, 10, 0.9)
+    assert step_lr(1.0, 4, 10, 0.9, "after_step") == poly_lr(1.0, 3, 10, 0.9) != step_lr(1.0, 4, 10, 0.9)
+    with pytest.raises(ValueError, match="lr_timing"):
+        step_lr(1.0, 4, 10, 0.9, "later")
+    lrs = {}
+    for protocol in ("released", "corrected"):
+        config = smoke_config(framework="fixmatch", protocol=protocol)
+        assert config.schedule.lr_timing == ("after_step" if protocol == "released" else "before_step")
+        torch.manual_seed(0)
+        fw = build_framework(config)
+        optimizer = build_optimizer(config, fw.student)
+        ctx = StepContext(step=3, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+        logs = train_step(fw, _batch(config, second_draw=True), ctx, optimizer, config, torch.device("cpu"), 1)
+        lrs[protocol] = logs["train/lr"]
+        assert optimizer.torch_optimizer.param_groups[0]["lr"] == logs["train/lr"]
+    base = optimizer.base_lr
+    assert lrs == {"released": poly_lr(base, 2, 8, 0.9), "corrected": poly_lr(base, 3, 8, 0.9)}
+
+
+@pytest.mark.parametrize("framework", NEW_FRAMEWORKS)
+def test_released_switches_and_what_the_data_pipeline_gives(framework):
+    """Released: no classifier dropout, the CutMix source a second draw; corrected: the shared block's dropout, another
+    image of the batch. The unlabeled items carry one strong view per strong term (each its own photometric draw),
+    the padding mask and, for the second draw, every key again as ``*_mix``; other frameworks' items are unchanged."""
+    from npsemiseg.config import cell_config, with_overrides
+    from npsemiseg.data.transforms import train_transform
+    from npsemiseg.training.factories import train_transforms
+
+    cell = {"framework": framework, "dataset": "pascal_classic", "partition": "92", "head": "baseline"}
+    released, corrected = (cell_config("paper", protocol=p, **cell) for p in ("released", "corrected"))
+    assert released.head.options["dropout"] == 0.0 and corrected.head.options["dropout"] == 0.1
+    assert (released.framework_options["cutmix_source"], corrected.framework_options["cutmix_source"]) == (
+        "second_draw", "batch_shift")
+    views = get_framework(framework).unlabeled_views(released.framework_options)
+    assert views == {"strong_views": 2 if framework == "unimatch" else 1, "padding_mask": True, "draws": 2}
+    assert get_framework(framework).unlabeled_views(corrected.framework_options)["draws"] == 1
+    released = with_overrides(released, {"schedule.crop_size": 24, "data.augmentation.resize": "none"})
+    transform = train_transforms(released)["unlabeled"]
+    item = {"image": torch.rand(3, 16, 40), "label": torch.full((16, 40), 255), "id": "x"}
+    torch.manual_seed(0)
+    out = transform(item)
+    strong = [k for k in out if k.startswith("image_strong") and not k.endswith("_mix")]
+    assert len(strong) == views["strong_views"] and out["padding"].shape == (24, 24)
+    assert out["padding"].any() and not out["padding"].all()  # the 16 rows padded to the 24 crop
+    assert bool((out["image"][:, out["padding"]] == out["image"][:, out["padding"]][:, :1]).all())  # padded: the fill
+    assert {f"{k}_mix" for k in ("image", "label", "padding", *strong)} <= set(out)
+    assert not torch.equal(out["image"], out["image_mix"])  # another draw (crop, flip) of the same item
+    assert not torch.equal(out["image_strong"], out["image_strong_mix"])
+    if framework == "unimatch":
+        assert not torch.equal(out["image_strong"], out["image_strong2"])  # independent photometric draws
+    torch.manual_seed(0)
+    plain = train_transform(24, **released.data.augmentation)(item)  # what every other framework gets
+    assert set(plain) == {"image", "label", "id", "image_strong"}
+    torch.manual_seed(0)
+    assert torch.equal(plain["image_strong"], out["image_strong"]) and torch.equal(plain["image"], out["image"])
+
+
+def test_second_draw_pastes_the_source_view_and_predicts_it_in_eval_mode(smoke_config, monkeypatch):
+    """cutmix_source second_draw: the eval-mode pass predicts ``image_mix`` and each box pastes the ``_mix`` strong
+    view of the same index (unimatch.py 131-145); the padding of the source counts inside the box."""
+    fw, config = _framework(smoke_config, "unimatch", cutmix_p=1.0, cutmix_source="second_draw")
+    batch = _batch(config, batch=2, second_draw=True)
+    seen: list[torch.Tensor] = []
+    forward = type(fw.student).forward
+
+    def spy(model, images, **kwargs):
+        seen.append(images.detach().clone())
+        return forward(model, images, **kwargs)
+
+    monkeypatch.setattr(type(fw.student), "forward", spy)
+    torch.manual_seed(3)
+    fw.train_step(batch, CTX)
+    assert torch.equal(seen[0], batch.unlabeled["image_mix"])  # the eval-mode pass: the source's weak view
+    s1, s2 = seen[-1].chunk(2)
+    for view, key in ((s1, "image_strong"), (s2, "image_strong2")):
+        pasted = view != batch.unlabeled[key]
+        assert pasted.any() and torch.equal(view[pasted], batch.unlabeled[key + "_mix"][pasted])
+
+
+def test_np_head_in_the_joint_decode_takes_clean_context_and_no_perturbed_targets(smoke_config, monkeypatch):
+    """UniMatch + NP: one head call on the 2N rows of the joint decode; its context is the clean labeled rows, its
+    targets the clean rows (ground truth + weak pseudo-labels), the perturbed half labelled 255 (no memory rows)."""
+    fw, config = _framework(smoke_config, "unimatch", "np", confidence_threshold=0.0)  # every weak pixel a target
+    calls: list[dict] = []
+    real = type(fw.student.head).forward
+
+    def spy(head, features, **kwargs):
+        calls.append({"rows": features.shape[0], **{k: v for k, v in kwargs.items() if torch.is_tensor(v)}})
+        return real(head, features, **kwargs)
+
+    monkeypatch.setattr(type(fw.student.head), "forward", spy)
+    batch = _batch(config, batch=2)
+    fw.train_step(batch, CTX)
+    joint = next(c for c in calls if c["rows"] == 8)  # 2 x (2 labeled + 2 weak)
+    assert joint["context_features"].shape[0] == 2 and joint["labels"].shape[0] == 8
+    assert torch.equal(joint["context_labels"], batch.labeled["label"])  # context: the clean labeled rows
+    assert torch.equal(joint["labels"][:2], batch.labeled["label"])
+    assert bool((joint["labels"][2:4] != 255).all())  # the clean weak rows: pseudo-labelled targets
+    assert bool((joint["labels"][4:] == 255).all())  # the perturbed half: no targets

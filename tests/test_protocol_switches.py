@@ -14,6 +14,7 @@ import contextlib
 import pytest
 import torch
 
+from unlabeled_views import with_unimatch_views
 from npsemiseg.config import cell_config, switches, with_overrides
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.protocol import implemented_switches
@@ -64,6 +65,8 @@ NOT_A_STEP_CHANGE = {
     "psmt_warmup_teachers_scratch": "the teachers' initial weights (with the warm-up only): "
                                     "test_psmt_warmup_teachers_scratch_switch_redraws_the_teachers_backbones",
     "grad_clip_per_head": "the optimiser step: test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected",
+    "unimatch_lr_timing": "the step's LR, not its losses: test_lr_timing_after_step_runs_iteration_k_at_lr_k_minus_1 "
+                          "(test_frameworks_unimatch)",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 
@@ -89,7 +92,7 @@ def _batch(config, seed: int) -> Batch:
     labeled["image_strong"] = (labeled["image"] * 0.8).clamp(0, 1)
     unlabeled = {"image": torch.rand(2, 3, size, size, generator=gen)}
     unlabeled["image_strong"] = unlabeled["image"].flip(-1)
-    return Batch(labeled=labeled, unlabeled=unlabeled)
+    return Batch(labeled=labeled, unlabeled=with_unimatch_views(unlabeled))
 
 
 def _steps(config) -> list[dict[str, float]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from unlabeled_views import with_unimatch_views
 from npsemiseg.config import with_overrides
 from npsemiseg.data import build_dataset
 from npsemiseg.data.partitions import partition_ids
@@ -66,7 +67,7 @@ def _batch(config, *, batch: int = 2) -> Batch:
     labeled["image_strong"] = (labeled["image"] * 0.8).clamp(0, 1)
     unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen), "label": truth.clone()}
     unlabeled["image_strong"] = unlabeled["image"].flip(-1)
-    return Batch(labeled=labeled, unlabeled=unlabeled)
+    return Batch(labeled=labeled, unlabeled=with_unimatch_views(unlabeled))
 
 
 def _student_labels(smoke_config, framework: str, truth: str) -> tuple[torch.Tensor, dict[str, float]]:

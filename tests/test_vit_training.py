@@ -14,6 +14,7 @@ from npsemiseg.training import build_framework, train
 from npsemiseg.training.factories import build_optimizer
 from npsemiseg.training.step import train_step
 from semiseg_platform.preflight import PreflightError, check_weights
+from unlabeled_views import with_unimatch_views
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -29,7 +30,7 @@ def _batch(config, batch: int = 2) -> Batch:
     unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen)}
     for stream in (labeled, unlabeled):
         stream["image_strong"] = (stream["image"] * 0.8).flip(-1)
-    return Batch(labeled=labeled, unlabeled=unlabeled)
+    return Batch(labeled=labeled, unlabeled=with_unimatch_views(unlabeled))
 
 
 @pytest.mark.parametrize("framework", ["supervised", "fixmatch", "unimatch_v2", "fixmatch_v2"])

@@ -47,6 +47,11 @@ IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers"
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
 IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
+    # UniMatch's released LR timing and CutMix source, at their corrected values
+    ("schedule.lr_timing", lambda v: v["schedule"]["lr_timing"] == "before_step"),
+    ("framework_options.cutmix_source", lambda v: v["framework_options"].get("cutmix_source") == "batch_shift"),
+    ("head.options.dropout", lambda v: v["framework"] in ("fixmatch", "unimatch")
+     and v["head"]["options"].get("dropout") == 0.1),
     ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
     ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
@@ -209,6 +214,10 @@ class ScheduleConfig(Section):
     #: framework's own publication settings); the preset derives ``crop_size`` and the batches from it
     #: (step ``scale`` of ``npsemiseg.config.compose``); switch ``head_settings``
     head_settings: Literal["per_head", "shared"] = "shared"
+    #: when iteration k's poly LR is set: ``before_step`` = lr(k), set before the step; ``after_step`` = lr(k - 1), as
+    #: UniMatch's loop sets lr(k) after its optimiser step (unimatch.py 205-208; lr(0) at iteration 0); switch
+    #: ``unimatch_lr_timing``
+    lr_timing: Literal["before_step", "after_step"] = "before_step"
     eval_every_epochs: NonNegativeInt = 0
     checkpoint_every_steps: NonNegativeInt = 0
 

@@ -317,44 +317,79 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
     return v2.Compose(steps)
 
 
+#: keywords of :func:`train_transform` that a framework asks for (``Framework.unlabeled_views``), not configuration keys
+VIEW_KEYS: tuple[str, ...] = ("strong_views", "padding_mask", "draws")
+#: suffix of the keys of an item's second augmentation draw (``image_mix``, ``image_strong_mix``, ...)
+DRAW_SUFFIX = "_mix"
+
+
+def strong_key(view: int) -> str:
+    """The item key of strong view ``view`` (0-based): ``image_strong``, ``image_strong2``, ..."""
+    return "image_strong" if view == 0 else f"image_strong{view + 1}"
+
+
 class SegmentationTransform:
     """Item dict -> item dict: ``weak`` on image + label together, ``strong`` on the weak image.
 
     Output: ``image [3, h, w]`` (weak view), ``label [h, w]``, ``id`` and, with ``strong``,
-    ``image_strong [3, h, w]`` (same geometry as ``image``, only intensities differ).
+    ``image_strong [3, h, w]`` (same geometry as ``image``, only intensities differ); ``strong_views = n`` > 1 adds
+    ``image_strong2`` ... ``image_strong<n>``, each from its own photometric draws on the same weak crop (UniMatch's two
+    strong views, dataset/semi.py 51-60). ``padding_mask``: ``padding [h, w]`` bool, True where the crop padded the
+    image (UniMatch's ``ignore_mask``, dataset/semi.py 45, 64-68). ``draws = 2``: the same keys again with suffix
+    ``_mix`` from a second, independent draw of every random step on the same source item (the official second
+    iterator over the unlabeled set, unimatch.py 121: the same image, another view).
     """
 
-    def __init__(self, weak: v2.Transform | None = None, strong: v2.Transform | None = None) -> None:
+    def __init__(self, weak: v2.Transform | None = None, strong: v2.Transform | None = None, *, strong_views: int = 1,
+                 padding_mask: bool = False, draws: int = 1) -> None:
+        if strong_views < 1 or draws not in (1, 2):
+            raise ValueError(f"strong_views: expected >= 1 (got {strong_views!r}); draws: expected 1 or 2 (got {draws!r})")
         self.weak = weak
         self.strong = strong
+        self.strong_views, self.padding_mask, self.draws = strong_views, padding_mask, draws
 
     def __call__(self, item: dict) -> dict:
+        out = self._draw(item)
+        if self.draws == 2:
+            mix = self._draw(item)
+            out.update({f"{k}{DRAW_SUFFIX}": v for k, v in mix.items() if isinstance(v, Tensor)})
+        return out
+
+    def _draw(self, item: dict) -> dict:
         out = dict(item)
         pair = {"image": tv_tensors.Image(item["image"]), "label": tv_tensors.Mask(item["label"])}
+        if self.padding_mask:  # ones padded with the label's pad value (255, or U2PL's 0): True where the crop padded
+            pair["padding"] = tv_tensors.Mask(torch.ones(item["label"].shape, dtype=torch.uint8))
         if self.weak is not None:
             pair = self.weak(pair)
         out["image"] = pair["image"].as_subclass(Tensor).contiguous()
         out["label"] = pair["label"].as_subclass(Tensor).contiguous()
+        if self.padding_mask:
+            out["padding"] = pair["padding"].as_subclass(Tensor) != 1
         if self.strong is not None:
-            strong = self.strong(tv_tensors.Image(out["image"]))
-            out["image_strong"] = strong.as_subclass(Tensor).contiguous()
+            for view in range(self.strong_views):
+                strong = self.strong(tv_tensors.Image(out["image"]))
+                out[strong_key(view)] = strong.as_subclass(Tensor).contiguous()
         return out
 
     def __repr__(self) -> str:
-        return f"SegmentationTransform(weak={self.weak!r}, strong={self.strong!r})"
+        return (f"SegmentationTransform(weak={self.weak!r}, strong={self.strong!r}, strong_views={self.strong_views}, "
+                f"padding_mask={self.padding_mask}, draws={self.draws})")
 
 
 def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                     scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
                     label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
-                    blur_kernel: str = "sigma", blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA) -> SegmentationTransform:
+                    blur_kernel: str = "sigma", blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA,
+                    strong_views: int = 1, padding_mask: bool = False, draws: int = 1) -> SegmentationTransform:
     """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
-    (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`)."""
+    (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`). ``strong_views``, ``padding_mask`` and
+    ``draws`` (:data:`VIEW_KEYS`, :class:`SegmentationTransform`) are what a framework's unlabeled stream asks for."""
     weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
                          flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding)
     view = None if strong is None else strong_pipeline(strong, blur_kernel=blur_kernel, blur_sigma=blur_sigma)
-    return SegmentationTransform(weak, view)
+    return SegmentationTransform(weak, view, strong_views=strong_views, padding_mask=padding_mask, draws=draws)
 
 
 def val_transform(crop_size: int | Sequence[int] | None = None, *,
@@ -371,7 +406,8 @@ PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
 def augmentation_keys() -> tuple[str, ...]:
     """The settings of the training augmentation: ``train_transform``'s keywords besides the crop (the keys of a
     configuration's ``data.augmentation``)."""
-    return tuple(name for name in inspect.signature(train_transform).parameters if name != "crop_size")
+    return tuple(name for name in inspect.signature(train_transform).parameters
+                 if name != "crop_size" and name not in VIEW_KEYS)
 
 
 def paper_augmentation(pipeline: str, dataset_kind: str) -> dict[str, Any]:

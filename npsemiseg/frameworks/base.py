@@ -138,6 +138,13 @@ class Framework:
         return {}
 
     @classmethod
+    def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """What the unlabeled stream's items carry beyond the weak view and one strong view, for the framework's
+        ``options`` (keywords of ``npsemiseg.data.transforms.train_transform``: ``strong_views``, ``padding_mask``,
+        ``draws``); none by default, so other frameworks' data stay as they are."""
+        return {}
+
+    @classmethod
     def publication_epochs(cls, dataset: str, partition: str) -> int | None:
         """The framework's own epoch count for a real ``dataset`` x canonical ``partition`` where it differs from
         the shared schedule (None = none of its own): the baseline head's under switch ``head_settings``

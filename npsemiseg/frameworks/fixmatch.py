@@ -1,43 +1,47 @@
 """FixMatch for segmentation as UniMatch's code runs it (Yang et al., CVPR 2023, its baseline;
 ``docs/frameworks.md``, FixMatch and UniMatch).
 
-Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``fixmatch.py`` 122-166. One network,
-no EMA teacher; per iteration:
+Source: LiheYoung/UniMatch@0324f3dd4a22128105a5eb135d2586c0bb3cc647 ``fixmatch.py`` 120-184. One network,
+no EMA teacher; per iteration (whole-step golden under ``released``: ``tests/test_fixmatch_step_golden.py``):
 
-1. The network in eval mode, without gradient, predicts the weak view (fixmatch.py 132-137: there the
-   prediction of a *second* unlabeled batch, the CutMix source). The project's Batch carries one
-   unlabeled batch per step, so the CutMix source is the same batch shifted cyclically by a random
-   ``1 <= k < B_u`` (image i takes its box from image ``(i + k) mod B_u``: never itself for ``B_u > 1``),
-   and this eval-mode prediction, permuted the same way, labels the pasted boxes. Its hard pseudo-labels,
-   255 below the threshold, are also the NP head's targets in step 3 (the memories and the KL target).
+1. The CutMix source (:meth:`FixMatch.cutmix_source`, option ``cutmix_source``, switch ``unimatch_cutmix_source``):
+   the network in eval mode, without gradient, predicts its weak view (fixmatch.py 132-137). ``second_draw``
+   (released): the source is a second augmentation draw of the same unlabeled items (``*_mix`` keys: the official
+   loader zips the unlabeled loader with itself, fixmatch.py 120, the same images in the same order, each in another
+   view; UniMatch issue #51). ``batch_shift`` (corrected): the batch shifted cyclically by a random ``1 <= k < B_u``
+   (image i pastes image ``(i + k) mod B_u``; the maintainer, issue #34: a shuffled batch does as well), and the
+   eval-mode prediction is of the weak view itself.
 2. One box per image (:func:`unimatch_boxes`, ``obtain_cutmix_box`` of dataset/transform.py 66-84: probability
-   ``cutmix_p``, area U[0.02, 0.4] of the crop, aspect U[0.3, 1/0.3]) pastes the partner's strong view into the
+   ``cutmix_p``, area U[0.02, 0.4] of the crop, aspect U[0.3, 1/0.3]) pastes the source's strong view into the
    strong view ``image_strong`` (fixmatch.py 139-140).
 3. The network in train mode on ``cat(labeled, weak)`` (fixmatch.py 142-146; the NP head: labeled = context,
-   all = targets with the step-1 pseudo-labels): the supervised loss, and the detached weak-view prediction
-   (mean of the per-sample softmaxes for the stochastic heads) gives the pseudo-labels and confidences
-   outside the boxes (fixmatch.py 149-158).
-4. The network in train mode on the mixed strong view, no labels (the NP head draws its latent from its
-   stored centers): per-pixel CE against the mixed pseudo-labels, summed over pixels whose (mixed)
-   confidence is >= ``confidence_threshold`` and that are valid, divided by the number of valid pixels
-   (fixmatch.py 162-164). The project's unlabeled items carry no crop-padding mask (their labels are
-   hidden), so every pixel is valid and the divisor is ``B_u x H x W``.
+   all = targets, the unlabeled ones labelled with the eval-mode pseudo-labels of the weak view, 255 below the
+   threshold): the supervised loss, and the detached weak-view prediction (mean of the per-sample softmaxes for
+   the stochastic heads) gives the pseudo-labels and confidences outside the boxes (fixmatch.py 149-158).
+4. The network in train mode on the mixed strong view, no labels (the NP head draws its latent from its stored
+   centers): per-pixel CE against the mixed pseudo-labels, summed over pixels whose (mixed) confidence is >=
+   ``confidence_threshold`` and that are valid, divided by the number of valid pixels (fixmatch.py 162-164). Valid =
+   not padded by the crop (the items' ``padding`` mask, and the source's inside the box: dataset/semi.py 64-68).
 5. Loss ``(loss_x + loss_s) / 2`` (fixmatch.py 166): terms ``sup`` = 0.5 loss_x (and 0.5 of any other
    supervised term), ``unsup`` = 0.5 loss_s; the NP head's ``kl`` is added unscaled, as in every framework.
 
-The model evaluated is the network itself (no teacher).
+What the unlabeled items carry (``Framework.unlabeled_views``): one strong view per strong term, the padding mask,
+and the second draw under ``second_draw``. The model evaluated is the network itself (no teacher).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from npsemiseg.constants import IGNORE_INDEX
+from npsemiseg.data.transforms import DRAW_SUFFIX, strong_key
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
@@ -96,6 +100,23 @@ class FixMatchOptions(FrameworkOptions):
 
     confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
     cutmix_p: float = Field(0.5, ge=0.0, le=1.0)
+    #: where each unlabeled image's CutMix box comes from (switch ``unimatch_cutmix_source``): ``second_draw`` =
+    #: another augmentation draw of the same image (the official second iterator over the unlabeled set, unimatch.py
+    #: 121; the maintainer, UniMatch issue #51), ``batch_shift`` = another image of the batch (issue #34: not
+    #: intentional, a shuffled batch does as well)
+    cutmix_source: Literal["second_draw", "batch_shift"] = "batch_shift"
+
+
+@dataclass
+class CutMixSource:
+    """What the boxes paste, image by image: the source's eval-mode prediction (labels and confidences
+    ``[B_u, H, W]``), its strong views (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``:
+    the eval-mode prediction of the weak view itself where the NP head needs it as targets, else None."""
+
+    prediction: TeacherPrediction
+    strong: list[Tensor]
+    valid: Tensor
+    weak: TeacherPrediction | None
 
 
 @FRAMEWORKS.register("fixmatch")
@@ -132,6 +153,14 @@ class FixMatch(SemiSupervisedFramework):
         """80 on VOC (configs/pascal.yaml 8), 240 on Cityscapes (configs/cityscapes.yaml 8)."""
         return 240 if dataset == "cityscapes" else 80
 
+    @classmethod
+    def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """One strong view per strong term, each its own photometric draw (dataset/semi.py 51-60); the crop's padding
+        mask (dataset/semi.py 45, 64-68); a second draw of every item when the CutMix source is ``second_draw``."""
+        source = cls.Options.model_validate(dict(options)).cutmix_source
+        return {"strong_views": len(cls.strong_weights), "padding_mask": True,
+                "draws": 2 if source == "second_draw" else 1}
+
     def eval_model(self) -> nn.Module:
         return self.student
 
@@ -140,6 +169,32 @@ class FixMatch(SemiSupervisedFramework):
         """One independent box draw per strong view (``[B, H, W]`` bool each)."""
         p = self.options.cutmix_p  # type: ignore[attr-defined]
         return [unimatch_boxes(batch, height, width, p=p, device=device) for _ in self.strong_weights]
+
+    def views(self, unlabeled: dict[str, Tensor], suffix: str = "") -> tuple[list[Tensor], Tensor]:
+        """The strong views ``image_strong<suffix>``, ``image_strong2<suffix>``, ... ``[B_u, 3, H, W]`` (one per strong
+        term) and the valid pixels ``[B_u, H, W]`` (not ``padding<suffix>``) of one augmentation draw."""
+        keys = [strong_key(i) + suffix for i in range(len(self.strong_weights))]
+        missing = [k for k in (*keys, "padding" + suffix) if k not in unlabeled]
+        if missing:
+            raise ValueError(f"batch.unlabeled: {self.name} needs {missing} (its unlabeled views: the data pipeline makes "
+                             f"them from Framework.unlabeled_views)")
+        return [unlabeled[k] for k in keys], ~unlabeled["padding" + suffix]
+
+    def cutmix_source(self, unlabeled: dict[str, Tensor], strong: list[Tensor], valid: Tensor) -> CutMixSource:
+        """The eval-mode, no-gradient prediction of the CutMix source (fixmatch.py 132-137, unimatch.py 131-136) and
+        what the boxes paste from it: the items' second draw (``cutmix_source="second_draw"``; the NP head's targets
+        then need an eval-mode prediction of the weak view too), or the batch shifted by :func:`mix_partners`
+        (``batch_shift``; that prediction is also the weak view's)."""
+        if self.options.cutmix_source == "second_draw":  # type: ignore[attr-defined]
+            mix = {k.removesuffix(DRAW_SUFFIX): v for k, v in unlabeled.items() if k.endswith(DRAW_SUFFIX)}
+            prediction = self.predict_unlabeled(self.student, mix)
+            weak = self.predict(self.student, unlabeled["image"]) if self._memory_names else None
+            return CutMixSource(prediction, *self.views(unlabeled, DRAW_SUFFIX), weak)
+        prediction = self.predict_unlabeled(self.student, unlabeled)
+        partner = mix_partners(strong[0].shape[0]).to(strong[0].device)
+        shifted = TeacherPrediction(prediction.probs[partner], prediction.entropy[partner],
+                                    prediction.confidence[partner], prediction.label[partner], None, None)
+        return CutMixSource(shifted, [view[partner] for view in strong], valid[partner], prediction)
 
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
@@ -159,27 +214,24 @@ class FixMatch(SemiSupervisedFramework):
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
         unlabeled = require_unlabeled(batch, self.name)
-        if "image_strong" not in unlabeled:
-            raise ValueError(f"batch.unlabeled: {self.name} needs 'image_strong' (the strong view; augmentation "
-                             f"{self.augmentation!r} makes it)")
-        weak, strong = unlabeled["image"], unlabeled["image_strong"]
+        weak = unlabeled["image"]
+        strong, valid = self.views(unlabeled)
         size = tuple(weak.shape[-2:])
         self.seed_memories(images_l, labels_l)
 
         # 1. eval mode, no gradient: the CutMix source's pseudo-labels (and the NP head's targets)
-        source = self.predict_unlabeled(self.student, unlabeled)
-        partner = mix_partners(weak.shape[0]).to(weak.device)
-        # 2. one independent box per strong view, the partner's strong view pasted in
+        source = self.cutmix_source(unlabeled, strong, valid)
+        # 2. one independent box per strong view, the source's strong view pasted in
         boxes = self.draw_boxes(weak.shape[0], size[0], size[1], weak.device)
-        mixed = [torch.where(box[:, None], strong[partner], strong) for box in boxes]
+        mixed = [torch.where(box[:, None], pasted, view) for box, pasted, view in zip(boxes, source.strong, strong)]
 
         # 3. train mode on labeled + weak: supervised loss, detached weak-view pseudo-labels
-        targets_u = ignore_where(source.label, source.confidence < threshold)
+        targets_u = (ignore_where(source.weak.label, source.weak.confidence < threshold) if source.weak is not None
+                     else torch.full((weak.shape[0], *size), IGNORE_INDEX, dtype=labels_l.dtype, device=weak.device))
         clean, perturbed = self.weak_pass(images_l, labels_l, weak, targets_u)
         weak_pred = prediction_from_logits(clean.logits_u.detach(), size, align_corners=self.align_corners)
         if self.unlabeled_truth == "oracle":
             weak_pred = oracle_prediction(weak_pred, unlabeled["label"])
-        valid = torch.ones_like(weak_pred.label, dtype=torch.bool)  # no padding mask on unlabeled items
 
         # 4. train mode on the mixed strong views (one batch), no labels
         output = self.student(torch.cat(mixed, dim=0))
@@ -188,9 +240,9 @@ class FixMatch(SemiSupervisedFramework):
         aux_term = self.head_aux_term
         losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(clean, labels_l).items()}
         for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
-            label = torch.where(box, source.label[partner], weak_pred.label)
-            confidence = torch.where(box, source.confidence[partner], weak_pred.confidence)
-            box_valid = torch.where(box, valid[partner], valid)
+            label = torch.where(box, source.prediction.label, weak_pred.label)
+            confidence = torch.where(box, source.prediction.confidence, weak_pred.confidence)
+            box_valid = torch.where(box, source.valid, valid)
             losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, box_valid, threshold)
         losses.update(self.extra_terms(perturbed, weak_pred, valid))
         mask_ratio = ((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)

@@ -4,7 +4,8 @@
 mean/std (buffers), encodes them once, decodes the feature map ``[B, C, h, w]`` (stride 4) and
 hands it to the head, which returns ``HeadOutput(logits [S, B, K, h, w])``. ``extract`` and
 ``classify`` are the two halves (PS-MT's T-VAT perturbs the feature map between them);
-``forward_feature_perturbed`` also decodes channel-dropped encoder maps (UniMatch's feature perturbation).
+``forward_feature_perturbed`` decodes clean and channel-dropped encoder maps as one batch (UniMatch's feature
+perturbation).
 
 MC dropout scopes (see :func:`build_segmentor`):
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import ClassifierHead, HeadOutput
 from npsemiseg.heads.factory import build_head
 
@@ -177,35 +179,49 @@ class Segmentor(nn.Module):
         images: Tensor,
         *,
         dropout: float = 0.5,
-        perturb_from: int = 0,
         labels: Tensor | None = None,
         num_context: int = 0,
         num_samples: int | None = None,
     ) -> tuple[SegmentorOutput, SegmentorOutput]:
-        """One encoder pass, two decodings: the clean stream (exactly :meth:`forward`) and a feature-perturbed one.
+        """UniMatch's forward with feature perturbation (UniMatch@0324f3d model/semseg/deeplabv3plus.py 38-50): one
+        encoder pass, then the clean and the channel-dropped encoder maps decoded together as ONE batch of 2B.
 
-        images ``[B, 3, H, W]`` in [0, 1]; the perturbed stream takes the encoder maps of ``images[perturb_from:]``
-        (``B_p = B - perturb_from`` images), ``low_level [B_p, C1, H/4, W/4]`` and ``high_level [B_p, C4, H/os,
-        W/os]``, drops whole channels of each with probability ``dropout`` (``Dropout2d``, active whatever the
-        module's mode, kept channels scaled by ``1 / (1 - dropout)``; independent masks for the two maps), and
-        runs the same decoder and head on them with no labels (the head's prediction without targets: the NP head
-        draws its latent from its stored centers and writes no memory). Only the encoder features are perturbed;
-        the decoder and head are the module's own, in its own mode. Returns ``(clean, perturbed)``
-        :class:`SegmentorOutput` s, logits ``[S, B, K, h, w]`` and ``[S, B_p, K, h, w]``; the perturbed one has no
-        aux logits. ``labels`` / ``num_context`` / ``num_samples`` are the clean stream's (as :meth:`forward`).
+        images ``[B, 3, H, W]`` in [0, 1]. The encoder maps ``low_level [B, C1, H/4, W/4]`` and ``high_level
+        [B, C4, H/os, W/os]`` of every image are concatenated with a copy whose whole channels are dropped with
+        probability ``dropout`` (``Dropout2d``, active whatever the module's mode, kept channels scaled by
+        ``1 / (1 - dropout)``; one mask for the low-level map, then one for the high-level map, as the official
+        order), and decoder and head run once on the ``2B`` rows: every BatchNorm of the decoder and head normalises
+        clean and perturbed features together and its running statistics track both, as the official
+        ``_decode(cat(c1, dropout(c1)), cat(c4, dropout(c4)))``.
+
+        Head targets and context: ``labels [B, H, W]`` are the clean rows' (as :meth:`forward`), the NP head's
+        context is ``features[:num_context]`` (the clean labeled rows); the perturbed rows get labels 255, so they
+        write nothing into the NP memories and are no targets, but take their latent as every training row does
+        (attention of their own query over the memories) and count in the head's KL mean. The auxiliary layer-3
+        head (not in UniMatch's model) sees the clean rows only. Returns ``(clean, perturbed)``
+        :class:`SegmentorOutput` s, logits ``[S, B, K, h, w]`` each; the clean one carries the joint call's aux
+        loss and stats, the perturbed one a zero aux loss, no stats and no aux logits.
         """
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-        if isinstance(perturb_from, bool) or not isinstance(perturb_from, int) or not 0 <= perturb_from < images.shape[0]:
-            raise ValueError(f"perturb_from: expected an int in [0, {images.shape[0]}), got {perturb_from!r}")
         encoded = self.encode(images)
-        clean = self._decode(encoded, labels=labels, num_context=num_context, num_samples=num_samples)
-        perturbed = BackboneFeatures(
-            F.dropout2d(encoded.low_level[perturb_from:], dropout, training=True),
-            encoded.layer3[perturb_from:],
-            F.dropout2d(encoded.high_level[perturb_from:], dropout, training=True),
+        batch = images.shape[0]
+        joint = BackboneFeatures(
+            torch.cat([encoded.low_level, F.dropout2d(encoded.low_level, dropout, training=True)]),
+            encoded.layer3,
+            torch.cat([encoded.high_level, F.dropout2d(encoded.high_level, dropout, training=True)]),
         )
-        return clean, self._decode(perturbed, num_samples=num_samples, aux=False)
+        joint_labels = None if labels is None else torch.cat([labels, torch.full_like(labels, IGNORE_INDEX)])
+        both = self._decode(joint, labels=joint_labels, num_context=num_context, num_samples=num_samples, aux=False)
+        aux_logits = self.aux_head(encoded.layer3) if self.aux_head is not None and self.training else None
+        head = both.head
+        rep = both.representation
+        clean = SegmentorOutput(both.features[:batch], HeadOutput(head.logits[:, :batch], head.aux_loss, head.stats),
+                                aux_logits, rep[:batch] if rep is not None else None)
+        perturbed = SegmentorOutput(both.features[batch:],
+                                    HeadOutput(head.logits[:, batch:], torch.zeros_like(torch.as_tensor(head.aux_loss))),
+                                    None, rep[batch:] if rep is not None else None)
+        return clean, perturbed
 
     def _decode(
         self,

@@ -54,13 +54,15 @@ def build_datasets(config: RunConfig) -> dict[str, Dataset]:
 
 
 def train_transforms(config: RunConfig) -> dict[str, Any]:
-    """The weak (+ strong) training transforms of the labeled and unlabeled streams."""
+    """The weak (+ strong) training transforms of the labeled and unlabeled streams (the unlabeled one with the
+    views its framework asks for: ``Framework.unlabeled_views``)."""
     augmentation = dict(config.data.augmentation)
     crop = config.schedule.crop_size
     labeled = dict(augmentation)
     if not config.data.labeled_strong_view:
         labeled["strong"] = None
-    return {"labeled": train_transform(crop, **labeled), "unlabeled": train_transform(crop, **augmentation)}
+    unlabeled = {**augmentation, **get_framework(config.framework).unlabeled_views(config.framework_options)}
+    return {"labeled": train_transform(crop, **labeled), "unlabeled": train_transform(crop, **unlabeled)}
 
 
 def loss_settings(config: RunConfig) -> LossSettings:

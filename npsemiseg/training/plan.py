@@ -34,6 +34,15 @@ def poly_lr(base_lr: float, step: int, total_steps: int, power: float) -> float:
     return base_lr * (1.0 - step / total_steps) ** power
 
 
+def step_lr(base_lr: float, step: int, total_steps: int, power: float, timing: str = "before_step") -> float:
+    """The LR iteration ``step`` (0-based) runs at: :func:`poly_lr` of ``step`` (``timing="before_step"``), or of
+    ``step - 1`` (``after_step``: UniMatch's loop sets the LR after its optimiser step, unimatch.py 205-208, so its
+    iteration k runs at lr(k - 1) and iteration 0 at the base LR)."""
+    if timing not in ("before_step", "after_step"):
+        raise ValueError(f"schedule.lr_timing: expected 'before_step' or 'after_step', got {timing!r}")
+    return poly_lr(base_lr, max(step - 1, 0) if timing == "after_step" else step, total_steps, power)
+
+
 @dataclass(frozen=True)
 class BatchScaling:
     """The global labeled batch of a run and its base learning rate.

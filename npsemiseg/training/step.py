@@ -16,7 +16,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Batch, Framework, StepContext, StepResult
 from npsemiseg.training.distributed import average_gradients, broadcast_buffers, synced_batchnorm
 from npsemiseg.training.factories import Optimizer
-from npsemiseg.training.plan import poly_lr
+from npsemiseg.training.plan import step_lr
 
 
 def autocast(config: RunConfig, device: torch.device) -> Any:
@@ -45,7 +45,7 @@ def check_finite(step: int, names: list[str], values: list[float]) -> None:
 def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
                device: torch.device, world_size: int) -> dict[str, float]:
     """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks)."""
-    lr = poly_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power)
+    lr = step_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power, config.schedule.lr_timing)
     for group, multiplier in zip(optimizer.torch_optimizer.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
     batch = Batch(labeled=_to_device(batch.labeled, device),
