@@ -1,4 +1,4 @@
-"""Learning check of the SSL frameworks on synthetic data: not a test (results: ``docs/learning.md``).
+"""Learning check of the SSL frameworks on synthetic data: not a test (results: ``docs/history/learning.md``).
 
 On the generic ``synthetic`` dataset (8 classes) with 1/16 of the training images labeled,
 trains ``supervised`` and each SSL framework (``mt``, ``psmt``, ``u2pl``, ``augseg``) with each

@@ -1,5 +1,5 @@
 """Peak memory of the tensors one training step allocates, counted on CPU: a stand-in for the GPU's peak when no GPU
-is lent (``docs/performance.md``, "Peak memory of a step, counted on CPU").
+is lent (``docs/history/performance.md``, "Peak memory of a step, counted on CPU").
 
 Each framework x head runs in a process of its own (a fresh allocator, nothing freed late by an earlier cell), seeded
 (torch, numpy, random) with in-process data loading, so a cell gives the same figure run after run. The cell is the

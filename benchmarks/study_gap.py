@@ -5,7 +5,7 @@ Trains the mini-study's ``supervised`` / ``baseline`` cells at 1/16 and with all
 evaluation on the 200 validation images), and prints one JSON line per cell: mIoU, pixel
 accuracy, seconds, load average. What to look for: 1/16 below ``full`` on every dataset seed
 (``--data-seeds``), otherwise unlabeled data has nothing to add. No size of the gap is a target: the
-15 points once asked for are retired (``docs/learning.md``, "The label-gap target, retired").
+15 points once asked for are retired (``docs/history/learning.md``, "The label-gap target, retired").
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Why shape is not learnt on the study dataset: a probe, not a test (results: ``docs/learning.md``).
+"""Why shape is not learnt on the study dataset: a probe, not a test (results: ``docs/history/learning.md``).
 
 Trains the mini-study's model (``resnet_small`` + the narrow DeepLabv3+ ``u2pl`` decoder,
 baseline head) with plain cross-entropy on the study data and prints one JSON line: mIoU,

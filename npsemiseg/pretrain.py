@@ -64,7 +64,7 @@ class PretrainConfig:
     initialisation; ``corpus_size`` images of ``image_size`` px are cycled through in batches of
     ``batch_size`` for ``steps`` steps of ``optimizer`` (poly LR); ``holdout_size`` further images
     measure it. ``adamw`` is the default because it learns the corpus' shapes much sooner than
-    SGD (held-out mIoU 0.414 vs 0.295 after 1000 steps, ``docs/learning.md``, "A pretraining that
+    SGD (held-out mIoU 0.414 vs 0.295 after 1000 steps, ``docs/history/learning.md``, "A pretraining that
     learns shape"); ``momentum`` only applies to ``sgd``.
     """
 

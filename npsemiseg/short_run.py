@@ -13,7 +13,7 @@ it has in the paper**, with two floors where the share would leave nothing:
   ``run.steps / paper.steps``, floored at ``MIN_EMA_HORIZON`` steps (a teacher averages at
   least that many steps) and never longer than the paper's: ``d = 1 - 1 / horizon``. Without
   it a short run's teacher stays near its initialisation (0.99^120 = 30 %, see
-  ``docs/learning.md``) where the paper's has forgotten it;
+  ``docs/history/learning.md``) where the paper's has forgotten it;
 * queue lengths (U2PL's ``queue_size``, ``background_queue_size``) keep their age in steps:
   multiplied by the ratio of pixels per step ``run.pixels_per_step / paper.pixels_per_step``
   (keys are sampled from the step's feature pixels), floored at ``MIN_QUEUE``.

@@ -2,7 +2,7 @@
 
 Why another synthetic dataset: on ``synthetic`` classes differ by colour pairs and fine
 texture, which the frameworks' strong photometric views (greyscale, hue, blur, ...) destroy,
-and 1/16 of the labels are as good as 1/2 at a CPU budget (``docs/learning.md``, "The first learning
+and 1/16 of the labels are as good as 1/2 at a CPU budget (``docs/history/learning.md``, "The first learning
 check"). Here:
 
 * **Classes are shapes and textures.** A *family* (the dataset option ``family``) fixes the
@@ -27,7 +27,7 @@ check"). Here:
 * **Background.** ``gradient`` (default: two colours blended by one smooth wave) or ``field`` (every
   channel a sum of random plane waves over [0.05, 0.95]; same objects and labels). A flat background
   plus pixel noise has narrow histograms, which AugSeg's equalize and solarize turn into clutter over
-  the objects (``docs/learning.md``); ``field`` behaves more like a natural image under them.
+  the objects (``docs/history/learning.md``); ``field`` behaves more like a natural image under them.
 
 The ``pretrain`` family (star, crescent, T, bar, hexagon x checker, rings) is the corpus of
 ``npsemiseg.pretrain``: other shapes, other textures, its own seeds, so it shares no image
@@ -103,7 +103,7 @@ FAMILIES: dict[str, Family] = {
     # classes by shape alone: what the strong views keep (colour, brightness and blur leave outlines)
     "study_shapes": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots"), classes="shape"),
     # classes by texture alone, the shape a nuisance: a brightness pattern of period ~ 1/8 of the image, which
-    # the strong views' colour and intensity operations and their scaled blur keep (docs/learning.md)
+    # the strong views' colour and intensity operations and their scaled blur keep (docs/history/learning.md)
     "study_textures": Family(("disc", "ring", "triangle", "cross"), ("stripes", "dots", "grid", "waves"),
                              classes="texture"),
     # eight textures: twice the classes of `study_textures` in the same 64 labeled images, and pairs that differ
