@@ -133,6 +133,9 @@ _GOLDEN_PSMT_EVAL = ("tests/test_psmt_eval_golden.py::test_released_evaluation_r
                      "2.4e-7 (probabilities)")
 _GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_released_targets_are_the_official_unfiltered_ones: "
                              "targets equal (0), AugSeg's step; U2PL's not compared")
+_GOLDEN_U2PL_STEP = ("tests/test_u2pl_step_golden.py::test_one_released_step_matches_the_official_iteration: "
+                     "max |difference| 2.4e-6 relative (gradients; parameters 9.2e-7, losses 1.1e-7, BN buffers and "
+                     "memory bank 0), first semi-supervised epoch and a later one")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
@@ -236,9 +239,19 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
            "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
-           no_golden="a line inside the official step (train_semi.py, whose step needs torch.distributed, U2PL's "
-                     "models and loaders): not compared; "
-                     "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
+           golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_teacher_buffers", "framework", "framework_options.ema_buffers", "none", "ema",
+           "U2PL@ab3d2be train_semi.py 543-548 (EMA over parameters() only); NP-SemiSeg@afd9672 U2PL/train_semi.py",
+           "the teacher's BN statistics are its own (from its train-mode passes), not an EMA of the student's",
+           "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_teacher_reset", "framework", "framework_options.teacher_reset", "share", "copy",
+           "U2PL@ab3d2be train_semi.py 309-315 (t_params.data = s_params.data); NP-SemiSeg@afd9672 U2PL/train_semi.py "
+           "357-363",
+           "in the first semi-supervised epoch the teacher takes the student's parameters (before and after the "
+           "optimiser step, as shared storage) and keeps its own BN statistics, instead of a full copy followed by "
+           "the EMA", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_STEP),
     Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
            "weak crops pad labels with background (0) instead of ignore (255)",
            "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)",

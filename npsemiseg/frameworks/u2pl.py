@@ -12,17 +12,24 @@ Per iteration (after ``sup_only_epochs`` labeled-only epochs):
    ``u2pl_drop_percent(t, T)`` = (80 + 20 t/T)-th percentile, scaled by all / kept pixels.
 5. Contrastive loss (``contrastive.py``) at feature resolution, ``alpha_t = 20 (1 - t/T)``.
 
-Teacher: EMA with ``min(1 - 1/(k + 1), 0.99)``, k counted from the first semi-supervised
-iteration; during the first semi-supervised epoch the teacher is reset to the student before
-every step (as the released code, whose teacher parameters share the student's storage then).
+Teacher: EMA of the parameters with ``min(1 - 1/(k + 1), 0.99)``, k counted from the first semi-supervised
+iteration. During the first semi-supervised epoch the teacher is reset to the student before every step; how
+(``teacher_reset``) and what the EMA covers (``ema_buffers``) are not equivalent choices:
+
+- ``teacher_reset="share"`` (switch ``u2pl_teacher_reset``, released): the released code makes the teacher's
+  parameters share the student's storage (``train_semi.py`` 309-315) and keeps the teacher's own BN statistics;
+  here the parameters are copied before the step and again after the optimiser step (what the shared storage
+  holds then), the buffers are left alone. ``"copy"`` (corrected): parameters *and* buffers copied, then the EMA
+  as in every later epoch: the eval-mode teacher of ``corrected`` has no statistics of its own to keep.
+- ``ema_buffers="none"`` (switch ``u2pl_teacher_buffers``, released): the released EMA touches ``parameters()``
+  only (543-548); the teacher's statistics come from its train-mode passes. ``"ema"`` (corrected): averaged like
+  the parameters, the statistics an eval-mode teacher needs.
 
 Quirks of the released code, as options off by default:
 
 - ``teacher_train_mode``: the statistics pass (3) runs the teacher in train mode (batch BN
   statistics, dropout active), which also updates the teacher's BN running statistics; the
-  released code does this, also during the supervised-only epochs. Default: eval mode, and
-  the teacher's BN buffers are an EMA of the student's (``ema_buffers="ema"``); with the
-  quirk, set ``ema_buffers="none"`` for full parity.
+  released code does this, also during the supervised-only epochs.
 - ``sup_only_kl=False``: the NP head's KL term is zero during the supervised-only epochs, as the NP-SemiSeg
   code's U2PL loop sets it (its U2PL/train_semi.py 355); default: the head's KL is trained from the first step.
 - label padding with 0 (background) instead of 255 is a data option, not a framework one.
@@ -46,7 +53,7 @@ from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
-from npsemiseg.frameworks.ema import u2pl_decay
+from npsemiseg.frameworks.ema import copy_parameters, u2pl_decay
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
@@ -59,6 +66,9 @@ class U2PLOptions(FrameworkOptions):
     sup_only_epochs: int = Field(1, ge=0)
     ema_decay: float = Field(0.99, ge=0.0, le=1.0)
     ema_buffers: Literal["ema", "copy", "none"] = "ema"
+    #: the first semi-supervised epoch's teacher: ``copy`` = parameters and buffers; ``share`` = the student's
+    #: parameters (before and after the optimiser step), its own buffers (switch ``u2pl_teacher_reset``)
+    teacher_reset: Literal["copy", "share"] = "copy"
     unsup_weight: float = Field(1.0, ge=0.0)
     drop_percent: float = Field(80.0, ge=0.0, le=100.0)
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
@@ -129,7 +139,7 @@ class U2PL(SemiSupervisedFramework):
         if sup_only(ctx, opts.sup_only_epochs):
             return self._supervised_step(images_l, labels_l, opts)
         if ctx.epoch == opts.sup_only_epochs:
-            self.reset_teacher(self.teacher)
+            self._reset_teacher(opts)
         self.teacher_active = True
         unlabeled = require_unlabeled(batch, self.name)
         images_u = unlabeled["image"]
@@ -205,9 +215,21 @@ class U2PL(SemiSupervisedFramework):
             released_bugs=[bug for bug in U2PL_BUGS if getattr(opts, f"{bug}_bug")],
         )
 
+    def _reset_teacher(self, opts: U2PLOptions) -> None:
+        """The first semi-supervised epoch's teacher (``teacher_reset``): the student's parameters, and its buffers
+        too under ``copy``."""
+        if opts.teacher_reset == "share":
+            copy_parameters(self.teacher, self.student)
+            self.sync_memories(self.teacher)
+        else:
+            self.reset_teacher(self.teacher)
+
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: U2PLOptions = self.options  # type: ignore[assignment]
         if sup_only(ctx, opts.sup_only_epochs):
+            return
+        if opts.teacher_reset == "share" and ctx.epoch == opts.sup_only_epochs:
+            self._reset_teacher(opts)  # the shared storage holds the stepped student (the EMA of x with x is x)
             return
         decay = u2pl_decay(ctx.step, opts.sup_only_epochs * ctx.iters_per_epoch, opts.ema_decay)
         self.ema(self.teacher, decay, buffers=opts.ema_buffers)

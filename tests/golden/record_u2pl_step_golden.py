@@ -1,0 +1,325 @@
+"""Record one whole training iteration of U2PL as its ``train_semi.py`` runs it: ``tests/golden/u2pl_step_released.npz``.
+
+Usage (from the repository root; CHECKOUT is a checkout of Haochen-Wang409/U2PL)::
+
+    PYTHONPATH=$PWD python tests/golden/record_u2pl_step_golden.py CHECKOUT [--commit SHA] [--out tests/golden]
+
+What is official and what is not. ``train_semi.py`` is imported from CHECKOUT at run time and its ``train()`` runs one
+iteration as written (lines 260-560: the teacher reset of the first semi-supervised epoch, the eval-mode pseudo-labels,
+the CutMix of ``u2pl/dataset/augmentation.py``, the student pass, the train-mode teacher pass, the entropy-filtered
+unsupervised loss of ``u2pl/utils/loss_helper.py``, the contrastive loss with its memory bank, backward, the SGD step
+and the EMA of parameters), then stops when the loader is asked for the second batch. ``u2pl/utils/lr_helper.py``'s
+``get_optimizer`` / ``get_scheduler`` build the SGD optimiser (backbone at lr, the rest at 10 x lr, as
+``train_semi.py`` 82-99) and the poly schedule. What it needs and this machine lacks is replaced: ``.cuda()`` is the
+identity; ``torch.distributed`` is one process (``all_reduce`` the identity, recording the loss values it reduces;
+``gather_together`` of the memory bank returns its own list); ``cv2``, ``skimage`` and ``einops`` (imported, unused in
+this path) are empty stubs; the loaders yield one fixed batch. U2PL's ``ModelBuilder`` needs an ImageNet ResNet and
+SyncBN (CUDA): instead student and teacher are the project's smoke segmentor of :data:`CELL` (tiny ResNet, U2PL
+decoder, baseline classifier, representation head) with pattern parameters and BN buffers (the teacher's own), wrapped
+to return ``{"pred", "rep"}`` as ``dec_deeplabv3_plus`` does. The config dict ``cfg`` holds the cell's values (the VOC
+configs' drop percent 80, low_entropy_threshold 20, ranks 3/20, temperature 0.5; fewer queries, negatives and smaller
+queues as the smoke cell).
+
+Random draws recorded: the CutMix coin (``np.random.uniform``) and masks (``generate_cutout_mask``), every
+``torch.randint`` of the contrastive loss, and every dropout mask of both networks (:mod:`step_recording`). Two cases:
+``first`` = step 0 of the first semi-supervised epoch (teacher reset: parameters shared with the student, its own BN
+statistics; EMA decay 0), ``later`` = step 0 of the next epoch (EMA decay 1 - 1 / (ITERS + 1)). Stored per case: the
+inputs, the draws, the three losses, every gradient, the student's and the teacher's parameters and buffers after the
+step (sum, sum |x|, sampled entries) and the memory bank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
+from step_recording import DropoutTape, digest, load_pattern, sample_indices, tape_dropout, tensors  # noqa: E402
+
+OFFICIAL_FILES = ("train_semi.py", "u2pl/utils/loss_helper.py", "u2pl/utils/utils.py", "u2pl/dataset/augmentation.py",
+                  "u2pl/utils/lr_helper.py")
+CELL = dict(framework="u2pl", dataset="synthetic", partition="1/16", head="baseline", protocol="released")
+B_L, B_U, SIZE = 2, 2, 32
+ITERS, EPOCHS = 4, 3
+STUDENT_SALT, TEACHER_SALT = 0, 1000
+#: case -> (epoch, seed); the cell has no supervised-only epoch (sup_only_epochs 0), so epoch 0 is the first
+#: semi-supervised one. Seeds chosen so that the CutMix coin mixes.
+CASES = {"first": (0, 11), "later": (1, 12)}
+#: the pattern network's probabilities stay near 1/K: a lower anchor threshold (delta_p, 0.3 in the configs) lets
+#: the contrastive loss find anchors
+OVERRIDES = {"framework_options.anchor_threshold": 0.1}
+#: keys per class in the memory bank before the step
+PREFILL = 6
+STUBS = ("cv2", "skimage", "skimage.measure", "einops")
+
+
+class EndOfStep(Exception):
+    """Raised by the loaders when ``train()`` asks for the second batch."""
+
+
+class OfficialInterface(nn.Module):
+    """The project's segmentor answering as U2PL's ``ModelBuilder`` without aux head: ``{"pred": [B, K, h, w],
+    "rep": [B, E, h, w]}``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        out = self.model(x)
+        return {"pred": out.head.logits[0], "rep": out.representation}
+
+
+class OneBatch:
+    """A loader of ``ITERS`` batches that yields ``batch`` once and then raises :class:`EndOfStep`."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+        self.sampler = types.SimpleNamespace(set_epoch=lambda epoch: None)
+
+    def __len__(self) -> int:
+        return ITERS
+
+    def __iter__(self):
+        return _Once(self.batch)
+
+
+class _Once:
+    """The iterator of :class:`OneBatch` (``.next()`` as the official loop calls it)."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.batch is None:
+            raise EndOfStep
+        batch, self.batch = self.batch, None
+        return batch
+
+    next = __next__
+
+
+def config(smoke) -> dict:
+    """U2PL's ``cfg`` with the values of the cell's composed config ``smoke``."""
+    opts, optim = smoke.framework_options, smoke.optim
+    return {
+        "net": {"ema_decay": opts["ema_decay"], "num_classes": smoke.num_classes},
+        "dataset": {"n_sup": B_L, "ignore_label": 255},
+        "criterion": {"type": "CELoss", "kwargs": {"use_weight": False}},
+        "trainer": {
+            "epochs": EPOCHS, "sup_only_epoch": opts["sup_only_epochs"],
+            "optimizer": {"type": "SGD", "kwargs": {"lr": optim.lr, "momentum": optim.momentum,
+                                                    "weight_decay": optim.weight_decay}},
+            "lr_scheduler": {"mode": "poly", "kwargs": {"power": smoke.schedule.poly_power}},
+            "unsupervised": {"TTA": False, "drop_percent": opts["drop_percent"], "apply_aug": "cutmix",
+                             "loss_weight": opts["unsup_weight"]},
+            "contrastive": {"negative_high_entropy": True, "low_rank": opts["low_rank"], "high_rank": opts["high_rank"],
+                            "current_class_threshold": opts["anchor_threshold"], "current_class_negative_threshold": 1,
+                            "unsupervised_entropy_ignore": opts["drop_percent"], "low_entropy_threshold": opts["alpha_0"],
+                            "num_negatives": opts["num_negatives"], "num_queries": opts["num_queries"],
+                            "temperature": opts["temperature"], "loss_weight": opts["contrastive_weight"]},
+        },
+    }
+
+
+def load_official(checkout: Path) -> types.ModuleType:
+    """``train_semi`` from CHECKOUT with the stubs of the docstring."""
+    for name in STUBS:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                sys.modules[name] = types.ModuleType(name)
+    sys.modules["skimage.measure"].label = getattr(sys.modules["skimage.measure"], "label", None)
+    sys.modules["skimage.measure"].regionprops = getattr(sys.modules["skimage.measure"], "regionprops", None)
+    sys.path.insert(0, str(checkout))
+    try:
+        train_semi = importlib.import_module("train_semi")
+    finally:
+        sys.path.remove(str(checkout))
+    sys.modules["u2pl.utils.utils"].gather_together = lambda data: [data]  # one process
+    return train_semi
+
+
+def prefilled_queues(seed: int, num_classes: int, dim: int) -> dict[str, np.ndarray]:
+    """``PREFILL`` random keys ``[PREFILL, dim]`` per class: the memory bank of a run past its first steps (an empty
+    bank makes U2PL's contrastive loss skip every class)."""
+    gen = torch.Generator().manual_seed(seed + 100)
+    return {f"queue_before/{c}": torch.randn(PREFILL, dim, generator=gen).numpy() for c in range(num_classes)}
+
+
+def inputs(seed: int) -> dict[str, np.ndarray]:
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 8, (B_L, SIZE // 4, SIZE // 4), generator=gen).repeat_interleave(4, 1).repeat_interleave(4, 2)
+    labels[:, :3] = 255
+    return {"images_l": torch.rand(B_L, 3, SIZE, SIZE, generator=gen).numpy(), "labels_l": labels.numpy(),
+            "images_u": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy()}
+
+
+@contextmanager
+def recording_draws(train_semi: types.ModuleType, draws: dict):
+    """Record the CutMix coin and masks and every ``torch.randint``; ``.cuda()`` the identity; one process."""
+    augmentation = sys.modules["u2pl.dataset.augmentation"]
+    saved = (torch.Tensor.cuda, torch.randint, np.random.uniform, augmentation.generate_cutout_mask, train_semi.dist)
+    cuda, randint, uniform, cutout, _ = saved
+
+    def rec_randint(high, size, **kwargs):
+        values = randint(high, size, **kwargs)
+        draws["randint"].append((int(high), values.numpy().copy()))
+        return values
+
+    def rec_uniform(*args, **kwargs):
+        draws["coin"].append(uniform(*args, **kwargs))
+        return draws["coin"][-1]
+
+    def rec_cutout(*args, **kwargs):
+        draws["cutout"].append(cutout(*args, **kwargs))
+        return draws["cutout"][-1]
+
+    def all_reduce(tensor, *args, **kwargs):
+        draws["reduced"].append(float(tensor.detach()))
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.randint, np.random.uniform, augmentation.generate_cutout_mask = rec_randint, rec_uniform, rec_cutout
+    train_semi.dist = types.SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: 1, all_reduce=all_reduce)
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda, torch.randint, np.random.uniform, augmentation.generate_cutout_mask, train_semi.dist = saved
+
+
+def tiny_pair(smoke, tape: DropoutTape) -> tuple[nn.Module, nn.Module]:
+    """Student and teacher: the cell's segmentor with pattern parameters and buffers, dropout on the tape."""
+    from npsemiseg.training import build_model
+
+    student, teacher = build_model(smoke), build_model(smoke)
+    load_pattern(student, STUDENT_SALT)
+    load_pattern(teacher, TEACHER_SALT)
+    tape_dropout(student, tape, "student")
+    tape_dropout(teacher, tape, "teacher")
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return student, teacher
+
+
+def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
+    """One iteration of the official ``train()`` at the case's epoch; the arrays stored under ``case/``."""
+    epoch, seed = CASES[case]
+    cfg = config(smoke)
+    train_semi.cfg, train_semi.prototype = cfg, None
+    tape = DropoutTape()
+    student, teacher = tiny_pair(smoke, tape)
+    model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
+    lr_helper = sys.modules["u2pl.utils.lr_helper"]
+    times = smoke.optim.head_lr_mult
+    backbone = {id(p) for p in student.backbone.parameters()}
+    params_list = [dict(params=list(student.backbone.parameters()), lr=smoke.optim.lr),
+                   dict(params=[p for p in student.parameters() if id(p) not in backbone], lr=smoke.optim.lr * times)]
+    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
+    lr_scheduler = lr_helper.get_scheduler(cfg["trainer"], ITERS, optimizer, start_epoch=epoch)
+    sup_loss_fn = sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg)
+    data = inputs(seed)
+    batch_l = (torch.from_numpy(data["images_l"]), torch.from_numpy(data["labels_l"]))
+    batch_u = (torch.from_numpy(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))
+    dim, k = smoke.model.options["representation_dim"], smoke.num_classes
+    data.update(prefilled_queues(seed, k, dim))
+    memobank = [[torch.from_numpy(data[f"queue_before/{c}"])] for c in range(k)]
+    queue_ptrlis = [torch.full((1,), PREFILL, dtype=torch.long) for _ in range(k)]
+    opts = smoke.framework_options
+    queue_size = [opts["background_queue_size"]] + [opts["queue_size"]] * (k - 1)
+    draws: dict = {"randint": [], "coin": [], "cutout": [], "reduced": []}
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    with recording_draws(train_semi, draws):
+        try:
+            train_semi.train(model, model_teacher, optimizer, lr_scheduler, sup_loss_fn, OneBatch(batch_l),
+                             OneBatch(batch_u), epoch, types.SimpleNamespace(add_scalar=lambda *a: None),
+                             logging.getLogger("u2pl_step_golden"), memobank, queue_ptrlis, queue_size)
+        except EndOfStep:
+            pass
+    assert draws["coin"] and draws["coin"][0] < 0.5, f"{case}: the CutMix coin did not mix; pick another seed"
+    return case_arrays(data, draws, tape, student, teacher, memobank)
+
+
+def case_arrays(data, draws, tape, student, teacher, memobank) -> dict[str, np.ndarray]:
+    out = dict(data)
+    out["coin"] = np.array(draws["coin"][0])
+    out["cutout"] = torch.stack(draws["cutout"]).numpy().astype(np.int64)
+    out["draw_highs"] = np.array([h for h, _ in draws["randint"]], dtype=np.int64)
+    out.update({f"draw/{i:03d}": v for i, (_, v) in enumerate(draws["randint"])})
+    out.update(tape.arrays("dropout"))
+    # all_reduce order in train(): contra_loss (inside), then the logged sup, unsup and contra values
+    out["loss_sup"], out["loss_unsup"], out["loss_contrastive"] = (np.array(v) for v in draws["reduced"][-3:])
+    indices = sample_indices(student)
+    out.update(digest("grad", tensors(student, "grads"), indices))
+    for role, model in (("student", student), ("teacher", teacher)):
+        out.update(digest(f"{role}/params", tensors(model, "params"), indices))
+        out.update(digest(f"{role}/buffers", tensors(model, "buffers"), indices))
+    out.update({f"queue/{c}": bank[0].numpy() for c, bank in enumerate(memobank)})
+    out.update({f"index/{k}": v for k, v in indices.items()})
+    return out
+
+
+def cell_config(**overrides):
+    """The composed config of :data:`CELL` with :data:`OVERRIDES` (and ``overrides``)."""
+    from npsemiseg.config import compose, with_overrides
+
+    return with_overrides(compose("smoke", **CELL).config, {**OVERRIDES, **overrides})
+
+
+def record(checkout: Path) -> dict[str, np.ndarray]:
+    torch.set_num_threads(1)
+    train_semi = load_official(checkout)
+    smoke = cell_config()
+    out: dict[str, np.ndarray] = {}
+    for case in CASES:
+        out.update({f"{case}/{k}": v for k, v in run_case(train_semi, smoke, case).items()})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = recorder_arguments(__doc__, "a checkout of Haochen-Wang409/U2PL", argv)
+    commit = args.commit or official_commit(args.checkout)
+    arrays = record(args.checkout)
+    sidecar = {
+        "about": "One whole training iteration of U2PL as train_semi.py runs it (tests/test_u2pl_step_golden.py).",
+        "repository": "https://github.com/Haochen-Wang409/U2PL",
+        "commit": commit,
+        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest() for f in OFFICIAL_FILES},
+        "sources": {
+            "iteration": "train_semi.py 260-560 (train(), imported and run for one iteration)",
+            "teacher_reset": "train_semi.py 309-315 (teacher parameters share the student's storage; buffers its own)",
+            "ema": "train_semi.py 543-548 (parameters only)",
+            "losses": "u2pl/utils/loss_helper.py 27-48 (unsupervised), 51-230 (contrastive)",
+            "cutmix": "u2pl/dataset/augmentation.py 471-541",
+            "optimizer_schedule": "train_semi.py 82-99, u2pl/utils/lr_helper.py",
+        },
+        "compared": "one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not U2PL's "
+                    "ResNet-101 ModelBuilder): the three losses, every gradient, the student's and teacher's parameters "
+                    "and buffers after the step, the memory bank; draws recorded and injected",
+        "command": f"PYTHONPATH=$PWD python tests/golden/record_u2pl_step_golden.py CHECKOUT --commit {commit}",
+        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "iters_per_epoch": ITERS, "epochs": EPOCHS, "cases": CASES,
+                  "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT, "cell": CELL},
+        "torch": torch.__version__,
+    }
+    save_golden(args.out, "u2pl_step_released", arrays, sidecar)
+    for case in CASES:
+        print(case, {k: float(arrays[f"{case}/{k}"]) for k in ("loss_sup", "loss_unsup", "loss_contrastive")})
+
+
+if __name__ == "__main__":
+    main()
