@@ -136,6 +136,10 @@ _GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_relea
 _GOLDEN_U2PL_STEP = ("tests/test_u2pl_step_golden.py::test_one_released_step_matches_the_official_iteration: "
                      "max |difference| 2.4e-6 relative (gradients; parameters 9.2e-7, losses 1.1e-7, BN buffers and "
                      "memory bank 0), first semi-supervised epoch and a later one")
+_GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_step_matches_the_authors_iteration: "
+                        "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses "
+                        "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), first semi-supervised epoch and a "
+                        "later one")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
@@ -235,6 +239,19 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", frameworks=("u2pl",), heads=_NP,
            no_golden="the epoch loop of the whole training script: no function; "
                      "tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs"),
+    Switch("np_context_pass", "framework", "framework_options.np_context", "pass", "slice",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/model_helper.py 78, 89-91, U2PL/u2pl/models/decoder.py 124-134; "
+           "AugSeg/augseg/models/model_helper.py 109-111, AugSeg/augseg/models/decoder.py 68-78",
+           "the NP context features come from an encoder-decoder pass of their own over the labeled images (their "
+           "own BN batch and BN update, dropout masks) instead of the labeled slice of the student's one pass",
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
+           golden=_GOLDEN_NP_U2PL_STEP),
+    Switch("u2pl_entropy_mean_logits", "framework", "framework_options.teacher_entropy", "mean_logits", "mean_probs",
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 468-480 (pred_all_teacher = out_t['pred'].mean(0)), 489-492, "
+           "510-512",
+           "the statistics pass's entropy (unsupervised filter, contrastive masks) is that of the softmax of the mean "
+           "of the T logits, not of the mean of the T softmaxes", "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)",
+           frameworks=("u2pl",), heads=_NP, golden=_GOLDEN_NP_U2PL_STEP),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "

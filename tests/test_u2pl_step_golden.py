@@ -46,8 +46,9 @@ RTOL = 1e-5
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
 
-def case_data(case: str) -> dict[str, np.ndarray]:
-    return {k[len(case) + 1:]: v for k, v in DATA.items() if k.startswith(case + "/")}
+def case_data(case: str, data: dict[str, np.ndarray] = DATA) -> dict[str, np.ndarray]:
+    """The arrays of one case of a step golden, without the case's prefix."""
+    return {k[len(case) + 1:]: v for k, v in data.items() if k.startswith(case + "/")}
 
 
 def inject_draws(monkeypatch, data: dict[str, np.ndarray]) -> list:

@@ -47,6 +47,9 @@ class AugSegOptions(FrameworkOptions):
     #: the NP head's targets on the unlabeled images: the pseudo-labels masked by ``confidence_threshold``
     #: (``filtered``) or not (``unfiltered``, NP-SemiSeg's AugSeg/train_semi.py 405-408); other heads ignore them
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
+    #: the NP head's context: the labeled slice of the student's one pass (``slice``) or a pass of its own over the
+    #: labeled images (``pass``, switch ``np_context_pass``: the authors' model); other heads ignore it
+    np_context: Literal["slice", "pass"] = "slice"
 
 
 @FRAMEWORKS.register("augseg")

@@ -74,6 +74,13 @@ class U2PLOptions(FrameworkOptions):
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     teacher_train_mode: bool = False
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
+    #: the NP head's context: the labeled slice of the student's one pass (``slice``) or a pass of its own over the
+    #: labeled images (``pass``, switch ``np_context_pass``: the authors' model); other heads ignore it
+    np_context: Literal["slice", "pass"] = "slice"
+    #: the entropy of the statistics pass (the unsupervised filter, the contrastive masks) with S > 1 samples: of the
+    #: mean of the S softmaxes (``mean_probs``) or of the softmax of the mean logits (``mean_logits``, switch
+    #: ``u2pl_entropy_mean_logits``: the NP-SemiSeg authors' ``out_t["pred"].mean(0)``)
+    teacher_entropy: Literal["mean_probs", "mean_logits"] = "mean_probs"
     #: the head's auxiliary term (the NP head's KL) during the supervised-only epochs; False: zero there
     sup_only_kl: bool = True
     contrastive: bool = True
@@ -152,7 +159,7 @@ class U2PL(SemiSupervisedFramework):
         # statistics pass: teacher on labeled + mixed unlabeled images
         num_l = images_l.shape[0]
         stats = self.predict(self.teacher, torch.cat([images_l, mixed_images]), train_mode=opts.teacher_train_mode)
-        entropy_u = stats.entropy[num_l:]
+        entropy_u = self._entropy_u(stats, num_l, tuple(images_u.shape[-2:]), opts)
 
         kept = entropy_filter(entropy_u, pseudo, u2pl_drop_percent(ctx.epoch, ctx.total_epochs, opts.drop_percent))
         num_kept = (kept != IGNORE_INDEX).sum()
@@ -168,6 +175,13 @@ class U2PL(SemiSupervisedFramework):
             losses["contrastive"] = opts.contrastive_weight * contra
             logs.update(contra_logs)
         return StepResult(losses, logs)
+
+    def _entropy_u(self, stats, num_l: int, size: tuple[int, int], opts: U2PLOptions) -> torch.Tensor:
+        """The unlabeled images' entropy ``[B_u, H, W]`` of the statistics pass (``teacher_entropy``)."""
+        if opts.teacher_entropy == "mean_logits":
+            logits = stats.output.head.logits[:, num_l:].mean(0, keepdim=True)
+            return prediction_from_logits(logits, size, align_corners=self.align_corners).entropy
+        return stats.entropy[num_l:]
 
     def _supervised_step(self, images_l, labels_l, opts: U2PLOptions) -> StepResult:
         """Labeled images only (U2PL's ``sup_only_epoch``); with the quirk the teacher also runs

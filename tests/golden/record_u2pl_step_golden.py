@@ -219,58 +219,75 @@ def tiny_pair(smoke, tape: DropoutTape) -> tuple[nn.Module, nn.Module]:
 def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     """One iteration of the official ``train()`` at the case's epoch; the arrays stored under ``case/``."""
     epoch, seed = CASES[case]
-    cfg = config(smoke)
-    train_semi.cfg, train_semi.prototype = cfg, None
     tape = DropoutTape()
     student, teacher = tiny_pair(smoke, tape)
     model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
-    lr_helper = sys.modules["u2pl.utils.lr_helper"]
-    times = smoke.optim.head_lr_mult
-    backbone = {id(p) for p in student.backbone.parameters()}
-    params_list = [dict(params=list(student.backbone.parameters()), lr=smoke.optim.lr),
-                   dict(params=[p for p in student.parameters() if id(p) not in backbone], lr=smoke.optim.lr * times)]
-    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
-    lr_scheduler = lr_helper.get_scheduler(cfg["trainer"], ITERS, optimizer, start_epoch=epoch)
-    sup_loss_fn = sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg)
+    cfg = config(smoke)
+    optimizer, lr_scheduler = official_optimizer(smoke, cfg, student.backbone, model, epoch)
     data = inputs(seed)
-    batch_l = (torch.from_numpy(data["images_l"]), torch.from_numpy(data["labels_l"]))
-    batch_u = (torch.from_numpy(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))
+    memobank, queue_ptrlis, queue_size = memory_bank(data, seed, smoke)
+    draws = run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
+        model, model_teacher, optimizer, lr_scheduler, sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg),
+        *loaders, epoch, types.SimpleNamespace(add_scalar=lambda *a: None), logging.getLogger("u2pl_step_golden"),
+        memobank, queue_ptrlis, queue_size), data)
+    out = {**data, **draw_arrays(draws, tape)}
+    indices = sample_indices(student)
+    out.update(digest("grad", tensors(student, "grads"), indices))
+    for role, network in (("student", student), ("teacher", teacher)):
+        out.update(digest(f"{role}/params", tensors(network, "params"), indices))
+        out.update(digest(f"{role}/buffers", tensors(network, "buffers"), indices))
+    out.update({f"queue/{c}": bank[0].numpy() for c, bank in enumerate(memobank)})
+    out.update({f"index/{k}": v for k, v in indices.items()})
+    return out
+
+
+def official_optimizer(smoke, cfg: dict, backbone: nn.Module, model: nn.Module, epoch: int):
+    """``train_semi.py`` 82-99: SGD over the backbone at lr and the rest of ``model`` at ``head_lr_mult`` x lr
+    (``get_optimizer``), the poly schedule from the epoch's first iteration (``get_scheduler``)."""
+    lr_helper = sys.modules["u2pl.utils.lr_helper"]
+    ids = {id(p) for p in backbone.parameters()}
+    lr = smoke.optim.lr
+    params_list = [dict(params=list(backbone.parameters()), lr=lr),
+                   dict(params=[p for p in model.parameters() if id(p) not in ids], lr=lr * smoke.optim.head_lr_mult)]
+    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
+    return optimizer, lr_helper.get_scheduler(cfg["trainer"], ITERS, optimizer, start_epoch=epoch)
+
+
+def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:
+    """U2PL's memory bank (``train_semi.py`` 103-110) holding :func:`prefilled_queues` (added to ``data``)."""
     dim, k = smoke.model.options["representation_dim"], smoke.num_classes
     data.update(prefilled_queues(seed, k, dim))
-    memobank = [[torch.from_numpy(data[f"queue_before/{c}"])] for c in range(k)]
+    memobank = [[torch.from_numpy(data[f"queue_before/{c}"]).clone()] for c in range(k)]
     queue_ptrlis = [torch.full((1,), PREFILL, dtype=torch.long) for _ in range(k)]
     opts = smoke.framework_options
-    queue_size = [opts["background_queue_size"]] + [opts["queue_size"]] * (k - 1)
+    return memobank, queue_ptrlis, [opts["background_queue_size"]] + [opts["queue_size"]] * (k - 1)
+
+
+def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict) -> dict:
+    """Seed torch and numpy, record the draws and run ``call((loader_l, loader_u))`` until the second batch."""
+    train_semi.cfg, train_semi.prototype = cfg, None
+    loaders = (OneBatch((torch.from_numpy(data["images_l"]), torch.from_numpy(data["labels_l"]))),
+               OneBatch((torch.from_numpy(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))))
     draws: dict = {"randint": [], "coin": [], "cutout": [], "reduced": []}
     torch.manual_seed(seed)
     np.random.seed(seed)
     with recording_draws(train_semi, draws):
         try:
-            train_semi.train(model, model_teacher, optimizer, lr_scheduler, sup_loss_fn, OneBatch(batch_l),
-                             OneBatch(batch_u), epoch, types.SimpleNamespace(add_scalar=lambda *a: None),
-                             logging.getLogger("u2pl_step_golden"), memobank, queue_ptrlis, queue_size)
+            call(loaders)
         except EndOfStep:
             pass
-    assert draws["coin"] and draws["coin"][0] < 0.5, f"{case}: the CutMix coin did not mix; pick another seed"
-    return case_arrays(data, draws, tape, student, teacher, memobank)
+    assert draws["coin"] and draws["coin"][0] < 0.5, f"seed {seed}: the CutMix coin did not mix; pick another seed"
+    return draws
 
 
-def case_arrays(data, draws, tape, student, teacher, memobank) -> dict[str, np.ndarray]:
-    out = dict(data)
-    out["coin"] = np.array(draws["coin"][0])
-    out["cutout"] = torch.stack(draws["cutout"]).numpy().astype(np.int64)
-    out["draw_highs"] = np.array([h for h, _ in draws["randint"]], dtype=np.int64)
+def draw_arrays(draws: dict, tape: DropoutTape) -> dict[str, np.ndarray]:
+    """The recorded draws and the three logged losses (``all_reduce`` order in ``train()``: the contrastive loss
+    inside, then the logged sup, unsup and contrastive values)."""
+    out = {"coin": np.array(draws["coin"][0]), "cutout": torch.stack(draws["cutout"]).numpy().astype(np.int64),
+           "draw_highs": np.array([h for h, _ in draws["randint"]], dtype=np.int64)}
     out.update({f"draw/{i:03d}": v for i, (_, v) in enumerate(draws["randint"])})
     out.update(tape.arrays("dropout"))
-    # all_reduce order in train(): contra_loss (inside), then the logged sup, unsup and contra values
     out["loss_sup"], out["loss_unsup"], out["loss_contrastive"] = (np.array(v) for v in draws["reduced"][-3:])
-    indices = sample_indices(student)
-    out.update(digest("grad", tensors(student, "grads"), indices))
-    for role, model in (("student", student), ("teacher", teacher)):
-        out.update(digest(f"{role}/params", tensors(model, "params"), indices))
-        out.update(digest(f"{role}/buffers", tensors(model, "buffers"), indices))
-    out.update({f"queue/{c}": bank[0].numpy() for c, bank in enumerate(memobank)})
-    out.update({f"index/{k}": v for k, v in indices.items()})
     return out
 
 
