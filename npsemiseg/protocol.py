@@ -140,6 +140,9 @@ _GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_st
                         "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses "
                         "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), first semi-supervised epoch and a "
                         "later one")
+_GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations: "
+                          "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN "
+                          "buffers 6.8e-6; the second step's gradients not compared)")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
@@ -246,6 +249,14 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "own BN batch and BN update, dropout masks) instead of the labeled slice of the student's one pass",
            "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
            golden=_GOLDEN_NP_U2PL_STEP),
+    Switch("augseg_np_memories", "framework", "framework_options.np_memories", "swapped", "head",
+           "NP-SemiSeg@afd9672 AugSeg/train_semi.py 310-315 (the teacher's centers from the epoch's initial lists), "
+           "408 (model(image_all, latent_memory, deterministic_memory, ...) returns them as (deterministic_memory, "
+           "latent_memory)), AugSeg/augseg/models/model_helper.py 50",
+           "the NP memories carry over from step to step within an epoch with target and context exchanged at every "
+           "step, and start again from their zero rows at each epoch (the teacher keeps all-zero centers)",
+           "[N2](deviations.md#n2-memories-that-never-persist)", frameworks=("augseg",), heads=_NP,
+           golden=_GOLDEN_NP_AUGSEG_STEP),
     Switch("u2pl_entropy_mean_logits", "framework", "framework_options.teacher_entropy", "mean_logits", "mean_probs",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 468-480 (pred_all_teacher = out_t['pred'].mean(0)), 489-492, "
            "510-512",
@@ -690,7 +701,31 @@ def protocol_markdown() -> str:
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "
                      f"{s.source} | {s.changes} | {s.rows} | {_evidence(s)} |")
+    lines += _step_goldens_markdown()
     return "\n".join(lines) + "\n"
+
+
+#: whole-step goldens: framework, the test that runs the official loop body beside ``train_step``, what it records
+STEP_GOLDENS: tuple[tuple[str, str], ...] = (
+    ("U2PL", _GOLDEN_U2PL_STEP),
+    ("NP-SemiSeg U2PL (head np)", _GOLDEN_NP_U2PL_STEP),
+    ("AugSeg", "tests/test_augseg_step_golden.py::test_one_released_step_matches_the_official_iteration: max "
+               "|difference| 6.1e-6 relative (gradients; parameters 2.9e-7, losses 1.1e-7, BN buffers 8.3e-8; the "
+               "teacher's num_batches_tracked not compared), epoch 0 and epoch 1"),
+    ("NP-SemiSeg AugSeg (head np)", _GOLDEN_NP_AUGSEG_STEP),
+)
+
+
+def _step_goldens_markdown() -> list[str]:
+    """The section of ``docs/PROTOCOL.md`` that lists :data:`STEP_GOLDENS`."""
+    lines = ["", "## Whole-step goldens", "",
+             "One whole training iteration of the official loop (imported from a checkout by the recorder in "
+             "`tests/golden/`) beside `npsemiseg.training.step.train_step` under `released`: same network, inputs and "
+             "random draws; the largest relative \\|difference\\| each records.", "",
+             "| framework | golden |", "|---|---|"]
+    lines += [f"| {name} | {TEST_ID.sub(lambda m: f'`{m.group(0)}`', text).replace('|', chr(92) + '|')} |"
+              for name, text in STEP_GOLDENS]
+    return lines
 
 
 def _evidence(switch: Switch) -> str:

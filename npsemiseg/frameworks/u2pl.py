@@ -38,7 +38,10 @@ The paper's contrastive definitions are used; the released code's negative masks
 (see ``contrastive.py``). With the NP head, the student's targets are the labeled images
 plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped);
 ``np_targets="unfiltered"`` gives the NP head the unfiltered pseudo-labels, as the NP-SemiSeg code
-does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered).
+does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered). The authors' model also computes the NP
+context in a pass of its own over the labeled images (``np_context="pass"``, switch ``np_context_pass``), and their
+statistics pass takes the entropy of the softmax of the mean of the T logits (``teacher_entropy="mean_logits"``,
+switch ``u2pl_entropy_mean_logits``).
 """
 
 from __future__ import annotations

@@ -82,33 +82,32 @@ class OfficialInterface(nn.Module):
 
 
 class OneBatch:
-    """A loader of ``ITERS`` batches that yields ``batch`` once and then raises :class:`EndOfStep`."""
+    """A loader of ``ITERS`` batches that yields ``batches`` (one by default) and then raises :class:`EndOfStep`."""
 
-    def __init__(self, batch) -> None:
-        self.batch = batch
+    def __init__(self, *batches) -> None:
+        self.batches = batches
         self.sampler = types.SimpleNamespace(set_epoch=lambda epoch: None)
 
     def __len__(self) -> int:
         return ITERS
 
     def __iter__(self):
-        return _Once(self.batch)
+        return _Batches(list(self.batches))
 
 
-class _Once:
+class _Batches:
     """The iterator of :class:`OneBatch` (``.next()`` as the official loop calls it)."""
 
-    def __init__(self, batch) -> None:
-        self.batch = batch
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.batch is None:
+        if not self.batches:
             raise EndOfStep
-        batch, self.batch = self.batch, None
-        return batch
+        return self.batches.pop(0)
 
     next = __next__
 
@@ -266,8 +265,8 @@ def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:
 def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict) -> dict:
     """Seed torch and numpy, record the draws and run ``call((loader_l, loader_u))`` until the second batch."""
     train_semi.cfg, train_semi.prototype = cfg, None
-    loaders = (OneBatch((torch.from_numpy(data["images_l"]), torch.from_numpy(data["labels_l"]))),
-               OneBatch((torch.from_numpy(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))))
+    loaders = (OneBatch((torch.tensor(data["images_l"]), torch.tensor(data["labels_l"]))),  # copies: kept as given
+               OneBatch((torch.tensor(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))))
     draws: dict = {"randint": [], "coin": [], "cutout": [], "reduced": []}
     torch.manual_seed(seed)
     np.random.seed(seed)
