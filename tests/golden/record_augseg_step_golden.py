@@ -25,7 +25,6 @@ after the step (sum, sum |x|, sampled entries).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import sys
@@ -41,8 +40,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import record_u2pl_step_golden as plain  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
-from step_recording import digest, load_pattern, sample_indices, tensors  # noqa: E402
+from step_recording import digest, load_pattern, record_and_save, sample_indices, tensors  # noqa: E402
 
 OFFICIAL_FILES = ("train_semi.py", "augseg/dataset/augs_ALIA.py", "augseg/utils/loss_helper.py",
                   "augseg/utils/lr_helper.py")
@@ -216,35 +214,22 @@ def official_optimizer(smoke, cfg: dict, backbone: nn.Module, model: nn.Module, 
 
 
 def record(checkout: Path) -> dict[str, np.ndarray]:
-    torch.set_num_threads(1)
-    train_semi = load_official(checkout)
-    smoke = cell_config()
-    out: dict[str, np.ndarray] = {}
-    for case in CASES:
-        out.update({f"{case}/{k}": v for k, v in run_case(train_semi, smoke, case).items()})
-    return out
+    return plain.record_cases(load_official(checkout), cell_config(), CASES, run_case)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = recorder_arguments(__doc__, "a checkout of ZhenZHAO/AugSeg", argv)
-    commit = args.commit or official_commit(args.checkout)
-    arrays = record(args.checkout)
-    sidecar = {
-        "about": "One whole training iteration of AugSeg as train_semi.py runs it (tests/test_augseg_step_golden.py).",
-        "repository": "https://github.com/ZhenZHAO/AugSeg",
-        "commit": commit,
-        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest() for f in OFFICIAL_FILES},
-        "sources": {"iteration": "train_semi.py 249-455 (train(), imported and run for one iteration)",
-                    "ema": "train_semi.py 398-416 (parameters and buffers)",
-                    "cutmix": "augseg/dataset/augs_ALIA.py 10-83", "losses": "augseg/utils/loss_helper.py 310-315"},
-        "compared": "one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not AugSeg's "
-                    "ResNet ModelBuilder): both losses, every gradient, the student's and teacher's parameters and "
-                    "buffers after the step; draws recorded and injected",
-        "command": f"PYTHONPATH=$PWD python tests/golden/record_augseg_step_golden.py CHECKOUT --commit {commit}",
-        "sizes": {"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": ITERS, "epochs": EPOCHS},
-        "torch": torch.__version__,
-    }
-    save_golden(args.out, "augseg_step_released", arrays, sidecar)
+    arrays = record_and_save(
+        argv, __doc__, "augseg_step_released", record, OFFICIAL_FILES,
+        about="One whole training iteration of AugSeg as train_semi.py runs it (tests/test_augseg_step_golden.py).",
+        repository="https://github.com/ZhenZHAO/AugSeg",
+        sources={"iteration": "train_semi.py 249-455 (train(), imported and run for one iteration)",
+                 "ema": "train_semi.py 398-416 (parameters and buffers)",
+                 "cutmix": "augseg/dataset/augs_ALIA.py 10-83", "losses": "augseg/utils/loss_helper.py 310-315"},
+        compared="one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not AugSeg's "
+                 "ResNet ModelBuilder): both losses, every gradient, the student's and teacher's parameters and "
+                 "buffers after the step; draws recorded and injected",
+        sizes={"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": ITERS, "epochs": EPOCHS},
+    )
     for case in CASES:
         print(case, {k: float(arrays[f"{case}/{k}"]) for k in ("loss_sup", "loss_unsup", "high_ratio")})
 

@@ -22,7 +22,6 @@ iteration every gradient, the student's and the teacher's parameters and buffers
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import sys
@@ -37,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its
 import record_augseg_step_golden as plain  # noqa: E402
 import record_np_u2pl_step_golden as np_u2pl  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
-from step_recording import digest, load_pattern, sample_indices  # noqa: E402
+from step_recording import digest, load_pattern, record_and_save, sample_indices  # noqa: E402
 
 OFFICIAL_FILES = ("AugSeg/train_semi.py", "AugSeg/augseg/models/np_head.py", "AugSeg/augseg/models/model_helper.py",
                   "AugSeg/augseg/models/decoder.py", "AugSeg/augseg/dataset/augs_ALIA.py")
@@ -166,31 +164,24 @@ def step_arrays(data: list[dict], draws: dict, noise: dict, seen: list[dict]) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = recorder_arguments(__doc__, "a checkout of Jianf-Wang/NP-SemiSeg", argv)
-    commit = args.commit or official_commit(args.checkout)
-    arrays = record(args.checkout)
-    sidecar = {
-        "about": "Two training iterations of the NP-SemiSeg authors' AugSeg (tests/test_np_augseg_step_golden.py).",
-        "repository": "https://github.com/Jianf-Wang/NP-SemiSeg",
-        "commit": commit,
-        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest() for f in OFFICIAL_FILES},
-        "sources": {
+    arrays = record_and_save(
+        argv, __doc__, "np_augseg_step_released", record, OFFICIAL_FILES,
+        about="Two training iterations of the NP-SemiSeg authors' AugSeg (tests/test_np_augseg_step_golden.py).",
+        repository="https://github.com/Jianf-Wang/NP-SemiSeg",
+        sources={
             "iterations": "AugSeg/train_semi.py 270-470 (train(), imported and run for two iterations)",
             "memories": "AugSeg/train_semi.py 310-315, 408; augseg/models/model_helper.py 50 (lists returned swapped)",
             "context_pass": "AugSeg/augseg/models/model_helper.py 109-111, decoder.py 68-78 (written out)",
             "kl_clip": "AugSeg/train_semi.py 431-447, 451-452 (0.005 x KL, clip_grad_norm_ 5.0)",
             "np_head": "AugSeg/augseg/models/np_head.py (imported)",
         },
-        "compared": "two iterations on the project's smoke encoder and AugSeg decoder with the authors' NP head: per "
-                    "iteration the losses and the KL term; after the second student and teacher parameters and BN "
-                    "buffers, the NP memories (centers, rows); the second iteration's gradients are stored, not "
-                    "compared (they amplify float32 round-off); draws recorded and injected",
-        "command": f"PYTHONPATH=$PWD python tests/golden/record_np_augseg_step_golden.py CHECKOUT --commit {commit}",
-        "sizes": {"cell": CELL, "overrides": OVERRIDES, "epoch": EPOCH, "seeds": SEEDS, "iters_per_epoch": plain.ITERS,
-                  "epochs": plain.EPOCHS},
-        "torch": torch.__version__,
-    }
-    save_golden(args.out, "np_augseg_step_released", arrays, sidecar)
+        compared="two iterations on the project's smoke encoder and AugSeg decoder with the authors' NP head: per "
+                 "iteration the losses and the KL term; after the second student and teacher parameters and BN "
+                 "buffers, the NP memories (centers, rows); the second iteration's gradients are stored, not "
+                 "compared (they amplify float32 round-off); draws recorded and injected",
+        sizes={"cell": CELL, "overrides": OVERRIDES, "epoch": EPOCH, "seeds": SEEDS, "iters_per_epoch": plain.ITERS,
+               "epochs": plain.EPOCHS},
+    )
     for s in range(len(SEEDS)):
         print(s, {k: float(arrays[f"step{s}/{k}"]) for k in ("loss_sup", "loss_unsup", "loss_kl")})
 

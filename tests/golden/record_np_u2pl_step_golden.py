@@ -29,7 +29,6 @@ the head's assignments land in them).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import sys
@@ -43,8 +42,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import record_u2pl_step_golden as plain  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
-from step_recording import DropoutTape, digest, load_pattern, sample_indices, tape_dropout, tensors  # noqa: E402
+from step_recording import DropoutTape, digest, load_pattern, record_and_save, sample_indices, tape_dropout, tensors  # noqa: E402
 
 OFFICIAL_FILES = ("U2PL/train_semi.py", "U2PL/u2pl/models/np_head.py", "U2PL/u2pl/models/model_helper.py",
                   "U2PL/u2pl/models/decoder.py", "U2PL/u2pl/utils/loss_helper.py")
@@ -233,26 +231,18 @@ def authors_kl(seen: dict) -> torch.Tensor:
 
 
 def record(checkout: Path) -> dict[str, np.ndarray]:
-    torch.set_num_threads(1)
     train_semi = plain.load_official(checkout / "U2PL")
     module = importlib.import_module("u2pl.models.np_head")
-    smoke = cell_config()
-    out: dict[str, np.ndarray] = {}
-    for case in CASES:
-        out.update({f"{case}/{k}": v for k, v in run_case(train_semi, module, smoke, case).items()})
-    return out
+    return plain.record_cases(train_semi, cell_config(), CASES,
+                              lambda train_semi, smoke, case: run_case(train_semi, module, smoke, case))
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = recorder_arguments(__doc__, "a checkout of Jianf-Wang/NP-SemiSeg", argv)
-    commit = args.commit or official_commit(args.checkout)
-    arrays = record(args.checkout)
-    sidecar = {
-        "about": "One whole training iteration of the NP-SemiSeg authors' U2PL (tests/test_np_u2pl_step_golden.py).",
-        "repository": "https://github.com/Jianf-Wang/NP-SemiSeg",
-        "commit": commit,
-        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest() for f in OFFICIAL_FILES},
-        "sources": {
+    arrays = record_and_save(
+        argv, __doc__, "np_u2pl_step_released", record, OFFICIAL_FILES,
+        about="One whole training iteration of the NP-SemiSeg authors' U2PL (tests/test_np_u2pl_step_golden.py).",
+        repository="https://github.com/Jianf-Wang/NP-SemiSeg",
+        sources={
             "iteration": "U2PL/train_semi.py 280-660 (train(), imported and run for one iteration)",
             "context_pass": "U2PL/u2pl/models/model_helper.py 78, 89-91; decoder.py 124-134 (written out in AuthorsModel)",
             "entropy": "U2PL/train_semi.py 468-480 (pred_all_teacher = out_t['pred'].mean(0)), 489-492, 510-512",
@@ -260,15 +250,12 @@ def main(argv: list[str] | None = None) -> None:
             "kl_clip": "U2PL/train_semi.py 440-448, 621-626 (0.005 x KL, clip_grad_norm_ 5.0)",
             "np_head": "U2PL/u2pl/models/np_head.py (imported)",
         },
-        "compared": "one iteration on the project's smoke encoder/decoder with the authors' NP head: the losses and the "
-                    "KL term, every gradient, student and teacher parameters and BN buffers after the step, the NP "
-                    "memories written by the step (centers, rows), the memory bank; draws recorded and injected",
-        "command": f"PYTHONPATH=$PWD python tests/golden/record_np_u2pl_step_golden.py CHECKOUT --commit {commit}",
-        "sizes": {"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": plain.ITERS,
-                  "epochs": plain.EPOCHS},
-        "torch": torch.__version__,
-    }
-    save_golden(args.out, "np_u2pl_step_released", arrays, sidecar)
+        compared="one iteration on the project's smoke encoder/decoder with the authors' NP head: the losses and the "
+                 "KL term, every gradient, student and teacher parameters and BN buffers after the step, the NP "
+                 "memories written by the step (centers, rows), the memory bank; draws recorded and injected",
+        sizes={"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": plain.ITERS,
+               "epochs": plain.EPOCHS},
+    )
     for case in CASES:
         print(case, {k: float(arrays[f"{case}/{k}"]) for k in ("loss_sup", "loss_unsup", "loss_contrastive", "loss_kl")})
 

@@ -30,7 +30,6 @@ step (sum, sum |x|, sampled entries) and the memory bank.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import sys
@@ -43,9 +42,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from step_recording import DropoutTape, digest, load_pattern, sample_indices, tape_dropout, tensors  # noqa: E402
+from step_recording import DropoutTape, digest, load_pattern, record_and_save, sample_indices, tape_dropout, tensors  # noqa: E402
 
 OFFICIAL_FILES = ("train_semi.py", "u2pl/utils/loss_helper.py", "u2pl/utils/utils.py", "u2pl/dataset/augmentation.py",
                   "u2pl/utils/lr_helper.py")
@@ -298,25 +296,24 @@ def cell_config(**overrides):
 
 
 def record(checkout: Path) -> dict[str, np.ndarray]:
+    return record_cases(load_official(checkout), cell_config(), CASES, run_case)
+
+
+def record_cases(train_semi, smoke, cases: dict, run) -> dict[str, np.ndarray]:
+    """``run(train_semi, smoke, case)`` for every case on one thread, its arrays under ``<case>/``."""
     torch.set_num_threads(1)
-    train_semi = load_official(checkout)
-    smoke = cell_config()
     out: dict[str, np.ndarray] = {}
-    for case in CASES:
-        out.update({f"{case}/{k}": v for k, v in run_case(train_semi, smoke, case).items()})
+    for case in cases:
+        out.update({f"{case}/{k}": v for k, v in run(train_semi, smoke, case).items()})
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = recorder_arguments(__doc__, "a checkout of Haochen-Wang409/U2PL", argv)
-    commit = args.commit or official_commit(args.checkout)
-    arrays = record(args.checkout)
-    sidecar = {
-        "about": "One whole training iteration of U2PL as train_semi.py runs it (tests/test_u2pl_step_golden.py).",
-        "repository": "https://github.com/Haochen-Wang409/U2PL",
-        "commit": commit,
-        "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest() for f in OFFICIAL_FILES},
-        "sources": {
+    arrays = record_and_save(
+        argv, __doc__, "u2pl_step_released", record, OFFICIAL_FILES,
+        about="One whole training iteration of U2PL as train_semi.py runs it (tests/test_u2pl_step_golden.py).",
+        repository="https://github.com/Haochen-Wang409/U2PL",
+        sources={
             "iteration": "train_semi.py 260-560 (train(), imported and run for one iteration)",
             "teacher_reset": "train_semi.py 309-315 (teacher parameters share the student's storage; buffers its own)",
             "ema": "train_semi.py 543-548 (parameters only)",
@@ -324,15 +321,12 @@ def main(argv: list[str] | None = None) -> None:
             "cutmix": "u2pl/dataset/augmentation.py 471-541",
             "optimizer_schedule": "train_semi.py 82-99, u2pl/utils/lr_helper.py",
         },
-        "compared": "one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not U2PL's "
-                    "ResNet-101 ModelBuilder): the three losses, every gradient, the student's and teacher's parameters "
-                    "and buffers after the step, the memory bank; draws recorded and injected",
-        "command": f"PYTHONPATH=$PWD python tests/golden/record_u2pl_step_golden.py CHECKOUT --commit {commit}",
-        "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "iters_per_epoch": ITERS, "epochs": EPOCHS, "cases": CASES,
-                  "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT, "cell": CELL},
-        "torch": torch.__version__,
-    }
-    save_golden(args.out, "u2pl_step_released", arrays, sidecar)
+        compared="one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not U2PL's "
+                 "ResNet-101 ModelBuilder): the three losses, every gradient, the student's and teacher's parameters "
+                 "and buffers after the step, the memory bank; draws recorded and injected",
+        sizes={"B_l": B_L, "B_u": B_U, "size": SIZE, "iters_per_epoch": ITERS, "epochs": EPOCHS, "cases": CASES,
+               "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT, "cell": CELL},
+    )
     for case in CASES:
         print(case, {k: float(arrays[f"{case}/{k}"]) for k in ("loss_sup", "loss_unsup", "loss_contrastive")})
 

@@ -10,11 +10,17 @@ Bernoulli(1 - p) / (1 - p) per channel) and replays the recorded masks, per modu
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from recording import official_commit, recorder_arguments, save_golden
 
 SAMPLES = 32
 INDEX_SEED = 20261
@@ -22,15 +28,12 @@ INDEX_SEED = 20261
 
 def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None) -> Tensor:
     """``bound * sin(1 + 0.7 i + salt)`` over the flat index i; ``bound`` default: the Xavier-uniform bound of the
-    shape (1-d tensors: 0.1). float32."""
-    numel = int(np.prod(shape))
+    shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. float32."""
     if bound is None:
-        if len(shape) <= 1:
-            bound = 0.1
-        else:
-            receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
-            bound = float(np.sqrt(6.0 / (shape[0] * receptive + shape[1] * receptive)))
-    values = bound * np.sin(1.0 + 0.7 * np.arange(numel, dtype=np.float64) + float(salt))
+        from record_mt_cps_golden import pattern_weights  # the pattern of the other step golden
+
+        return pattern_weights(shape, salt)
+    values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
     return torch.from_numpy(values.reshape(shape)).float()
 
 
@@ -163,3 +166,22 @@ def close(ours, theirs, rtol: float, what: str, scale: float | None = None) -> f
     bound = rtol * max(1.0, float(np.max(np.abs(theirs))) if scale is None else scale)
     assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
     return diff * rtol / bound
+
+
+def record_and_save(argv: list[str] | None, doc: str, stem: str, record: Callable[[Path], dict[str, np.ndarray]],
+                    official_files: tuple[str, ...], **fields: Any) -> dict[str, np.ndarray]:
+    """A step recorder's command line: record from CHECKOUT, write ``<stem>.npz`` and its sidecar (``fields``:
+    about, repository, sources, compared, sizes; the commit, the official files' hashes, the command and torch's
+    version added)."""
+    args = recorder_arguments(doc, f"a checkout of {fields['repository'].removeprefix('https://github.com/')}", argv)
+    commit = args.commit or official_commit(args.checkout)
+    arrays = record(args.checkout)
+    sidecar = {"about": fields.pop("about"), "repository": fields.pop("repository"), "commit": commit,
+               "official_file_sha256": {f: hashlib.sha256((args.checkout / f).read_bytes()).hexdigest()
+                                        for f in official_files},
+               **fields,
+               "command": f"PYTHONPATH=$PWD python tests/golden/record_{stem.removesuffix('_released')}_golden.py "
+                          f"CHECKOUT --commit {commit}",
+               "torch": torch.__version__}
+    save_golden(args.out, stem, arrays, sidecar)
+    return arrays
