@@ -11,6 +11,9 @@ buffers after the step, the memory bank. Two cases: ``first`` (the first semi-su
 decay 0) and ``later`` (the next epoch). Seen (relative): gradients 2.4e-6, parameters 9.2e-7, losses 1.1e-7 (the
 unsupervised loss's scale in another order), BN buffers and memory bank 0.
 
+Recorded and compared on one thread (fixture ``single_seeded_thread``): on these tiny BN networks another thread
+count alone moves the first layers' gradients by up to about 6e-5 of their scale, beyond the bound.
+
 Remainder not compared: the all_gather of the memory bank and the all_reduce of the contrastive loss (one process:
 identities); U2PL's ResNet-101 ``ModelBuilder`` (needs ImageNet weights and SyncBN on CUDA; the step logic runs on
 the project's segmentor on both sides). With this network no new key enters the bank (no unlabeled pixel's
