@@ -138,8 +138,8 @@ _GOLDEN_U2PL_STEP = ("tests/test_u2pl_step_golden.py::test_one_released_step_mat
                      "memory bank 0), first semi-supervised epoch and a later one")
 _GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_step_matches_the_authors_iteration: "
                         "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses "
-                        "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), first semi-supervised epoch and a "
-                        "later one")
+                        "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), a supervised-only step, the first "
+                        "semi-supervised epoch and a later one")
 _GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations: "
                           "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN "
                           "buffers 6.8e-6; the second step's gradients not compared)")
@@ -280,6 +280,12 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "optimiser step, as shared storage) and keeps its own BN statistics, instead of a full copy followed by "
            "the EMA", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
            golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_sup_only_zero_terms", "framework", "framework_options.sup_only_zero_terms", True, False,
+           "U2PL@ab3d2be train_semi.py 305-306 (unsup_loss = contra_loss = 0 * rep.sum()); NP-SemiSeg@afd9672 "
+           "U2PL/train_semi.py 352-353",
+           "in the supervised-only epochs the representation head gets zero gradients, so weight decay and momentum "
+           "move it", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_NP_U2PL_STEP),
     Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
            "weak crops pad labels with background (0) instead of ignore (255)",
            "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)",

@@ -9,7 +9,8 @@ mapped onto the authors' head), batch, memory bank and injected draws (as ``test
 every latent noise of the NP head). Compared at float32 round-off as there: the supervised, unsupervised, contrastive
 and KL terms, every gradient (after the clipping at 5), the student's and the teacher's parameters and BN buffers
 after the step, the NP memories' centers and row counts written by the step, the memory bank. Cases ``first`` (teacher
-reset) and ``later``.
+reset), ``later`` and ``supervised`` (a supervised-only epoch: student and train-mode teacher with the labeled images
+as targets and context, no KL).
 
 What it guards besides the plain golden: the NP context from its own pass over the labeled images (switch
 ``np_context_pass``), the entropy of the softmax of the mean logits (``u2pl_entropy_mean_logits``), the teacher's own
@@ -19,9 +20,8 @@ context taken from the labeled slice of the one pass, or with the entropy of the
 Recorded and compared on one thread (fixture ``single_seeded_thread``): on these tiny BN networks another thread
 count alone moves the first layers' gradients by up to about 6e-5 of their scale, beyond the bound.
 
-Remainder not compared: the supervised-only epoch (the cell has none; there the authors' teacher also runs with a
-context and writes into the same memory lists); the DDP copy of the memory lists (one process: the memories the step
-writes are read from the lists, which is what the project's head holds after the step).
+Remainder not compared: the DDP copy of the memory lists is emulated (the recorder's model hands the head copies, as
+the loop's DDP forward does), not run.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def inject_noise(framework, data: dict[str, np.ndarray]) -> list:
 def run_step(monkeypatch, case: str, **overrides):
     data = case_data(case, DATA)
     epoch, _ = REC.CASES[case]
-    config = REC.cell_config(**overrides)
+    config = REC.cell_config(**{**REC.CASE_OVERRIDES.get(case, {}), **overrides})
     framework = build_framework(config)
     tape = STEP.DropoutTape.from_arrays(data, "dropout")
     for role, salt in (("student", REC.plain.STUDENT_SALT), ("teacher", REC.plain.TEACHER_SALT)):
@@ -92,7 +92,8 @@ def run_step(monkeypatch, case: str, **overrides):
 def compare(framework, logs, data) -> dict[str, float]:
     """Max relative |difference| per group of quantities (asserting each within float32 round-off)."""
     student, teacher = framework.student, framework.teacher
-    diffs = {f"loss_{n}": STEP.close(logs[f"train/{n}"], data[f"loss_{n}"], RTOL, n)
+    # a term the step does not have (the supervised-only epoch's unsup and contrastive) is 0 in the official loop
+    diffs = {f"loss_{n}": STEP.close(logs.get(f"train/{n}", 0.0), data[f"loss_{n}"], RTOL, n)
              for n in ("sup", "unsup", "contrastive", "kl")}
     diffs["grads"] = STEP.compare_digest(data, "grad", STEP.tensors(student, "grads"), RTOL)
     for role, model in (("student", student), ("teacher", teacher)):
@@ -132,3 +133,12 @@ def test_each_slice_or_probability_entropy_moves_the_step_away(monkeypatch, over
     first leaves the context pass's dropout masks untaken, the second draws contrastive anchors from other counts."""
     with pytest.raises(AssertionError):
         compare(*run_step(monkeypatch, "later", **override))
+
+
+def test_the_supervised_only_step_decays_the_representation(monkeypatch):
+    """Without the official zero terms (``sup_only_zero_terms=False``, corrected) the representation head gets no
+    gradient, so no weight decay: its parameters after the step differ from the record."""
+    framework, logs, data = run_step(monkeypatch, "supervised", **{"framework_options.sup_only_zero_terms": False})
+    assert not any(p.grad is not None for p in framework.student.representation_head.parameters())
+    with pytest.raises(AssertionError, match="representation_head"):
+        compare(framework, logs, data)

@@ -57,13 +57,14 @@ def case_data(case: str, data: dict[str, np.ndarray] = DATA) -> dict[str, np.nda
 def inject_draws(monkeypatch, data: dict[str, np.ndarray]) -> list:
     """The recorded CutMix coin and boxes (U2PL's masks keep image i outside the box) and ``torch.randint`` draws;
     returns the queue of draws not yet taken."""
-    keep = torch.from_numpy(data["cutout"]) == 1
-    boxes = []
-    for inside in ~keep:
-        rows, cols = inside.any(1).nonzero()[:, 0], inside.any(0).nonzero()[:, 0]
-        boxes.append([int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1])
-    monkeypatch.setattr(mixing, "_rand", lambda generator, *shape: torch.tensor(float(data["coin"])))
-    monkeypatch.setattr(mixing, "u2pl_boxes", lambda b, h, w, generator=None: torch.tensor(boxes))
+    if "coin" in data:  # a semi-supervised step
+        keep = torch.from_numpy(data["cutout"]) == 1
+        boxes = []
+        for inside in ~keep:
+            rows, cols = inside.any(1).nonzero()[:, 0], inside.any(0).nonzero()[:, 0]
+            boxes.append([int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1])
+        monkeypatch.setattr(mixing, "_rand", lambda generator, *shape: torch.tensor(float(data["coin"])))
+        monkeypatch.setattr(mixing, "u2pl_boxes", lambda b, h, w, generator=None: torch.tensor(boxes))
     queue = [(int(h), data[f"draw/{i:03d}"]) for i, h in enumerate(data["draw_highs"])]
 
     def replay(high, size, **kwargs):

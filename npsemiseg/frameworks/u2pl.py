@@ -57,7 +57,7 @@ from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
 from npsemiseg.frameworks.ema import copy_parameters, u2pl_decay
-from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
+from npsemiseg.frameworks.pseudo_labels import mode, prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
 from npsemiseg.heads.base import downsample_labels, predictive
@@ -84,6 +84,10 @@ class U2PLOptions(FrameworkOptions):
     #: mean of the S softmaxes (``mean_probs``) or of the softmax of the mean logits (``mean_logits``, switch
     #: ``u2pl_entropy_mean_logits``: the NP-SemiSeg authors' ``out_t["pred"].mean(0)``)
     teacher_entropy: Literal["mean_probs", "mean_logits"] = "mean_probs"
+    #: the supervised-only epochs' step holds ``0 x representation.sum()`` as its unsupervised and contrastive terms
+    #: (``train_semi.py`` 305-306): the representation head gets zero gradients, so SGD's weight decay and momentum
+    #: act on it (switch ``u2pl_sup_only_zero_terms``); False: no terms, the head is left alone until it is trained
+    sup_only_zero_terms: bool = False
     #: the head's auxiliary term (the NP head's KL) during the supervised-only epochs; False: zero there
     sup_only_kl: bool = True
     contrastive: bool = True
@@ -188,12 +192,20 @@ class U2PL(SemiSupervisedFramework):
 
     def _supervised_step(self, images_l, labels_l, opts: U2PLOptions) -> StepResult:
         """Labeled images only (U2PL's ``sup_only_epoch``); with the quirk the teacher also runs
-        in train mode on them, which moves its BN statistics as the released code does."""
+        in train mode on them, which moves its BN statistics as the released code does (the NP-SemiSeg authors'
+        teacher with the labels and its context pass, ``U2PL/train_semi.py`` 349-351, under ``np_context="pass"``)."""
         student = self.labeled_pass(images_l, labels_l)
         if opts.teacher_train_mode:
             self.sync_memories(self.teacher)  # an NP teacher needs the memories the student just filled
-            self.predict(self.teacher, images_l, train_mode=True)
+            if opts.np_context == "pass" and self._memory_names:  # the authors' NP teacher: labels, its context pass
+                with torch.no_grad(), mode(self.teacher, True):
+                    self.labeled_pass(images_l, labels_l, self.teacher)
+            else:
+                self.predict(self.teacher, images_l, train_mode=True)
         terms = self.supervised_terms(student, labels_l)
+        representation = student.output.representation
+        if opts.sup_only_zero_terms and representation is not None:
+            terms["unsup"] = terms["contrastive"] = 0 * representation.sum()
         if not opts.sup_only_kl and self.head_aux_term in terms:
             terms[self.head_aux_term] = torch.zeros_like(terms[self.head_aux_term])
         return StepResult(terms, self.step_logs(student))

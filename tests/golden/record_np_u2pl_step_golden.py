@@ -23,8 +23,10 @@ Random draws recorded besides those of the plain recorder: every latent noise ``
 ``reparameterize``, per network in call order (the project's step runs the teacher's statistics pass before the
 student, the authors' after it: the draws are injected per network). Stored per case: as the plain
 recorder, and the KL term (``0.005 * kl.mean()``, its formula as the loop's 447-448) and the memories' centers and
-row counts after the student's forward (the loop's ``latent_memory`` / ``deterministic_memory`` lists; without DDP
-the head's assignments land in them).
+row counts after the student's forward (what the head returns; as the loop's DDP forward, :class:`AuthorsModel`
+hands the head copies of the lists). Cases: the plain recorder's (``first``, ``later``) and ``supervised`` (step 0 of a
+supervised-only epoch, the cell with one as on VOC: the student and the train-mode teacher each run with the labeled
+images as targets and context, ``train_semi.py`` 327-356).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from step_recording import DropoutTape, digest, load_pattern, record_and_save, s
 OFFICIAL_FILES = ("U2PL/train_semi.py", "U2PL/u2pl/models/np_head.py", "U2PL/u2pl/models/model_helper.py",
                   "U2PL/u2pl/models/decoder.py", "U2PL/u2pl/utils/loss_helper.py")
 CELL = dict(plain.CELL, head="np")
-CASES = plain.CASES
+#: the plain recorder's cases and ``supervised``: step 0 of a supervised-only epoch (the cell with one, as on VOC)
+CASES = {**plain.CASES, "supervised": (0, 13)}
+CASE_OVERRIDES = {"supervised": {"framework_options.sup_only_epochs": 1}}
 #: the authors' sizes (see the docstring) and the plain recorder's lower anchor threshold
 OVERRIDES = {**plain.OVERRIDES, "head.options.latent_dim": 32, "head.options.hidden_channels": 256,
              "head.options.enqueue_per_class": None, "head.options.training_samples": 5, "head.options.memory_size": 64}
@@ -97,6 +101,8 @@ class AuthorsModel(nn.Module):
 
     def forward(self, x, deterministic_memory, latent_memory, x_context_in=None, labels_target_in=None,
                 labels_context_in=None, forward_times=5, phase_train=True):
+        if isinstance(deterministic_memory, list):  # as the loop's DDP forward: the head writes into copies
+            deterministic_memory, latent_memory = list(deterministic_memory), list(latent_memory)
         seg = self.segmentor
         feat = seg.encode(x)  # model_helper.py 89-91: encoder on the targets, then on the context
         feat_c = seg.encode(x_context_in) if phase_train else None
@@ -194,6 +200,7 @@ def record_memories(model: AuthorsModel, seen: dict) -> None:
 
 def run_case(train_semi, module, smoke, case: str) -> dict[str, np.ndarray]:
     epoch, seed = CASES[case]
+    smoke = cell_config(**CASE_OVERRIDES.get(case, {}))
     tape, noise, seen = DropoutTape(), {}, {}
     model, model_teacher, indices = tiny_pair(module, smoke, tape, noise)
     record_memories(model, seen)
@@ -205,10 +212,11 @@ def run_case(train_semi, module, smoke, case: str) -> dict[str, np.ndarray]:
     draws = plain.run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
         model, model_teacher, *initial, optimizer, lr_scheduler, sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg),
         *loaders, epoch, types.SimpleNamespace(add_scalar=lambda *a: None), logging.getLogger("np_u2pl_step_golden"),
-        memobank, queue_ptrlis, queue_size), data)
+        memobank, queue_ptrlis, queue_size), data, mixes=case not in CASE_OVERRIDES)
     out = {**data, **plain.draw_arrays(draws, tape)}
     out.update({f"noise/{role}/{i:03d}": eps for role, draws in noise.items() for i, eps in enumerate(draws)})
-    out["loss_kl"] = np.array(LAMBDA_KL * float(authors_kl(seen).mean()))
+    # the loop's KL term; 0 in the supervised-only epochs (train_semi.py 355)
+    out["loss_kl"] = np.array(0.0 if case in CASE_OVERRIDES else LAMBDA_KL * float(authors_kl(seen).mean()))
     for name in ("target", "context"):
         rows = seen[f"{name}_memory"]
         out[f"{name}_centers"] = torch.stack([m.mean(0) for m in rows]).detach().numpy()

@@ -260,7 +260,7 @@ def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:
     return memobank, queue_ptrlis, [opts["background_queue_size"]] + [opts["queue_size"]] * (k - 1)
 
 
-def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict) -> dict:
+def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict, mixes: bool = True) -> dict:
     """Seed torch and numpy, record the draws and run ``call((loader_l, loader_u))`` until the second batch."""
     train_semi.cfg, train_semi.prototype = cfg, None
     loaders = (OneBatch((torch.tensor(data["images_l"]), torch.tensor(data["labels_l"]))),  # copies: kept as given
@@ -273,15 +273,17 @@ def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict) -> dict:
             call(loaders)
         except EndOfStep:
             pass
-    assert draws["coin"] and draws["coin"][0] < 0.5, f"seed {seed}: the CutMix coin did not mix; pick another seed"
+    if mixes:  # a semi-supervised step
+        assert draws["coin"] and draws["coin"][0] < 0.5, f"seed {seed}: the CutMix coin did not mix; pick another seed"
     return draws
 
 
 def draw_arrays(draws: dict, tape: DropoutTape) -> dict[str, np.ndarray]:
     """The recorded draws and the three logged losses (``all_reduce`` order in ``train()``: the contrastive loss
     inside, then the logged sup, unsup and contrastive values)."""
-    out = {"coin": np.array(draws["coin"][0]), "cutout": torch.stack(draws["cutout"]).numpy().astype(np.int64),
-           "draw_highs": np.array([h for h, _ in draws["randint"]], dtype=np.int64)}
+    out = {"draw_highs": np.array([h for h, _ in draws["randint"]], dtype=np.int64)}
+    if draws["coin"]:  # a semi-supervised step
+        out.update(coin=np.array(draws["coin"][0]), cutout=torch.stack(draws["cutout"]).numpy().astype(np.int64))
     out.update({f"draw/{i:03d}": v for i, (_, v) in enumerate(draws["randint"])})
     out.update(tape.arrays("dropout"))
     out["loss_sup"], out["loss_unsup"], out["loss_contrastive"] = (np.array(v) for v in draws["reduced"][-3:])
