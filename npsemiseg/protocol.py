@@ -135,7 +135,7 @@ _GOLDEN_AUGSEG_NP_TARGETS = ("tests/test_augseg_np_targets_golden.py::test_relea
                              "targets equal (0), AugSeg's step; U2PL's not compared")
 _GOLDEN_U2PL_STEP = ("tests/test_u2pl_step_golden.py::test_one_released_step_matches_the_official_iteration: "
                      "max |difference| 2.4e-6 relative (gradients; parameters 9.2e-7, losses 1.1e-7, BN buffers and "
-                     "memory bank 0), first semi-supervised epoch and a later one")
+                     "memory bank 0), a supervised-only step, the first semi-supervised epoch and a later one")
 _GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_step_matches_the_authors_iteration: "
                         "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses "
                         "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), a supervised-only step, the first "

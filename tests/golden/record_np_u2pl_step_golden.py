@@ -49,9 +49,8 @@ from step_recording import DropoutTape, digest, load_pattern, record_and_save, s
 OFFICIAL_FILES = ("U2PL/train_semi.py", "U2PL/u2pl/models/np_head.py", "U2PL/u2pl/models/model_helper.py",
                   "U2PL/u2pl/models/decoder.py", "U2PL/u2pl/utils/loss_helper.py")
 CELL = dict(plain.CELL, head="np")
-#: the plain recorder's cases and ``supervised``: step 0 of a supervised-only epoch (the cell with one, as on VOC)
-CASES = {**plain.CASES, "supervised": (0, 13)}
-CASE_OVERRIDES = {"supervised": {"framework_options.sup_only_epochs": 1}}
+#: the plain recorder's cases (``supervised``: step 0 of a supervised-only epoch, in the cell with one as on VOC)
+CASES, CASE_OVERRIDES = plain.CASES, plain.CASE_OVERRIDES
 #: the authors' sizes (see the docstring) and the plain recorder's lower anchor threshold
 OVERRIDES = {**plain.OVERRIDES, "head.options.latent_dim": 32, "head.options.hidden_channels": 256,
              "head.options.enqueue_per_class": None, "head.options.training_samples": 5, "head.options.memory_size": 64}

@@ -21,9 +21,11 @@ configs' drop percent 80, low_entropy_threshold 20, ranks 3/20, temperature 0.5;
 queues as the smoke cell).
 
 Random draws recorded: the CutMix coin (``np.random.uniform``) and masks (``generate_cutout_mask``), every
-``torch.randint`` of the contrastive loss, and every dropout mask of both networks (:mod:`step_recording`). Two cases:
+``torch.randint`` of the contrastive loss, and every dropout mask of both networks (:mod:`step_recording`). Cases:
 ``first`` = step 0 of the first semi-supervised epoch (teacher reset: parameters shared with the student, its own BN
-statistics; EMA decay 0), ``later`` = step 0 of the next epoch (EMA decay 1 - 1 / (ITERS + 1)). Stored per case: the
+statistics; EMA decay 0), ``later`` = step 0 of the next epoch (EMA decay 1 - 1 / (ITERS + 1)), ``supervised`` = step 0
+of a supervised-only epoch (lines 287-306: the student on the labeled images, the teacher in train mode on them, zero
+unsupervised and contrastive terms). Stored per case: the
 inputs, the draws, the three losses, every gradient, the student's and the teacher's parameters and buffers after the
 step (sum, sum |x|, sampled entries) and the memory bank.
 """
@@ -53,7 +55,9 @@ ITERS, EPOCHS = 4, 3
 STUDENT_SALT, TEACHER_SALT = 0, 1000
 #: case -> (epoch, seed); the cell has no supervised-only epoch (sup_only_epochs 0), so epoch 0 is the first
 #: semi-supervised one. Seeds chosen so that the CutMix coin mixes.
-CASES = {"first": (0, 11), "later": (1, 12)}
+CASES = {"first": (0, 11), "later": (1, 12), "supervised": (0, 13)}
+#: ``supervised``: step 0 of a supervised-only epoch, in the cell with one (as U2PL's VOC configs)
+CASE_OVERRIDES = {"supervised": {"framework_options.sup_only_epochs": 1}}
 #: the pattern network's probabilities stay near 1/K: a lower anchor threshold (delta_p, 0.3 in the configs) lets
 #: the contrastive loss find anchors
 OVERRIDES = {"framework_options.anchor_threshold": 0.1}
@@ -216,6 +220,7 @@ def tiny_pair(smoke, tape: DropoutTape) -> tuple[nn.Module, nn.Module]:
 def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     """One iteration of the official ``train()`` at the case's epoch; the arrays stored under ``case/``."""
     epoch, seed = CASES[case]
+    smoke = cell_config(**CASE_OVERRIDES.get(case, {}))
     tape = DropoutTape()
     student, teacher = tiny_pair(smoke, tape)
     model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
@@ -226,7 +231,7 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     draws = run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
         model, model_teacher, optimizer, lr_scheduler, sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg),
         *loaders, epoch, types.SimpleNamespace(add_scalar=lambda *a: None), logging.getLogger("u2pl_step_golden"),
-        memobank, queue_ptrlis, queue_size), data)
+        memobank, queue_ptrlis, queue_size), data, mixes=case not in CASE_OVERRIDES)
     out = {**data, **draw_arrays(draws, tape)}
     indices = sample_indices(student)
     out.update(digest("grad", tensors(student, "grads"), indices))
