@@ -40,7 +40,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import record_u2pl_step_golden as plain  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from step_recording import digest, load_pattern, record_and_save, sample_indices, tensors  # noqa: E402
+from step_recording import digest, load_pattern, record_and_save, sample_indices, stub_missing, tensors  # noqa: E402
 
 OFFICIAL_FILES = ("train_semi.py", "augseg/dataset/augs_ALIA.py", "augseg/utils/loss_helper.py",
                   "augseg/utils/lr_helper.py")
@@ -96,16 +96,7 @@ def config(smoke) -> dict:
 
 def load_official(folder: Path) -> types.ModuleType:
     """``train_semi`` of an AugSeg folder (ZhenZHAO/AugSeg or NP-SemiSeg's ``AugSeg``) with the stubs above."""
-    for name in STUBS:
-        if name not in sys.modules:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                sys.modules[name] = types.ModuleType(name)
-    sys.modules["torch.utils.tensorboard"].SummaryWriter = getattr(sys.modules["torch.utils.tensorboard"],
-                                                                   "SummaryWriter", None)
-    measure = sys.modules["skimage.measure"]
-    measure.label, measure.regionprops = getattr(measure, "label", None), getattr(measure, "regionprops", None)
+    stub_missing(STUBS, {"torch.utils.tensorboard": ("SummaryWriter",), "skimage.measure": ("label", "regionprops")})
     sys.path.insert(0, str(folder))
     try:
         return importlib.import_module("train_semi")

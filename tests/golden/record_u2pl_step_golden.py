@@ -45,7 +45,16 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from step_recording import DropoutTape, digest, load_pattern, record_and_save, sample_indices, tape_dropout, tensors  # noqa: E402
+from step_recording import (  # noqa: E402
+    DropoutTape,
+    digest,
+    load_pattern,
+    record_and_save,
+    sample_indices,
+    stub_missing,
+    tape_dropout,
+    tensors,
+)
 
 OFFICIAL_FILES = ("train_semi.py", "u2pl/utils/loss_helper.py", "u2pl/utils/utils.py", "u2pl/dataset/augmentation.py",
                   "u2pl/utils/lr_helper.py")
@@ -139,14 +148,7 @@ def config(smoke) -> dict:
 
 def load_official(checkout: Path) -> types.ModuleType:
     """``train_semi`` from CHECKOUT with the stubs of the docstring."""
-    for name in STUBS:
-        if name not in sys.modules:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                sys.modules[name] = types.ModuleType(name)
-    sys.modules["skimage.measure"].label = getattr(sys.modules["skimage.measure"], "label", None)
-    sys.modules["skimage.measure"].regionprops = getattr(sys.modules["skimage.measure"], "regionprops", None)
+    stub_missing(STUBS, {"skimage.measure": ("label", "regionprops")})
     sys.path.insert(0, str(checkout))
     try:
         train_semi = importlib.import_module("train_semi")

@@ -11,6 +11,9 @@ Bernoulli(1 - p) / (1 - p) per channel) and replays the recorded masks, per modu
 from __future__ import annotations
 
 import hashlib
+import importlib
+import sys
+import types
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -20,18 +23,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from record_mt_cps_golden import pattern_weights
+from record_mt_cps_golden import sample_indices as mt_sample_indices
 from recording import official_commit, recorder_arguments, save_golden
 
-SAMPLES = 32
-INDEX_SEED = 20261
 
 
 def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None) -> Tensor:
     """``bound * sin(1 + 0.7 i + salt)`` over the flat index i; ``bound`` default: the Xavier-uniform bound of the
     shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. float32."""
     if bound is None:
-        from record_mt_cps_golden import pattern_weights  # the pattern of the other step golden
-
         return pattern_weights(shape, salt)
     values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
     return torch.from_numpy(values.reshape(shape)).float()
@@ -108,13 +109,22 @@ def tape_dropout(model: nn.Module, tape: DropoutTape, role: str) -> None:
 
 
 def sample_indices(model: nn.Module) -> dict[str, np.ndarray]:
-    """``SAMPLES`` flat indices per parameter and buffer (all of them for smaller tensors)."""
-    gen = np.random.default_rng(INDEX_SEED)
-    out = {}
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
-        n = t.numel()
-        out[name] = (np.arange(n) if n <= SAMPLES else np.sort(gen.choice(n, SAMPLES, replace=False))).astype(np.int32)
-    return out
+    """32 flat indices per parameter and buffer (all of them for smaller tensors), as the MT step golden."""
+    return mt_sample_indices(model)
+
+
+def stub_missing(names: tuple[str, ...], attributes: dict[str, tuple[str, ...]]) -> None:
+    """An empty module for each of ``names`` that does not import (an official file imports it, the recorded path
+    does not use it), with ``attributes[name]`` set to None where the module lacks them."""
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                sys.modules[name] = types.ModuleType(name)
+    for name, attrs in attributes.items():
+        for attr in attrs:
+            setattr(sys.modules[name], attr, getattr(sys.modules[name], attr, None))
 
 
 def tensors(model: nn.Module, what: str) -> list[tuple[str, Tensor]]:
