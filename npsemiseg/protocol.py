@@ -142,10 +142,21 @@ _GOLDEN_UNIMATCH_STEPS = ("tests/test_unimatch_step_golden.py::test_one_released
                           "tests/test_fixmatch_step_golden.py::test_one_released_step_matches_the_official_step: 5.7e-7 "
                           "(VOC 3.6e-7, Cityscapes 5.7e-7); each switch moves the step: "
                           "tests/test_unimatch_step_golden.py::test_each_guarded_behaviour_moves_the_step")
+_GOLDEN_U2PL_STEP = ("tests/test_u2pl_step_golden.py::test_one_released_step_matches_the_official_iteration: "
+                     "max |difference| 2.4e-6 relative (gradients; parameters 9.2e-7, losses 1.1e-7, BN buffers and "
+                     "memory bank 0), a supervised-only step, the first semi-supervised epoch and a later one")
+_GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_step_matches_the_authors_iteration: "
+                        "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses "
+                        "2.3e-7, NP centers 3.0e-8, BN buffers and memory bank 0), a supervised-only step, the first "
+                        "semi-supervised epoch and a later one")
+_GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations: "
+                          "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN "
+                          "buffers 6.8e-6; the second step's gradients not compared)")
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
-_UNIMATCH = ("fixmatch", "unimatch")
+_UNIMATCH = ("fixmatch",
+     "unimatch")
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
@@ -233,7 +244,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411, AugSeg/train_semi.py 405-408",
            "NP memories and KL targets from unfiltered pseudo-labels",
-           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",
+     "augseg"), heads=_NP,
            golden=_GOLDEN_AUGSEG_NP_TARGETS),
     Switch("np_sup_only_kl", "framework", "framework_options.sup_only_kl", False, True,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 328-355 (kl_divergence = 0 in the supervised-only epochs), 621",
@@ -241,13 +253,51 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[N4](deviations.md#n4-kl-with-sigma-as-a-variance)", frameworks=("u2pl",), heads=_NP,
            no_golden="the epoch loop of the whole training script: no function; "
                      "tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs"),
+    Switch("np_context_pass", "framework", "framework_options.np_context", "pass", "slice",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/model_helper.py 78, 89-91, U2PL/u2pl/models/decoder.py 124-134; "
+           "AugSeg/augseg/models/model_helper.py 109-111, AugSeg/augseg/models/decoder.py 68-78",
+           "the NP context features come from an encoder-decoder pass of their own over the labeled images (their "
+           "own BN batch and BN update, dropout masks) instead of the labeled slice of the student's one pass",
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",
+     "augseg"), heads=_NP,
+           golden=_GOLDEN_NP_U2PL_STEP),
+    Switch("augseg_np_memories", "framework", "framework_options.np_memories", "swapped", "head",
+           "NP-SemiSeg@afd9672 AugSeg/train_semi.py 310-315 (the teacher's centers from the epoch's initial lists), "
+           "408 (model(image_all, latent_memory, deterministic_memory, ...) returns them as (deterministic_memory, "
+           "latent_memory)), AugSeg/augseg/models/model_helper.py 50",
+           "the NP memories carry over from step to step within an epoch with target and context exchanged at every "
+           "step, and start again from their zero rows at each epoch (the teacher keeps all-zero centers)",
+           "[N2](deviations.md#n2-memories-that-never-persist)", frameworks=("augseg",), heads=_NP,
+           golden=_GOLDEN_NP_AUGSEG_STEP),
+    Switch("u2pl_entropy_mean_logits", "framework", "framework_options.teacher_entropy", "mean_logits", "mean_probs",
+           "NP-SemiSeg@afd9672 U2PL/train_semi.py 468-480 (pred_all_teacher = out_t['pred'].mean(0)), 489-492, "
+           "510-512",
+           "the statistics pass's entropy (unsupervised filter, contrastive masks) is that of the softmax of the mean "
+           "of the T logits, not of the mean of the T softmaxes", "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)",
+           frameworks=("u2pl",), heads=_NP, golden=_GOLDEN_NP_U2PL_STEP),
     # ---------------------------------------------------------------- U2PL
     Switch("u2pl_teacher_train_mode", "framework", "framework_options.teacher_train_mode", True, False,
            "U2PL@ab3d2be train_semi.py 361-374", "the statistics pass runs the teacher in train mode (updates its BN "
            "statistics)", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
-           no_golden="a line inside the official step (train_semi.py, whose step needs torch.distributed, U2PL's "
-                     "models and loaders): not compared; "
-                     "tests/test_protocol_switches.py::test_train_mode_teachers_update_their_bn_statistics"),
+           golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_teacher_buffers", "framework", "framework_options.ema_buffers", "none", "ema",
+           "U2PL@ab3d2be train_semi.py 543-548 (EMA over parameters() only); NP-SemiSeg@afd9672 U2PL/train_semi.py",
+           "the teacher's BN statistics are its own (from its train-mode passes), not an EMA of the student's",
+           "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_teacher_reset", "framework", "framework_options.teacher_reset", "share", "copy",
+           "U2PL@ab3d2be train_semi.py 309-315 (t_params.data = s_params.data); NP-SemiSeg@afd9672 U2PL/train_semi.py "
+           "357-363",
+           "in the first semi-supervised epoch the teacher takes the student's parameters (before and after the "
+           "optimiser step, as shared storage) and keeps its own BN statistics, instead of a full copy followed by "
+           "the EMA", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_U2PL_STEP),
+    Switch("u2pl_sup_only_zero_terms", "framework", "framework_options.sup_only_zero_terms", True, False,
+           "U2PL@ab3d2be train_semi.py 305-306 (unsup_loss = contra_loss = 0 * rep.sum()); NP-SemiSeg@afd9672 "
+           "U2PL/train_semi.py 352-353",
+           "in the supervised-only epochs the representation head gets zero gradients, so weight decay and momentum "
+           "move it", "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)", frameworks=("u2pl",),
+           golden=_GOLDEN_NP_U2PL_STEP),
     Switch("u2pl_label_pad", "data", "data.augmentation.label_pad_value", 0, 255, "U2PL@ab3d2be u2pl/dataset/augmentation.py 243",
            "weak crops pad labels with background (0) instead of ignore (255)",
            "[D5](deviations.md#d5-u2pl-teacher-mode-and-label-padding)",
@@ -499,7 +549,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
            "dropout in the baseline classifier block",
-           "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg", "psmt"),
+           "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg",
+     "psmt"),
            heads=("baseline",),
            no_golden="a layer's rate in the official decoder: no function; "
                      "tests/test_protocol_switches.py::test_switch_changes_the_training_step"),
@@ -550,7 +601,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "dataset/transform.py 9-14",
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
-           frameworks=("augseg", "psmt", *_UNIMATCH),
+           frameworks=("augseg",
+     "psmt", *_UNIMATCH),
            golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
                   "(UniMatch's crop; PS-MT's imports cv2, not installed; AugSeg's not run)"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",
@@ -592,6 +644,46 @@ STEP_GOLDENS: tuple[tuple[str, str, str, str], ...] = (
      "tests/test_supervised_step_golden.py::test_one_released_step_matches_the_official_step",
      "VOC (CE) and Cityscapes (OHEM + 0.4 aux) cells: loss 1.5e-7, LR 0; every gradient 2.2e-5 (relative to its "
      "tensor's largest entry); every parameter and BN buffer 1.3e-7 (relative to max(1, max |x|))"),
+    ("u2pl",
+     "U2PL@ab3d2be train_semi.py train(), one iteration (backward, SGD, EMA 543-548; teacher reset 309-315)",
+     "tests/test_u2pl_step_golden.py::test_one_released_step_matches_the_official_iteration",
+     "max |difference| 2.4e-6 relative (gradients; parameters 9.2e-7, losses 1.1e-7, BN buffers and memory bank 0), a "
+     "supervised-only step, the first semi-supervised epoch and a later one"),
+    ("u2pl",
+     "head np: NP-SemiSeg@afd9672 U2PL/train_semi.py train(), one iteration (clipping, SGD, EMA; 357-363), model_helper.py "
+     "78, decoder.py 124-134",
+     "tests/test_np_u2pl_step_golden.py::test_one_released_step_matches_the_authors_iteration",
+     "max |difference| 1.9e-6 relative (gradients after the clipping; parameters 1.1e-7, losses 2.3e-7, NP centers 3.0e-8, BN "
+     "buffers and memory bank 0), a supervised-only step, the first semi-supervised epoch and a later one"),
+    ("augseg",
+     "AugSeg@7ead870 train_semi.py train(), one iteration",
+     "tests/test_augseg_step_golden.py::test_one_released_step_matches_the_official_iteration",
+     "max |difference| 6.1e-6 relative (gradients; parameters 2.9e-7, losses 1.1e-7, BN buffers 8.3e-8; the teacher's "
+     "num_batches_tracked not compared), epoch 0 and epoch 1"),
+    ("augseg",
+     "head np: NP-SemiSeg@afd9672 AugSeg/train_semi.py train(), two iterations, model_helper.py 50, 109-111",
+     "tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations",
+     "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN buffers 6.8e-6; the "
+     "second step's gradients not compared)"),
+    ("fixmatch",
+     "UniMatch@0324f3d fixmatch.py loop body, one iteration (model/semseg/deeplabv3plus.py)",
+     "tests/test_fixmatch_step_golden.py::test_one_released_step_matches_the_official_step",
+     "max |difference| 5.7e-7 relative (VOC settings 3.6e-7, Cityscapes 5.7e-7; every loss, the mask ratio, the LR, every "
+     "gradient, parameter and BN buffer; float64 network, float32 losses)"),
+    ("unimatch",
+     "UniMatch@0324f3d unimatch.py 127-220, one iteration (model/semseg/deeplabv3plus.py 38-68)",
+     "tests/test_unimatch_step_golden.py::test_one_released_step_matches_the_official_step",
+     "max |difference| 4.5e-7 relative (VOC settings 3.2e-7, Cityscapes 4.5e-7; every loss, the mask ratio, the LR, every "
+     "gradient, parameter and BN buffer; float64 network, float32 losses)"),
+    ("unimatch_v2",
+     "UniMatch-V2@f6afb4d unimatch_v2.py loop body, one iteration (AdamW step, EMA), model/semseg/dpt.py",
+     "tests/test_unimatch_v2_golden.py::test_gradients_the_adamw_step_and_the_ema_teacher_equal_the_official_step",
+     "losses 3.7e-9, teacher confidences 9.5e-7, gradients 8.4e-8 (sums 2.4e-6); parameters after AdamW 1.2e-7 where the "
+     "gradient exceeds 1e-6 (round-off-only gradients bounded by what AdamW's first step makes of them); tiny ViT + DPT"),
+    ("fixmatch_v2",
+     "UniMatch-V2@f6afb4d fixmatch.py loop body, one iteration (AdamW step, EMA), model/semseg/dpt.py",
+     "tests/test_unimatch_v2_golden.py::test_gradients_the_adamw_step_and_the_ema_teacher_equal_the_official_step",
+     "losses 7.5e-9; gradients, AdamW step and EMA teacher as unimatch_v2's; tiny ViT + DPT"),
 )
 
 #: every switch by name (the one table)

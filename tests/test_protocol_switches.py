@@ -28,6 +28,10 @@ NOT_A_STEP_CHANGE = {
     "np_sync_memories": "only differs across ranks: tests/test_heads_ddp.py",
     "np_eval_samples": "evaluation only",
     "np_sup_only_kl": "supervised-only epochs: tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs",
+    "u2pl_teacher_reset": "the first semi-supervised epoch only (these steps are a later epoch's): "
+                          "tests/test_u2pl_step_golden.py::test_each_corrected_teacher_moves_the_step_away",
+    "u2pl_sup_only_zero_terms": "the supervised-only epochs only (this cell has none): "
+                                "tests/test_np_u2pl_step_golden.py::test_the_supervised_only_step_decays_the_representation",
     "evaluation_select": "tests/test_training.py::test_checkpoint_selection_reports_and_restores_the_best_epoch",
     "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
     "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",

@@ -77,6 +77,14 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("framework_options.tvat_per_batch", lambda v: v["framework_options"].get("tvat_per_batch") is False),
     # PS-MT's released student passes (one per part), at the corrected value
     ("framework_options.student_passes", lambda v: v["framework_options"].get("student_passes") == "joint"),
+    # U2PL's and AugSeg's released teacher, NP context, entropy, memories and supervised-only terms, at their
+    # corrected values (switches u2pl_teacher_reset, np_context_pass, u2pl_entropy_mean_logits, augseg_np_memories,
+    # u2pl_sup_only_zero_terms)
+    ("framework_options.teacher_reset", lambda v: v["framework_options"].get("teacher_reset") == "copy"),
+    ("framework_options.np_context", lambda v: v["framework_options"].get("np_context") == "slice"),
+    ("framework_options.teacher_entropy", lambda v: v["framework_options"].get("teacher_entropy") == "mean_probs"),
+    ("framework_options.np_memories", lambda v: v["framework_options"].get("np_memories") == "head"),
+    ("framework_options.sup_only_zero_terms", lambda v: v["framework_options"].get("sup_only_zero_terms") is False),
     # PS-MT's released VOC evaluation: images resized to multiples of 8, at its corrected value
     ("evaluation.resize_multiple", lambda v: v["evaluation"].get("resize_multiple") is None),
     # AugSeg's and UniMatch's released sliding windows (cut at the border, probabilities summed), at the corrected

@@ -21,18 +21,22 @@ student), then ``min(1 - 1/(i + 1), d)`` with i the global iteration, d = 0.999 
 the masked pseudo-labels (255 where masked) plus the labeled images; with ``np_targets="unfiltered"`` (switch
 ``np_unfiltered_targets``, released) the unlabeled targets are the mixed pseudo-labels unmasked, as NP-SemiSeg's
 AugSeg/train_semi.py 405-408 passes the argmax labels after the adaptive CutMix to the NP head (the threshold only
-masks the unsupervised CE there, lines 425-427).
+masks the unsupervised CE there, lines 425-427). The authors' model also computes the NP context in a pass of its own
+(``np_context="pass"``, switch ``np_context_pass``) and their loop carries the memories from step to step within an
+epoch, target and context exchanged at every step (``np_memories="swapped"``, switch ``augseg_np_memories``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import Field
 
 from npsemiseg.data.mixing import adaptive_confidence, augseg_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
-from npsemiseg.frameworks.ema import augseg_decay
+from npsemiseg.frameworks.ema import augseg_decay, unwrap
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, labeled_view, require_unlabeled
 
 
@@ -47,6 +51,13 @@ class AugSegOptions(FrameworkOptions):
     #: the NP head's targets on the unlabeled images: the pseudo-labels masked by ``confidence_threshold``
     #: (``filtered``) or not (``unfiltered``, NP-SemiSeg's AugSeg/train_semi.py 405-408); other heads ignore them
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
+    #: the NP head's context: the labeled slice of the student's one pass (``slice``) or a pass of its own over the
+    #: labeled images (``pass``, switch ``np_context_pass``: the authors' model); other heads ignore it
+    np_context: Literal["slice", "pass"] = "slice"
+    #: the NP head's memories between steps: as the head keeps them (``head``: ``persist_memories``) or as the
+    #: authors' AugSeg loop leaves them (``swapped``, switch ``augseg_np_memories``): kept from step to step within
+    #: an epoch with target and context exchanged at every step, both back to their start at each epoch's first step
+    np_memories: Literal["head", "swapped"] = "head"
 
 
 @FRAMEWORKS.register("augseg")
@@ -93,13 +104,33 @@ class AugSeg(SemiSupervisedFramework):
         )
         pseudo = ignore_where(mixed.label, mixed.confidence < opts.confidence_threshold)
 
-        student = self.student_pass(images_l, labels_l, mixed.image,
-                                    mixed.label if opts.np_targets == "unfiltered" else pseudo)
+        with self._carried_memories(ctx, opts):
+            student = self.student_pass(images_l, labels_l, mixed.image,
+                                        mixed.label if opts.np_targets == "unfiltered" else pseudo)
         losses = self.supervised_terms(student, labels_l)
         # mean over all pixels: masked pixels contribute 0 to the sum and count in the mean
         losses["unsup"] = opts.unsup_weight * self.pixel_ce(student.logits_u, pseudo).mean()
         logs = self.step_logs(student, rho=rho.mean(), kept_fraction=(pseudo != 255).float().mean())
         return StepResult(losses, logs)
+
+    @contextmanager
+    def _carried_memories(self, ctx: StepContext, opts: AugSegOptions) -> Iterator[None]:
+        """Under ``np_memories="swapped"`` (with the NP head): the student's memories start the epoch's first step
+        from their start (one zero row each, as the loop's lists) and later steps from the previous step's, target
+        and context exchanged; the head keeps what it writes during the pass. Otherwise nothing."""
+        if opts.np_memories != "swapped" or not self._memory_names:
+            yield
+            return
+        head = unwrap(self.student).head
+        if ctx.step % ctx.iters_per_epoch == 0:
+            head.reset_memories()
+        else:
+            head.swap_memories()
+        persist, head.persist_memories = head.persist_memories, True
+        try:
+            yield
+        finally:
+            head.persist_memories = persist
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         decay = augseg_decay(ctx.step, ctx.epoch, self.options.ema_decay)  # type: ignore[attr-defined]

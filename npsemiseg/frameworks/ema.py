@@ -4,8 +4,8 @@
 What the average covers differs between the frameworks (``docs/frameworks.md``):
 
 - MT (shared trainer) and U2PL: parameters (U2PL's teacher gets its BN statistics from
-  its own train-mode passes in the released code; here ``buffers="ema"`` is the default,
-  see :mod:`npsemiseg.frameworks.u2pl`).
+  its own train-mode passes in the released code, ``buffers="none"`` under ``released``; the
+  eval-mode teacher of ``corrected`` averages them, ``buffers="ema"``, see :mod:`npsemiseg.frameworks.u2pl`).
 - AugSeg: parameters and BN buffers.
 - PS-MT: the full ``state_dict`` (parameters and buffers).
 
@@ -102,6 +102,14 @@ def ema_update(
 def copy_model(teacher: nn.Module, student: nn.Module) -> None:
     """Make the teacher an exact copy of the student (parameters and buffers)."""
     unwrap(teacher).load_state_dict(unwrap(student).state_dict())
+
+
+@torch.no_grad()
+def copy_parameters(teacher: nn.Module, student: nn.Module) -> None:
+    """The teacher's parameters <- the student's values; its buffers (BN statistics, memories) stay its own (U2PL's
+    reset, whose teacher parameters share the student's storage, ``train_semi.py`` 309-315)."""
+    for t, s in zip(unwrap(teacher).parameters(), unwrap(student).parameters(), strict=True):
+        t.copy_(s)
 
 
 def make_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module:

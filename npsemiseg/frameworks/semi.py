@@ -178,14 +178,20 @@ class SemiSupervisedFramework(Framework):
         (``labels_u``: pseudo-labels with 255 where ignored) and the labeled slice as NP context."""
         images = torch.cat([images_l, images_u], dim=0)
         labels = torch.cat([labels_l, labels_u], dim=0)
-        output = self.student(images, labels=labels, num_context=images_l.shape[0])
-        return self._split(output, images_l.shape[0])
+        return self._split(self._forward(self.student, images, labels, images_l, labels_l), images_l.shape[0])
 
     def labeled_pass(self, images_l: Tensor, labels_l: Tensor, model: nn.Module | None = None) -> StudentPass:
         """A forward of ``model`` (default: the student) over the labeled images only (supervised-only epochs,
         warm-ups); the NP head takes them as context and targets."""
-        output = (model or self.student)(images_l, labels=labels_l, num_context=images_l.shape[0])
-        return self._split(output, images_l.shape[0])
+        return self._split(self._forward(model or self.student, images_l, labels_l, images_l, labels_l), images_l.shape[0])
+
+    def _forward(self, model: nn.Module, images: Tensor, labels: Tensor, images_l: Tensor, labels_l: Tensor) -> Any:
+        """``model`` on ``images`` whose first ``B_l`` are ``images_l``: the NP context is their slice of the one
+        pass, or (option ``np_context="pass"``, switch ``np_context_pass``, with a head that has memories) a pass
+        of its own over ``images_l`` (:meth:`~npsemiseg.models.Segmentor.forward_with_context`)."""
+        if getattr(self.options, "np_context", "slice") == "pass" and self._memory_names:
+            return unwrap(model).forward_with_context(images, images_l, labels=labels, context_labels=labels_l)
+        return model(images, labels=labels, num_context=images_l.shape[0])
 
     def _split(self, output: Any, num_labeled: int) -> StudentPass:
         logits = output.head.logits

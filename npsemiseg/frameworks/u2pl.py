@@ -12,17 +12,24 @@ Per iteration (after ``sup_only_epochs`` labeled-only epochs):
    ``u2pl_drop_percent(t, T)`` = (80 + 20 t/T)-th percentile, scaled by all / kept pixels.
 5. Contrastive loss (``contrastive.py``) at feature resolution, ``alpha_t = 20 (1 - t/T)``.
 
-Teacher: EMA with ``min(1 - 1/(k + 1), 0.99)``, k counted from the first semi-supervised
-iteration; during the first semi-supervised epoch the teacher is reset to the student before
-every step (as the released code, whose teacher parameters share the student's storage then).
+Teacher: EMA of the parameters with ``min(1 - 1/(k + 1), 0.99)``, k counted from the first semi-supervised
+iteration. During the first semi-supervised epoch the teacher is reset to the student before every step; how
+(``teacher_reset``) and what the EMA covers (``ema_buffers``) are not equivalent choices:
+
+- ``teacher_reset="share"`` (switch ``u2pl_teacher_reset``, released): the released code makes the teacher's
+  parameters share the student's storage (``train_semi.py`` 309-315) and keeps the teacher's own BN statistics;
+  here the parameters are copied before the step and again after the optimiser step (what the shared storage
+  holds then), the buffers are left alone. ``"copy"`` (corrected): parameters *and* buffers copied, then the EMA
+  as in every later epoch: the eval-mode teacher of ``corrected`` has no statistics of its own to keep.
+- ``ema_buffers="none"`` (switch ``u2pl_teacher_buffers``, released): the released EMA touches ``parameters()``
+  only (543-548); the teacher's statistics come from its train-mode passes. ``"ema"`` (corrected): averaged like
+  the parameters, the statistics an eval-mode teacher needs.
 
 Quirks of the released code, as options off by default:
 
 - ``teacher_train_mode``: the statistics pass (3) runs the teacher in train mode (batch BN
   statistics, dropout active), which also updates the teacher's BN running statistics; the
-  released code does this, also during the supervised-only epochs. Default: eval mode, and
-  the teacher's BN buffers are an EMA of the student's (``ema_buffers="ema"``); with the
-  quirk, set ``ema_buffers="none"`` for full parity.
+  released code does this, also during the supervised-only epochs.
 - ``sup_only_kl=False``: the NP head's KL term is zero during the supervised-only epochs, as the NP-SemiSeg
   code's U2PL loop sets it (its U2PL/train_semi.py 355); default: the head's KL is trained from the first step.
 - label padding with 0 (background) instead of 255 is a data option, not a framework one.
@@ -31,7 +38,10 @@ The paper's contrastive definitions are used; the released code's negative masks
 (see ``contrastive.py``). With the NP head, the student's targets are the labeled images
 plus the unlabeled ones with their entropy-filtered pseudo-labels (255 where dropped);
 ``np_targets="unfiltered"`` gives the NP head the unfiltered pseudo-labels, as the NP-SemiSeg code
-does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered).
+does (its U2PL/train_semi.py 406-411; the unsupervised CE stays filtered). The authors' model also computes the NP
+context in a pass of its own over the labeled images (``np_context="pass"``, switch ``np_context_pass``), and their
+statistics pass takes the entropy of the softmax of the mean of the T logits (``teacher_entropy="mean_logits"``,
+switch ``u2pl_entropy_mean_logits``).
 """
 
 from __future__ import annotations
@@ -46,8 +56,8 @@ from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.mixing import u2pl_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.contrastive import U2PL_BUGS, ClassQueues, contrastive_loss
-from npsemiseg.frameworks.ema import u2pl_decay
-from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
+from npsemiseg.frameworks.ema import copy_parameters, u2pl_decay
+from npsemiseg.frameworks.pseudo_labels import mode, prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
 from npsemiseg.heads.base import downsample_labels, predictive
@@ -59,11 +69,25 @@ class U2PLOptions(FrameworkOptions):
     sup_only_epochs: int = Field(1, ge=0)
     ema_decay: float = Field(0.99, ge=0.0, le=1.0)
     ema_buffers: Literal["ema", "copy", "none"] = "ema"
+    #: the first semi-supervised epoch's teacher: ``copy`` = parameters and buffers; ``share`` = the student's
+    #: parameters (before and after the optimiser step), its own buffers (switch ``u2pl_teacher_reset``)
+    teacher_reset: Literal["copy", "share"] = "copy"
     unsup_weight: float = Field(1.0, ge=0.0)
     drop_percent: float = Field(80.0, ge=0.0, le=100.0)
     cutmix_prob: float = Field(0.5, ge=0.0, le=1.0)
     teacher_train_mode: bool = False
     np_targets: Literal["filtered", "unfiltered"] = "filtered"
+    #: the NP head's context: the labeled slice of the student's one pass (``slice``) or a pass of its own over the
+    #: labeled images (``pass``, switch ``np_context_pass``: the authors' model); other heads ignore it
+    np_context: Literal["slice", "pass"] = "slice"
+    #: the entropy of the statistics pass (the unsupervised filter, the contrastive masks) with S > 1 samples: of the
+    #: mean of the S softmaxes (``mean_probs``) or of the softmax of the mean logits (``mean_logits``, switch
+    #: ``u2pl_entropy_mean_logits``: the NP-SemiSeg authors' ``out_t["pred"].mean(0)``)
+    teacher_entropy: Literal["mean_probs", "mean_logits"] = "mean_probs"
+    #: the supervised-only epochs' step holds ``0 x representation.sum()`` as its unsupervised and contrastive terms
+    #: (``train_semi.py`` 305-306): the representation head gets zero gradients, so SGD's weight decay and momentum
+    #: act on it (switch ``u2pl_sup_only_zero_terms``); False: no terms, the head is left alone until it is trained
+    sup_only_zero_terms: bool = False
     #: the head's auxiliary term (the NP head's KL) during the supervised-only epochs; False: zero there
     sup_only_kl: bool = True
     contrastive: bool = True
@@ -129,7 +153,7 @@ class U2PL(SemiSupervisedFramework):
         if sup_only(ctx, opts.sup_only_epochs):
             return self._supervised_step(images_l, labels_l, opts)
         if ctx.epoch == opts.sup_only_epochs:
-            self.reset_teacher(self.teacher)
+            self._reset_teacher(opts)
         self.teacher_active = True
         unlabeled = require_unlabeled(batch, self.name)
         images_u = unlabeled["image"]
@@ -142,7 +166,7 @@ class U2PL(SemiSupervisedFramework):
         # statistics pass: teacher on labeled + mixed unlabeled images
         num_l = images_l.shape[0]
         stats = self.predict(self.teacher, torch.cat([images_l, mixed_images]), train_mode=opts.teacher_train_mode)
-        entropy_u = stats.entropy[num_l:]
+        entropy_u = self._entropy_u(stats, num_l, tuple(images_u.shape[-2:]), opts)
 
         kept = entropy_filter(entropy_u, pseudo, u2pl_drop_percent(ctx.epoch, ctx.total_epochs, opts.drop_percent))
         num_kept = (kept != IGNORE_INDEX).sum()
@@ -159,14 +183,29 @@ class U2PL(SemiSupervisedFramework):
             logs.update(contra_logs)
         return StepResult(losses, logs)
 
+    def _entropy_u(self, stats, num_l: int, size: tuple[int, int], opts: U2PLOptions) -> torch.Tensor:
+        """The unlabeled images' entropy ``[B_u, H, W]`` of the statistics pass (``teacher_entropy``)."""
+        if opts.teacher_entropy == "mean_logits":
+            logits = stats.output.head.logits[:, num_l:].mean(0, keepdim=True)
+            return prediction_from_logits(logits, size, align_corners=self.align_corners).entropy
+        return stats.entropy[num_l:]
+
     def _supervised_step(self, images_l, labels_l, opts: U2PLOptions) -> StepResult:
         """Labeled images only (U2PL's ``sup_only_epoch``); with the quirk the teacher also runs
-        in train mode on them, which moves its BN statistics as the released code does."""
+        in train mode on them, which moves its BN statistics as the released code does (the NP-SemiSeg authors'
+        teacher with the labels and its context pass, ``U2PL/train_semi.py`` 349-351, under ``np_context="pass"``)."""
         student = self.labeled_pass(images_l, labels_l)
         if opts.teacher_train_mode:
             self.sync_memories(self.teacher)  # an NP teacher needs the memories the student just filled
-            self.predict(self.teacher, images_l, train_mode=True)
+            if opts.np_context == "pass" and self._memory_names:  # the authors' NP teacher: labels, its context pass
+                with torch.no_grad(), mode(self.teacher, True):
+                    self.labeled_pass(images_l, labels_l, self.teacher)
+            else:
+                self.predict(self.teacher, images_l, train_mode=True)
         terms = self.supervised_terms(student, labels_l)
+        representation = student.output.representation
+        if opts.sup_only_zero_terms and representation is not None:
+            terms["unsup"] = terms["contrastive"] = 0 * representation.sum()
         if not opts.sup_only_kl and self.head_aux_term in terms:
             terms[self.head_aux_term] = torch.zeros_like(terms[self.head_aux_term])
         return StepResult(terms, self.step_logs(student))
@@ -205,9 +244,21 @@ class U2PL(SemiSupervisedFramework):
             released_bugs=[bug for bug in U2PL_BUGS if getattr(opts, f"{bug}_bug")],
         )
 
+    def _reset_teacher(self, opts: U2PLOptions) -> None:
+        """The first semi-supervised epoch's teacher (``teacher_reset``): the student's parameters, and its buffers
+        too under ``copy``."""
+        if opts.teacher_reset == "share":
+            copy_parameters(self.teacher, self.student)
+            self.sync_memories(self.teacher)
+        else:
+            self.reset_teacher(self.teacher)
+
     def after_optimizer_step(self, ctx: StepContext) -> None:
         opts: U2PLOptions = self.options  # type: ignore[assignment]
         if sup_only(ctx, opts.sup_only_epochs):
+            return
+        if opts.teacher_reset == "share" and ctx.epoch == opts.sup_only_epochs:
+            self._reset_teacher(opts)  # the shared storage holds the stepped student (the EMA of x with x is x)
             return
         decay = u2pl_decay(ctx.step, opts.sup_only_epochs * ctx.iters_per_epoch, opts.ema_decay)
         self.ema(self.teacher, decay, buffers=opts.ema_buffers)

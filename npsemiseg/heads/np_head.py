@@ -284,6 +284,17 @@ class NPHead(ClassifierHead):
                 getattr(self, f"{name}_count").fill_(1)
         self._memories_hold_rows = self.memory_zero_row  # (the zero rows count)
 
+    @torch.no_grad()
+    def swap_memories(self) -> None:
+        """Exchange the target and the context memory (rows, pointers, counts, centers): what NP-SemiSeg's AugSeg
+        loop does between two steps, whose model returns the two memory lists in the other order than it takes
+        them (``AugSeg/train_semi.py`` 408, ``augseg/models/model_helper.py`` 50; switch ``augseg_np_memories``)."""
+        for kind in ("memory", "pointer", "count", "centers"):
+            target, context = getattr(self, f"target_{kind}"), getattr(self, f"context_{kind}")
+            held = target.clone()
+            target.copy_(context)
+            context.copy_(held)
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self._memories_hold_rows = False  # the loaded counts are read again
         super()._load_from_state_dict(*args, **kwargs)

@@ -174,6 +174,33 @@ class Segmentor(nn.Module):
         return self._decode(self.encode(images), labels=labels, num_context=num_context, num_samples=num_samples,
                             latent=latent)
 
+    def forward_with_context(
+        self,
+        images: Tensor,
+        context_images: Tensor,
+        *,
+        labels: Tensor,
+        context_labels: Tensor,
+        num_samples: int | None = None,
+    ) -> SegmentorOutput:
+        """:meth:`forward` whose head takes its context from a pass of its own over ``context_images [M, 3, H, W]``
+        (labels ``context_labels [M, H, W]``): the NP-SemiSeg authors' model (U2PL ``model_helper.py`` 78 and
+        ``decoder.py`` 124-134, AugSeg ``model_helper.py`` 109-111, ``decoder.py`` 68-78) encodes the targets, then
+        the context, and decodes both in that order, so the context has its own BN batch (and BN update), dropout
+        masks and features. The aux and representation heads see the targets only. Logits ``[S, B, K, h, w]``."""
+        if self.decoder_sampling:
+            raise ValueError("forward_with_context: a context pass of its own needs a head on one decoder pass "
+                             "(mc_dropout_scope='decoder' samples the decoder)")
+        encoded = self.encode(images)
+        context_encoded = self.encode(context_images)
+        features = self.decoder(encoded.low_level, encoded.high_level)
+        context_features = self.decoder(context_encoded.low_level, context_encoded.high_level)
+        head_output = self.head(features, labels=labels, num_samples=num_samples, context_features=context_features,
+                                context_labels=context_labels)
+        aux_logits = self.aux_head(encoded.layer3) if self.aux_head is not None and self.training else None
+        representation = self.representation_head(features) if self.representation_head is not None else None
+        return SegmentorOutput(features, head_output, aux_logits, representation)
+
     def forward_feature_perturbed(
         self,
         images: Tensor,
