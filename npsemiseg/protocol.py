@@ -596,7 +596,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            no_golden="one line of each trainer: no function; "
                      "tests/test_protocol_switches.py::test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
-           "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
+           "each framework's configs (the datasets' PaperSettings.publications, npsemiseg/data/sets/pascal.py and "
+           "cityscapes.py, with their sources: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
            "MeanTeacher config.py 102, 34 epochs); NP-SemiSeg@afd9672 "
            "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (Framework.np_config_settings)",
