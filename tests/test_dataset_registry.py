@@ -201,3 +201,18 @@ def test_psmt_box_scheme_is_named_by_its_boxes_and_old_records_still_read():
     assert again.framework_options == config.framework_options and again.cell_id == config.cell_id
     assert param_value({"framework_options.cutmix_variant": "voc"}, "framework_options.cutmix_boxes") == "beta_box"
     assert param_value({"framework_options.cutmix_boxes": "random_boxes"}, "framework_options.cutmix_boxes") == "random_boxes"
+
+
+def test_without_its_dataset_entries_a_framework_falls_back_to_the_shared_settings(monkeypatch):
+    """The negative case of the moved values: Cityscapes without its publications and options gives PS-MT the shared
+    200 epochs, one Beta box and weight 1.5, and FixMatch VOC's threshold: nothing is left in the framework classes."""
+    from npsemiseg.config import compose
+
+    definition = dataset_definition("cityscapes")
+    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications={}, framework_options={}))
+    psmt = compose("paper", framework="psmt", dataset="cityscapes", partition="1/4", head="np",
+                   protocol="released").config
+    assert psmt.schedule.epochs == 200
+    assert (psmt.framework_options["cutmix_boxes"], psmt.framework_options["unsup_weight"]) == ("beta_box", 1.5)
+    fixmatch = compose("paper", framework="fixmatch", dataset="cityscapes", partition="1/8", head="np").config
+    assert fixmatch.framework_options["confidence_threshold"] == 0.95
