@@ -99,8 +99,7 @@ HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unl
 def shared_epochs(cell: Cell) -> int:
     """The shared schedule's epochs of the cell's dataset for its framework (the dataset's settings, with the
     framework's own schedule change where it has one)."""
-    settings = cell.info.settings
-    return settings.shared_epochs(cell.framework, get_framework(cell.framework).paper_schedule(settings.family))
+    return get_framework(cell.framework).shared_epochs(cell.info.settings)
 
 
 def _protocol_epochs(cell: Cell) -> int:
@@ -134,13 +133,10 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
         crop, batch = settings.np_config(cell.framework, framework_cls.np_config_settings)
         why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
     elif head_settings == "per_head":
-        publication = settings.publication(cell.framework, framework_cls.publication_settings,
-                                           framework_cls.publication_lr)
+        publication = framework_cls.publication_on(settings)
         if publication is not None:
             crop, batch, lr = publication.crop_size, publication.batch, publication.lr or lr
-        partition = cell.info.resolve_partition(cell.partition)
-        own = publication.epochs_for(partition) if publication is not None else None
-        own = own if own is not None else framework_cls.publication_epochs(cell.info.paper_dataset, partition)
+        own = framework_cls.own_epochs(cell.info, cell.info.resolve_partition(cell.partition))
         epochs, epochs_why = (own, f"head_settings per_head: {cell.framework}'s publication epochs") \
             if own is not None else (epochs, epochs_why)
         why = f"head_settings per_head: {cell.framework}'s publication settings ({family})"

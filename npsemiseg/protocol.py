@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from npsemiseg.constants import NOT_APPLICABLE
-from npsemiseg.data import dataset_info
+from npsemiseg.data import DatasetInfo, dataset_info
 from npsemiseg.frameworks import get_framework
-from npsemiseg.frameworks.schedules import SHARED_EPOCHS
 from npsemiseg.heads import head_class
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
@@ -53,14 +52,26 @@ class Derived:
 
 
 @dataclass(frozen=True)
+class DatasetCondition:
+    """Which datasets a switch concerns: ``test(info, framework)`` asks the dataset's paper settings (its evaluation,
+    OHEM, auxiliary head, the framework's publication on it), never its name; ``text`` says it in the docs."""
+
+    text: str
+    test: Callable[[DatasetInfo, str], bool]
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class Switch:
     """One difference between the released code and the paper done right.
 
     ``target``: the dotted configuration key the switch sets (None = not yet implemented; ``framework``: the
     framework class, chosen by :func:`protocol_framework`);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
-    the dataset has that partition-list variant; ``families``: only on these dataset families (``voc`` |
-    ``cityscapes``, a synthetic stand-in counting as its real dataset). ``rows``: a Markdown link to the entry
+    the dataset has that partition-list variant; ``datasets``: only on the datasets that meet this condition on
+    their paper settings (a synthetic stand-in has its real dataset's). ``rows``: a Markdown link to the entry
     of ``docs/deviations.md`` that describes the difference. Exactly one of ``golden`` (the test that runs the
     official function next to ours with the released value, ``tests/test_x.py::test_y``, and the max |difference|
     it records) and ``no_golden`` (why no function-level comparison exists, and the test that checks the value).
@@ -77,7 +88,7 @@ class Switch:
     frameworks: tuple[str, ...] | None = None
     heads: tuple[str, ...] | None = None
     needs_lists: str | None = None
-    families: tuple[str, ...] | None = None
+    datasets: DatasetCondition | None = None
     golden: str = ""
     no_golden: str = ""
 
@@ -95,23 +106,45 @@ class Switch:
         if self.heads is not None and head not in self.heads:
             return False
         info = dataset_info(dataset)
-        if self.families is not None and info.family not in self.families:
+        if self.datasets is not None and not self.datasets.test(info, framework):
             return False
         return self.needs_lists is None or self.needs_lists in info.list_variants
 
 
 def _publication_epochs(values: dict[str, Any]) -> int:
-    """The framework's own epochs for the cell (``Framework.publication_epochs``; the shared ones where it has none)."""
+    """The epochs of the framework's own publication on the cell's dataset and partition (``Framework.own_epochs``:
+    the dataset's settings); the shared ones where it has none."""
     info = dataset_info(values["dataset"])
-    own = get_framework(values["framework"]).publication_epochs(info.paper_dataset,
-                                                                 info.resolve_partition(str(values["partition"])))
+    own = get_framework(values["framework"]).own_epochs(info, info.resolve_partition(str(values["partition"])))
     return own if own is not None else _shared_epochs(values)
 
 
 def _shared_epochs(values: dict[str, Any]) -> int:
-    """The shared schedule's epochs of the cell's dataset family (with the framework's ``paper_schedule``)."""
-    family = dataset_info(values["dataset"]).family
-    return get_framework(values["framework"]).paper_schedule(family).get("epochs", SHARED_EPOCHS[family])
+    """The shared schedule's epochs on the cell's dataset for its framework (``Framework.shared_epochs``)."""
+    return get_framework(values["framework"]).shared_epochs(dataset_info(values["dataset"]).settings)
+
+
+def _own_epochs_differ(info: DatasetInfo, framework: str) -> bool:
+    """Whether the framework's publication on the dataset trains other epochs than the shared schedule."""
+    framework_cls = get_framework(framework)
+    publication = framework_cls.publication_on(info.settings)
+    return publication is not None and publication.epochs not in (None, framework_cls.shared_epochs(info.settings))
+
+
+#: the datasets the dataset-specific switches concern, by what their paper settings say
+_CENTER_CROP = DatasetCondition("datasets evaluated on a center crop (VOC)",
+                                lambda info, framework: info.settings.eval_mode == "center_crop")
+_NOT_SLIDING = DatasetCondition("datasets evaluated without sliding windows (VOC)",
+                                lambda info, framework: info.settings.eval_mode != "sliding")
+_SLIDING = DatasetCondition("datasets evaluated by sliding windows (Cityscapes)",
+                            lambda info, framework: info.settings.eval_mode == "sliding")
+_OHEM = DatasetCondition("datasets trained with OHEM (Cityscapes)", lambda info, framework: info.settings.ohem is not None)
+_AUX = DatasetCondition("datasets trained with the auxiliary head (Cityscapes)",
+                        lambda info, framework: info.settings.aux_weight is not None)
+_WEIGHT_DECAY = DatasetCondition("datasets whose weight decay is not 1e-4 (Cityscapes)",
+                                 lambda info, framework: info.settings.weight_decay != 1e-4)
+_OWN_EPOCHS = DatasetCondition("datasets where the framework's publication trains epochs of its own (Cityscapes)",
+                               _own_epochs_differ)
 
 
 def _head_grad_clip(values: dict[str, Any]) -> float | None:
@@ -425,7 +458,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 CityCode/Model/Deeplabv3_plus/EntireModel.py 62",
            "Cityscapes supervised loss is plain CE (the config says OHEM)",
            "[D9](deviations.md#d9-ps-mt-cityscapes-loss)", frameworks=("psmt",),
-           families=("cityscapes",),
+           datasets=_OHEM,
            no_golden="the loss the model builds (a constructor argument): no function; "
                      "tests/test_protocol_switches.py::test_psmt_cityscapes_plain_ce"),
     Switch("psmt_single_lr", "loop", "optim.parameter_groups", "single_lr", "backbone_head",
@@ -438,20 +471,20 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "PS-MT@058cdc3 VocCode/train.py 332-333 ((output1 + output2) / 2)",
            "both teachers' logits averaged instead of their softmaxes",
            "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",),
-           families=("voc",),
+           datasets=_NOT_SLIDING,
            golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_eval_whole", "evaluation", "evaluation.mode", "whole",
            Derived("the preset's or the dataset's", lambda values: values.get("evaluation", {}).get("mode")),
            "PS-MT@058cdc3 VocCode/configs/config_deeplab_v3+.json 61-68 (val_loader: no crop_size, no base_size), "
            "VocCode/Base/base_dataset.py 155-162 (_val_augmentation: normalisation only)",
            "VOC validation images evaluated whole (one per batch) instead of their 513 center crop",
-           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",),
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), datasets=_CENTER_CROP,
            golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_eval_resize", "evaluation", "evaluation.resize_multiple", 8, None,
            "PS-MT@058cdc3 VocCode/train.py 324-330 (image resized to ceil(H / 8) 8 x ceil(W / 8) 8, bilinear, "
            "align_corners), 101-118 (teachers' logits at that size), 333-337 (averaged, resized back to H x W)",
            "each evaluated image resized up to multiples of 8 and the logits resized back to the image size",
-           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), families=("voc",),
+           "[D11](deviations.md#d11-ps-mt-evaluation)", frameworks=("psmt",), datasets=_NOT_SLIDING,
            golden=_GOLDEN_PSMT_EVAL),
     Switch("psmt_blur_kernel", "data", "data.augmentation.blur_kernel", "psmt", "sigma",
            "PS-MT@058cdc3 VocCode/Base/base_dataset.py 133-150 (data_aug)",
@@ -464,7 +497,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "UniMatch@0324f3d unimatch.py 222, fixmatch.py 197 (eval_mode 'original' on VOC), supervised.py 59-66 "
            "(the whole image, no crop), dataset/semi.py 37-39 (val images as they are)",
            "VOC validation on whole images instead of the 513 px center crop",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("voc",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_CENTER_CROP,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_eval_window", "evaluation", "evaluation.crop_size", 801, 769,
@@ -472,14 +505,14 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "unimatch.py 222, fixmatch.py 197 (sliding window at every epoch since 89fda6f; the first release "
            "7292bac used a center crop until the last 20 epochs)",
            "Cityscapes sliding-window size at evaluation (the training crop)",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_SLIDING,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_eval_stride", "evaluation", "evaluation.stride", 534,
            Derived("ceil(2/3 x window), derived", lambda values: None),
            "UniMatch@0324f3d supervised.py 54-55 (int(grid * 2 / 3))",
            "Cityscapes sliding-window stride at evaluation",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_SLIDING,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_eval_scheme", "evaluation", "evaluation.sliding_scheme", "augseg", "u2pl",
@@ -487,7 +520,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "at the border; softmaxes summed, then argmax)",
            "Cityscapes sliding windows cut at the border with their probabilities summed, instead of the last "
            "window shifted inside the image and logits averaged",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_SLIDING,
            golden="tests/test_sliding_eval_golden.py::test_released_scheme_reproduces_unimatch_evaluate: windows "
                   "and predicted classes equal; the run's per-class IoU and pixel accuracy |difference| 0 "
                   "(tests/test_sliding_eval_golden.py::test_a_released_run_evaluates_as_unimatch); the corrected "
@@ -497,20 +530,20 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "UniMatch@0324f3d configs/cityscapes.yaml 12-17 (OHEM thresh 0.7, min_kept 200000), unimatch.py 70-71, "
            "util/ohem.py 38-52",
            "Cityscapes OHEM keeps at least 200,000 pixels per process instead of the NP configs' 100,000",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_OHEM,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_cityscapes_aux", "framework", "model.aux_head", False, True,
            "UniMatch@0324f3d model/semseg/deeplabv3plus.py 36-55 (no auxiliary head), unimatch.py 174, "
            "fixmatch.py 160 (loss_x = OHEM of the main output only)",
            "Cityscapes: OHEM without the auxiliary layer-3 head",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_AUX,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_weight_decay", "loop", "optim.weight_decay", 1e-4, 5e-4,
            "UniMatch@0324f3d unimatch.py 54-56, fixmatch.py 57-59 (SGD weight_decay=1e-4 on every dataset)",
            "Cityscapes weight decay 1e-4 instead of the NP configs' 5e-4",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_WEIGHT_DECAY,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_cps_lists", "data", "list_variant", "cps", "u2pl",
@@ -524,7 +557,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            Derived("shared", _shared_epochs), "UniMatch@0324f3d configs/cityscapes.yaml 8 (240; VOC: "
            "configs/pascal.yaml 8, 80 as the shared schedule)",
            "Cityscapes: UniMatch's 240 epochs for every head instead of the shared 200",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, families=("cityscapes",),
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_OWN_EPOCHS,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
     Switch("unimatch_classifier_dropout", "head", "head.options.dropout", 0.0, 0.1,
@@ -563,25 +596,25 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "AugSeg@7ead870 Cityscapes configs (aux commented out)",
            "Cityscapes: OHEM without the auxiliary layer-3 head",
            "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",),
-           families=("cityscapes",),
+           datasets=_AUX,
            no_golden="config values: no function; "
                      "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("augseg_eval_window", "evaluation", "evaluation.crop_size", 800, 769, "AugSeg@7ead870 Cityscapes configs",
            "sliding-window size at evaluation",
-           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), datasets=_SLIDING,
            no_golden="config values: no function; "
                      "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("augseg_eval_stride", "evaluation", "evaluation.stride", 533,
            Derived("ceil(2/3 x window), derived", lambda values: None), "AugSeg@7ead870 evaluation (stride 2/3 window)",
            "sliding-window stride at evaluation",
-           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), datasets=_SLIDING,
            no_golden="config values: no function; "
                      "tests/test_protocol_switches.py::test_augseg_cityscapes_evaluation_window"),
     Switch("augseg_eval_scheme", "evaluation", "evaluation.sliding_scheme", "augseg", "u2pl",
            "AugSeg@7ead870 train_semi.py 537-552 (validate_citys: the loop of UniMatch's evaluate)",
            "Cityscapes sliding windows cut at the border with their probabilities summed, instead of the last "
            "window shifted inside the image and logits averaged",
-           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), families=("cityscapes",),
+           "[D13](deviations.md#d13-augseg-on-cityscapes)", frameworks=("augseg",), datasets=_SLIDING,
            no_golden="the same loop as UniMatch's evaluate, line for line (windows, softmax sum, argmax), whose "
                      "golden covers it: tests/test_sliding_eval_golden.py::"
                      "test_released_scheme_reproduces_unimatch_evaluate; the value: "
@@ -615,7 +648,8 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            no_golden="one line of each trainer: no function; "
                      "tests/test_protocol_switches.py::test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected"),
     Switch("head_settings", "loop", "schedule.head_settings", "per_head", "shared",
-           "each framework's configs (Framework.publication_settings, publication_lr, publication_epochs: "
+           "each framework's configs (the datasets' PaperSettings.publications, npsemiseg/data/sets/pascal.py and "
+           "cityscapes.py, with their sources: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
            "MeanTeacher config.py 102, 34 epochs); NP-SemiSeg@afd9672 "
            "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (Framework.np_config_settings)",
@@ -802,7 +836,7 @@ def protocol_markdown() -> str:
             "frameworks " + "/".join(s.frameworks) if s.frameworks else "",
             "heads " + "/".join(s.heads) if s.heads else "",
             f"datasets with {s.needs_lists} lists" if s.needs_lists else "",
-            "family " + "/".join(s.families) if s.families else "",
+            s.datasets.text if s.datasets else "",
         ) if part) or "all"
         key = f"`{s.target}`" if s.target else "-"
         lines.append(f"| `{s.name}` | {s.owner} | {key} | `{s.released!r}` | `{s.corrected!r}` | {scope} | "

@@ -116,12 +116,12 @@ def test_psmt_cutmix_voc_one_box_from_a_permuted_partner():
             assert torch.equal(mixed[i, :, y, x], logits[int(result.source[i, y, x]), :, y, x])
 
 
-def test_psmt_cutmix_cityscapes_three_boxes():
+def test_psmt_cutmix_random_boxes_three_boxes():
     image, label, confidence = encoded_batch(4, 30, 30)
     g = torch.Generator().manual_seed(0)
     many_partners = 0
     for _ in range(10):
-        result = psmt_cutmix(image, label, confidence, variant="cityscapes", generator=g)
+        result = psmt_cutmix(image, label, confidence, scheme="random_boxes", generator=g)
         area = result.mask.flatten(1).sum(1)
         # each box covers prop / 3 of the image, prop ~ U(0.25, 0.5): 75..150 of 900 pixels (+ rounding);
         # three of them cover at most 450 (+ rounding)
@@ -130,8 +130,8 @@ def test_psmt_cutmix_cityscapes_three_boxes():
         assert torch.equal(result.label, result.source)  # label i encodes image i
         many_partners += any(len(result.source[i][result.mask[i]].unique()) > 1 for i in range(4))
     assert many_partners > 0  # boxes of one image come from different partners
-    with pytest.raises(ValueError, match="variant"):
-        psmt_cutmix(image, label, variant="ade")
+    with pytest.raises(ValueError, match=r"scheme: expected one of \['beta_box', 'random_boxes'\], got 'cityscapes'"):
+        psmt_cutmix(image, label, scheme="cityscapes")  # the schemes are named by their boxes, not a dataset
 
 
 def test_adaptive_confidence_hand_computed():

@@ -19,13 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: framework files that still branch on a dataset's name, with how many branches: the next step moves each into
 #: the dataset's ``PaperSettings`` (``framework_options`` / ``publications`` / ``framework_epochs``) and removes
 #: its entry here (the count must match exactly, so a removed branch shows up as a failure to update this list)
-PENDING = {"npsemiseg/frameworks/augseg.py": 2, "npsemiseg/frameworks/fixmatch.py": 2,
-           "npsemiseg/frameworks/mt.py": 1, "npsemiseg/frameworks/mt_cps.py": 1,
-           "npsemiseg/frameworks/psmt.py": 4, "npsemiseg/frameworks/u2pl.py": 1,
-           "npsemiseg/frameworks/unimatch_v2.py": 1,
-           # PS-MT's CutMix box scheme is named after a dataset (option ``cutmix_variant``: "voc" / "cityscapes"):
-           # renamed with the option's values, in psmt.py
-           "npsemiseg/data/mixing.py": 1}
+PENDING = {"npsemiseg/frameworks/augseg.py": 2, "npsemiseg/frameworks/u2pl.py": 1,
+           "npsemiseg/frameworks/unimatch_v2.py": 1}
 
 
 def _branches(text: str) -> int:
@@ -80,8 +75,13 @@ def test_the_paper_settings_are_the_presets_values():
         "loss": {"ohem": True, "ohem_thresh": 0.7, "ohem_min_kept": 100_000, "aux_weight": 0.4},
         "model": {"aux_head": True}, "evaluation": {"mode": "sliding", "crop_size": 769, "num_samples": 5},
     }
-    assert dataset_info("synthetic_cityscapes").settings is CITYSCAPES_SETTINGS
-    assert dataset_info("pascal_blender").settings is dataset_info("study").settings is VOC_SETTINGS
+    # the datasets' own settings: the shared values plus what the frameworks' publications set on them
+    assert dataset_info("synthetic_cityscapes").settings is dataset_definition("cityscapes").settings
+    assert dataset_info("cityscapes").settings.values() == CITYSCAPES_SETTINGS.values()
+    for name in ("pascal_classic", "pascal_blender"):
+        assert dataset_info(name).settings.values() == VOC_SETTINGS.values()
+    assert dataset_info("synthetic_blender").settings is dataset_definition("pascal_blender").settings
+    assert dataset_info("study").settings is VOC_SETTINGS and not VOC_SETTINGS.publications  # no publication leaks
     smaller = VOC_SETTINGS.scaled(batch=8, processes=2)
     assert smaller.values()["schedule"]["batch_size"] == 4 and smaller.values()["optim"]["reference_batch"] == 8
     with pytest.raises(ValueError, match="family: expected one of"):
@@ -89,17 +89,73 @@ def test_the_paper_settings_are_the_presets_values():
 
 
 def test_a_dataset_publication_beats_the_framework_family_table():
-    """``publication``: the dataset's own entry first, else the framework class's per-family table (the compatibility
-    path while those tables live in the framework classes)."""
-    fixmatch = get_framework("fixmatch")
-    from_table = VOC_SETTINGS.publication("fixmatch", fixmatch.publication_settings, fixmatch.publication_lr)
-    assert from_table == Publication(321, 8, lr=1e-3)
-    own = VOC_SETTINGS.scaled(publications={"fixmatch": Publication(512, 16, lr=4e-3, epochs=40)})
-    assert own.publication("fixmatch", fixmatch.publication_settings) == Publication(512, 16, lr=4e-3, epochs=40)
+    """``publication``: the dataset's own entry first, else a framework class's transitional per-family table (the
+    frameworks whose values have not moved to the datasets yet: AugSeg, UniMatch V2)."""
+    from_table = VOC_SETTINGS.publication("augseg", {"voc": (513, 16)}, {"voc": 1e-3})
+    assert from_table == Publication(513, 16, lr=1e-3)
+    own = VOC_SETTINGS.scaled(publications={"augseg": Publication(512, 16, lr=4e-3, epochs=40)})
+    assert own.publication("augseg", {"voc": (513, 16)}) == Publication(512, 16, lr=4e-3, epochs=40)
     assert own.np_config("augseg", get_framework("augseg").np_config_settings) == (480, 8)
     assert own.np_config("u2pl") == (480, 12)
     assert CITYSCAPES_SETTINGS.shared_epochs("augseg", get_framework("augseg").paper_schedule("cityscapes")) == 240
     assert CITYSCAPES_SETTINGS.scaled(framework_epochs={"augseg": 100}).shared_epochs("augseg", {"epochs": 240}) == 100
+
+
+#: what the frameworks that ask their dataset's settings get, per dataset: (publication, options, epochs of a partition)
+MOVED = {
+    ("fixmatch", "pascal_classic", "92"): (Publication(321, 8, lr=1e-3, epochs=80), {"confidence_threshold": 0.95}, 80),
+    ("unimatch", "cityscapes", "744"): (Publication(801, 8, lr=5e-3, epochs=240), {"confidence_threshold": 0.0}, 240),
+    ("mt_cps", "pascal_blender", "662"): (Publication(512, 8, lr=1e-2, epochs=34), {}, 34),
+    ("mt_cps", "cityscapes", "186"): (Publication(769, 16), {}, None),
+    ("mt", "cityscapes", "186"): (Publication(769, 16), {"sup_only_epochs": 0}, None),
+    ("supervised", "pascal_classic", "92"): (Publication(513, 16), {}, None),
+    ("psmt", "pascal_classic", "92"): (Publication(512, 32, lr=1e-2, epochs=80), {"unsup_weight": 0.06}, 80),
+    ("psmt", "pascal_classic", "366"): (Publication(512, 32, lr=1e-2, epochs=80), {"unsup_weight": 0.6}, 80),
+    ("psmt", "pascal_blender", "5291"): (None, {}, 300),
+    ("psmt", "cityscapes", "744"): (None, {"unsup_weight": 3.0, "cutmix_boxes": "random_boxes", "eval_teachers": "first"},
+                                    450),
+    ("psmt", "cityscapes", "186"): (None, None, 320),
+    # no publication of these frameworks on ADE20K or COCO: the shared settings (PS-MT's VOC epochs no longer leak)
+    ("psmt", "ade20k", "316"): (None, {}, None), ("fixmatch", "coco", "232"): (None, {}, None),
+}
+
+
+@pytest.mark.parametrize(("framework", "dataset", "partition"), sorted(MOVED))
+def test_a_framework_reads_its_values_from_the_dataset_settings(framework, dataset, partition):
+    """The values that moved out of the framework classes, read back through ``Framework.publication_on``,
+    ``own_epochs`` and the settings' ``options_for``; each would change if its dataset entry were removed."""
+    publication, options, epochs = MOVED[(framework, dataset, partition)]
+    cls, info = get_framework(framework), dataset_info(dataset)
+    if publication is not None:
+        assert cls.publication_on(info.settings) == publication
+    if options is not None:
+        assert info.settings.options_for(framework, partition) == options
+    assert cls.own_epochs(info, partition) == epochs
+    if dataset in ("ade20k", "coco"):
+        assert cls.publication_on(info.settings) is None and cls.shared_epochs(info.settings) == info.settings.epochs
+
+
+def test_cells_compose_the_moved_values():
+    """Composition lays a dataset's options over the framework's defaults, and switch ``psmt_epochs`` reads the
+    dataset's publication: PS-MT on ADE20K trains ADE20K's 60 shared epochs (80 before, VOC's leaking in)."""
+    from npsemiseg.config import compose
+
+    def cell(framework, dataset, partition, protocol="released", head="np"):
+        return compose("paper", framework=framework, dataset=dataset, partition=partition, head=head,
+                       protocol=protocol).config
+
+    city = cell("psmt", "cityscapes", "1/4")
+    assert (city.schedule.epochs, city.framework_options["cutmix_boxes"], city.framework_options["unsup_weight"]) == (
+        450, "random_boxes", 3.0)
+    assert cell("psmt", "pascal_blender", "1/2").schedule.epochs == 300
+    assert cell("psmt", "ade20k", "1/64").schedule.epochs == 60 and cell("psmt", "coco", "1/512").schedule.epochs == 30
+    assert cell("fixmatch", "cityscapes", "1/8").framework_options["confidence_threshold"] == 0.0
+    assert cell("mt", "cityscapes", "1/8", "corrected").framework_options["sup_only_epochs"] == 0
+    assert cell("mt", "study", "1/16", "corrected").framework_options["sup_only_epochs"] == 1  # U2PL's trainer default
+    # UniMatch's VOC switch concerns center-crop datasets: ADE20K (evaluated whole) stays whole under corrected
+    assert cell("unimatch", "ade20k", "1/64", "corrected").evaluation.mode == "whole"
+    assert cell("unimatch", "pascal_classic", "92", "corrected").evaluation.mode == "center_crop"
+    assert cell("unimatch", "pascal_classic", "92").evaluation.mode == "whole"
 
 
 def test_head_schedule_reads_a_registered_dataset_settings(monkeypatch):
@@ -126,3 +182,37 @@ def test_a_dataset_sets_framework_options_per_partition(monkeypatch):
                          **{"schedule.head_settings": "per_head"})
     assert small.framework_options["unsup_weight"] == 0.25 and larger.framework_options["unsup_weight"] == 0.5
     assert larger.schedule.epochs == 120 and larger.schedule.crop_size == 512
+
+
+def test_psmt_box_scheme_is_named_by_its_boxes_and_old_records_still_read():
+    """``cutmix_variant: voc / cityscapes`` became ``cutmix_boxes: beta_box / random_boxes``: a record or a
+    parameter written before reads as the new option, and the cell keeps its id (hashed under the old name)."""
+    from npsemiseg.config import RunConfig, compose
+    from semiseg_platform.tracking.mlflow_names import param_value
+
+    config = compose("paper", framework="psmt", dataset="cityscapes", partition="1/8", head="np").config
+    assert config.framework_options["cutmix_boxes"] == "random_boxes"
+    hashed = config.identity()["framework_options"]
+    assert hashed["cutmix_variant"] == "cityscapes" and "cutmix_boxes" not in hashed
+    old = config.model_dump(mode="json")
+    old["framework_options"]["cutmix_variant"] = old["framework_options"].pop("cutmix_boxes").replace(
+        "random_boxes", "cityscapes")
+    again = RunConfig.model_validate(old)
+    assert again.framework_options == config.framework_options and again.cell_id == config.cell_id
+    assert param_value({"framework_options.cutmix_variant": "voc"}, "framework_options.cutmix_boxes") == "beta_box"
+    assert param_value({"framework_options.cutmix_boxes": "random_boxes"}, "framework_options.cutmix_boxes") == "random_boxes"
+
+
+def test_without_its_dataset_entries_a_framework_falls_back_to_the_shared_settings(monkeypatch):
+    """The negative case of the moved values: Cityscapes without its publications and options gives PS-MT the shared
+    200 epochs, one Beta box and weight 1.5, and FixMatch VOC's threshold: nothing is left in the framework classes."""
+    from npsemiseg.config import compose
+
+    definition = dataset_definition("cityscapes")
+    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications={}, framework_options={}))
+    psmt = compose("paper", framework="psmt", dataset="cityscapes", partition="1/4", head="np",
+                   protocol="released").config
+    assert psmt.schedule.epochs == 200
+    assert (psmt.framework_options["cutmix_boxes"], psmt.framework_options["unsup_weight"]) == ("beta_box", 1.5)
+    fixmatch = compose("paper", framework="fixmatch", dataset="cityscapes", partition="1/8", head="np").config
+    assert fixmatch.framework_options["confidence_threshold"] == 0.95

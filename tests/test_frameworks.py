@@ -17,6 +17,7 @@ from head_fixtures import LargestOutput
 from torch import nn
 
 from unlabeled_views import with_unimatch_views
+from npsemiseg.config import compose
 from npsemiseg.data.mixing import adaptive_confidence
 from npsemiseg.frameworks import framework_names, get_framework
 from npsemiseg.frameworks.base import Batch, StepContext
@@ -486,12 +487,14 @@ def test_psmt_alternates_teachers_and_evaluates_their_ensemble(smoke_config):
 
 
 def test_paper_options_per_protocol():
-    psmt = get_framework("psmt")
-    assert psmt.paper_options("pascal_blender", "1/16")["unsup_weight"] == 1.5
-    assert psmt.paper_options("pascal_classic", "1/16")["unsup_weight"] == 0.06
-    assert psmt.paper_options("pascal_classic", "366")["unsup_weight"] == 0.6
-    city = psmt.paper_options("cityscapes", "1/8")
-    assert city["unsup_weight"] == 3.0 and city["cutmix_variant"] == "cityscapes" and city["eval_teachers"] == "first"
+    def psmt(dataset, partition):  # PS-MT's options as composed: its defaults under the dataset's settings
+        return compose("paper", framework="psmt", dataset=dataset, partition=partition, head="np").config.framework_options
+
+    assert psmt("pascal_blender", "1/16")["unsup_weight"] == 1.5
+    assert psmt("pascal_classic", "1/16")["unsup_weight"] == 0.06
+    assert psmt("pascal_classic", "366")["unsup_weight"] == 0.6
+    city = psmt("cityscapes", "1/8")
+    assert city["unsup_weight"] == 3.0 and city["cutmix_boxes"] == "random_boxes" and city["eval_teachers"] == "first"
     augseg = get_framework("augseg")
     assert augseg.paper_options("pascal_classic", "92")["ema_decay"] == 0.999
     city = augseg.paper_options("cityscapes", "186")
@@ -503,7 +506,8 @@ def test_paper_options_per_protocol():
     mt = get_framework("mt")
     assert mt.paper_options("pascal_classic", "92")["ema_decay"] == 0.99
     assert mt.paper_options("pascal_classic", "92")["sup_only_epochs"] == 1
-    assert mt.paper_options("cityscapes", "186")["sup_only_epochs"] == 0
+    city = compose("paper", framework="mt", dataset="cityscapes", partition="186", head="np").config
+    assert city.framework_options["sup_only_epochs"] == 0  # Cityscapes' settings (U2PL's config) over MT's default
 
 
 def test_framework_options_reject_unknown_keys():

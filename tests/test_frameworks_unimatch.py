@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 
+from npsemiseg.data import dataset_info
+from npsemiseg.data.settings import Publication
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.frameworks.fixmatch import FixMatch, mix_partners, thresholded_loss, unimatch_boxes
@@ -58,9 +60,11 @@ def test_registered_with_their_paper_settings():
     for cls in (FixMatch, UniMatch):
         assert cls.teacher_names == () and cls.model_variant == "augseg" and cls.augmentation == "psmt"
         assert cls.paper_options("pascal_classic", "1464")["confidence_threshold"] == 0.95
-        assert cls.paper_options("cityscapes", "744")["confidence_threshold"] == 0.0
-        assert cls.publication_settings == {"voc": (321, 8), "cityscapes": (801, 8)}
-        assert cls.publication_epochs("pascal_classic", "1464") == 80 and cls.publication_epochs("cityscapes", "744") == 240
+        voc, city = dataset_info("pascal_classic"), dataset_info("cityscapes")  # their settings hold the publications
+        assert city.settings.options_for(cls.name, "744") == {"confidence_threshold": 0.0}
+        assert (cls.publication_on(voc.settings), cls.publication_on(city.settings)) == (
+            Publication(321, 8, lr=1e-3, epochs=80), Publication(801, 8, lr=5e-3, epochs=240))
+        assert cls.own_epochs(voc, "1464") == 80 and cls.own_epochs(city, "744") == 240
     assert UniMatch.paper_options("pascal_classic", "92")["feature_dropout"] == 0.5
 
 

@@ -35,9 +35,8 @@ def _cell_for(switch) -> dict[str, str]:
     """A smoke cell the switch applies to."""
     framework = switch.frameworks[0] if switch.frameworks else "u2pl"
     head = switch.heads[0] if switch.heads else "baseline"
-    dataset = "synthetic_blender" if switch.needs_lists else "synthetic"
-    if switch.families == ("cityscapes",):
-        dataset = "synthetic_cityscapes"
+    candidates = ("synthetic_blender" if switch.needs_lists else "synthetic", "synthetic_cityscapes")
+    dataset = next(d for d in candidates if switch.applies(framework=framework, dataset=d, head=head))
     return {"framework": framework, "head": head, "dataset": dataset}
 
 

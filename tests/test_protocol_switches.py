@@ -76,10 +76,10 @@ STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_C
 
 
 def _configs(smoke_config, switch, dataset: str = "synthetic"):
-    if switch.families == ("cityscapes",):
-        dataset = "synthetic_cityscapes"
     framework = switch.frameworks[0] if switch.frameworks else "u2pl"
     head = switch.heads[0] if switch.heads else "baseline"
+    if not switch.applies(framework=framework, dataset=dataset, head=head):
+        dataset = "synthetic_cityscapes"  # the switches of Cityscapes' settings (sliding windows, OHEM, ...)
     options = U2PL_SMALL if framework == "u2pl" else {}
     corrected = smoke_config(framework=framework, head=head, dataset=dataset, protocol="corrected",
                              framework_options=options)

@@ -101,7 +101,11 @@ IDENTITY_RESTORED: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...]
 
 #: keys renamed after version 1, hashed under their version-1 names so the cells keep their ids
 IDENTITY_V1_NAMES: dict[str, str] = {"head.options.training_samples": "head.options.num_samples",
-                                     "head.options.train_mode_passes": "head.options.train_samples"}
+                                     "head.options.train_mode_passes": "head.options.train_samples",
+                                     "framework_options.cutmix_boxes": "framework_options.cutmix_variant"}
+#: values renamed after version 1 (per key, under its current name): hashed as their version-1 values
+IDENTITY_V1_VALUES: dict[str, dict[Any, Any]] = {
+    "framework_options.cutmix_boxes": {"beta_box": "voc", "random_boxes": "cityscapes"}}
 
 CELL_ID_LENGTH = 12
 
@@ -481,8 +485,8 @@ class RunConfig(Section):
     def identity(self) -> dict[str, Any]:
         """What the cell id covers (version :data:`IDENTITY_VERSION`): the values minus
         :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing, plus the
-        :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names
-        (:data:`IDENTITY_V1_NAMES`) (JSON types)."""
+        :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names and values
+        (:data:`IDENTITY_V1_NAMES`, :data:`IDENTITY_V1_VALUES`) (JSON types)."""
         data = self.model_dump(mode="json")
         omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
         restored = [(dotted, value) for dotted, value, where in IDENTITY_RESTORED if where(data)]
@@ -492,7 +496,8 @@ class RunConfig(Section):
         for new, old in IDENTITY_V1_NAMES.items():
             node, leaf = _parent(data, new)
             if leaf in node:
-                node[old.rsplit(".", 1)[1]] = node.pop(leaf)
+                value = node.pop(leaf)
+                node[old.rsplit(".", 1)[1]] = IDENTITY_V1_VALUES.get(new, {}).get(value, value)
         for dotted, value in restored:
             node, leaf = _parent(data, dotted)
             node[leaf] = value

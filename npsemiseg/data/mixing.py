@@ -144,26 +144,31 @@ def u2pl_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, 
     return _paste(image, label, confidence, mask, (torch.arange(b) + 1) % b)
 
 
-def psmt_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, *, variant: str = "voc",
+#: PS-MT's box schemes: one box whose size follows lambda ~ Beta (its VOC code), several boxes of random proportions
+#: (its Cityscapes code)
+PSMT_BOX_SCHEMES = ("beta_box", "random_boxes")
+
+
+def psmt_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, *, scheme: str = "beta_box",
                 beta: float = 4.0, num_boxes: int = 3, prop_range: tuple[float, float] = (0.25, 0.5),
                 generator: torch.Generator | None = None) -> MixResult:
-    """PS-MT's CutMix among unlabeled images.
+    """PS-MT's CutMix among unlabeled images, in one of its two box schemes (:data:`PSMT_BOX_SCHEMES`).
 
-    variant ``"voc"``: one box per image from partner ``perm(i)`` (a random permutation),
-    lambda ~ Beta(beta, beta) once per batch (``cutmix_boxes``).
-    ``"cityscapes"`` (PS-MT's ``rand_bbox_2``): ``num_boxes`` boxes per image, each from its own
+    ``"beta_box"`` (PS-MT's VOC code, ``rand_bbox_1``): one box per image from partner ``perm(i)`` (a random
+    permutation), lambda ~ Beta(beta, beta) once per batch (``cutmix_boxes``).
+    ``"random_boxes"`` (its Cityscapes code, ``rand_bbox_2``): ``num_boxes`` boxes per image, each from its own
     partner drawn uniformly from the batch (with replacement) and pasted in order; box n covers
     ``prop / num_boxes`` of the image with prop ~ U(prop_range), a random aspect ratio (height
     fraction ``sqrt(1/n) prop^u``, width fraction ``sqrt(1/n) prop^(1-u)``, u ~ U[0, 1]) and a
     position uniform inside the image.
     """
     b, h, w = _check(image, label, confidence)
-    if variant == "voc":
+    if scheme not in PSMT_BOX_SCHEMES:
+        raise ValueError(f"scheme: expected one of {list(PSMT_BOX_SCHEMES)}, got {scheme!r}")
+    if scheme == "beta_box":
         partner = torch.randperm(b, generator=generator)
         boxes = cutmix_boxes(b, h, w, sample_beta(beta, beta, generator), generator)
         return _paste(image, label, confidence, box_mask(boxes, h, w).to(image.device), partner)
-    if variant != "cityscapes":
-        raise ValueError(f"variant must be 'voc' or 'cityscapes', got {variant!r}")
     source = torch.arange(b).view(b, 1, 1).expand(b, h, w).clone()
     mask = torch.zeros(b, h, w, dtype=torch.bool)
     partners = _randint(0, b, generator, num_boxes, b)

@@ -1,4 +1,4 @@
-"""A dataset's paper settings: one object per dataset that the presets and (soon) the frameworks ask.
+"""A dataset's paper settings: one object per dataset that the presets, the protocol and the frameworks ask.
 
 ``PaperSettings`` holds what a publication fixes for a dataset: the crop, the global batch and the processes
 it is split over, the optimiser (LR, head LR multiple, momentum, weight decay, poly power), the epochs,
@@ -7,9 +7,11 @@ OHEM and the auxiliary head, the evaluation mode and window, and what individual
 (``npsemiseg.data.base.DatasetDef``) carries one as ``settings``; ``settings.values()`` is the ``paper``
 preset's nested values.
 
-``family`` names which column of the frameworks' older per-family tables (``publication_settings`` and the
-like, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads while those tables still live in the framework
-classes: the helpers here (:meth:`PaperSettings.publication`, :meth:`PaperSettings.np_config`,
+The values below are the shared ones (the NP-SemiSeg configs'); what each framework's publication sets on a
+dataset lives in the dataset's class (``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``), so a dataset without
+an entry for a framework trains it at the shared settings. ``family`` names which column of the older per-family
+tables (``publication_settings`` and the like, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads in the
+framework classes that still keep them: the helpers here (:meth:`PaperSettings.publication`, :meth:`PaperSettings.np_config`,
 :meth:`PaperSettings.framework_schedule`) look in the dataset's own settings first and fall back to that column.
 """
 
@@ -153,17 +155,16 @@ class PaperSettings:
         return replace(self, **changes)
 
 
-#: VOC (classic and blender; the default of datasets without settings of their own): the NP-SemiSeg authors'
-#: released U2PL VOC config (``npsemiseg/presets_audit.md``): crop 480, 12 = 4 x 3, lr 1e-3 (head x10), weight
-#: decay 1e-4, 80 epochs, evaluation on a 513 px center crop
+#: VOC (the shared values of classic and blender, whose classes add the frameworks' publications; the default of
+#: datasets without settings of their own): the NP-SemiSeg authors' released U2PL VOC config
+#: (``npsemiseg/presets_audit.md``): crop 480, 12 = 4 x 3, lr 1e-3 (head x10), weight decay 1e-4, 80 epochs,
+#: evaluation on a 513 px center crop
 VOC_SETTINGS = PaperSettings(family="voc", crop_size=480, batch=12, lr=1e-3, epochs=80, head_lr_mult=10.0,
                              weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513)
 
-#: Cityscapes: crop 580, 8 = 4 x 2, lr 5e-3 (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in its class),
-#: OHEM 0.7 with at least 100,000 pixels, 0.4 x the auxiliary head's loss, sliding windows of 769 px
+#: Cityscapes (shared values; the publications: ``npsemiseg/data/sets/cityscapes.py``): crop 580, 8 = 4 x 2, lr 5e-3
+#: (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in its class), OHEM 0.7 with at least 100,000 pixels,
+#: 0.4 x the auxiliary head's loss, sliding windows of 769 px
 CITYSCAPES_SETTINGS = PaperSettings(family="cityscapes", crop_size=580, batch=8, lr=5e-3, epochs=200,
                                     head_lr_mult=1.0, weight_decay=5e-4, ohem=(0.7, 100_000), aux_weight=0.4,
                                     eval_mode="sliding", eval_crop_size=769)
-
-#: the shared epochs per family (what ``frameworks.schedules.SHARED_EPOCHS`` used to spell out)
-SHARED_EPOCHS: dict[str, int] = {s.family: s.epochs for s in (VOC_SETTINGS, CITYSCAPES_SETTINGS)}

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
 from npsemiseg._registry import Registry
+from npsemiseg.data.info import DatasetInfo
+from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import LossSettings
 from npsemiseg.models import logit_align_corners
@@ -98,16 +100,14 @@ class Framework:
     representation_head: ClassVar[bool] = False
     #: framework options of the ``smoke`` preset (beyond its shared shrinking)
     smoke_options: ClassVar[Mapping[str, Any]] = {}
-    #: the framework's own publication settings per dataset family, ``(crop, global labeled batch)``: the paper's
-    #: baseline rows are copied from them (switch ``head_settings``). Default U2PL's (configs: VOC 513 and
-    #: 16 = 4 GPUs x 4, Cityscapes 769 and 16 = 8 x 2), which the supervised reference follows.
-    publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {"voc": (513, 16), "cityscapes": (769, 16)}
-    #: the learning rate of the framework's own publication per dataset family where it differs from the shared
-    #: one (VOC 1e-3, Cityscapes 5e-3): the baseline head's under switch ``head_settings`` (per_head)
+    #: what a dataset's publications set for a framework (crop, batch, LR, epochs, options) lives in the dataset's
+    #: ``PaperSettings`` (``npsemiseg.data.sets``), which the framework asks (:meth:`publication_on`,
+    #: :meth:`own_epochs`, :meth:`shared_epochs`). Transitional, for the frameworks whose values have not moved
+    #: there yet: ``(crop, global labeled batch)`` of the framework's own publication per dataset family, its LR
+    #: where it differs from the shared one, and the NP configs' ``(crop, global batch)`` for the stochastic heads
+    #: (read only where the dataset's settings have no entry for the framework; empty by default)
+    publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
     publication_lr: ClassVar[Mapping[str, float]] = {}
-    #: ``(crop, global labeled batch)`` of the NP-SemiSeg configs behind the MC-dropout and NP rows per dataset
-    #: family where they differ from the shared reduced ones (VOC 480 and 12, Cityscapes 580 and 8): those heads'
-    #: under switch ``head_settings`` (per_head)
     np_config_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
@@ -129,13 +129,36 @@ class Framework:
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """The paper's settings of this framework's options for one dataset x partition."""
+        """The framework's own paper options (its defaults); what a dataset's publications change for it
+        (``PaperSettings.options_for``) is laid over them at composition. Transitional: a framework whose values
+        have not moved to the datasets' settings yet reads ``dataset`` x ``partition`` here."""
         return {}
 
     @classmethod
     def paper_schedule(cls, family: str) -> dict[str, Any]:
-        """The framework's own changes to the paper's shared schedule on dataset family ``"voc"`` or ``"cityscapes"``."""
+        """Transitional: the framework's own changes to the shared schedule on dataset family ``family``, for the
+        frameworks whose schedule has not moved to the datasets' settings (``PaperSettings.framework_epochs``)."""
         return {}
+
+    @classmethod
+    def publication_on(cls, settings: PaperSettings) -> Publication | None:
+        """The framework's own publication on a dataset with ``settings`` (crop, global batch, LR, epochs; None:
+        none): the dataset's entry, else the transitional per-family tables."""
+        return settings.publication(cls.name, cls.publication_settings or None, cls.publication_lr)
+
+    @classmethod
+    def own_epochs(cls, info: DatasetInfo, partition: str) -> int | None:
+        """The epochs of the framework's own publication on ``info``'s canonical ``partition`` (None: none of its
+        own, the shared schedule's)."""
+        publication = cls.publication_on(info.settings)
+        own = publication.epochs_for(partition) if publication is not None else None
+        return own if own is not None else cls.publication_epochs(info.paper_dataset, partition)
+
+    @classmethod
+    def shared_epochs(cls, settings: PaperSettings) -> int:
+        """The shared schedule's epochs on a dataset with ``settings`` for this framework (the dataset's, or its
+        ``framework_epochs`` entry for the framework)."""
+        return settings.shared_epochs(cls.name, cls.paper_schedule(settings.family))
 
     @classmethod
     def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,9 +169,8 @@ class Framework:
 
     @classmethod
     def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """The framework's own epoch count for a real ``dataset`` x canonical ``partition`` where it differs from
-        the shared schedule (None = none of its own): the baseline head's under switch ``head_settings``
-        (per_head); PS-MT's also every head's under switch ``psmt_epochs``."""
+        """Transitional (see :meth:`own_epochs`, which asks the dataset's settings first): the framework's own epoch
+        count for a real ``dataset`` x canonical ``partition`` (None = none of its own)."""
         return None
 
     @property

@@ -133,10 +133,8 @@ class FixMatch(SemiSupervisedFramework):
     #: (0.5, 0.5, 0.5, 0.25) p 0.8, grayscale p 0.2, blur sigma U[0.1, 2] p 0.5: PS-MT's strong view; see the docs for
     #: where the weak pipeline differs
     augmentation = "psmt"
-    #: configs/pascal.yaml 4, 9: crop 321, batch 2 per GPU x 4 GPUs; configs/cityscapes.yaml 4, 9: crop 801, 2 x 4
-    publication_settings = {"voc": (321, 8), "cityscapes": (801, 8)}
-    #: configs/pascal.yaml 10-11: 0.001 (x10 for the decoder); configs/cityscapes.yaml 10-11: 0.005 (x1)
-    publication_lr = {"voc": 1e-3, "cityscapes": 5e-3}
+    # its publications (crop, batch, LR, epochs) and thresholds per dataset: the datasets' settings (pascal.py,
+    # cityscapes.py: UniMatch@0324f3d configs/pascal.yaml, configs/cityscapes.yaml)
     #: fixmatch.py 166: loss = (loss_x + loss_s) / 2
     sup_weight: ClassVar[float] = 0.5
     strong_weights: ClassVar[tuple[float, ...]] = (0.5,)
@@ -144,14 +142,8 @@ class FixMatch(SemiSupervisedFramework):
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """Threshold 0.95 on VOC (configs/pascal.yaml 16), 0 on Cityscapes (configs/cityscapes.yaml 18)."""
-        threshold = 0.0 if dataset == "cityscapes" else 0.95
-        return cls.Options(confidence_threshold=threshold).model_dump()
-
-    @classmethod
-    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """80 on VOC (configs/pascal.yaml 8), 240 on Cityscapes (configs/cityscapes.yaml 8)."""
-        return 240 if dataset == "cityscapes" else 80
+        """The options' defaults (threshold 0.95); a dataset's settings set its own threshold (Cityscapes: 0)."""
+        return cls.Options().model_dump()
 
     @classmethod
     def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:

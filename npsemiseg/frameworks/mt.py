@@ -8,7 +8,7 @@ CutMixed together (U2PL's half-area CutMix, probability 0.5) and the student is 
 with CE on the mixed view, weight 1 (averaged over the pseudo-labeled pixels).
 ``confidence_threshold`` > 0 ignores pixels whose (mixed) teacher confidence is below it
 (0 = every pixel, the reference). As in the U2PL trainer, the first ``sup_only_epochs``
-(``paper_options``: 1 on VOC, 0 on Cityscapes, U2PL's values) train on labeled images only,
+(U2PL's trainer: 1 by default, 0 where a dataset's settings say so, Cityscapes) train on labeled images only,
 with the teacher following the student.
 
 CPS's MeanTeacher, the other (the MT of the paper's rows), is the framework ``mt_cps`` (``mt_cps.py``);
@@ -57,8 +57,9 @@ class MeanTeacher(SemiSupervisedFramework):
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """The shared U2PL trainer's schedule: one supervised-only epoch except on Cityscapes."""
-        return MTOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
+        """The shared U2PL trainer's schedule: one supervised-only epoch (U2PL@ab3d2be train_semi.py 205, 288:
+        ``sup_only_epoch`` defaults to 1); a dataset's settings change it (Cityscapes' config: 0)."""
+        return MTOptions(sup_only_epochs=1).model_dump()
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         opts: MTOptions = self.options  # type: ignore[assignment]

@@ -61,20 +61,8 @@ class CPSMeanTeacher(SemiSupervisedFramework):
 
     name = "mt_cps"
     Options = CPSMeanTeacherOptions
-    # model variant and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``
-    #: CPS's MeanTeacher as run (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher): crop 512 (config.py 81-82), global
-    #: batch 8 (script.sh ``batch_size=8``; dataloader.py 86-91 splits it over NGPUS=4: 2 labeled + 2 unlabeled per
-    #: GPU; config.py's default 16 is overridden); it has no Cityscapes MeanTeacher config: U2PL's there
-    publication_settings = {"voc": (512, 8), "cityscapes": (769, 16)}
-    #: script.sh ``learning_rate=0.0025`` x world size 4 (train.py 91-93) = 0.01, one LR for backbone and head
-    #: (train.py 95-100: ``group_weight(..., base_lr)`` for both; switch ``mt_single_lr``)
-    publication_lr = {"voc": 1e-2}
-
-    @classmethod
-    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """CPS's MeanTeacher: 34 epochs on VOC (TorchSemiSeg exp.voc/voc8.res50v3+.MeanTeacher config.py 102,
-        ``C.nepochs = 34``); no Cityscapes MeanTeacher config (the shared 200 there)."""
-        return None if dataset == "cityscapes" else 34
+    # model variant and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
+    # batch 8, LR 0.01, 34 epochs on VOC; none on Cityscapes): the datasets' settings (pascal.py, cityscapes.py)
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)

@@ -7,9 +7,9 @@ Per iteration (after ``warmup_epochs``):
    pixel and takes the core's elsewhere; the target is ``gamma t1 + (1 - gamma) t2`` (0.5).
    For stochastic heads a teacher's "logits" are the log of its predictive (mean of the
    per-sample softmaxes); for the baseline the raw logits.
-2. CutMix among the unlabeled images (one box, lambda ~ Beta(4, 4) on VOC; three boxes on
-   Cityscapes) of the strong view; the target's argmax and max prob (which is all the loss
-   uses of it) move with the pixels.
+2. CutMix among the unlabeled images of the strong view (option ``cutmix_boxes``: ``beta_box``, one box with
+   lambda ~ Beta(4, 4), PS-MT's VOC code; ``random_boxes``, three boxes of random proportions, its Cityscapes
+   code); the target's argmax and max prob (which is all the loss uses of it) move with the pixels.
 3. Student: feature map of labeled (strong view) + mixed unlabeled images, T-VAT
    perturbation (``tvat.py``: xi 1e-6, eps 2.0, one power iteration, KL on the teachers'
    ensemble), classifier head on the perturbed features.
@@ -20,8 +20,10 @@ Per iteration (after ``warmup_epochs``):
 Teachers: initialised from the student; EMA of the student's full state (parameters and
 buffers) with keep rate 0.996 after every step, alternating: teacher 1 in the first (odd,
 1-based) epoch, teacher 2 in the next, and so on. Evaluation: both teachers' predictions
-averaged (VOC; their softmaxes, or their logits as the released code with ``eval_average="logits"``),
-teacher 1 alone (Cityscapes).
+averaged (``eval_teachers="both"``, VOC; their softmaxes, or their logits as the released code with
+``eval_average="logits"``), or teacher 1 alone (``"first"``, Cityscapes). What differs per dataset (the unsupervised
+weight, the box scheme, the evaluated teachers, the epochs, crop, batch and LR) is in the datasets' settings
+(``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``).
 
 Warm-up (``warmup_epochs``, switch ``psmt_warmup_epochs``: 5 released, 0 corrected): the released code
 trains teacher 1, teacher 2 and the student separately on labeled images for 5 epochs before the
@@ -63,11 +65,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from npsemiseg.data import dataset_info
-from npsemiseg.data.mixing import psmt_cutmix
+from npsemiseg.data.mixing import PSMT_BOX_SCHEMES, psmt_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import masked_mean
@@ -85,7 +86,7 @@ from npsemiseg.models import SegmentorOutput, logit_align_corners
 
 
 class PSMTOptions(FrameworkOptions):
-    """PS-MT options; defaults = the VOC blender settings (``paper_options`` adapts per protocol)."""
+    """PS-MT options; defaults = the VOC blender settings (a dataset's settings change them for it)."""
 
     ema_keep_rate: float = Field(0.996, ge=0.0, le=1.0)
     unsup_weight: float = Field(1.5, ge=0.0)
@@ -105,7 +106,9 @@ class PSMTOptions(FrameworkOptions):
     #: calls) instead of once on the whole batch; switch ``psmt_tvat_per_batch`` (with ``student_passes="split"``
     #: each pass searches its own part whatever this says)
     tvat_per_batch: bool = False
-    cutmix_variant: Literal["voc", "cityscapes"] = "voc"
+    #: the CutMix box scheme (``npsemiseg.data.mixing.psmt_cutmix``): ``beta_box`` (PS-MT's VOC code) or
+    #: ``random_boxes`` (its Cityscapes code); records before the rename say ``cutmix_variant: voc / cityscapes``
+    cutmix_boxes: Literal["beta_box", "random_boxes"] = "beta_box"
     eval_teachers: Literal["both", "first"] = "both"
     #: how both teachers are averaged at evaluation: their per-sample softmaxes (``probabilities``) or their
     #: logits (``logits``, the released VOC evaluation); switch ``psmt_eval_logits``
@@ -120,6 +123,21 @@ class PSMTOptions(FrameworkOptions):
     #: one student pass over labeled + unlabeled images (``joint``) or one per part (``split``, the released
     #: EntireModel.py 60 and 64); switch ``psmt_split_passes``
     student_passes: Literal["joint", "split"] = "joint"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_cutmix_variant(cls, values: Any) -> Any:
+        """An older record's ``cutmix_variant`` (``voc`` / ``cityscapes``) read as ``cutmix_boxes``."""
+        if isinstance(values, dict) and "cutmix_variant" in values:
+            values = dict(values)
+            old = values.pop("cutmix_variant")
+            values.setdefault("cutmix_boxes", CUTMIX_VARIANT_SCHEMES.get(old, old))
+        return values
+
+
+#: the values of PS-MT's option ``cutmix_variant`` before it became ``cutmix_boxes`` (the schemes were named after
+#: the datasets whose code has them)
+CUTMIX_VARIANT_SCHEMES = dict(zip(("voc", "cityscapes"), PSMT_BOX_SCHEMES))
 
 
 def assist_combine(core: Tensor, assist: Tensor, topk: int) -> Tensor:
@@ -212,14 +230,8 @@ class PSMT(SemiSupervisedFramework):
     augmentation = "psmt"
     Options = PSMTOptions
     teacher_names = ("teacher1", "teacher2")
-    #: PS-MT's docs/before_start.md and configs: VOC crop 512, 4 GPUs x 8 = 32; Cityscapes crop 800, 8 in all
-    publication_settings = {"voc": (512, 32), "cityscapes": (800, 8)}
-    #: VOC: scripts/train_voc_*.sh pass --learning-rate=2.5e-3, which VocCode/main.py 194-200 multiplies by the
-    #: world size (4 GPUs in docs/before_start.md): 0.01 at 32 labeled images, one LR for all parameters (switch
-    #: ``psmt_single_lr``); PS-MT scales it linearly with the GPUs at 8 per GPU, i.e. ``optim.lr_scaling=linear``
-    #: with ``optim.reference_batch`` 32. Cityscapes: CityCode/configs/config_deeplab_v3+.json 25 (4.5e-3, not
-    #: scaled: main.py leaves the config's LR) at 2 GPUs x 4 (scripts/train_city.sh --batch_size=4)
-    publication_lr = {"voc": 1e-2, "cityscapes": 4.5e-3}
+    # its publications (crop, batch, LR, epochs per partition) and options per dataset (unsupervised weight, box
+    # scheme, evaluated teachers): the datasets' settings (pascal.py, cityscapes.py: PS-MT@058cdc3's scripts/configs)
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)
@@ -234,25 +246,9 @@ class PSMT(SemiSupervisedFramework):
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """Unsupervised weight: 1.5 (VOC blender), 0.6 (classic 183/366/732/1464), 0.06 (classic 92),
-        3.0 (Cityscapes, which also uses three CutMix boxes and evaluates teacher 1 only)."""
-        if dataset == "cityscapes":
-            return PSMTOptions(unsup_weight=3.0, cutmix_variant="cityscapes", eval_teachers="first").model_dump()
-        if dataset == "pascal_classic":
-            labeled = dataset_info(dataset).resolve_partition(partition)
-            return PSMTOptions(unsup_weight=0.06 if labeled == "92" else 0.6).model_dump()
+        """The options' defaults (VOC blender's: unsupervised weight 1.5, one Beta box, both teachers evaluated); a
+        dataset's settings change them (VOC classic's weight, Cityscapes')."""
         return PSMTOptions().model_dump()
-
-    @classmethod
-    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """PS-MT's scripts (``train_voc_blender.sh``, ``train_city.sh``, docs/before_start.md): VOC blender 80 /
-        80 / 200 / 300 (662 / 1323 / 2646 / 5291), classic 80; Cityscapes 320 / 450 / 550 (372 / 744 / 1488; the
-        script's fallback 320 for any other partition)."""
-        if dataset == "cityscapes":
-            return {"744": 450, "1488": 550}.get(partition, 320)
-        if dataset == "pascal_blender":
-            return {"2646": 200, "5291": 300}.get(partition, 80)
-        return 80
 
     def eval_model(self) -> nn.Module:
         if self.options.eval_teachers == "both":  # type: ignore[attr-defined]
@@ -279,7 +275,7 @@ class PSMT(SemiSupervisedFramework):
                   for n in self.teacher_names)
         target = teacher_target(t1.log_probs(), t2.log_probs(), self.core_index(ctx), topk=opts.assist_topk, gamma=opts.gamma)
         confidence, pseudo = torch.softmax(target, dim=1).max(dim=1)
-        mixed = psmt_cutmix(labeled_view(unlabeled, strong=True), pseudo, confidence, variant=opts.cutmix_variant)
+        mixed = psmt_cutmix(labeled_view(unlabeled, strong=True), pseudo, confidence, scheme=opts.cutmix_boxes)
         confident = mixed.confidence >= opts.confidence_threshold
         head_labels = ignore_where(mixed.label, ~confident)
 

@@ -10,11 +10,6 @@ import math
 
 from torch import Tensor
 
-#: the epochs every framework shares per dataset family (NP configs: VOC 80, Cityscapes 200), unless its
-#: ``paper_schedule`` says otherwise (AugSeg's 240 on Cityscapes): the datasets' paper settings'
-#: (``npsemiseg.data.settings``), re-exported for the callers that still ask by family
-from npsemiseg.data.settings import SHARED_EPOCHS as SHARED_EPOCHS
-
 
 def cosine_rampup(current: float, length: float) -> float:
     """PS-MT's cosine ramp-up: ``0.5 * (1 - cos(pi * c / L))`` with ``c`` clipped to [0, L].

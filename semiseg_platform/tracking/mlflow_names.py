@@ -133,12 +133,19 @@ EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
 
 #: parameters renamed since runs were first logged: new key -> the key older runs carry
 RENAMED_PARAMS = {"head.options.training_samples": "head.options.num_samples",
-                  "head.options.train_mode_passes": "head.options.train_samples"}
+                  "head.options.train_mode_passes": "head.options.train_samples",
+                  "framework_options.cutmix_boxes": "framework_options.cutmix_variant"}
+#: values renamed with their parameter: new key -> {older value: value}
+RENAMED_PARAM_VALUES = {"framework_options.cutmix_boxes": {"voc": "beta_box", "cityscapes": "random_boxes"}}
 
 
 def param_value(params: dict[str, str], key: str) -> str | None:
-    """A run's parameter ``key``, read under its older name (:data:`RENAMED_PARAMS`) for runs logged before."""
-    return params.get(key, params.get(RENAMED_PARAMS.get(key, key)))
+    """A run's parameter ``key``, read under its older name and value (:data:`RENAMED_PARAMS`,
+    :data:`RENAMED_PARAM_VALUES`) for runs logged before."""
+    if key in params:
+        return params[key]
+    value = params.get(RENAMED_PARAMS.get(key, key))
+    return RENAMED_PARAM_VALUES.get(key, {}).get(value, value) if value is not None else None
 
 
 def effective_params(scaling: Any) -> dict[str, str]:

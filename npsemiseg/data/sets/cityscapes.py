@@ -17,10 +17,39 @@ import numpy as np
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.datasets import CITYSCAPES_NUM_LABEL_IDS, cityscapes_label_paths, cityscapes_labelids_to_trainids
 from npsemiseg.data.info import CITYSCAPES_CLASSES, DATASETS, fraction_partitions
-from npsemiseg.data.settings import CITYSCAPES_SETTINGS
+from npsemiseg.data.settings import CITYSCAPES_SETTINGS, Publication
 
 CITYSCAPES_TRAIN_SIZE = 2975
 _PARTITIONS, _ALIASES = fraction_partitions((186, 372, 744, 1488))
+
+#: U2PL@ab3d2be experiments/cityscapes/744/ours/config.yaml 12, 19: crop 769, 2 per GPU x 8 GPUs (the shared
+#: trainer's: the supervised reference and the shared-trainer MT follow it; CPS's MeanTeacher has no Cityscapes
+#: config, U2PL's stands in for it)
+_U2PL = Publication(769, 16)
+#: UniMatch@0324f3d configs/cityscapes.yaml 4, 8-11: crop 801, 240 epochs, 2 per GPU x 4 GPUs, lr 0.005 (x1)
+_UNIMATCH = Publication(801, 8, lr=5e-3, epochs=240)
+#: UniMatch@0324f3d configs/cityscapes.yaml 18: conf_thresh 0 (every pixel)
+_UNIMATCH_OPTIONS = {"confidence_threshold": 0.0}
+
+#: what the frameworks' publications set on Cityscapes
+CITYSCAPES_PAPER_SETTINGS = CITYSCAPES_SETTINGS.scaled(
+    publications={
+        "supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "mt_cps": _U2PL,
+        "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
+        # PS-MT@058cdc3 docs/before_start.md, CityCode/configs/config_deeplab_v3+.json 25 (lr 4.5e-3, not scaled:
+        # main.py leaves the config's LR) at 2 GPUs x 4 (scripts/train_city.sh --batch_size=4), crop 800;
+        # scripts/train_city.sh 40-45: 450 epochs on 744 labeled images, 550 on 1488, else 320
+        "psmt": Publication(800, 8, lr=4.5e-3, epochs=320, partition_epochs={"744": 450, "1488": 550}),
+    },
+    framework_options={
+        "fixmatch": _UNIMATCH_OPTIONS, "unimatch": _UNIMATCH_OPTIONS,
+        # U2PL@ab3d2be experiments/cityscapes/744/ours/config.yaml 30: sup_only_epoch 0 (the shared trainer's)
+        "mt": {"sup_only_epochs": 0},
+        # PS-MT@058cdc3 CityCode/configs/config_deeplab_v3+.json 6 (unsupervised_w 3.0), CityCode/train.py 96-101
+        # (three CutMix boxes of rand_bbox_2), CityCode/train.py 31-36 (SlidingEval with val_id=1: teacher 1 alone)
+        "psmt": {"unsup_weight": 3.0, "cutmix_boxes": "random_boxes", "eval_teachers": "first"},
+    },
+)
 
 
 @DATASETS.register("cityscapes")
@@ -30,7 +59,7 @@ class Cityscapes(DatasetDef):
     name = "cityscapes"
     label = "Cityscapes"
     class_names = CITYSCAPES_CLASSES
-    settings = CITYSCAPES_SETTINGS
+    settings = CITYSCAPES_PAPER_SETTINGS
     partitions = _PARTITIONS
     partition_aliases = _ALIASES
     list_variants = ("u2pl", "cps")

@@ -12,19 +12,49 @@ Lists: U2PL's (``splits/pascal_classic``, ``splits/pascal_blender``) and CPS's b
 from __future__ import annotations
 
 from pathlib import Path
+
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.info import DATASETS, VOC_CLASSES, fraction_partitions
-from npsemiseg.data.settings import VOC_SETTINGS
+from npsemiseg.data.settings import VOC_SETTINGS, Publication
 
 #: the "aug" train set (VOC 2012 train + SBD): the denominator of both datasets' label ratios
 VOC_TRAIN_AUG_SIZE = 10582
 
+#: U2PL@ab3d2be experiments/pascal/1464/ours/config.yaml 12, 19, 28: crop 513, 4 per GPU x 4 GPUs, 80 epochs (the
+#: shared trainer's: the supervised reference and the shared-trainer MT follow it)
+_U2PL = Publication(513, 16)
+#: UniMatch@0324f3d configs/pascal.yaml 4, 8-11: crop 321, 80 epochs, 2 per GPU x 4 GPUs, lr 0.001 (x10 for the
+#: decoder); FixMatch and UniMatch share the file
+_UNIMATCH = Publication(321, 8, lr=1e-3, epochs=80)
+#: PS-MT@058cdc3 docs/before_start.md and VocCode configs: crop 512, 4 GPUs x 8 = 32; scripts/train_voc_*.sh pass
+#: --learning-rate=2.5e-3, which VocCode/main.py 194-200 multiplies by the world size (4): 0.01, one LR for all
+#: parameters (switch ``psmt_single_lr``; ``optim.lr_scaling=linear`` with ``optim.reference_batch`` 32 scales it
+#: with the GPUs as PS-MT does); epochs: scripts/train_voc_hq.sh 46 (classic: 80), train_voc_blender.sh 41-45
+#: (blender 662 / 1323: 80, 2646: 200, 5291: 300)
+_PSMT_EPOCHS = 80
+#: CPS's MeanTeacher as run (TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher): crop 512 (config.py 81-82),
+#: global batch 8 (script.sh ``batch_size=8``; dataloader.py 86-91 splits it over NGPUS=4: 2 labeled + 2 unlabeled
+#: per GPU; config.py's default 16 is overridden), script.sh ``learning_rate=0.0025`` x world size 4 (train.py
+#: 91-93) = 0.01, one LR for backbone and head (train.py 95-100; switch ``mt_single_lr``), 34 epochs (config.py 102,
+#: ``C.nepochs = 34``)
+_MT_CPS = Publication(512, 8, lr=1e-2, epochs=34)
+
+#: what the frameworks' publications set on PASCAL VOC (both datasets; PS-MT's differ per dataset, below)
+PASCAL_SETTINGS = VOC_SETTINGS.scaled(
+    publications={"supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
+                  "mt_cps": _MT_CPS, "psmt": Publication(512, 32, lr=1e-2, epochs=_PSMT_EPOCHS)},
+    framework_options={
+        # UniMatch@0324f3d configs/pascal.yaml 16: conf_thresh 0.95
+        "fixmatch": {"confidence_threshold": 0.95}, "unimatch": {"confidence_threshold": 0.95},
+    },
+)
+
 
 class PascalVOC(DatasetDef):
-    """What both PASCAL datasets share: classes, layout, root, paper settings (the VOC column)."""
+    """What both PASCAL datasets share: classes, layout, root, paper settings (:data:`PASCAL_SETTINGS`)."""
 
     class_names = VOC_CLASSES
-    settings = VOC_SETTINGS
+    settings = PASCAL_SETTINGS
     train_size = VOC_TRAIN_AUG_SIZE
     val_size = 1449
     root_marker = "JPEGImages"
@@ -62,6 +92,11 @@ class PascalClassic(PascalVOC):
     partition_aliases = _CLASSIC_ALIASES
     list_variants = ("u2pl",)
     list_folders = {"u2pl": "pascal_classic"}
+    #: PS-MT@058cdc3 scripts/train_voc_hq.sh 40-44: unsupervised weight 0.06 on 92 labeled images, 0.6 on the others
+    settings = PASCAL_SETTINGS.scaled(
+        framework_options={**PASCAL_SETTINGS.framework_options, "psmt": {"unsup_weight": 0.6}},
+        partition_options={"psmt": {"92": {"unsup_weight": 0.06}}},
+    )
 
 
 @DATASETS.register("pascal_blender")
@@ -75,3 +110,8 @@ class PascalBlender(PascalVOC):
     partition_aliases = _BLENDER_ALIASES
     list_variants = ("u2pl", "cps")
     list_folders = {"u2pl": "pascal_blender", "cps": "pascal_blender_cps"}
+    #: PS-MT@058cdc3 scripts/train_voc_blender.sh 40-47: 200 epochs on 2646 labeled images, 300 on 5291, else 80;
+    #: unsupervised weight 1.5 (PS-MT's option default)
+    settings = PASCAL_SETTINGS.scaled(publications={
+        **PASCAL_SETTINGS.publications,
+        "psmt": Publication(512, 32, lr=1e-2, epochs=_PSMT_EPOCHS, partition_epochs={"2646": 200, "5291": 300})})
