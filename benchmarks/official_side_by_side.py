@@ -1,0 +1,487 @@
+"""The project's training step side by side with the official code's: same network, batch and device, interleaved.
+
+For each framework, two sides take turns (official, project, official, project, ...) on the same batches:
+
+- **official**: the loop body of the official training script, run from a checkout given on the command line
+  (``--official-root``; nothing of it is copied into the project). The body is the script's own ``for ... in
+  enumerate(loader)`` loop, found in its source with :mod:`ast` and executed as written for one batch, with two
+  changes only: ``x.cuda()`` becomes ``x.to(device)`` (so it also runs on CPU) and ``torch.distributed.barrier()``
+  is dropped (one process, no DDP or SyncBN wrapper, as the project's side). Its logging runs too (``.item()``
+  reads, ``AverageMeter``), into a writer and a logger that discard what they get. The network is the official
+  model class (UniMatch ``model/semseg/deeplabv3plus.py``: ASPP, low-level reduction, fuse convs, classifier and its
+  ``need_fp`` feature perturbation) on the project's encoder: the official class asks its ``resnet`` module for a
+  pretrained backbone, which is replaced, for its constructor only, by the project's ResNet (``--backbone``, random
+  init) behind the official ``base_forward`` interface. Every decoder weight is copied from the project's model
+  (the ASPP projection's input blocks reordered: the project concatenates the image-pooling branch first, UniMatch
+  last); the project's classifier convs have a bias that the official fuse convs lack, set to zero, so both sides
+  compute the same function (checked: the eval-mode logits agree, ``max_abs_logit_diff``). The optimiser is the
+  official one (SGD, backbone at ``lr``, the rest at ``lr x lr_multi``, momentum 0.9, weight decay 1e-4) with the
+  settings of ``configs/pascal.yaml``.
+- **project**: ``npsemiseg.training.step.train_step`` of the cell (protocol ``released``, preset ``paper``,
+  dataset ``synthetic_voc``) built with ``build_framework`` / ``build_optimizer``, in float32 (``runtime.amp``
+  off, as the official code; ``--project-amp`` turns the project's bf16 autocast on where CUDA is used).
+
+Inputs: random images in [0, 1] (the official side gets them normalised with ImageNet's mean and std, as its
+data loader does; the project's model normalises inside), labels with an ignored border, and for the official
+side what its loader would give: the strong views (the project's one ``image_strong`` for both of UniMatch's),
+an all-valid ``ignore_mask``, CutMix boxes drawn with UniMatch's rule on the host (``unimatch_boxes``) and a mix
+batch (the unlabeled batch shifted by one image; the project's step makes its own partners and boxes). Each side
+gets fresh copies of the host tensors every step (pinned on CUDA) and moves them to the device inside its step.
+
+Measured per side: wall time per step (device synchronised before and after), median over ``--steps`` after
+``--warmup`` steps (reported apart), and peak memory: the side's own state (parameters, buffers, gradients and
+optimiser state) plus the step's rise above what was allocated when it started (``max_memory_allocated`` on CUDA;
+on CPU the process's resident high-water mark after ``malloc_trim``, a coarser proxy), so that the other side's
+resident model is not counted. Ratios are project / official (< 1: the project is faster or smaller).
+
+A framework whose side fails is recorded with its error and the others go on. Output: ``side_by_side.json`` and
+``side_by_side.md`` under ``--out``.
+
+    python benchmarks/official_side_by_side.py --official-root /path/to/checkouts                  # CPU, paper scale
+    python benchmarks/official_side_by_side.py --official-root DIR --device cuda --steps 10
+    python benchmarks/official_side_by_side.py --official-root DIR --backbone resnet50 --crop 64 --batch 1 --steps 1
+
+``--official-root`` holds the checkouts as ``<owner>+<repo>`` (``LiheYoung+UniMatch``) or ``<repo>`` folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import copy
+import datetime
+import importlib
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import Tensor, nn
+
+from npsemiseg.config import RunConfig, cell_config
+from npsemiseg.frameworks import Batch, StepContext
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.fixmatch import unimatch_boxes
+from npsemiseg.models import upsample_logits
+from npsemiseg.training.factories import build_framework, build_optimizer
+from npsemiseg.training.step import train_step
+
+from gpu_acceptance import machine, peak_memory_mib, reset_peak_memory, synchronize
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "official_side_by_side"
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+NUM_CLASSES = 21
+IGNORE = 255
+#: framework -> (official repository, training script)
+OFFICIAL = {"unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py")}
+
+
+# ----------------------------------------------------------------------------------------- official code
+
+
+def checkout(root: Path, repository: str) -> Path:
+    """The checkout of ``owner/repo`` under ``root``: ``owner+repo`` or ``repo``; FileNotFoundError naming both."""
+    owner, name = repository.split("/")
+    for folder in (root / f"{owner}+{name}", root / name):
+        if folder.is_dir():
+            return folder
+    raise FileNotFoundError(f"--official-root: no checkout of {repository} at {root / f'{owner}+{name}'} or {root / name}")
+
+
+@contextlib.contextmanager
+def official_imports(folder: Path) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while importing; afterwards the modules it provided leave ``sys.modules``
+    (the repositories share top-level names such as ``model`` and ``util``), held only by what imported them."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        for name in set(sys.modules) - before:
+            if str(folder) in str(getattr(sys.modules[name], "__file__", "") or ""):
+                del sys.modules[name]
+
+
+class _OnDevice(ast.NodeTransformer):
+    """``x.cuda(...)`` -> ``x.to(__device__)``; the statement ``torch.distributed.barrier()`` -> ``pass``."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "cuda":
+            return ast.Call(func=ast.Attribute(value=node.func.value, attr="to", ctx=ast.Load()),
+                            args=[ast.Name("__device__", ast.Load())], keywords=[])
+        return node
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+        if ast.unparse(node.value) == "torch.distributed.barrier()":
+            return ast.Pass()
+        return self.generic_visit(node)
+
+
+def loop_body(script: Path) -> types.CodeType:
+    """The script's training loop ``for i, (...) in enumerate(loader)``, compiled to run from a namespace holding
+    ``loader`` (the batches to run) and ``__step__`` (the first ``i``): :class:`_OnDevice`'s two changes only."""
+    tree = ast.parse(script.read_text(), filename=str(script))
+    loops = [node for node in ast.walk(tree) if isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
+             and ast.unparse(node.iter) == "enumerate(loader)"]
+    if len(loops) != 1:
+        raise ValueError(f"{script}: expected one 'for ... in enumerate(loader)' loop, found {len(loops)}")
+    loop = _OnDevice().visit(copy.deepcopy(loops[0]))
+    loop.iter.keywords.append(ast.keyword("start", ast.Name("__step__", ast.Load())))
+    module = ast.fix_missing_locations(ast.Module(body=[loop], type_ignores=[]))
+    return compile(module, str(script), "exec")
+
+
+class _Discard:
+    """The official writer and logger: every call accepted, nothing kept."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+class _Length:
+    """``len(trainloader_u)``: a long epoch (the loop logs when ``i % (len // 8) == 0``)."""
+
+    def __len__(self) -> int:
+        return 10**6
+
+
+class ProjectEncoder(nn.Module):
+    """The project's ResNet behind the official ``base_forward`` (``[c1, c2, c3, c4]``; c2 is not computed
+    separately by the project, layer 3 stands in its place and is unused by the official decoder)."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.body = backbone
+
+    def base_forward(self, x: Tensor) -> list[Tensor]:
+        features = self.body(x)
+        return [features.low_level, features.layer3, features.layer3, features.high_level]
+
+
+def _load(dst: nn.Module, src: nn.Module) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+def unimatch_network(folder: Path, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
+    """UniMatch's ``DeepLabV3Plus`` on a copy of ``student``'s encoder, its decoder weights copied from
+    ``student`` (module docstring); the student's classifier conv biases are zeroed to match."""
+    with official_imports(folder):
+        deeplab = importlib.import_module("model.semseg.deeplabv3plus")
+    encoder = ProjectEncoder(copy.deepcopy(student.backbone))
+    official_resnet = deeplab.resnet
+    deeplab.resnet = types.SimpleNamespace(**{cfg["backbone"]: lambda **kwargs: encoder})
+    try:
+        net = deeplab.DeepLabV3Plus(cfg)
+    finally:
+        deeplab.resnet = official_resnet
+    branches, project = student.decoder.aspp[0].branches, student.decoder.aspp[1]
+    block = student.head.classifier
+    with torch.no_grad():
+        for official_branch, ours in zip((net.head.b0, net.head.b1, net.head.b2, net.head.b3), branches[1:]):
+            _load(official_branch, ours)
+        _load(net.head.b4.gap[1], branches[0].project[0])  # gap = (pool, conv, BN, ReLU)
+        _load(net.head.b4.gap[2], branches[0].project[1])
+        _load(net.head.project, project)
+        weight = project[0].weight  # [C, 5C, 1, 1], blocks (pool, 1x1, rates...) -> (1x1, rates..., pool)
+        width = weight.shape[0]
+        net.head.project[0].weight.copy_(torch.cat([weight[:, width:], weight[:, :width]], dim=1))
+        _load(net.reduce, student.decoder.low_level)
+        for official_index, ours in ((0, 0), (1, 1), (3, 4), (4, 5)):
+            net.fuse[official_index].load_state_dict(block[ours].state_dict(), strict=False)
+        block[0].bias.zero_()
+        block[4].bias.zero_()
+        _load(net.classifier, block[8])
+    return net
+
+
+# ----------------------------------------------------------------------------------------- inputs
+
+
+def normalise(images: Tensor) -> Tensor:
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (images - mean) / std
+
+
+def make_inputs(batch: int, crop: int, seed: int) -> dict[str, Tensor]:
+    """One step's host tensors: images ``[B, 3, H, W]`` in [0, 1], labels ``[B, H, W]`` (a 4-pixel ignored border),
+    the strong view, and two CutMix boxes ``[B, H, W]`` (UniMatch's rule)."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, NUM_CLASSES, (batch, crop, crop), generator=gen)
+    labels[:, :4] = IGNORE
+    return {"image_l": torch.rand(batch, 3, crop, crop, generator=gen), "label_l": labels,
+            "image_u": torch.rand(batch, 3, crop, crop, generator=gen),
+            "strong_u": torch.rand(batch, 3, crop, crop, generator=gen),
+            "box1": unimatch_boxes(batch, crop, crop, generator=gen), "box2": unimatch_boxes(batch, crop, crop, generator=gen)}
+
+
+def _fresh(tensor: Tensor, device: torch.device) -> Tensor:
+    out = tensor.clone()
+    return out.pin_memory() if device.type == "cuda" else out
+
+
+def unimatch_loader_item(inputs: dict[str, Tensor], device: torch.device) -> tuple[Any, ...]:
+    """What UniMatch's ``zip(trainloader_l, trainloader_u, trainloader_u)`` yields for one step (fixmatch.py takes
+    the same structure): ``(img_x, mask_x), (img_u_w, img_u_s1, img_u_s2, ignore_mask, box1, box2), (mix ...)``;
+    the mix batch is the unlabeled one shifted by one image."""
+    weak, strong = normalise(inputs["image_u"]), normalise(inputs["strong_u"])
+    ignore = torch.zeros(inputs["label_l"].shape, dtype=torch.long)
+    box1, box2 = inputs["box1"].float(), inputs["box2"].float()
+    roll = [torch.roll(t, 1, dims=0) for t in (weak, strong, strong, ignore, box1, box2)]
+    items = ((normalise(inputs["image_l"]), inputs["label_l"]), (weak, strong, strong.clone(), ignore, box1, box2), roll)
+    return tuple(tuple(_fresh(t, device) for t in group) for group in items)
+
+
+def project_batch(inputs: dict[str, Tensor], device: torch.device) -> Batch:
+    return Batch(labeled={"image": _fresh(inputs["image_l"], device), "label": _fresh(inputs["label_l"], device)},
+                 unlabeled={"image": _fresh(inputs["image_u"], device), "image_strong": _fresh(inputs["strong_u"], device)})
+
+
+# ----------------------------------------------------------------------------------------- sides
+
+
+@dataclass
+class Side:
+    """One side of a pair: ``prepare(inputs)`` makes what its loader would hand over (untimed), ``step(prepared,
+    i)`` runs one training step from those host tensors; ``modules`` and ``optimizer`` hold its own state."""
+
+    name: str
+    prepare: Callable[[dict[str, Tensor]], Any]
+    step: Callable[[Any, int], Any]
+    modules: list[nn.Module]
+    optimizer: torch.optim.Optimizer
+    times: list[float] = field(default_factory=list)
+    peaks: list[float] = field(default_factory=list)
+    first_step_s: float | None = None
+
+    def state_bytes(self) -> int:
+        tensors = {id(t): t for m in self.modules for t in (*m.parameters(), *m.buffers())}
+        tensors.update({id(p.grad): p.grad for m in self.modules for p in m.parameters() if p.grad is not None})
+        for state in self.optimizer.state.values():
+            tensors.update({id(t): t for t in state.values() if isinstance(t, Tensor)})
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def project_config(args: argparse.Namespace, framework: str, head: str, device: torch.device) -> RunConfig:
+    overrides = {"runtime.device": device.type, "runtime.progress": "off", "runtime.output_dir": None,
+                 "runtime.amp": bool(args.project_amp), "model.weights": None, "model.backbone": args.backbone,
+                 "schedule.crop_size": args.crop, "schedule.batch_size": args.batch,
+                 "schedule.unlabeled_batch_size": args.batch}
+    make = lambda **more: cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464",  # noqa: E731
+                                      head=head, protocol="released", **overrides, **more)
+    config = make()
+    phases = {f"framework_options.{k}": 0 for k in ("sup_only_epochs", "warmup_epochs") if config.framework_options.get(k)}
+    return make(**phases) if phases else config
+
+
+def project_side(args: argparse.Namespace, framework: str, head: str, device: torch.device) -> tuple[Side, Any]:
+    """The project's framework and optimiser on ``device``; ``step`` is ``train_step`` on a fresh batch."""
+    config = project_config(args, framework, head, device)
+    torch.manual_seed(args.seed)
+    built = build_framework(config)
+    for module in built.modules().values():
+        module.to(device)
+    student = unwrap(built.student)
+    student.train()
+    optimizer = build_optimizer(config, student)
+
+    def step(batch: Batch, i: int) -> Any:
+        ctx = StepContext(step=i, total_steps=10**6, epoch=0, total_epochs=80, iters_per_epoch=10**6)
+        return train_step(built, batch, ctx, optimizer, config, device, 1)
+
+    prepare = lambda inputs: project_batch(inputs, device)  # noqa: E731
+    return Side("project", prepare, step, list(built.modules().values()), optimizer.torch_optimizer), student
+
+
+def unimatch_side(args: argparse.Namespace, framework: str, student: nn.Module, device: torch.device) -> Side:
+    """The official loop body of UniMatch's ``unimatch.py`` or ``fixmatch.py`` (module docstring)."""
+    folder = checkout(args.official_root, OFFICIAL[framework][0])
+    cfg = yaml.safe_load((folder / "configs" / "pascal.yaml").read_text())
+    cfg.update(backbone=args.backbone, crop_size=args.crop, batch_size=args.batch)
+    model = unimatch_network(folder, cfg, student).to(device)
+    with official_imports(folder):
+        average_meter = importlib.import_module("util.utils").AverageMeter
+    optimizer = torch.optim.SGD([{"params": model.backbone.parameters(), "lr": cfg["lr"]},
+                                 {"params": [p for n, p in model.named_parameters() if "backbone" not in n],
+                                  "lr": cfg["lr"] * cfg["lr_multi"]}], lr=cfg["lr"], momentum=0.9, weight_decay=1e-4)
+    code = loop_body(folder / OFFICIAL[framework][1])
+    namespace: dict[str, Any] = {
+        "torch": torch, "nn": nn, "F": F, "model": model, "cfg": cfg, "optimizer": optimizer, "epoch": 0, "rank": 0,
+        "criterion_l": nn.CrossEntropyLoss(**cfg["criterion"]["kwargs"]).to(device),
+        "criterion_u": nn.CrossEntropyLoss(reduction="none").to(device), "writer": _Discard(), "logger": _Discard(),
+        "trainloader_u": _Length(), "total_iters": 10**6, "__device__": device,
+        **{name: average_meter() for name in ("total_loss", "total_loss_x", "total_loss_s", "total_loss_w_fp",
+                                              "total_mask_ratio")}}
+
+    def step(item: tuple[Any, ...], i: int) -> Any:
+        namespace.update(loader=[item], __step__=i)
+        exec(code, namespace)  # noqa: S102 - the official loop body (module docstring)
+        return namespace["loss"]
+
+    return Side("official", lambda inputs: unimatch_loader_item(inputs, device), step, [model], optimizer)
+
+
+def same_function(official: nn.Module, student: nn.Module, inputs: dict[str, Tensor], device: torch.device) -> float:
+    """Max |official - project| eval-mode logits at image size on the labeled images (before any step): the two
+    networks' agreement, ~1e-5 when the weights were copied right."""
+    images = inputs["image_l"].to(device)
+    official.eval()
+    student.eval()
+    with torch.no_grad():
+        ours = upsample_logits(student(images).head.logits, images.shape[-2:], align_corners=True)[0]
+        theirs = official(normalise(inputs["image_l"]).to(device))
+    official.train()
+    student.train()
+    return float((ours.float() - theirs.float()).abs().max())
+
+
+# ----------------------------------------------------------------------------------------- measuring
+
+
+def current_memory_mib(device: torch.device) -> float | None:
+    """What is allocated now: ``memory_allocated`` on CUDA, the resident size (VmRSS) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
+def timed_step(side: Side, inputs: dict[str, Tensor], i: int, device: torch.device) -> tuple[float, float | None, Any]:
+    """One step of ``side``: seconds, peak MiB (own state + the step's rise), the step's result."""
+    prepared = side.prepare(inputs)
+    reset_peak_memory(device)
+    before, state = current_memory_mib(device), side.state_bytes() / 2**20
+    synchronize(device)
+    tick = time.perf_counter()
+    result = side.step(prepared, i)
+    synchronize(device)
+    seconds = time.perf_counter() - tick
+    peak = peak_memory_mib(device)
+    return seconds, (state + peak - before if peak is not None and before is not None else None), result
+
+
+def interleave(sides: list[Side], inputs: list[dict[str, Tensor]], warmup: int, steps: int, device: torch.device) -> None:
+    """``warmup + steps`` rounds; in each, every side one step on the round's inputs, the first side alternating."""
+    for i in range(warmup + steps):
+        order = sides if i % 2 == 0 else sides[::-1]
+        for side in order:
+            seconds, peak, _ = timed_step(side, inputs[i % len(inputs)], i, device)
+            if i < warmup:
+                side.first_step_s = seconds if side.first_step_s is None else side.first_step_s
+                continue
+            side.times.append(seconds)
+            if peak is not None:
+                side.peaks.append(peak)
+
+
+def summary(side: Side) -> dict[str, Any]:
+    return {"step_s": statistics.median(side.times), "all_step_s": side.times, "first_step_s": side.first_step_s,
+            "peak_mib": max(side.peaks) if side.peaks else None, "state_mib": side.state_bytes() / 2**20}
+
+
+def measure(args: argparse.Namespace, framework: str, device: torch.device) -> dict[str, Any]:
+    """Build both sides of ``framework``, check they compute the same function, interleave their steps."""
+    started = time.perf_counter()
+    ours, student = project_side(args, framework, "baseline", device)
+    theirs = unimatch_side(args, framework, student, device)
+    inputs = [make_inputs(args.batch, args.crop, args.seed + k) for k in range(2)]
+    diff = same_function(theirs.modules[0], student, inputs[0], device)
+    interleave([theirs, ours], inputs, args.warmup, args.steps, device)
+    a, b = summary(ours), summary(theirs)
+    return {"framework": framework, "head": "baseline", "official": OFFICIAL[framework][0] + " " + OFFICIAL[framework][1],
+            "max_abs_logit_diff": diff, "project": a, "official_side": b, "step_ratio": a["step_s"] / b["step_s"],
+            "memory_ratio": a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
+            "seconds": time.perf_counter() - started}
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# The project's step beside the official code's", "",
+             f"- date: {report['date']}", f"- machine: {report['machine']}", f"- command: `{report['command']}`",
+             f"- setting: {report['setting']}", "",
+             "Step s: median wall time per step (device synchronised); peak MiB: the side's own state + the step's rise "
+             f"({report['memory_measure']}); ratios project / official.", "",
+             "| framework | official | project step s | official step s | step ratio | project peak MiB | "
+             "official peak MiB | memory ratio | max logit diff |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in report["results"]:
+        if "error" in row:
+            lines.append(f"| {row['framework']} | error: {row['error']} | | | | | | | |")
+            continue
+        p, o = row["project"], row["official_side"]
+        mem = f"{row['memory_ratio']:.2f}" if row["memory_ratio"] is not None else "-"
+        peaks = [f"{x:.0f}" if x is not None else "-" for x in (p["peak_mib"], o["peak_mib"])]
+        lines.append(f"| {row['framework']} | {row['official']} | {p['step_s']:.4f} | {o['step_s']:.4f} | "
+                     f"{row['step_ratio']:.2f} | {peaks[0]} | {peaks[1]} | {mem} | {row['max_abs_logit_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--official-root", type=Path, required=True, help="folder holding the official checkouts")
+    parser.add_argument("--frameworks", nargs="+", default=list(OFFICIAL), choices=list(OFFICIAL))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--backbone", default="resnet101", choices=["resnet50", "resnet101"])
+    parser.add_argument("--crop", type=int, default=480)
+    parser.add_argument("--batch", type=int, default=3, help="labeled images per step (and as many unlabeled)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--project-amp", action="store_true", help="the project's bf16 autocast on CUDA")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.backends.cudnn.benchmark = True  # as the official scripts set it
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(device),
+        "command": shlex.join(["python", "benchmarks/official_side_by_side.py", *(argv if argv is not None else sys.argv[1:])]),
+        "setting": f"{args.backbone} random init, crop {args.crop}, {args.batch} + {args.batch} images, float32"
+                   + (" (project bf16 autocast)" if args.project_amp else "") + f", torch {torch.__version__}, "
+                   f"python {platform.python_version()}",
+        "memory_measure": "max_memory_allocated" if device.type == "cuda" else "peak RSS after malloc_trim",
+        "results": []}
+    for framework in args.frameworks:
+        try:
+            row = measure(args, framework, device)
+        except Exception as error:  # noqa: BLE001 - one framework's failure is recorded, the others go on
+            traceback.print_exc()
+            row = {"framework": framework, "error": f"{type(error).__name__}: {error}".splitlines()[0][:300]}
+        report["results"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("project", "official_side")}), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "side_by_side.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "side_by_side.md").write_text(markdown(report))
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
