@@ -17,6 +17,15 @@ For each framework, two sides take turns (official, project, official, project, 
   compute the same function (checked: the eval-mode logits agree, ``max_abs_logit_diff``). The optimiser is the
   official one (SGD, backbone at ``lr``, the rest at ``lr x lr_multi``, momentum 0.9, weight decay 1e-4) with the
   settings of ``configs/pascal.yaml``.
+  U2PL: the body of ``train_semi.py``'s ``for step in range(len(loader_l))`` in ``train`` (run for one step at
+  epoch 2: past the supervised-only epoch and its teacher copy), VOC 1464's ``experiments/pascal/1464/ours/
+  config.yaml``, ``ModelBuilder`` with the project's encoder (its ``_build_encoder`` replaced for the constructor
+  only) and every decoder, classifier and representation weight copied (conv biases only U2PL has set to zero),
+  the teacher a copy of the student, the memory bank, optimiser and LR scheduler as ``main`` builds them. Its
+  ``torch.distributed`` calls run in a one-rank process group (gloo on CPU, NCCL on CUDA), which the project's step
+  then also sees. The helpers the loop calls (``u2pl/utils/loss_helper.py``, ``u2pl/utils/utils.py``) get the same
+  ``.cuda()`` change; ``cv2`` and ``skimage``, imported at their top and unused by the step, are stand-ins where
+  they are not installed.
 - **project**: ``npsemiseg.training.step.train_step`` of the cell (protocol ``released``, preset ``paper``,
   dataset ``synthetic_voc``) built with ``build_framework`` / ``build_optimizer``, in float32 (``runtime.amp``
   off, as the official code; ``--project-amp`` turns the project's bf16 autocast on where CUDA is used).
@@ -55,6 +64,7 @@ import importlib
 import json
 import platform
 import shlex
+import socket
 import statistics
 import sys
 import time
@@ -65,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
@@ -86,7 +97,10 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 NUM_CLASSES = 21
 IGNORE = 255
 #: framework -> (official repository, training script)
-OFFICIAL = {"unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py")}
+OFFICIAL = {"unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
+            "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py")}
+#: U2PL's VOC 1464 configuration (the paper's setting of the NP-SemiSeg comparison)
+U2PL_CONFIG = "experiments/pascal/1464/ours/config.yaml"
 
 
 # ----------------------------------------------------------------------------------------- official code
@@ -132,17 +146,17 @@ class _OnDevice(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-def loop_body(script: Path) -> types.CodeType:
-    """The script's training loop ``for i, (...) in enumerate(loader)``, compiled to run from a namespace holding
-    ``loader`` (the batches to run) and ``__step__`` (the first ``i``): :class:`_OnDevice`'s two changes only."""
+def loop_body(script: Path, loop: str = "enumerate(loader)", run: str = "enumerate(loader, start=__step__)") -> types.CodeType:
+    """The script's training loop ``for ... in <loop>``, compiled to run ``for ... in <run>`` from a namespace (the
+    defaults: ``loader`` holds the batches to run, ``__step__`` the first ``i``): :class:`_OnDevice`'s two changes
+    only."""
     tree = ast.parse(script.read_text(), filename=str(script))
-    loops = [node for node in ast.walk(tree) if isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
-             and ast.unparse(node.iter) == "enumerate(loader)"]
-    if len(loops) != 1:
-        raise ValueError(f"{script}: expected one 'for ... in enumerate(loader)' loop, found {len(loops)}")
-    loop = _OnDevice().visit(copy.deepcopy(loops[0]))
-    loop.iter.keywords.append(ast.keyword("start", ast.Name("__step__", ast.Load())))
-    module = ast.fix_missing_locations(ast.Module(body=[loop], type_ignores=[]))
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.For) and ast.unparse(node.iter) == loop]
+    if len(found) != 1:
+        raise ValueError(f"{script}: expected one 'for ... in {loop}' loop, found {len(found)}")
+    body = _OnDevice().visit(copy.deepcopy(found[0]))
+    body.iter = ast.parse(run, mode="eval").body
+    module = ast.fix_missing_locations(ast.Module(body=[body], type_ignores=[]))
     return compile(module, str(script), "exec")
 
 
@@ -172,9 +186,43 @@ class ProjectEncoder(nn.Module):
         features = self.body(x)
         return [features.low_level, features.layer3, features.layer3, features.high_level]
 
+    def forward(self, x: Tensor) -> list[Tensor]:
+        """U2PL's encoder call (``fpn=True``): the same four maps."""
+        return self.base_forward(x)
+
+    def get_outplanes(self) -> int:
+        """U2PL's decoder asks its encoder for the layer-4 width."""
+        return self.body.channels["high_level"]
+
 
 def _load(dst: nn.Module, src: nn.Module) -> None:
     dst.load_state_dict(src.state_dict())
+
+
+def _copy_conv(dst: nn.Conv2d, src: nn.Conv2d) -> None:
+    """``src``'s weight (and bias) into ``dst``; a bias only one side has is set to zero on that side, so both
+    compute the same function."""
+    dst.weight.copy_(src.weight)
+    if dst.bias is not None and src.bias is not None:
+        dst.bias.copy_(src.bias)
+    elif dst.bias is not None or src.bias is not None:
+        (dst.bias if dst.bias is not None else src.bias).zero_()  # type: ignore[union-attr]
+
+
+def _copy_block(dst: nn.Sequential, src: nn.Sequential, pairs: tuple[tuple[int, int], ...]) -> None:
+    """Conv-BN blocks: ``dst[i]`` from ``src[j]`` for each ``(i, j)``, convolutions through :func:`_copy_conv`."""
+    for i, j in pairs:
+        if isinstance(dst[i], nn.Conv2d):
+            _copy_conv(dst[i], src[j])
+        else:
+            _load(dst[i], src[j])
+
+
+def _aspp_projection(dst: nn.Conv2d, weight: Tensor) -> None:
+    """The ASPP projection of the project (input blocks: image pooling, 1x1, rates) in UniMatch's block order
+    (1x1, rates, image pooling)."""
+    width = weight.shape[0]
+    dst.weight.copy_(torch.cat([weight[:, width:], weight[:, :width]], dim=1))
 
 
 def unimatch_network(folder: Path, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
@@ -190,22 +238,44 @@ def unimatch_network(folder: Path, cfg: dict[str, Any], student: nn.Module) -> n
     finally:
         deeplab.resnet = official_resnet
     branches, project = student.decoder.aspp[0].branches, student.decoder.aspp[1]
-    block = student.head.classifier
     with torch.no_grad():
         for official_branch, ours in zip((net.head.b0, net.head.b1, net.head.b2, net.head.b3), branches[1:]):
-            _load(official_branch, ours)
-        _load(net.head.b4.gap[1], branches[0].project[0])  # gap = (pool, conv, BN, ReLU)
-        _load(net.head.b4.gap[2], branches[0].project[1])
-        _load(net.head.project, project)
-        weight = project[0].weight  # [C, 5C, 1, 1], blocks (pool, 1x1, rates...) -> (1x1, rates..., pool)
-        width = weight.shape[0]
-        net.head.project[0].weight.copy_(torch.cat([weight[:, width:], weight[:, :width]], dim=1))
-        _load(net.reduce, student.decoder.low_level)
-        for official_index, ours in ((0, 0), (1, 1), (3, 4), (4, 5)):
-            net.fuse[official_index].load_state_dict(block[ours].state_dict(), strict=False)
-        block[0].bias.zero_()
-        block[4].bias.zero_()
-        _load(net.classifier, block[8])
+            _copy_block(official_branch, ours, ((0, 0), (1, 1)))
+        _copy_block(net.head.b4.gap, branches[0].project, ((1, 0), (2, 1)))  # gap = (pool, conv, BN, ReLU)
+        _copy_block(net.head.project, project, ((0, 0), (1, 1)))
+        _aspp_projection(net.head.project[0], project[0].weight)
+        _copy_block(net.reduce, student.decoder.low_level, ((0, 0), (1, 1)))
+        _copy_block(net.fuse, student.head.classifier, ((0, 0), (1, 1), (3, 4), (4, 5)))
+        _copy_conv(net.classifier, student.head.classifier[8])
+    return net
+
+
+def u2pl_network(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
+    """U2PL's ``ModelBuilder`` (decoder ``dec_deeplabv3_plus`` with its representation head) on a copy of
+    ``student``'s encoder, every decoder weight copied from ``student``; a conv bias that one side lacks is zero."""
+    encoder = ProjectEncoder(copy.deepcopy(student.backbone))
+    builder = helper.ModelBuilder
+    official_encoder = builder._build_encoder
+    builder._build_encoder = lambda self, enc_cfg: encoder
+    try:
+        net = builder(copy.deepcopy(cfg["net"]))
+    finally:
+        builder._build_encoder = official_encoder
+    ours, theirs = student.decoder, net.decoder
+    branches = ours.aspp[0].branches
+    conv_bn = ((0, 0), (1, 1))
+    with torch.no_grad():
+        _copy_block(theirs.aspp.conv1, branches[0].project, ((1, 0), (2, 1)))  # (pool, conv, BN, ReLU)
+        for official_branch, branch in zip((theirs.aspp.conv2, theirs.aspp.conv3, theirs.aspp.conv4, theirs.aspp.conv5),
+                                           branches[1:]):
+            _copy_block(official_branch, branch, conv_bn)
+        _copy_block(theirs.head, ours.aspp[1], conv_bn)
+        _copy_block(theirs.low_conv, ours.low_level, conv_bn)
+        _copy_block(theirs.classifier, student.head.classifier, ((0, 0), (1, 1), (4, 4), (5, 5), (8, 8)))
+        rep = student.representation_head
+        _copy_block(theirs.representation, nn.Sequential(*rep.block[0][:2], nn.Identity(), nn.Identity(),
+                                                         *rep.block[1][:2], nn.Identity(), nn.Identity(), rep.embed),
+                    ((0, 0), (1, 1), (4, 4), (5, 5), (8, 8)))
     return net
 
 
@@ -336,6 +406,133 @@ def unimatch_side(args: argparse.Namespace, framework: str, student: nn.Module, 
     return Side("official", lambda inputs: unimatch_loader_item(inputs, device), step, [model], optimizer)
 
 
+#: third-party modules U2PL's helpers import at the top but the measured step never calls (``cv2`` for its data
+#: transforms, ``skimage.measure`` for one of its utilities): stand-ins where they are not installed
+U2PL_UNUSED_MODULES = {"cv2": (), "skimage": (), "skimage.measure": ("label", "regionprops")}
+
+
+@contextlib.contextmanager
+def stand_ins(modules: dict[str, tuple[str, ...]]) -> Iterator[None]:
+    """Empty modules (their named functions raising) in ``sys.modules`` for those that cannot be imported."""
+    added = []
+    for name, functions in modules.items():
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            module = types.ModuleType(name)
+            for function in functions:
+                setattr(module, function, _not_installed(name, function))
+            sys.modules[name] = module
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def _not_installed(module: str, function: str) -> Callable[..., None]:
+    def call(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"{module}.{function}: not installed (a stand-in of official_side_by_side.py)")
+    return call
+
+
+class _Batches:
+    """U2PL's ``loader_l_iter`` / ``loader_u_iter`` (``.next()``, the old DataLoader iterator's name) and its
+    ``len(loader_l)`` (a long epoch)."""
+
+    def __init__(self) -> None:
+        self.item: Any = None
+
+    def next(self) -> Any:
+        return self.item
+
+    def __len__(self) -> int:
+        return 10**6
+
+
+def module_on_device(folder: Path, dotted: str, device: torch.device) -> types.ModuleType:
+    """The official module ``dotted`` of ``folder`` with :class:`_OnDevice`'s change (its ``.cuda()`` calls go to
+    ``device``), registered under its name while ``folder`` is imported from."""
+    path = folder / (dotted.replace(".", "/") + ".py")
+    tree = _OnDevice().visit(ast.parse(path.read_text(), filename=str(path)))
+    module = types.ModuleType(dotted)
+    module.__file__, module.__package__ = str(path), dotted.rpartition(".")[0]
+    module.__dict__["__device__"] = device
+    sys.modules[dotted] = module
+    exec(compile(ast.fix_missing_locations(tree), str(path), "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def u2pl_modules(folder: Path, device: torch.device) -> dict[str, types.ModuleType]:
+    """U2PL's helpers the loop calls; its loss helpers and utilities with their ``.cuda()`` calls on ``device``."""
+    with official_imports(folder), stand_ins(U2PL_UNUSED_MODULES):
+        utils = module_on_device(folder, "u2pl.utils.utils", device)
+        loss = module_on_device(folder, "u2pl.utils.loss_helper", device)
+        names = {"helper": "u2pl.models.model_helper", "lr": "u2pl.utils.lr_helper",
+                 "augmentation": "u2pl.dataset.augmentation"}
+        return {"utils": utils, "loss": loss, **{key: importlib.import_module(name) for key, name in names.items()}}
+
+
+def u2pl_side(args: argparse.Namespace, student: nn.Module, device: torch.device) -> Side:
+    """The official loop body of U2PL's ``train_semi.py`` ``train`` (module docstring), at epoch 2 (past the
+    supervised-only epoch and the teacher's copy) in a one-process group; memory bank and optimiser as ``main``."""
+    folder = checkout(args.official_root, OFFICIAL["u2pl"][0])
+    cfg = yaml.safe_load((folder / U2PL_CONFIG).read_text())
+    cfg["net"]["sync_bn"] = False
+    mods = u2pl_modules(folder, device)
+    with official_imports(folder):  # the builder imports its decoder by name
+        model = u2pl_network(mods["helper"], cfg, student).to(device)
+    teacher = copy.deepcopy(model)
+    for p in teacher.parameters():
+        p.requires_grad = False
+    optim_cfg = cfg["trainer"]["optimizer"]
+    groups = [dict(params=model.encoder.parameters(), lr=optim_cfg["kwargs"]["lr"]),
+              dict(params=model.decoder.parameters(), lr=optim_cfg["kwargs"]["lr"] * 10)]  # times = 10 on VOC
+    optimizer = mods["lr"].get_optimizer(groups, optim_cfg)
+    loader_l, loader_u = _Batches(), _Batches()
+    num_classes = cfg["net"]["num_classes"]
+    memobank = [[torch.zeros(0, 256)] for _ in range(num_classes)]
+    queue_size = [50000] + [30000] * (num_classes - 1)
+    meters = {n: mods["utils"].AverageMeter(10) for n in ("sup_losses", "uns_losses", "con_losses", "data_times",
+                                                        "batch_times", "learning_rates")}
+    namespace: dict[str, Any] = {
+        "torch": torch, "F": F, "np": np, "time": time, "dist": torch.distributed, "cfg": cfg, "model": model,
+        "model_teacher": teacher, "optimizer": optimizer, "sup_loss_fn": mods["loss"].get_criterion(cfg),
+        "lr_scheduler": mods["lr"].get_scheduler(cfg["trainer"], len(loader_l), mods["lr"].get_optimizer(groups, optim_cfg)),
+        "loader_l": loader_l, "loader_l_iter": loader_l, "loader_u_iter": loader_u, "epoch": 2, "rank": 0,
+        "world_size": 1, "tb_logger": _Discard(), "logger": _Discard(), "memobank": memobank,
+        "queue_ptrlis": [torch.zeros(1, dtype=torch.long) for _ in range(num_classes)], "queue_size": queue_size,
+        "ema_decay_origin": cfg["net"]["ema_decay"], "batch_end": time.time(), "__device__": device,
+        "generate_unsup_data": mods["augmentation"].generate_unsup_data, "label_onehot": mods["utils"].label_onehot,
+        "compute_unsupervised_loss": mods["loss"].compute_unsupervised_loss,
+        "compute_contra_memobank_loss": mods["loss"].compute_contra_memobank_loss, **meters}
+    code = loop_body(folder / OFFICIAL["u2pl"][1], "range(len(loader_l))", "range(__step__, __step__ + 1)")
+
+    def step(item: tuple[Any, ...], i: int) -> Any:
+        loader_l.item, loader_u.item = item
+        namespace["__step__"] = i
+        exec(code, namespace)  # noqa: S102 - the official loop body (module docstring)
+        return namespace["loss"]
+
+    prepare = lambda inputs: ((_fresh(normalise(inputs["image_l"]), device), _fresh(inputs["label_l"], device)),  # noqa: E731
+                              (_fresh(normalise(inputs["image_u"]), device), None))
+    return Side("official", prepare, step, [model, teacher], optimizer)
+
+
+def one_process_group(device: torch.device) -> bool:
+    """A process group of one rank (gloo on CPU, NCCL on CUDA) for the official code's collectives, if none;
+    True when this call made it (the caller destroys it)."""
+    if torch.distributed.is_initialized():
+        return False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                         init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return True
+
+
 def same_function(official: nn.Module, student: nn.Module, inputs: dict[str, Tensor], device: torch.device) -> float:
     """Max |official - project| eval-mode logits at image size on the labeled images (before any step): the two
     networks' agreement, ~1e-5 when the weights were copied right."""
@@ -345,6 +542,8 @@ def same_function(official: nn.Module, student: nn.Module, inputs: dict[str, Ten
     with torch.no_grad():
         ours = upsample_logits(student(images).head.logits, images.shape[-2:], align_corners=True)[0]
         theirs = official(normalise(inputs["image_l"]).to(device))
+        if isinstance(theirs, dict):  # U2PL: {"pred", "rep"} at feature resolution
+            theirs = F.interpolate(theirs["pred"], size=images.shape[-2:], mode="bilinear", align_corners=True)
     official.train()
     student.train()
     return float((ours.float() - theirs.float()).abs().max())
@@ -400,7 +599,7 @@ def measure(args: argparse.Namespace, framework: str, device: torch.device) -> d
     """Build both sides of ``framework``, check they compute the same function, interleave their steps."""
     started = time.perf_counter()
     ours, student = project_side(args, framework, "baseline", device)
-    theirs = unimatch_side(args, framework, student, device)
+    theirs = u2pl_side(args, student, device) if framework == "u2pl" else unimatch_side(args, framework, student, device)
     inputs = [make_inputs(args.batch, args.crop, args.seed + k) for k in range(2)]
     diff = same_function(theirs.modules[0], student, inputs[0], device)
     interleave([theirs, ours], inputs, args.warmup, args.steps, device)
@@ -435,6 +634,19 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measure_or_record(args: argparse.Namespace, framework: str, device: torch.device) -> dict[str, Any]:
+    """:func:`measure`'s row, or the framework's error (the others go on)."""
+    try:
+        row = measure(args, framework, device)
+    except Exception as error:  # noqa: BLE001 - one framework's failure is recorded, the others go on
+        traceback.print_exc()
+        row = {"framework": framework, "error": f"{type(error).__name__}: {error}".splitlines()[0][:300]}
+    print(json.dumps({k: v for k, v in row.items() if k not in ("project", "official_side")}), flush=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official-root", type=Path, required=True, help="folder holding the official checkouts")
@@ -466,16 +678,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    f"python {platform.python_version()}",
         "memory_measure": "max_memory_allocated" if device.type == "cuda" else "peak RSS after malloc_trim",
         "results": []}
-    for framework in args.frameworks:
-        try:
-            row = measure(args, framework, device)
-        except Exception as error:  # noqa: BLE001 - one framework's failure is recorded, the others go on
-            traceback.print_exc()
-            row = {"framework": framework, "error": f"{type(error).__name__}: {error}".splitlines()[0][:300]}
-        report["results"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("project", "official_side")}), flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    group = "u2pl" in args.frameworks and one_process_group(device)
+    try:
+        for framework in args.frameworks:
+            report["results"].append(measure_or_record(args, framework, device))
+    finally:
+        if group:
+            torch.distributed.destroy_process_group()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "side_by_side.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "side_by_side.md").write_text(markdown(report))

@@ -58,17 +58,18 @@ def official_root(repository: str) -> Path:
 
 
 @pytest.mark.integration
-def test_side_by_side_runs_unimatch_and_fixmatch_on_the_same_network_at_a_tiny_size(tmp_path: Path):
-    """Both official loop bodies and the project's step run on CPU (ResNet-50, crop 32, 2 + 2 images, one timed step
-    each): the two networks give the same eval-mode logits before training (a wrong weight copy, e.g. the ASPP
+def test_side_by_side_runs_unimatch_fixmatch_and_u2pl_on_the_same_network_at_a_tiny_size(tmp_path: Path):
+    """The three official loop bodies and the project's steps run on CPU (ResNet-50, crop 32, 2 + 2 images, one timed
+    step each): the two networks give the same eval-mode logits before training (a wrong weight copy, e.g. the ASPP
     projection's blocks left in the project's order, gives 4e-3 at this size), times and peaks are
     measured, the JSON and Markdown are written."""
     root = official_root("LiheYoung/UniMatch")
+    official_root("Haochen-Wang409/U2PL")
     side = load_benchmark("official_side_by_side")
     report = side.main(["--official-root", str(root), "--backbone", "resnet50", "--crop", "32", "--batch", "2",
                         "--steps", "1", "--warmup", "1", "--threads", "1", "--out", str(tmp_path)])
     rows = {row["framework"]: row for row in report["results"]}
-    assert set(rows) == {"unimatch", "fixmatch"}
+    assert set(rows) == {"unimatch", "fixmatch", "u2pl"}
     for row in rows.values():
         assert "error" not in row, row
         assert row["max_abs_logit_diff"] < 1e-4
@@ -77,3 +78,4 @@ def test_side_by_side_runs_unimatch_and_fixmatch_on_the_same_network_at_a_tiny_s
         assert row["step_ratio"] > 0
     assert json.loads((tmp_path / "side_by_side.json").read_text())["results"][0]["framework"] == "unimatch"
     assert "| unimatch | LiheYoung/UniMatch unimatch.py |" in (tmp_path / "side_by_side.md").read_text()
+    assert not torch.distributed.is_initialized()  # U2PL's one-rank group is gone
