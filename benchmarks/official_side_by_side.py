@@ -562,10 +562,19 @@ def current_memory_mib(device: torch.device) -> float | None:
     return None
 
 
+def reset_step_peak(device: torch.device) -> None:
+    """Start a step's peak: CUDA's peak statistics only (the allocator keeps its cache, as in training), or on CPU
+    ``gpu_acceptance.reset_peak_memory`` (the heap trimmed, so both sides' steps pay for their pages again)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_memory(device)
+
+
 def timed_step(side: Side, inputs: dict[str, Tensor], i: int, device: torch.device) -> tuple[float, float | None, Any]:
     """One step of ``side``: seconds, peak MiB (own state + the step's rise), the step's result."""
     prepared = side.prepare(inputs)
-    reset_peak_memory(device)
+    reset_step_peak(device)
     before, state = current_memory_mib(device), side.state_bytes() / 2**20
     synchronize(device)
     tick = time.perf_counter()
@@ -682,14 +691,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         for framework in args.frameworks:
             report["results"].append(measure_or_record(args, framework, device))
+            write(report, args.out)  # after each framework: a run cut short keeps what it measured
     finally:
         if group:
             torch.distributed.destroy_process_group()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "side_by_side.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "side_by_side.md").write_text(markdown(report))
     print(markdown(report))
     return report
+
+
+def write(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "side_by_side.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "side_by_side.md").write_text(markdown(report))
 
 
 if __name__ == "__main__":
