@@ -37,8 +37,9 @@ an all-valid ``ignore_mask``, CutMix boxes drawn with UniMatch's rule on the hos
 batch (the unlabeled batch shifted by one image; the project's step makes its own partners and boxes). Each side
 gets fresh copies of the host tensors every step (pinned on CUDA) and moves them to the device inside its step.
 
-Measured per side: wall time per step (device synchronised before and after), median over ``--steps`` after
-``--warmup`` steps (reported apart), and peak memory: the side's own state (parameters, buffers, gradients and
+Measured per side: wall time per step (device synchronised before and after) and the process's CPU seconds in
+it (the steadier figure on a shared CPU; on a GPU the host's work), medians over ``--steps`` after ``--warmup``
+steps (reported apart), and peak memory: the side's own state (parameters, buffers, gradients and
 optimiser state) plus the step's rise above what was allocated when it started (``max_memory_allocated`` on CUDA;
 on CPU the process's resident high-water mark after ``malloc_trim``, a coarser proxy), so that the other side's
 resident model is not counted. Ratios are project / official (< 1: the project is faster or smaller).
@@ -336,6 +337,7 @@ class Side:
     modules: list[nn.Module]
     optimizer: torch.optim.Optimizer
     times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)
     peaks: list[float] = field(default_factory=list)
     first_step_s: float | None = None
 
@@ -571,18 +573,20 @@ def reset_step_peak(device: torch.device) -> None:
         reset_peak_memory(device)
 
 
-def timed_step(side: Side, inputs: dict[str, Tensor], i: int, device: torch.device) -> tuple[float, float | None, Any]:
-    """One step of ``side``: seconds, peak MiB (own state + the step's rise), the step's result."""
+def timed_step(side: Side, inputs: dict[str, Tensor], i: int,
+               device: torch.device) -> tuple[float, float, float | None, Any]:
+    """One step of ``side``: seconds, the process's CPU seconds, peak MiB (own state + the step's rise), the
+    step's result."""
     prepared = side.prepare(inputs)
     reset_step_peak(device)
     before, state = current_memory_mib(device), side.state_bytes() / 2**20
     synchronize(device)
-    tick = time.perf_counter()
+    tick, cpu_tick = time.perf_counter(), time.process_time()
     result = side.step(prepared, i)
     synchronize(device)
-    seconds = time.perf_counter() - tick
+    seconds, cpu_seconds = time.perf_counter() - tick, time.process_time() - cpu_tick
     peak = peak_memory_mib(device)
-    return seconds, (state + peak - before if peak is not None and before is not None else None), result
+    return seconds, cpu_seconds, (state + peak - before if peak is not None and before is not None else None), result
 
 
 def interleave(sides: list[Side], inputs: list[dict[str, Tensor]], warmup: int, steps: int, device: torch.device) -> None:
@@ -590,17 +594,19 @@ def interleave(sides: list[Side], inputs: list[dict[str, Tensor]], warmup: int, 
     for i in range(warmup + steps):
         order = sides if i % 2 == 0 else sides[::-1]
         for side in order:
-            seconds, peak, _ = timed_step(side, inputs[i % len(inputs)], i, device)
+            seconds, cpu_seconds, peak, _ = timed_step(side, inputs[i % len(inputs)], i, device)
             if i < warmup:
                 side.first_step_s = seconds if side.first_step_s is None else side.first_step_s
                 continue
             side.times.append(seconds)
+            side.cpu_times.append(cpu_seconds)
             if peak is not None:
                 side.peaks.append(peak)
 
 
 def summary(side: Side) -> dict[str, Any]:
     return {"step_s": statistics.median(side.times), "all_step_s": side.times, "first_step_s": side.first_step_s,
+            "step_cpu_s": statistics.median(side.cpu_times),
             "peak_mib": max(side.peaks) if side.peaks else None, "state_mib": side.state_bytes() / 2**20}
 
 
@@ -615,6 +621,7 @@ def measure(args: argparse.Namespace, framework: str, device: torch.device) -> d
     a, b = summary(ours), summary(theirs)
     return {"framework": framework, "head": "baseline", "official": OFFICIAL[framework][0] + " " + OFFICIAL[framework][1],
             "max_abs_logit_diff": diff, "project": a, "official_side": b, "step_ratio": a["step_s"] / b["step_s"],
+            "cpu_ratio": a["step_cpu_s"] / b["step_cpu_s"] if b["step_cpu_s"] > 0 else None,
             "memory_ratio": a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
             "seconds": time.perf_counter() - started}
 
@@ -626,20 +633,23 @@ def markdown(report: dict[str, Any]) -> str:
     lines = ["# The project's step beside the official code's", "",
              f"- date: {report['date']}", f"- machine: {report['machine']}", f"- command: `{report['command']}`",
              f"- setting: {report['setting']}", "",
-             "Step s: median wall time per step (device synchronised); peak MiB: the side's own state + the step's rise "
+             "Step s: median wall time per step (device synchronised); CPU s: the process's CPU seconds per step (median; "
+             "on a GPU the host's work); peak MiB: the side's own state + the step's rise "
              f"({report['memory_measure']}); ratios project / official.", "",
-             "| framework | official | project step s | official step s | step ratio | project peak MiB | "
-             "official peak MiB | memory ratio | max logit diff |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| framework | official | project step s | official step s | step ratio | project CPU s | official CPU s | "
+             "CPU ratio | project peak MiB | official peak MiB | memory ratio | max logit diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["results"]:
         if "error" in row:
-            lines.append(f"| {row['framework']} | error: {row['error']} | | | | | | | |")
+            lines.append(f"| {row['framework']} | error: {row['error']} |" + " |" * 10)
             continue
         p, o = row["project"], row["official_side"]
         mem = f"{row['memory_ratio']:.2f}" if row["memory_ratio"] is not None else "-"
         peaks = [f"{x:.0f}" if x is not None else "-" for x in (p["peak_mib"], o["peak_mib"])]
+        cpu = f"{row['cpu_ratio']:.2f}" if row["cpu_ratio"] is not None else "-"
         lines.append(f"| {row['framework']} | {row['official']} | {p['step_s']:.4f} | {o['step_s']:.4f} | "
-                     f"{row['step_ratio']:.2f} | {peaks[0]} | {peaks[1]} | {mem} | {row['max_abs_logit_diff']:.1e} |")
+                     f"{row['step_ratio']:.2f} | {p['step_cpu_s']:.3f} | {o['step_cpu_s']:.3f} | {cpu} | {peaks[0]} | "
+                     f"{peaks[1]} | {mem} | {row['max_abs_logit_diff']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
