@@ -32,9 +32,10 @@ For each framework, two sides take turns (official, project, official, project, 
 
 Inputs: random images in [0, 1] (the official side gets them normalised with ImageNet's mean and std, as its
 data loader does; the project's model normalises inside), labels with an ignored border, and for the official
-side what its loader would give: the strong views (the project's one ``image_strong`` for both of UniMatch's),
+side what its loader would give: two strong views (the project's ``image_strong`` and ``image_strong2``),
 an all-valid ``ignore_mask``, CutMix boxes drawn with UniMatch's rule on the host (``unimatch_boxes``) and a mix
-batch (the unlabeled batch shifted by one image; the project's step makes its own partners and boxes). Each side
+batch (the unlabeled batch shifted by one image; the project's step makes its own boxes and gets the same mix
+batch as its ``*_mix`` draw, where its framework takes one). Each side
 gets fresh copies of the host tensors every step (pinned on CUDA) and moves them to the device inside its step.
 
 Measured per side: wall time per step (device synchronised before and after) and the process's CPU seconds in
@@ -291,13 +292,14 @@ def normalise(images: Tensor) -> Tensor:
 
 def make_inputs(batch: int, crop: int, seed: int) -> dict[str, Tensor]:
     """One step's host tensors: images ``[B, 3, H, W]`` in [0, 1], labels ``[B, H, W]`` (a 4-pixel ignored border),
-    the strong view, and two CutMix boxes ``[B, H, W]`` (UniMatch's rule)."""
+    two strong views, and two CutMix boxes ``[B, H, W]`` (UniMatch's rule)."""
     gen = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, NUM_CLASSES, (batch, crop, crop), generator=gen)
     labels[:, :4] = IGNORE
     return {"image_l": torch.rand(batch, 3, crop, crop, generator=gen), "label_l": labels,
             "image_u": torch.rand(batch, 3, crop, crop, generator=gen),
             "strong_u": torch.rand(batch, 3, crop, crop, generator=gen),
+            "strong2_u": torch.rand(batch, 3, crop, crop, generator=gen),
             "box1": unimatch_boxes(batch, crop, crop, generator=gen), "box2": unimatch_boxes(batch, crop, crop, generator=gen)}
 
 
@@ -309,18 +311,24 @@ def _fresh(tensor: Tensor, device: torch.device) -> Tensor:
 def unimatch_loader_item(inputs: dict[str, Tensor], device: torch.device) -> tuple[Any, ...]:
     """What UniMatch's ``zip(trainloader_l, trainloader_u, trainloader_u)`` yields for one step (fixmatch.py takes
     the same structure): ``(img_x, mask_x), (img_u_w, img_u_s1, img_u_s2, ignore_mask, box1, box2), (mix ...)``;
-    the mix batch is the unlabeled one shifted by one image."""
-    weak, strong = normalise(inputs["image_u"]), normalise(inputs["strong_u"])
-    ignore = torch.zeros(inputs["label_l"].shape, dtype=torch.long)
+    the mix batch is the unlabeled one shifted by one image (the project's ``*_mix`` draw, :func:`project_batch`)."""
+    weak, strong, strong2 = (normalise(inputs[k]) for k in ("image_u", "strong_u", "strong2_u"))
+    ignore = torch.zeros(inputs["label_l"].shape, dtype=torch.long)  # no padded pixel
     box1, box2 = inputs["box1"].float(), inputs["box2"].float()
-    roll = [torch.roll(t, 1, dims=0) for t in (weak, strong, strong, ignore, box1, box2)]
-    items = ((normalise(inputs["image_l"]), inputs["label_l"]), (weak, strong, strong.clone(), ignore, box1, box2), roll)
+    roll = [torch.roll(t, 1, dims=0) for t in (weak, strong, strong2, ignore, box1, box2)]
+    items = ((normalise(inputs["image_l"]), inputs["label_l"]), (weak, strong, strong2, ignore, box1, box2), roll)
     return tuple(tuple(_fresh(t, device) for t in group) for group in items)
 
 
 def project_batch(inputs: dict[str, Tensor], device: torch.device) -> Batch:
+    """The project's batch of the same tensors, with every unlabeled view a framework may ask for: the strong views
+    ``image_strong``, ``image_strong2``, the ``padding`` mask (none padded) and a second draw ``*_mix`` (the batch
+    shifted by one image, the official side's mix batch); a framework reads the keys it needs."""
+    views = {"image": inputs["image_u"], "image_strong": inputs["strong_u"], "image_strong2": inputs["strong2_u"],
+             "padding": torch.zeros(inputs["label_l"].shape, dtype=torch.bool)}
+    views.update({f"{k}_mix": torch.roll(v, 1, dims=0) for k, v in list(views.items())})
     return Batch(labeled={"image": _fresh(inputs["image_l"], device), "label": _fresh(inputs["label_l"], device)},
-                 unlabeled={"image": _fresh(inputs["image_u"], device), "image_strong": _fresh(inputs["strong_u"], device)})
+                 unlabeled={k: _fresh(v, device) for k, v in views.items()})
 
 
 # ----------------------------------------------------------------------------------------- sides
@@ -531,7 +539,8 @@ def one_process_group(device: torch.device) -> bool:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                         init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+                                         init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                         **({"device_id": device} if device.type == "cuda" else {}))
     return True
 
 
