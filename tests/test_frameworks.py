@@ -579,9 +579,12 @@ def test_np_step_never_holds_t_samples_at_image_resolution(smoke_config, framewo
 def test_an_np_step_reads_one_device_value_more_than_the_baseline_heads(smoke_config, framework):
     """A read of a device value in the middle of a step makes the host wait for the GPU. The NP head adds one (its
     label check): memories known to hold rows are not read again, its statistics and the frameworks' logs stay
-    on the device for the loop to read with the losses."""
+    on the device for the loop to read with the losses. Inside the training step (``deferred_label_checks``) the
+    label check joins that transfer too: no read more than the baseline."""
+    from npsemiseg.heads import deferred_label_checks
+
     host_work = load_benchmark("host_work")
-    reads = {}
+    reads, deferred = {}, {}
     for head in ("baseline", "np"):
         fw, config = _framework(smoke_config, framework, head)
         ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
@@ -590,5 +593,10 @@ def test_an_np_step_reads_one_device_value_more_than_the_baseline_heads(smoke_co
             result = fw.train_step(_batch(config, seed=1), ctx)
         assert head == "baseline" or isinstance(result.logs["head/kl"], torch.Tensor)
         reads[head] = work.reads
+        with host_work.HostWork() as work, deferred_label_checks() as checks:
+            fw.train_step(_batch(config, seed=2), ctx)
+        deferred[head] = work.reads
+        assert (head == "np") == bool(checks)
     assert reads["np"] == reads["baseline"] + 1
+    assert deferred["np"] == deferred["baseline"]
 

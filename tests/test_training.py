@@ -354,6 +354,22 @@ def test_checkpoints_and_artifacts(smoke_config, tmp_path):
     assert recorder.evaluations[-1][0] == 4
 
 
+def test_the_loop_reads_every_n_steps_and_reports_every_step_in_order_with_the_same_values(smoke_config):
+    """``runtime.read_every_steps`` 3 against 1 (5 steps; the loop also reads at each epoch's end): the same
+    steps reach ``on_step`` in order with the same logged values (times aside)."""
+    timing = {"train/sec_per_iter", "train/images_per_sec", "train/epoch_images_per_sec", "train/peak_memory_mb"}
+
+    def logged(every):
+        recorder = Recorder()
+        train(smoke_config(**{"schedule.max_steps": 5, "schedule.eval_every_epochs": 0, "runtime.read_every_steps": every}),
+              recorder)
+        return [(step, {k: v for k, v in logs.items() if k not in timing}) for step, logs in recorder.steps]
+
+    every_step = logged(1)
+    assert [step for step, _ in every_step] == [1, 2, 3, 4, 5]
+    assert logged(3) == every_step
+
+
 def test_non_finite_loss_stops_with_the_step_and_term(smoke_config):
     config = smoke_config(**{"optim.lr": 1e30, "schedule.max_steps": 6})
     with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+: term '\w+' is (nan|inf)"):
@@ -522,20 +538,92 @@ def test_epoch_throughput_and_peak_memory_at_the_end_of_each_epoch(smoke_config)
     assert "train/peak_memory_mb" not in steps.logs[0]
 
 
-def test_step_logs_given_as_tensors_come_back_as_floats_in_the_transfer_of_the_losses():
-    """Frameworks and heads leave their logs on the device; the loop reads them with the loss terms, one read."""
-    from npsemiseg.frameworks import StepContext, StepResult
-    from npsemiseg.training.step import _read_values
+class _FixedStep:
+    """A framework of one weight w: loss terms ``sup = a w`` and ``kl = 0.5 w``, the logs given (tensors and floats),
+    and, when given, labels checked as the NP head checks them."""
 
-    result = StepResult(losses={"sup": torch.tensor(2.0), "kl": torch.tensor(0.5, requires_grad=True)},
-                        logs={"head/kl": torch.tensor(0.25), "kept_fraction": 0.75, "rho": torch.tensor([3.0])})
-    ctx = StepContext(step=0, total_steps=2, epoch=0, total_epochs=1, iters_per_epoch=2)
+    def __init__(self, logs, a=2.0, labels=None):
+        self.weight = torch.nn.Parameter(torch.tensor(1.0))
+        self.a, self.logs, self.labels, self.student = a, logs, labels, None
+
+    def train_step(self, batch, ctx):
+        from npsemiseg.frameworks import StepResult
+        from npsemiseg.heads import check_label_values
+
+        if self.labels is not None:
+            check_label_values(self.labels, 3)
+        return StepResult(losses={"sup": self.a * self.weight, "kl": 0.5 * self.weight}, logs=dict(self.logs))
+
+    def after_optimizer_step(self, ctx):
+        pass
+
+
+def _fixed_run(smoke_config, **kwargs):
+    from npsemiseg.frameworks import Batch, StepContext
+    from npsemiseg.training.factories import Optimizer
+
+    framework = _FixedStep({"head/kl": torch.tensor(0.25), "kept_fraction": 0.75, "rho": torch.tensor([3.0])}, **kwargs)
+    sgd = torch.optim.SGD([framework.weight], lr=0.1)
+    optimizer = Optimizer(sgd, [framework.weight], [1.0], 0.1)
+    config = smoke_config(**{"optim.grad_clip": None})
+    contexts = [StepContext(step=i, total_steps=10, epoch=0, total_epochs=1, iters_per_epoch=10) for i in range(10)]
+    args = (optimizer, config, torch.device("cpu"), 1)
+    return framework, (lambda step, i: step(framework, Batch(labeled={}), contexts[i], *args))
+
+
+def test_a_step_reads_its_losses_logs_and_gradient_norm_in_one_transfer(smoke_config):
+    """Frameworks and heads leave their logs on the device; the step reads them with the loss terms and the
+    gradient norm (d(2.5 w)/dw = 2.5), one read, and every value comes back exact as a float."""
+    from npsemiseg.training.step import train_step
+
+    _, step = _fixed_run(smoke_config)
     with load_benchmark("host_work").HostWork() as work:
-        names, floats, logs = _read_values(None, result, ctx, world_size=1)
+        logs = step(train_step, 0)
     assert work.reads == 1
-    assert names == ["sup", "kl"] and floats == [2.0, 0.5]
-    assert logs == {"head/kl": 0.25, "kept_fraction": 0.75, "rho": 3.0} and all(type(v) is float for v in logs.values())
-    result.losses["sup"] = torch.tensor(float("nan"))
-    with pytest.raises(FloatingPointError, match="'sup'"):
-        _read_values(None, result, ctx, world_size=1)
+    assert logs == {"train/loss": 2.5, "train/lr": 0.1, "train/sup": 2.0, "train/kl": 0.5, "train/grad_norm": 2.5,
+                    "train/head/kl": 0.25, "train/kept_fraction": 0.75, "train/rho": 3.0}
+    assert all(type(v) is float for v in logs.values())
+
+
+def test_deferred_steps_read_several_steps_in_one_transfer_with_the_same_logs(smoke_config):
+    """Three deferred steps read nothing; one read gives each its own exact logs, equal to read-at-once steps'."""
+    from npsemiseg.training.step import deferred_train_step, read_logs, train_step
+
+    _, at_once = _fixed_run(smoke_config)
+    expected = [at_once(train_step, i) for i in range(3)]
+    framework, deferred = _fixed_run(smoke_config)
+    with load_benchmark("host_work").HostWork() as work:
+        pending = [deferred(deferred_train_step, i) for i in range(3)]
+    assert work.reads == 0 and [p.step for p in pending] == [1, 2, 3]
+    with load_benchmark("host_work").HostWork() as work:
+        assert read_logs(pending) == expected
+    assert work.reads == 1
+
+
+def test_a_non_finite_loss_stops_a_step_before_the_optimiser_and_a_deferred_read_names_its_step(smoke_config):
+    from npsemiseg.training.step import deferred_train_step, read_logs, train_step
+
+    framework, step = _fixed_run(smoke_config, a=float("nan"))
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 1: term 'sup' is nan"):
+        step(train_step, 0)
+    assert float(framework.weight.detach()) == 1.0  # the optimiser never took it
+    _, deferred = _fixed_run(smoke_config, a=float("inf"))
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 1: term 'sup' is inf"):
+        read_logs([deferred(deferred_train_step, i) for i in range(2)])
+
+
+def test_label_values_are_checked_in_the_steps_transfer(smoke_config):
+    """The NP head's label check reads nothing inside a step: the step's one read raises it, naming the labels,
+    the range and the offending values (-1 and 7 of a 3-class problem)."""
+    from npsemiseg.training.step import train_step
+
+    labels = torch.tensor([[[0, 2, 255], [-1, 7, 1]]])
+    _, step = _fixed_run(smoke_config, labels=labels)
+    with load_benchmark("host_work").HostWork() as work, pytest.raises(
+            ValueError, match=r"labels: values must lie in \[0, 3\) or be 255 \(ignore\), found 2 that do not, from -1 to 7"):
+        step(train_step, 0)
+    assert work.reads == 1
+    _, fine = _fixed_run(smoke_config, labels=labels.clamp(0, 2))
+    assert fine(train_step, 0)["train/sup"] == 2.0
+
 

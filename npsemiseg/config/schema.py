@@ -346,7 +346,11 @@ class RuntimeConfig(Section):
     checkpoints; figures and tables go to a temporary directory that lives while the callbacks'
     ``on_artifact`` copies them). ``keep_checkpoints``: how many of the newest checkpoints stay.
     ``stop_at_step``: end after this many steps with a checkpoint, as if pre-empted (resume tests,
-    time-sliced workers).
+    time-sliced workers). ``read_every_steps``: the loop reads the steps' logged values (loss terms, gradient
+    norm, the NP head's label checks) back from the device in one transfer every this many steps and at every
+    epoch end, evaluation, checkpoint and stop (each read waits for the device); a non-finite loss or norm then
+    stops the run at that read, up to ``read_every_steps - 1`` steps after it happened (1: every step, before the
+    optimiser writes it). Logged values are exact either way.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -357,6 +361,7 @@ class RuntimeConfig(Section):
     output_dir: str | None = None
     keep_checkpoints: PositiveInt = 2
     stop_at_step: PositiveInt | None = None
+    read_every_steps: PositiveInt = 10
 
 
 class CellInputs(Section):

@@ -8,7 +8,9 @@ from .base import (
     IGNORE_INDEX,
     ClassifierHead,
     HeadOutput,
+    LabelCheck,
     check_label_values,
+    deferred_label_checks,
     downsample_labels,
     gaussian_kl,
     predictive,
@@ -21,6 +23,7 @@ from .np_layers import LatentEncoder, NPDecoder, SmallConvNet
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",
+    "deferred_label_checks", "LabelCheck",
     "downsample_labels", "BaselineHead", "MCDropoutHead", "ClassifierBlock", "MCDropout2d", "NPHead", "NPLatent",
     "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head", "head_class",
     "head_names", "PAPER_LAMBDA_KL", "PAPER_MEMORY_SIZE",

@@ -9,8 +9,10 @@ per-sample softmaxes; uncertainty is the entropy of that mean.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -162,9 +164,48 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class LabelCheck:
+    """One deferred :func:`check_label_values`: ``summary`` = (count, min, max) of the values out of range, float32
+    ``[3]`` on the labels' device (zeros when none), read later with the step's losses."""
+
+    name: str
+    num_classes: int
+    summary: Tensor
+
+    def raise_if_bad(self, count: float, low: float, high: float) -> None:
+        """ValueError naming the labels, the range and the offending values' count and extent, if any."""
+        if count > 0:
+            raise ValueError(f"{self.name}: values must lie in [0, {self.num_classes}) or be {IGNORE_INDEX} (ignore), "
+                             f"found {int(count)} that do not, from {int(low)} to {int(high)}")
+
+
+_DEFERRED_CHECKS: contextvars.ContextVar[list[LabelCheck] | None] = contextvars.ContextVar("label_checks", default=None)
+
+
+@contextlib.contextmanager
+def deferred_label_checks() -> Iterator[list[LabelCheck]]:
+    """Within it, :func:`check_label_values` reads nothing back: it appends a :class:`LabelCheck` to the list
+    yielded, which the caller reads with its other device values (the training step: one transfer per step)."""
+    checks: list[LabelCheck] = []
+    token = _DEFERRED_CHECKS.set(checks)
+    try:
+        yield checks
+    finally:
+        _DEFERRED_CHECKS.reset(token)
+
+
 def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -> None:
-    """ValueError unless every value is in ``[0, num_classes)`` or ``IGNORE_INDEX`` (one host sync)."""
+    """ValueError unless every value is in ``[0, num_classes)`` or ``IGNORE_INDEX`` (one host sync); within
+    :func:`deferred_label_checks`, no sync: the check is recorded there and raised when its caller reads it."""
     bad = (labels < 0) | ((labels >= num_classes) & (labels != IGNORE_INDEX))
+    deferred = _DEFERRED_CHECKS.get()
+    if deferred is not None:
+        values = labels.detach().float()
+        summary = torch.stack([bad.sum().float(), torch.where(bad, values, float("inf")).amin(),
+                               torch.where(bad, values, float("-inf")).amax()])
+        deferred.append(LabelCheck(name, num_classes, torch.where(summary.isfinite(), summary, 0.0)))
+        return
     if bool(bad.any()):
         values = torch.unique(labels[bad])[:8].tolist()
         raise ValueError(

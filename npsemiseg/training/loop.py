@@ -1,8 +1,9 @@
 """The training loop of one run (one cell), for every framework and head, in one process or one DDP rank.
 
 ``train(config, callbacks)`` sets the run up (:mod:`~npsemiseg.training.setup`), restores a checkpoint
-when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.train_step`
-per batch, evaluation every ``schedule.eval_every_epochs`` epochs, checkpoints every
+when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.deferred_train_step`
+per batch, its logs read back in one transfer every ``runtime.read_every_steps`` steps and handed to ``on_step``
+then, each with its own step, evaluation every ``schedule.eval_every_epochs`` epochs, checkpoints every
 ``schedule.checkpoint_every_steps`` through the :class:`~npsemiseg.training.checkpoint.Checkpointer`)
 and ends with the final evaluation and its artifacts. ``evaluation.select`` chooses the reported weights
 (:mod:`~npsemiseg.training.selection`: the last epoch's, or the best validation mIoU's, restored at the end).
@@ -29,7 +30,7 @@ from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, rest
 from npsemiseg.training.selection import BestWeights
 from npsemiseg.training.plan import batch_scaling
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
-from npsemiseg.training.step import train_step
+from npsemiseg.training.step import PendingLogs, deferred_train_step, read_logs
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class EpochLoop:
                  history: list[dict[str, float]], best: BestWeights) -> None:
         self.run_, self.callbacks, self.checkpointer, self.best = run, callbacks, checkpointer, best
         self.step, self.history = step, history
+        self.pending: list[tuple[PendingLogs, dict[str, float]]] = []
         self.train_seconds = 0.0
         self.interrupted = False
         schedule = run.config.schedule
@@ -153,20 +155,29 @@ class EpochLoop:
         for batch in run.streams.epoch(epoch, start_batch):
             ctx = StepContext(step=self.step, total_steps=plan.total_steps, epoch=epoch,
                               total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
-            logs = train_step(run.framework, batch, ctx, run.optimizer, run.config, run.device, run.world_size)
+            try:
+                pending = deferred_train_step(run.framework, batch, ctx, run.optimizer, run.config, run.device,
+                                              run.world_size)
+            except Exception:
+                self._report_pending(progress)  # a non-finite value of an earlier step explains the failure first
+                raise
             self.step += 1
-            self._report_step(logs, progress)
+            self._queue_step(pending)
+            if self._read_due():
+                self._report_pending(progress)
             self._after_step()
             if self.step >= plan.total_steps or self.interrupted:
                 break
 
-    def _report_step(self, logs: dict[str, float], progress: Any) -> None:
+    def _queue_step(self, pending: PendingLogs) -> None:
+        """Keep the step's device values and its host logs (times, and at an epoch's end its throughput and peak
+        memory) for the next read."""
         now = time.perf_counter()
         seconds = now - self.tick
         self.train_seconds += seconds
         self.tick = now
-        logs["train/sec_per_iter"] = seconds
-        logs["train/images_per_sec"] = self.images_per_step / seconds if seconds > 0 else float("inf")
+        logs = {"train/sec_per_iter": seconds,
+                "train/images_per_sec": self.images_per_step / seconds if seconds > 0 else float("inf")}
         self.epoch_seconds += seconds
         self.epoch_steps += 1
         plan = self.run_.plan
@@ -174,9 +185,27 @@ class EpochLoop:
             images = self.epoch_steps * self.images_per_step
             logs[EPOCH_IMAGES_PER_SEC] = images / self.epoch_seconds if self.epoch_seconds > 0 else float("inf")
             logs[PEAK_MEMORY_MB] = peak_memory_mb(self.run_.device)
-        self.callbacks.on_step(self.step, self.run_.plan.total_steps, logs)
-        progress.update(1)
-        progress.set_postfix(loss=f"{logs['train/loss']:.4f}")
+        self.pending.append((pending, logs))
+
+    def _read_due(self) -> bool:
+        """Every ``runtime.read_every_steps`` steps, and before anything that must see checked values: an epoch's
+        end (evaluation, throughput), a checkpoint, the stop step, the last step."""
+        step, config, plan = self.step, self.run_.config, self.run_.plan
+        every_checkpoint = config.schedule.checkpoint_every_steps
+        return (step % config.runtime.read_every_steps == 0 or step % plan.iters_per_epoch == 0
+                or step >= plan.total_steps or step == config.runtime.stop_at_step
+                or bool(every_checkpoint and step % every_checkpoint == 0))
+
+    def _report_pending(self, progress: Any) -> None:
+        """Read the queued steps' values in one transfer and hand each step's logs to ``on_step``, in order."""
+        queued, self.pending = self.pending, []
+        total = self.run_.plan.total_steps
+        for logs, (pending, host) in zip(read_logs([p for p, _ in queued]), queued):
+            logs.update(host)
+            self.callbacks.on_step(pending.step, total, logs)
+        if queued:
+            progress.update(len(queued))
+            progress.set_postfix(loss=f"{logs['train/loss']:.4f}")
 
     def _after_step(self) -> None:
         """Evaluation at the end of every ``eval_every_epochs``-th epoch, checkpoints, the stop step."""

@@ -1,11 +1,19 @@
-"""One optimisation step: LR -> ``framework.train_step`` -> finite check -> backward -> gradient all-reduce
-(under torch.distributed) -> gradient norm (logged every step as ``train/grad_norm``, clipped when
-``optim.grad_clip``) -> SGD step -> buffer sync -> ``after_optimizer_step`` (EMA)."""
+"""One optimisation step: LR -> ``framework.train_step`` -> backward -> gradient all-reduce (under
+torch.distributed) -> gradient norm (logged every step as ``train/grad_norm``, clipped when ``optim.grad_clip``)
+-> SGD step -> buffer sync -> ``after_optimizer_step`` (EMA).
+
+The step's logged device values (loss terms averaged over ranks, the framework's tensor logs, the NP head's label
+checks, the gradient norm) stay on the device as one vector (:class:`PendingLogs`) until :func:`read_logs` reads
+them, several steps' in one transfer: each read waits for the device to finish what was queued. :func:`train_step`
+reads its own at once, before the optimiser step (a non-finite loss or norm never reaches the weights);
+:func:`deferred_train_step` leaves the read to its caller (the loop, every ``runtime.read_every_steps`` steps)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +22,7 @@ from torch import Tensor
 
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Batch, Framework, StepContext, StepResult
+from npsemiseg.heads import LabelCheck, deferred_label_checks
 from npsemiseg.training.distributed import average_gradients, broadcast_buffers, synced_batchnorm
 from npsemiseg.training.factories import Optimizer
 from npsemiseg.training.plan import step_lr
@@ -42,70 +51,125 @@ def check_finite(step: int, names: list[str], values: list[float]) -> None:
         )
 
 
+@dataclass
+class PendingLogs:
+    """One step's ``train/...`` logs with their device values not yet read: ``values`` = float32 ``[N + L + 3C + 1]``
+    on the step's device: the N loss terms ``names`` (averaged over ranks), the L tensor logs ``logged`` (this
+    rank's), C label checks' (count, min, max) and the gradient norm before clipping. ``host``: the logs that were
+    floats already (``train/lr`` and the framework's float logs), ``order``: the framework's log keys in order."""
+
+    step: int
+    names: list[str]
+    logged: list[str]
+    checks: list[LabelCheck]
+    values: Tensor
+    host: dict[str, float]
+    order: list[str]
+
+
 def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
                device: torch.device, world_size: int) -> dict[str, float]:
-    """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks)."""
+    """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks), read before the
+    optimiser step: one read of device values."""
+    pending = _forward_backward(framework, batch, ctx, optimizer, config, device, world_size)
+    logs = read_logs([pending])[0]
+    _optimizer_step(framework, optimizer, config, device, world_size, ctx)
+    return logs
+
+
+def deferred_train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer,
+                        config: RunConfig, device: torch.device, world_size: int) -> PendingLogs:
+    """:func:`train_step` without the read: no wait for the device; :func:`read_logs` gives the logs (and raises
+    for a non-finite value, after the optimiser has taken it)."""
+    pending = _forward_backward(framework, batch, ctx, optimizer, config, device, world_size)
+    _optimizer_step(framework, optimizer, config, device, world_size, ctx)
+    return pending
+
+
+def _forward_backward(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
+                      device: torch.device, world_size: int) -> PendingLogs:
+    """LR, forward, backward, gradient all-reduce and norm (clipped): the step up to the optimiser."""
     lr = step_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power, config.schedule.lr_timing)
     for group, multiplier in zip(optimizer.torch_optimizer.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
     batch = Batch(labeled=_to_device(batch.labeled, device),
                   unlabeled=_to_device(batch.unlabeled, device) if batch.unlabeled is not None else None)
-    with autocast(config, device):
+    with autocast(config, device), deferred_label_checks() as checks:
         result = framework.train_step(batch, ctx)
-    names, floats, step_logs = _read_values(framework, result, ctx, world_size)
-    optimizer.torch_optimizer.zero_grad(set_to_none=True)
-    result.total.backward()
-    if world_size > 1:
-        average_gradients(optimizer.parameters, world_size)
-    logs = {"train/loss": float(sum(floats)), "train/lr": lr}
-    logs.update({f"train/{n}": v for n, v in zip(names, floats)})
-    logs["train/grad_norm"] = gradient_norm(optimizer, config.optim.grad_clip, ctx, names, floats)
-    optimizer.torch_optimizer.step()
-    if world_size > 1 and not synced_batchnorm(config.runtime.sync_bn, device):
-        broadcast_buffers(framework.student)
-    framework.after_optimizer_step(ctx)
+    names, values = _loss_values(framework, result, ctx, world_size)
     clash = set(result.logs) & set(names)
     if clash:
         raise ValueError(f"{type(framework).__name__}: step logs {sorted(clash)} reuse loss term names; "
                          "log them under another name (e.g. head/<name>)")
-    logs.update({f"train/{k}": v for k, v in step_logs.items()})
-    return logs
+    logged = [k for k, v in result.logs.items() if isinstance(v, Tensor)]
+    optimizer.torch_optimizer.zero_grad(set_to_none=True)
+    result.total.backward()
+    if world_size > 1:
+        average_gradients(optimizer.parameters, world_size)
+    norm = gradient_norm(optimizer, config.optim.grad_clip)
+    parts = [values, *(result.logs[k].detach().float().reshape(1).to(values.device) for k in logged),
+             *(c.summary.to(values.device) for c in checks), norm.detach().float().reshape(1).to(values.device)]
+    host = {"train/lr": lr, **{f"train/{k}": float(v) for k, v in result.logs.items() if not isinstance(v, Tensor)}}
+    return PendingLogs(ctx.step + 1, names, logged, checks, torch.cat(parts), host, list(result.logs))
 
 
-def _read_values(framework: Framework, result: StepResult, ctx: StepContext,
-                 world_size: int) -> tuple[list[str], list[float], dict[str, float]]:
-    """The loss terms' names and values averaged over ranks, checked finite on every rank together, and the
-    step's logs as floats (this rank's): the tensors among them come back in the same transfer as the losses,
-    the step's one read of device values before the gradient norm."""
+def _optimizer_step(framework: Framework, optimizer: Optimizer, config: RunConfig, device: torch.device,
+                    world_size: int, ctx: StepContext) -> None:
+    optimizer.torch_optimizer.step()
+    if world_size > 1 and not synced_batchnorm(config.runtime.sync_bn, device):
+        broadcast_buffers(framework.student)
+    framework.after_optimizer_step(ctx)
+
+
+def _loss_values(framework: Framework, result: StepResult, ctx: StepContext, world_size: int) -> tuple[list[str], Tensor]:
+    """The loss terms' names and values ``[N]`` averaged over ranks (a non-finite term on any rank reaches every
+    rank: all stop together at the read)."""
     if not result.losses:
         raise ValueError(f"{type(framework).__name__}.train_step returned no loss terms at step {ctx.step}")
     names = list(result.losses)
     values = torch.stack([result.losses[n].detach().float().reshape(()) for n in names])
     if world_size > 1:
-        dist.all_reduce(values)  # a non-finite term on any rank reaches every rank: all stop together
+        dist.all_reduce(values)
         values /= world_size
-    logged = [k for k, v in result.logs.items() if isinstance(v, Tensor)]
-    if logged:
-        values = torch.cat([values, torch.stack([result.logs[k].detach().float().reshape(()).to(values.device)
-                                                 for k in logged])])
-    floats = values.tolist()
-    check_finite(ctx.step + 1, names, floats[: len(names)])
-    read = dict(zip(logged, floats[len(names):]))
-    return names, floats[: len(names)], {k: read[k] if k in read else float(v) for k, v in result.logs.items()}
+    return names, values
 
 
-def gradient_norm(optimizer: Optimizer, max_norm: float | None, ctx: StepContext, names: list[str],
-                  floats: list[float]) -> float:
-    """The total L2 norm of the gradients before clipping, clipped to ``max_norm`` when given.
+def read_logs(pending: Sequence[PendingLogs]) -> list[dict[str, float]]:
+    """The logs of every pending step, in order, from one transfer of their values. Raises at the first step
+    with a label out of range (ValueError), a non-finite loss term or a non-finite gradient norm
+    (FloatingPointError), naming the step."""
+    if not pending:
+        return []
+    floats = torch.cat([p.values.to(pending[0].values.device) for p in pending]).tolist()
+    out, offset = [], 0
+    for p in pending:
+        row = floats[offset: offset + p.values.numel()]
+        offset += p.values.numel()
+        n, m = len(p.names), len(p.logged)
+        for i, check in enumerate(p.checks):
+            check.raise_if_bad(*row[n + m + 3 * i: n + m + 3 * i + 3])
+        losses, norm = row[:n], row[-1]
+        check_finite(p.step, p.names, losses)
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"non-finite gradient norm at step {p.step} (loss terms finite: "
+                                     + ", ".join(f"{k}={v:.4g}" for k, v in zip(p.names, losses)) + ")")
+        logs = {"train/loss": float(sum(losses)), "train/lr": p.host["train/lr"]}
+        logs.update({f"train/{k}": v for k, v in zip(p.names, losses)})
+        logs["train/grad_norm"] = norm
+        read = dict(zip(p.logged, row[n: n + m]))
+        logs.update({f"train/{k}": read[k] if k in read else p.host[f"train/{k}"] for k in p.order})
+        out.append(logs)
+    return out
+
+
+def gradient_norm(optimizer: Optimizer, max_norm: float | None) -> Tensor:
+    """The total L2 norm of the gradients before clipping (0-dim, on the device, not read), the gradients clipped
+    to ``max_norm`` when given.
 
     Logged every step: one exploding step (U2PL's contrastive loss on a class with a single small-norm
     anchor, ``docs/learning.md``) is otherwise invisible in the losses until the run has collapsed.
-    A non-finite norm stops the run before the optimiser writes it into the weights."""
+    A non-finite norm stops the run at its read (:func:`read_logs`)."""
     if max_norm is not None:
-        norm = float(torch.nn.utils.clip_grad_norm_(optimizer.parameters, max_norm))
-    else:
-        norm = float(torch.nn.utils.get_total_norm([p.grad for p in optimizer.parameters if p.grad is not None]))
-    if not math.isfinite(norm):
-        raise FloatingPointError(f"non-finite gradient norm at step {ctx.step + 1} (loss terms finite: "
-                                 + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, floats)) + ")")
-    return norm
+        return torch.nn.utils.clip_grad_norm_(optimizer.parameters, max_norm)
+    grads = [p.grad for p in optimizer.parameters if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
