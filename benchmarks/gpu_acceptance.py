@@ -113,8 +113,8 @@ def cell_overrides(args: argparse.Namespace, device: torch.device) -> dict[str, 
         overrides["data.num_workers"] = 0
     if args.crop:
         overrides["schedule.crop_size"] = args.crop
-    else:
-        overrides["model.backbone"] = args.backbone  # data.num_workers stays the preset's 4
+    if not (args.tiny and args.crop):  # paper scale: the chosen backbone, at any crop (data.num_workers: the preset's 4)
+        overrides["model.backbone"] = args.backbone
     return overrides
 
 

@@ -540,7 +540,9 @@ def one_process_group(device: torch.device) -> bool:
         port = s.getsockname()[1]
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                          init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                                         **({"device_id": device} if device.type == "cuda" else {}))
+                                         **({"device_id": torch.device("cuda", torch.cuda.current_device() if device.index is None
+                                                                       else device.index)}
+                                            if device.type == "cuda" else {}))
     return True
 
 
