@@ -40,7 +40,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import record_u2pl_step_golden as plain  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
-from step_recording import digest, load_pattern, record_and_save, sample_indices, stub_missing, tensors  # noqa: E402
+from step_recording import (  # noqa: E402
+    digest,
+    load_pattern,
+    official_optimizer,
+    record_and_save,
+    sample_indices,
+    stub_missing,
+    tensors,
+)
 
 OFFICIAL_FILES = ("train_semi.py", "augseg/dataset/augs_ALIA.py", "augseg/utils/loss_helper.py",
                   "augseg/utils/lr_helper.py")
@@ -170,7 +178,7 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
         p.requires_grad_(False)
     model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
     cfg = config(smoke)
-    optimizer, lr_scheduler = official_optimizer(smoke, cfg, student.backbone, model, epoch)
+    optimizer, lr_scheduler = official_optimizer("augseg", smoke, cfg, student.backbone, model, epoch, ITERS)
     data = inputs(seed)
     draws = run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
         model, model_teacher, optimizer, lr_scheduler, sys.modules["augseg.utils.loss_helper"].get_criterion(cfg),
@@ -192,16 +200,6 @@ def plain_model(smoke, salt: int) -> nn.Module:
     load_pattern(model, salt)
     return model
 
-
-def official_optimizer(smoke, cfg: dict, backbone: nn.Module, model: nn.Module, epoch: int):
-    """``train_semi.py`` 86-106 with AugSeg's ``lr_helper``: the backbone at lr, the rest at ``head_lr_mult`` x lr."""
-    lr_helper = sys.modules["augseg.utils.lr_helper"]
-    ids = {id(p) for p in backbone.parameters()}
-    lr = smoke.optim.lr
-    params_list = [dict(params=list(backbone.parameters()), lr=lr),
-                   dict(params=[p for p in model.parameters() if id(p) not in ids], lr=lr * smoke.optim.head_lr_mult)]
-    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
-    return optimizer, lr_helper.get_scheduler(cfg["trainer"], ITERS, optimizer, start_epoch=epoch)
 
 
 def record(checkout: Path) -> dict[str, np.ndarray]:

@@ -49,6 +49,7 @@ from step_recording import (  # noqa: E402
     DropoutTape,
     digest,
     load_pattern,
+    official_optimizer,
     record_and_save,
     sample_indices,
     stub_missing,
@@ -227,7 +228,7 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     student, teacher = tiny_pair(smoke, tape)
     model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
     cfg = config(smoke)
-    optimizer, lr_scheduler = official_optimizer(smoke, cfg, student.backbone, model, epoch)
+    optimizer, lr_scheduler = official_optimizer("u2pl", smoke, cfg, student.backbone, model, epoch, ITERS)
     data = inputs(seed)
     memobank, queue_ptrlis, queue_size = memory_bank(data, seed, smoke)
     draws = run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
@@ -244,17 +245,6 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     out.update({f"index/{k}": v for k, v in indices.items()})
     return out
 
-
-def official_optimizer(smoke, cfg: dict, backbone: nn.Module, model: nn.Module, epoch: int):
-    """``train_semi.py`` 82-99: SGD over the backbone at lr and the rest of ``model`` at ``head_lr_mult`` x lr
-    (``get_optimizer``), the poly schedule from the epoch's first iteration (``get_scheduler``)."""
-    lr_helper = sys.modules["u2pl.utils.lr_helper"]
-    ids = {id(p) for p in backbone.parameters()}
-    lr = smoke.optim.lr
-    params_list = [dict(params=list(backbone.parameters()), lr=lr),
-                   dict(params=[p for p in model.parameters() if id(p) not in ids], lr=lr * smoke.optim.head_lr_mult)]
-    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
-    return optimizer, lr_helper.get_scheduler(cfg["trainer"], ITERS, optimizer, start_epoch=epoch)
 
 
 def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:

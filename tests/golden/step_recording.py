@@ -195,3 +195,16 @@ def record_and_save(argv: list[str] | None, doc: str, stem: str, record: Callabl
                "torch": torch.__version__}
     save_golden(args.out, stem, arrays, sidecar)
     return arrays
+
+
+def official_optimizer(package: str, smoke, cfg: dict, backbone: nn.Module, model: nn.Module, epoch: int, iters: int):
+    """U2PL's and AugSeg's ``train_semi.py`` optimiser (U2PL 82-99, AugSeg 86-106) through ``<package>.utils.lr_helper``:
+    SGD over the backbone at lr and the rest of ``model`` at ``head_lr_mult`` x lr (``get_optimizer``), the poly
+    schedule from the epoch's first iteration (``get_scheduler``)."""
+    lr_helper = sys.modules[f"{package}.utils.lr_helper"]
+    ids = {id(p) for p in backbone.parameters()}
+    lr = smoke.optim.lr
+    params_list = [dict(params=list(backbone.parameters()), lr=lr),
+                   dict(params=[p for p in model.parameters() if id(p) not in ids], lr=lr * smoke.optim.head_lr_mult)]
+    optimizer = lr_helper.get_optimizer(params_list, cfg["trainer"]["optimizer"])
+    return optimizer, lr_helper.get_scheduler(cfg["trainer"], iters, optimizer, start_epoch=epoch)
