@@ -130,7 +130,7 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
     why = f"head_settings shared: every head of {cell.framework} at the NP configs' {family} crop and batch"
     epochs_why = "the protocol's epochs" if epochs != settings.epochs else f"the shared {family} epochs"
     if head_settings == "per_head" and head_class(cell.head).stochastic:
-        crop, batch = settings.np_config(cell.framework, framework_cls.np_config_settings)
+        crop, batch = settings.np_config(cell.framework)
         why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
     elif head_settings == "per_head":
         publication = framework_cls.publication_on(settings)

@@ -652,7 +652,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "cityscapes.py, with their sources: "
            "PS-MT@058cdc3 VocCode/main.py 194-200 LR 2.5e-3 x 4 GPUs, CityCode config 4.5e-3; TorchSemiSeg@5e0c29c "
            "MeanTeacher config.py 102, 34 epochs); NP-SemiSeg@afd9672 "
-           "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (Framework.np_config_settings)",
+           "AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9 (PaperSettings.np_configs)",
            "baseline rows at each framework's own full crops and batches, LR and epochs, MC dropout and NP at "
            "the NP configs' 480/580 and 12/8 (AugSeg VOC 8) (released); one setting for all heads of a framework "
            "(corrected)", "[P](deviations.md#provenance-of-the-papers-rows)",

@@ -19,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: framework files that still branch on a dataset's name, with how many branches: the next step moves each into
 #: the dataset's ``PaperSettings`` (``framework_options`` / ``publications`` / ``framework_epochs``) and removes
 #: its entry here (the count must match exactly, so a removed branch shows up as a failure to update this list)
-PENDING = {"npsemiseg/frameworks/augseg.py": 2, "npsemiseg/frameworks/u2pl.py": 1,
-           "npsemiseg/frameworks/unimatch_v2.py": 1}
+PENDING = {"npsemiseg/frameworks/unimatch_v2.py": 1}
 
 
 def _branches(text: str) -> int:
@@ -90,15 +89,18 @@ def test_the_paper_settings_are_the_presets_values():
 
 def test_a_dataset_publication_beats_the_framework_family_table():
     """``publication``: the dataset's own entry first, else a framework class's transitional per-family table (the
-    frameworks whose values have not moved to the datasets yet: AugSeg, UniMatch V2)."""
-    from_table = VOC_SETTINGS.publication("augseg", {"voc": (513, 16)}, {"voc": 1e-3})
-    assert from_table == Publication(513, 16, lr=1e-3)
-    own = VOC_SETTINGS.scaled(publications={"augseg": Publication(512, 16, lr=4e-3, epochs=40)})
-    assert own.publication("augseg", {"voc": (513, 16)}) == Publication(512, 16, lr=4e-3, epochs=40)
-    assert own.np_config("augseg", get_framework("augseg").np_config_settings) == (480, 8)
-    assert own.np_config("u2pl") == (480, 12)
-    assert CITYSCAPES_SETTINGS.shared_epochs("augseg", get_framework("augseg").paper_schedule("cityscapes")) == 240
-    assert CITYSCAPES_SETTINGS.scaled(framework_epochs={"augseg": 100}).shared_epochs("augseg", {"epochs": 240}) == 100
+    framework whose values have not moved to the datasets yet: UniMatch V2). NP configs and a framework's shared
+    epochs come from the dataset's settings alone (AugSeg's: Pascal's ``np_configs``, Cityscapes' ``framework_epochs``)."""
+    table = get_framework("unimatch_v2").publication_settings
+    assert VOC_SETTINGS.publication("unimatch_v2", table, {"voc": 1e-3}) == Publication(518, 16, lr=1e-3)
+    own = VOC_SETTINGS.scaled(publications={"unimatch_v2": Publication(512, 16, lr=4e-3, epochs=40)})
+    assert own.publication("unimatch_v2", table) == Publication(512, 16, lr=4e-3, epochs=40)
+    assert dataset_info("pascal_blender").settings.np_config("augseg") == (480, 8)
+    assert VOC_SETTINGS.np_config("augseg") == (480, 12) and dataset_info("pascal_blender").settings.np_config("u2pl") == (
+        480, 12)
+    assert dataset_info("cityscapes").settings.shared_epochs("augseg") == 240 and CITYSCAPES_SETTINGS.shared_epochs(
+        "augseg") == 200
+    assert CITYSCAPES_SETTINGS.scaled(framework_epochs={"augseg": 100}).shared_epochs("augseg") == 100
 
 
 #: what the frameworks that ask their dataset's settings get, per dataset: (publication, options, epochs of a partition)
@@ -115,8 +117,14 @@ MOVED = {
     ("psmt", "cityscapes", "744"): (None, {"unsup_weight": 3.0, "cutmix_boxes": "random_boxes", "eval_teachers": "first"},
                                     450),
     ("psmt", "cityscapes", "186"): (None, None, 320),
+    ("u2pl", "pascal_classic", "92"): (Publication(513, 16), {}, None),
+    ("u2pl", "cityscapes", "744"): (Publication(769, 16), {"sup_only_epochs": 0}, None),
+    ("augseg", "pascal_blender", "662"): (Publication(513, 16), {}, None),
+    ("augseg", "cityscapes", "186"): (Publication(800, 16), {"ema_decay": 0.996, "confidence_threshold": 0.0,
+                                                            "unsup_weight": 2.0}, None),
     # no publication of these frameworks on ADE20K or COCO: the shared settings (PS-MT's VOC epochs no longer leak)
     ("psmt", "ade20k", "316"): (None, {}, None), ("fixmatch", "coco", "232"): (None, {}, None),
+    ("augseg", "ade20k", "316"): (None, {}, None), ("u2pl", "coco", "232"): (None, {}, None),
 }
 
 
@@ -152,6 +160,17 @@ def test_cells_compose_the_moved_values():
     assert cell("fixmatch", "cityscapes", "1/8").framework_options["confidence_threshold"] == 0.0
     assert cell("mt", "cityscapes", "1/8", "corrected").framework_options["sup_only_epochs"] == 0
     assert cell("mt", "study", "1/16", "corrected").framework_options["sup_only_epochs"] == 1  # U2PL's trainer default
+    assert cell("u2pl", "cityscapes", "1/8").framework_options["sup_only_epochs"] == 0
+    assert cell("u2pl", "pascal_blender", "1/8").framework_options["sup_only_epochs"] == 1
+    augseg = cell("augseg", "cityscapes", "1/8")
+    assert (augseg.schedule.epochs, augseg.framework_options["ema_decay"], augseg.framework_options["unsup_weight"]) == (
+        240, 0.996, 2.0)
+    # AugSeg's NP configs (crop 480, 8 in all) are Pascal's: ADE20K's NP cells train at ADE20K's crop (480 before, the
+    # VOC column leaking in), its baseline at the shared batch (AugSeg's VOC publication's 16 before)
+    voc_np = cell("augseg", "pascal_classic", "92").schedule
+    assert (voc_np.crop_size, voc_np.batch_size) == (480, 2)
+    assert cell("augseg", "ade20k", "1/64").schedule.crop_size == 518
+    assert cell("augseg", "ade20k", "1/64", head="baseline").schedule.batch_size == 2
     # UniMatch's VOC switch concerns center-crop datasets: ADE20K (evaluated whole) stays whole under corrected
     assert cell("unimatch", "ade20k", "1/64", "corrected").evaluation.mode == "whole"
     assert cell("unimatch", "pascal_classic", "92", "corrected").evaluation.mode == "center_crop"
@@ -204,15 +223,22 @@ def test_psmt_box_scheme_is_named_by_its_boxes_and_old_records_still_read():
 
 
 def test_without_its_dataset_entries_a_framework_falls_back_to_the_shared_settings(monkeypatch):
-    """The negative case of the moved values: Cityscapes without its publications and options gives PS-MT the shared
-    200 epochs, one Beta box and weight 1.5, and FixMatch VOC's threshold: nothing is left in the framework classes."""
+    """The negative case of the moved values: Cityscapes without its publications, options and epochs gives PS-MT the
+    shared 200 epochs, one Beta box and weight 1.5, FixMatch VOC's threshold, AugSeg VOC's options and the shared 200
+    epochs, U2PL one supervised-only epoch: nothing is left in the framework classes."""
     from npsemiseg.config import compose
 
     definition = dataset_definition("cityscapes")
-    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications={}, framework_options={}))
+    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications={}, framework_options={},
+                                                                           framework_epochs={}))
     psmt = compose("paper", framework="psmt", dataset="cityscapes", partition="1/4", head="np",
                    protocol="released").config
     assert psmt.schedule.epochs == 200
     assert (psmt.framework_options["cutmix_boxes"], psmt.framework_options["unsup_weight"]) == ("beta_box", 1.5)
     fixmatch = compose("paper", framework="fixmatch", dataset="cityscapes", partition="1/8", head="np").config
     assert fixmatch.framework_options["confidence_threshold"] == 0.95
+    augseg = compose("paper", framework="augseg", dataset="cityscapes", partition="1/8", head="baseline").config
+    assert augseg.schedule.epochs == 200 and augseg.schedule.crop_size == 580
+    assert (augseg.framework_options["ema_decay"], augseg.framework_options["confidence_threshold"]) == (0.999, 0.95)
+    u2pl = compose("paper", framework="u2pl", dataset="cityscapes", partition="1/8", head="np").config
+    assert u2pl.framework_options["sup_only_epochs"] == 1

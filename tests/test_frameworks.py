@@ -487,22 +487,25 @@ def test_psmt_alternates_teachers_and_evaluates_their_ensemble(smoke_config):
 
 
 def test_paper_options_per_protocol():
-    def psmt(dataset, partition):  # PS-MT's options as composed: its defaults under the dataset's settings
-        return compose("paper", framework="psmt", dataset=dataset, partition=partition, head="np").config.framework_options
+    def composed(framework, dataset, partition):  # a framework's options as composed: its defaults under the dataset's
+        return compose("paper", framework=framework, dataset=dataset, partition=partition,
+                       head="np").config.framework_options
+
+    def psmt(dataset, partition):
+        return composed("psmt", dataset, partition)
 
     assert psmt("pascal_blender", "1/16")["unsup_weight"] == 1.5
     assert psmt("pascal_classic", "1/16")["unsup_weight"] == 0.06
     assert psmt("pascal_classic", "366")["unsup_weight"] == 0.6
     city = psmt("cityscapes", "1/8")
     assert city["unsup_weight"] == 3.0 and city["cutmix_boxes"] == "random_boxes" and city["eval_teachers"] == "first"
-    augseg = get_framework("augseg")
-    assert augseg.paper_options("pascal_classic", "92")["ema_decay"] == 0.999
-    city = augseg.paper_options("cityscapes", "186")
+    voc = composed("augseg", "pascal_classic", "92")
+    assert (voc["ema_decay"], voc["unsup_weight"], voc["confidence_threshold"]) == (0.999, 1.0, 0.95)
+    city = composed("augseg", "cityscapes", "186")
     assert city["ema_decay"] == 0.996 and city["unsup_weight"] == 2.0 and city["confidence_threshold"] == 0.0
-    u2pl = get_framework("u2pl")
-    assert u2pl.paper_options("pascal_blender", "662")["sup_only_epochs"] == 1
-    assert u2pl.paper_options("cityscapes", "744")["sup_only_epochs"] == 0
-    assert u2pl.paper_options("cityscapes", "744")["queue_size"] == 30000
+    assert composed("u2pl", "pascal_blender", "662")["sup_only_epochs"] == 1
+    city = composed("u2pl", "cityscapes", "744")
+    assert city["sup_only_epochs"] == 0 and city["queue_size"] == 30000
     mt = get_framework("mt")
     assert mt.paper_options("pascal_classic", "92")["ema_decay"] == 0.99
     assert mt.paper_options("pascal_classic", "92")["sup_only_epochs"] == 1

@@ -252,7 +252,7 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
                **settings.options_for(name, info.resolve_partition(cell.partition))}
     values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
     values.set("model.variant", framework.model_variant, "defaults", f"{name}'s DeepLabv3+")
-    values.set_all(settings.framework_schedule(name, framework.paper_schedule(family)), "defaults",
+    values.set_all(settings.framework_schedule(name), "defaults",
                    f"{name}'s own {family} schedule", prefix="schedule")
     values.set("optim.grad_clip", head.paper_grad_clip, "defaults", f"the {cell.head} head's paper clipping")
     values.set("head.options", dict(head.paper_options), "defaults", f"the {cell.head} head's paper options")

@@ -10,9 +10,9 @@ preset's nested values.
 The values below are the shared ones (the NP-SemiSeg configs'); what each framework's publication sets on a
 dataset lives in the dataset's class (``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``), so a dataset without
 an entry for a framework trains it at the shared settings. ``family`` names which column of the older per-family
-tables (``publication_settings`` and the like, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads in the
-framework classes that still keep them: the helpers here (:meth:`PaperSettings.publication`, :meth:`PaperSettings.np_config`,
-:meth:`PaperSettings.framework_schedule`) look in the dataset's own settings first and fall back to that column.
+tables (``publication_settings`` and ``publication_lr``, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads in the
+framework classes that still keep them: :meth:`PaperSettings.publication` looks in the dataset's own settings first
+and falls back to that column.
 """
 
 from __future__ import annotations
@@ -126,23 +126,18 @@ class PaperSettings:
         crop, batch = fallback[self.family]
         return Publication(crop, batch, lr=(fallback_lr or {}).get(self.family))
 
-    def np_config(self, framework: str, fallback: Mapping[str, tuple[int, int]] | None = None) -> tuple[int, int]:
+    def np_config(self, framework: str) -> tuple[int, int]:
         """``(crop, global batch)`` of the NP-SemiSeg configs for ``framework``'s stochastic heads (default: the
         shared crop and batch)."""
-        if framework in self.np_configs:
-            return self.np_configs[framework]
-        return (fallback or {}).get(self.family, (self.crop_size, self.batch))
+        return self.np_configs.get(framework, (self.crop_size, self.batch))
 
-    def framework_schedule(self, framework: str, fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The framework's own changes to the shared schedule here (``{"epochs": 240}``): the dataset's entry,
-        else the framework's ``paper_schedule(family)`` passed as ``fallback``."""
-        if framework in self.framework_epochs:
-            return {"epochs": self.framework_epochs[framework]}
-        return dict(fallback or {})
+    def framework_schedule(self, framework: str) -> dict[str, Any]:
+        """The framework's own changes to the shared schedule here (``{"epochs": 240}``; none: ``{}``)."""
+        return {"epochs": self.framework_epochs[framework]} if framework in self.framework_epochs else {}
 
-    def shared_epochs(self, framework: str, fallback: Mapping[str, Any] | None = None) -> int:
+    def shared_epochs(self, framework: str) -> int:
         """The epochs of the shared schedule for ``framework`` (its own schedule change, else ``epochs``)."""
-        return int(self.framework_schedule(framework, fallback).get("epochs", self.epochs))
+        return int(self.framework_schedule(framework).get("epochs", self.epochs))
 
     def options_for(self, framework: str, partition: str | None = None) -> dict[str, Any]:
         """Framework options this dataset's publications set for ``framework`` (thresholds and the like), with
@@ -163,7 +158,7 @@ VOC_SETTINGS = PaperSettings(family="voc", crop_size=480, batch=12, lr=1e-3, epo
                              weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513)
 
 #: Cityscapes (shared values; the publications: ``npsemiseg/data/sets/cityscapes.py``): crop 580, 8 = 4 x 2, lr 5e-3
-#: (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in its class), OHEM 0.7 with at least 100,000 pixels,
+#: (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in ``framework_epochs``), OHEM 0.7 with at least 100,000 pixels,
 #: 0.4 x the auxiliary head's loss, sliding windows of 769 px
 CITYSCAPES_SETTINGS = PaperSettings(family="cityscapes", crop_size=580, batch=8, lr=5e-3, epochs=200,
                                     head_lr_mult=1.0, weight_decay=5e-4, ohem=(0.7, 100_000), aux_weight=0.4,

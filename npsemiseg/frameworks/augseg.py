@@ -68,24 +68,14 @@ class AugSeg(SemiSupervisedFramework):
     model_variant = "augseg"
     augmentation = "augseg"
     Options = AugSegOptions
-    #: AugSeg's configs: VOC crop 513, 2 GPUs x 8 = 16; Cityscapes crop 800, 4 x 4 = 16
-    publication_settings = {"voc": (513, 16), "cityscapes": (800, 16)}
-    #: NP-SemiSeg's AugSeg VOC run (AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9: batch_size 2,
-    #: scripts/zsing_run_voc.sh ngpu=4): 8 labeled images in all where the paper says 12; its LR stays 0.001
-    #: (config line 43). Cityscapes: 2 x 4 = 8 as shared
-    np_config_settings = {"voc": (480, 8)}
-
-    @classmethod
-    def paper_schedule(cls, family: str) -> dict[str, Any]:
-        """240 epochs on Cityscapes (AugSeg's NP Cityscapes config), the shared 80 on VOC."""
-        return {"epochs": 240} if family == "cityscapes" else {}
+    # its publications (crop, batch), the NP configs' crop and batch, its Cityscapes epochs (240) and options (EMA,
+    # threshold, unsupervised weight) per dataset: the datasets' settings (pascal.py, cityscapes.py: AugSeg@7ead870's
+    # and NP-SemiSeg@afd9672's AugSeg configs)
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """VOC: EMA 0.999, threshold 0.95, lambda_u 1. Cityscapes: EMA 0.996, no threshold,
-        lambda_u 2.0 (NP-SemiSeg's AugSeg Cityscapes config; AugSeg's own uses 1)."""
-        if dataset == "cityscapes":
-            return AugSegOptions(ema_decay=0.996, confidence_threshold=0.0, unsup_weight=2.0).model_dump()
+        """The options' defaults (VOC's: EMA 0.999, threshold 0.95, lambda_u 1); a dataset's settings change them
+        (Cityscapes: EMA 0.996, no threshold, lambda_u 2.0)."""
         return AugSegOptions().model_dump()
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:

@@ -103,12 +103,11 @@ class Framework:
     #: what a dataset's publications set for a framework (crop, batch, LR, epochs, options) lives in the dataset's
     #: ``PaperSettings`` (``npsemiseg.data.sets``), which the framework asks (:meth:`publication_on`,
     #: :meth:`own_epochs`, :meth:`shared_epochs`). Transitional, for the frameworks whose values have not moved
-    #: there yet: ``(crop, global labeled batch)`` of the framework's own publication per dataset family, its LR
-    #: where it differs from the shared one, and the NP configs' ``(crop, global batch)`` for the stochastic heads
-    #: (read only where the dataset's settings have no entry for the framework; empty by default)
+    #: there yet: ``(crop, global labeled batch)`` of the framework's own publication per dataset family and its LR
+    #: where it differs from the shared one (read only where the dataset's settings have no entry for the framework;
+    #: empty by default)
     publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
     publication_lr: ClassVar[Mapping[str, float]] = {}
-    np_config_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None,
@@ -135,12 +134,6 @@ class Framework:
         return {}
 
     @classmethod
-    def paper_schedule(cls, family: str) -> dict[str, Any]:
-        """Transitional: the framework's own changes to the shared schedule on dataset family ``family``, for the
-        frameworks whose schedule has not moved to the datasets' settings (``PaperSettings.framework_epochs``)."""
-        return {}
-
-    @classmethod
     def publication_on(cls, settings: PaperSettings) -> Publication | None:
         """The framework's own publication on a dataset with ``settings`` (crop, global batch, LR, epochs; None:
         none): the dataset's entry, else the transitional per-family tables."""
@@ -158,7 +151,7 @@ class Framework:
     def shared_epochs(cls, settings: PaperSettings) -> int:
         """The shared schedule's epochs on a dataset with ``settings`` for this framework (the dataset's, or its
         ``framework_epochs`` entry for the framework)."""
-        return settings.shared_epochs(cls.name, cls.paper_schedule(settings.family))
+        return settings.shared_epochs(cls.name)
 
     @classmethod
     def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:

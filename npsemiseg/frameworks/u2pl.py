@@ -64,7 +64,7 @@ from npsemiseg.heads.base import downsample_labels, predictive
 
 
 class U2PLOptions(FrameworkOptions):
-    """U2PL options; defaults = the paper's VOC settings (``paper_options`` adapts per dataset)."""
+    """U2PL options; defaults = the paper's VOC settings (a dataset's settings change them for it: Cityscapes')."""
 
     sup_only_epochs: int = Field(1, ge=0)
     ema_decay: float = Field(0.99, ge=0.0, le=1.0)
@@ -143,8 +143,9 @@ class U2PL(SemiSupervisedFramework):
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """U2PL's configs: one supervised-only epoch on VOC, none on Cityscapes; the rest shared."""
-        return U2PLOptions(sup_only_epochs=0 if dataset == "cityscapes" else 1).model_dump()
+        """The options' defaults (one supervised-only epoch: U2PL@ab3d2be train_semi.py 205, 288, ``sup_only_epoch``
+        defaults to 1, the VOC configs' value); a dataset's settings change them (Cityscapes' config: 0)."""
+        return U2PLOptions().model_dump()
 
     # ----------------------------------------------------------------- step
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:

@@ -30,12 +30,15 @@ _U2PL = Publication(769, 16)
 _UNIMATCH = Publication(801, 8, lr=5e-3, epochs=240)
 #: UniMatch@0324f3d configs/cityscapes.yaml 18: conf_thresh 0 (every pixel)
 _UNIMATCH_OPTIONS = {"confidence_threshold": 0.0}
+#: AugSeg@7ead870 exps/zrun_citys/r50_citys_semi744/config_semi.yaml 9, 15: crop 800, 4 per GPU x 4 GPUs
+#: (scripts/zsing_run_citys.sh 2: ngpu=4)
+_AUGSEG = Publication(800, 16)
 
 #: what the frameworks' publications set on Cityscapes
 CITYSCAPES_PAPER_SETTINGS = CITYSCAPES_SETTINGS.scaled(
     publications={
         "supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "mt_cps": _U2PL,
-        "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
+        "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH, "augseg": _AUGSEG,
         # PS-MT@058cdc3 docs/before_start.md, CityCode/configs/config_deeplab_v3+.json 25 (lr 4.5e-3, not scaled:
         # main.py leaves the config's LR) at 2 GPUs x 4 (scripts/train_city.sh --batch_size=4), crop 800;
         # scripts/train_city.sh 40-45: 450 epochs on 744 labeled images, 550 on 1488, else 320
@@ -44,11 +47,17 @@ CITYSCAPES_PAPER_SETTINGS = CITYSCAPES_SETTINGS.scaled(
     framework_options={
         "fixmatch": _UNIMATCH_OPTIONS, "unimatch": _UNIMATCH_OPTIONS,
         # U2PL@ab3d2be experiments/cityscapes/744/ours/config.yaml 30: sup_only_epoch 0 (the shared trainer's)
-        "mt": {"sup_only_epochs": 0},
+        "mt": {"sup_only_epochs": 0}, "u2pl": {"sup_only_epochs": 0},
         # PS-MT@058cdc3 CityCode/configs/config_deeplab_v3+.json 6 (unsupervised_w 3.0), CityCode/train.py 96-101
         # (three CutMix boxes of rand_bbox_2), CityCode/train.py 31-36 (SlidingEval with val_id=1: teacher 1 alone)
         "psmt": {"unsup_weight": 3.0, "cutmix_boxes": "random_boxes", "eval_teachers": "first"},
+        # NP-SemiSeg@afd9672 AugSeg/exps/zrun_citys/r50_citys_semi744/config_semi.yaml 78 (ema_decay 0.996), 51
+        # (threshold -0.7: every pixel, as 0 here), 52 (loss_weight 2.0; AugSeg@7ead870's own config: 1.0)
+        "augseg": {"ema_decay": 0.996, "confidence_threshold": 0.0, "unsup_weight": 2.0},
     },
+    # NP-SemiSeg@afd9672 AugSeg/exps/zrun_citys/r50_citys_semi744/config_semi.yaml 36: 240 epochs, the shared schedule
+    # of every head of AugSeg on Cityscapes
+    framework_epochs={"augseg": 240},
 )
 
 

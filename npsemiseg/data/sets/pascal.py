@@ -38,15 +38,21 @@ _PSMT_EPOCHS = 80
 #: 91-93) = 0.01, one LR for backbone and head (train.py 95-100; switch ``mt_single_lr``), 34 epochs (config.py 102,
 #: ``C.nepochs = 34``)
 _MT_CPS = Publication(512, 8, lr=1e-2, epochs=34)
+#: AugSeg@7ead870 exps/zrun_vocs/r50_voc_semi662/config_semi.yaml 9, 15: crop 513, 8 per GPU x 2 GPUs
+#: (scripts/zsing_run_voc.sh 2: ngpu=2)
+_AUGSEG = Publication(513, 16)
 
 #: what the frameworks' publications set on PASCAL VOC (both datasets; PS-MT's differ per dataset, below)
 PASCAL_SETTINGS = VOC_SETTINGS.scaled(
     publications={"supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
-                  "mt_cps": _MT_CPS, "psmt": Publication(512, 32, lr=1e-2, epochs=_PSMT_EPOCHS)},
+                  "mt_cps": _MT_CPS, "psmt": Publication(512, 32, lr=1e-2, epochs=_PSMT_EPOCHS), "augseg": _AUGSEG},
     framework_options={
         # UniMatch@0324f3d configs/pascal.yaml 16: conf_thresh 0.95
         "fixmatch": {"confidence_threshold": 0.95}, "unimatch": {"confidence_threshold": 0.95},
     },
+    # NP-SemiSeg@afd9672 AugSeg/exps/zrun_vocs/r50_voc_semi732/config_semi.yaml 9, 15 (batch_size 2, crop 480) with
+    # scripts/zsing_run_voc.sh 2 (ngpu=4): 8 labeled images in all where the paper says 12; its LR stays 0.001 (43)
+    np_configs={"augseg": (480, 8)},
 )
 
 
