@@ -146,6 +146,8 @@ _GOLDEN_UNIMATCH_STEPS = ("tests/test_unimatch_step_golden.py::test_one_released
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
 _UNIMATCH = ("fixmatch", "unimatch")
+#: UniMatch V2's repository (LiheYoung/UniMatch-V2@f6afb4d unimatch_v2.py 216-219, fixmatch.py: the LR set after the step)
+_UNIMATCH_V2 = ("unimatch_v2", "fixmatch_v2")
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
@@ -492,9 +494,9 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, golden=_GOLDEN_UNIMATCH_STEPS),
     Switch("unimatch_lr_timing", "loop", "schedule.lr_timing", "after_step", "before_step",
            "UniMatch@0324f3d unimatch.py 54-56 (SGD at cfg['lr']), 192-208 (the poly LR of iteration i set after "
-           "optimizer.step()), fixmatch.py 57-59, 170-184",
+           "optimizer.step()), fixmatch.py 57-59, 170-184; UniMatch-V2@f6afb4d unimatch_v2.py 206-219, fixmatch.py 207-210",
            "iteration k runs at the poly LR of k - 1 (iteration 0 at the base LR) instead of at lr(k)",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH,
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH + _UNIMATCH_V2,
            golden=_GOLDEN_UNIMATCH_STEPS),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",

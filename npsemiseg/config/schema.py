@@ -243,6 +243,7 @@ class EvaluationConfig(Section):
     combined (``npsemiseg.evaluation.inference.SLIDING_SCHEMES``): ``u2pl``, the last window shifted back
     inside the image and per-sample logits averaged; ``augseg``, windows at every multiple of the stride cut
     at the border and predictive probabilities summed, as AugSeg's and UniMatch's released evaluations.
+    ``unimatch_v2``: the last window shifted back as ``u2pl``'s, probabilities summed (UniMatch V2's).
     ``num_samples`` = T predictions per pixel.
     PAvPU follows Mukhoti & Gal: ``pavpu_window`` patches, accurate if accuracy >=
     ``pavpu_accuracy_threshold``, uncertain if mean entropy >= ``pavpu_uncertainty_threshold``.
@@ -259,7 +260,7 @@ class EvaluationConfig(Section):
     mode: Literal["whole", "center_crop", "sliding", "sliding_global"] | None = None
     crop_size: PositiveInt | None = None
     stride: PositiveInt | None = None
-    sliding_scheme: Literal["u2pl", "augseg"] = "u2pl"
+    sliding_scheme: Literal["u2pl", "augseg", "unimatch_v2"] = "u2pl"
     num_samples: PositiveInt = 5
     batch_size: PositiveInt = 1
     pavpu_window: PositiveInt = 64

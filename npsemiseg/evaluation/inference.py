@@ -88,6 +88,8 @@ class SlidingScheme:
 SLIDING_SCHEMES: dict[str, SlidingScheme] = {
     "u2pl": SlidingScheme(769, sliding_stride(769), "shift", "logits"),
     "augseg": SlidingScheme(800, int(800 * 2 / 3), "clip", "probs"),
+    #: UniMatch V2's (supervised.py 47-63): 798 window, stride 532, the last window shifted back, softmaxes summed
+    "unimatch_v2": SlidingScheme(798, int(798 * 2 / 3), "shift", "probs"),
 }
 
 #: VOC's evaluation crop (U2PL, AugSeg, PS-MT)
