@@ -103,3 +103,18 @@ def test_a_missing_dinov2_file_is_one_line_and_an_existing_one_passes(tmp_path):
     assert "\n" not in str(error.value)
     missing.write_bytes(b"")
     check_weights([with_overrides(config, {"model.weights": str(missing)})])
+
+
+def test_whole_images_are_resized_to_the_nearest_multiple_of_14_as_the_official_evaluation():
+    """supervised.py 75: ``int(h / 14 + 0.5) x 14`` (500 -> 504, 375 -> 378, 333 -> 336, 341 -> 336: the next multiple
+    up would give 350 for 341); the composed cells pass the rounding to ``predict``."""
+    from npsemiseg.evaluation.inference import resized_side
+
+    for side in (333, 341, 366, 375, 500, 14, 20):
+        assert resized_side(side, 14, "nearest") == int(side / 14 + 0.5) * 14
+    assert (resized_side(341, 14, "nearest"), resized_side(341, 14, "up")) == (336, 350)
+    evaluation = _cell("pascal_classic").config.evaluation
+    assert evaluation.predict_options("whole") == {"crop_size": evaluation.crop_size, "stride": None, "scheme": "u2pl",
+                                                   "resize_multiple": 14, "resize_rounding": "nearest"}
+    with pytest.raises(ValueError, match="resize_rounding: expected 'up' or 'nearest'"):
+        resized_side(341, 14, "down")

@@ -82,6 +82,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # AugSeg's and UniMatch's released sliding windows (cut at the border, probabilities summed), at the corrected
     # value
     ("evaluation.sliding_scheme", lambda v: v["evaluation"].get("sliding_scheme") == "u2pl"),
+    # UniMatch V2's whole images resized to the nearest multiple, at the value every earlier cell ran with
+    ("evaluation.resize_rounding", lambda v: v["evaluation"].get("resize_rounding") == "up"),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -273,13 +275,15 @@ class EvaluationConfig(Section):
     #: mode ``whole``: images resized to multiples of it and the logits back (PS-MT's released VOC evaluation,
     #: switch ``psmt_eval_resize``); None: evaluated at their size. Read by mode ``whole`` only
     resize_multiple: PositiveInt | None = None
+    #: how ``resize_multiple`` rounds a side: ``up`` (PS-MT's ceil) or ``nearest`` (UniMatch V2's, supervised.py 75)
+    resize_rounding: Literal["up", "nearest"] = "up"
 
     def predict_options(self, mode: str) -> dict[str, Any]:
         """What ``npsemiseg.evaluation.predict`` takes of this section besides the mode and T, for ``mode``
         (the loop's evaluation and an exported model predict alike)."""
         options: dict[str, Any] = {"crop_size": self.crop_size, "stride": self.stride, "scheme": self.sliding_scheme}
         if mode == "whole" and self.resize_multiple is not None:
-            options["resize_multiple"] = self.resize_multiple
+            options.update(resize_multiple=self.resize_multiple, resize_rounding=self.resize_rounding)
         return options
 
     @model_validator(mode="after")

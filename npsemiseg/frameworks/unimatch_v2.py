@@ -211,7 +211,8 @@ class UniMatchV2(FixMatch):
                                                                      "shifted back, softmaxes summed)")]
         else:
             values += [("evaluation.mode", "whole", f"{loop} 239 ('original')"),
-                       ("evaluation.resize_multiple", 14, f"{loop} 240, UniMatch-V2 supervised.py 70-81")]
+                       ("evaluation.resize_multiple", 14, f"{loop} 240, UniMatch-V2 supervised.py 70-81"),
+                       ("evaluation.resize_rounding", "nearest", "UniMatch-V2 supervised.py 75 (int(h / 14 + 0.5) x 14)")]
         return values
 
     def eval_model(self) -> nn.Module:
