@@ -118,3 +118,33 @@ def test_whole_images_are_resized_to_the_nearest_multiple_of_14_as_the_official_
                                                    "resize_multiple": 14, "resize_rounding": "nearest"}
     with pytest.raises(ValueError, match="resize_rounding: expected 'up' or 'nearest'"):
         resized_side(341, 14, "down")
+
+
+def test_the_encoder_trains_as_in_the_published_runs_and_freezes_as_lock_backbone():
+    """Every published run trained the encoder (training-logs/table03-ade20k_*.log 12: 'lock_backbone': False, though
+    configs/ade20k.yaml 21 ships True, Table 7's frozen ablation). ``model.freeze_backbone`` is that ablation
+    (unimatch_v2.py 64-65: no gradient, an empty backbone group): a step leaves the backbone as it was and moves the
+    decoder."""
+    from npsemiseg.frameworks import Batch
+    from npsemiseg.frameworks.base import StepContext
+    from npsemiseg.training.factories import build_framework
+
+    assert not any(_cell(dataset).config.model.freeze_backbone for dataset in CELLS)
+    tiny = {"model.backbone": "vit_tiny", "model.weights": None, "optim.lr": 1e-3, "model.freeze_backbone": True}
+    config = with_overrides(_cell("ade20k", head="baseline").config, tiny)
+    framework = build_framework(config)
+    student = framework.student
+    optimizer = build_optimizer(config, student)
+    assert optimizer.torch_optimizer.param_groups[0]["params"] == []
+    assert not any(p.requires_grad for p in student.backbone.parameters())
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    torch.manual_seed(0)
+    images = torch.rand(2, 3, 28, 28)
+    batch = Batch({"image": images, "label": torch.randint(0, 150, (2, 28, 28))},
+                  {"image": torch.rand(2, 3, 28, 28), "image_strong": torch.rand(2, 3, 28, 28)})
+    framework.train_step(batch, StepContext(0, 10, 0, 1, 10)).total.backward()
+    optimizer.torch_optimizer.step()
+    after = student.state_dict()
+    backbone = {f"backbone.{k}" for k in student.backbone.state_dict()}
+    assert all(torch.equal(before[k], after[k]) for k in backbone)
+    assert any(not torch.equal(before[k], after[k]) for k in after if k not in backbone)

@@ -84,6 +84,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("evaluation.sliding_scheme", lambda v: v["evaluation"].get("sliding_scheme") == "u2pl"),
     # UniMatch V2's whole images resized to the nearest multiple, at the value every earlier cell ran with
     ("evaluation.resize_rounding", lambda v: v["evaluation"].get("resize_rounding") == "up"),
+    # UniMatch V2's frozen ADE20K backbone, at the value every earlier cell ran with
+    ("model.freeze_backbone", lambda v: v["model"].get("freeze_backbone") is False),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -149,6 +151,8 @@ class ModelConfig(Section):
     #: bilinear upsampling of logits to label size (losses, pseudo-labels, evaluation) with align_corners=True
     #: (every official model) or False; switch ``align_corners``
     align_corners: bool = False
+    #: the backbone's parameters frozen (no gradient, not in the optimiser; UniMatch V2's ``lock_backbone``)
+    freeze_backbone: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("variant", mode="after")

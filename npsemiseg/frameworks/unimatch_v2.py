@@ -98,21 +98,25 @@ def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
 #: the DINOv2-B encoder of every published table (README.md 36, 45, 53, 62; configs/*.yaml 20 ship dinov2_small)
 OFFICIAL_LR, OFFICIAL_LR_MULTI, OFFICIAL_WEIGHT_DECAY, OFFICIAL_GPUS = 5e-6, 40.0, 0.01, 4
 OFFICIAL_BACKBONE = "dinov2_b"
+#: every published run trained the encoder: 'lock_backbone': False in the logs of Tables 1-4 (training-logs/
+#: table0[1-4]-*.log, line 12; Cityscapes 15); configs/ade20k.yaml 21 ships True, the setting of Table 7's frozen-
+#: encoder ablation (table07-*_frozen.log, line 12), which ``model.freeze_backbone=true`` runs
+FROZEN_WHY = ("UniMatch-V2 training-logs/table0[1-4]-*.log 12 ('lock_backbone': False; configs/ade20k.yaml 21's True "
+              "is Table 7's frozen-encoder ablation)")
 
 
 @dataclass(frozen=True)
 class OfficialConfig:
     """One of UniMatch V2's ``configs/<name>.yaml``: crop (line 5), epochs (8), labeled = unlabeled batch per GPU
-    (9), OHEM ``(thresh, min_kept)`` or plain CE (12-17), a frozen backbone (``lock_backbone``, last line);
-    ``sliding``: Cityscapes' sliding-window evaluation at the crop (unimatch_v2.py 239, supervised.py 47-63), else
-    whole images resized to the nearest multiples of 14 (240, supervised.py 70-81)."""
+    (9), OHEM ``(thresh, min_kept)`` or plain CE (12-17); ``sliding``: Cityscapes' sliding-window evaluation at
+    the crop (unimatch_v2.py 239, supervised.py 47-63), else whole images resized to the nearest multiples of 14
+    (240, supervised.py 70-81)."""
 
     name: str
     crop_size: int
     epochs: int
     batch_per_gpu: int
     ohem: tuple[float, int] | None = None
-    lock_backbone: bool = False
     sliding: bool = False
 
     @property
@@ -124,7 +128,7 @@ class OfficialConfig:
 OFFICIAL_CONFIGS: dict[str, OfficialConfig] = {
     "pascal": OfficialConfig("pascal", 518, 60, 4),
     "cityscapes": OfficialConfig("cityscapes", 798, 180, 2, ohem=(0.7, 200_000), sliding=True),
-    "ade20k": OfficialConfig("ade20k", 518, 60, 2, lock_backbone=True),
+    "ade20k": OfficialConfig("ade20k", 518, 60, 2),
     "coco": OfficialConfig("coco", 518, 20, 4),
 }
 
@@ -185,6 +189,7 @@ class UniMatchV2(FixMatch):
                                                   f"DINOv2-Base; {src} 20 ships dinov2_small)"),
             ("model.weights", "timm", f"DINOv2 pretrained ({loop} 61-62 loads pretrained/<backbone>.pth)"),
             ("model.aux_head", False, f"{loop} 60 (the DPT has no auxiliary head)"),
+            ("model.freeze_backbone", False, FROZEN_WHY),
             ("optim.name", "adamw", f"{loop} 67-73"),
             ("optim.lr", OFFICIAL_LR, f"{src} 10"),
             ("optim.head_lr_mult", OFFICIAL_LR_MULTI, f"{src} 11, {loop} 70"),
