@@ -398,7 +398,7 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     measured = {(c["framework"], c["head"]): c for c in cells}
     by_backbone = {(c["framework"], c["head"], c["backbone"]): c for c in cells}
     measured_backbones = {c["backbone"] for c in cells}
-    rows, total, total_steps, backbones, unmeasured = [], 0.0, 0, set(), 0
+    rows, total, total_steps, backbones, unmeasured, fp32_cells = [], 0.0, 0, set(), 0, 0
     by_dataset: dict[str, float] = {}
     for config in expand(spec):
         info = config.dataset_info
@@ -425,6 +425,7 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
         rows.append({"cell": config.cell_name, "steps": plan.total_steps, "step_s": step_s, "gpu_hours": hours})
         by_dataset[config.dataset] = by_dataset.get(config.dataset, 0.0) + hours
         backbones.add(config.model.backbone)
+        fp32_cells += not config.runtime.amp
     return {
         "spec": str(spec_path.relative_to(ROOT) if spec_path.is_relative_to(ROOT) else spec_path),
         "cells": len(rows), "unmeasured_cells": unmeasured, "gpus_per_cell": gpus, "total_steps": total_steps, "gpu_hours": total,
@@ -443,6 +444,8 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
             *(["a ViT's attention grows with the square of the tokens: linear pixel scaling underestimates crops "
                "larger than the measured one (Cityscapes' 798 from 518)"] if any(is_vit_backbone(b) for b in backbones)
               else []),
+            *([f"{fp32_cells} cells run in float32 (runtime.amp false: switch fp32 under released) but were timed with "
+               "bf16 autocast: expect them slower"] if fp32_cells and any(c.get("amp_bf16") for c in cells) else []),
         ],
     }
 

@@ -205,6 +205,10 @@ class UniMatchV2(FixMatch):
             ("schedule.poly_power", 0.9, f"{loop} 217"),
             ("schedule.eval_every_epochs", 1, f"{loop} 239-241 (after every epoch)"),
             ("loss.ohem", cfg.ohem is not None, f"{src} 12-17"),
+            ("framework_options.confidence_threshold", 0.95, f"{src} {18 if cfg.ohem else 16} (conf_thresh)"),
+            ("framework_options.cutmix_p", 0.5, "UniMatch-V2 dataset/semi.py 58, 64"),
+            ("framework_options.ema_decay", 0.996, f"{loop} 221"),
+            ("framework_options.comp_drop_kept", 0.5, "UniMatch-V2 model/semseg/dpt.py 153-154 (1 - dropout_prob)"),
         ]
         if cfg.ohem is not None:
             values += [("loss.ohem_thresh", cfg.ohem[0], f"{src} 16"), ("loss.ohem_min_kept", cfg.ohem[1], f"{src} 17")]
