@@ -31,10 +31,15 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
    the packaged partition lists' labeled / unlabeled counts); each cell's step time is the measured one of its
    framework x head scaled by pixels per step (crop^2 x images per GPU: Cityscapes' 2 + 2 at 580 and the
    per-head publication settings); GPU-hours = steps x step time x GPUs / 3600. Assumptions are in the output.
+5. UniMatch V2 on DINOv2 (``--vit dinov2_s dinov2_b``): a ``unimatch_v2`` step per head on each ViT (random init,
+   no weights download; the ``paper`` preset's UniMatch V2 settings: crop 518, 4 + 4 images per GPU, AdamW), with
+   time, memory and the NP / baseline ratios, and the GPU-hours of ``jobs/specs/paper_unimatch_v2.yaml``
+   (``--vit-spec``) from them (each spec cell at its backbone's measured step). ``--tiny``: ``vit_tiny`` at 28 px.
 
     python benchmarks/gpu_acceptance.py                          # on a GPU (make gpu-check)
     python benchmarks/gpu_acceptance.py --device cpu --tiny      # the same path on CPU in seconds
     python benchmarks/gpu_acceptance.py --device cpu --crop 64 --steps-only --host-work --heads baseline np
+    python benchmarks/gpu_acceptance.py --frameworks unimatch_v2 --vit dinov2_s dinov2_b   # + UniMatch V2 on DINOv2
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.heads import head_names
 from npsemiseg.heads.np_layers import NPDecoder
 from npsemiseg.inference_model import SegmentationModel, load_model
+from npsemiseg.models.vit import is_vit_backbone, vit_backbone_names
 from npsemiseg.training import average_gradients, broadcast_state, plan_run, train
 from npsemiseg.training.setup import backend_flags, setup_run
 from npsemiseg.training.step import train_step
@@ -79,6 +85,10 @@ from host_work import HostWork
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_acceptance"
 DEFAULT_SPEC = ROOT / "jobs" / "specs" / "paper.yaml"
+DEFAULT_VIT_SPEC = ROOT / "jobs" / "specs" / "paper_unimatch_v2.yaml"
+#: the framework measured on the ViTs (``--vit``), at the paper preset's crop; in tiny mode the tiny ViT's settings
+VIT_FRAMEWORK, VIT_CROP = "unimatch_v2", 518
+TINY_VIT = {"model.backbone": "vit_tiny", "schedule.crop_size": 28, "evaluation.resize_multiple": 14}
 DATASET = "synthetic_voc"
 #: a VOC partition whose synthetic stand-in has enough labeled images for a batch of 3
 PARTITION = "1464"
@@ -173,12 +183,13 @@ def peak_memory_mib(device: torch.device) -> float | None:
 
 
 def measure_cell(args: argparse.Namespace, device: torch.device, framework: str, head: str,
-                 batch_cache: dict[str, list[Any]] | None = None) -> dict[str, Any]:
-    """Warm-up step + ``args.steps`` timed steps of one framework x head through ``setup_run`` / ``train_step``.
+                 batch_cache: dict[str, list[Any]] | None = None, **more: Any) -> dict[str, Any]:
+    """Warm-up step + ``args.steps`` timed steps of one framework x head through ``setup_run`` / ``train_step``
+    (``more``: overrides of the cell, e.g. a ViT backbone).
 
     The batches come from the run's data streams before timing; ``batch_cache`` keeps them for the next head of
     the same framework (the head changes no data setting), which saves most of the CPU time of the run."""
-    config = compose_cell(args, device, framework, head)
+    config = compose_cell(args, device, framework, head, **more)
     started = time.perf_counter()
     reset_peak_memory(device)
     with backend_flags(config, device):
@@ -385,8 +396,9 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     workers = spec.resources.workers
     gpus = workers * max(1.0, spec.resources.gpus_per_worker)
     measured = {(c["framework"], c["head"]): c for c in cells}
+    by_backbone = {(c["framework"], c["head"], c["backbone"]): c for c in cells}
     measured_backbones = {c["backbone"] for c in cells}
-    rows, total, total_steps, backbones, unmeasured = [], 0.0, 0, set(), 0
+    rows, total, total_steps, backbones, unmeasured, fp32_cells = [], 0.0, 0, set(), 0, 0
     by_dataset: dict[str, float] = {}
     for config in expand(spec):
         info = config.dataset_info
@@ -398,7 +410,8 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
             labeled = info.partitions[config.partition]
             unlabeled = info.train_size - labeled
         plan = plan_run(config, num_labeled=labeled, num_unlabeled=unlabeled, world_size=workers)
-        cell = measured.get((config.framework, config.head.name))
+        cell = (by_backbone.get((config.framework, config.head.name, config.model.backbone))
+                or measured.get((config.framework, config.head.name)))
         if cell is None:
             unmeasured += 1
             continue
@@ -412,6 +425,7 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
         rows.append({"cell": config.cell_name, "steps": plan.total_steps, "step_s": step_s, "gpu_hours": hours})
         by_dataset[config.dataset] = by_dataset.get(config.dataset, 0.0) + hours
         backbones.add(config.model.backbone)
+        fp32_cells += not config.runtime.amp
     return {
         "spec": str(spec_path.relative_to(ROOT) if spec_path.is_relative_to(ROOT) else spec_path),
         "cells": len(rows), "unmeasured_cells": unmeasured, "gpus_per_cell": gpus, "total_steps": total_steps, "gpu_hours": total,
@@ -425,7 +439,13 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
             "evaluation, checkpoints, data loading stalls and start-up are not counted",
             "the np_mean variant (attention=mean) costs the NP head's step",
             f"step times measured with backbone {', '.join(sorted(measured_backbones))}; the spec's cells use "
-            f"{', '.join(sorted(backbones))} (a heavier measured backbone makes the estimate an upper bound)",
+            f"{', '.join(sorted(backbones))} (a cell takes its own backbone's step where measured, else its framework "
+            "x head's; a heavier measured backbone makes the estimate an upper bound)",
+            *(["a ViT's attention grows with the square of the tokens: linear pixel scaling underestimates crops "
+               "larger than the measured one (Cityscapes' 798 from 518)"] if any(is_vit_backbone(b) for b in backbones)
+              else []),
+            *([f"{fp32_cells} cells run in float32 (runtime.amp false: switch fp32 under released) but were timed with "
+               "bf16 autocast: expect them slower"] if fp32_cells and any(c.get("amp_bf16") for c in cells) else []),
         ],
     }
 
@@ -481,16 +501,77 @@ def markdown(report: dict[str, Any]) -> str:
     for title, key in (("DDP (one rank)", "ddp"), ("Inference", "inference")):
         if key in report:
             lines += ["", f"## {title}", "", "```", json.dumps(report[key], indent=1), "```"]
-    est = report.get("gpu_hours")
-    if est and "error" not in est:
-        by_dataset = ", ".join(f"{k} {v:.1f}" for k, v in est["gpu_hours_by_dataset"].items())
-        lines += ["", "## GPU-hours estimate", "",
-                  f"{est['spec']}: {est['cells']} cells x {est['gpus_per_cell']:g} GPUs, {est['total_steps']} steps, "
-                  f"**{est['gpu_hours']:.1f} GPU-hours** ({by_dataset}); cells without a measured step: "
-                  f"{est['unmeasured_cells']}", "", *[f"- {a}" for a in est["assumptions"]]]
-    elif est:
-        lines += ["", "## GPU-hours estimate", "", f"error: {est['error']}"]
+    lines += hours_lines(report.get("gpu_hours"), "GPU-hours estimate")
     return "\n".join(lines) + "\n"
+
+
+def hours_lines(est: dict[str, Any] | None, title: str) -> list[str]:
+    """The Markdown of one GPU-hours estimate (:func:`gpu_hours`), or of its error; none where it was not made."""
+    if not est:
+        return []
+    if "error" in est:
+        return ["", f"## {title}", "", f"error: {est['error']}"]
+    by_dataset = ", ".join(f"{k} {v:.1f}" for k, v in est["gpu_hours_by_dataset"].items())
+    return ["", f"## {title}", "",
+            f"{est['spec']}: {est['cells']} cells x {est['gpus_per_cell']:g} GPUs, {est['total_steps']} steps, "
+            f"**{est['gpu_hours']:.1f} GPU-hours** ({by_dataset}); cells without a measured step: "
+            f"{est['unmeasured_cells']}", "", *[f"- {a}" for a in est["assumptions"]]]
+
+
+def vit_markdown(report: dict[str, Any]) -> str:
+    """The ``--vit`` part: UniMatch V2's step per ViT x head, its NP / baseline ratios and the V2 spec's GPU-hours."""
+    if "vit_cells" not in report:
+        return ""
+    lines = ["", f"## {VIT_FRAMEWORK} on DINOv2 (random init)", "",
+             "| backbone | head | crop | images per GPU | step s | first step s | images/s | peak MiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in report["vit_cells"]:
+        if "error" in c:
+            lines.append(f"| {c['backbone']} | {c['head']} | error: {c['error'][:120]} | | | | | |")
+            continue
+        lines.append(f"| {c['backbone']} | {c['head']} | {c['crop']} | {c['labeled_batch']} + {c['unlabeled_batch']} | "
+                     f"{c['step_s']:.4f} | {c['first_step_s']:.4f} | {c['images_per_s']:.1f} | "
+                     f"{_f(c['peak_memory_mib'])} |")
+    lines += ["", "| backbone | NP step | MC step | NP memory | MC memory |", "|---|---|---|---|---|"]
+    for label, r in report.get("vit_ratios", {}).items():
+        lines.append(f"| {label} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
+                     f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
+    lines += hours_lines(report.get("vit_gpu_hours"), f"GPU-hours estimate of {VIT_FRAMEWORK}'s spec")
+    return "\n".join(lines) + "\n"
+
+
+def vit_cell_overrides(args: argparse.Namespace, vit: str) -> dict[str, Any]:
+    """A ``--vit`` cell's backbone and crop: ``vit`` at the preset's 518 (random init: ``model.weights`` is None for
+    every measured cell), or in tiny mode the tiny ViT at 28 px."""
+    return dict(TINY_VIT) if args.tiny else {"model.backbone": vit, "schedule.crop_size": VIT_CROP}
+
+
+def vit_steps(args: argparse.Namespace, device: torch.device, report: dict[str, Any], failed: Any,
+              write: Any) -> list[dict[str, Any]]:
+    """``--vit``: the cells (``report["vit_cells"]``) and their ratios per backbone (``vit_ratios``); the measured."""
+    report["vit_cells"] = measure_vits(args, device, failed, write)
+    measured = [c for c in report["vit_cells"] if "error" not in c]
+    report["vit_ratios"] = ratios([{**c, "framework": f"{VIT_FRAMEWORK} {c['backbone']}"} for c in measured])
+    return measured
+
+
+def measure_vits(args: argparse.Namespace, device: torch.device, failed: Any, write: Any) -> list[dict[str, Any]]:
+    """UniMatch V2's step per head on each ``--vit`` backbone (in tiny mode each is ``vit_tiny``, measured once)."""
+    cells: list[dict[str, Any]] = []
+    for vit in dict.fromkeys(TINY_VIT["model.backbone"] if args.tiny else v for v in args.vit):
+        batch_cache: dict[str, list[Any]] = {}
+        for head in args.heads:
+            try:
+                cell = measure_cell(args, device, VIT_FRAMEWORK, head, batch_cache, **vit_cell_overrides(args, vit))
+            except Exception as error:  # reported; the exit status says so
+                cell = {"framework": VIT_FRAMEWORK, "head": head, "backbone": vit,
+                        **failed(f"{VIT_FRAMEWORK} x {head} on {vit}", error)}
+            cells.append(cell)
+            status = cell.get("error") or (f"{cell['step_s']:.4f} s/step, {cell['images_per_s']:.1f} img/s, peak "
+                                           f"{_f(cell['peak_memory_mib'])} MiB")
+            print(f"{VIT_FRAMEWORK} {vit:<10}{head:<12}{status}", flush=True)
+            write()
+    return cells
 
 
 def _f(value: float | None) -> str:
@@ -505,6 +586,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per cell (default 3; tiny 1)")
     parser.add_argument("--ddp-steps", type=int, default=2)
     parser.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    parser.add_argument("--vit", nargs="+", default=[], choices=vit_backbone_names(), metavar="BACKBONE",
+                        help=f"also a {VIT_FRAMEWORK} step per head on each ViT (random init, crop {VIT_CROP}), e.g. "
+                             "dinov2_s dinov2_b, and the GPU-hours of --vit-spec (--tiny: vit_tiny)")
+    parser.add_argument("--vit-spec", type=Path, default=DEFAULT_VIT_SPEC)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--frameworks", nargs="+", default=list(framework_names()))
     parser.add_argument("--heads", nargs="+", default=list(head_names()))
@@ -553,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["seconds"] = time.perf_counter() - started
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_acceptance.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "gpu_acceptance.md").write_text(markdown(report))
+        (args.out / "gpu_acceptance.md").write_text(markdown(report) + vit_markdown(report))
 
     cells: list[dict[str, Any]] = []
     report["cells"] = cells
@@ -575,7 +660,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             write()
     measured = [c for c in cells if "error" not in c]
     report["ratios"] = ratios(measured)
-    for framework, r in report["ratios"].items():
+    vit_measured = vit_steps(args, device, report, failed, write) if args.vit else []
+    for framework, r in {**report["ratios"], **report.get("vit_ratios", {})}.items():
         print(f"{framework:<11}NP/baseline {_f(r.get('np_step_ratio'))}  MC/baseline {_f(r.get('mc_dropout_step_ratio'))}"
               f"  (memory {_f(r.get('np_memory_ratio'))} / {_f(r.get('mc_dropout_memory_ratio'))})", flush=True)
     write()
@@ -600,6 +686,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               "step)" + (" [tiny mode: not an estimate]" if args.tiny else ""), flush=True)
     except Exception as error:
         report["gpu_hours"] = failed("gpu_hours", error)
+    if args.vit:
+        try:
+            report["vit_gpu_hours"] = gpu_hours(args.vit_spec.resolve(), vit_measured)
+            print(f"GPU-hours of {report['vit_gpu_hours']['spec']}: {report['vit_gpu_hours']['gpu_hours']:.1f}"
+                  + (" [tiny mode: not an estimate]" if args.tiny else ""), flush=True)
+        except Exception as error:
+            report["vit_gpu_hours"] = failed("vit_gpu_hours", error)
     write()
     print(f"wrote {args.out / 'gpu_acceptance.json'} and gpu_acceptance.md ({report['seconds']:.1f} s, "
           f"{len(report['errors'])} errors)", flush=True)

@@ -188,8 +188,9 @@ _GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_release
 #: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
-_UNIMATCH = ("fixmatch",
-     "unimatch")
+_UNIMATCH = ("fixmatch", "unimatch")
+#: UniMatch V2's repository (LiheYoung/UniMatch-V2@f6afb4d unimatch_v2.py 216-219, fixmatch.py: the LR set after the step)
+_UNIMATCH_V2 = ("unimatch_v2", "fixmatch_v2")
 _SWITCH_LIST: tuple[Switch, ...] = (
     # ---------------------------------------------------------------- evaluation
     Switch("evaluation_select", "evaluation", "evaluation.select", "best", "last",
@@ -277,8 +278,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411, AugSeg/train_semi.py 405-408",
            "NP memories and KL targets from unfiltered pseudo-labels",
-           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",
-     "augseg"), heads=_NP,
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
            golden=_GOLDEN_AUGSEG_NP_TARGETS),
     Switch("np_sup_only_kl", "framework", "framework_options.sup_only_kl", False, True,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 328-355 (kl_divergence = 0 in the supervised-only epochs), 621",
@@ -291,8 +291,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "AugSeg/augseg/models/model_helper.py 109-111, AugSeg/augseg/models/decoder.py 68-78",
            "the NP context features come from an encoder-decoder pass of their own over the labeled images (their "
            "own BN batch and BN update, dropout masks) instead of the labeled slice of the student's one pass",
-           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl",
-     "augseg"), heads=_NP,
+           "[D4](deviations.md#d4-np-targets-and-ce-in-u2pl)", frameworks=("u2pl", "augseg"), heads=_NP,
            golden=_GOLDEN_NP_U2PL_STEP),
     Switch("augseg_np_memories", "framework", "framework_options.np_memories", "swapped", "head",
            "NP-SemiSeg@afd9672 AugSeg/train_semi.py 310-315 (the teacher's centers from the epoch's initial lists), "
@@ -575,15 +574,14 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, golden=_GOLDEN_UNIMATCH_STEPS),
     Switch("unimatch_lr_timing", "loop", "schedule.lr_timing", "after_step", "before_step",
            "UniMatch@0324f3d unimatch.py 54-56 (SGD at cfg['lr']), 192-208 (the poly LR of iteration i set after "
-           "optimizer.step()), fixmatch.py 57-59, 170-184",
+           "optimizer.step()), fixmatch.py 57-59, 170-184; UniMatch-V2@f6afb4d unimatch_v2.py 206-219, fixmatch.py 207-210",
            "iteration k runs at the poly LR of k - 1 (iteration 0 at the base LR) instead of at lr(k)",
-           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH,
+           "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH + _UNIMATCH_V2,
            golden=_GOLDEN_UNIMATCH_STEPS),
     # ---------------------------------------------------------------- AugSeg / PS-MT classifier, data, shared
     Switch("classifier_dropout", "head", "head.options.dropout", 0.0, 0.1, "AugSeg@7ead870 augseg/models/decoder.py 41-49",
            "dropout in the baseline classifier block",
-           "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg",
-     "psmt"),
+           "[D12](deviations.md#d12-classifier-dropout)", frameworks=("augseg", "psmt"),
            heads=("baseline",),
            no_golden="a layer's rate in the official decoder: no function; "
                      "tests/test_protocol_switches.py::test_switch_changes_the_training_step"),
@@ -634,8 +632,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "dataset/transform.py 9-14",
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
-           frameworks=("augseg",
-     "psmt", *_UNIMATCH),
+           frameworks=("augseg", "psmt", *_UNIMATCH),
            golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
                   "(UniMatch's crop; PS-MT's imports cv2, not installed; AugSeg's not run)"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",

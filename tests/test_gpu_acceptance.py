@@ -1,6 +1,7 @@
 """``benchmarks/gpu_acceptance.py`` (``make gpu-check``) in its CPU mode, so the GPU acceptance run cannot rot:
 every framework x head stepped, the ratios, the one-rank DDP cell (gloo), predict / evaluate / export on the
-device and a GPU-hours figure of ``jobs/specs/paper.yaml``, in the JSON and the Markdown it writes."""
+device and a GPU-hours figure of ``jobs/specs/paper.yaml``, in the JSON and the Markdown it writes; with ``--vit``
+UniMatch V2's step per head on the tiny ViT and the GPU-hours of ``jobs/specs/paper_unimatch_v2.yaml``."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_cpu_peak_memory_is_reset_per_cell() -> None:
 
 @pytest.mark.integration  # about a minute on a loaded 2-core machine
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
-    _script().main(["--device", "cpu", "--tiny", "--host-work", "--flops", "--out", str(tmp_path)])
+    _script().main(["--device", "cpu", "--tiny", "--host-work", "--flops", "--vit", "dinov2_s", "dinov2_b",
+                    "--out", str(tmp_path)])
     report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
     assert report["errors"] == []
     assert report["date"] and report["machine"] and "--tiny" in report["command"]
@@ -67,3 +69,12 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert set(estimate["gpu_hours_by_dataset"]) == {"pascal_classic", "pascal_blender", "cityscapes"}
     text = (tmp_path / "gpu_acceptance.md").read_text()
     assert "GPU-hours" in text and report["machine"] in text and "FLOPs by operator" in text
+    # --vit: tiny mode measures both as vit_tiny, once per head; each V2 spec cell takes that step
+    vit = {(c["backbone"], c["head"]): c for c in report["vit_cells"]}
+    assert set(vit) == {("vit_tiny", h) for h in head_names()}
+    assert all(c["framework"] == "unimatch_v2" and c["crop"] == 28 and c["step_s"] > 0 for c in vit.values())
+    assert report["vit_ratios"]["unimatch_v2 vit_tiny"]["np_step_ratio"] > 0
+    v2 = report["vit_gpu_hours"]
+    assert v2["cells"] == 57 and v2["unmeasured_cells"] == 0 and v2["gpu_hours"] > 0
+    assert set(v2["gpu_hours_by_dataset"]) == {"pascal_classic", "cityscapes", "ade20k", "coco"}
+    assert "unimatch_v2 on DINOv2" in text and "paper_unimatch_v2.yaml: 57 cells" in text

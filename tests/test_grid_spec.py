@@ -313,3 +313,24 @@ def test_a_trial_cancelled_before_it_ran_is_a_failed_cell_named_from_its_folder(
                     path="/tmp/ray_results/grid-x/cell_abc123")
     outcome = _trial_outcome(result, names, GridProgress(names, skipped=0, label="x", emit=lambda line: None))
     assert (outcome.cell_id, outcome.status, outcome.cell_name) == ("abc123", "failed", names["abc123"])
+
+
+def test_the_unimatch_v2_spec_covers_its_papers_partitions_with_every_head():
+    """UniMatch V2 x the three heads x the partitions its paper reports (VOC with the full 1464, Cityscapes, ADE20K
+    1/64 .. 1/4, COCO 1/512 .. 1/32): 19 x 3 = 57 cells under released, each composed at its dataset's official
+    config, in its own experiment; every baseline cell has a published value to print beside it."""
+    from semiseg_platform.reports.paper_results import paper_value
+
+    spec = load_spec(SPECS / "paper_unimatch_v2.yaml")
+    configs = expand(spec)
+    assert len(configs) == 19 * 3 == len({c.cell_id for c in configs})
+    assert Counter(c.dataset for c in configs) == {"pascal_classic": 15, "cityscapes": 12, "ade20k": 15, "coco": 15}
+    assert {c.head.variant for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
+    assert spec.experiment == "npsemiseg-unimatch-v2" and spec.resources.workers == 4
+    crops = {"pascal_classic": 518, "cityscapes": 798, "ade20k": 518, "coco": 518}
+    for config in configs:
+        assert (config.framework, config.model.backbone, config.optim.name, config.optim.lr) == (
+            "unimatch_v2", "dinov2_b", "adamw", 5e-6)
+        assert config.schedule.crop_size == crops[config.dataset] and config.schedule.lr_timing == "after_step"
+        if config.head.variant == "baseline":
+            assert paper_value(config.dataset, "unimatch_v2", "baseline", config.partition, "miou") is not None

@@ -13,7 +13,7 @@ from npsemiseg.presets import Cell, HEAD_SCHEDULE_KEYS, head_schedule
 from npsemiseg.protocol import SWITCHES, protocol_framework
 
 AUDIT = Path(__file__).resolve().parents[1] / "npsemiseg" / "presets_audit.md"
-PARTITION = {"pascal_classic": "92", "cityscapes": "186"}
+PARTITION = {"pascal_classic": "92", "cityscapes": "186", "ade20k": "316", "coco": "232"}
 
 
 def _rows() -> list[dict[str, str]]:

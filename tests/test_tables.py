@@ -306,3 +306,33 @@ def test_paper_numbers_ship_with_the_package_and_print_beside_ours(store, tmp_pa
     assert "paper / ours" in report and f"| MT | 48.37 / {ours:.2f} ({ours - 48.37:+.2f}) |" in report
     mt_np = next(line for line in report.splitlines() if "| MT w/ NP-SemiSeg | 49.02 / " in line)
     assert mt_np.split(" | ")[2] == "58.91 / —"  # (mt, np, 183): the paper's value, no run of ours
+
+
+def test_unimatch_v2_rows_print_beside_its_published_numbers(uri):
+    """UniMatch V2's own experiment (jobs/specs/paper_unimatch_v2.yaml): its rows alone, classic VOC's full 1464 as
+    a column of its own, ADE20K's table, and its published mIoU (README / training logs, with their source) in the
+    ``paper`` column of its baseline rows; the DINOv2-S variant beside its own."""
+    from semiseg_platform.reports.paper_results import unimatch_v2_results
+
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("unimatch-v2")
+    for framework, head, partition, miou in (("unimatch_v2", "baseline", "92", 0.85), ("unimatch_v2", "np", "1464", 0.9),
+                                             ("unimatch_v2_s", "baseline", "92", 0.78)):
+        _cell_run(client, experiment_id, framework=framework, head=head, partition=partition, miou=miou)
+    _cell_run(client, experiment_id, framework="unimatch_v2", head="np", partition="316", miou=0.4, dataset="ade20k")
+    tables = T.build_tables(uri, "unimatch-v2")
+    voc = tables["table1_miou_pascal_classic"]
+    assert list(dict.fromkeys(voc["framework"])) == ["unimatch_v2", "unimatch_v2_s"]
+    assert voc.attrs["columns"][-1] == "full (1464)" and len(voc.attrs["columns"]) == 5
+    assert _cell(voc, "unimatch_v2", "baseline", "92")["paper"] == pytest.approx(86.3)
+    assert _cell(voc, "unimatch_v2", "baseline", "92")["diff"] == pytest.approx(85.0 - 86.3)
+    assert _cell(voc, "unimatch_v2_s", "baseline", "92")["paper"] == pytest.approx(79.0)
+    assert _cell(voc, "unimatch_v2", "np", "1464")["mean"] == pytest.approx(90.0)
+    assert math.isnan(_cell(voc, "unimatch_v2", "np", "92")["paper"])  # V2 has no NP rows
+    ade = tables["table_miou_ade20k"]
+    assert _cell(ade, "unimatch_v2", "baseline", "316")["paper"] == pytest.approx(38.7)
+    value, source = unimatch_v2_results()[("cityscapes", "unimatch_v2", "baseline", "186", "miou")]
+    assert value == 83.6 and "table02-cityscapes_unimatch_v2_1_16labels_dinov2_base.log (best EMA mIoU 83.60)" in source
+    for (_, framework, *_), (value, source) in unimatch_v2_results().items():  # each value as its log's best, rounded
+        best = float(source.split("best EMA mIoU ")[1].split(")")[0])
+        assert value == round(best + 1e-9, 1) and ("dinov2_base" in source) == (framework == "unimatch_v2")

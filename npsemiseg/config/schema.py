@@ -90,6 +90,10 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # AugSeg's and UniMatch's released sliding windows (cut at the border, probabilities summed), at the corrected
     # value
     ("evaluation.sliding_scheme", lambda v: v["evaluation"].get("sliding_scheme") == "u2pl"),
+    # UniMatch V2's whole images resized to the nearest multiple, at the value every earlier cell ran with
+    ("evaluation.resize_rounding", lambda v: v["evaluation"].get("resize_rounding") == "up"),
+    # UniMatch V2's frozen ADE20K backbone, at the value every earlier cell ran with
+    ("model.freeze_backbone", lambda v: v["model"].get("freeze_backbone") is False),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -159,6 +163,8 @@ class ModelConfig(Section):
     #: bilinear upsampling of logits to label size (losses, pseudo-labels, evaluation) with align_corners=True
     #: (every official model) or False; switch ``align_corners``
     align_corners: bool = False
+    #: the backbone's parameters frozen (no gradient, not in the optimiser; UniMatch V2's ``lock_backbone``)
+    freeze_backbone: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("variant", mode="after")
@@ -255,6 +261,7 @@ class EvaluationConfig(Section):
     combined (``npsemiseg.evaluation.inference.SLIDING_SCHEMES``): ``u2pl``, the last window shifted back
     inside the image and per-sample logits averaged; ``augseg``, windows at every multiple of the stride cut
     at the border and predictive probabilities summed, as AugSeg's and UniMatch's released evaluations.
+    ``unimatch_v2``: the last window shifted back as ``u2pl``'s, probabilities summed (UniMatch V2's).
     ``num_samples`` = T predictions per pixel.
     PAvPU follows Mukhoti & Gal: ``pavpu_window`` patches, accurate if accuracy >=
     ``pavpu_accuracy_threshold``, uncertain if mean entropy >= ``pavpu_uncertainty_threshold``.
@@ -271,7 +278,7 @@ class EvaluationConfig(Section):
     mode: Literal["whole", "center_crop", "sliding", "sliding_global"] | None = None
     crop_size: PositiveInt | None = None
     stride: PositiveInt | None = None
-    sliding_scheme: Literal["u2pl", "augseg"] = "u2pl"
+    sliding_scheme: Literal["u2pl", "augseg", "unimatch_v2"] = "u2pl"
     num_samples: PositiveInt = 5
     batch_size: PositiveInt = 1
     pavpu_window: PositiveInt = 64
@@ -284,13 +291,15 @@ class EvaluationConfig(Section):
     #: mode ``whole``: images resized to multiples of it and the logits back (PS-MT's released VOC evaluation,
     #: switch ``psmt_eval_resize``); None: evaluated at their size. Read by mode ``whole`` only
     resize_multiple: PositiveInt | None = None
+    #: how ``resize_multiple`` rounds a side: ``up`` (PS-MT's ceil) or ``nearest`` (UniMatch V2's, supervised.py 75)
+    resize_rounding: Literal["up", "nearest"] = "up"
 
     def predict_options(self, mode: str) -> dict[str, Any]:
         """What ``npsemiseg.evaluation.predict`` takes of this section besides the mode and T, for ``mode``
         (the loop's evaluation and an exported model predict alike)."""
         options: dict[str, Any] = {"crop_size": self.crop_size, "stride": self.stride, "scheme": self.sliding_scheme}
         if mode == "whole" and self.resize_multiple is not None:
-            options["resize_multiple"] = self.resize_multiple
+            options.update(resize_multiple=self.resize_multiple, resize_rounding=self.resize_rounding)
         return options
 
     @model_validator(mode="after")

@@ -9,8 +9,9 @@ Modes (``predict(..., mode=...)``):
 
 - ``whole``: the whole image in one pass. With ``resize_multiple`` m (PS-MT's released VOC evaluation,
   VocCode/train.py 324-337), the image is first resized (bilinear, ``align_corners=True``) to the next
-  multiples of m, ``ceil(H / m) m x ceil(W / m) m``, and each sample's logits at that size are resized back to
-  ``H x W`` (bilinear, ``align_corners=True``) before the predictive.
+  multiples of m, ``ceil(H / m) m x ceil(W / m) m`` (``resize_rounding="nearest"``: the nearest multiples, UniMatch
+  V2's), and each sample's logits at that size are resized back to ``H x W`` (bilinear, ``align_corners=True``)
+  before the predictive.
 - ``center_crop`` (the VOC convention, U2PL's ``Crop(type="center")``): a side
   shorter than the crop is padded to it, ``pad // 2`` before and the rest after,
   with the ImageNet mean colour (the value 0 after the normalisation U2PL pads
@@ -88,6 +89,8 @@ class SlidingScheme:
 SLIDING_SCHEMES: dict[str, SlidingScheme] = {
     "u2pl": SlidingScheme(769, sliding_stride(769), "shift", "logits"),
     "augseg": SlidingScheme(800, int(800 * 2 / 3), "clip", "probs"),
+    #: UniMatch V2's (supervised.py 47-63): 798 window, stride 532, the last window shifted back, softmaxes summed
+    "unimatch_v2": SlidingScheme(798, int(798 * 2 / 3), "shift", "probs"),
 }
 
 #: VOC's evaluation crop (U2PL, AugSeg, PS-MT)
@@ -258,13 +261,24 @@ def _check_arguments(images: Tensor, mode: str, num_samples: int | None, resize_
                          f"with mode {mode!r}")
 
 
+def resized_side(side: int, multiple: int, rounding: str = "up") -> int:
+    """``side`` rounded to a multiple of ``multiple``: ``up`` (PS-MT's ``ceil``) or ``nearest`` (UniMatch V2's
+    ``int(side / multiple + 0.5) x multiple``, supervised.py 75; at least one ``multiple``)."""
+    if rounding == "up":
+        return math.ceil(side / multiple) * multiple
+    if rounding == "nearest":
+        return max(multiple, int(side / multiple + 0.5) * multiple)
+    raise ValueError(f"resize_rounding: expected 'up' or 'nearest', got {rounding!r}")
+
+
 def _predict_whole(model: nn.Module, images: Tensor, num_samples: int | None,
-                   resize_multiple: int | None) -> tuple[Tensor, Tensor]:
-    """The whole image, or resized to multiples of ``resize_multiple`` and the logits resized back (PS-MT)."""
+                   resize_multiple: int | None, rounding: str = "up") -> tuple[Tensor, Tensor]:
+    """The whole image, or resized to multiples of ``resize_multiple`` (:func:`resized_side`) and the logits
+    resized back (PS-MT, UniMatch V2)."""
     if resize_multiple is None:
         return predictive(sample_logits(model, images, num_samples))
     height, width = images.shape[-2:]
-    size = (math.ceil(height / resize_multiple) * resize_multiple, math.ceil(width / resize_multiple) * resize_multiple)
+    size = (resized_side(height, resize_multiple, rounding), resized_side(width, resize_multiple, rounding))
     resized = F.interpolate(images, size=size, mode="bilinear", align_corners=True)
     logits = sample_logits(model, resized, num_samples)
     return predictive(upsample_logits(logits, (height, width), align_corners=True))
@@ -285,6 +299,7 @@ def predict(
     pad_fill: tuple[float, ...] = IMAGENET_MEAN,
     global_scale: float | None = None,
     resize_multiple: int | None = None,
+    resize_rounding: str = "up",
 ) -> tuple[Tensor, Tensor]:
     """Predictive probabilities and entropy of ``images [B, 3, H, W]`` (in [0, 1]) under ``mode``.
 
@@ -295,14 +310,15 @@ def predict(
     window (``crop_size``), ``stride``, ``placement`` and ``combine`` can be overridden (a window
     given without a stride gets stride ceil(2/3 window)); ``global_scale`` (sliding_global) resizes
     the whole image for the latent (default: to one window's area, ``global_scale_for``).
-    whole: ``resize_multiple`` (None: none) resizes the image to multiples of it and the logits back.
+    whole: ``resize_multiple`` (None: none) resizes the image to multiples of it (``resize_rounding``: the next
+    one ``up`` or the ``nearest``) and the logits back.
 
     Returns ``probs [B, K, H', W']`` and ``entropy [B, H', W']`` (nats), with ``H' x W'`` the
     image size, or for center_crop the evaluated region ``min(H, crop) x min(W, crop)``.
     """
     _check_arguments(images, mode, num_samples, resize_multiple)
     if mode == "whole":
-        return _predict_whole(model, images, num_samples, resize_multiple)
+        return _predict_whole(model, images, num_samples, resize_multiple, resize_rounding)
 
     if mode == "center_crop":
         crop = _pair(DEFAULT_CROP_SIZE if crop_size is None else crop_size, "crop_size")

@@ -21,9 +21,10 @@ from npsemiseg.training.plan import batch_scaling
 
 
 def build_model(config: RunConfig) -> nn.Module:
-    """One fresh segmentor (backbone + DeepLabv3+ + head) as ``config.model``/``config.head`` say."""
+    """One fresh segmentor (backbone + DeepLabv3+ + head) as ``config.model``/``config.head`` say; with
+    ``model.freeze_backbone`` its backbone's parameters take no gradient (UniMatch V2's ``lock_backbone``)."""
     model = config.model
-    return build_segmentor(
+    segmentor = build_segmentor(
         num_classes=config.num_classes,
         head=config.head.name,
         head_options=dict(config.head.options),
@@ -37,6 +38,9 @@ def build_model(config: RunConfig) -> nn.Module:
         align_corners=model.align_corners,
         **dict(model.options),
     )
+    if model.freeze_backbone:
+        segmentor.backbone.requires_grad_(False)
+    return segmentor
 
 
 def build_datasets(config: RunConfig) -> dict[str, Dataset]:

@@ -8,7 +8,9 @@ Tables (the layout of the paper, `paper/np_semiseg_icml2023.tex`):
   NP-SemiSeg), one row per framework; columns are the four partition protocols.
   FixMatch and UniMatch, which the paper has no rows for (``COMPANION_FRAMEWORKS``,
   ``jobs/specs/paper_unimatch.yaml``), follow the paper's frameworks in each block
-  when the experiment holds their runs.
+  when the experiment holds their runs; so do UniMatch V2's (``jobs/specs/paper_unimatch_v2.yaml``: its own
+  experiment, whose tables then hold its rows only, with ADE20K and COCO tables and a column for every
+  partition its runs have beyond the four protocols, such as classic VOC's full 1464).
 - Table 4: PAvPU of U2PL, MC dropout vs NP-SemiSeg, rows = dataset x partition.
 - Tables 5-6: U2PL + NP-SemiSeg without (mean aggregator, head variant
   ``np_mean``) vs with attention, mIoU and PAvPU.
@@ -19,8 +21,8 @@ keys (``dataset``, ``framework``, ``head``, ``partition``), ``metric``, ``mean``
 ``std`` (sample std over seeds, NaN for one seed), ``n`` (number of seeds),
 ``seeds``, ``run_ids`` and ``status`` (``ok``, or ``missing`` / ``failed`` /
 ``running`` when no finished run exists: such a cell is kept and marked, never
-dropped), ``paper`` (the paper's printed value, :mod:`.paper_results`; NaN for a
-synthetic stand-in or a value the paper does not print) and ``diff`` (mean - paper).
+dropped), ``paper`` (the paper's printed value, :mod:`.paper_results`, or UniMatch V2's published one for its
+rows; NaN for a synthetic stand-in or a value the paper does not print) and ``diff`` (mean - paper).
 ``mean``/``std`` are the MLflow metric times ``scale`` (100: percent, as the paper
 prints). Layout metadata (title, caption, column order, row header) lives in
 ``DataFrame.attrs``. The writers turn a long table into Markdown and LaTeX in the
@@ -59,7 +61,7 @@ MIOU_TABLE_NUMBER = {"pascal_classic": 1, "pascal_blender": 2, "cityscapes": 3}
 #: Frameworks (rows) of Tables 1-3: the supervised reference first, then the paper's four.
 PAPER_FRAMEWORKS = ("supervised", "mt", "psmt", "u2pl", "augseg")
 #: Frameworks the paper has no rows for, printed after the paper's in Tables 1-3 when their runs exist.
-COMPANION_FRAMEWORKS = ("fixmatch", "unimatch")
+COMPANION_FRAMEWORKS = ("fixmatch", "unimatch", "fixmatch_v2", "unimatch_v2", "unimatch_v2_s")
 #: Head variants (row blocks) of Tables 1-3.
 PAPER_HEADS = ("baseline", "mc_dropout", "np")
 #: The ablation's head variants: NP-SemiSeg with the mean aggregator vs with attention.
@@ -68,7 +70,8 @@ ABLATION_HEADS = ("np_mean", "np")
 ABLATION_FRAMEWORK = "u2pl"
 
 FRAMEWORK_LABELS = {"supervised": "Supervised", "mt": "MT", "psmt": "PS-MT", "u2pl": "U2PL", "augseg": "AugSeg",
-                    "fixmatch": "FixMatch", "unimatch": "UniMatch"}
+                    "fixmatch": "FixMatch", "unimatch": "UniMatch", "fixmatch_v2": "FixMatch (DINOv2-B)",
+                    "unimatch_v2": "UniMatch V2 (DINOv2-B)", "unimatch_v2_s": "UniMatch V2 (DINOv2-S)"}
 FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
 #: Labels of head variants that are no head class of their own (a head class names itself: ``label``)
 VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
@@ -204,10 +207,22 @@ def method_label(framework: str, head: str, *, latex: bool = False) -> str:
     return base if head == "baseline" else f"{base} w/ {head_label(head)}"
 
 
-def miou_table_spec(dataset: str, frameworks: Sequence[str], heads: Sequence[str]) -> TableSpec:
-    """Tables 1-3: mIoU, head blocks x framework rows, partition columns."""
-    number = MIOU_TABLE_NUMBER.get(_real_dataset(dataset))
+def table_partitions(dataset: str, extra: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``[(partition, label), ...]``: the dataset's partition protocols, then each partition of ``extra`` that is no
+    protocol (classic VOC's full 1464: ``"full (1464)"``), in the dataset's order."""
     partitions = protocol_partitions(dataset)
+    known = {name for name, _ in partitions}
+    info = dataset_info(dataset)
+    alias = {name: key for key, name in info.partition_aliases.items()}
+    more = [name for name in info.partitions if name in set(extra) - known]
+    return partitions + [(name, f"{alias[name]} ({name})" if name in alias else name) for name in more]
+
+
+def miou_table_spec(dataset: str, frameworks: Sequence[str], heads: Sequence[str],
+                    extra_partitions: Sequence[str] = ()) -> TableSpec:
+    """Tables 1-3: mIoU, head blocks x framework rows, partition columns (:func:`table_partitions`)."""
+    number = MIOU_TABLE_NUMBER.get(_real_dataset(dataset))
+    partitions = table_partitions(dataset, extra_partitions)
     rows, cells = [], []
     for head in heads:
         for framework in frameworks:
@@ -250,15 +265,17 @@ def head_comparison_spec(
 
 
 def paper_table_specs(datasets: Sequence[str], frameworks: Sequence[str] = PAPER_FRAMEWORKS,
-                      heads: Sequence[str] = PAPER_HEADS) -> list[TableSpec]:
-    """The specs of Tables 1-6 for ``datasets`` (real datasets or their synthetic stand-ins)."""
+                      heads: Sequence[str] = PAPER_HEADS,
+                      extra_partitions: dict[str, Sequence[str]] | None = None) -> list[TableSpec]:
+    """The specs of Tables 1-6 for ``datasets`` (real datasets or their synthetic stand-ins); ``extra_partitions``:
+    per dataset, partitions beyond its protocols that Tables 1-3 get columns for."""
     by_real = sorted(datasets, key=lambda d: (PAPER_DATASETS.index(_real_dataset(d))
                                               if _real_dataset(d) in PAPER_DATASETS else len(PAPER_DATASETS), d))
     ablation = sorted(datasets, key=lambda d: (ABLATION_DATASET_ORDER.index(_real_dataset(d))
                                                if _real_dataset(d) in ABLATION_DATASET_ORDER
                                                else len(ABLATION_DATASET_ORDER), d))
     u2pl = framework_label(ABLATION_FRAMEWORK)
-    specs = [miou_table_spec(d, frameworks, heads) for d in by_real]
+    specs = [miou_table_spec(d, frameworks, heads, (extra_partitions or {}).get(d, ())) for d in by_real]
     specs.append(head_comparison_spec(
         "table4_pavpu", f"Table 4: PAvPU of {u2pl}, MC dropout vs NP-SemiSeg",
         f"The PAvPU of {u2pl} with either MC dropout or NP-SemiSeg on different datasets.",
@@ -343,9 +360,19 @@ def discover_datasets(runs: pd.DataFrame) -> list[str]:
 
 def table_frameworks(runs: pd.DataFrame) -> list[str]:
     """The framework rows of Tables 1-3 for ``runs``: the paper's, then each of :data:`COMPANION_FRAMEWORKS`
-    that has a run (under any protocol, so that every protocol's tables have the same rows)."""
+    that has a run (under any protocol, so that every protocol's tables have the same rows); the companions alone
+    where no run is of the paper's frameworks (UniMatch V2's own experiment)."""
     found = set(runs["framework"]) if len(runs) else set()
-    return [*PAPER_FRAMEWORKS, *(f for f in COMPANION_FRAMEWORKS if f in found)]
+    companions = [f for f in COMPANION_FRAMEWORKS if f in found]
+    paper = list(PAPER_FRAMEWORKS) if found & set(PAPER_FRAMEWORKS) or not companions else []
+    return [*paper, *companions]
+
+
+def run_partitions(runs: pd.DataFrame) -> dict[str, list[str]]:
+    """Per dataset, the partitions its cell runs have (the columns a table may add: :func:`table_partitions`)."""
+    if not len(runs):
+        return {}
+    return {d: sorted(set(group["partition"])) for d, group in runs.groupby("dataset") if d}
 
 
 def build_tables(
@@ -368,7 +395,7 @@ def build_tables(
     tables = {}
     for protocol, group in groups:
         suffix = f"_{protocol or 'untagged'}" if len(groups) > 1 else ""
-        for spec in paper_table_specs(datasets, frameworks, heads):
+        for spec in paper_table_specs(datasets, frameworks, heads, run_partitions(runs)):
             table = build_table(spec, group, scale=scale)
             table.attrs["protocol"] = protocol
             if protocol:
