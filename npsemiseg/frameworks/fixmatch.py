@@ -44,8 +44,10 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.transforms import DRAW_SUFFIX, strong_key
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.losses import mean_probabilities
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
+from npsemiseg.models import upsample_logits
 
 #: UniMatch@0324f3d dataset/transform.py 66: obtain_cutmix_box's size_min, size_max, ratio_1, ratio_2
 BOX_AREA = (0.02, 0.4)
@@ -116,15 +118,44 @@ class FixMatchOptions(FrameworkOptions):
 
 
 @dataclass
-class CutMixSource:
-    """What the boxes paste, image by image: the source's eval-mode prediction (labels and confidences
-    ``[B_u, H, W]``), its strong views (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``:
-    the eval-mode prediction of the weak view itself where the NP head needs it as targets, else None."""
+class PseudoLabels:
+    """Hard pseudo-labels ``label [B, H, W]`` int64 and their confidences ``confidence [B, H, W]`` (max probability):
+    all a FixMatch step reads of a prediction; keeping only these (not the ``[B, K, H, W]`` probabilities, the
+    upsampled logits and the features of a :class:`TeacherPrediction`) frees the eval-mode pass's memory as the
+    official code's ``conf_u_w_mix, mask_u_w_mix`` do."""
 
-    prediction: TeacherPrediction
+    label: Tensor
+    confidence: Tensor
+
+    @classmethod
+    def of(cls, prediction: TeacherPrediction) -> PseudoLabels:
+        return cls(prediction.label, prediction.confidence)
+
+    def __getitem__(self, index: Tensor) -> PseudoLabels:
+        return PseudoLabels(self.label[index], self.confidence[index])
+
+
+def pseudo_labels(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> PseudoLabels:
+    """:class:`PseudoLabels` of per-sample logits ``[S, B, K, h, w]`` at image size ``size``: the max and argmax of
+    the (mean of the per-sample) softmax, as :func:`prediction_from_logits` computes them, without its entropy."""
+    if logits.shape[0] == 1:
+        probs = upsample_logits(logits, size, align_corners=align_corners)[0].float().softmax(dim=1)
+    else:
+        probs = mean_probabilities(logits, size, align_corners=align_corners)
+    confidence, label = probs.max(dim=1)
+    return PseudoLabels(label, confidence)
+
+
+@dataclass
+class CutMixSource:
+    """What the boxes paste, image by image: the source's eval-mode pseudo-labels (``[B_u, H, W]``), its strong views
+    (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``: the eval-mode pseudo-labels of the
+    weak view itself where the NP head needs them as targets, else None."""
+
+    prediction: PseudoLabels
     strong: list[Tensor]
     valid: Tensor
-    weak: TeacherPrediction | None
+    weak: PseudoLabels | None
 
 
 @FRAMEWORKS.register("fixmatch")
@@ -190,14 +221,12 @@ class FixMatch(SemiSupervisedFramework):
         (``batch_shift``, the shift drawn from ``rng``; that prediction is also the weak view's)."""
         if self.options.cutmix_source == "second_draw":  # type: ignore[attr-defined]
             mix = {k.removesuffix(DRAW_SUFFIX): v for k, v in unlabeled.items() if k.endswith(DRAW_SUFFIX)}
-            prediction = self.predict_unlabeled(self.student, mix)
-            weak = self.predict(self.student, unlabeled["image"]) if self._memory_names else None
+            prediction = PseudoLabels.of(self.predict_unlabeled(self.student, mix))
+            weak = PseudoLabels.of(self.predict(self.student, unlabeled["image"])) if self._memory_names else None
             return CutMixSource(prediction, *self.views(unlabeled, DRAW_SUFFIX), weak)
-        prediction = self.predict_unlabeled(self.student, unlabeled)
+        prediction = PseudoLabels.of(self.predict_unlabeled(self.student, unlabeled))
         partner = mix_partners(strong[0].shape[0], rng=rng).to(strong[0].device)
-        shifted = TeacherPrediction(prediction.probs[partner], prediction.entropy[partner],
-                                    prediction.confidence[partner], prediction.label[partner], None, None)
-        return CutMixSource(shifted, [view[partner] for view in strong], valid[partner], prediction)
+        return CutMixSource(prediction[partner], [view[partner] for view in strong], valid[partner], prediction)
 
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
@@ -205,9 +234,18 @@ class FixMatch(SemiSupervisedFramework):
         perturbed-feature logits (None)."""
         return self.student_pass(images_l, labels_l, weak, targets_u), None
 
-    def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
+    def extra_terms(self, perturbed: Tensor | None, weak: PseudoLabels, valid: Tensor) -> dict[str, Tensor]:
         """Loss terms beyond the strong views (UniMatch's feature perturbation)."""
         return {}
+
+    def weak_pseudo_labels(self, logits_u: Tensor, unlabeled: dict[str, Tensor]) -> PseudoLabels:
+        """The detached train-mode weak-view logits ``[S, B_u, K, h, w]`` as pseudo-labels at image size (the
+        ground truth in their place under ``unlabeled_truth="oracle"``)."""
+        size = tuple(unlabeled["image"].shape[-2:])
+        if self.unlabeled_truth != "oracle":
+            return pseudo_labels(logits_u, size, align_corners=self.align_corners)
+        prediction = prediction_from_logits(logits_u, size, align_corners=self.align_corners)
+        return PseudoLabels.of(oracle_prediction(prediction, unlabeled["label"]))
 
     def strong_term_names(self) -> list[str]:
         return ["unsup"] if len(self.strong_weights) == 1 else [f"unsup_s{i + 1}" for i in range(len(self.strong_weights))]
@@ -233,9 +271,7 @@ class FixMatch(SemiSupervisedFramework):
         targets_u = (ignore_where(source.weak.label, source.weak.confidence < threshold) if source.weak is not None
                      else torch.full((weak.shape[0], *size), IGNORE_INDEX, dtype=labels_l.dtype, device=weak.device))
         clean, perturbed = self.weak_pass(images_l, labels_l, weak, targets_u)
-        weak_pred = prediction_from_logits(clean.logits_u.detach(), size, align_corners=self.align_corners)
-        if self.unlabeled_truth == "oracle":
-            weak_pred = oracle_prediction(weak_pred, unlabeled["label"])
+        weak_pred = self.weak_pseudo_labels(clean.logits_u.detach(), unlabeled)
 
         # 4. train mode on the mixed strong views (one batch), no labels
         output = self.student(torch.cat(mixed, dim=0))
