@@ -92,6 +92,7 @@ from npsemiseg.training.factories import build_framework, build_optimizer
 from npsemiseg.training.step import train_step
 
 from gpu_acceptance import machine, peak_memory_mib, reset_peak_memory, synchronize
+from host_work import HostWork
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "official_side_by_side"
@@ -615,6 +616,16 @@ def interleave(sides: list[Side], inputs: list[dict[str, Tensor]], warmup: int, 
                 side.peaks.append(peak)
 
 
+def host_work(side: Side, inputs: dict[str, Tensor], i: int, device: torch.device) -> dict[str, Any]:
+    """One more step of ``side`` under :class:`host_work.HostWork`: its operator calls and reads of device values
+    (on CPU every read of a value counts, on CUDA only reads of GPU values), with the reads' sites."""
+    prepared = side.prepare(inputs)
+    with HostWork(device) as work:
+        side.step(prepared, i)
+    synchronize(device)
+    return work.summary(sites=6)
+
+
 def summary(side: Side) -> dict[str, Any]:
     return {"step_s": statistics.median(side.times), "all_step_s": side.times, "first_step_s": side.first_step_s,
             "step_cpu_s": statistics.median(side.cpu_times),
@@ -630,6 +641,8 @@ def measure(args: argparse.Namespace, framework: str, device: torch.device) -> d
     diff = same_function(theirs.modules[0], student, inputs[0], device)
     interleave([theirs, ours], inputs, args.warmup, args.steps, device)
     a, b = summary(ours), summary(theirs)
+    if args.host_work:
+        a["host_work"], b["host_work"] = (host_work(side, inputs[0], args.warmup + args.steps, device) for side in (ours, theirs))
     return {"framework": framework, "head": "baseline", "official": OFFICIAL[framework][0] + " " + OFFICIAL[framework][1],
             "max_abs_logit_diff": diff, "project": a, "official_side": b, "step_ratio": a["step_s"] / b["step_s"],
             "cpu_ratio": a["step_cpu_s"] / b["step_cpu_s"] if b["step_cpu_s"] > 0 else None,
@@ -661,7 +674,22 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {row['framework']} | {row['official']} | {p['step_s']:.4f} | {o['step_s']:.4f} | "
                      f"{row['step_ratio']:.2f} | {p['step_cpu_s']:.3f} | {o['step_cpu_s']:.3f} | {cpu} | {peaks[0]} | "
                      f"{peaks[1]} | {mem} | {row['max_abs_logit_diff']:.1e} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + host_work_lines(report)) + "\n"
+
+
+def host_work_lines(report: dict[str, Any]) -> list[str]:
+    """The ``--host-work`` table: each side's operator calls and reads of device values in one step."""
+    counted = [row for row in report["results"] if "host_work" in row.get("project", {})]
+    if not counted:
+        return []
+    lines = ["", "Host work of one step (benchmarks/host_work.py): operator calls and reads of device values.", "",
+             "| framework | project ops | official ops | ops ratio | project reads | official reads |",
+             "|---|---|---|---|---|---|"]
+    for row in counted:
+        p, o = row["project"]["host_work"], row["official_side"]["host_work"]
+        lines.append(f"| {row['framework']} | {p['ops']} | {o['ops']} | {p['ops'] / max(o['ops'], 1):.2f} | "
+                     f"{p['reads']} | {o['reads']} |")
+    return lines
 
 
 def measure_or_record(args: argparse.Namespace, framework: str, device: torch.device) -> dict[str, Any]:
@@ -690,6 +718,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--project-amp", action="store_true", help="the project's bf16 autocast on CUDA")
+    parser.add_argument("--host-work", action="store_true", help="count one more step's operator calls and reads per side")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 

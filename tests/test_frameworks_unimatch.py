@@ -17,7 +17,7 @@ from npsemiseg.data import dataset_info
 from npsemiseg.data.settings import Publication
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.base import Batch, StepContext
-from npsemiseg.frameworks.fixmatch import FixMatch, mix_partners, thresholded_loss, unimatch_boxes
+from npsemiseg.frameworks.fixmatch import FixMatch, host_rng, mix_partners, thresholded_loss, unimatch_boxes
 from npsemiseg.frameworks.unimatch import UniMatch
 from npsemiseg.heads import head_class, head_names
 from npsemiseg.training import build_framework
@@ -91,8 +91,9 @@ def test_two_strong_views_draw_independent_boxes(smoke_config):
     fw, _ = _framework(smoke_config, "unimatch", cutmix_p=1.0)
     torch.manual_seed(11)
     box1, box2 = fw.draw_boxes(6, 24, 24, torch.device("cpu"))
-    torch.manual_seed(11)  # the same RNG draws made by hand: two consecutive, independent box draws
-    ref1, ref2 = unimatch_boxes(6, 24, 24, p=1.0), unimatch_boxes(6, 24, 24, p=1.0)
+    torch.manual_seed(11)  # the same draws made by hand: one host RNG from torch's, two consecutive box draws
+    rng = host_rng()
+    ref1, ref2 = unimatch_boxes(6, 24, 24, p=1.0, rng=rng), unimatch_boxes(6, 24, 24, p=1.0, rng=rng)
     assert torch.equal(box1, ref1) and torch.equal(box2, ref2)
     assert not torch.equal(box1, box2)  # not one box reused for both views
     fix, _ = _framework(smoke_config, "fixmatch")
@@ -125,6 +126,20 @@ def test_step_draws_two_boxes_and_pastes_them_independently(smoke_config, monkey
         outside = ~box[:, None].expand_as(view)
         assert torch.equal(view[outside], strong[outside])  # outside its own box: the view itself
         assert not torch.equal(view, strong)  # inside: pasted from another image
+
+
+def test_step_draws_come_from_torch_generator_on_the_host():
+    """One draw of torch's generator seeds the host RNG: the same seed gives the same boxes, another seed others, and
+    the boxes cost no tensor draw or read per number (``unimatch_boxes`` of a given ``rng`` touches no torch RNG)."""
+    first = unimatch_boxes(16, 32, 32, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(first, unimatch_boxes(16, 32, 32, generator=torch.Generator().manual_seed(5)))
+    assert not torch.equal(first, unimatch_boxes(16, 32, 32, generator=torch.Generator().manual_seed(6)))
+    gen = torch.Generator().manual_seed(5)
+    state = gen.get_state()
+    rng = host_rng(gen)
+    after = gen.get_state()
+    unimatch_boxes(16, 32, 32, rng=rng, generator=gen)
+    assert torch.equal(gen.get_state(), after) and not torch.equal(state, after)
 
 
 def test_mix_partners_are_never_the_image_itself():

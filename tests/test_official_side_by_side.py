@@ -79,3 +79,12 @@ def test_side_by_side_runs_unimatch_fixmatch_and_u2pl_on_the_same_network_at_a_t
     assert json.loads((tmp_path / "side_by_side.json").read_text())["results"][0]["framework"] == "unimatch"
     assert "| unimatch | LiheYoung/UniMatch unimatch.py |" in (tmp_path / "side_by_side.md").read_text()
     assert not torch.distributed.is_initialized()  # U2PL's one-rank group is gone
+
+
+def test_host_work_table_lists_each_sides_operator_calls_and_reads():
+    """``--host-work`` rows: the counts of both sides and their ratio; no table when no side was counted."""
+    sbs = load_benchmark("official_side_by_side")
+    row = {"framework": "unimatch", "project": {"host_work": {"ops": 3074, "reads": 2}},
+           "official_side": {"host_work": {"ops": 2921, "reads": 23}}}
+    assert sbs.host_work_lines({"results": [row]})[-1] == "| unimatch | 3074 | 2921 | 1.05 | 2 | 23 |"
+    assert sbs.host_work_lines({"results": [{"framework": "u2pl", "error": "x"}]}) == []

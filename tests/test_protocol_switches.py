@@ -73,6 +73,10 @@ NOT_A_STEP_CHANGE = {
                           "(test_frameworks_unimatch)",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
+#: options under which a switch's effect reaches the losses of an untrained network: the CutMix source enters only the
+#: unsupervised term, which an untrained network's confidences leave at 0 under the 0.95 threshold (the random draws
+#: are the same for both sources: one draw of torch's generator per step)
+SWITCH_OPTIONS = {"unimatch_cutmix_source": {"confidence_threshold": 0.0, "cutmix_p": 1.0}}
 
 
 def _configs(smoke_config, switch, dataset: str = "synthetic"):
@@ -80,7 +84,7 @@ def _configs(smoke_config, switch, dataset: str = "synthetic"):
     head = switch.heads[0] if switch.heads else "baseline"
     if not switch.applies(framework=framework, dataset=dataset, head=head):
         dataset = "synthetic_cityscapes"  # the switches of Cityscapes' settings (sliding windows, OHEM, ...)
-    options = U2PL_SMALL if framework == "u2pl" else {}
+    options = U2PL_SMALL if framework == "u2pl" else SWITCH_OPTIONS.get(switch.name, {})
     corrected = smoke_config(framework=framework, head=head, dataset=dataset, protocol="corrected",
                              framework_options=options)
     released = with_overrides(corrected, {f"switches.{switch.name}": switch.released})

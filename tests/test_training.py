@@ -296,7 +296,9 @@ def _weights(result_dir: Path) -> dict[str, torch.Tensor]:
     ("supervised", {}), ("u2pl", {}), ("supervised", {"optim.name": "adamw"}),
     # PS-MT's released warm-up: teachers with optimisers of their own, resumed in the middle of it
     ("psmt", {"framework_options.warmup_epochs": 100}),
-], ids=["supervised", "u2pl", "adamw", "psmt-warmup"])
+    # the CutMix boxes and partner shift drawn on the host from torch's generator (its state is checkpointed)
+    ("unimatch", {"framework_options.cutmix_p": 1.0}),
+], ids=["supervised", "u2pl", "adamw", "psmt-warmup", "unimatch-boxes"])
 def test_resume_is_exact(smoke_config, tmp_path, framework, overrides):
     """2 steps + checkpoint + restore + 2 steps == 4 straight steps: weights, NP memories, losses."""
     base = smoke_config(framework=framework, head="np", **{"schedule.max_steps": 4, **overrides})

@@ -32,6 +32,7 @@ and the second draw under ``second_draw``. The model evaluated is the network it
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -43,8 +44,10 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.transforms import DRAW_SUFFIX, strong_key
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.losses import mean_probabilities
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
+from npsemiseg.models import upsample_logits
 
 #: UniMatch@0324f3d dataset/transform.py 66: obtain_cutmix_box's size_min, size_max, ratio_1, ratio_2
 BOX_AREA = (0.02, 0.4)
@@ -53,38 +56,45 @@ BOX_ASPECT = (0.3, 1 / 0.3)
 BOX_TRIES = 1000
 
 
-def _uniform(low: float, high: float, generator: torch.Generator | None) -> float:
-    return low + (high - low) * float(torch.rand((), generator=generator))
+def host_rng(generator: torch.Generator | None = None) -> random.Random:
+    """A Python RNG seeded by one 63-bit draw from torch's CPU generator (``generator``, default: the global one,
+    which the run seeds and a checkpoint saves): a step's random draws (boxes, partners) then cost one draw and one
+    conversion of a host value instead of one tensor draw and one read per number, and stay reproducible from the
+    seed and exact across a resume."""
+    return random.Random(int(torch.randint(0, 2**63 - 1, (), generator=generator)))
 
 
 def unimatch_boxes(batch: int, height: int, width: int, *, p: float = 0.5, area: Sequence[float] = BOX_AREA,
                    aspect: Sequence[float] = BOX_ASPECT, generator: torch.Generator | None = None,
-                   device: torch.device | str | None = None) -> Tensor:
+                   rng: random.Random | None = None, device: torch.device | str | None = None) -> Tensor:
     """UniMatch's CutMix boxes, one draw per image: bool ``[B, H, W]``, True inside the box.
 
     Per image (dataset/transform.py 66-84): no box with probability ``1 - p``; else area ``s ~ U[area] x H x W``,
     then aspect ``r ~ U[aspect]``, sides ``w = int(sqrt(s / r))``, ``h = int(sqrt(s r))`` and corner ``x ~ U{0..W-1}``,
-    ``y ~ U{0..H-1}`` redrawn (area kept) until the box fits. Every draw comes from torch's RNG (``generator``).
+    ``y ~ U{0..H-1}`` redrawn (area kept) until the box fits. Every number comes from ``rng`` on the host (as the
+    official code draws them from Python's and numpy's RNGs), default :func:`host_rng` of ``generator``; the mask is
+    built on the host and copied to ``device`` once.
     """
+    rng = host_rng(generator) if rng is None else rng
     mask = torch.zeros(batch, height, width, dtype=torch.bool)
     for i in range(batch):
-        if float(torch.rand((), generator=generator)) > p:
+        if rng.random() > p:
             continue
-        size = _uniform(area[0], area[1], generator) * height * width
+        size = rng.uniform(area[0], area[1]) * height * width
         for _ in range(BOX_TRIES):
-            ratio = _uniform(aspect[0], aspect[1], generator)
+            ratio = rng.uniform(aspect[0], aspect[1])
             w, h = int(math.sqrt(size / ratio)), int(math.sqrt(size * ratio))
-            x = int(torch.randint(0, width, (), generator=generator))
-            y = int(torch.randint(0, height, (), generator=generator))
+            x, y = rng.randrange(width), rng.randrange(height)
             if x + w <= width and y + h <= height:
                 break
         mask[i, y:y + h, x:x + w] = True
     return mask.to(device) if device is not None else mask
 
 
-def mix_partners(batch: int, generator: torch.Generator | None = None) -> Tensor:
-    """``[B]`` long: image i's CutMix source ``(i + k) mod B`` for one random shift ``1 <= k < B`` (0 when B = 1)."""
-    shift = int(torch.randint(1, batch, (), generator=generator)) if batch > 1 else 0
+def mix_partners(batch: int, generator: torch.Generator | None = None, rng: random.Random | None = None) -> Tensor:
+    """``[B]`` long: image i's CutMix source ``(i + k) mod B`` for one random shift ``1 <= k < B`` (0 when B = 1),
+    ``k`` drawn from ``rng`` (default :func:`host_rng` of ``generator``)."""
+    shift = (host_rng(generator) if rng is None else rng).randrange(1, batch) if batch > 1 else 0
     return (torch.arange(batch) + shift) % batch
 
 
@@ -108,15 +118,44 @@ class FixMatchOptions(FrameworkOptions):
 
 
 @dataclass
-class CutMixSource:
-    """What the boxes paste, image by image: the source's eval-mode prediction (labels and confidences
-    ``[B_u, H, W]``), its strong views (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``:
-    the eval-mode prediction of the weak view itself where the NP head needs it as targets, else None."""
+class PseudoLabels:
+    """Hard pseudo-labels ``label [B, H, W]`` int64 and their confidences ``confidence [B, H, W]`` (max probability):
+    all a FixMatch step reads of a prediction; keeping only these (not the ``[B, K, H, W]`` probabilities, the
+    upsampled logits and the features of a :class:`TeacherPrediction`) frees the eval-mode pass's memory as the
+    official code's ``conf_u_w_mix, mask_u_w_mix`` do."""
 
-    prediction: TeacherPrediction
+    label: Tensor
+    confidence: Tensor
+
+    @classmethod
+    def of(cls, prediction: TeacherPrediction) -> PseudoLabels:
+        return cls(prediction.label, prediction.confidence)
+
+    def __getitem__(self, index: Tensor) -> PseudoLabels:
+        return PseudoLabels(self.label[index], self.confidence[index])
+
+
+def pseudo_labels(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> PseudoLabels:
+    """:class:`PseudoLabels` of per-sample logits ``[S, B, K, h, w]`` at image size ``size``: the max and argmax of
+    the (mean of the per-sample) softmax, as :func:`prediction_from_logits` computes them, without its entropy."""
+    if logits.shape[0] == 1:
+        probs = upsample_logits(logits, size, align_corners=align_corners)[0].float().softmax(dim=1)
+    else:
+        probs = mean_probabilities(logits, size, align_corners=align_corners)
+    confidence, label = probs.max(dim=1)
+    return PseudoLabels(label, confidence)
+
+
+@dataclass
+class CutMixSource:
+    """What the boxes paste, image by image: the source's eval-mode pseudo-labels (``[B_u, H, W]``), its strong views
+    (one ``[B_u, 3, H, W]`` per view) and its valid (unpadded) pixels; ``weak``: the eval-mode pseudo-labels of the
+    weak view itself where the NP head needs them as targets, else None."""
+
+    prediction: PseudoLabels
     strong: list[Tensor]
     valid: Tensor
-    weak: TeacherPrediction | None
+    weak: PseudoLabels | None
 
 
 @FRAMEWORKS.register("fixmatch")
@@ -157,10 +196,12 @@ class FixMatch(SemiSupervisedFramework):
         return self.student
 
     # ----------------------------------------------------------------- pieces
-    def draw_boxes(self, batch: int, height: int, width: int, device: torch.device) -> list[Tensor]:
-        """One independent box draw per strong view (``[B, H, W]`` bool each)."""
-        p = self.options.cutmix_p  # type: ignore[attr-defined]
-        return [unimatch_boxes(batch, height, width, p=p, device=device) for _ in self.strong_weights]
+    def draw_boxes(self, batch: int, height: int, width: int, device: torch.device,
+                   rng: random.Random | None = None) -> list[Tensor]:
+        """One independent box draw per strong view (``[B, H, W]`` bool each), in turn from ``rng`` (default: a
+        :func:`host_rng` of torch's global generator)."""
+        p, rng = self.options.cutmix_p, host_rng() if rng is None else rng  # type: ignore[attr-defined]
+        return [unimatch_boxes(batch, height, width, p=p, rng=rng, device=device) for _ in self.strong_weights]
 
     def views(self, unlabeled: dict[str, Tensor], suffix: str = "") -> tuple[list[Tensor], Tensor]:
         """The strong views ``image_strong<suffix>``, ``image_strong2<suffix>``, ... ``[B_u, 3, H, W]`` (one per strong
@@ -172,21 +213,20 @@ class FixMatch(SemiSupervisedFramework):
                              f"them from Framework.unlabeled_views)")
         return [unlabeled[k] for k in keys], ~unlabeled["padding" + suffix]
 
-    def cutmix_source(self, unlabeled: dict[str, Tensor], strong: list[Tensor], valid: Tensor) -> CutMixSource:
+    def cutmix_source(self, unlabeled: dict[str, Tensor], strong: list[Tensor], valid: Tensor,
+                      rng: random.Random | None = None) -> CutMixSource:
         """The eval-mode, no-gradient prediction of the CutMix source (fixmatch.py 132-137, unimatch.py 131-136) and
         what the boxes paste from it: the items' second draw (``cutmix_source="second_draw"``; the NP head's targets
         then need an eval-mode prediction of the weak view too), or the batch shifted by :func:`mix_partners`
-        (``batch_shift``; that prediction is also the weak view's)."""
+        (``batch_shift``, the shift drawn from ``rng``; that prediction is also the weak view's)."""
         if self.options.cutmix_source == "second_draw":  # type: ignore[attr-defined]
             mix = {k.removesuffix(DRAW_SUFFIX): v for k, v in unlabeled.items() if k.endswith(DRAW_SUFFIX)}
-            prediction = self.predict_unlabeled(self.student, mix)
-            weak = self.predict(self.student, unlabeled["image"]) if self._memory_names else None
+            prediction = PseudoLabels.of(self.predict_unlabeled(self.student, mix))
+            weak = PseudoLabels.of(self.predict(self.student, unlabeled["image"])) if self._memory_names else None
             return CutMixSource(prediction, *self.views(unlabeled, DRAW_SUFFIX), weak)
-        prediction = self.predict_unlabeled(self.student, unlabeled)
-        partner = mix_partners(strong[0].shape[0]).to(strong[0].device)
-        shifted = TeacherPrediction(prediction.probs[partner], prediction.entropy[partner],
-                                    prediction.confidence[partner], prediction.label[partner], None, None)
-        return CutMixSource(shifted, [view[partner] for view in strong], valid[partner], prediction)
+        prediction = PseudoLabels.of(self.predict_unlabeled(self.student, unlabeled))
+        partner = mix_partners(strong[0].shape[0], rng=rng).to(strong[0].device)
+        return CutMixSource(prediction[partner], [view[partner] for view in strong], valid[partner], prediction)
 
     def weak_pass(self, images_l: Tensor, labels_l: Tensor, weak: Tensor,
                   targets_u: Tensor) -> tuple[StudentPass, Tensor | None]:
@@ -194,9 +234,18 @@ class FixMatch(SemiSupervisedFramework):
         perturbed-feature logits (None)."""
         return self.student_pass(images_l, labels_l, weak, targets_u), None
 
-    def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
+    def extra_terms(self, perturbed: Tensor | None, weak: PseudoLabels, valid: Tensor) -> dict[str, Tensor]:
         """Loss terms beyond the strong views (UniMatch's feature perturbation)."""
         return {}
+
+    def weak_pseudo_labels(self, logits_u: Tensor, unlabeled: dict[str, Tensor]) -> PseudoLabels:
+        """The detached train-mode weak-view logits ``[S, B_u, K, h, w]`` as pseudo-labels at image size (the
+        ground truth in their place under ``unlabeled_truth="oracle"``)."""
+        size = tuple(unlabeled["image"].shape[-2:])
+        if self.unlabeled_truth != "oracle":
+            return pseudo_labels(logits_u, size, align_corners=self.align_corners)
+        prediction = prediction_from_logits(logits_u, size, align_corners=self.align_corners)
+        return PseudoLabels.of(oracle_prediction(prediction, unlabeled["label"]))
 
     def strong_term_names(self) -> list[str]:
         return ["unsup"] if len(self.strong_weights) == 1 else [f"unsup_s{i + 1}" for i in range(len(self.strong_weights))]
@@ -212,18 +261,17 @@ class FixMatch(SemiSupervisedFramework):
         self.seed_memories(images_l, labels_l)
 
         # 1. eval mode, no gradient: the CutMix source's pseudo-labels (and the NP head's targets)
-        source = self.cutmix_source(unlabeled, strong, valid)
+        rng = host_rng()  # the step's draws (partner shift, boxes) from one draw of torch's generator
+        source = self.cutmix_source(unlabeled, strong, valid, rng)
         # 2. one independent box per strong view, the source's strong view pasted in
-        boxes = self.draw_boxes(weak.shape[0], size[0], size[1], weak.device)
+        boxes = self.draw_boxes(weak.shape[0], size[0], size[1], weak.device, rng)
         mixed = [torch.where(box[:, None], pasted, view) for box, pasted, view in zip(boxes, source.strong, strong)]
 
         # 3. train mode on labeled + weak: supervised loss, detached weak-view pseudo-labels
         targets_u = (ignore_where(source.weak.label, source.weak.confidence < threshold) if source.weak is not None
                      else torch.full((weak.shape[0], *size), IGNORE_INDEX, dtype=labels_l.dtype, device=weak.device))
         clean, perturbed = self.weak_pass(images_l, labels_l, weak, targets_u)
-        weak_pred = prediction_from_logits(clean.logits_u.detach(), size, align_corners=self.align_corners)
-        if self.unlabeled_truth == "oracle":
-            weak_pred = oracle_prediction(weak_pred, unlabeled["label"])
+        weak_pred = self.weak_pseudo_labels(clean.logits_u.detach(), unlabeled)
 
         # 4. train mode on the mixed strong views (one batch), no labels
         output = self.student(torch.cat(mixed, dim=0))

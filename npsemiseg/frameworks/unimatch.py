@@ -32,8 +32,7 @@ from torch import Tensor
 
 from npsemiseg.frameworks.base import FRAMEWORKS
 from npsemiseg.frameworks.ema import unwrap
-from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
-from npsemiseg.frameworks.pseudo_labels import TeacherPrediction
+from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, PseudoLabels, thresholded_loss
 from npsemiseg.frameworks.semi import StudentPass
 
 
@@ -68,7 +67,7 @@ class UniMatch(FixMatch):
             images, dropout=self.options.feature_dropout, labels=labels, num_context=num_labeled)  # type: ignore[attr-defined]
         return self._split(clean, num_labeled), perturbed.head.logits[:, num_labeled:]
 
-    def extra_terms(self, perturbed: Tensor | None, weak: TeacherPrediction, valid: Tensor) -> dict[str, Tensor]:
+    def extra_terms(self, perturbed: Tensor | None, weak: PseudoLabels, valid: Tensor) -> dict[str, Tensor]:
         assert perturbed is not None
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
         loss = thresholded_loss(self.pixel_ce(perturbed, weak.label), weak.confidence, valid, threshold)
