@@ -374,13 +374,8 @@ def build_segmentor(
     allow_download: with ``weights="imagenet"``, whether torchvision may download a missing file.
     align_corners: how the segmentor's logits are upsampled to label size (:func:`logit_align_corners`).
     """
-    if mc_dropout_scope not in ("decoder", "head"):
-        raise ValueError(f"mc_dropout_scope must be 'decoder' or 'head', got {mc_dropout_scope!r}")
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
+    _check_segmentor_arguments(num_classes, backbone, deep_stem, mc_dropout_scope)
     if is_vit_backbone(backbone):
-        if deep_stem:
-            raise ValueError(f"deep_stem=True: the deep stem is a ResNet stem; the {backbone} backbone has none")
         return _build_vit_segmentor(
             num_classes=num_classes, head=head, head_options=head_options, backbone=backbone, weights=weights,
             aux_head=aux_head, representation_head=representation_head, representation_dim=representation_dim,
@@ -392,26 +387,37 @@ def build_segmentor(
     encoder = build_backbone(backbone, output_stride=output_stride or spec.output_stride, multi_grid=multi_grid,
                              deep_stem=deep_stem, weights=weights, zero_init_residual=zero_init_residual,
                              allow_download=allow_download)
-    mc_dropout = 0.0
-    if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
-        mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
     decoder = DeepLabV3PlusDecoder(
         variant, encoder.channels["high_level"], encoder.channels["low_level"], aspp_channels=aspp_channels,
         low_level_channels=low_level_channels, aspp_rates=tuple(aspp_rates) if aspp_rates is not None else None,
-        mc_dropout=mc_dropout,
+        mc_dropout=decoder_mc_dropout(head, mc_dropout_scope),
     )
     hidden = aspp_channels or spec.aspp_channels  # 256 as U2PL's aux/representation heads; narrow in smoke runs
     return Segmentor(
-        encoder,
-        decoder,
-        head,
+        encoder, decoder, head,
         aux_head=AuxiliaryHead(encoder.channels["layer3"], num_classes, hidden) if aux_head else None,
         representation_head=(
             RepresentationHead(decoder.out_channels, representation_dim, hidden) if representation_head else None
         ),
-        samples_per_pass=samples_per_pass,
-        align_corners=align_corners,
+        samples_per_pass=samples_per_pass, align_corners=align_corners,
     )
+
+
+def _check_segmentor_arguments(num_classes: int, backbone: str, deep_stem: bool, mc_dropout_scope: str) -> None:
+    """``ValueError`` naming the argument for what no segmentor can be built with."""
+    if mc_dropout_scope not in ("decoder", "head"):
+        raise ValueError(f"mc_dropout_scope must be 'decoder' or 'head', got {mc_dropout_scope!r}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes!r}")
+    if deep_stem and is_vit_backbone(backbone):
+        raise ValueError(f"deep_stem=True: the deep stem is a ResNet stem; the {backbone} backbone has none")
+
+
+def decoder_mc_dropout(head: nn.Module, mc_dropout_scope: str) -> float:
+    """The always-active dropout rate of the decoder: an MC-dropout head's rate in ``decoder`` scope, else 0."""
+    if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
+        return float(head.dropout)  # type: ignore[attr-defined]
+    return 0.0
 
 
 def _build_vit_segmentor(*, num_classes: int, head: ClassifierHead | str, head_options: dict[str, Any] | None,
@@ -423,10 +429,8 @@ def _build_vit_segmentor(*, num_classes: int, head: ClassifierHead | str, head_o
     encoder: ViTBackbone = build_vit_backbone(backbone, weights=weights, allow_download=allow_download)
     spec = encoder.spec
     head = _classifier_head(head, head_options, spec.dpt_features, num_classes)
-    mc_dropout = 0.0
-    if mc_dropout_scope == "decoder" and getattr(head, "mc_dropout", False) is True:
-        mc_dropout = float(head.dropout)  # type: ignore[attr-defined]
-    decoder = DPTDecoder(spec.embed_dim, spec.dpt_features, spec.dpt_channels, mc_dropout=mc_dropout)
+    decoder = DPTDecoder(spec.embed_dim, spec.dpt_features, spec.dpt_channels,
+                         mc_dropout=decoder_mc_dropout(head, mc_dropout_scope))
     hidden = spec.dpt_features
     return Segmentor(
         encoder,  # type: ignore[arg-type]

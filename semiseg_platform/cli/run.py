@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -129,19 +129,25 @@ def run(
             result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                               max_failures=max_failures, **launch)
     except CellFailedError as error:
-        failed = error.result
-        refused = refused_file(error)
-        if refused is not None:  # the lineage's checkpoint asked to run code: the input is bad, nothing of it ran
-            fail(f"{refused} (cell {failed.name} {failed.status}" + (f", MLflow run {failed.run_url})" if failed.run_url
-                                                                      else ")"))
-        typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
-        if failed.run_url:
-            typer.echo(f"MLflow run: {failed.run_url}", err=True)
-        raise typer.Exit(CELL_FAILED) from None
+        _exit_failed(error)
     except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
         raise typer.Exit(INTERRUPTED) from None
     _print_result(result, tracking_uri)
+
+
+def _exit_failed(error: CellFailedError) -> NoReturn:
+    """Exit for a failed cell: 2 with one line where its lineage's checkpoint asked to run code (the input is bad,
+    nothing of it ran), else its status, error and MLflow run, exit ``CELL_FAILED``."""
+    failed = error.result
+    refused = refused_file(error)
+    if refused is not None:
+        fail(f"{refused} (cell {failed.name} {failed.status}" + (f", MLflow run {failed.run_url})" if failed.run_url
+                                                                  else ")"))
+    typer.echo(f"cell {failed.name} {failed.status}: {failed.error}", err=True)
+    if failed.run_url:
+        typer.echo(f"MLflow run: {failed.run_url}", err=True)
+    raise typer.Exit(CELL_FAILED) from None
 
 
 def refused_file(error: CellFailedError) -> UnsafeFileError | None:
