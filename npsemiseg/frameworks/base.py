@@ -127,6 +127,12 @@ class Framework:
         self.align_corners = logit_align_corners(self.student)
 
     @classmethod
+    def publication_values(cls, dataset: str, family: str) -> list[tuple[str, Any, str]]:
+        """A publication of the framework's own that the ``paper`` preset sets for every head, as ``(key, value,
+        why)`` (UniMatch V2's DINOv2 configs); none by default."""
+        return []
+
+    @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
         """The framework's own paper options (its defaults); what a dataset's publications change for it
         (``PaperSettings.options_for``) is laid over them at composition. Transitional: a framework whose values
