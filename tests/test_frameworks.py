@@ -592,12 +592,13 @@ def test_an_np_step_reads_one_device_value_more_than_the_baseline_heads(smoke_co
         fw, config = _framework(smoke_config, framework, head)
         ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
         fw.train_step(_batch(config), ctx)  # seeds the NP memories
+        batches = _batch(config, seed=1), _batch(config, seed=2)  # made outside the counter, as the loop's are
         with host_work.HostWork() as work:
-            result = fw.train_step(_batch(config, seed=1), ctx)
+            result = fw.train_step(batches[0], ctx)
         assert head == "baseline" or isinstance(result.logs["head/kl"], torch.Tensor)
         reads[head] = work.reads
         with host_work.HostWork() as work, deferred_label_checks() as checks:
-            fw.train_step(_batch(config, seed=2), ctx)
+            fw.train_step(batches[1], ctx)
         deferred[head] = work.reads
         assert (head == "np") == bool(checks)
     assert reads["np"] == reads["baseline"] + 1
