@@ -28,6 +28,7 @@ from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.data import DatasetInfo, dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
+from npsemiseg.renames import current_key
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
 Protocol = Literal["released", "corrected"]
@@ -729,7 +730,9 @@ def check_protocol(protocol: str) -> str:
 
 
 def get_switch(name: str) -> Switch:
-    """The switch ``name``; ``ValueError`` listing the switches for an unknown name."""
+    """The switch ``name`` (or its earlier name: ``npsemiseg.renames``); ``ValueError`` listing the switches for an
+    unknown name."""
+    name = current_key(f"{SWITCH_PREFIX}{name}").removeprefix(SWITCH_PREFIX)
     if name not in SWITCHES:
         raise ValueError(f"switch: unknown name {name!r}, expected one of {sorted(SWITCHES)}")
     return SWITCHES[name]

@@ -50,6 +50,7 @@ from npsemiseg.protocol import (
     protocol_switches,
     switch_target,
 )
+from npsemiseg.renames import read_renamed
 
 #: the steps in their order (``cell``: the coordinates asked for; ``record``: a record composed again as it is)
 STEPS = ("cell", "record", "preset", "defaults", "switch", "scale", "derived", "override")
@@ -121,7 +122,7 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     chooses the framework class (``switches.mt_variant``: it wins over the protocol). ``ValueError`` names a bad
     key or value.
     """
-    given = dict(overrides or {})
+    given = read_renamed(dict(overrides or {}))
     ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
@@ -162,7 +163,7 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
     """``config`` with more overrides: composed again from its ``inputs`` and every override (an override of a
     key already overridden replaces it). With ``from_inputs=False``, or for a record without inputs (written by
     hand), the record is the start instead: its values, its unset derived fields, the overrides."""
-    new = dict(overrides or {})
+    new = read_renamed(dict(overrides or {}))
     inputs = config.inputs
     if not from_inputs or inputs is None:
         return compose_record(config, new)
@@ -173,7 +174,7 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
 
 def compose_record(config: RunConfig, overrides: Mapping[str, Any] | None = None) -> Composition:
     """A record composed again as it is (step ``record``), its unset derived fields, then ``overrides``."""
-    values = _Values(_targets(dict(overrides or {})))
+    values = _Values(_targets(read_renamed(dict(overrides or {}))))
     record = config.model_dump(mode="json", exclude={"inputs"})
     values.set_all(record, "record", "the record as given")
     cell = Cell(preset="", framework=config.framework, dataset=config.dataset, partition=config.partition,

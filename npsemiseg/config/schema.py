@@ -33,6 +33,7 @@ from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_class
 from npsemiseg.models import BACKBONES, MODEL_VARIANTS
+from npsemiseg.renames import earlier_names, read_renamed
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
 #: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect, plus each field of
@@ -102,14 +103,9 @@ IDENTITY_RESTORED: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...]
     ("framework_options.variant", "shared", lambda v: v["framework"] == "mt"),
     ("framework_options.mse_weight", 100.0, lambda v: v["framework"] == "mt"),
 )
-
-#: keys renamed after version 1, hashed under their version-1 names so the cells keep their ids
-IDENTITY_V1_NAMES: dict[str, str] = {"head.options.training_samples": "head.options.num_samples",
-                                     "head.options.train_mode_passes": "head.options.train_samples",
-                                     "framework_options.cutmix_boxes": "framework_options.cutmix_variant"}
-#: values renamed after version 1 (per key, under its current name): hashed as their version-1 values
-IDENTITY_V1_VALUES: dict[str, dict[Any, Any]] = {
-    "framework_options.cutmix_boxes": {"beta_box": "voc", "random_boxes": "cityscapes"}}
+# Renamed keys (``npsemiseg.renames.RENAMED_KEYS``, the one map old -> new) are hashed under their version-1 names
+# and values rather than mapped to new ids: a name says what a value is, not what the cell computes, so the cell
+# keeps its id, its MLflow run and its resumable checkpoints; the map is kept anyway to read old records and runs.
 
 CELL_ID_LENGTH = 12
 
@@ -426,6 +422,13 @@ class RunConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _read_renamed_keys(cls, values: Any) -> Any:
+        """A record written before a rename (a file, a checkpoint's configuration): its keys under their current
+        names (:data:`npsemiseg.renames.RENAMED_KEYS`)."""
+        return read_renamed(values) if isinstance(values, dict) else values
+
+    @model_validator(mode="before")
+    @classmethod
     def _folder_dataset(cls, values: Any) -> Any:
         """A folder dataset of one's own named by the record and found at its ``data.root``: registered first."""
         if isinstance(values, dict):
@@ -500,18 +503,14 @@ class RunConfig(Section):
         """What the cell id covers (version :data:`IDENTITY_VERSION`): the values minus
         :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing, plus the
         :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names and values
-        (:data:`IDENTITY_V1_NAMES`, :data:`IDENTITY_V1_VALUES`) (JSON types)."""
+        (:data:`npsemiseg.renames.RENAMED_KEYS`) (JSON types)."""
         data = self.model_dump(mode="json")
         omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
         restored = [(dotted, value) for dotted, value, where in IDENTITY_RESTORED if where(data)]
         for dotted in (*omitted, *IDENTITY_EXCLUDED):
             node, leaf = _parent(data, dotted)
             node.pop(leaf)
-        for new, old in IDENTITY_V1_NAMES.items():
-            node, leaf = _parent(data, new)
-            if leaf in node:
-                value = node.pop(leaf)
-                node[old.rsplit(".", 1)[1]] = IDENTITY_V1_VALUES.get(new, {}).get(value, value)
+        earlier_names(data)  # renamed keys hashed under their version-1 names: a rename keeps every id
         for dotted, value in restored:
             node, leaf = _parent(data, dotted)
             node[leaf] = value
