@@ -19,6 +19,8 @@ RENAMED_KEYS: dict[str, str] = {
     "head.options.training_samples": "head.options.num_samples",
     "head.options.train_mode_passes": "head.options.train_samples",
     "framework_options.cutmix_boxes": "framework_options.cutmix_variant",
+    # "variant" meant six things; each now says which: a head's label in tables and run names
+    "head.label": "head.variant",
 }
 #: current dotted key -> {earlier value: current value}, for values renamed with their key (read only under the
 #: earlier key: a value is renamed once, with the key that carried it)
@@ -47,10 +49,9 @@ def current_value(key: str, value: Any) -> Any:
 
 def read_renamed(values: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
     """``values`` (nested sections, dotted keys or both; ``prefix``: the section they are under) with every
-    earlier key under its current name and its value as the current one, in their order; where the current key is
-    given too, it wins."""
+    earlier key under its current name and its value as the current one; of a key given under both names, the later
+    one holds (as of any key given twice in overrides)."""
     out: dict[Any, Any] = {}
-    given: set[Any] = set()  # the current keys given as such
     for key, value in values.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         new = current_key(dotted)
@@ -58,11 +59,8 @@ def read_renamed(values: Mapping[Any, Any], prefix: str = "") -> dict[Any, Any]:
             value = read_renamed(value, new)
         if new == dotted:
             out[key] = value
-            given.add(key)
-            continue
-        name = new.removeprefix(f"{prefix}.") if prefix else new
-        if name not in given:
-            out[name] = current_value(dotted, value)
+        else:
+            out[new.removeprefix(f"{prefix}.") if prefix else new] = current_value(dotted, value)
     return out
 
 

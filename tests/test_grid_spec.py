@@ -38,10 +38,10 @@ def test_expansion_applies_rules_variants_seeds_and_overrides():
     assert len(configs) == 2 * (2 * 2 + 1) * 2
     names = Counter(c.cell_name for c in configs)
     assert names["u2pl/synthetic_voc/183/np_mean"] == 2 and "supervised/synthetic_voc/92/np_mean" not in names
-    mean = next(c for c in configs if c.head.variant == "np_mean")
+    mean = next(c for c in configs if c.head.label == "np_mean")
     assert mean.head.name == "np" and mean.head.options["attention"] == "mean"
     # the variant's options are merged over the preset's NP options, not replacing them
-    plain = next(c for c in configs if c.head.variant == "np" and c.framework == "u2pl")
+    plain = next(c for c in configs if c.head.label == "np" and c.framework == "u2pl")
     # (the protocol writes the plain head's attention switch: compare the other options)
     assert {k: v for k, v in mean.head.options.items() if k != "attention"} == {
         k: v for k, v in plain.head.options.items() if k != "attention"}
@@ -152,7 +152,7 @@ def test_the_unimatch_companion_spec_covers_the_papers_datasets_and_partitions()
 
 
 def test_the_unimatch_companion_cells_take_the_unimatch_switches():
-    configs = {(c.framework, c.dataset, c.partition, c.head.variant, c.protocol): c
+    configs = {(c.framework, c.dataset, c.partition, c.head.label, c.protocol): c
                for c in expand(load_spec(SPECS / "paper_unimatch.yaml"))}
     assert len(configs) == 144
     released = configs[("unimatch", "cityscapes", "744", "np", "released")]
@@ -325,12 +325,12 @@ def test_the_unimatch_v2_spec_covers_its_papers_partitions_with_every_head():
     configs = expand(spec)
     assert len(configs) == 19 * 3 == len({c.cell_id for c in configs})
     assert Counter(c.dataset for c in configs) == {"pascal_classic": 15, "cityscapes": 12, "ade20k": 15, "coco": 15}
-    assert {c.head.variant for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
+    assert {c.head.label for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
     assert spec.experiment == "npsemiseg-unimatch-v2" and spec.resources.workers == 4
     crops = {"pascal_classic": 518, "cityscapes": 798, "ade20k": 518, "coco": 518}
     for config in configs:
         assert (config.framework, config.model.backbone, config.optim.name, config.optim.lr) == (
             "unimatch_v2", "dinov2_b", "adamw", 5e-6)
         assert config.schedule.crop_size == crops[config.dataset] and config.schedule.lr_timing == "after_step"
-        if config.head.variant == "baseline":
+        if config.head.label == "baseline":
             assert paper_value(config.dataset, "unimatch_v2", "baseline", config.partition, "miou") is not None

@@ -9,8 +9,9 @@ the key that carried it.
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from npsemiseg.config import cell_config, compose
+from npsemiseg.config import RunConfig, cell_config, compose
 from npsemiseg.renames import RENAMED_KEYS, current_key, earlier_names, read_renamed
 from semiseg_platform.tracking.mlflow_names import param_value
 
@@ -22,10 +23,10 @@ def test_read_renamed_maps_dotted_keys_and_sections_and_keeps_the_order():
     assert list(read_renamed({"seed": 1, "head.options.num_samples": 2})) == ["seed", "head.options.training_samples"]
 
 
-def test_the_current_key_wins_over_its_earlier_name_in_either_order():
+def test_of_a_key_given_under_both_names_the_later_one_holds():
     both = {"head.options.num_samples": 2, "head.options.training_samples": 7}
     assert read_renamed(both) == {"head.options.training_samples": 7}
-    assert read_renamed(dict(reversed(both.items()))) == {"head.options.training_samples": 7}
+    assert read_renamed(dict(reversed(both.items()))) == {"head.options.training_samples": 2}
 
 
 def test_a_renamed_value_is_read_only_under_the_earlier_key():
@@ -53,3 +54,38 @@ def test_old_run_params_read_back_under_the_new_key():
     assert param_value({"head.options.training_samples": "4", "head.options.num_samples": "5"},
                        "head.options.training_samples") == "4"
     assert param_value({}, "head.options.training_samples") is None
+
+
+#: ``(earlier key, current key, a value, the cell)``: each rename of "variant", given under its old name
+_CASES = [
+    ("head.variant", "head.label", "np_mean", dict(framework="u2pl", head="np")),
+]
+
+
+def _config(cell, overrides):
+    coordinates = {"dataset": "synthetic", "partition": "1/16", **cell}
+    return compose("smoke", **coordinates, overrides=overrides).config
+
+
+@pytest.mark.parametrize(("old", "new", "value", "cell"), _CASES, ids=[case[0] for case in _CASES])
+def test_an_old_name_composes_the_same_record_and_cell_id(old, new, value, cell):
+    """An override (``--set old=value``), a section override and a record (a YAML file, a checkpoint's stored
+    configuration) written with the old name give the record the new name gives, and the same cell id; the id is
+    the one hashed under the old name (``cell_ids.json`` holds ids hashed so)."""
+    current = _config(cell, {new: value})
+    assert _read(current.model_dump(), new) == value
+    section, _, leaf = old.rpartition(".")
+    for overrides in ({old: value}, {section: {leaf: str(value)}} if section else {old: str(value)}):
+        again = _config(cell, overrides)
+        assert again == current and again.cell_id == current.cell_id
+    record = current.model_dump(mode="json")
+    node = record[section] if section else record
+    node[leaf] = node.pop(new.rpartition(".")[2])
+    assert RunConfig.from_yaml(yaml.safe_dump(record)) == current
+    assert _read(current.identity(), old) == value and _read(current.identity(), new) is None
+
+
+def _read(data, dotted):
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data

@@ -300,8 +300,8 @@ def _labels(view: Mapping[str, Any], framework: str) -> list[tuple[str, Any, str
     out = []
     if not view.get("framework_variant"):
         out.append(("framework_variant", framework, "the framework's name as asked for"))
-    if not view["head"].get("variant"):
-        out.append(("head.variant", view["head"]["name"], "the head's name"))
+    if not view["head"].get("label"):
+        out.append(("head.label", view["head"]["name"], "the head's name"))
     schedule = view.get("schedule", {})
     if schedule.get("unlabeled_batch_size") is None:
         batch = schedule.get("batch_size", ScheduleConfig.model_fields["batch_size"].default)

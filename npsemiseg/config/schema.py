@@ -121,7 +121,7 @@ class Section(BaseModel):
 
 
 class HeadConfig(Section):
-    """The classifier head: which class (``name``), its label in tables (``variant``), its options.
+    """The classifier head: which class (``name``), its label in tables (``label``), its options.
 
     ``name``: a registered head (``npsemiseg.heads.head_names()``). ``options`` are keyword arguments of
     ``npsemiseg.heads.build_head(name, ...)``, checked against the head class. ``sample_ce``:
@@ -131,7 +131,7 @@ class HeadConfig(Section):
 
     name: str = "baseline"
     #: the head's label in tables and run names ("" = ``name``; composition sets it)
-    variant: str = ""
+    label: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
     sample_ce: SampleCE = "elbo"
 
@@ -492,7 +492,7 @@ class RunConfig(Section):
         """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
         lineages)."""
         return (f"{self.framework_variant or self.framework}/{self.dataset}/{self.partition}/"
-                f"{self.head.variant or self.head.name}")
+                f"{self.head.label or self.head.name}")
 
     @property
     def run_name(self) -> str:

@@ -29,8 +29,8 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
         dataset += f" (synthetic stand-in for `{info.real_dataset}`)"
     defaults = head_options(config.head.name)
     changed = {key: value for key, value in config.head.options.items() if defaults.get(key) != value}
-    head = f"head `{config.head.variant}`: {head_class(config.head.name).description}"
-    if changed and config.head.variant != config.head.name:
+    head = f"head `{config.head.label}`: {head_class(config.head.name).description}"
+    if changed and config.head.label != config.head.name:
         head += "; " + ", ".join(f"{key} = {value}" for key, value in sorted(changed.items()))
     schedule = config.schedule
     steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"

@@ -43,7 +43,7 @@ def cell_tags(config: RunConfig, *, grid_id: str | None = None, search_id: str |
         mlflow_names.FRAMEWORK_NAME: config.framework,
         mlflow_names.DATASET: config.dataset,
         mlflow_names.PARTITION: str(config.partition),
-        mlflow_names.HEAD: config.head.variant,
+        mlflow_names.HEAD: config.head.label,
         mlflow_names.HEAD_NAME: config.head.name,
         mlflow_names.SEED: str(config.seed),
         mlflow_names.PROTOCOL: config.protocol,
