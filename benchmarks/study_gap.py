@@ -155,7 +155,7 @@ def main() -> None:
     extra = dict(item.split("=", 1) for item in args.set)
     frameworks, heads = set(args.frameworks.split(",")), set(args.heads.split(","))
     partitions = set(args.partitions.split(",")) if args.partitions else None
-    cells = [c for c in expand(load_spec(args.spec)) if c.framework_variant in frameworks and c.head.label in heads
+    cells = [c for c in expand(load_spec(args.spec)) if c.framework_label in frameworks and c.head.label in heads
              and c.seed in seeds and (partitions is None or c.partition in partitions)]
     for data_seed in (int(s) for s in args.data_seeds.split(",")):
         for config in cells:

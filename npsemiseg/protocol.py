@@ -765,7 +765,7 @@ def protocol_framework(protocol: str, framework: str, dataset: str, head: str) -
     A switch whose target is ``framework`` chooses between its released and corrected classes for the cells asked
     for by its corrected one, the paper done right (``mt_variant``: a cell asked as ``mt`` runs ``mt_cps`` under
     ``released``, ``mt`` under ``corrected``); a cell asked for by another name (``mt_cps``) runs that class
-    under either protocol. The cell keeps the name asked for as its label (``framework_variant``)."""
+    under either protocol. The cell keeps the name asked for as its label (``framework_label``)."""
     check_protocol(protocol)
     for switch in framework_switches():
         if framework == switch.corrected and switch.applies(framework=framework, dataset=dataset, head=head):

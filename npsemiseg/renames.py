@@ -19,8 +19,10 @@ RENAMED_KEYS: dict[str, str] = {
     "head.options.training_samples": "head.options.num_samples",
     "head.options.train_mode_passes": "head.options.train_samples",
     "framework_options.cutmix_boxes": "framework_options.cutmix_variant",
-    # "variant" meant six things; each now says which: a head's label in tables and run names
+    # "variant" meant six things; each now says which: a head's and a framework's label in tables, run names and
+    # tags
     "head.label": "head.variant",
+    "framework_label": "framework_variant",
 }
 #: current dotted key -> {earlier value: current value}, for values renamed with their key (read only under the
 #: earlier key: a value is renamed once, with the key that carried it)

@@ -52,7 +52,7 @@ def test_the_mt_variant_switch_chooses_the_framework_class_at_the_cell_step():
     cell = dict(framework="mt", dataset="pascal_classic", partition="92", head="baseline")
     released = compose("paper", **cell, protocol="released")
     config = released.config
-    assert (config.framework, config.framework_variant, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
+    assert (config.framework, config.framework_label, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
     assert [(s.step, s.value) for s in released.provenance["framework"]] == [("cell", "mt"), ("switch", "mt_cps")]
     assert "switch mt_variant (released" in released.provenance["framework"][-1].why
     assert set(config.framework_options) == {"ema_decay", "mse_weight", "passes", "ema_timing", "train_dropout"}
@@ -73,7 +73,7 @@ def test_the_mt_variant_switch_chooses_the_framework_class_at_the_cell_step():
     # asked for by name: that class under either protocol, labelled with its own name
     for protocol in ("released", "corrected"):
         named = compose("smoke", **{**cell, "framework": "mt_cps"}, protocol=protocol)
-        assert (named.config.framework, named.config.framework_variant) == ("mt_cps", "mt_cps")
+        assert (named.config.framework, named.config.framework_label) == ("mt_cps", "mt_cps")
         assert _steps(named, "framework") == ["cell"] and switches(named.config)["mt_variant"] == "mt_cps"
     with pytest.raises(ValueError, match="chooses between frameworks mt/mt_cps"):
         compose("smoke", **{**cell, "framework": "u2pl"}, overrides={"switches.mt_variant": "mt_cps"})

@@ -245,7 +245,7 @@ def test_a_grid_refuses_oracle_cells_but_runs_measured_ones():
     assert {c.framework for c in measured if c.data.unlabeled_truth == "measured"} == {"u2pl"}
 
 
-def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
+def test_framework_labels_label_their_cells_and_carry_options_and_overrides():
     spec = load_spec(_spec(
         frameworks={"supervised": None, "u2pl": None,
                     "supervised_psmt": {"framework": "supervised", "overrides": {"model.variant": "psmt"}},
@@ -259,7 +259,7 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     assert reference.framework == "supervised" and reference.model.variant == "psmt"
     assert reference.run_name == "supervised_psmt/synthetic_voc/92/baseline/corrected"
     plain = configs["supervised/synthetic_voc/92/baseline"]
-    assert plain.framework_variant == "supervised" and plain.model.variant == "u2pl"
+    assert plain.framework_label == "supervised" and plain.model.variant == "u2pl"
     ablation = configs["u2pl_no_contrast/synthetic_voc/92/baseline"]
     assert ablation.framework == "u2pl" and ablation.framework_options["contrastive"] is False
     assert ablation.optim.lr == 0.5 and configs["u2pl/synthetic_voc/92/baseline"].optim.lr != 0.5
@@ -268,7 +268,7 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     alone = cell_config("smoke", framework="supervised", dataset="synthetic_voc", partition="92",
                                   **{"runtime.device": "cpu"})
     assert plain.cell_id == alone.cell_id
-    assert with_overrides(alone, {"framework_variant": "supervised_again"}).cell_id != alone.cell_id
+    assert with_overrides(alone, {"framework_label": "supervised_again"}).cell_id != alone.cell_id
     with pytest.raises(ValueError, match="frameworks.bad.framework"):
         load_spec(_spec(frameworks={"bad": {"framework": "no_such_framework"}}))
 

@@ -296,8 +296,8 @@ def test_mt_variant_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smo
     train-mode teacher softmax); the student is evaluated."""
     switch = next(s for s in implemented_switches() if s.name == "mt_variant")
     corrected, released = _configs(smoke_config, switch)
-    assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_variant == "mt"
-    assert released == smoke_config(framework="mt_cps", **{"framework_variant": "mt"})  # the class asked for by name
+    assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_label == "mt"
+    assert released == smoke_config(framework="mt_cps", **{"framework_label": "mt"})  # the class asked for by name
     cps = build_framework(released)
     assert cps.eval_model() is cps.student and build_framework(corrected).eval_model() is not None
     torch.manual_seed(0)

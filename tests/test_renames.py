@@ -59,6 +59,7 @@ def test_old_run_params_read_back_under_the_new_key():
 #: ``(earlier key, current key, a value, the cell)``: each rename of "variant", given under its old name
 _CASES = [
     ("head.variant", "head.label", "np_mean", dict(framework="u2pl", head="np")),
+    ("framework_variant", "framework_label", "supervised_psmt", dict(framework="supervised", head="baseline")),
 ]
 
 

@@ -298,8 +298,8 @@ def _labels(view: Mapping[str, Any], framework: str) -> list[tuple[str, Any, str
     """The framework's and head's labels (their names as asked for where not given: ``framework``, which a protocol
     switch may run as another class), the unlabeled batch (the labeled one)."""
     out = []
-    if not view.get("framework_variant"):
-        out.append(("framework_variant", framework, "the framework's name as asked for"))
+    if not view.get("framework_label"):
+        out.append(("framework_label", framework, "the framework's name as asked for"))
     if not view["head"].get("label"):
         out.append(("head.label", view["head"]["name"], "the head's name"))
     schedule = view.get("schedule", {})

@@ -54,7 +54,7 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("head.options.dropout", lambda v: v["framework"] in ("fixmatch", "unimatch")
      and v["head"]["options"].get("dropout") == 0.1),
     ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
-    ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
+    ("framework_label", lambda v: v["framework_label"] == v["framework"]),  # a label, as the framework
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
     # the NP head's released memories and U2PL's KL in its supervised-only epochs, at their corrected values
     ("head.options.memory_zero_row", lambda v: v["head"]["options"].get("memory_zero_row") is False),
@@ -394,7 +394,7 @@ class RunConfig(Section):
     framework: str = "supervised"
     #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's framework variants
     #: (e.g. ``supervised_psmt``: the supervised reference trained on PS-MT's network) give it
-    framework_variant: str = ""
+    framework_label: str = ""
     #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right): the switches
     #: of ``npsemiseg.protocol`` that composition applied
     protocol: Literal["released", "corrected"] = "corrected"
@@ -491,7 +491,7 @@ class RunConfig(Section):
     def cell_name(self) -> str:
         """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
         lineages)."""
-        return (f"{self.framework_variant or self.framework}/{self.dataset}/{self.partition}/"
+        return (f"{self.framework_label or self.framework}/{self.dataset}/{self.partition}/"
                 f"{self.head.label or self.head.name}")
 
     @property

@@ -271,7 +271,7 @@ def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
     framework = spec.frameworks[key.framework]
     overrides = {f"head.options.{name}": value for name, value in variant.options.items()}
     overrides.update({f"framework_options.{name}": value for name, value in framework.options.items()})
-    overrides.update({"head.label": key.head, "framework_variant": key.framework, "seed": key.seed,
+    overrides.update({"head.label": key.head, "framework_label": key.framework, "seed": key.seed,
                       **spec.overrides, **framework.overrides})
     for scoped in spec.cell_overrides:
         if scoped.when.matches(key):

@@ -36,8 +36,8 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
     steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"
     member = (f", grid `{grid_id}`" if grid_id else "") + (f", search `{search_id}`" if search_id else "")
     framework = f"`{config.framework}`"
-    if config.framework_variant != config.framework:
-        framework += f" (variant `{config.framework_variant}`, model `{config.model.variant}`)"
+    if config.framework_label != config.framework:
+        framework += f" (label `{config.framework_label}`, model `{config.model.variant}`)"
     lines = [
         f"**{config.run_name}**: framework {framework} on {dataset}, {partition}, {head}; seed {config.seed}; "
         f"protocol `{config.protocol}`.",
