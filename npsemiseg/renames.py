@@ -23,6 +23,8 @@ RENAMED_KEYS: dict[str, str] = {
     # tags
     "head.label": "head.variant",
     "framework_label": "framework_variant",
+    # the DeepLabv3+ decoder a framework's paper uses
+    "model.decoder": "model.variant",
 }
 #: current dotted key -> {earlier value: current value}, for values renamed with their key (read only under the
 #: earlier key: a value is renamed once, with the key that carried it)

@@ -248,7 +248,7 @@ def test_a_grid_refuses_oracle_cells_but_runs_measured_ones():
 def test_framework_labels_label_their_cells_and_carry_options_and_overrides():
     spec = load_spec(_spec(
         frameworks={"supervised": None, "u2pl": None,
-                    "supervised_psmt": {"framework": "supervised", "overrides": {"model.variant": "psmt"}},
+                    "supervised_psmt": {"framework": "supervised", "overrides": {"model.decoder": "psmt"}},
                     "u2pl_no_contrast": {"framework": "u2pl", "options": {"contrastive": False}}},
         heads=["baseline"], rules=[{"when": {"frameworks": ["supervised_psmt"]}, "only": {"partitions": ["92"]}}],
         cell_overrides=[{"when": {"frameworks": ["u2pl_no_contrast"]}, "overrides": {"optim.lr": 0.5}}]))
@@ -256,10 +256,10 @@ def test_framework_labels_label_their_cells_and_carry_options_and_overrides():
     assert set(configs) == {f"{f}/synthetic_voc/{p}/baseline" for f in ("supervised", "u2pl", "u2pl_no_contrast")
                             for p in ("92", "183")} | {"supervised_psmt/synthetic_voc/92/baseline"}
     reference = configs["supervised_psmt/synthetic_voc/92/baseline"]
-    assert reference.framework == "supervised" and reference.model.variant == "psmt"
+    assert reference.framework == "supervised" and reference.model.decoder == "psmt"
     assert reference.run_name == "supervised_psmt/synthetic_voc/92/baseline/corrected"
     plain = configs["supervised/synthetic_voc/92/baseline"]
-    assert plain.framework_label == "supervised" and plain.model.variant == "u2pl"
+    assert plain.framework_label == "supervised" and plain.model.decoder == "u2pl"
     ablation = configs["u2pl_no_contrast/synthetic_voc/92/baseline"]
     assert ablation.framework == "u2pl" and ablation.framework_options["contrastive"] is False
     assert ablation.optim.lr == 0.5 and configs["u2pl/synthetic_voc/92/baseline"].optim.lr != 0.5

@@ -60,6 +60,7 @@ def test_old_run_params_read_back_under_the_new_key():
 _CASES = [
     ("head.variant", "head.label", "np_mean", dict(framework="u2pl", head="np")),
     ("framework_variant", "framework_label", "supervised_psmt", dict(framework="supervised", head="baseline")),
+    ("model.variant", "model.decoder", "psmt", dict(framework="supervised", head="baseline")),
 ]
 
 

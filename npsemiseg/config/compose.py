@@ -8,7 +8,7 @@ function below; a later step wins over an earlier one:
                  ``mt_variant``, chooses it here, before the framework's settings are known:
                  ``npsemiseg.protocol.protocol_framework``; ``switches.<name>`` overrides it here too)
 1. ``preset``    the preset's values for the cell's dataset (its paper settings; ``npsemiseg.presets``)
-2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ variant, schedule
+2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ decoder, schedule
                  changes, augmentation pipeline, head options and gradient clipping
 3. ``switch``    every switch of the cell's protocol that applies to it (``npsemiseg.protocol``)
 4. ``scale``     the preset's crop, batches, LR and epochs of the cell (``paper``: by ``schedule.head_settings``,
@@ -244,7 +244,7 @@ def _preset_step(values: _Values, cell: Cell) -> None:
 
 
 def _defaults_step(values: _Values, cell: Cell) -> None:
-    """The framework's paper options, model variant, schedule changes and augmentation pipeline; the head's paper
+    """The framework's paper options, decoder, schedule changes and augmentation pipeline; the head's paper
     options and gradient clipping."""
     framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
     settings, name = info.settings, cell.framework
@@ -252,7 +252,7 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
     options = {**framework.paper_options(info.paper_dataset, cell.partition),
                **settings.options_for(name, info.resolve_partition(cell.partition))}
     values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
-    values.set("model.variant", framework.model_variant, "defaults", f"{name}'s DeepLabv3+")
+    values.set("model.decoder", framework.decoder, "defaults", f"{name}'s DeepLabv3+")
     values.set_all(settings.framework_schedule(name), "defaults",
                    f"{name}'s own {family} schedule", prefix="schedule")
     values.set("optim.grad_clip", head.paper_grad_clip, "defaults", f"the {cell.head} head's paper clipping")

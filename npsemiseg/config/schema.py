@@ -1,6 +1,6 @@
 """The run configuration as a record: one frozen pydantic model per section and :class:`RunConfig`.
 
-The record checks types, ranges and registered names (frameworks, heads, datasets, model variants,
+The record checks types, ranges and registered names (frameworks, heads, datasets, decoders,
 backbones, their options) and nothing else: how its values are chosen (presets, the protocol's switches,
 the head schedule, fields that follow others, the user's overrides) is :mod:`npsemiseg.config.compose`.
 """
@@ -32,7 +32,7 @@ from npsemiseg.data.info import DATASETS
 from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_class
-from npsemiseg.models import BACKBONES, MODEL_VARIANTS
+from npsemiseg.models import BACKBONES, DECODERS
 from npsemiseg.renames import earlier_names, read_renamed
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
@@ -142,14 +142,16 @@ class HeadConfig(Section):
 
 
 class ModelConfig(Section):
-    """The segmentor: DeepLabv3+ variant, backbone and optional heads (``build_segmentor`` arguments).
+    """The segmentor: DeepLabv3+ decoder, backbone and optional heads (``build_segmentor`` arguments).
 
     ``weights``: None = random init, ``"imagenet"`` = torchvision's ImageNet weights, or a file path.
     ``representation_head``: None = as the framework needs (U2PL's contrastive loss needs it).
     ``options``: further ``build_segmentor`` keyword arguments (widths, output stride, ...).
     """
 
-    variant: str = "u2pl"
+    #: the DeepLabv3+ decoder (``npsemiseg.models.DECODERS``: ``u2pl``, ``augseg``, ``psmt``; a ViT backbone has its
+    #: own DPT and ignores it)
+    decoder: str = "u2pl"
     backbone: str = "resnet50"
     weights: str | None = "imagenet"
     deep_stem: bool = False
@@ -163,10 +165,10 @@ class ModelConfig(Section):
     freeze_backbone: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("variant", mode="after")
+    @field_validator("decoder", mode="after")
     @classmethod
-    def _registered_variant(cls, value: str) -> str:
-        return MODEL_VARIANTS.check(value)
+    def _registered_decoder(cls, value: str) -> str:
+        return DECODERS.check(value)
 
     @field_validator("backbone", mode="after")
     @classmethod

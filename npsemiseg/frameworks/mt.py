@@ -52,7 +52,7 @@ class MeanTeacher(SemiSupervisedFramework):
 
     name = "mt"
     Options = MTOptions
-    # model variant, augmentation and publication settings: the shared trainer's, U2PL's (the Framework defaults);
+    # decoder, augmentation and publication settings: the shared trainer's, U2PL's (the Framework defaults);
     # CPS's MeanTeacher's publication settings, LR and epochs are those of ``mt_cps``
 
     @classmethod

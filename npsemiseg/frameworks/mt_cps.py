@@ -61,7 +61,7 @@ class CPSMeanTeacher(SemiSupervisedFramework):
 
     name = "mt_cps"
     Options = CPSMeanTeacherOptions
-    # model variant and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
+    # decoder and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
     # batch 8, LR 0.01, 34 epochs on VOC; none on Cityscapes): the datasets' settings (pascal.py, cityscapes.py)
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:

@@ -212,7 +212,7 @@ class PSMT(SemiSupervisedFramework):
     """One student, two alternating EMA teachers, T-VAT and confidence-weighted CE."""
 
     name = "psmt"
-    model_variant = "psmt"
+    decoder = "psmt"
     augmentation = "psmt"
     Options = PSMTOptions
     teacher_names = ("teacher1", "teacher2")

@@ -28,7 +28,7 @@ def build_model(config: RunConfig) -> nn.Module:
         num_classes=config.num_classes,
         head=config.head.name,
         head_options=dict(config.head.options),
-        variant=model.variant,
+        variant=model.decoder,
         backbone=model.backbone,
         weights=resolve_weights(model.weights),  # pretrained:<name> -> the cached file
         deep_stem=model.deep_stem,

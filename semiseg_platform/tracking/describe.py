@@ -37,7 +37,7 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
     member = (f", grid `{grid_id}`" if grid_id else "") + (f", search `{search_id}`" if search_id else "")
     framework = f"`{config.framework}`"
     if config.framework_label != config.framework:
-        framework += f" (label `{config.framework_label}`, model `{config.model.variant}`)"
+        framework += f" (label `{config.framework_label}`, decoder `{config.model.decoder}`)"
     lines = [
         f"**{config.run_name}**: framework {framework} on {dataset}, {partition}, {head}; seed {config.seed}; "
         f"protocol `{config.protocol}`.",
