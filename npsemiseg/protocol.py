@@ -71,7 +71,7 @@ class Switch:
     ``target``: the dotted configuration key the switch sets (None = not yet implemented; ``framework``: the
     framework class, chosen by :func:`protocol_framework`);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
-    the dataset has that partition-list variant; ``datasets``: only on the datasets that meet this condition on
+    the dataset has that partition-list source; ``datasets``: only on the datasets that meet this condition on
     their paper settings (a synthetic stand-in has its real dataset's). ``rows``: a Markdown link to the entry
     of ``docs/deviations.md`` that describes the difference. Exactly one of ``golden`` (the test that runs the
     official function next to ours with the released value, ``tests/test_x.py::test_y``, and the max |difference|
@@ -109,7 +109,7 @@ class Switch:
         info = dataset_info(dataset)
         if self.datasets is not None and not self.datasets.test(info, framework):
             return False
-        return self.needs_lists is None or self.needs_lists in info.list_variants
+        return self.needs_lists is None or self.needs_lists in info.partition_list_sources
 
 
 def _publication_epochs(values: dict[str, Any]) -> int:
@@ -546,7 +546,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_WEIGHT_DECAY,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
-    Switch("unimatch_cps_lists", "data", "list_variant", "cps", "u2pl",
+    Switch("unimatch_cps_lists", "data", "partition_lists", "cps", "u2pl",
            "UniMatch@0324f3d splits/pascal/1_{16,8,4}, splits/cityscapes/1_{16,8,4,2} (CPS's lists; U2PL's are "
            "splits/pascal/u2pl_1_*), training-logs/Pascal-VOC-2012/Blended-Split-Size321, scripts/train.sh 8-16",
            "partition lists (CPS's, UniMatch's main blender and Cityscapes results, instead of U2PL's)",
@@ -586,7 +586,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            heads=("baseline",),
            no_golden="a layer's rate in the official decoder: no function; "
                      "tests/test_protocol_switches.py::test_switch_changes_the_training_step"),
-    Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
+    Switch("augseg_cps_lists", "data", "partition_lists", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
            "partition lists (CPS's instead of U2PL's)",
            "[D14](deviations.md#d14-augseg-partition-lists)", frameworks=("augseg",), needs_lists="cps",
            no_golden="partition list files: no function; "

@@ -25,6 +25,8 @@ RENAMED_KEYS: dict[str, str] = {
     "framework_label": "framework_variant",
     # the DeepLabv3+ decoder a framework's paper uses
     "model.decoder": "model.variant",
+    # whose partition lists a cell reads (U2PL's or CPS's)
+    "partition_lists": "list_variant",
 }
 #: current dotted key -> {earlier value: current value}, for values renamed with their key (read only under the
 #: earlier key: a value is renamed once, with the key that carried it)

@@ -157,8 +157,8 @@ def test_the_unimatch_companion_cells_take_the_unimatch_switches():
     assert len(configs) == 144
     released = configs[("unimatch", "cityscapes", "744", "np", "released")]
     corrected = configs[("unimatch", "cityscapes", "744", "np", "corrected")]
-    assert (released.evaluation.crop_size, released.loss.ohem_min_kept, released.list_variant) == (801, 200_000, "cps")
-    assert (corrected.evaluation.crop_size, corrected.loss.ohem_min_kept, corrected.list_variant) == (769, 100_000, "u2pl")
+    assert (released.evaluation.crop_size, released.loss.ohem_min_kept, released.partition_lists) == (801, 200_000, "cps")
+    assert (corrected.evaluation.crop_size, corrected.loss.ohem_min_kept, corrected.partition_lists) == (769, 100_000, "u2pl")
     baseline = configs[("fixmatch", "pascal_blender", "662", "baseline", "released")]
     assert (baseline.schedule.crop_size, baseline.evaluation.mode, baseline.evaluation.select) == (321, "whole", "best")
 

@@ -160,10 +160,10 @@ def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):
 def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config, name):
     switch = next(s for s in implemented_switches() if s.name == name)
     corrected, released = _configs(smoke_config, switch, dataset="synthetic_blender")
-    assert corrected.list_variant == "u2pl" and released.list_variant == "cps"
-    # where the dataset has only one list variant the switch does not apply
+    assert corrected.partition_lists == "u2pl" and released.partition_lists == "cps"
+    # where the dataset has only one partition-list source the switch does not apply
     plain = smoke_config(framework=switch.frameworks[0], dataset="synthetic", protocol="released")
-    assert plain.list_variant == "u2pl" and switches(plain)[switch.name] == "n/a"
+    assert plain.partition_lists == "u2pl" and switches(plain)[switch.name] == "n/a"
 
 
 def test_fp32_switch_turns_autocast_off(smoke_config):

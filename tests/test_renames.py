@@ -61,6 +61,7 @@ _CASES = [
     ("head.variant", "head.label", "np_mean", dict(framework="u2pl", head="np")),
     ("framework_variant", "framework_label", "supervised_psmt", dict(framework="supervised", head="baseline")),
     ("model.variant", "model.decoder", "psmt", dict(framework="supervised", head="baseline")),
+    ("list_variant", "partition_lists", "cps", dict(framework="augseg", head="np", dataset="cityscapes")),
 ]
 
 
@@ -91,3 +92,13 @@ def _read(data, dotted):
     for part in dotted.split("."):
         data = data.get(part) if isinstance(data, dict) else None
     return data
+
+
+def test_data_check_takes_the_partition_lists_under_either_option_name():
+    from typer.testing import CliRunner
+
+    from semiseg_platform.cli.main import app
+
+    for option in ("--partition-lists", "--list-variant"):
+        result = CliRunner().invoke(app, ["data", "check", "--dataset", "cityscapes", "--root", "/nonexistent", option, "cps"])
+        assert result.exit_code == 2 and "(lists: cps)" in result.output

@@ -404,7 +404,7 @@ class RunConfig(Section):
     dataset: str = "synthetic"
     #: a canonical partition of the dataset (``"92"``; composition resolves aliases such as ``"1/16"``)
     partition: str = "1/16"
-    list_variant: Literal["u2pl", "cps"] = "u2pl"
+    partition_lists: Literal["u2pl", "cps"] = "u2pl"
     head: HeadConfig = Field(default_factory=HeadConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -457,14 +457,15 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cell_belongs_to_its_dataset(self) -> RunConfig:
-        """The partition is one of the dataset's (by its canonical name), the list variant one it has, and the head
+        """The partition is one of the dataset's (by its canonical name), the partition-list source one it has, and the head
         takes the options given (checked on the head class, without building it)."""
         info = self.dataset_info
         if info.resolve_partition(self.partition) != self.partition:
             raise ValueError(f"partition: expected the canonical name {info.resolve_partition(self.partition)!r} of "
                              f"{self.partition!r} (composition resolves aliases)")
-        if self.list_variant not in info.list_variants:
-            raise ValueError(f"list_variant: {self.dataset} has lists {list(info.list_variants)}, got {self.list_variant!r}")
+        if self.partition_lists not in info.partition_list_sources:
+            raise ValueError(f"partition_lists: {self.dataset} has lists {list(info.partition_list_sources)}, "
+                             f"got {self.partition_lists!r}")
         try:
             head_class(self.head.name).check_options(self.head.options)
         except (TypeError, ValueError) as error:
