@@ -7,9 +7,9 @@ the official code has it, what it changes and which configuration field it sets 
 key of :class:`~npsemiseg.config.RunConfig`: frameworks and heads receive the value through their own
 options). ``RunConfig.protocol`` sets every switch that applies to the cell; an explicit override of
 one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured. A switch whose
-target is ``framework`` (``mt_variant``) chooses the framework class itself: composition applies it with the
+target is ``framework`` (``mt_framework``) chooses the framework class itself: composition applies it with the
 cell's coordinates (:func:`protocol_framework`), before the framework's settings, and an override of it is
-given by name (``switches.mt_variant=mt``).
+given by name (``switches.mt_framework=mt``).
 
 ``docs/deviations.md`` describes each difference with its official source (repository, commit, file and
 lines); a switch's ``rows`` links to its entry there. A switch whose ``target`` is None is a known difference
@@ -186,7 +186,7 @@ _GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_st
 _GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations: "
                           "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN "
                           "buffers 6.8e-6; the second step's gradients not compared)")
-#: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
+#: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_framework`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
 _UNIMATCH = ("fixmatch", "unimatch")
@@ -361,7 +361,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",),
            golden=_GOLDEN_U2PL_CONTRASTIVE),
     # ---------------------------------------------------------------- MT
-    Switch("mt_variant", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
+    Switch("mt_framework", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
            "MT cells run CPS's MeanTeacher, framework mt_cps: MSE between softmaxes x 100, one weak view, no "
            "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT,
@@ -754,7 +754,7 @@ def protocol_switches(protocol: str, *, framework: str, dataset: str, head: str,
 
 
 def framework_switches() -> tuple[Switch, ...]:
-    """The switches whose target is the framework class (``mt_variant``)."""
+    """The switches whose target is the framework class (``mt_framework``)."""
     return tuple(switch for switch in _SWITCH_LIST if switch.target == FRAMEWORK_TARGET)
 
 
@@ -763,7 +763,7 @@ def protocol_framework(protocol: str, framework: str, dataset: str, head: str) -
     (None: the class asked for, no switch concerns it).
 
     A switch whose target is ``framework`` chooses between its released and corrected classes for the cells asked
-    for by its corrected one, the paper done right (``mt_variant``: a cell asked as ``mt`` runs ``mt_cps`` under
+    for by its corrected one, the paper done right (``mt_framework``: a cell asked as ``mt`` runs ``mt_cps`` under
     ``released``, ``mt`` under ``corrected``); a cell asked for by another name (``mt_cps``) runs that class
     under either protocol. The cell keeps the name asked for as its label (``framework_label``)."""
     check_protocol(protocol)

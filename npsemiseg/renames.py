@@ -27,6 +27,8 @@ RENAMED_KEYS: dict[str, str] = {
     "model.decoder": "model.variant",
     # whose partition lists a cell reads (U2PL's or CPS's)
     "partition_lists": "list_variant",
+    # the switch that chooses the framework class of the MT cells (released mt_cps, corrected mt)
+    "switches.mt_framework": "switches.mt_variant",
 }
 #: current dotted key -> {earlier value: current value}, for values renamed with their key (read only under the
 #: earlier key: a value is renamed once, with the key that carried it)

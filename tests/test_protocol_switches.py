@@ -291,10 +291,10 @@ def test_psmt_cityscapes_plain_ce(smoke_config):
     assert voc.loss.ohem is False and switches(voc)[switch.name] == "n/a"
 
 
-def test_mt_variant_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smoke_config):
-    """Switch mt_variant (released) runs framework mt_cps, CPS's MeanTeacher: unsup = 100 x MSE(student softmax,
+def test_mt_framework_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smoke_config):
+    """Switch mt_framework (released) runs framework mt_cps, CPS's MeanTeacher: unsup = 100 x MSE(student softmax,
     train-mode teacher softmax); the student is evaluated."""
-    switch = next(s for s in implemented_switches() if s.name == "mt_variant")
+    switch = next(s for s in implemented_switches() if s.name == "mt_framework")
     corrected, released = _configs(smoke_config, switch)
     assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_label == "mt"
     assert released == smoke_config(framework="mt_cps", **{"framework_label": "mt"})  # the class asked for by name

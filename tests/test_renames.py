@@ -102,3 +102,18 @@ def test_data_check_takes_the_partition_lists_under_either_option_name():
     for option in ("--partition-lists", "--list-variant"):
         result = CliRunner().invoke(app, ["data", "check", "--dataset", "cityscapes", "--root", "/nonexistent", option, "cps"])
         assert result.exit_code == 2 and "(lists: cps)" in result.output
+
+
+def test_the_mt_framework_switch_is_read_under_its_earlier_name():
+    """``switches.mt_variant`` (an override, ``--explain``, an old run's parameter) is ``switches.mt_framework``."""
+    from npsemiseg.protocol import get_switch
+
+    cell = dict(framework="mt", dataset="pascal_classic", partition="92", head="baseline", protocol="released")
+    new = compose("smoke", **cell, overrides={"switches.mt_framework": "mt"})
+    old = compose("smoke", **cell, overrides={"switches.mt_variant": "mt"})
+    assert old.config == new.config and old.config.framework == "mt" and old.config.cell_id == new.config.cell_id
+    assert old.explain("switches.mt_variant") == new.explain("switches.mt_framework")
+    assert get_switch("mt_variant") is get_switch("mt_framework")
+    assert param_value({"switches.mt_variant": "mt_cps"}, "switches.mt_framework") == "mt_cps"
+    with pytest.raises(ValueError, match="unknown name 'mt_varient'"):
+        get_switch("mt_varient")

@@ -5,7 +5,7 @@
 function below; a later step wins over an earlier one:
 
 0. ``cell``      the cell's coordinates; the framework class (a switch whose target is ``framework``,
-                 ``mt_variant``, chooses it here, before the framework's settings are known:
+                 ``mt_framework``, chooses it here, before the framework's settings are known:
                  ``npsemiseg.protocol.protocol_framework``; ``switches.<name>`` overrides it here too)
 1. ``preset``    the preset's values for the cell's dataset (its paper settings; ``npsemiseg.presets``)
 2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ decoder, schedule
@@ -119,7 +119,7 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     parsed as YAML scalars (``"0.01"``); ``switches.<name>`` sets one switch of ``npsemiseg.protocol``; a dict
     for an option dict (``head.options`` ...) is merged into it. Keys naming the cell (``framework``,
     ``dataset``, ``partition``, ``head.name``, ``protocol``) change the cell instead, and so does a switch that
-    chooses the framework class (``switches.mt_variant``: it wins over the protocol). ``ValueError`` names a bad
+    chooses the framework class (``switches.mt_framework``: it wins over the protocol). ``ValueError`` names a bad
     key or value.
     """
     given = read_renamed(dict(overrides or {}))
@@ -207,7 +207,7 @@ def read_config(source: str | Path) -> RunConfig:
 def _framework_settings(coordinates: Mapping[str, str], chosen: Mapping[str, Any]) -> list[Setting]:
     """The settings of ``framework`` at the cell step: the name asked for, the protocol's switch that chooses the
     class (:func:`~npsemiseg.protocol.protocol_framework`), then each override of such a switch by name (``chosen``:
-    ``{"switches.mt_variant": "mt"}``), which wins; the last one holds."""
+    ``{"switches.mt_framework": "mt"}``), which wins; the last one holds."""
     asked, protocol = coordinates["framework"], coordinates["protocol"]
     cell = {"dataset": coordinates["dataset"], "head": coordinates["head"]}
     settings = [Setting("cell", asked, "the cell asked for")]

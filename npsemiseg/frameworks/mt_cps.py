@@ -18,7 +18,7 @@ train-only ``Dropout2d`` of the models by an identity; MC dropout stays). ``pass
 the NP head, split passes run the backbone and decoder per half and the head once on both (its context is the
 labeled half).
 
-Protocol switch ``mt_variant`` runs it for the cells asked as ``mt`` under ``released`` (the shared-trainer mean
+Protocol switch ``mt_framework`` runs it for the cells asked as ``mt`` under ``released`` (the shared-trainer mean
 teacher, ``mt.py``, under ``corrected``); asked for by name (``mt_cps``) it runs under either protocol.
 """
 
