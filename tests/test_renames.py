@@ -117,3 +117,32 @@ def test_the_mt_framework_switch_is_read_under_its_earlier_name():
     assert param_value({"switches.mt_variant": "mt_cps"}, "switches.mt_framework") == "mt_cps"
     with pytest.raises(ValueError, match="unknown name 'mt_varient'"):
         get_switch("mt_varient")
+
+
+def test_a_grid_spec_written_with_the_old_names_expands_to_the_same_cells(tmp_path):
+    """A spec with ``model.variant`` (a framework's overrides) and ``list_variant`` (a cell override) expands to the
+    cells, records and grid id of the same spec written with the new names."""
+    from semiseg_platform.sweeps.grid_spec import expand, grid_id, load_spec
+
+    text = """
+name: renamed
+preset: smoke
+frameworks:
+  augseg: null
+  supervised_psmt: {{framework: supervised, overrides: {{{decoder}: psmt}}}}
+datasets: {{synthetic_cityscapes: [1/8]}}
+heads: [baseline]
+seeds: [0]
+cell_overrides:
+  - when: {{frameworks: [augseg]}}
+    overrides: {{{lists}: cps}}
+"""
+    configs = {}
+    for names in ({"decoder": "model.variant", "lists": "list_variant"},
+                  {"decoder": "model.decoder", "lists": "partition_lists"}):
+        path = tmp_path / f"{names['lists']}.yaml"
+        path.write_text(text.format(**names))
+        configs[names["lists"]] = expand(load_spec(path))
+    old, new = configs["list_variant"], configs["partition_lists"]
+    assert old == new and grid_id(old) == grid_id(new)
+    assert {c.model.decoder for c in new} == {"augseg", "psmt"} and {c.partition_lists for c in new} == {"cps", "u2pl"}

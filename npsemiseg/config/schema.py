@@ -394,7 +394,7 @@ class RunConfig(Section):
     """
 
     framework: str = "supervised"
-    #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's framework variants
+    #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's labelled frameworks
     #: (e.g. ``supervised_psmt``: the supervised reference trained on PS-MT's network) give it
     framework_label: str = ""
     #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right): the switches
@@ -492,7 +492,7 @@ class RunConfig(Section):
 
     @property
     def cell_name(self) -> str:
-        """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
+        """``{framework label}/{dataset}/{partition}/{head label}``: the cell's coordinates (progress lines,
         lineages)."""
         return (f"{self.framework_label or self.framework}/{self.dataset}/{self.partition}/"
                 f"{self.head.label or self.head.name}")

@@ -3,7 +3,7 @@ registered class (``DatasetDef.list_folders``).
 
 U2PL's lists are the default (``partition_lists="u2pl"``); CPS's lists, where they differ,
 are ``partition_lists="cps"``. Classic VOC has a single set of lists that every
-framework uses, so both variant names select it.
+framework uses, so both source names select it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ CSV / Parquet holding the long numeric frame.
 
 Which runs count is fixed by the tracking schema (``docs/CONTRACTS.md``): cell
 runs carry ``npsemiseg.kind = cell`` and the tags ``framework``, ``dataset``,
-``partition``, ``head`` (variant), ``seed``, ``cell_id``; the final metrics are
+``partition``, ``head`` (the head's label), ``seed``, ``cell_id``; the final metrics are
 ``miou`` and ``pavpu``. When several finished runs share a ``cell_id`` the
 latest one counts; seeds (different ``cell_id``) are aggregated. Runs are grouped by
 their ``protocol`` tag (``released`` | ``corrected``, ``npsemiseg.protocol``) and a table

@@ -16,7 +16,7 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
     """What a cell is, in Markdown, for the run's description (``mlflow.note.content``).
 
     Names the framework, the dataset (and the real dataset a synthetic one stands in for), the
-    partition (labeled count and protocol), the head variant with the options it changes from
+    partition (labeled count and protocol), the head's label with the options it changes from
     the head's defaults, the seed, the preset-level scale (steps, crop, T) and the identifiers.
     """
     info = config.dataset_info

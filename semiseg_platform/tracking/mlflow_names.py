@@ -26,7 +26,7 @@ KIND_PRETRAIN = "pretrain"
 PRETRAIN_KEY = "pretrain_key"
 #: A re-evaluation of a cell's checkpoint (``npsemiseg evaluate``): a nested run of the cell's run
 KIND_EVALUATION = "evaluation"
-#: The cell's axes (tags, also the tables' keys): ``framework`` and ``head`` are the variant labels, ``framework_name``
+#: The cell's axes (tags, also the tables' keys): ``framework`` and ``head`` are the labels, ``framework_name``
 #: and ``head_name`` the registered classes
 FRAMEWORK, DATASET, PARTITION, HEAD, HEAD_NAME, SEED, CELL_ID = (
     "framework", "dataset", "partition", "head", "head_name", "seed", "cell_id")
