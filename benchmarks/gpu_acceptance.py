@@ -403,9 +403,9 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     for config in expand(spec):
         info = config.dataset_info
         try:
-            labeled = len(partition_ids(config.dataset, "labeled", config.partition, list_variant=config.list_variant))
+            labeled = len(partition_ids(config.dataset, "labeled", config.partition, partition_lists=config.partition_lists))
             unlabeled = len(partition_ids(config.dataset, "unlabeled", config.partition,
-                                          list_variant=config.list_variant))
+                                          partition_lists=config.partition_lists))
         except (FileNotFoundError, ValueError):
             labeled = info.partitions[config.partition]
             unlabeled = info.train_size - labeled

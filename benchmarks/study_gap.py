@@ -155,7 +155,7 @@ def main() -> None:
     extra = dict(item.split("=", 1) for item in args.set)
     frameworks, heads = set(args.frameworks.split(",")), set(args.heads.split(","))
     partitions = set(args.partitions.split(",")) if args.partitions else None
-    cells = [c for c in expand(load_spec(args.spec)) if c.framework_variant in frameworks and c.head.variant in heads
+    cells = [c for c in expand(load_spec(args.spec)) if c.framework_label in frameworks and c.head.label in heads
              and c.seed in seeds and (partitions is None or c.partition in partitions)]
     for data_seed in (int(s) for s in args.data_seeds.split(",")):
         for config in cells:
@@ -165,7 +165,7 @@ def main() -> None:
             start = time.perf_counter()
             trace = StepTrace()
             result = train(config, trace)
-            print(json.dumps({"framework": config.framework, "head": config.head.variant,
+            print(json.dumps({"framework": config.framework, "head": config.head.label,
                               "partition": config.partition, "seed": config.seed, "data_seed": data_seed,
                               "split": config.evaluation.split, "steps": result.steps, "miou": round(result.metrics["miou"], 4),
                               "pixel_acc": round(result.metrics["pixel_acc"], 4),

@@ -33,7 +33,7 @@ def mini_cell(framework: str = "supervised", head: str = "baseline", *, weights:
     """The mini spec's ``framework``/``study``/``1/16``/``head`` cell, seed 0, shortened."""
     from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
-    config = next(c for c in expand(load_spec(MINI)) if c.framework == framework and c.head.variant == head
+    config = next(c for c in expand(load_spec(MINI)) if c.framework == framework and c.head.label == head
                   and c.partition == "1/16" and c.seed == 0)
     return with_overrides(config, {"model.weights": weights, "schedule.max_steps": steps,
                                    "schedule.checkpoint_every_steps": 0, "evaluation.max_images": images})

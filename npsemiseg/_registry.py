@@ -1,4 +1,4 @@
-"""One name -> object registry, used by frameworks, heads, datasets, model variants and presets.
+"""One name -> object registry, used by frameworks, heads, datasets, decoders and presets.
 
 A class (or builder) registers itself where it is defined::
 

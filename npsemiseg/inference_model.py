@@ -111,7 +111,7 @@ class SegmentationModel:
                                    "evaluation.num_samples": check_samples(num_samples),
                                    "data.root": data_root, "evaluation.max_images": max_images}
         config = with_overrides(self.config, {k: v for k, v in changes.items() if v is not None}, from_inputs=False)
-        val = build_dataset(config.dataset, "val", root=config.data.root, list_variant=config.list_variant,
+        val = build_dataset(config.dataset, "val", root=config.data.root, partition_lists=config.partition_lists,
                             **dict(config.data.options))
         return evaluate_model(self.model, val, config, step=self.step, device=self.device)
 

@@ -62,7 +62,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        """The framework's name as asked for: the cell's label (``framework_variant`` where none is given)."""
+        """The framework's name as asked for: the cell's label (``framework_label`` where none is given)."""
         return self.asked_framework or self.framework
 
     @property

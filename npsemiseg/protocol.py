@@ -7,9 +7,9 @@ the official code has it, what it changes and which configuration field it sets 
 key of :class:`~npsemiseg.config.RunConfig`: frameworks and heads receive the value through their own
 options). ``RunConfig.protocol`` sets every switch that applies to the cell; an explicit override of
 one switch (its target key, or ``switches.<name>``) wins, so a single switch can be measured. A switch whose
-target is ``framework`` (``mt_variant``) chooses the framework class itself: composition applies it with the
+target is ``framework`` (``mt_framework``) chooses the framework class itself: composition applies it with the
 cell's coordinates (:func:`protocol_framework`), before the framework's settings, and an override of it is
-given by name (``switches.mt_variant=mt``).
+given by name (``switches.mt_framework=mt``).
 
 ``docs/deviations.md`` describes each difference with its official source (repository, commit, file and
 lines); a switch's ``rows`` links to its entry there. A switch whose ``target`` is None is a known difference
@@ -28,6 +28,7 @@ from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.data import DatasetInfo, dataset_info
 from npsemiseg.frameworks import get_framework
 from npsemiseg.heads import head_class
+from npsemiseg.renames import current_key
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
 Protocol = Literal["released", "corrected"]
@@ -70,7 +71,7 @@ class Switch:
     ``target``: the dotted configuration key the switch sets (None = not yet implemented; ``framework``: the
     framework class, chosen by :func:`protocol_framework`);
     ``frameworks`` / ``heads``: the cells it applies to (None = all); ``needs_lists``: applies only where
-    the dataset has that partition-list variant; ``datasets``: only on the datasets that meet this condition on
+    the dataset has that partition-list source; ``datasets``: only on the datasets that meet this condition on
     their paper settings (a synthetic stand-in has its real dataset's). ``rows``: a Markdown link to the entry
     of ``docs/deviations.md`` that describes the difference. Exactly one of ``golden`` (the test that runs the
     official function next to ours with the released value, ``tests/test_x.py::test_y``, and the max |difference|
@@ -108,7 +109,7 @@ class Switch:
         info = dataset_info(dataset)
         if self.datasets is not None and not self.datasets.test(info, framework):
             return False
-        return self.needs_lists is None or self.needs_lists in info.list_variants
+        return self.needs_lists is None or self.needs_lists in info.partition_list_sources
 
 
 def _publication_epochs(values: dict[str, Any]) -> int:
@@ -185,7 +186,7 @@ _GOLDEN_NP_U2PL_STEP = ("tests/test_np_u2pl_step_golden.py::test_one_released_st
 _GOLDEN_NP_AUGSEG_STEP = ("tests/test_np_augseg_step_golden.py::test_two_released_steps_match_the_authors_iterations: "
                           "two steps, max |difference| 1.5e-4 relative (parameters; losses 1.1e-7, NP centers 9.5e-6, BN "
                           "buffers 6.8e-6; the second step's gradients not compared)")
-#: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_variant`` chooses between)
+#: both mean teachers: the shared-trainer one and CPS's (what switch ``mt_framework`` chooses between)
 _MT = ("mt", "mt_cps")
 #: UniMatch and its FixMatch (one code base, LiheYoung/UniMatch@0324f3d)
 _UNIMATCH = ("fixmatch", "unimatch")
@@ -360,7 +361,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D3 c](deviations.md#d3-u2pl-contrastive-loss)", frameworks=("u2pl",),
            golden=_GOLDEN_U2PL_CONTRASTIVE),
     # ---------------------------------------------------------------- MT
-    Switch("mt_variant", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
+    Switch("mt_framework", "framework", FRAMEWORK_TARGET, "mt_cps", "mt",
            "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher config.py 73-107, train.py 180-213",
            "MT cells run CPS's MeanTeacher, framework mt_cps: MSE between softmaxes x 100, one weak view, no "
            "CutMix, the student evaluated", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)", frameworks=_MT,
@@ -545,7 +546,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D19](deviations.md#d19-fixmatch-and-unimatch)", frameworks=_UNIMATCH, datasets=_WEIGHT_DECAY,
            no_golden="config and script values: no function; "
                      "tests/test_protocol_switches.py::test_unimatch_switches_set_the_official_evaluation_and_schedule"),
-    Switch("unimatch_cps_lists", "data", "list_variant", "cps", "u2pl",
+    Switch("unimatch_cps_lists", "data", "partition_lists", "cps", "u2pl",
            "UniMatch@0324f3d splits/pascal/1_{16,8,4}, splits/cityscapes/1_{16,8,4,2} (CPS's lists; U2PL's are "
            "splits/pascal/u2pl_1_*), training-logs/Pascal-VOC-2012/Blended-Split-Size321, scripts/train.sh 8-16",
            "partition lists (CPS's, UniMatch's main blender and Cityscapes results, instead of U2PL's)",
@@ -585,7 +586,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            heads=("baseline",),
            no_golden="a layer's rate in the official decoder: no function; "
                      "tests/test_protocol_switches.py::test_switch_changes_the_training_step"),
-    Switch("augseg_cps_lists", "data", "list_variant", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
+    Switch("augseg_cps_lists", "data", "partition_lists", "cps", "u2pl", "AugSeg@7ead870 splitsall.tar.gz",
            "partition lists (CPS's instead of U2PL's)",
            "[D14](deviations.md#d14-augseg-partition-lists)", frameworks=("augseg",), needs_lists="cps",
            no_golden="partition list files: no function; "
@@ -729,7 +730,9 @@ def check_protocol(protocol: str) -> str:
 
 
 def get_switch(name: str) -> Switch:
-    """The switch ``name``; ``ValueError`` listing the switches for an unknown name."""
+    """The switch ``name`` (or its earlier name: ``npsemiseg.renames``); ``ValueError`` listing the switches for an
+    unknown name."""
+    name = current_key(f"{SWITCH_PREFIX}{name}").removeprefix(SWITCH_PREFIX)
     if name not in SWITCHES:
         raise ValueError(f"switch: unknown name {name!r}, expected one of {sorted(SWITCHES)}")
     return SWITCHES[name]
@@ -751,7 +754,7 @@ def protocol_switches(protocol: str, *, framework: str, dataset: str, head: str,
 
 
 def framework_switches() -> tuple[Switch, ...]:
-    """The switches whose target is the framework class (``mt_variant``)."""
+    """The switches whose target is the framework class (``mt_framework``)."""
     return tuple(switch for switch in _SWITCH_LIST if switch.target == FRAMEWORK_TARGET)
 
 
@@ -760,9 +763,9 @@ def protocol_framework(protocol: str, framework: str, dataset: str, head: str) -
     (None: the class asked for, no switch concerns it).
 
     A switch whose target is ``framework`` chooses between its released and corrected classes for the cells asked
-    for by its corrected one, the paper done right (``mt_variant``: a cell asked as ``mt`` runs ``mt_cps`` under
+    for by its corrected one, the paper done right (``mt_framework``: a cell asked as ``mt`` runs ``mt_cps`` under
     ``released``, ``mt`` under ``corrected``); a cell asked for by another name (``mt_cps``) runs that class
-    under either protocol. The cell keeps the name asked for as its label (``framework_variant``)."""
+    under either protocol. The cell keeps the name asked for as its label (``framework_label``)."""
     check_protocol(protocol)
     for switch in framework_switches():
         if framework == switch.corrected and switch.applies(framework=framework, dataset=dataset, head=head):

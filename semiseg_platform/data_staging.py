@@ -163,7 +163,7 @@ class RemoteReport:
 
 
 def check_remote(uri: str | Storage, dataset: str | None = None, *, partitions: Iterable[str | int] | None = None,
-                 list_variant: str = "u2pl", max_items: int | None = None) -> RemoteReport:
+                 partition_lists: str = "u2pl", max_items: int | None = None) -> RemoteReport:
     """The store's listing under ``uri`` (``dataset``'s tree under it: :func:`locate`) against its manifest
     (sizes), and the manifest against ``dataset``'s lists (``npsemiseg.data.check.check_file_list``: val and
     the ``partitions``' labeled / unlabeled lists name no file it lacks); downloads only the manifest."""
@@ -174,7 +174,7 @@ def check_remote(uri: str | Storage, dataset: str | None = None, *, partitions: 
     problems = []
     if dataset is not None:
         folder, missing = check_file_list(dataset, (e.path for e in manifest.files), partitions=partitions,
-                                          list_variant=list_variant, max_items=max_items)
+                                          partition_lists=partition_lists, max_items=max_items)
         where = f"data: the manifest of {storage.uri}"
         if folder is None:
             subfolders = ", ".join(f"{sub}/" for sub in root_subfolders(dataset))

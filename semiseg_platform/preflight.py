@@ -78,15 +78,15 @@ def check_data(configs: Iterable[RunConfig]) -> None:
     the manifest."""
     wanted: dict[tuple[str, str | None, str], set[str]] = {}
     for config in configs:
-        wanted.setdefault((config.dataset, config.data.root, config.list_variant), set()).add(config.partition)
-    for (dataset, root, list_variant), partitions in wanted.items():
+        wanted.setdefault((config.dataset, config.data.root, config.partition_lists), set()).add(config.partition)
+    for (dataset, root, partition_lists), partitions in wanted.items():
         remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
         if is_remote(remote) and not dataset_info(dataset).synthetic:
-            found = check_remote(remote, dataset, partitions=sorted(partitions), list_variant=list_variant)
+            found = check_remote(remote, dataset, partitions=sorted(partitions), partition_lists=partition_lists)
             if not found.usable:
                 raise PreflightError(found.first_problem())
             continue
-        report = check_dataset(dataset, root, partitions=sorted(partitions), list_variant=list_variant, sample=0)
+        report = check_dataset(dataset, root, partitions=sorted(partitions), partition_lists=partition_lists, sample=0)
         if not report.usable:
             raise PreflightError(data_problem(report))
 

@@ -76,9 +76,9 @@ def make_voc_tree(root: Path, ids: Iterable[str], *, size: tuple[int, int] = (24
 
 
 def make_voc_split(root: Path, dataset: str, split: str, partition: str | None = None, *,
-                   list_variant: str = "u2pl", max_items: int | None = None, **kwargs) -> dict[str, np.ndarray]:
+                   partition_lists: str = "u2pl", max_items: int | None = None, **kwargs) -> dict[str, np.ndarray]:
     """A VOC tree holding the first ``max_items`` entries of a package list (labels unless unlabeled)."""
-    ids = partition_ids(dataset, split, partition, list_variant=list_variant)[:max_items]
+    ids = partition_ids(dataset, split, partition, partition_lists=partition_lists)[:max_items]
     return make_voc_tree(root, ids, labels=split != "unlabeled", **kwargs)
 
 
@@ -107,8 +107,8 @@ def make_cityscapes_tree(root: Path, entries: Iterable[str], *, size: tuple[int,
     return written
 
 
-def make_cityscapes_split(root: Path, split: str, partition: str | None = None, *, list_variant: str = "u2pl",
+def make_cityscapes_split(root: Path, split: str, partition: str | None = None, *, partition_lists: str = "u2pl",
                           max_items: int | None = None, **kwargs) -> dict[str, np.ndarray]:
     """A Cityscapes tree holding the first ``max_items`` entries of a package list."""
-    entries = partition_ids("cityscapes", split, partition, list_variant=list_variant)[:max_items]
+    entries = partition_ids("cityscapes", split, partition, partition_lists=partition_lists)[:max_items]
     return make_cityscapes_tree(root, entries, labels=split != "unlabeled", **kwargs)

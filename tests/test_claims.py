@@ -165,6 +165,8 @@ def test_partitions_without_the_compared_heads_do_not_enter_c3(tmp_path_factory)
 
 
 def test_s0_compares_a_framework_with_supervised_on_its_own_network_when_the_grid_ran_it(tmp_path_factory, tmp_path):
+    """The reference's network is read from ``model.variant``, the parameter's name before ``model.decoder``: runs
+    logged before the rename still find their reference."""
     uri = fresh_store(tmp_path_factory, "claims_networks")
     client = MlflowClient(uri)
     experiment = client.create_experiment("networks")
@@ -172,7 +174,7 @@ def test_s0_compares_a_framework_with_supervised_on_its_own_network_when_the_gri
     for seed in SEEDS:
         for framework, base in BASELINE.items():
             _cell(client, experiment, framework, "baseline", seed, base + seed / 100, 0.5,
-                  params={"model.variant": networks[framework]}, tags={"framework_name": framework})
+                  params={"model.decoder": networks[framework]}, tags={"framework_name": framework})
         # the supervised reference on PS-MT's network: 4 points below PS-MT (the plain one: 2 below)
         _cell(client, experiment, "supervised_psmt", "baseline", seed, 0.28 + seed / 100, 0.5,
               params={"model.variant": "psmt"}, tags={"framework_name": "supervised"})
@@ -232,7 +234,7 @@ def _random_cells(seed: int = 0) -> pd.DataFrame:
     random metrics: differences that are all distinct, so that resampling them in another order moves
     the interval."""
     rng = np.random.default_rng(seed)
-    rows = [{"replicate": replicate, "framework": framework, "framework_name": framework, "model_variant": "",
+    rows = [{"replicate": replicate, "framework": framework, "framework_name": framework, "decoder": "",
              "dataset": "study", "partition": partition, "head": head, "seed": str(s),
              "miou": rng.uniform(0.2, 0.6), "pavpu": rng.uniform(0.4, 0.9)}
             for replicate in ("a", "b") for framework in ("supervised", "mt", "psmt", "u2pl", "augseg")
@@ -348,11 +350,11 @@ def test_fixmatch_and_unimatch_get_their_own_claims_against_supervised_unimatch(
         for framework, base in baseline.items():
             name = "supervised" if framework.startswith("supervised") else framework
             _cell(client, experiment, framework, "baseline", seed, base + seed / 100, 0.5,
-                  params={"model.variant": networks[framework]}, tags={"framework_name": name})
+                  params={"model.decoder": networks[framework]}, tags={"framework_name": name})
         for framework in ("fixmatch", "unimatch"):  # MC dropout 2 below the baseline, NP 1 above; PAvPU +5
             base = baseline[framework] + seed / 100
-            _cell(client, experiment, framework, "mc_dropout", seed, base - 0.02, 0.50, params={"model.variant": "augseg"})
-            _cell(client, experiment, framework, "np", seed, base + 0.01, 0.55, params={"model.variant": "augseg"})
+            _cell(client, experiment, framework, "mc_dropout", seed, base - 0.02, 0.50, params={"model.decoder": "augseg"})
+            _cell(client, experiment, framework, "np", seed, base + 0.01, 0.55, params={"model.decoder": "augseg"})
     claims = {c.id: c for c in check_claims(uri, "companions")}
     assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "C5", "C6"]
     s0 = {p.name: p for p in claims["S0+"].parts}
@@ -384,7 +386,7 @@ def test_the_paper_claims_do_not_move_when_fixmatch_and_unimatch_cells_are_added
     cells = _random_cells()
     rng = np.random.default_rng(7)
     extra = pd.DataFrame([{"replicate": replicate, "framework": framework, "framework_name": framework,
-                           "model_variant": "", "dataset": "study", "partition": partition, "head": head, "seed": str(s),
+                           "decoder": "", "dataset": "study", "partition": partition, "head": head, "seed": str(s),
                            "miou": rng.uniform(0.2, 0.6), "pavpu": rng.uniform(0.4, 0.9)}
                           for replicate in ("a", "b") for framework in ("fixmatch", "unimatch")
                           for partition in ("1/16", "1/8") for head in ("baseline", "mc_dropout", "np")

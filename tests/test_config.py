@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_smoke_preset_resolves_dependent_fields(smoke_config):
     config = smoke_config(head="np")
-    assert config.head.variant == "np"
+    assert config.head.label == "np"
     assert config.evaluation.mode == "whole" and config.evaluation.crop_size is not None
     assert config.model.representation_head is False  # supervised needs none
     assert config.data.augmentation["resize"] == "rescale_balanced"
@@ -111,9 +111,9 @@ def test_option_dicts_are_merged_into_the_preset(smoke_config):
 def test_switching_head_or_framework_starts_their_options_afresh(smoke_config):
     config = smoke_config(head="np")
     baseline = with_overrides(config, {"head.name": "baseline"})
-    assert baseline.head.options == {} and baseline.head.variant == "baseline"
-    named = smoke_config(head="np", **{"head.variant": "np_mean"})
-    assert named.head.variant == "np_mean" and named.cell_name.endswith("/np_mean")
+    assert baseline.head.options == {} and baseline.head.label == "baseline"
+    named = smoke_config(head="np", **{"head.label": "np_mean"})
+    assert named.head.label == "np_mean" and named.cell_name.endswith("/np_mean")
 
 
 def test_yaml_round_trip_text_and_file(smoke_config, tmp_path):

@@ -46,39 +46,39 @@ def test_a_switch_beats_the_preset_and_a_user_override_beats_the_switch():
     assert _steps(by_key, "head.options.attention") == ["switch", "override"]
 
 
-def test_the_mt_variant_switch_chooses_the_framework_class_at_the_cell_step():
-    """Switch mt_variant picks the class of a cell asked as ``mt`` before its defaults are written; the cell keeps
+def test_the_mt_framework_switch_chooses_the_framework_class_at_the_cell_step():
+    """Switch mt_framework picks the class of a cell asked as ``mt`` before its defaults are written; the cell keeps
     ``mt`` as its label; an override of the switch by name wins; ``mt_cps`` asked for by name runs as asked."""
     cell = dict(framework="mt", dataset="pascal_classic", partition="92", head="baseline")
     released = compose("paper", **cell, protocol="released")
     config = released.config
-    assert (config.framework, config.framework_variant, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
+    assert (config.framework, config.framework_label, config.cell_name) == ("mt_cps", "mt", "mt/pascal_classic/92/baseline")
     assert [(s.step, s.value) for s in released.provenance["framework"]] == [("cell", "mt"), ("switch", "mt_cps")]
-    assert "switch mt_variant (released" in released.provenance["framework"][-1].why
+    assert "switch mt_framework (released" in released.provenance["framework"][-1].why
     assert set(config.framework_options) == {"ema_decay", "mse_weight", "passes", "ema_timing", "train_dropout"}
     assert config.inputs.framework == "mt"
-    assert switches(config)["mt_variant"] == "mt_cps" and switches(config)["mt_single_lr"] == "single_lr"
+    assert switches(config)["mt_framework"] == "mt_cps" and switches(config)["mt_single_lr"] == "single_lr"
     assert config.schedule.epochs == 34  # CPS's MeanTeacher's publication epochs (per_head, baseline head)
     corrected = compose("paper", **cell, protocol="corrected")
     assert corrected.config.framework == "mt" and _steps(corrected, "framework") == ["cell", "switch"]
     assert with_overrides(config, protocol="corrected") == corrected.config
     # an explicit switch wins over the protocol, and composing again keeps it
-    shared = compose("paper", **cell, protocol="released", overrides={"switches.mt_variant": "mt"})
+    shared = compose("paper", **cell, protocol="released", overrides={"switches.mt_framework": "mt"})
     assert shared.config.framework == "mt" and shared.config.protocol == "released"
     assert _steps(shared, "framework") == ["cell", "switch", "override"]
-    assert "sup_only_epochs" in shared.config.framework_options and switches(shared.config)["mt_variant"] == "mt"
-    assert with_overrides(config, {"switches.mt_variant": "mt"}) == shared.config
+    assert "sup_only_epochs" in shared.config.framework_options and switches(shared.config)["mt_framework"] == "mt"
+    assert with_overrides(config, {"switches.mt_framework": "mt"}) == shared.config
     assert with_overrides(shared.config, {"seed": 1}).framework == "mt"
-    assert shared.explain("switches.mt_variant").startswith("framework = mt")
+    assert shared.explain("switches.mt_framework").startswith("framework = mt")
     # asked for by name: that class under either protocol, labelled with its own name
     for protocol in ("released", "corrected"):
         named = compose("smoke", **{**cell, "framework": "mt_cps"}, protocol=protocol)
-        assert (named.config.framework, named.config.framework_variant) == ("mt_cps", "mt_cps")
-        assert _steps(named, "framework") == ["cell"] and switches(named.config)["mt_variant"] == "mt_cps"
+        assert (named.config.framework, named.config.framework_label) == ("mt_cps", "mt_cps")
+        assert _steps(named, "framework") == ["cell"] and switches(named.config)["mt_framework"] == "mt_cps"
     with pytest.raises(ValueError, match="chooses between frameworks mt/mt_cps"):
-        compose("smoke", **{**cell, "framework": "u2pl"}, overrides={"switches.mt_variant": "mt_cps"})
+        compose("smoke", **{**cell, "framework": "u2pl"}, overrides={"switches.mt_framework": "mt_cps"})
     with pytest.raises(ValueError, match="expected 'mt_cps' .released. or 'mt' .corrected., got 'cps'"):
-        compose("smoke", **cell, overrides={"switches.mt_variant": "cps"})
+        compose("smoke", **cell, overrides={"switches.mt_framework": "cps"})
 
 
 def test_the_head_schedule_follows_an_overridden_switch():

@@ -205,8 +205,8 @@ def test_bad_arguments_and_synthetic():
         check_dataset("pascal_classic", "/nonexistent", partitions=["1/32"])
     with pytest.raises(ValueError, match=r"sample must be an int >= 0 or None, got -1"):
         check_dataset("pascal_classic", "/nonexistent", sample=-1)
-    with pytest.raises(ValueError, match="list_variant must be one of"):
-        check_dataset("cityscapes", "/nonexistent", list_variant="cpss")
+    with pytest.raises(ValueError, match="partition_lists must be one of"):
+        check_dataset("cityscapes", "/nonexistent", partition_lists="cpss")
     with pytest.raises(ValueError, match=r"max_items must be an int >= 1 or None, got 0"):
         check_dataset("cityscapes", "/nonexistent", max_items=0)
     report = check_dataset("synthetic_voc")

@@ -32,7 +32,7 @@ def _check_item(item, label: np.ndarray | None, size):
 def test_voc_labeled_items_match_files(tmp_path, label_mode):
     written = make_voc_split(tmp_path, "pascal_classic", "labeled", "92", max_items=3, label_mode=label_mode)
     ds = build_dataset("pascal_classic", "labeled", tmp_path, "1/16", max_items=3)
-    assert len(ds) == 3 and ds.partition == "92" and ds.list_variant == "u2pl"
+    assert len(ds) == 3 and ds.partition == "92" and ds.partition_lists == "u2pl"
     for i, image_id in enumerate(ds.ids):
         item = ds[i]
         assert item["id"] == image_id
@@ -51,10 +51,10 @@ def test_voc_image_is_decoded_rgb(tmp_path):
 
 
 def test_voc_unlabeled_split_reads_no_label_file(tmp_path):
-    make_voc_split(tmp_path, "pascal_blender", "unlabeled", "662", list_variant="cps", max_items=4)
+    make_voc_split(tmp_path, "pascal_blender", "unlabeled", "662", partition_lists="cps", max_items=4)
     assert not (tmp_path / "SegmentationClassAug").exists()
-    ds = build_dataset("pascal_blender", "unlabeled", tmp_path, "1/16", list_variant="cps", max_items=4)
-    assert ds.ids == partition_ids("pascal_blender", "unlabeled", "662", list_variant="cps")[:4]
+    ds = build_dataset("pascal_blender", "unlabeled", tmp_path, "1/16", partition_lists="cps", max_items=4)
+    assert ds.ids == partition_ids("pascal_blender", "unlabeled", "662", partition_lists="cps")[:4]
     item = ds[2]
     _check_item(item, None, (24, 32))
     assert bool((item["label"] == 255).all())
@@ -131,9 +131,9 @@ def test_image_label_size_mismatch_is_rejected(tmp_path):
 
 
 def test_cityscapes_train_ids_from_city_folders(tmp_path):
-    written = make_cityscapes_split(tmp_path, "labeled", "186", list_variant="cps", max_items=3)
-    ds = build_dataset("cityscapes", "labeled", tmp_path, "1/16", list_variant="cps", max_items=3)
-    entries = partition_ids("cityscapes", "labeled", "186", list_variant="cps")[:3]
+    written = make_cityscapes_split(tmp_path, "labeled", "186", partition_lists="cps", max_items=3)
+    ds = build_dataset("cityscapes", "labeled", tmp_path, "1/16", partition_lists="cps", max_items=3)
+    entries = partition_ids("cityscapes", "labeled", "186", partition_lists="cps")[:3]
     assert ds.ids == [e.split("/")[-1][: -len("_leftImg8bit.png")] for e in entries]
     assert all(p.parent.parent.name == "train" for p in ds.images)
     for i, name in enumerate(ds.ids):

@@ -22,11 +22,11 @@ def _line_count(folder: str, relative: str) -> int:
 def test_partition_counts_match_list_files_and_split_the_train_set(dataset, variant):
     info = dataset_info(dataset)
     folder = list_folder(dataset, variant)
-    val = set(partition_ids(dataset, "val", list_variant=variant))
+    val = set(partition_ids(dataset, "val", partition_lists=variant))
     assert len(val) == info.val_size == _line_count(folder, "val.txt")
     for name, count in info.partitions.items():
-        labeled = partition_ids(dataset, "labeled", name, list_variant=variant)
-        unlabeled = partition_ids(dataset, "unlabeled", name, list_variant=variant)
+        labeled = partition_ids(dataset, "labeled", name, partition_lists=variant)
+        unlabeled = partition_ids(dataset, "unlabeled", name, partition_lists=variant)
         assert len(labeled) == count == _line_count(folder, f"{name}/labeled.txt")
         assert len(unlabeled) == _line_count(folder, f"{name}/unlabeled.txt")
         assert len(set(labeled)) == len(labeled)
@@ -37,13 +37,13 @@ def test_partition_counts_match_list_files_and_split_the_train_set(dataset, vari
 
 def test_cps_variant_selects_different_lists():
     u2pl = set(partition_ids("pascal_blender", "labeled", "662"))
-    cps = set(partition_ids("pascal_blender", "labeled", "662", list_variant="cps"))
+    cps = set(partition_ids("pascal_blender", "labeled", "662", partition_lists="cps"))
     assert len(u2pl & cps) == 43  # splits/README.md: the two blender variants share 43 of 662
     city_u2pl = set(partition_ids("cityscapes", "labeled", "186"))
-    city_cps = set(partition_ids("cityscapes", "labeled", "186", list_variant="cps"))
+    city_cps = set(partition_ids("cityscapes", "labeled", "186", partition_lists="cps"))
     assert len(city_u2pl & city_cps) == 8
     # classic VOC has one set of lists; both variant names select it
-    assert partition_ids("pascal_classic", "labeled", "92", list_variant="cps") == partition_ids(
+    assert partition_ids("pascal_classic", "labeled", "92", partition_lists="cps") == partition_ids(
         "pascal_classic", "labeled", "92")
 
 
@@ -65,8 +65,8 @@ def test_partition_of_another_dataset_is_rejected_with_the_valid_names():
         partition_ids("cityscapes", "unlabeled")
     with pytest.raises(ValueError, match="split must be"):
         partition_ids("cityscapes", "train", "186")
-    with pytest.raises(ValueError, match="list_variant"):
-        partition_ids("cityscapes", "labeled", "186", list_variant="unimatch")
+    with pytest.raises(ValueError, match="partition_lists"):
+        partition_ids("cityscapes", "labeled", "186", partition_lists="unimatch")
 
 
 def test_dataset_info_describes_each_dataset():
@@ -78,7 +78,7 @@ def test_dataset_info_describes_each_dataset():
     city = dataset_info("cityscapes")
     assert (city.num_classes, city.class_names, city.eval_mode, city.eval_crop_size) == (19, CITYSCAPES_CLASSES, "sliding", 769)
     assert dict(city.partitions) == {"186": 186, "372": 372, "744": 744, "1488": 1488}
-    assert dataset_info("pascal_classic").list_variants == ("u2pl",)
+    assert dataset_info("pascal_classic").partition_list_sources == ("u2pl",)
     with pytest.raises(ValueError, match=r"dataset: unknown name .*expected one of \[.pascal_classic"):
         dataset_info("voc")
     with pytest.raises(ValueError, match="takes no options"):

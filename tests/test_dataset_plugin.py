@@ -43,7 +43,7 @@ class ToyTiles(DatasetDef):
                              publications={"u2pl": Publication(257, 4, lr=2e-3, epochs=12)})
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+    def list_ids(cls, split: str, partition: str | None, partition_lists: str = "u2pl", root: Path | None = None) -> list[str]:
         if split == "val":
             return [f"val/v{i}" for i in range(cls.val_size)]
         count = cls.partitions[partition]  # type: ignore[index]

@@ -58,7 +58,7 @@ def _framework(smoke_config, framework: str, head: str = "baseline", **options):
 def test_registered_with_their_paper_settings():
     assert get_framework("fixmatch") is FixMatch and get_framework("unimatch") is UniMatch
     for cls in (FixMatch, UniMatch):
-        assert cls.teacher_names == () and cls.model_variant == "augseg" and cls.augmentation == "psmt"
+        assert cls.teacher_names == () and cls.decoder == "augseg" and cls.augmentation == "psmt"
         assert cls.paper_options("pascal_classic", "1464")["confidence_threshold"] == 0.95
         voc, city = dataset_info("pascal_classic"), dataset_info("cityscapes")  # their settings hold the publications
         assert city.settings.options_for(cls.name, "744") == {"confidence_threshold": 0.0}

@@ -38,10 +38,10 @@ def test_expansion_applies_rules_variants_seeds_and_overrides():
     assert len(configs) == 2 * (2 * 2 + 1) * 2
     names = Counter(c.cell_name for c in configs)
     assert names["u2pl/synthetic_voc/183/np_mean"] == 2 and "supervised/synthetic_voc/92/np_mean" not in names
-    mean = next(c for c in configs if c.head.variant == "np_mean")
+    mean = next(c for c in configs if c.head.label == "np_mean")
     assert mean.head.name == "np" and mean.head.options["attention"] == "mean"
     # the variant's options are merged over the preset's NP options, not replacing them
-    plain = next(c for c in configs if c.head.variant == "np" and c.framework == "u2pl")
+    plain = next(c for c in configs if c.head.label == "np" and c.framework == "u2pl")
     # (the protocol writes the plain head's attention switch: compare the other options)
     assert {k: v for k, v in mean.head.options.items() if k != "attention"} == {
         k: v for k, v in plain.head.options.items() if k != "attention"}
@@ -152,13 +152,13 @@ def test_the_unimatch_companion_spec_covers_the_papers_datasets_and_partitions()
 
 
 def test_the_unimatch_companion_cells_take_the_unimatch_switches():
-    configs = {(c.framework, c.dataset, c.partition, c.head.variant, c.protocol): c
+    configs = {(c.framework, c.dataset, c.partition, c.head.label, c.protocol): c
                for c in expand(load_spec(SPECS / "paper_unimatch.yaml"))}
     assert len(configs) == 144
     released = configs[("unimatch", "cityscapes", "744", "np", "released")]
     corrected = configs[("unimatch", "cityscapes", "744", "np", "corrected")]
-    assert (released.evaluation.crop_size, released.loss.ohem_min_kept, released.list_variant) == (801, 200_000, "cps")
-    assert (corrected.evaluation.crop_size, corrected.loss.ohem_min_kept, corrected.list_variant) == (769, 100_000, "u2pl")
+    assert (released.evaluation.crop_size, released.loss.ohem_min_kept, released.partition_lists) == (801, 200_000, "cps")
+    assert (corrected.evaluation.crop_size, corrected.loss.ohem_min_kept, corrected.partition_lists) == (769, 100_000, "u2pl")
     baseline = configs[("fixmatch", "pascal_blender", "662", "baseline", "released")]
     assert (baseline.schedule.crop_size, baseline.evaluation.mode, baseline.evaluation.select) == (321, "whole", "best")
 
@@ -245,10 +245,10 @@ def test_a_grid_refuses_oracle_cells_but_runs_measured_ones():
     assert {c.framework for c in measured if c.data.unlabeled_truth == "measured"} == {"u2pl"}
 
 
-def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
+def test_framework_labels_label_their_cells_and_carry_options_and_overrides():
     spec = load_spec(_spec(
         frameworks={"supervised": None, "u2pl": None,
-                    "supervised_psmt": {"framework": "supervised", "overrides": {"model.variant": "psmt"}},
+                    "supervised_psmt": {"framework": "supervised", "overrides": {"model.decoder": "psmt"}},
                     "u2pl_no_contrast": {"framework": "u2pl", "options": {"contrastive": False}}},
         heads=["baseline"], rules=[{"when": {"frameworks": ["supervised_psmt"]}, "only": {"partitions": ["92"]}}],
         cell_overrides=[{"when": {"frameworks": ["u2pl_no_contrast"]}, "overrides": {"optim.lr": 0.5}}]))
@@ -256,10 +256,10 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     assert set(configs) == {f"{f}/synthetic_voc/{p}/baseline" for f in ("supervised", "u2pl", "u2pl_no_contrast")
                             for p in ("92", "183")} | {"supervised_psmt/synthetic_voc/92/baseline"}
     reference = configs["supervised_psmt/synthetic_voc/92/baseline"]
-    assert reference.framework == "supervised" and reference.model.variant == "psmt"
+    assert reference.framework == "supervised" and reference.model.decoder == "psmt"
     assert reference.run_name == "supervised_psmt/synthetic_voc/92/baseline/corrected"
     plain = configs["supervised/synthetic_voc/92/baseline"]
-    assert plain.framework_variant == "supervised" and plain.model.variant == "u2pl"
+    assert plain.framework_label == "supervised" and plain.model.decoder == "u2pl"
     ablation = configs["u2pl_no_contrast/synthetic_voc/92/baseline"]
     assert ablation.framework == "u2pl" and ablation.framework_options["contrastive"] is False
     assert ablation.optim.lr == 0.5 and configs["u2pl/synthetic_voc/92/baseline"].optim.lr != 0.5
@@ -268,7 +268,7 @@ def test_framework_variants_label_their_cells_and_carry_options_and_overrides():
     alone = cell_config("smoke", framework="supervised", dataset="synthetic_voc", partition="92",
                                   **{"runtime.device": "cpu"})
     assert plain.cell_id == alone.cell_id
-    assert with_overrides(alone, {"framework_variant": "supervised_again"}).cell_id != alone.cell_id
+    assert with_overrides(alone, {"framework_label": "supervised_again"}).cell_id != alone.cell_id
     with pytest.raises(ValueError, match="frameworks.bad.framework"):
         load_spec(_spec(frameworks={"bad": {"framework": "no_such_framework"}}))
 
@@ -325,12 +325,12 @@ def test_the_unimatch_v2_spec_covers_its_papers_partitions_with_every_head():
     configs = expand(spec)
     assert len(configs) == 19 * 3 == len({c.cell_id for c in configs})
     assert Counter(c.dataset for c in configs) == {"pascal_classic": 15, "cityscapes": 12, "ade20k": 15, "coco": 15}
-    assert {c.head.variant for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
+    assert {c.head.label for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
     assert spec.experiment == "npsemiseg-unimatch-v2" and spec.resources.workers == 4
     crops = {"pascal_classic": 518, "cityscapes": 798, "ade20k": 518, "coco": 518}
     for config in configs:
         assert (config.framework, config.model.backbone, config.optim.name, config.optim.lr) == (
             "unimatch_v2", "dinov2_b", "adamw", 5e-6)
         assert config.schedule.crop_size == crops[config.dataset] and config.schedule.lr_timing == "after_step"
-        if config.head.variant == "baseline":
+        if config.head.label == "baseline":
             assert paper_value(config.dataset, "unimatch_v2", "baseline", config.partition, "miou") is not None

@@ -141,7 +141,7 @@ def test_switches_that_do_not_apply_are_not_applicable():
     assert values["np_attention"] == NOT_APPLICABLE and values["u2pl_teacher_train_mode"] == NOT_APPLICABLE
     assert values["evaluation_select"] == "best"
     # an unimplemented row is never applicable: it sets nothing
-    assert values["mt_variant"] == NOT_APPLICABLE and values["psmt_epochs"] == NOT_APPLICABLE
+    assert values["mt_framework"] == NOT_APPLICABLE and values["psmt_epochs"] == NOT_APPLICABLE
 
 
 def test_unknown_and_unimplemented_switches_are_refused(monkeypatch):

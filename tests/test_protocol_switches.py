@@ -160,10 +160,10 @@ def test_u2pl_label_pad_switch_pads_labels_with_background(smoke_config):
 def test_augseg_cps_lists_switch_reads_the_cps_lists(smoke_config, name):
     switch = next(s for s in implemented_switches() if s.name == name)
     corrected, released = _configs(smoke_config, switch, dataset="synthetic_blender")
-    assert corrected.list_variant == "u2pl" and released.list_variant == "cps"
-    # where the dataset has only one list variant the switch does not apply
+    assert corrected.partition_lists == "u2pl" and released.partition_lists == "cps"
+    # where the dataset has only one partition-list source the switch does not apply
     plain = smoke_config(framework=switch.frameworks[0], dataset="synthetic", protocol="released")
-    assert plain.list_variant == "u2pl" and switches(plain)[switch.name] == "n/a"
+    assert plain.partition_lists == "u2pl" and switches(plain)[switch.name] == "n/a"
 
 
 def test_fp32_switch_turns_autocast_off(smoke_config):
@@ -291,13 +291,13 @@ def test_psmt_cityscapes_plain_ce(smoke_config):
     assert voc.loss.ohem is False and switches(voc)[switch.name] == "n/a"
 
 
-def test_mt_variant_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smoke_config):
-    """Switch mt_variant (released) runs framework mt_cps, CPS's MeanTeacher: unsup = 100 x MSE(student softmax,
+def test_mt_framework_runs_mt_cps_mse_between_softmaxes_evaluating_the_student(smoke_config):
+    """Switch mt_framework (released) runs framework mt_cps, CPS's MeanTeacher: unsup = 100 x MSE(student softmax,
     train-mode teacher softmax); the student is evaluated."""
-    switch = next(s for s in implemented_switches() if s.name == "mt_variant")
+    switch = next(s for s in implemented_switches() if s.name == "mt_framework")
     corrected, released = _configs(smoke_config, switch)
-    assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_variant == "mt"
-    assert released == smoke_config(framework="mt_cps", **{"framework_variant": "mt"})  # the class asked for by name
+    assert (corrected.framework, released.framework) == ("mt", "mt_cps") and released.framework_label == "mt"
+    assert released == smoke_config(framework="mt_cps", **{"framework_label": "mt"})  # the class asked for by name
     cps = build_framework(released)
     assert cps.eval_model() is cps.student and build_framework(corrected).eval_model() is not None
     torch.manual_seed(0)

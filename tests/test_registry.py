@@ -1,4 +1,4 @@
-"""One registry for frameworks, heads, datasets, model variants, backbones and presets.
+"""One registry for frameworks, heads, datasets, decoders, backbones and presets.
 
 A new head and a new framework are one new file each: here both are defined in this test file,
 registered through the public decorators, run as a smoke cell through ``npsemiseg.training.train``
@@ -21,11 +21,11 @@ from npsemiseg.frameworks import FRAMEWORKS, Framework, FrameworkOptions, StepCo
 from npsemiseg.frameworks.base import Batch, head_logs
 from npsemiseg.frameworks.supervised import supervised_loss_terms
 from npsemiseg.heads import HEADS, ClassifierHead, HeadOutput, build_head, head_class, head_names
-from npsemiseg.models import BACKBONES, MODEL_VARIANTS, upsample_logits
+from npsemiseg.models import BACKBONES, DECODERS, upsample_logits
 from npsemiseg.presets import PRESETS, preset_names
 from npsemiseg.training import train
 
-REGISTRIES = {"framework": FRAMEWORKS, "head": HEADS, "dataset": DATASETS, "model variant": MODEL_VARIANTS,
+REGISTRIES = {"framework": FRAMEWORKS, "head": HEADS, "dataset": DATASETS, "decoder": DECODERS,
               "backbone": BACKBONES, "preset": PRESETS}
 
 
@@ -127,7 +127,7 @@ def test_unknown_name_error_has_one_shape(kind):
 
 
 @pytest.mark.parametrize("key, kind", [("framework", "framework"), ("head.name", "head"), ("dataset", "dataset"),
-                                       ("model.variant", "model variant"), ("model.backbone", "backbone")])
+                                       ("model.decoder", "decoder"), ("model.backbone", "backbone")])
 def test_config_names_are_checked_by_their_registry(smoke_config, key, kind):
     with pytest.raises(ValueError, match=re.escape(f"{kind}: unknown name 'nope', expected one of [")):
         with_overrides(smoke_config(), {key: "nope"})
@@ -154,7 +154,7 @@ def test_registering_a_second_class_under_a_taken_name_is_an_error():
 def test_every_framework_declares_its_model_augmentation_and_options(name):
     cls = FRAMEWORKS.get(name)
     assert cls.name == name
-    MODEL_VARIANTS.check(cls.model_variant)
+    DECODERS.check(cls.decoder)
     assert cls.augmentation in PAPER_AUGMENTATIONS
     for dataset in ("pascal_classic", "pascal_blender", "cityscapes"):
         cls.Options.model_validate(cls.paper_options(dataset, "1/8" if dataset != "pascal_classic" else "92"))

@@ -83,6 +83,6 @@ def test_mini_spec_narrows_the_np_paths_by_the_rule():
     assert np_cells
     for config in np_cells:
         options = config.model.options
-        width = feature_channels(config.model.variant, aspp_channels=options["aspp_channels"],
+        width = feature_channels(config.model.decoder, aspp_channels=options["aspp_channels"],
                                  low_level_channels=options["low_level_channels"])
         assert config.head.options["latent_dim"] == scale_np_widths(width)["latent_dim"], config.cell_name

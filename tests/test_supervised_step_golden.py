@@ -66,7 +66,7 @@ def _step(monkeypatch, family: str, overrides=None, *, eval_mode: bool = False):
 @pytest.mark.parametrize("family", REC.CELLS)
 def test_the_released_protocol_runs_the_recorded_options(family):
     config = REC.config_of(family)
-    assert config.model.variant == "u2pl" and config.head.name == "baseline" and config.model.align_corners
+    assert config.model.decoder == "u2pl" and config.head.name == "baseline" and config.model.align_corners
     assert config.optim.parameter_groups == "backbone_head"
     assert config.optim.head_lr_mult == (10.0 if family == "voc" else 1.0)  # train_sup.py 100
     assert config.loss.ohem == config.model.aux_head == (family == "cityscapes")

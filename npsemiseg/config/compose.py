@@ -5,10 +5,10 @@
 function below; a later step wins over an earlier one:
 
 0. ``cell``      the cell's coordinates; the framework class (a switch whose target is ``framework``,
-                 ``mt_variant``, chooses it here, before the framework's settings are known:
+                 ``mt_framework``, chooses it here, before the framework's settings are known:
                  ``npsemiseg.protocol.protocol_framework``; ``switches.<name>`` overrides it here too)
 1. ``preset``    the preset's values for the cell's dataset (its paper settings; ``npsemiseg.presets``)
-2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ variant, schedule
+2. ``defaults``  the framework's and the head's own settings: options, DeepLabv3+ decoder, schedule
                  changes, augmentation pipeline, head options and gradient clipping
 3. ``switch``    every switch of the cell's protocol that applies to it (``npsemiseg.protocol``)
 4. ``scale``     the preset's crop, batches, LR and epochs of the cell (``paper``: by ``schedule.head_settings``,
@@ -50,6 +50,7 @@ from npsemiseg.protocol import (
     protocol_switches,
     switch_target,
 )
+from npsemiseg.renames import read_renamed
 
 #: the steps in their order (``cell``: the coordinates asked for; ``record``: a record composed again as it is)
 STEPS = ("cell", "record", "preset", "defaults", "switch", "scale", "derived", "override")
@@ -118,10 +119,10 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     parsed as YAML scalars (``"0.01"``); ``switches.<name>`` sets one switch of ``npsemiseg.protocol``; a dict
     for an option dict (``head.options`` ...) is merged into it. Keys naming the cell (``framework``,
     ``dataset``, ``partition``, ``head.name``, ``protocol``) change the cell instead, and so does a switch that
-    chooses the framework class (``switches.mt_variant``: it wins over the protocol). ``ValueError`` names a bad
+    chooses the framework class (``switches.mt_framework``: it wins over the protocol). ``ValueError`` names a bad
     key or value.
     """
-    given = dict(overrides or {})
+    given = read_renamed(dict(overrides or {}))
     ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
@@ -162,7 +163,7 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
     """``config`` with more overrides: composed again from its ``inputs`` and every override (an override of a
     key already overridden replaces it). With ``from_inputs=False``, or for a record without inputs (written by
     hand), the record is the start instead: its values, its unset derived fields, the overrides."""
-    new = dict(overrides or {})
+    new = read_renamed(dict(overrides or {}))
     inputs = config.inputs
     if not from_inputs or inputs is None:
         return compose_record(config, new)
@@ -173,7 +174,7 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
 
 def compose_record(config: RunConfig, overrides: Mapping[str, Any] | None = None) -> Composition:
     """A record composed again as it is (step ``record``), its unset derived fields, then ``overrides``."""
-    values = _Values(_targets(dict(overrides or {})))
+    values = _Values(_targets(read_renamed(dict(overrides or {}))))
     record = config.model_dump(mode="json", exclude={"inputs"})
     values.set_all(record, "record", "the record as given")
     cell = Cell(preset="", framework=config.framework, dataset=config.dataset, partition=config.partition,
@@ -206,7 +207,7 @@ def read_config(source: str | Path) -> RunConfig:
 def _framework_settings(coordinates: Mapping[str, str], chosen: Mapping[str, Any]) -> list[Setting]:
     """The settings of ``framework`` at the cell step: the name asked for, the protocol's switch that chooses the
     class (:func:`~npsemiseg.protocol.protocol_framework`), then each override of such a switch by name (``chosen``:
-    ``{"switches.mt_variant": "mt"}``), which wins; the last one holds."""
+    ``{"switches.mt_framework": "mt"}``), which wins; the last one holds."""
     asked, protocol = coordinates["framework"], coordinates["protocol"]
     cell = {"dataset": coordinates["dataset"], "head": coordinates["head"]}
     settings = [Setting("cell", asked, "the cell asked for")]
@@ -243,7 +244,7 @@ def _preset_step(values: _Values, cell: Cell) -> None:
 
 
 def _defaults_step(values: _Values, cell: Cell) -> None:
-    """The framework's paper options, model variant, schedule changes and augmentation pipeline; the head's paper
+    """The framework's paper options, decoder, schedule changes and augmentation pipeline; the head's paper
     options and gradient clipping."""
     framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
     settings, name = info.settings, cell.framework
@@ -251,7 +252,7 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
     options = {**framework.paper_options(info.paper_dataset, cell.partition),
                **settings.options_for(name, info.resolve_partition(cell.partition))}
     values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
-    values.set("model.variant", framework.model_variant, "defaults", f"{name}'s DeepLabv3+")
+    values.set("model.decoder", framework.decoder, "defaults", f"{name}'s DeepLabv3+")
     values.set_all(settings.framework_schedule(name), "defaults",
                    f"{name}'s own {family} schedule", prefix="schedule")
     values.set("optim.grad_clip", head.paper_grad_clip, "defaults", f"the {cell.head} head's paper clipping")
@@ -297,10 +298,10 @@ def _labels(view: Mapping[str, Any], framework: str) -> list[tuple[str, Any, str
     """The framework's and head's labels (their names as asked for where not given: ``framework``, which a protocol
     switch may run as another class), the unlabeled batch (the labeled one)."""
     out = []
-    if not view.get("framework_variant"):
-        out.append(("framework_variant", framework, "the framework's name as asked for"))
-    if not view["head"].get("variant"):
-        out.append(("head.variant", view["head"]["name"], "the head's name"))
+    if not view.get("framework_label"):
+        out.append(("framework_label", framework, "the framework's name as asked for"))
+    if not view["head"].get("label"):
+        out.append(("head.label", view["head"]["name"], "the head's name"))
     schedule = view.get("schedule", {})
     if schedule.get("unlabeled_batch_size") is None:
         batch = schedule.get("batch_size", ScheduleConfig.model_fields["batch_size"].default)

@@ -1,6 +1,6 @@
 """The run configuration as a record: one frozen pydantic model per section and :class:`RunConfig`.
 
-The record checks types, ranges and registered names (frameworks, heads, datasets, model variants,
+The record checks types, ranges and registered names (frameworks, heads, datasets, decoders,
 backbones, their options) and nothing else: how its values are chosen (presets, the protocol's switches,
 the head schedule, fields that follow others, the user's overrides) is :mod:`npsemiseg.config.compose`.
 """
@@ -32,7 +32,8 @@ from npsemiseg.data.info import DATASETS
 from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_class
-from npsemiseg.models import BACKBONES, MODEL_VARIANTS
+from npsemiseg.models import BACKBONES, DECODERS
+from npsemiseg.renames import earlier_names, read_renamed
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
 #: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect, plus each field of
@@ -53,7 +54,7 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("head.options.dropout", lambda v: v["framework"] in ("fixmatch", "unimatch")
      and v["head"]["options"].get("dropout") == 0.1),
     ("optim.reference_batch", lambda v: v["optim"]["lr_scaling"] == "none"),  # read only by linear scaling
-    ("framework_variant", lambda v: v["framework_variant"] == v["framework"]),  # a label, as the framework
+    ("framework_label", lambda v: v["framework_label"] == v["framework"]),  # a label, as the framework
     ("data.unlabeled_truth", lambda v: v["data"]["unlabeled_truth"] == "hidden"),  # the diagnostics off
     # the NP head's released memories and U2PL's KL in its supervised-only epochs, at their corrected values
     ("head.options.memory_zero_row", lambda v: v["head"]["options"].get("memory_zero_row") is False),
@@ -102,14 +103,9 @@ IDENTITY_RESTORED: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...]
     ("framework_options.variant", "shared", lambda v: v["framework"] == "mt"),
     ("framework_options.mse_weight", 100.0, lambda v: v["framework"] == "mt"),
 )
-
-#: keys renamed after version 1, hashed under their version-1 names so the cells keep their ids
-IDENTITY_V1_NAMES: dict[str, str] = {"head.options.training_samples": "head.options.num_samples",
-                                     "head.options.train_mode_passes": "head.options.train_samples",
-                                     "framework_options.cutmix_boxes": "framework_options.cutmix_variant"}
-#: values renamed after version 1 (per key, under its current name): hashed as their version-1 values
-IDENTITY_V1_VALUES: dict[str, dict[Any, Any]] = {
-    "framework_options.cutmix_boxes": {"beta_box": "voc", "random_boxes": "cityscapes"}}
+# Renamed keys (``npsemiseg.renames.RENAMED_KEYS``, the one map old -> new) are hashed under their version-1 names
+# and values rather than mapped to new ids: a name says what a value is, not what the cell computes, so the cell
+# keeps its id, its MLflow run and its resumable checkpoints; the map is kept anyway to read old records and runs.
 
 CELL_ID_LENGTH = 12
 
@@ -125,7 +121,7 @@ class Section(BaseModel):
 
 
 class HeadConfig(Section):
-    """The classifier head: which class (``name``), its label in tables (``variant``), its options.
+    """The classifier head: which class (``name``), its label in tables (``label``), its options.
 
     ``name``: a registered head (``npsemiseg.heads.head_names()``). ``options`` are keyword arguments of
     ``npsemiseg.heads.build_head(name, ...)``, checked against the head class. ``sample_ce``:
@@ -135,7 +131,7 @@ class HeadConfig(Section):
 
     name: str = "baseline"
     #: the head's label in tables and run names ("" = ``name``; composition sets it)
-    variant: str = ""
+    label: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
     sample_ce: SampleCE = "elbo"
 
@@ -146,14 +142,16 @@ class HeadConfig(Section):
 
 
 class ModelConfig(Section):
-    """The segmentor: DeepLabv3+ variant, backbone and optional heads (``build_segmentor`` arguments).
+    """The segmentor: DeepLabv3+ decoder, backbone and optional heads (``build_segmentor`` arguments).
 
     ``weights``: None = random init, ``"imagenet"`` = torchvision's ImageNet weights, or a file path.
     ``representation_head``: None = as the framework needs (U2PL's contrastive loss needs it).
     ``options``: further ``build_segmentor`` keyword arguments (widths, output stride, ...).
     """
 
-    variant: str = "u2pl"
+    #: the DeepLabv3+ decoder (``npsemiseg.models.DECODERS``: ``u2pl``, ``augseg``, ``psmt``; a ViT backbone has its
+    #: own DPT and ignores it)
+    decoder: str = "u2pl"
     backbone: str = "resnet50"
     weights: str | None = "imagenet"
     deep_stem: bool = False
@@ -167,10 +165,10 @@ class ModelConfig(Section):
     freeze_backbone: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("variant", mode="after")
+    @field_validator("decoder", mode="after")
     @classmethod
-    def _registered_variant(cls, value: str) -> str:
-        return MODEL_VARIANTS.check(value)
+    def _registered_decoder(cls, value: str) -> str:
+        return DECODERS.check(value)
 
     @field_validator("backbone", mode="after")
     @classmethod
@@ -396,9 +394,9 @@ class RunConfig(Section):
     """
 
     framework: str = "supervised"
-    #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's framework variants
+    #: the framework's label in tables, run names and tags ("" = ``framework``); a grid's labelled frameworks
     #: (e.g. ``supervised_psmt``: the supervised reference trained on PS-MT's network) give it
-    framework_variant: str = ""
+    framework_label: str = ""
     #: ``released`` (the code behind the paper's numbers) or ``corrected`` (the paper done right): the switches
     #: of ``npsemiseg.protocol`` that composition applied
     protocol: Literal["released", "corrected"] = "corrected"
@@ -406,7 +404,7 @@ class RunConfig(Section):
     dataset: str = "synthetic"
     #: a canonical partition of the dataset (``"92"``; composition resolves aliases such as ``"1/16"``)
     partition: str = "1/16"
-    list_variant: Literal["u2pl", "cps"] = "u2pl"
+    partition_lists: Literal["u2pl", "cps"] = "u2pl"
     head: HeadConfig = Field(default_factory=HeadConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -423,6 +421,13 @@ class RunConfig(Section):
     @classmethod
     def _registered_framework(cls, value: str) -> str:
         return FRAMEWORKS.check(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_keys(cls, values: Any) -> Any:
+        """A record written before a rename (a file, a checkpoint's configuration): its keys under their current
+        names (:data:`npsemiseg.renames.RENAMED_KEYS`)."""
+        return read_renamed(values) if isinstance(values, dict) else values
 
     @model_validator(mode="before")
     @classmethod
@@ -452,14 +457,15 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cell_belongs_to_its_dataset(self) -> RunConfig:
-        """The partition is one of the dataset's (by its canonical name), the list variant one it has, and the head
+        """The partition is one of the dataset's (by its canonical name), the partition-list source one it has, and the head
         takes the options given (checked on the head class, without building it)."""
         info = self.dataset_info
         if info.resolve_partition(self.partition) != self.partition:
             raise ValueError(f"partition: expected the canonical name {info.resolve_partition(self.partition)!r} of "
                              f"{self.partition!r} (composition resolves aliases)")
-        if self.list_variant not in info.list_variants:
-            raise ValueError(f"list_variant: {self.dataset} has lists {list(info.list_variants)}, got {self.list_variant!r}")
+        if self.partition_lists not in info.partition_list_sources:
+            raise ValueError(f"partition_lists: {self.dataset} has lists {list(info.partition_list_sources)}, "
+                             f"got {self.partition_lists!r}")
         try:
             head_class(self.head.name).check_options(self.head.options)
         except (TypeError, ValueError) as error:
@@ -486,10 +492,10 @@ class RunConfig(Section):
 
     @property
     def cell_name(self) -> str:
-        """``{framework variant}/{dataset}/{partition}/{head variant}``: the cell's coordinates (progress lines,
+        """``{framework label}/{dataset}/{partition}/{head label}``: the cell's coordinates (progress lines,
         lineages)."""
-        return (f"{self.framework_variant or self.framework}/{self.dataset}/{self.partition}/"
-                f"{self.head.variant or self.head.name}")
+        return (f"{self.framework_label or self.framework}/{self.dataset}/{self.partition}/"
+                f"{self.head.label or self.head.name}")
 
     @property
     def run_name(self) -> str:
@@ -500,18 +506,14 @@ class RunConfig(Section):
         """What the cell id covers (version :data:`IDENTITY_VERSION`): the values minus
         :data:`IDENTITY_EXCLUDED` and the :data:`IDENTITY_OMITTED` fields that change nothing, plus the
         :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names and values
-        (:data:`IDENTITY_V1_NAMES`, :data:`IDENTITY_V1_VALUES`) (JSON types)."""
+        (:data:`npsemiseg.renames.RENAMED_KEYS`) (JSON types)."""
         data = self.model_dump(mode="json")
         omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
         restored = [(dotted, value) for dotted, value, where in IDENTITY_RESTORED if where(data)]
         for dotted in (*omitted, *IDENTITY_EXCLUDED):
             node, leaf = _parent(data, dotted)
             node.pop(leaf)
-        for new, old in IDENTITY_V1_NAMES.items():
-            node, leaf = _parent(data, new)
-            if leaf in node:
-                value = node.pop(leaf)
-                node[old.rsplit(".", 1)[1]] = IDENTITY_V1_VALUES.get(new, {}).get(value, value)
+        earlier_names(data)  # renamed keys hashed under their version-1 names: a rename keeps every id
         for dotted, value in restored:
             node, leaf = _parent(data, dotted)
             node[leaf] = value

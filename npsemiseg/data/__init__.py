@@ -3,7 +3,7 @@ later), the standard partition lists, joint image + label transforms and batch C
 
 A dataset is one registered class (``npsemiseg.data.base.DatasetDef``, the built-in ones in
 ``npsemiseg/data/sets/``). Entry points: ``build_dataset(name, split, root=None, partition=None, *,
-list_variant="u2pl", transform=None, **options)``, ``dataset_info(name)`` (with ``info.settings``, the
+partition_lists="u2pl", transform=None, **options)``, ``dataset_info(name)`` (with ``info.settings``, the
 dataset's paper settings) and ``dataset_definition(name)``; ``npsemiseg.data.transforms`` and
 ``npsemiseg.data.mixing`` for the augmentation pipelines of the frameworks.
 """
@@ -28,7 +28,7 @@ from npsemiseg.data.info import (
 from npsemiseg.data.base import DatasetDef, FilesDataset, ItemFiles
 from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.data import sets  # noqa: F401  (registers the built-in datasets)
-from npsemiseg.data.partitions import LIST_VARIANTS, partition_ids
+from npsemiseg.data.partitions import PARTITION_LIST_SOURCES, partition_ids
 from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
 from npsemiseg.data.transforms import augmentation_keys
 
@@ -40,7 +40,7 @@ def dataset_definition(name: str) -> type[DatasetDef]:
 
 __all__ = [
     "CITYSCAPES_CLASSES", "CITYSCAPES_ID_TO_TRAINID", "DATASETS", "DATA_ROOT_ENV", "DatasetDef", "DatasetInfo",
-    "FilesDataset", "IGNORE_INDEX", "ItemFiles", "LIST_VARIANTS", "PaperSettings", "Publication", "SyntheticConfig",
+    "FilesDataset", "IGNORE_INDEX", "ItemFiles", "PARTITION_LIST_SOURCES", "PaperSettings", "Publication", "SyntheticConfig",
     "SyntheticSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset", "cityscapes_labelids_to_trainids",
     "dataset_definition", "dataset_info", "dataset_names", "partition_ids", "protocol_partitions", "resolve_root",
 ]

@@ -38,7 +38,7 @@ from npsemiseg.data.info import DatasetInfo
 from npsemiseg.data.settings import VOC_SETTINGS, PaperSettings
 
 SPLITS = ("labeled", "unlabeled", "val")
-LIST_VARIANTS = ("u2pl", "cps")
+PARTITION_LIST_SOURCES = ("u2pl", "cps")
 Transform = Callable[[dict], dict]
 
 
@@ -61,7 +61,7 @@ class ItemFiles:
 class DatasetDef:
     """Base class of every dataset; the class attributes say what the dataset is (see the module docstring).
 
-    partitions: name -> labeled count; partition_aliases: ``"1/16" -> "92"``; list_folders: list variant ->
+    partitions: name -> labeled count; partition_aliases: ``"1/16" -> "92"``; list_folders: partition-list source ->
     folder of its bundled lists under :meth:`lists_root` (``val.txt``, ``<partition>/labeled.txt``,
     ``<partition>/unlabeled.txt``); root_marker / root_subfolders: the folder that marks the dataset's root and
     the conventional subfolders of a data root that hold it; layout: one line saying which files each entry
@@ -77,7 +77,7 @@ class DatasetDef:
     settings: ClassVar[PaperSettings] = VOC_SETTINGS
     partitions: ClassVar[Mapping[str, int]] = {}
     partition_aliases: ClassVar[Mapping[str, str]] = {}
-    list_variants: ClassVar[tuple[str, ...]] = ("u2pl",)
+    partition_list_sources: ClassVar[tuple[str, ...]] = ("u2pl",)
     list_folders: ClassVar[Mapping[str, str]] = {}
     train_size: ClassVar[int] = 0
     val_size: ClassVar[int] = 0
@@ -96,7 +96,7 @@ class DatasetDef:
             name=cls.name, num_classes=len(cls.class_names), class_names=cls.class_names,
             partitions=dict(cls.partitions), partition_aliases=dict(cls.partition_aliases),
             eval_mode=cls.settings.eval_mode, eval_crop_size=cls.settings.eval_crop_size or cls.settings.crop_size,
-            train_size=cls.train_size, val_size=cls.val_size, list_variants=cls.list_variants,
+            train_size=cls.train_size, val_size=cls.val_size, partition_list_sources=cls.partition_list_sources,
             ignore_index=cls.ignore_index, settings=cls.settings, label=cls.label or cls.name,
         )
 
@@ -107,20 +107,20 @@ class DatasetDef:
         return resources.files("npsemiseg.data").joinpath("splits")
 
     @classmethod
-    def list_folder(cls, list_variant: str = "u2pl") -> str:
-        """The folder under :meth:`lists_root` of the lists in ``list_variant`` (one set serves both names where
+    def list_folder(cls, partition_lists: str = "u2pl") -> str:
+        """The folder under :meth:`lists_root` of the lists in ``partition_lists`` (one set serves both names where
         the dataset has one)."""
         if not cls.list_folders:
             raise ValueError(f"dataset {cls.name!r} has no partition lists")
-        if list_variant not in LIST_VARIANTS:
-            raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
-        return cls.list_folders.get(list_variant, cls.list_folders["u2pl"])
+        if partition_lists not in PARTITION_LIST_SOURCES:
+            raise ValueError(f"partition_lists must be one of {PARTITION_LIST_SOURCES}, got {partition_lists!r}")
+        return cls.list_folders.get(partition_lists, cls.list_folders["u2pl"])
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+    def list_ids(cls, split: str, partition: str | None, partition_lists: str = "u2pl", root: Path | None = None) -> list[str]:
         """Entries of one list: ``val`` or a canonical partition's ``labeled`` / ``unlabeled`` list. ``root``: the
         dataset's folder where known (a list derived from the files on disk needs it: COCO's unlabeled lists)."""
-        folder = cls.list_folder(list_variant)
+        folder = cls.list_folder(partition_lists)
         relative = "val.txt" if split == "val" else f"{partition}/{split}.txt"
         return list(read_list(cls.lists_root(), folder, relative))
 
@@ -200,15 +200,15 @@ class DatasetDef:
 
     @classmethod
     def build(cls, split: str, root: str | os.PathLike | None = None, partition: str | int | None = None, *,
-              list_variant: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
+              partition_lists: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split read from files (``build_dataset``'s contract)."""
         info, part = cls.split_info(split, partition, **options)
         folder = cls.resolve_root(root)
-        entries = cls.list_ids(split, part, list_variant, root=folder)[:max_items]
+        entries = cls.list_ids(split, part, partition_lists, root=folder)[:max_items]
         with_label = split != "unlabeled" or reveal_labels
         files = [cls.item_files(folder, entry, with_label) for entry in entries]
-        return FilesDataset(cls, info, folder, split, files, partition=part, list_variant=list_variant,
+        return FilesDataset(cls, info, folder, split, files, partition=part, partition_lists=partition_lists,
                             transform=transform)
 
 
@@ -255,7 +255,7 @@ class FilesDataset(Dataset):
     """
 
     def __init__(self, definition: type[DatasetDef], info: DatasetInfo, root: Path, split: str,
-                 files: list[ItemFiles], *, partition: str | None, list_variant: str,
+                 files: list[ItemFiles], *, partition: str | None, partition_lists: str,
                  transform: Transform | None) -> None:
         self.definition, self.info, self.root, self.split = definition, info, root, split
         self.files = files
@@ -263,7 +263,7 @@ class FilesDataset(Dataset):
         self.images = [f.image for f in files]
         self.labels = None if any(f.label is None for f in files) else [f.label for f in files]
         self.converted = [f.converted for f in files]
-        self.partition, self.list_variant, self.transform = partition, list_variant, transform
+        self.partition, self.partition_lists, self.transform = partition, partition_lists, transform
         missing = [p for p in self.images + (self.labels or []) if not p.is_file()]  # type: ignore[operator]
         if missing:
             shown = ", ".join(str(p) for p in missing[:5])

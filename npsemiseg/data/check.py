@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import UnidentifiedImageError
 
-from npsemiseg.data.base import LIST_VARIANTS, DatasetDef, ItemFiles
+from npsemiseg.data.base import PARTITION_LIST_SOURCES, DatasetDef, ItemFiles
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.untrusted import ImageTooLargeError, open_image
@@ -74,7 +74,7 @@ class DatasetReport:
 
     name: str
     root: Path | None
-    list_variant: str
+    partition_lists: str
     layout: list[str] = field(default_factory=list)
     lists: list[ListCount] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
@@ -98,7 +98,7 @@ class DatasetReport:
         """One-screen summary: verdict, layout, list table, label values, problems by kind."""
         verdict = "usable" if self.usable else "NOT usable"
         where = "generated in memory" if self.synthetic else f"under {self.root or '(no root)'}"
-        lines = [f"{self.name} {where} (lists: {self.list_variant}): {verdict}"]
+        lines = [f"{self.name} {where} (lists: {self.partition_lists}): {verdict}"]
         lines += [f"  {line}" for line in self.layout]
         if self.lists:
             aliases = {part: alias for alias, part in dataset_info(self.name).partition_aliases.items()}
@@ -156,21 +156,21 @@ def _format_problems(name: str, problems: list[Problem], max_lines: int) -> list
     return lines
 
 
-def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str) -> list[str]:
-    """The canonical partitions to check (all by default); ``ValueError`` for a wrong one or a wrong list variant."""
-    if list_variant not in LIST_VARIANTS:
-        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
+def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, partition_lists: str) -> list[str]:
+    """The canonical partitions to check (all by default); ``ValueError`` for a wrong one or a wrong partition-list source."""
+    if partition_lists not in PARTITION_LIST_SOURCES:
+        raise ValueError(f"partition_lists must be one of {PARTITION_LIST_SOURCES}, got {partition_lists!r}")
     return list(info.partitions) if partitions is None else [info.resolve_partition(p) for p in partitions]
 
 
-def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, list_variant: str,
+def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, partition_lists: str,
            max_items: int | None, root: Path | None = None) -> dict[str, tuple[list[str], bool]]:
     """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
-    definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, list_variant)
-    lists = {"val": (definition.list_ids("val", None, list_variant, root=root)[:max_items], True)}
+    definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, partition_lists)
+    lists = {"val": (definition.list_ids("val", None, partition_lists, root=root)[:max_items], True)}
     for part in chosen:
         for split in ("labeled", "unlabeled"):
-            entries = definition.list_ids(split, part, list_variant, root=root)[:max_items]
+            entries = definition.list_ids(split, part, partition_lists, root=root)[:max_items]
             lists[f"{part}/{split}"] = (entries, split == "labeled")
     return lists
 
@@ -257,7 +257,7 @@ def _layout(definition: type[DatasetDef], root: Path, entries: dict[Path, ItemFi
 
 
 def check_dataset(name: str, root: str | os.PathLike | None = None, *,
-                  partitions: Iterable[str | int] | None = None, list_variant: str = "u2pl",
+                  partitions: Iterable[str | int] | None = None, partition_lists: str = "u2pl",
                   max_items: int | None = None, sample: int | None = None,
                   progress: Progress | None = None) -> DatasetReport:
     """Check dataset ``name`` under ``root`` (else ``$NPSEMISEG_DATA``), as the readers will read it.
@@ -265,21 +265,21 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     partitions: names or aliases to check (default: all) besides val; max_items: only the first
     N entries of each list (as ``build_dataset``'s option); sample: decode at most N labels for
     the value check, evenly spread (default: all; 0: headers only). An unknown dataset, partition
-    or list variant is a ``ValueError``; every finding about the files is in the report.
+    or partition-list source is a ``ValueError``; every finding about the files is in the report.
     """
     info, definition = dataset_info(name), DATASETS.get(name)
     if info.synthetic:
-        return DatasetReport(name, None, list_variant, ["generated in memory: no files to check"], synthetic=True)
+        return DatasetReport(name, None, partition_lists, ["generated in memory: no files to check"], synthetic=True)
     for key, value, least in (("max_items", max_items, 1), ("sample", sample, 0)):
         if value is not None and (not isinstance(value, int) or value < least):
             raise ValueError(f"{key} must be an int >= {least} or None, got {value!r}")
-    _chosen(info, partitions, list_variant)  # a wrong partition or list variant: the error before the root's
+    _chosen(info, partitions, partition_lists)  # a wrong partition or partition-list source: the error before the root's
     try:
         folder = definition.resolve_root(root)
     except FileNotFoundError as err:
         where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
-        return DatasetReport(name, None, list_variant, problems=[Problem("root", where, str(err))])
-    lists = _lists(info, partitions, list_variant, max_items, folder)
+        return DatasetReport(name, None, partition_lists, problems=[Problem("root", where, str(err))])
+    lists = _lists(info, partitions, partition_lists, max_items, folder)
     entries: dict[Path, ItemFiles] = {}
     images: dict[str, list[Path]] = {}
     for list_name, (items, with_label) in lists.items():
@@ -289,7 +289,7 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
             if entry.image not in entries or entry.label is not None:
                 entries[entry.image] = entry
             images[list_name].append(entry.image)
-    report = DatasetReport(name, folder, list_variant, _layout(definition, folder, entries))
+    report = DatasetReport(name, folder, partition_lists, _layout(definition, folder, entries))
     status = _check_entries(definition, list(entries.values()), sample, progress, report)
     report.lists = [_count(list_name, [status[i] for i in images[list_name]], lists[list_name][1])
                     for list_name in lists]
@@ -329,7 +329,7 @@ def _count(name: str, found: list[tuple[bool, bool, bool | None, bool]], with_la
 
 
 def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str | int] | None = None,
-                    list_variant: str = "u2pl", max_items: int | None = None) -> tuple[str | None, dict[str, list[str]]]:
+                    partition_lists: str = "u2pl", max_items: int | None = None) -> tuple[str | None, dict[str, list[str]]]:
     """A tree known only by its files' relative ``/`` paths (a manifest) against the lists ``check_dataset``
     would check: the dataset's folder in it (``""``: the tree itself, or ``"VOC2012"``, ...; None when no
     folder holds the dataset's ``JPEGImages/`` / ``leftImg8bit/``) and, per list name, the listed files the
@@ -344,7 +344,7 @@ def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str
         return None, {}
     inside = {p[len(folder) + 1:] if folder else p for p in files if not folder or p.startswith(folder + "/")}
     missing: dict[str, list[str]] = {}
-    for list_name, (items, with_label) in _lists(info, partitions, list_variant, max_items).items():
+    for list_name, (items, with_label) in _lists(info, partitions, partition_lists, max_items).items():
         lacking = []
         for item in items:
             image, labels = definition.entry_image(item), definition.entry_labels(item) if with_label else ()

@@ -122,25 +122,25 @@ def resolve_root(name: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
-                  partition: str | int | None = None, *, list_variant: str = "u2pl",
+                  partition: str | int | None = None, *, partition_lists: str = "u2pl",
                   transform: Transform | None = None, reveal_labels: bool = False, **options: object) -> Dataset:
     """One split of dataset ``name`` (its registered class's ``build``).
 
     split: ``"labeled"``, ``"unlabeled"`` (both need ``partition``, e.g. ``"92"`` or ``"1/16"``)
-    or ``"val"`` (the study dataset also ``"tune"``). list_variant: ``"u2pl"`` (default) or ``"cps"``
+    or ``"val"`` (the study dataset also ``"tune"``). partition_lists: ``"u2pl"`` (default) or ``"cps"``
     partition lists (real datasets; for synthetic ones it is recorded only). options: generator settings
     of a generated dataset (``image_size``, ``train_size``, ``val_size``, ``seed``, ``num_classes``, ...);
     every dataset takes ``max_items`` (keep the first N list entries: smoke runs on real data).
     Items are dicts ``image [3,H,W]`` float32 in [0,1], ``label [H,W]``
     int64 (255 = ignore; all 255 on the unlabeled split unless ``reveal_labels``: the pseudo-label
     diagnostics of ``data.unlabeled_truth``), ``id`` str, passed through ``transform``.
-    The returned dataset has ``info``, ``split``, ``partition`` and ``list_variant`` attributes.
+    The returned dataset has ``info``, ``split``, ``partition`` and ``partition_lists`` attributes.
     """
     definition = DATASETS.get(name)
-    if list_variant not in ("u2pl", "cps"):
-        raise ValueError(f"list_variant must be 'u2pl' or 'cps', got {list_variant!r}")
+    if partition_lists not in ("u2pl", "cps"):
+        raise ValueError(f"partition_lists must be 'u2pl' or 'cps', got {partition_lists!r}")
     max_items = options.pop("max_items", None)
     if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
         raise ValueError(f"max_items must be a positive int or None, got {max_items!r}")
-    return definition.build(split, root, partition, list_variant=list_variant, transform=transform,
+    return definition.build(split, root, partition, partition_lists=partition_lists, transform=transform,
                             reveal_labels=reveal_labels, max_items=max_items, **options)

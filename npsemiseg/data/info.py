@@ -41,7 +41,7 @@ class DatasetInfo:
     partitions: partition name -> number of labeled images (for synthetic datasets: at the
     default ``train_size``; ``dataset_info(name, train_size=...)`` gives other sizes).
     partition_aliases: "1/16" -> "92" etc. (the paper's protocol names).
-    list_variants: the partition-list variants available ("u2pl", and "cps" where CPS's
+    partition_list_sources: the partition-list sources available ("u2pl", and "cps" where CPS's
     lists differ; classic VOC has one set, which both names select).
     eval_mode / eval_crop_size: the evaluation convention (VOC center crop 513,
     Cityscapes sliding window 769, both U2PL's).
@@ -58,7 +58,7 @@ class DatasetInfo:
     eval_crop_size: int
     train_size: int
     val_size: int
-    list_variants: tuple[str, ...] = ("u2pl",)
+    partition_list_sources: tuple[str, ...] = ("u2pl",)
     real_dataset: str | None = None
     synthetic: bool = False
     ignore_index: int = IGNORE_INDEX

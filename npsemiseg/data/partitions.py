@@ -1,36 +1,36 @@
 """The standard partition lists shipped in ``npsemiseg/data/splits`` (see its README), read through the dataset's
 registered class (``DatasetDef.list_folders``).
 
-U2PL's lists are the default (``list_variant="u2pl"``); CPS's lists, where they differ,
-are ``list_variant="cps"``. Classic VOC has a single set of lists that every
-framework uses, so both variant names select it.
+U2PL's lists are the default (``partition_lists="u2pl"``); CPS's lists, where they differ,
+are ``partition_lists="cps"``. Classic VOC has a single set of lists that every
+framework uses, so both source names select it.
 """
 
 from __future__ import annotations
 
-from npsemiseg.data.base import LIST_VARIANTS
+from npsemiseg.data.base import PARTITION_LIST_SOURCES
 from npsemiseg.data.info import DATASETS
 
-__all__ = ["LIST_VARIANTS", "list_folder", "partition_ids"]
+__all__ = ["PARTITION_LIST_SOURCES", "list_folder", "partition_ids"]
 
 
-def list_folder(dataset: str, list_variant: str = "u2pl") -> str:
-    """Name of the folder under ``splits/`` holding ``dataset``'s lists in ``list_variant``."""
-    return DATASETS.get(dataset).list_folder(list_variant)
+def list_folder(dataset: str, partition_lists: str = "u2pl") -> str:
+    """Name of the folder under ``splits/`` holding ``dataset``'s lists in ``partition_lists``."""
+    return DATASETS.get(dataset).list_folder(partition_lists)
 
 
 def partition_ids(dataset: str, split: str, partition: str | int | None = None, *,
-                  list_variant: str = "u2pl") -> list[str]:
+                  partition_lists: str = "u2pl") -> list[str]:
     """Entries of one list: VOC image IDs or Cityscapes ``leftImg8bit/...png`` paths.
 
     split: ``"labeled"`` / ``"unlabeled"`` (need ``partition``: a name, count or alias such
     as ``"1/16"``) or ``"val"``.
     """
     definition = DATASETS.get(dataset)
-    if list_variant not in LIST_VARIANTS:
-        raise ValueError(f"list_variant must be one of {LIST_VARIANTS}, got {list_variant!r}")
+    if partition_lists not in PARTITION_LIST_SOURCES:
+        raise ValueError(f"partition_lists must be one of {PARTITION_LIST_SOURCES}, got {partition_lists!r}")
     if split == "val":
-        return definition.list_ids("val", None, list_variant)
+        return definition.list_ids("val", None, partition_lists)
     if split not in ("labeled", "unlabeled"):
         raise ValueError(f"split must be 'labeled', 'unlabeled' or 'val', got {split!r}")
     info = definition.info()
@@ -38,4 +38,4 @@ def partition_ids(dataset: str, split: str, partition: str | int | None = None, 
         raise ValueError(
             f"partition is required for the {split} split of {dataset}; valid: {', '.join(info.partitions)}"
         )
-    return definition.list_ids(split, info.resolve_partition(partition), list_variant)
+    return definition.list_ids(split, info.resolve_partition(partition), partition_lists)

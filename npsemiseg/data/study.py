@@ -340,7 +340,7 @@ class StudySegmentation(Dataset):
     ``unlabeled`` unless ``reveal_labels``), ``id``; ``transform`` maps an item dict to an item dict."""
 
     def __init__(self, config: StudyConfig, split: str, *, partition: str | None = None, info: DatasetInfo | None = None,
-                 list_variant: str | None = None, max_items: int | None = None, transform=None,
+                 partition_lists: str | None = None, max_items: int | None = None, transform=None,
                  reveal_labels: bool = False) -> None:
         if split not in STUDY_SPLITS:
             raise ValueError(f"split must be one of {STUDY_SPLITS}, got {split!r}")
@@ -353,7 +353,7 @@ class StudySegmentation(Dataset):
             labeled, unlabeled = labeled_indices(config, counts[partition])
             self.stream, indices = "train", labeled if split == "labeled" else unlabeled
         self.config, self.split, self.partition = config, split, partition
-        self.info, self.list_variant, self.transform = info, list_variant, transform
+        self.info, self.partition_lists, self.transform = info, partition_lists, transform
         self.indices = indices[:max_items]
         self.hide_labels = split == "unlabeled" and not reveal_labels
         self.ids = [f"{config.name}/{self.stream}/{i:06d}" for i in self.indices]
@@ -383,7 +383,7 @@ class StudySegmentation(Dataset):
         return self.transform(item) if self.transform is not None else item
 
 
-def build_study_dataset(name: str, split: str, partition: str | int | None = None, *, list_variant: str = "u2pl",
+def build_study_dataset(name: str, split: str, partition: str | int | None = None, *, partition_lists: str = "u2pl",
                         transform=None, max_items: int | None = None, reveal_labels: bool = False,
                         **options: object) -> StudySegmentation:
     """``build_dataset`` for the study datasets: split ``labeled`` / ``unlabeled`` (need ``partition``),
@@ -395,5 +395,5 @@ def build_study_dataset(name: str, split: str, partition: str | int | None = Non
             raise ValueError(f"partition is required for the {split} split of {name}; valid: {', '.join(info.partitions)}")
         part = info.resolve_partition(partition)
     return StudySegmentation(StudyConfig.from_options(name, **options), split, partition=part, info=info,
-                             list_variant=list_variant, max_items=max_items, transform=transform,
+                             partition_lists=partition_lists, max_items=max_items, transform=transform,
                              reveal_labels=reveal_labels)

@@ -294,12 +294,12 @@ class SyntheticSegmentation(Dataset):
 
     split: "labeled" / "unlabeled" (the partition's train indices; unlabeled labels are
     all 255 unless ``reveal_labels``) or "val" (a separate stream). ``transform`` maps an item dict to an item dict.
-    ``max_items`` keeps the first N items; ``info``, ``partition`` and ``list_variant`` are
+    ``max_items`` keeps the first N items; ``info``, ``partition`` and ``partition_lists`` are
     recorded for the run (``build_dataset`` fills them).
     """
 
     def __init__(self, config: SyntheticConfig, split: str, *, num_labeled: int | None = None,
-                 partition: str | None = None, info: object = None, list_variant: str | None = None,
+                 partition: str | None = None, info: object = None, partition_lists: str | None = None,
                  max_items: int | None = None, transform=None, reveal_labels: bool = False) -> None:
         if split == "val":
             indices = list(range(config.val_size))
@@ -316,7 +316,7 @@ class SyntheticSegmentation(Dataset):
         self.partition = partition
         self.num_labeled = num_labeled
         self.info = info
-        self.list_variant = list_variant
+        self.partition_lists = partition_lists
         self.transform = transform
         self.hide_labels = split == "unlabeled" and not reveal_labels
         self.stream = "val" if split == "val" else "train"

@@ -65,7 +65,7 @@ class AugSeg(SemiSupervisedFramework):
     """Student + EMA teacher (parameters and buffers), intensity-augmented adaptive-CutMix view."""
 
     name = "augseg"
-    model_variant = "augseg"
+    decoder = "augseg"
     augmentation = "augseg"
     Options = AugSegOptions
     # its publications (crop, batch), the NP configs' crop and batch, its Cityscapes epochs (240) and options (EMA,

@@ -92,8 +92,8 @@ class Framework:
     Options: ClassVar[type[FrameworkOptions]] = FrameworkOptions
     #: False for the supervised reference: the loop then loads no unlabeled data
     uses_unlabeled: ClassVar[bool] = True
-    #: the DeepLabv3+ variant of the framework's paper (``npsemiseg.models.MODEL_VARIANTS``)
-    model_variant: ClassVar[str] = "u2pl"
+    #: the DeepLabv3+ decoder of the framework's paper (``npsemiseg.models.DECODERS``; the record's ``model.decoder``)
+    decoder: ClassVar[str] = "u2pl"
     #: the training augmentation pipeline (``npsemiseg.data.transforms.paper_augmentation``)
     augmentation: ClassVar[str] = "u2pl"
     #: whether the segmentor needs its representation head (U2PL's contrastive loss)

@@ -167,7 +167,7 @@ class FixMatch(SemiSupervisedFramework):
     teacher_names = ()
     #: UniMatch's DeepLabv3+ (model/semseg/deeplabv3plus.py 9-68: output stride 16, ASPP 6/12/18 with image pooling,
     #: 1x1 projection without dropout, 48-channel low-level reduction) is AugSeg's variant
-    model_variant = "augseg"
+    decoder = "augseg"
     #: dataset/semi.py 41-60: rescale by U[0.5, 2] of the image's own long side, crop, flip; strong view ColorJitter
     #: (0.5, 0.5, 0.5, 0.25) p 0.8, grayscale p 0.2, blur sigma U[0.1, 2] p 0.5: PS-MT's strong view; see the docs for
     #: where the weak pipeline differs

@@ -12,7 +12,7 @@ with CE on the mixed view, weight 1 (averaged over the pseudo-labeled pixels).
 with the teacher following the student.
 
 CPS's MeanTeacher, the other (the MT of the paper's rows), is the framework ``mt_cps`` (``mt_cps.py``);
-protocol switch ``mt_variant`` runs it for ``mt`` cells under ``released``.
+protocol switch ``mt_framework`` runs it for ``mt`` cells under ``released``.
 
 Teacher: EMA of the student's parameters, decay 0.99; the BN buffers are averaged too (the
 teacher never runs in train mode, so it has no statistics of its own). With the NP head the
@@ -52,7 +52,7 @@ class MeanTeacher(SemiSupervisedFramework):
 
     name = "mt"
     Options = MTOptions
-    # model variant, augmentation and publication settings: the shared trainer's, U2PL's (the Framework defaults);
+    # decoder, augmentation and publication settings: the shared trainer's, U2PL's (the Framework defaults);
     # CPS's MeanTeacher's publication settings, LR and epochs are those of ``mt_cps``
 
     @classmethod

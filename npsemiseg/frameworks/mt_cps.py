@@ -18,7 +18,7 @@ train-only ``Dropout2d`` of the models by an identity; MC dropout stays). ``pass
 the NP head, split passes run the backbone and decoder per half and the head once on both (its context is the
 labeled half).
 
-Protocol switch ``mt_variant`` runs it for the cells asked as ``mt`` under ``released`` (the shared-trainer mean
+Protocol switch ``mt_framework`` runs it for the cells asked as ``mt`` under ``released`` (the shared-trainer mean
 teacher, ``mt.py``, under ``corrected``); asked for by name (``mt_cps``) it runs under either protocol.
 """
 
@@ -61,7 +61,7 @@ class CPSMeanTeacher(SemiSupervisedFramework):
 
     name = "mt_cps"
     Options = CPSMeanTeacherOptions
-    # model variant and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
+    # decoder and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
     # batch 8, LR 0.01, 34 epochs on VOC; none on Cityscapes): the datasets' settings (pascal.py, cityscapes.py)
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:

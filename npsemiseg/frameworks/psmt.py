@@ -65,10 +65,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor, nn
 
-from npsemiseg.data.mixing import PSMT_BOX_SCHEMES, psmt_cutmix
+from npsemiseg.data.mixing import psmt_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import masked_mean
@@ -108,6 +108,7 @@ class PSMTOptions(FrameworkOptions):
     tvat_per_batch: bool = False
     #: the CutMix box scheme (``npsemiseg.data.mixing.psmt_cutmix``): ``beta_box`` (PS-MT's VOC code) or
     #: ``random_boxes`` (its Cityscapes code); records before the rename say ``cutmix_variant: voc / cityscapes``
+    #: (read as these: ``npsemiseg.renames``)
     cutmix_boxes: Literal["beta_box", "random_boxes"] = "beta_box"
     eval_teachers: Literal["both", "first"] = "both"
     #: how both teachers are averaged at evaluation: their per-sample softmaxes (``probabilities``) or their
@@ -123,21 +124,6 @@ class PSMTOptions(FrameworkOptions):
     #: one student pass over labeled + unlabeled images (``joint``) or one per part (``split``, the released
     #: EntireModel.py 60 and 64); switch ``psmt_split_passes``
     student_passes: Literal["joint", "split"] = "joint"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_cutmix_variant(cls, values: Any) -> Any:
-        """An older record's ``cutmix_variant`` (``voc`` / ``cityscapes``) read as ``cutmix_boxes``."""
-        if isinstance(values, dict) and "cutmix_variant" in values:
-            values = dict(values)
-            old = values.pop("cutmix_variant")
-            values.setdefault("cutmix_boxes", CUTMIX_VARIANT_SCHEMES.get(old, old))
-        return values
-
-
-#: the values of PS-MT's option ``cutmix_variant`` before it became ``cutmix_boxes`` (the schemes were named after
-#: the datasets whose code has them)
-CUTMIX_VARIANT_SCHEMES = dict(zip(("voc", "cityscapes"), PSMT_BOX_SCHEMES))
 
 
 def assist_combine(core: Tensor, assist: Tensor, topk: int) -> Tensor:
@@ -226,7 +212,7 @@ class PSMT(SemiSupervisedFramework):
     """One student, two alternating EMA teachers, T-VAT and confidence-weighted CE."""
 
     name = "psmt"
-    model_variant = "psmt"
+    decoder = "psmt"
     augmentation = "psmt"
     Options = PSMTOptions
     teacher_names = ("teacher1", "teacher2")

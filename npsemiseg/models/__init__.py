@@ -2,7 +2,7 @@
 
 from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import (
-    MODEL_VARIANTS,
+    DECODERS,
     AuxiliaryHead,
     DecoderVariant,
     DeepLabV3PlusDecoder,
@@ -24,7 +24,7 @@ from .vit import ViTBackbone, ViTSpec, build_vit_backbone, is_vit_backbone
 
 __all__ = [
     "BACKBONES",
-    "MODEL_VARIANTS",
+    "DECODERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "AuxiliaryHead",

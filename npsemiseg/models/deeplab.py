@@ -46,18 +46,19 @@ class DecoderVariant:
     aspp_dropout: float = 0.0  # train-only dropout after the ASPP projection
 
 
-#: every DeepLabv3+ variant by name (a framework names the one it uses: ``Framework.model_variant``)
-MODEL_VARIANTS: Registry[DecoderVariant] = Registry("model variant")
+#: every DeepLabv3+ decoder variant by name (a framework names the one it uses: ``Framework.decoder``; a record its
+#: ``model.decoder``)
+DECODERS: Registry[DecoderVariant] = Registry("decoder")
 for _variant in (
     DecoderVariant("u2pl", 8, (12, 24, 36), low_level_channels=256, aspp_dropout=0.1),
     DecoderVariant("augseg", 16, (6, 12, 18), low_level_channels=48),
     DecoderVariant("psmt", 16, (6, 12, 18), low_level_channels=48),
 ):
-    MODEL_VARIANTS.add(_variant.name, _variant)
+    DECODERS.add(_variant.name, _variant)
 
 
 def get_variant(variant: str) -> DecoderVariant:
-    return MODEL_VARIANTS.get(variant)
+    return DECODERS.get(variant)
 
 
 def feature_channels(variant: str, *, aspp_channels: int | None = None, low_level_channels: int | None = None) -> int:

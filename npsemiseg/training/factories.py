@@ -28,7 +28,7 @@ def build_model(config: RunConfig) -> nn.Module:
         num_classes=config.num_classes,
         head=config.head.name,
         head_options=dict(config.head.options),
-        variant=model.variant,
+        variant=model.decoder,
         backbone=model.backbone,
         weights=resolve_weights(model.weights),  # pretrained:<name> -> the cached file
         deep_stem=model.deep_stem,
@@ -47,7 +47,7 @@ def build_datasets(config: RunConfig) -> dict[str, Dataset]:
     """The ``labeled`` and ``unlabeled`` splits of the run's dataset (the unlabeled one with its labels under
     ``data.unlabeled_truth`` measured / oracle) and, as ``val``, the split it is evaluated on
     (``evaluation.split``: val, or the study dataset's tune split); untransformed."""
-    common = dict(root=config.data.root, list_variant=config.list_variant, **dict(config.data.options))
+    common = dict(root=config.data.root, partition_lists=config.partition_lists, **dict(config.data.options))
     reveal = config.data.unlabeled_truth != "hidden"  # the pseudo-label diagnostics need the unlabeled labels
     return {
         "labeled": build_dataset(config.dataset, "labeled", partition=config.partition, **common),

@@ -64,7 +64,8 @@ def check(
     root: str | None = typer.Option(None, help="the data root, a folder or s3://bucket/prefix (default: $NPSEMISEG_DATA)"),
     partition: list[str] | None = typer.Option(None, help="check only this partition besides val (repeatable; "
                                                            "default: all), e.g. 92 or 1/16"),
-    list_variant: str = typer.Option("u2pl", help="the partition lists: u2pl | cps"),
+    partition_lists: str = typer.Option("u2pl", "--partition-lists", "--list-variant",
+                                       help="whose partition lists: u2pl | cps (--list-variant: its earlier name)"),
     sample: int | None = typer.Option(None, help="decode at most N labels for the value check (default: all; "
                                                  "0: headers only)"),
     max_items: int | None = typer.Option(None, help="only the first N entries of each list"),
@@ -82,7 +83,7 @@ def check(
     assert dataset is not None
     remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
     try:
-        found = (check_remote(remote, dataset, partitions=partition or None, list_variant=list_variant,
+        found = (check_remote(remote, dataset, partitions=partition or None, partition_lists=partition_lists,
                               max_items=max_items)
                  if is_remote(remote) and not dataset_info(dataset).synthetic else None)
     except ValueError as error:
@@ -94,7 +95,7 @@ def check(
         return
     try:
         with progress_bar(f"checking {dataset}", progress) as update:
-            report = check_dataset(dataset, root, partitions=partition or None, list_variant=list_variant,
+            report = check_dataset(dataset, root, partitions=partition or None, partition_lists=partition_lists,
                                    max_items=max_items, sample=sample, progress=update)
     except (ValueError, FileNotFoundError) as error:
         fail(one_line(error))

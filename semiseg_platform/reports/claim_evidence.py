@@ -189,20 +189,20 @@ def supervised_reference(cells: pd.DataFrame, framework: str) -> tuple[str, str]
     The framework's own reference when the grid ran it: the supervised variant named for it
     (:func:`reference_label`: ``supervised_psmt`` for PS-MT, ``supervised_unimatch`` for UniMatch and FixMatch),
     trained on the framework's network so that the difference is the framework's use of unlabeled images and not
-    its decoder. Else a supervised variant on the framework's network (``model.variant``; the plain ``supervised``
+    its decoder. Else a supervised variant on the framework's network (``model.decoder``; the plain ``supervised``
     first). The network alone does not name the reference: two variants can share one (``supervised_augseg`` and
     ``supervised_unimatch`` both train AugSeg's decoder). Else the plain ``supervised`` cells, described with both
     networks.
     """
     baseline = cells[cells["head"] == "baseline"]
-    networks = set(baseline.loc[baseline["framework"] == framework, "model_variant"]) - {""}
+    networks = set(baseline.loc[baseline["framework"] == framework, "decoder"]) - {""}
     references = baseline[baseline["framework_name"] == "supervised"]
-    matching = sorted(set(references.loc[references["model_variant"].isin(networks), "framework"]))
+    matching = sorted(set(references.loc[references["decoder"].isin(networks), "framework"]))
     if reference_label(framework) in set(references["framework"]):
         label = reference_label(framework)
     else:
         label = "supervised" if not matching or "supervised" in matching else matching[0]
-    reference_networks = set(references.loc[references["framework"] == label, "model_variant"]) - {""}
+    reference_networks = set(references.loc[references["framework"] == label, "decoder"]) - {""}
     if not networks or not reference_networks or networks == reference_networks:
         return label, label
     return label, (f"{label} (network {', '.join(sorted(reference_networks))}; {framework}'s is "

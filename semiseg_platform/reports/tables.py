@@ -31,7 +31,7 @@ CSV / Parquet holding the long numeric frame.
 
 Which runs count is fixed by the tracking schema (``docs/CONTRACTS.md``): cell
 runs carry ``npsemiseg.kind = cell`` and the tags ``framework``, ``dataset``,
-``partition``, ``head`` (variant), ``seed``, ``cell_id``; the final metrics are
+``partition``, ``head`` (the head's label), ``seed``, ``cell_id``; the final metrics are
 ``miou`` and ``pavpu``. When several finished runs share a ``cell_id`` the
 latest one counts; seeds (different ``cell_id``) are aggregated. Runs are grouped by
 their ``protocol`` tag (``released`` | ``corrected``, ``npsemiseg.protocol``) and a table
@@ -91,13 +91,13 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
     """One row per cell run of ``experiment`` (optionally only those of one grid or search, ``grid_id``).
 
     Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``,
-    the cell keys ``dataset``, ``framework`` (the variant label), ``head``, ``partition``, ``protocol`` ("" when
-    untagged), ``framework_name`` (the framework class; the label on runs that predate the tag), ``model_variant``
-    (the ``model.variant`` parameter, "" when not logged), the final metrics ``miou`` / ``pavpu`` (NaN when not
-    logged). An unknown experiment gives an empty frame.
+    the cell keys ``dataset``, ``framework`` (the framework's label), ``head`` (the head's label), ``partition``,
+    ``protocol`` ("" when untagged), ``framework_name`` (the framework class; the label on runs that predate the tag),
+    ``decoder`` (the ``model.decoder`` parameter, ``model.variant`` on runs logged before the rename; "" when not
+    logged), the final metrics ``miou`` / ``pavpu`` (NaN when not logged). An unknown experiment gives an empty frame.
     """
     columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "protocol",
-               "framework_name", "model_variant", "miou", "pavpu"]
+               "framework_name", "decoder", "miou", "pavpu"]
     client = MlflowClient(tracking_uri)
     found = experiment_id(client, experiment)
     if found is None:
@@ -120,7 +120,7 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             **{key: tags.get(key, "") for key in CELL_KEYS},
             "protocol": tags.get(mlflow_names.PROTOCOL, ""),
             "framework_name": tags.get(mlflow_names.FRAMEWORK_NAME, tags.get(mlflow_names.FRAMEWORK, "")),
-            "model_variant": run.data.params.get("model.variant", ""),
+            "decoder": mlflow_names.param_value(run.data.params, "model.decoder") or "",
             "miou": metrics.get("miou", math.nan),
             "pavpu": metrics.get("pavpu", math.nan),
         })

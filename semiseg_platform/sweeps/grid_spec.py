@@ -46,7 +46,7 @@ class FrameworkVariant(Strict):
     """A framework variant: the framework class (``framework``), options merged over the preset's framework
     options, and dotted RunConfig ``overrides`` for its cells (before the grid's ``cell_overrides``).
 
-    ``supervised_psmt: {framework: supervised, overrides: {model.variant: psmt}}`` is the supervised reference
+    ``supervised_psmt: {framework: supervised, overrides: {model.decoder: psmt}}`` is the supervised reference
     trained on PS-MT's network (a framework's gain over supervised, measured on one network);
     ``cps_mt: {framework: mt_cps}`` is CPS's MeanTeacher beside the shared-trainer MT under either protocol.
     The variant's label is the cell's ``framework`` in run names, tags, tables and claims.
@@ -271,7 +271,7 @@ def cell_config(spec: GridSpec, key: CellKey) -> RunConfig:
     framework = spec.frameworks[key.framework]
     overrides = {f"head.options.{name}": value for name, value in variant.options.items()}
     overrides.update({f"framework_options.{name}": value for name, value in framework.options.items()})
-    overrides.update({"head.variant": key.head, "framework_variant": key.framework, "seed": key.seed,
+    overrides.update({"head.label": key.head, "framework_label": key.framework, "seed": key.seed,
                       **spec.overrides, **framework.overrides})
     for scoped in spec.cell_overrides:
         if scoped.when.matches(key):

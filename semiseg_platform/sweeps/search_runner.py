@@ -299,7 +299,7 @@ def _open_parent(sub: Submission, spec: SearchSpec, base: RunConfig, sid: str, s
         params={mlflow_names.SPEC_NAME: spec.name, "trials": spec.trials, "metric": spec.metric, "mode": spec.mode,
                 "seed": spec.seed, "space": json.dumps(sorted(spec.space)), mlflow_names.SEARCH_ID: sid},
         tags={mlflow_names.STUDY_NAME: study_name, mlflow_names.FRAMEWORK: base.framework, mlflow_names.DATASET: base.dataset,
-              mlflow_names.PARTITION: base.partition, mlflow_names.HEAD: base.head.variant},
+              mlflow_names.PARTITION: base.partition, mlflow_names.HEAD: base.head.label},
         to_run=spec.trials)  # trials >= 1 (the spec says so): a search submission always opens its parent
 
 

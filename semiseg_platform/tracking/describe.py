@@ -16,7 +16,7 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
     """What a cell is, in Markdown, for the run's description (``mlflow.note.content``).
 
     Names the framework, the dataset (and the real dataset a synthetic one stands in for), the
-    partition (labeled count and protocol), the head variant with the options it changes from
+    partition (labeled count and protocol), the head's label with the options it changes from
     the head's defaults, the seed, the preset-level scale (steps, crop, T) and the identifiers.
     """
     info = config.dataset_info
@@ -29,15 +29,15 @@ def cell_description(config: RunConfig, *, grid_id: str | None = None, search_id
         dataset += f" (synthetic stand-in for `{info.real_dataset}`)"
     defaults = head_options(config.head.name)
     changed = {key: value for key, value in config.head.options.items() if defaults.get(key) != value}
-    head = f"head `{config.head.variant}`: {head_class(config.head.name).description}"
-    if changed and config.head.variant != config.head.name:
+    head = f"head `{config.head.label}`: {head_class(config.head.name).description}"
+    if changed and config.head.label != config.head.name:
         head += "; " + ", ".join(f"{key} = {value}" for key, value in sorted(changed.items()))
     schedule = config.schedule
     steps = f"{schedule.max_steps} steps" if schedule.max_steps else f"{schedule.epochs} epochs"
     member = (f", grid `{grid_id}`" if grid_id else "") + (f", search `{search_id}`" if search_id else "")
     framework = f"`{config.framework}`"
-    if config.framework_variant != config.framework:
-        framework += f" (variant `{config.framework_variant}`, model `{config.model.variant}`)"
+    if config.framework_label != config.framework:
+        framework += f" (label `{config.framework_label}`, decoder `{config.model.decoder}`)"
     lines = [
         f"**{config.run_name}**: framework {framework} on {dataset}, {partition}, {head}; seed {config.seed}; "
         f"protocol `{config.protocol}`.",

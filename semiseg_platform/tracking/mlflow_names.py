@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from npsemiseg.renames import RENAMED_KEYS, current_value
+
 
 # ----------------------------------------------------------------------------- tags
 #: What a run is: ``cell`` | ``grid`` | ``search`` | ``benchmark`` | ``pretrain``
@@ -24,7 +26,7 @@ KIND_PRETRAIN = "pretrain"
 PRETRAIN_KEY = "pretrain_key"
 #: A re-evaluation of a cell's checkpoint (``npsemiseg evaluate``): a nested run of the cell's run
 KIND_EVALUATION = "evaluation"
-#: The cell's axes (tags, also the tables' keys): ``framework`` and ``head`` are the variant labels, ``framework_name``
+#: The cell's axes (tags, also the tables' keys): ``framework`` and ``head`` are the labels, ``framework_name``
 #: and ``head_name`` the registered classes
 FRAMEWORK, DATASET, PARTITION, HEAD, HEAD_NAME, SEED, CELL_ID = (
     "framework", "dataset", "partition", "head", "head_name", "seed", "cell_id")
@@ -131,21 +133,13 @@ def submission_of(tags: dict[str, str]) -> str | None:
 EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
 
 
-#: parameters renamed since runs were first logged: new key -> the key older runs carry
-RENAMED_PARAMS = {"head.options.training_samples": "head.options.num_samples",
-                  "head.options.train_mode_passes": "head.options.train_samples",
-                  "framework_options.cutmix_boxes": "framework_options.cutmix_variant"}
-#: values renamed with their parameter: new key -> {older value: value}
-RENAMED_PARAM_VALUES = {"framework_options.cutmix_boxes": {"voc": "beta_box", "cityscapes": "random_boxes"}}
-
-
 def param_value(params: dict[str, str], key: str) -> str | None:
-    """A run's parameter ``key``, read under its older name and value (:data:`RENAMED_PARAMS`,
-    :data:`RENAMED_PARAM_VALUES`) for runs logged before."""
+    """A run's parameter ``key``, read under its earlier name and value for runs logged before a rename
+    (``npsemiseg.renames``: ``model.decoder`` from ``model.variant`` ...)."""
     if key in params:
         return params[key]
-    value = params.get(RENAMED_PARAMS.get(key, key))
-    return RENAMED_PARAM_VALUES.get(key, {}).get(value, value) if value is not None else None
+    earlier = RENAMED_KEYS.get(key)
+    return current_value(earlier, params[earlier]) if earlier in params else None
 
 
 def effective_params(scaling: Any) -> dict[str, str]:

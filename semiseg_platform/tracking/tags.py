@@ -39,11 +39,11 @@ def cell_tags(config: RunConfig, *, grid_id: str | None = None, search_id: str |
     """The schema's tags of a cell run, with the run's
     description (``mlflow.note.content``: what the cell is, shown on its page in the UI)."""
     tags = {
-        mlflow_names.FRAMEWORK: config.framework_variant,
+        mlflow_names.FRAMEWORK: config.framework_label,
         mlflow_names.FRAMEWORK_NAME: config.framework,
         mlflow_names.DATASET: config.dataset,
         mlflow_names.PARTITION: str(config.partition),
-        mlflow_names.HEAD: config.head.variant,
+        mlflow_names.HEAD: config.head.label,
         mlflow_names.HEAD_NAME: config.head.name,
         mlflow_names.SEED: str(config.seed),
         mlflow_names.PROTOCOL: config.protocol,

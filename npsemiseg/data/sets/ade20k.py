@@ -75,11 +75,11 @@ class ADE20K(PairedLines):
     layout_folders = ("images/training", "images/validation", "annotations/training", "annotations/validation")
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+    def list_ids(cls, split: str, partition: str | None, partition_lists: str = "u2pl", root: Path | None = None) -> list[str]:
         """UniMatch V2's lines (``"images/... annotations/..."``); unlabeled: every train image not labeled."""
         if split != "unlabeled":
-            return super().list_ids(split, partition, list_variant, root)
-        labeled = set(super().list_ids("labeled", partition, list_variant, root))
+            return super().list_ids(split, partition, partition_lists, root)
+        labeled = set(super().list_ids("labeled", partition, partition_lists, root))
         train = (f"images/training/ADE_train_{i:08d}.jpg annotations/training/ADE_train_{i:08d}.png"
                  for i in range(1, ADE20K_TRAIN_SIZE + 1))
         return [entry for entry in train if entry not in labeled]

@@ -71,7 +71,7 @@ class Cityscapes(DatasetDef):
     settings = CITYSCAPES_PAPER_SETTINGS
     partitions = _PARTITIONS
     partition_aliases = _ALIASES
-    list_variants = ("u2pl", "cps")
+    partition_list_sources = ("u2pl", "cps")
     list_folders = {"u2pl": "cityscapes", "cps": "cityscapes_cps"}
     train_size = CITYSCAPES_TRAIN_SIZE
     val_size = 500

@@ -59,14 +59,14 @@ class COCO(PairedLines):
     layout_folders = ("train2017", "val2017", "masks")
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+    def list_ids(cls, split: str, partition: str | None, partition_lists: str = "u2pl", root: Path | None = None) -> list[str]:
         """UniMatch's lines (``"train2017/<ID>.jpg masks/<ID>.png"``); unlabeled: every other image of ``train2017/``
         under ``root`` (sorted), which it needs."""
         if split != "unlabeled":
-            return super().list_ids(split, partition, list_variant, root)
+            return super().list_ids(split, partition, partition_lists, root)
         if root is None:
             raise ValueError("coco's unlabeled lists are every train2017 image that is not labeled: they need the data "
                              "root (pass root=... or set NPSEMISEG_DATA)")
-        labeled = set(super().list_ids("labeled", partition, list_variant, root))
+        labeled = set(super().list_ids("labeled", partition, partition_lists, root))
         train = (f"train2017/{p.name} masks/{p.stem}.png" for p in sorted((root / "train2017").glob("*.jpg")))
         return [entry for entry in train if entry not in labeled]

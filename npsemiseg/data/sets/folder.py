@@ -131,7 +131,7 @@ class FolderDataset(DatasetDef):
         return cls.folder
 
     @classmethod
-    def list_ids(cls, split: str, partition: str | None, list_variant: str = "u2pl", root: Path | None = None) -> list[str]:
+    def list_ids(cls, split: str, partition: str | None, partition_lists: str = "u2pl", root: Path | None = None) -> list[str]:
         if not (cls.folder / "lists" / "val.txt").is_file():
             raise FileNotFoundError(f"{cls.folder} has no lists/: write them with `npsemiseg data partition "
                                     f"{cls.folder} --labeled 1/8 --seed 0`")

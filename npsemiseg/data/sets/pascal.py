@@ -96,7 +96,7 @@ class PascalClassic(PascalVOC):
     latex_label = "VOC (\\it classic)"
     partitions = _CLASSIC_PARTITIONS
     partition_aliases = _CLASSIC_ALIASES
-    list_variants = ("u2pl",)
+    partition_list_sources = ("u2pl",)
     list_folders = {"u2pl": "pascal_classic"}
     #: PS-MT@058cdc3 scripts/train_voc_hq.sh 40-44: unsupervised weight 0.06 on 92 labeled images, 0.6 on the others
     settings = PASCAL_SETTINGS.scaled(
@@ -114,7 +114,7 @@ class PascalBlender(PascalVOC):
     latex_label = "VOC (\\it blender)"
     partitions = _BLENDER_PARTITIONS
     partition_aliases = _BLENDER_ALIASES
-    list_variants = ("u2pl", "cps")
+    partition_list_sources = ("u2pl", "cps")
     list_folders = {"u2pl": "pascal_blender", "cps": "pascal_blender_cps"}
     #: PS-MT@058cdc3 scripts/train_voc_blender.sh 40-47: 200 epochs on 2646 labeled images, 300 on 5291, else 80;
     #: unsupervised weight 1.5 (PS-MT's option default)

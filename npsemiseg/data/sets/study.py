@@ -25,8 +25,8 @@ class Study(DatasetDef):
 
     @classmethod
     def build(cls, split: str, root: str | os.PathLike | None = None, partition: str | int | None = None, *,
-              list_variant: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
+              partition_lists: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split (``labeled`` / ``unlabeled`` / ``val`` / ``tune``) generated in memory."""
-        return build_study_dataset(cls.name, split, partition, list_variant=list_variant, transform=transform,
+        return build_study_dataset(cls.name, split, partition, partition_lists=partition_lists, transform=transform,
                                    max_items=max_items, reveal_labels=reveal_labels, **options)

@@ -39,7 +39,7 @@ class Synthetic(DatasetDef):
             class_names = ("background",) + tuple(f"class_{i}" for i in range(1, k))
             partitions = {f: max(2, train_size // int(f[2:])) for f in _FRACTIONS}
             aliases: dict[str, str] = {}
-            eval_mode, variants, settings = "whole", ("u2pl",), cls.settings
+            eval_mode, sources, settings = "whole", ("u2pl",), cls.settings
         else:
             real = DATASETS.get(cls.stands_in_for)
             real_info = real.info()
@@ -50,7 +50,7 @@ class Synthetic(DatasetDef):
             partitions = {p: scaled_partition_count(c, real_info.train_size, train_size)
                           for p, c in real_info.partitions.items()}
             aliases = dict(real_info.partition_aliases)
-            eval_mode, variants, settings = real_info.eval_mode, real_info.list_variants, real.settings
+            eval_mode, sources, settings = real_info.eval_mode, real_info.partition_list_sources, real.settings
         # sliding evaluation needs windows smaller than the image (Cityscapes: 769 of 1024 rows)
         shortest = min(image_size) if isinstance(image_size, (tuple, list)) else int(image_size)
         crop = shortest if eval_mode != "sliding" else max(8, round(shortest * 0.75))
@@ -60,19 +60,19 @@ class Synthetic(DatasetDef):
             name=cls.name, num_classes=len(class_names), class_names=class_names,
             partitions=dict(partitions), partition_aliases=dict(aliases),
             eval_mode=eval_mode, eval_crop_size=crop, train_size=train_size, val_size=val_size,
-            list_variants=variants, real_dataset=cls.stands_in_for, synthetic=True,
+            partition_list_sources=sources, real_dataset=cls.stands_in_for, synthetic=True,
             options=dict(config.as_dict()), settings=settings, label=cls.label,
         )
 
     @classmethod
     def build(cls, split: str, root: str | os.PathLike | None = None, partition: str | int | None = None, *,
-              list_variant: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
+              partition_lists: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split generated in memory (``root`` is not used)."""
         info, part = cls.split_info(split, partition, **options)
         return SyntheticSegmentation(
             SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
-            partition=part, info=info, list_variant=list_variant, max_items=max_items, transform=transform,
+            partition=part, info=info, partition_lists=partition_lists, max_items=max_items, transform=transform,
             reveal_labels=reveal_labels,
         )
 
