@@ -19,7 +19,7 @@ from pathlib import Path
 
 from npsemiseg.data.base import PairedLines
 from npsemiseg.data.info import DATASETS
-from npsemiseg.data.settings import VOC_SETTINGS
+from npsemiseg.data.settings import VOC_SETTINGS, unimatch_v2_config
 
 COCO_CLASSES: tuple[str, ...] = (
     "void", "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
@@ -36,9 +36,11 @@ COCO_TRAIN_SIZE, COCO_VAL_SIZE = 118287, 5000
 #: UniMatch V1's ``configs/coco.yaml`` (LiheYoung/UniMatch 0324f3d): crop 513 (4), 30 epochs (8), 2 per GPU x 4
 #: GPUs (9), lr 0.004 (10) with the head at x10 (11), cross-entropy with 255 ignored (12-15), threshold 0.95 (16:
 #: FixMatch's and UniMatch's default here); whole-image evaluation (``unimatch.py`` 222: "original" outside
-#: Cityscapes). UniMatch V2's (DINOv2) values come with its own issue.
+#: Cityscapes). UniMatch V2's own (DINOv2) frameworks train at UniMatch V2's ``configs/coco.yaml`` (LiheYoung/UniMatch-V2
+#: f6afb4d: crop 518 (5), 20 epochs (8), 4 per GPU x 4 (9), cross-entropy (12-15), whole images)
 COCO_SETTINGS = VOC_SETTINGS.scaled(crop_size=513, batch=8, epochs=30, lr=4e-3, head_lr_mult=10.0,
-                                    eval_mode="whole", eval_crop_size=None)
+                                    eval_mode="whole", eval_crop_size=None,
+                                    publications=unimatch_v2_config("coco", 518, 20, 4))
 
 
 @DATASETS.register("coco")
