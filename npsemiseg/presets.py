@@ -157,9 +157,9 @@ def _paper_values(cell: Cell) -> dict[str, Any]:
 
 def _paper_scale(cell: Cell, view: Mapping[str, Any]) -> list[Setting]:
     """The head schedule, then the whole publication of a framework that has one of its own for every head
-    (``publication_values(paper dataset, family)``: UniMatch V2's DINOv2 configs), which wins over it."""
+    (``publication_values(the dataset's settings)``: UniMatch V2's DINOv2 configs), which wins over it."""
     settings = head_schedule(cell, view["schedule"].get("head_settings", "shared"))
-    return settings + get_framework(cell.framework).publication_values(cell.info.paper_dataset, cell.info.settings.family)
+    return settings + get_framework(cell.framework).publication_values(cell.info.settings)
 
 
 PRESETS.add("paper", Preset("paper", _paper_values, _paper_scale))

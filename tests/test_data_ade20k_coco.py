@@ -1,9 +1,11 @@
 """ADE20K and COCO on fixture trees in their real formats: ADEChallengeData2016's folders and 0 = other
 annotations (read as 255, k as k - 1), UniMatch's COCO layout (train2017 / val2017 / masks, 81 classes, unlabeled
-= every other train2017 image); UniMatch V2's bundled lists; ``data check``; smoke cells."""
+= every other train2017 image); UniMatch V2's bundled lists; ``data check``; smoke cells: UniMatch V2 x every head on
+the tiny ViT, every other framework x head (integration)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,8 @@ from typer.testing import CliRunner
 
 from npsemiseg.config import cell_config
 from npsemiseg.data import build_dataset, dataset_definition, dataset_info, partition_ids
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
 from npsemiseg.training import train
 from semiseg_platform.cli.main import app
 
@@ -101,22 +105,54 @@ def test_data_check_names_an_out_of_range_class(tmp_path, dataset, make, partiti
     assert bad.exit_code == 2 and label.name in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.output
 
 
-@pytest.mark.parametrize("dataset,make,partition,framework,head", [
-    ("ade20k", ade_tree, "1/64", "unimatch", "np"), ("coco", coco_tree, "1/512", "u2pl", "mc_dropout")])
-def test_a_smoke_cell_trains_on_it(tmp_path, monkeypatch, dataset, make, partition, framework, head):
-    """The lists are cut to the fixture's first N entries (the full lists name 20,210 / 118,287 images); the
-    readers, the label conversion and the dataset's settings are the real ones."""
-    make(tmp_path)
+#: dataset -> (fixture tree, partition, the classes its val labels hold as read: ADE20K's raw 3 and 150 shifted to
+#: sky and flag, COCO's 0 and 80)
+TREES = {"ade20k": (ade_tree, "1/64", ("sky", "flag")), "coco": (coco_tree, "1/512", ("void", "toothbrush"))}
+#: the DINOv2 frameworks' smoke cells on the tiny ViT (crops and evaluation at multiples of its patch, 14)
+VIT = {"model.backbone": "vit_tiny", "schedule.crop_size": 28, "evaluation.resize_multiple": 14}
+
+
+def _smoke(root: Path, monkeypatch, dataset: str, framework: str, head: str) -> None:
+    """A smoke cell on the fixture tree, its lists cut to the first N entries (the full lists name 20,210 / 118,287
+    images); the readers, the label conversion and the dataset's settings are the real ones. Evaluation reports
+    one IoU per class of the dataset, finite for the classes the val labels hold (as read)."""
+    make, partition, present = TREES[dataset]
+    make(root)
     definition = dataset_definition(dataset)
     full = definition.list_ids
     monkeypatch.setattr(definition, "list_ids", classmethod(lambda cls, *a, **k: full(*a, **k)[:N]))
+    overrides = VIT if framework in ("unimatch_v2", "fixmatch_v2") else {}
     config = cell_config("smoke", framework=framework, dataset=dataset, partition=partition, head=head,
-                         **{"data.root": str(tmp_path)})
+                         **{"data.root": str(root), **overrides})
     result = train(config)
+    ious = [key for key in result.metrics if key.startswith("iou/")]
     assert result.steps == 3 and 0.0 <= result.metrics["miou"] <= 1.0
+    assert len(ious) == dataset_info(dataset).num_classes and all(math.isfinite(result.metrics[f"iou/{c}"]) for c in present)
+
+
+@pytest.mark.parametrize("dataset,framework,head", [("ade20k", "unimatch", "np"), ("coco", "u2pl", "mc_dropout")])
+def test_a_smoke_cell_trains_on_it(tmp_path, monkeypatch, dataset, framework, head):
+    _smoke(tmp_path, monkeypatch, dataset, framework, head)
+    partition = TREES[dataset][1]
     paper = cell_config("paper", framework="u2pl", dataset=dataset, partition=partition, head="np")
     assert (paper.evaluation.mode, paper.optim.lr, paper.optim.head_lr_mult) == ("whole", 4e-3, 10.0)
     assert paper.schedule.crop_size == {"ade20k": 518, "coco": 513}[dataset]
+
+
+@pytest.mark.parametrize("dataset", sorted(TREES))
+@pytest.mark.parametrize("head", head_names())
+def test_unimatch_v2_on_a_tiny_vit_trains_with_every_head(tmp_path, monkeypatch, dataset, head):
+    """UniMatch V2 (the framework of these benchmarks) x every head on the tiny ViT + DPT, at 150 and 81 classes."""
+    _smoke(tmp_path, monkeypatch, dataset, "unimatch_v2", head)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dataset", sorted(TREES))
+@pytest.mark.parametrize("framework", [f for f in framework_names() if f != "unimatch_v2"])
+@pytest.mark.parametrize("head", head_names())
+def test_every_framework_and_head_trains_on_it(tmp_path, monkeypatch, dataset, framework, head):
+    """Every other framework x head on both trees (about 45 s in all on one core; UniMatch V2's: above)."""
+    _smoke(tmp_path, monkeypatch, dataset, framework, head)
 
 
 def test_the_tables_print_their_rows():

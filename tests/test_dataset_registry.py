@@ -10,16 +10,18 @@ import pytest
 
 from npsemiseg.data import DATASETS, dataset_definition, dataset_info, dataset_names
 from npsemiseg.data.base import DatasetDef
-from npsemiseg.data.settings import CITYSCAPES_SETTINGS, VOC_SETTINGS, PaperSettings, Publication
+from npsemiseg.data.settings import (
+    CITYSCAPES_SETTINGS,
+    UNIMATCH_V2_FRAMEWORKS,
+    VOC_SETTINGS,
+    PaperSettings,
+    Publication,
+)
 from npsemiseg.frameworks import get_framework
 from npsemiseg.presets import Cell, head_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: framework files that still branch on a dataset's name, with how many branches: the next step moves each into
-#: the dataset's ``PaperSettings`` (``framework_options`` / ``publications`` / ``framework_epochs``) and removes
-#: its entry here (the count must match exactly, so a removed branch shows up as a failure to update this list)
-PENDING = {"npsemiseg/frameworks/unimatch_v2.py": 2}
 
 
 def _branches(text: str) -> int:
@@ -31,8 +33,8 @@ def _branches(text: str) -> int:
 
 
 def test_no_dataset_name_branches_outside_the_dataset_classes():
-    """The grep of the issue: ``== "cityscapes"`` and the like live only in ``npsemiseg/data/sets/`` (and, until
-    the frameworks ask their settings object, in the PENDING framework files)."""
+    """The grep of the issue: ``== "cityscapes"`` and the like live only in ``npsemiseg/data/sets/``; every framework
+    asks its dataset's settings object (the last, UniMatch V2, reads its per-dataset configs there too)."""
     found = {}
     for folder in ("npsemiseg", "semiseg_platform", "jobs"):
         for path in sorted((REPO / folder).rglob("*.py")):
@@ -42,7 +44,7 @@ def test_no_dataset_name_branches_outside_the_dataset_classes():
             count = _branches(path.read_text())
             if count:
                 found[relative] = count
-    assert found == PENDING
+    assert found == {}
     assert _branches('if dataset == "cityscapes":') == 1 and _branches('x = "cityscapes"') == 0  # the grep works
 
 
@@ -80,27 +82,58 @@ def test_the_paper_settings_are_the_presets_values():
     for name in ("pascal_classic", "pascal_blender"):
         assert dataset_info(name).settings.values() == VOC_SETTINGS.values()
     assert dataset_info("synthetic_blender").settings is dataset_definition("pascal_blender").settings
-    assert dataset_info("study").settings is VOC_SETTINGS and not VOC_SETTINGS.publications  # no publication leaks
+    # no ResNet framework's publication leaks into datasets without their own; UniMatch V2's Pascal config is the
+    # VOC default (the study, folder and synthetic datasets train UniMatch V2 at it)
+    assert dataset_info("study").settings is VOC_SETTINGS and set(VOC_SETTINGS.publications) == set(UNIMATCH_V2_FRAMEWORKS)
     smaller = VOC_SETTINGS.scaled(batch=8, processes=2)
     assert smaller.values()["schedule"]["batch_size"] == 4 and smaller.values()["optim"]["reference_batch"] == 8
     with pytest.raises(ValueError, match="family: expected one of"):
         PaperSettings(family="ade", crop_size=512, batch=16, lr=4e-3, epochs=40)
 
 
-def test_a_dataset_publication_beats_the_framework_family_table():
-    """``publication``: the dataset's own entry first, else a framework class's transitional per-family table (the
-    framework whose values have not moved to the datasets yet: UniMatch V2). NP configs and a framework's shared
-    epochs come from the dataset's settings alone (AugSeg's: Pascal's ``np_configs``, Cityscapes' ``framework_epochs``)."""
-    table = get_framework("unimatch_v2").publication_settings
-    assert VOC_SETTINGS.publication("unimatch_v2", table, {"voc": 1e-3}) == Publication(518, 16, lr=1e-3)
-    own = VOC_SETTINGS.scaled(publications={"unimatch_v2": Publication(512, 16, lr=4e-3, epochs=40)})
-    assert own.publication("unimatch_v2", table) == Publication(512, 16, lr=4e-3, epochs=40)
-    assert dataset_info("pascal_blender").settings.np_config("augseg") == (480, 8)
-    assert VOC_SETTINGS.np_config("augseg") == (480, 12) and dataset_info("pascal_blender").settings.np_config("u2pl") == (
-        480, 12)
-    assert dataset_info("cityscapes").settings.shared_epochs("augseg") == 240 and CITYSCAPES_SETTINGS.shared_epochs(
-        "augseg") == 200
-    assert CITYSCAPES_SETTINGS.scaled(framework_epochs={"augseg": 100}).shared_epochs("augseg") == 100
+#: UniMatch V2's config per dataset, read from the dataset classes: (crop, global batch, epochs, OHEM, evaluation mode)
+UNIMATCH_V2 = {
+    "pascal_classic": (518, 16, 60, None, "whole"), "pascal_blender": (518, 16, 60, None, "whole"),
+    "cityscapes": (798, 8, 180, (0.7, 200_000), "sliding"), "ade20k": (518, 8, 60, None, "whole"),
+    "coco": (518, 16, 20, None, "whole"), "study": (518, 16, 60, None, "whole"),
+    "synthetic_cityscapes": (798, 8, 180, (0.7, 200_000), "sliding"),
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(UNIMATCH_V2))
+def test_unimatch_v2_reads_its_official_config_from_the_dataset(dataset):
+    """UniMatch V2 and FixMatch V2 (one repository, one config per dataset) ask the dataset's entry; the source file
+    is the config of the dataset's paper (a stand-in: its real dataset's; the study dataset: VOC's default, Pascal)."""
+    settings = dataset_info(dataset).settings
+    for framework in UNIMATCH_V2_FRAMEWORKS:
+        cls = get_framework(framework)
+        publication = cls.publication_on(settings)
+        assert (publication.crop_size, publication.batch, publication.epochs, publication.ohem, publication.eval_mode) == (
+            UNIMATCH_V2[dataset]), framework
+        assert publication.lr == 5e-6 and publication.source.startswith("UniMatch-V2 configs/")
+        assert cls.own_epochs(dataset_info(dataset), "x") == UNIMATCH_V2[dataset][2]
+    real = dataset_info(dataset).paper_dataset
+    expected = {"pascal_classic": "pascal", "pascal_blender": "pascal", "study": "pascal"}.get(real, real)
+    assert publication.source == f"UniMatch-V2 configs/{expected}.yaml"
+
+
+def test_unimatch_v2_without_a_dataset_entry_trains_at_the_shared_settings(monkeypatch):
+    """The negative case: ADE20K without its UniMatch V2 entry gives UniMatch V2 nothing of its own (the shared
+    ResNet settings, as any framework without a publication there); a changed entry reaches the composed cell."""
+    from npsemiseg.config import compose
+
+    definition = dataset_definition("ade20k")
+    own = {k: v for k, v in definition.settings.publications.items() if k not in UNIMATCH_V2_FRAMEWORKS}
+    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications=own))
+    assert get_framework("unimatch_v2").publication_values(definition.settings) == []
+    config = compose("paper", framework="unimatch_v2", dataset="ade20k", partition="1/64", head="np").config
+    assert (config.model.backbone, config.optim.name, config.schedule.epochs) == ("resnet50", "sgd", 60)
+    changed = Publication(448, 32, lr=1e-5, epochs=12, source="elsewhere.yaml")
+    monkeypatch.setattr(definition, "settings", definition.settings.scaled(publications={"unimatch_v2": changed}))
+    composition = compose("paper", framework="unimatch_v2", dataset="ade20k", partition="1/64", head="np")
+    schedule = composition.config.schedule
+    assert (schedule.crop_size, schedule.batch_size, schedule.epochs, composition.config.optim.lr) == (448, 8, 12, 1e-5)
+    assert "elsewhere.yaml 8" in composition.explain("schedule.epochs")
 
 
 #: what the frameworks that ask their dataset's settings get, per dataset: (publication, options, epochs of a partition)

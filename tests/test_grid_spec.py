@@ -315,6 +315,36 @@ def test_a_trial_cancelled_before_it_ran_is_a_failed_cell_named_from_its_folder(
     assert (outcome.cell_id, outcome.status, outcome.cell_name) == ("abc123", "failed", names["abc123"])
 
 
+def test_the_ade_coco_spec_expands_and_every_cell_composes_at_its_datasets_official_config():
+    """ADE20K and COCO's companion grid: UniMatch V2 (ADE20K 1/64 .. 1/4, COCO 1/512 .. 1/32) and FixMatch on DINOv2-B
+    (the partitions of UniMatch V2's Table 5 logs) x the three heads, 18 x 3 = 54 cells composed without training at
+    UniMatch V2's configs (crop 518; ADE20K 2 per GPU for 60 epochs, COCO 4 for 20), in UniMatch V2's experiment with
+    the same ids as its own spec's cells; every baseline cell has a published value to print beside it."""
+    from semiseg_platform.reports.paper_results import paper_value
+
+    spec = load_spec(SPECS / "paper_ade_coco.yaml")
+    configs = expand(spec)
+    assert len(configs) == (10 + 8) * 3 == len({c.cell_id for c in configs})
+    assert Counter((c.framework, c.dataset) for c in configs) == {
+        ("unimatch_v2", "ade20k"): 15, ("unimatch_v2", "coco"): 15, ("fixmatch_v2", "ade20k"): 15,
+        ("fixmatch_v2", "coco"): 9}
+    assert {c.partition for c in configs if c.framework == "fixmatch_v2" and c.dataset == "coco"} == {"232", "463", "925"}
+    assert {c.head.label for c in configs} == set(PAPER_HEADS) and {c.protocol for c in configs} == {"released"}
+    assert spec.experiment == load_spec(SPECS / "paper_unimatch_v2.yaml").experiment
+    for config in configs:
+        schedule = config.schedule
+        assert (config.model.backbone, config.optim.name, config.optim.lr, schedule.crop_size) == (
+            "dinov2_b", "adamw", 5e-6, 518)
+        assert (schedule.batch_size, schedule.epochs) == {"ade20k": (2, 60), "coco": (4, 20)}[config.dataset]
+        assert (config.evaluation.mode, config.evaluation.resize_multiple) == ("whole", 14)
+        if config.head.label == "baseline":
+            assert paper_value(config.dataset, config.framework, "baseline", config.partition, "miou") is not None
+    v2 = {c.cell_id for c in expand(load_spec(SPECS / "paper_unimatch_v2.yaml"))}
+    assert {c.cell_id for c in configs if c.framework == "unimatch_v2"} <= v2
+    assert paper_value("ade20k", "fixmatch_v2", "baseline", "316", "miou") == 37.8  # table05-fixmatch_ade20k_1_64 log
+    assert paper_value("coco", "fixmatch_v2", "baseline", "1849", "miou") is None  # no Table 5 log: no cell either
+
+
 def test_the_unimatch_v2_spec_covers_its_papers_partitions_with_every_head():
     """UniMatch V2 x the three heads x the partitions its paper reports (VOC with the full 1464, Cityscapes, ADE20K
     1/64 .. 1/4, COCO 1/512 .. 1/32): 19 x 3 = 57 cells under released, each composed at its dataset's official

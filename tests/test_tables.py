@@ -320,9 +320,12 @@ def test_unimatch_v2_rows_print_beside_its_published_numbers(uri):
                                              ("unimatch_v2_s", "baseline", "92", 0.78)):
         _cell_run(client, experiment_id, framework=framework, head=head, partition=partition, miou=miou)
     _cell_run(client, experiment_id, framework="unimatch_v2", head="np", partition="316", miou=0.4, dataset="ade20k")
+    _cell_run(client, experiment_id, framework="fixmatch_v2", head="baseline", partition="316", miou=0.37,
+              dataset="ade20k")
     tables = T.build_tables(uri, "unimatch-v2")
     voc = tables["table1_miou_pascal_classic"]
-    assert list(dict.fromkeys(voc["framework"])) == ["unimatch_v2", "unimatch_v2_s"]
+    # every framework of the experiment has its rows in each table (FixMatch V2's VOC rows empty here)
+    assert list(dict.fromkeys(voc["framework"])) == ["fixmatch_v2", "unimatch_v2", "unimatch_v2_s"]
     assert voc.attrs["columns"][-1] == "full (1464)" and len(voc.attrs["columns"]) == 5
     assert _cell(voc, "unimatch_v2", "baseline", "92")["paper"] == pytest.approx(86.3)
     assert _cell(voc, "unimatch_v2", "baseline", "92")["diff"] == pytest.approx(85.0 - 86.3)
@@ -331,8 +334,9 @@ def test_unimatch_v2_rows_print_beside_its_published_numbers(uri):
     assert math.isnan(_cell(voc, "unimatch_v2", "np", "92")["paper"])  # V2 has no NP rows
     ade = tables["table_miou_ade20k"]
     assert _cell(ade, "unimatch_v2", "baseline", "316")["paper"] == pytest.approx(38.7)
+    assert _cell(ade, "fixmatch_v2", "baseline", "316")["paper"] == pytest.approx(37.8)  # Table 5's log (paper_ade_coco)
     value, source = unimatch_v2_results()[("cityscapes", "unimatch_v2", "baseline", "186", "miou")]
     assert value == 83.6 and "table02-cityscapes_unimatch_v2_1_16labels_dinov2_base.log (best EMA mIoU 83.60)" in source
     for (_, framework, *_), (value, source) in unimatch_v2_results().items():  # each value as its log's best, rounded
         best = float(source.split("best EMA mIoU ")[1].split(")")[0])
-        assert value == round(best + 1e-9, 1) and ("dinov2_base" in source) == (framework == "unimatch_v2")
+        assert value == round(best + 1e-9, 1) and ("dinov2_base" in source) == (framework != "unimatch_v2_s")

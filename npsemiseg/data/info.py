@@ -73,7 +73,7 @@ class DatasetInfo:
 
     @property
     def family(self) -> str:
-        """Which column of the frameworks' per-family tables the dataset reads (``settings.family``:
+        """The dataset's family: its augmentation pipeline (``settings.family``:
         ``"cityscapes"`` for Cityscapes and its stand-in, ``"voc"`` for the others)."""
         return self.settings.family
 

@@ -8,11 +8,10 @@ OHEM and the auxiliary head, the evaluation mode and window, and what individual
 preset's nested values.
 
 The values below are the shared ones (the NP-SemiSeg configs'); what each framework's publication sets on a
-dataset lives in the dataset's class (``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``), so a dataset without
-an entry for a framework trains it at the shared settings. ``family`` names which column of the older per-family
-tables (``publication_settings`` and ``publication_lr``, keyed ``"voc"`` / ``"cityscapes"``) a dataset reads in the
-framework classes that still keep them: :meth:`PaperSettings.publication` looks in the dataset's own settings first
-and falls back to that column.
+dataset lives in the dataset's class (``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``, ``ade20k.py``, ``coco.py``),
+so a dataset without an entry for a framework trains it at the shared settings. ``family`` (``"voc"`` /
+``"cityscapes"``) names the augmentation pipeline a dataset's frameworks use (``augmentation_kind``) and labels the
+shared settings in ``config show --explain``.
 """
 
 from __future__ import annotations
@@ -21,24 +20,47 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-#: the frameworks' per-family tables are keyed by one of these
+#: a dataset's family (its augmentation pipeline): one of these
 FAMILIES = ("voc", "cityscapes")
 
 
 @dataclass(frozen=True)
 class Publication:
     """A framework's own publication on a dataset: crop, global labeled batch, LR and epochs (None: the shared);
-    ``partition_epochs``: epochs of single partitions where they differ (PS-MT's Cityscapes 744: 450)."""
+    ``partition_epochs``: epochs of single partitions where they differ (PS-MT's Cityscapes 744: 450). What a
+    framework that takes its whole configuration from the publication (UniMatch V2) reads beside them: ``ohem``
+    ``(thresh, min_kept)`` or None (plain cross-entropy), ``eval_mode`` (None: the framework's default) and
+    ``source``, the config file the values come from (``config show --explain`` cites it with its lines)."""
 
     crop_size: int
     batch: int
     lr: float | None = None
     epochs: int | None = None
     partition_epochs: Mapping[str, int] = field(default_factory=dict)
+    ohem: tuple[float, int] | None = None
+    eval_mode: str | None = None
+    source: str = ""
 
     def epochs_for(self, partition: str | None = None) -> int | None:
         """The publication's epochs on canonical ``partition`` (its own where listed, else ``epochs``)."""
         return self.partition_epochs.get(str(partition), self.epochs)
+
+
+#: the frameworks of LiheYoung/UniMatch-V2's repository (``unimatch_v2.py``, ``fixmatch.py``): both read the same
+#: ``configs/<dataset>.yaml``, so a dataset's UniMatch V2 config is one entry for each
+UNIMATCH_V2_FRAMEWORKS = ("unimatch_v2", "fixmatch_v2")
+#: UniMatch V2's configs give the batch per GPU, for 4 GPUs (README.md 134-135) and lr 5e-6 (configs/*.yaml 10)
+UNIMATCH_V2_GPUS, UNIMATCH_V2_LR = 4, 5e-6
+
+
+def unimatch_v2_config(name: str, crop_size: int, epochs: int, batch_per_gpu: int,
+                       ohem: tuple[float, int] | None = None, eval_mode: str = "whole") -> dict[str, Publication]:
+    """``publications`` entries of UniMatch V2's ``configs/<name>.yaml`` (LiheYoung/UniMatch-V2@f6afb4d): crop
+    (line 5), epochs (8), batch per GPU (9) x the README's 4 GPUs (README.md 134-135), lr 5e-6 (10), OHEM (12-17)
+    or cross-entropy; ``eval_mode``: ``sliding`` (Cityscapes, unimatch_v2.py 239) or ``whole``."""
+    publication = Publication(crop_size, batch_per_gpu * UNIMATCH_V2_GPUS, lr=UNIMATCH_V2_LR, epochs=epochs,
+                              ohem=ohem, eval_mode=eval_mode, source=f"UniMatch-V2 configs/{name}.yaml")
+    return dict.fromkeys(UNIMATCH_V2_FRAMEWORKS, publication)
 
 
 @dataclass(frozen=True)
@@ -115,16 +137,9 @@ class PaperSettings:
             "evaluation": {"mode": self.eval_mode, "crop_size": self.eval_crop_size, "num_samples": self.eval_samples},
         }
 
-    def publication(self, framework: str, fallback: Mapping[str, tuple[int, int]] | None = None,
-                    fallback_lr: Mapping[str, float] | None = None) -> Publication | None:
-        """Framework ``framework``'s own publication on this dataset: the dataset's entry, else (while the
-        framework class still keeps its per-family tables) ``fallback[family]`` with ``fallback_lr[family]``."""
-        if framework in self.publications:
-            return self.publications[framework]
-        if fallback is None or self.family not in fallback:
-            return None
-        crop, batch = fallback[self.family]
-        return Publication(crop, batch, lr=(fallback_lr or {}).get(self.family))
+    def publication(self, framework: str) -> Publication | None:
+        """Framework ``framework``'s own publication on this dataset (None: none, the shared settings)."""
+        return self.publications.get(framework)
 
     def np_config(self, framework: str) -> tuple[int, int]:
         """``(crop, global batch)`` of the NP-SemiSeg configs for ``framework``'s stochastic heads (default: the
@@ -153,9 +168,12 @@ class PaperSettings:
 #: VOC (the shared values of classic and blender, whose classes add the frameworks' publications; the default of
 #: datasets without settings of their own): the NP-SemiSeg authors' released U2PL VOC config
 #: (``npsemiseg/presets_audit.md``): crop 480, 12 = 4 x 3, lr 1e-3 (head x10), weight decay 1e-4, 80 epochs,
-#: evaluation on a 513 px center crop
+#: evaluation on a 513 px center crop. Its one publication is UniMatch V2's Pascal config (UniMatch-V2
+#: configs/pascal.yaml 5, 8-9: crop 518, 60 epochs, 4 per GPU), the one a VOC-like dataset without a UniMatch V2
+#: config of its own (the study, folder and synthetic datasets) trains UniMatch V2 at
 VOC_SETTINGS = PaperSettings(family="voc", crop_size=480, batch=12, lr=1e-3, epochs=80, head_lr_mult=10.0,
-                             weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513)
+                             weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513,
+                             publications=unimatch_v2_config("pascal", 518, 60, 4))
 
 #: Cityscapes (shared values; the publications: ``npsemiseg/data/sets/cityscapes.py``): crop 580, 8 = 4 x 2, lr 5e-3
 #: (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in ``framework_epochs``), OHEM 0.7 with at least 100,000 pixels,

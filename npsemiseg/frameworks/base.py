@@ -100,14 +100,9 @@ class Framework:
     representation_head: ClassVar[bool] = False
     #: framework options of the ``smoke`` preset (beyond its shared shrinking)
     smoke_options: ClassVar[Mapping[str, Any]] = {}
-    #: what a dataset's publications set for a framework (crop, batch, LR, epochs, options) lives in the dataset's
-    #: ``PaperSettings`` (``npsemiseg.data.sets``), which the framework asks (:meth:`publication_on`,
-    #: :meth:`own_epochs`, :meth:`shared_epochs`). Transitional, for the frameworks whose values have not moved
-    #: there yet: ``(crop, global labeled batch)`` of the framework's own publication per dataset family and its LR
-    #: where it differs from the shared one (read only where the dataset's settings have no entry for the framework;
-    #: empty by default)
-    publication_settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
-    publication_lr: ClassVar[Mapping[str, float]] = {}
+    # what a dataset's publications set for a framework (crop, batch, LR, epochs, options) lives in the dataset's
+    # ``PaperSettings`` (``npsemiseg.data.sets``), which the framework asks (:meth:`publication_on`,
+    # :meth:`own_epochs`, :meth:`shared_epochs`, :meth:`publication_values`), never naming a dataset
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None,
@@ -127,31 +122,29 @@ class Framework:
         self.align_corners = logit_align_corners(self.student)
 
     @classmethod
-    def publication_values(cls, dataset: str, family: str) -> list[tuple[str, Any, str]]:
-        """A publication of the framework's own that the ``paper`` preset sets for every head, as ``(key, value,
-        why)`` (UniMatch V2's DINOv2 configs); none by default."""
+    def publication_values(cls, settings: PaperSettings) -> list[tuple[str, Any, str]]:
+        """A publication of the framework's own on a dataset with ``settings`` that the ``paper`` preset sets for
+        every head, as ``(key, value, why)`` (UniMatch V2's DINOv2 configs); none by default."""
         return []
 
     @classmethod
     def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
         """The framework's own paper options (its defaults); what a dataset's publications change for it
-        (``PaperSettings.options_for``) is laid over them at composition. Transitional: a framework whose values
-        have not moved to the datasets' settings yet reads ``dataset`` x ``partition`` here."""
+        (``PaperSettings.options_for``) is laid over them at composition."""
         return {}
 
     @classmethod
     def publication_on(cls, settings: PaperSettings) -> Publication | None:
         """The framework's own publication on a dataset with ``settings`` (crop, global batch, LR, epochs; None:
-        none): the dataset's entry, else the transitional per-family tables."""
-        return settings.publication(cls.name, cls.publication_settings or None, cls.publication_lr)
+        none): the dataset's entry for it."""
+        return settings.publication(cls.name)
 
     @classmethod
     def own_epochs(cls, info: DatasetInfo, partition: str) -> int | None:
         """The epochs of the framework's own publication on ``info``'s canonical ``partition`` (None: none of its
         own, the shared schedule's)."""
         publication = cls.publication_on(info.settings)
-        own = publication.epochs_for(partition) if publication is not None else None
-        return own if own is not None else cls.publication_epochs(info.paper_dataset, partition)
+        return publication.epochs_for(partition) if publication is not None else None
 
     @classmethod
     def shared_epochs(cls, settings: PaperSettings) -> int:
@@ -165,12 +158,6 @@ class Framework:
         ``options`` (keywords of ``npsemiseg.data.transforms.train_transform``: ``strong_views``, ``padding_mask``,
         ``draws``); none by default, so other frameworks' data stay as they are."""
         return {}
-
-    @classmethod
-    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """Transitional (see :meth:`own_epochs`, which asks the dataset's settings first): the framework's own epoch
-        count for a real ``dataset`` x canonical ``partition`` (None = none of its own)."""
-        return None
 
     @property
     def head_aux_term(self) -> str | None:

@@ -33,19 +33,22 @@ Pascal 92 labels, DINOv2-B, ``training-logs/table01-pascal_unimatch_v2_92labels_
 published 86.3). The training loop sets the LR after the step under switch ``unimatch_lr_timing`` (released: step
 ``i`` runs at the poly LR of ``i - 1``, 216-219). The publication settings of each official config (AdamW with the
 backbone / head LRs, crop, batch, epochs, loss, evaluation, the DINOv2-B encoder of the published tables) are
-:data:`OFFICIAL_CONFIGS` and :meth:`UniMatchV2.publication_values`: the ``paper`` preset trains every head at them.
+:meth:`UniMatchV2.publication_values`: the values every config shares are this module's, the per-dataset ones
+(crop, batch, epochs, OHEM, evaluation mode) the dataset's ``PaperSettings`` entry for the framework
+(``npsemiseg.data.settings.unimatch_v2_config``, set in ``npsemiseg/data/sets/*.py`` and ``VOC_SETTINGS``); the
+``paper`` preset trains every head at them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from npsemiseg.data.settings import UNIMATCH_V2_GPUS, PaperSettings, Publication
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap, warmup_decay
 from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
@@ -93,10 +96,11 @@ def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
 
 
 #: LiheYoung/UniMatch-V2@f6afb4d, the settings every config shares: AdamW over two groups, the backbone at ``lr``
-#: (configs/*.yaml 10: 5e-6) and every other parameter at ``lr x lr_multi`` (11: 40), betas (0.9, 0.999) (torch's
-#: AdamW default here) and weight decay 0.01 on every parameter (unimatch_v2.py 67-73); 4 GPUs (README.md 134-135);
-#: the DINOv2-B encoder of every published table (README.md 36, 45, 53, 62; configs/*.yaml 20 ship dinov2_small)
-OFFICIAL_LR, OFFICIAL_LR_MULTI, OFFICIAL_WEIGHT_DECAY, OFFICIAL_GPUS = 5e-6, 40.0, 0.01, 4
+#: (configs/*.yaml 10: 5e-6, in each dataset's entry) and every other parameter at ``lr x lr_multi`` (11: 40), betas
+#: (0.9, 0.999) (torch's AdamW default here) and weight decay 0.01 on every parameter (unimatch_v2.py 67-73); 4 GPUs
+#: (README.md 134-135); the DINOv2-B encoder of every published table (README.md 36, 45, 53, 62; configs/*.yaml 20
+#: ship dinov2_small)
+OFFICIAL_LR_MULTI, OFFICIAL_WEIGHT_DECAY, OFFICIAL_GPUS = 40.0, 0.01, UNIMATCH_V2_GPUS
 OFFICIAL_BACKBONE = "dinov2_b"
 #: every published run trained the encoder: 'lock_backbone': False in the logs of Tables 1-4 (training-logs/
 #: table0[1-4]-*.log, line 12; Cityscapes 15); configs/ade20k.yaml 21 ships True, the setting of Table 7's frozen-
@@ -105,38 +109,66 @@ FROZEN_WHY = ("UniMatch-V2 training-logs/table0[1-4]-*.log 12 ('lock_backbone': 
               "is Table 7's frozen-encoder ablation)")
 
 
-@dataclass(frozen=True)
-class OfficialConfig:
-    """One of UniMatch V2's ``configs/<name>.yaml``: crop (line 5), epochs (8), labeled = unlabeled batch per GPU
-    (9), OHEM ``(thresh, min_kept)`` or plain CE (12-17); ``sliding``: Cityscapes' sliding-window evaluation at
-    the crop (unimatch_v2.py 239, supervised.py 47-63), else whole images resized to the nearest multiples of 14
-    (240, supervised.py 70-81)."""
-
-    name: str
-    crop_size: int
-    epochs: int
-    batch_per_gpu: int
-    ohem: tuple[float, int] | None = None
-    sliding: bool = False
-
-    @property
-    def source(self) -> str:
-        return f"UniMatch-V2 configs/{self.name}.yaml"
+_LOOP = "UniMatch-V2 unimatch_v2.py"
 
 
-#: the official config of each dataset the project reads (synthetic stand-ins read their real dataset's)
-OFFICIAL_CONFIGS: dict[str, OfficialConfig] = {
-    "pascal": OfficialConfig("pascal", 518, 60, 4),
-    "cityscapes": OfficialConfig("cityscapes", 798, 180, 2, ohem=(0.7, 200_000), sliding=True),
-    "ade20k": OfficialConfig("ade20k", 518, 60, 2),
-    "coco": OfficialConfig("coco", 518, 20, 4),
-}
+def shared_values(config: Publication) -> list[tuple[str, Any, str]]:
+    """What every UniMatch V2 config sets alike (encoder, AdamW and its groups, schedule form, framework options),
+    ``(key, value, why)``, the thresholds' line read from ``config``'s file (18 after an OHEM block, else 16)."""
+    src = config.source
+    return [
+        ("model.backbone", OFFICIAL_BACKBONE, "UniMatch-V2 README.md 36, 45, 53, 62 (every published table: "
+                                              f"DINOv2-Base; {src} 20 ships dinov2_small)"),
+        ("model.weights", "timm", f"DINOv2 pretrained ({_LOOP} 61-62 loads pretrained/<backbone>.pth)"),
+        ("model.aux_head", False, f"{_LOOP} 60 (the DPT has no auxiliary head)"),
+        ("model.freeze_backbone", False, FROZEN_WHY),
+        ("optim.name", "adamw", f"{_LOOP} 67-73"),
+        ("optim.head_lr_mult", OFFICIAL_LR_MULTI, f"{src} 11, {_LOOP} 70"),
+        ("optim.weight_decay", OFFICIAL_WEIGHT_DECAY, f"{_LOOP} 72"),
+        ("optim.parameter_groups", "backbone_head", f"{_LOOP} 69-70"),
+        ("optim.lr_scaling", "none", "UniMatch-V2 README.md 134-136 (4 GPUs; else adjust the LR by hand)"),
+        ("schedule.epoch_length", "unlabeled", f"{_LOOP} 127 (len(trainloader_u) x epochs)"),
+        ("schedule.poly_power", 0.9, f"{_LOOP} 217"),
+        ("schedule.eval_every_epochs", 1, f"{_LOOP} 239-241 (after every epoch)"),
+        ("framework_options.confidence_threshold", 0.95, f"{src} {18 if config.ohem else 16} (conf_thresh)"),
+        ("framework_options.cutmix_p", 0.5, "UniMatch-V2 dataset/semi.py 58, 64"),
+        ("framework_options.ema_decay", 0.996, f"{_LOOP} 221"),
+        ("framework_options.comp_drop_kept", 0.5, "UniMatch-V2 model/semseg/dpt.py 153-154 (1 - dropout_prob)"),
+    ]
 
 
-def official_config(dataset: str, family: str) -> OfficialConfig:
-    """The official config for paper dataset ``dataset`` (``pascal_*``: pascal), else its family's (``voc``: pascal)."""
-    name = "pascal" if dataset.startswith("pascal") else dataset
-    return OFFICIAL_CONFIGS.get(name, OFFICIAL_CONFIGS["cityscapes" if family == "cityscapes" else "pascal"])
+def config_values(config: Publication) -> list[tuple[str, Any, str]]:
+    """What a dataset's config file sets: LR, crop, batches (per GPU: the global batch over the 4 GPUs), epochs,
+    the loss (OHEM with its threshold and minimum, or cross-entropy)."""
+    src = config.source
+    per_gpu = f"{src} 9 (per GPU) x {OFFICIAL_GPUS} GPUs (README.md 134-135)"
+    batch = config.batch // OFFICIAL_GPUS
+    values: list[tuple[str, Any, str]] = [
+        ("optim.lr", config.lr, f"{src} 10"),
+        ("optim.reference_batch", config.batch, per_gpu),
+        ("schedule.crop_size", config.crop_size, f"{src} 5"),
+        ("schedule.batch_size", batch, per_gpu),
+        ("schedule.unlabeled_batch_size", batch, f"{src} 9 ({_LOOP} 113-120: both loaders)"),
+        ("schedule.epochs", config.epochs, f"{src} 8"),
+        ("loss.ohem", config.ohem is not None, f"{src} 12-17"),
+    ]
+    if config.ohem is not None:
+        values += [("loss.ohem_thresh", config.ohem[0], f"{src} 16"), ("loss.ohem_min_kept", config.ohem[1], f"{src} 17")]
+    return values
+
+
+def evaluation_values(config: Publication) -> list[tuple[str, Any, str]]:
+    """The evaluation of the official loop (unimatch_v2.py 239-240): sliding windows at the crop with stride 2/3 of
+    it (Cityscapes' config), else the whole image resized to the nearest multiples of 14."""
+    if config.eval_mode == "sliding":
+        return [("evaluation.mode", "sliding", f"{_LOOP} 239"),
+                ("evaluation.crop_size", config.crop_size, "UniMatch-V2 supervised.py 48 (the window: crop_size)"),
+                ("evaluation.stride", int(config.crop_size * 2 / 3), "UniMatch-V2 supervised.py 60, 63"),
+                ("evaluation.sliding_scheme", "unimatch_v2", "UniMatch-V2 supervised.py 52-63 (last window "
+                                                              "shifted back, softmaxes summed)")]
+    return [("evaluation.mode", "whole", f"{_LOOP} 239 ('original')"),
+            ("evaluation.resize_multiple", 14, f"{_LOOP} 240, UniMatch-V2 supervised.py 70-81"),
+            ("evaluation.resize_rounding", "nearest", "UniMatch-V2 supervised.py 75 (int(h / 14 + 0.5) x 14)")]
 
 
 class UniMatchV2Options(FixMatchOptions):
@@ -157,10 +189,6 @@ class UniMatchV2(FixMatch):
     name = "unimatch_v2"
     Options = UniMatchV2Options
     teacher_names = ("teacher",)
-    #: configs/pascal.yaml 5, 9: crop 518, batch 4 per GPU x 4; configs/cityscapes.yaml 5, 9: crop 798, 2 x 4
-    publication_settings = {"voc": (518, 16), "cityscapes": (798, 8)}
-    #: configs/*.yaml 10 (AdamW; the head at x40 with it: :meth:`publication_values`)
-    publication_lr: ClassVar[dict[str, float]] = {"voc": OFFICIAL_LR, "cityscapes": OFFICIAL_LR}
     #: unimatch_v2.py 202-204: loss = (loss_x + (loss_s1 + loss_s2) / 2) / 2
     sup_weight: ClassVar[float] = 0.5
     strong_weights: ClassVar[tuple[float, ...]] = (0.25, 0.25)
@@ -171,58 +199,17 @@ class UniMatchV2(FixMatch):
         return cls.Options().model_dump()
 
     @classmethod
-    def publication_epochs(cls, dataset: str, partition: str) -> int | None:
-        """60 on Pascal and ADE20K, 180 on Cityscapes, 20 on COCO (configs/*.yaml 8)."""
-        return official_config(dataset, "cityscapes" if dataset == "cityscapes" else "voc").epochs
-
-    @classmethod
-    def publication_values(cls, dataset: str, family: str) -> list[tuple[str, Any, str]]:
-        """The official config of ``dataset`` (:func:`official_config`) as ``(key, value, why)``: what the ``paper``
-        preset's scale step sets for every head of this framework (the heads' study is on UniMatch V2's settings,
-        which have no NP-SemiSeg configs of their own). ``model.weights``: timm's DINOv2 weights (the official
-        loads ``pretrained/<backbone>.pth``, unimatch_v2.py 61-62; give a local file with ``--set model.weights``)."""
-        cfg = official_config(dataset, family)
-        src, loop = cfg.source, "UniMatch-V2 unimatch_v2.py"
-        per_gpu = f"{src} 9 (per GPU) x {OFFICIAL_GPUS} GPUs (README.md 134-135)"
-        values: list[tuple[str, Any, str]] = [
-            ("model.backbone", OFFICIAL_BACKBONE, "UniMatch-V2 README.md 36, 45, 53, 62 (every published table: "
-                                                  f"DINOv2-Base; {src} 20 ships dinov2_small)"),
-            ("model.weights", "timm", f"DINOv2 pretrained ({loop} 61-62 loads pretrained/<backbone>.pth)"),
-            ("model.aux_head", False, f"{loop} 60 (the DPT has no auxiliary head)"),
-            ("model.freeze_backbone", False, FROZEN_WHY),
-            ("optim.name", "adamw", f"{loop} 67-73"),
-            ("optim.lr", OFFICIAL_LR, f"{src} 10"),
-            ("optim.head_lr_mult", OFFICIAL_LR_MULTI, f"{src} 11, {loop} 70"),
-            ("optim.weight_decay", OFFICIAL_WEIGHT_DECAY, f"{loop} 72"),
-            ("optim.parameter_groups", "backbone_head", f"{loop} 69-70"),
-            ("optim.lr_scaling", "none", "UniMatch-V2 README.md 134-136 (4 GPUs; else adjust the LR by hand)"),
-            ("optim.reference_batch", cfg.batch_per_gpu * OFFICIAL_GPUS, per_gpu),
-            ("schedule.crop_size", cfg.crop_size, f"{src} 5"),
-            ("schedule.batch_size", cfg.batch_per_gpu, per_gpu),
-            ("schedule.unlabeled_batch_size", cfg.batch_per_gpu, f"{src} 9 ({loop} 113-120: both loaders)"),
-            ("schedule.epochs", cfg.epochs, f"{src} 8"),
-            ("schedule.epoch_length", "unlabeled", f"{loop} 127 (len(trainloader_u) x epochs)"),
-            ("schedule.poly_power", 0.9, f"{loop} 217"),
-            ("schedule.eval_every_epochs", 1, f"{loop} 239-241 (after every epoch)"),
-            ("loss.ohem", cfg.ohem is not None, f"{src} 12-17"),
-            ("framework_options.confidence_threshold", 0.95, f"{src} {18 if cfg.ohem else 16} (conf_thresh)"),
-            ("framework_options.cutmix_p", 0.5, "UniMatch-V2 dataset/semi.py 58, 64"),
-            ("framework_options.ema_decay", 0.996, f"{loop} 221"),
-            ("framework_options.comp_drop_kept", 0.5, "UniMatch-V2 model/semseg/dpt.py 153-154 (1 - dropout_prob)"),
-        ]
-        if cfg.ohem is not None:
-            values += [("loss.ohem_thresh", cfg.ohem[0], f"{src} 16"), ("loss.ohem_min_kept", cfg.ohem[1], f"{src} 17")]
-        if cfg.sliding:
-            values += [("evaluation.mode", "sliding", f"{loop} 239"),
-                       ("evaluation.crop_size", cfg.crop_size, "UniMatch-V2 supervised.py 48 (the window: crop_size)"),
-                       ("evaluation.stride", int(cfg.crop_size * 2 / 3), "UniMatch-V2 supervised.py 60, 63"),
-                       ("evaluation.sliding_scheme", "unimatch_v2", "UniMatch-V2 supervised.py 52-63 (last window "
-                                                                     "shifted back, softmaxes summed)")]
-        else:
-            values += [("evaluation.mode", "whole", f"{loop} 239 ('original')"),
-                       ("evaluation.resize_multiple", 14, f"{loop} 240, UniMatch-V2 supervised.py 70-81"),
-                       ("evaluation.resize_rounding", "nearest", "UniMatch-V2 supervised.py 75 (int(h / 14 + 0.5) x 14)")]
-        return values
+    def publication_values(cls, settings: PaperSettings) -> list[tuple[str, Any, str]]:
+        """UniMatch V2's config for a dataset with ``settings`` (its entry for the framework,
+        ``unimatch_v2_config``) as ``(key, value, why)``: what the ``paper`` preset's scale step sets for every head
+        of this framework (the heads' study is on UniMatch V2's settings, which have no NP-SemiSeg configs of their
+        own); none where the dataset has no UniMatch V2 config (the shared settings then). ``model.weights``: timm's
+        DINOv2 weights (the official loads ``pretrained/<backbone>.pth``, unimatch_v2.py 61-62; give a local file with
+        ``--set model.weights``)."""
+        publication = cls.publication_on(settings)
+        if publication is None:
+            return []
+        return shared_values(publication) + config_values(publication) + evaluation_values(publication)
 
     def eval_model(self) -> nn.Module:
         return self.teacher

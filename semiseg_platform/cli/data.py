@@ -1,4 +1,4 @@
-"""``npsemiseg data check`` / ``manifest`` / ``prepare voc|cityscapes``: a dataset tree before training on it.
+"""``npsemiseg data check`` / ``manifest`` / ``prepare voc|cityscapes|coco``: a dataset tree before training on it.
 
 ``check`` prints ``npsemiseg.data.check_dataset``'s one-screen summary (layout, counts per list,
 label values, missing files with examples, size mismatches) and exits 0 only when the dataset is
@@ -6,7 +6,8 @@ usable, 2 otherwise; for an S3 root (``s3://bucket/prefix/VOC2012``) it compares
 with the tree's ``manifest.json`` (sizes), downloading nothing else. ``manifest DIR`` writes that
 manifest (every file's path, size and SHA-256) into ``DIR`` before it is uploaded. ``prepare voc``
 builds ``SegmentationClassAug/`` from VOC 2012 and SBD, ``prepare cityscapes`` writes
-``*_labelTrainIds.png``; both resumable, with a progress bar. A folder dataset of one's own
+``*_labelTrainIds.png``, ``prepare coco`` UniMatch's 81-class ``masks/`` from COCO's instance annotations (with
+pycocotools, the ``coco`` extra); all resumable, with a progress bar. A folder dataset of one's own
 (``docs/datasets.md``): ``partition FOLDER --labeled 1/8 --seed 0`` writes its lists,
 ``check --folder FOLDER`` checks it (its classes file, images, masks, lists) as any other dataset.
 """
@@ -25,12 +26,13 @@ from npsemiseg.data import DATA_ROOT_ENV, dataset_info, dataset_names
 from npsemiseg.data.check import check_dataset
 from npsemiseg.data.manifest import write_manifest
 from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
+from npsemiseg.data.prepare_coco import COCO_SPLITS, prepare_coco
 from npsemiseg.data.sets.folder import register_folder, write_partitions
 from semiseg_platform.cli.app import app, fail, one_line
 from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.preflight import data_problem
 
-data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes labels.", no_args_is_help=True)
+data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes / COCO labels.", no_args_is_help=True)
 prepare_app = typer.Typer(help="Build the label files the readers expect.", no_args_is_help=True)
 data_app.add_typer(prepare_app, name="prepare")
 app.add_typer(data_app, name="data")
@@ -168,6 +170,25 @@ def prepare_cityscapes_command(
     try:
         with progress_bar("labelTrainIds", progress) as update:
             result = prepare_cityscapes(root, progress=update)
+    except (ValueError, FileNotFoundError) as error:
+        fail(one_line(error))
+    _prepared(result)
+
+
+@prepare_app.command("coco")
+def prepare_coco_command(
+    root: Path = typer.Option(..., help="the COCO folder (holding train2017/, val2017/; masks/ is written there)"),
+    annotations: Path | None = typer.Option(None, help="the folder of instances_<split>.json (default: ROOT/annotations)"),
+    split: list[str] = typer.Option(list(COCO_SPLITS), help="the splits whose masks to build (repeat the option)"),
+    progress: bool = typer.Option(True, help="a progress bar on stderr"),
+) -> None:
+    """Build UniMatch's 81-class masks/ from COCO 2017's instances_*.json (needs pycocotools: the coco extra)."""
+    unknown = sorted(set(split) - set(COCO_SPLITS))
+    if unknown:
+        fail(f"--split: expected {' or '.join(COCO_SPLITS)}, got {', '.join(unknown)}")
+    try:
+        with progress_bar("masks", progress) as update:
+            result = prepare_coco(root, annotations, tuple(split), progress=update)
     except (ValueError, FileNotFoundError) as error:
         fail(one_line(error))
     _prepared(result)

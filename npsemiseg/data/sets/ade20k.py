@@ -24,7 +24,7 @@ import numpy as np
 
 from npsemiseg.data.base import ItemFiles, PairedLines
 from npsemiseg.data.info import DATASETS
-from npsemiseg.data.settings import Publication, VOC_SETTINGS
+from npsemiseg.data.settings import VOC_SETTINGS, Publication, unimatch_v2_config
 
 ADE20K_CLASSES: tuple[str, ...] = (
     "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet",
@@ -50,10 +50,11 @@ ADE20K_TRAIN_SIZE, ADE20K_VAL_SIZE = 20210, 2000
 #: evaluation (``unimatch_v2.py`` 239: "original" outside Cityscapes). Its LR (5e-6, x40 for the head, 10-11) is a
 #: DINOv2 encoder's: kept as UniMatch's publication below; the shared LR is UniMatch V1's ResNet-era one on its
 #: other large benchmark (COCO, LiheYoung/UniMatch ``configs/coco.yaml`` 10-11: 0.004, head x10), as no
-#: ResNet-based publication trains these frameworks on ADE20K
+#: ResNet-based publication trains these frameworks on ADE20K. UniMatch V2's own (DINOv2) frameworks train at the
+#: whole config (``unimatch_v2_config``: crop 518, 60 epochs, 2 per GPU x 4, cross-entropy, whole images)
 ADE20K_SETTINGS = VOC_SETTINGS.scaled(
     crop_size=518, batch=8, epochs=60, lr=4e-3, head_lr_mult=10.0, eval_mode="whole", eval_crop_size=None,
-    publications={"unimatch": Publication(518, 8, lr=5e-6, epochs=60)},
+    publications={"unimatch": Publication(518, 8, lr=5e-6, epochs=60), **unimatch_v2_config("ade20k", 518, 60, 2)},
 )
 
 

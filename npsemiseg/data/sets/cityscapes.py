@@ -17,7 +17,7 @@ import numpy as np
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.datasets import CITYSCAPES_NUM_LABEL_IDS, cityscapes_label_paths, cityscapes_labelids_to_trainids
 from npsemiseg.data.info import CITYSCAPES_CLASSES, DATASETS, fraction_partitions
-from npsemiseg.data.settings import CITYSCAPES_SETTINGS, Publication
+from npsemiseg.data.settings import CITYSCAPES_SETTINGS, Publication, unimatch_v2_config
 
 CITYSCAPES_TRAIN_SIZE = 2975
 _PARTITIONS, _ALIASES = fraction_partitions((186, 372, 744, 1488))
@@ -43,6 +43,9 @@ CITYSCAPES_PAPER_SETTINGS = CITYSCAPES_SETTINGS.scaled(
         # main.py leaves the config's LR) at 2 GPUs x 4 (scripts/train_city.sh --batch_size=4), crop 800;
         # scripts/train_city.sh 40-45: 450 epochs on 744 labeled images, 550 on 1488, else 320
         "psmt": Publication(800, 8, lr=4.5e-3, epochs=320, partition_epochs={"744": 450, "1488": 550}),
+        # UniMatch-V2@f6afb4d configs/cityscapes.yaml 5, 8-9, 13-17: crop 798, 180 epochs, 2 per GPU x 4, OHEM 0.7
+        # with at least 200,000 pixels; sliding windows at the crop (unimatch_v2.py 239, supervised.py 47-63)
+        **unimatch_v2_config("cityscapes", 798, 180, 2, ohem=(0.7, 200_000), eval_mode="sliding"),
     },
     framework_options={
         "fixmatch": _UNIMATCH_OPTIONS, "unimatch": _UNIMATCH_OPTIONS,

@@ -44,7 +44,9 @@ _AUGSEG = Publication(513, 16)
 
 #: what the frameworks' publications set on PASCAL VOC (both datasets; PS-MT's differ per dataset, below)
 PASCAL_SETTINGS = VOC_SETTINGS.scaled(
-    publications={"supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
+    # UniMatch V2's configs/pascal.yaml: VOC_SETTINGS' publication (npsemiseg/data/settings.py)
+    publications={**VOC_SETTINGS.publications,
+                  "supervised": _U2PL, "mt": _U2PL, "u2pl": _U2PL, "fixmatch": _UNIMATCH, "unimatch": _UNIMATCH,
                   "mt_cps": _MT_CPS, "psmt": Publication(512, 32, lr=1e-2, epochs=_PSMT_EPOCHS), "augseg": _AUGSEG},
     framework_options={
         # UniMatch@0324f3d configs/pascal.yaml 16: conf_thresh 0.95
