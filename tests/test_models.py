@@ -76,7 +76,7 @@ def test_feature_channels_of_the_three_variants():
     assert feature_channels("psmt") == 304
     assert feature_channels("augseg", low_level_channels=256) == 512
     assert feature_channels("u2pl", aspp_channels=16, low_level_channels=8) == 24
-    with pytest.raises(ValueError, match="variant"):
+    with pytest.raises(ValueError, match="decoder"):
         feature_channels("deeplabv2")
 
 
@@ -490,7 +490,7 @@ def test_convert_sync_batchnorm():
 def test_build_segmentor_rejects_bad_arguments():
     with pytest.raises(ValueError, match="in_channels 512 does not match .* 32"):
         build_segmentor(num_classes=K, head=BaselineHead(512, K), backbone="resnet_small", **WIDTHS["u2pl"])
-    with pytest.raises(ValueError, match="variant"):
+    with pytest.raises(ValueError, match="decoder"):
         build_segmentor(num_classes=K, head=BaselineHead(304, K), variant="pspnet", backbone="resnet_small")
     with pytest.raises(ValueError, match="backbone"):
         build_segmentor(num_classes=K, head=BaselineHead(512, K), backbone="vgg16")
