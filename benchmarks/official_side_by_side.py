@@ -26,6 +26,17 @@ For each framework, two sides take turns (official, project, official, project, 
   then also sees. The helpers the loop calls (``u2pl/utils/loss_helper.py``, ``u2pl/utils/utils.py``) get the same
   ``.cuda()`` change; ``cv2`` and ``skimage``, imported at their top and unused by the step, are stand-ins where
   they are not installed.
+  NP-SemiSeg's U2PL (row ``u2pl_np``, beside the project's ``u2pl`` x ``np`` cell): the same loop of the authors'
+  ``U2PL/train_semi.py`` (Jianf-Wang/NP-SemiSeg), run as U2PL's (epoch 2, one-rank group, their helpers with the
+  ``.cuda()`` change, the same stand-ins), with their ``experiments/pascal/1323/np/config.yaml`` (they release no
+  1464 configuration; the step's settings are U2PL's 1464 ones but the crop and the batch, which come from the
+  inputs). Their ``ModelBuilder`` with their decoder and ``NP_HEAD`` runs on the project's encoder (their ResNet
+  needs ImageNet weights and SyncBN on CUDA), the decoder weights copied as for U2PL, the NP head's from the
+  project's NP head through the golden recorder's mapping (``HEAD_MAP`` of ``tests/golden/
+  record_np_u2pl_step_golden.py``, imported); their plain ``classifier``, built but unused by their forward, keeps
+  its initial weights. The NP memories are ``main``'s (one zero row of width 32 per class) and their centers
+  ``train``'s at the start of its epoch, computed from those. The NP predictions are sampled, so the agreement
+  checked is that of the eval-mode representation, the NP query transform and the NP decoder on one draw.
 - **project**: ``npsemiseg.training.step.train_step`` of the cell (protocol ``released``, preset ``paper``,
   dataset ``synthetic_voc``) built with ``build_framework`` / ``build_optimizer``, in float32 (``runtime.amp``
   off, as the official code; ``--project-amp`` turns the project's bf16 autocast on where CUDA is used).
@@ -50,7 +61,8 @@ A framework whose side fails is recorded with its error and the others go on. Ou
 
     python benchmarks/official_side_by_side.py --official-root /path/to/checkouts                  # CPU, paper scale
     python benchmarks/official_side_by_side.py --official-root DIR --device cuda --steps 10
-    python benchmarks/official_side_by_side.py --official-root DIR --backbone resnet50 --crop 64 --batch 1 --steps 1
+    python benchmarks/official_side_by_side.py --official-root DIR --backbone resnet50 --crop 64 --batch 2 --steps 1
+    python benchmarks/official_side_by_side.py --official-root DIR --frameworks u2pl u2pl_np --backbone resnet50 --crop 128
 
 ``--official-root`` holds the checkouts as ``<owner>+<repo>`` (``LiheYoung+UniMatch``) or ``<repo>`` folders.
 """
