@@ -26,6 +26,17 @@ For each framework, two sides take turns (official, project, official, project, 
   then also sees. The helpers the loop calls (``u2pl/utils/loss_helper.py``, ``u2pl/utils/utils.py``) get the same
   ``.cuda()`` change; ``cv2`` and ``skimage``, imported at their top and unused by the step, are stand-ins where
   they are not installed.
+  NP-SemiSeg's U2PL (row ``u2pl_np``, beside the project's ``u2pl`` x ``np`` cell): the same loop of the authors'
+  ``U2PL/train_semi.py`` (Jianf-Wang/NP-SemiSeg), run as U2PL's (epoch 2, one-rank group, their helpers with the
+  ``.cuda()`` change, the same stand-ins), with their ``experiments/pascal/1323/np/config.yaml`` (they release no
+  1464 configuration; the step's settings are U2PL's 1464 ones but the crop and the batch, which come from the
+  inputs). Their ``ModelBuilder`` with their decoder and ``NP_HEAD`` runs on the project's encoder (their ResNet
+  needs ImageNet weights and SyncBN on CUDA), the decoder weights copied as for U2PL, the NP head's from the
+  project's NP head through the golden recorder's mapping (``HEAD_MAP`` of ``tests/golden/
+  record_np_u2pl_step_golden.py``, imported); their plain ``classifier``, built but unused by their forward, keeps
+  its initial weights. The NP memories are ``main``'s (one zero row of width 32 per class) and their centers
+  ``train``'s at the start of its epoch, computed from those. The NP predictions are sampled, so the agreement
+  checked is that of the eval-mode representation, the NP query transform and the NP decoder on one draw.
 - **project**: ``npsemiseg.training.step.train_step`` of the cell (protocol ``released``, preset ``paper``,
   dataset ``synthetic_voc``) built with ``build_framework`` / ``build_optimizer``, in float32 (``runtime.amp``
   off, as the official code; ``--project-amp`` turns the project's bf16 autocast on where CUDA is used).
@@ -50,7 +61,8 @@ A framework whose side fails is recorded with its error and the others go on. Ou
 
     python benchmarks/official_side_by_side.py --official-root /path/to/checkouts                  # CPU, paper scale
     python benchmarks/official_side_by_side.py --official-root DIR --device cuda --steps 10
-    python benchmarks/official_side_by_side.py --official-root DIR --backbone resnet50 --crop 64 --batch 1 --steps 1
+    python benchmarks/official_side_by_side.py --official-root DIR --backbone resnet50 --crop 64 --batch 2 --steps 1
+    python benchmarks/official_side_by_side.py --official-root DIR --frameworks u2pl u2pl_np --backbone resnet50 --crop 128
 
 ``--official-root`` holds the checkouts as ``<owner>+<repo>`` (``LiheYoung+UniMatch``) or ``<repo>`` folders.
 """
@@ -101,9 +113,15 @@ NUM_CLASSES = 21
 IGNORE = 255
 #: framework -> (official repository, training script)
 OFFICIAL = {"unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
-            "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py")}
+            "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py"), "u2pl_np": ("Jianf-Wang/NP-SemiSeg", "U2PL/train_semi.py")}
+#: row -> the project's (framework, head) beside it
+ROWS = {"unimatch": ("unimatch", "baseline"), "fixmatch": ("fixmatch", "baseline"), "u2pl": ("u2pl", "baseline"),
+        "u2pl_np": ("u2pl", "np")}
 #: U2PL's VOC 1464 configuration (the paper's setting of the NP-SemiSeg comparison)
 U2PL_CONFIG = "experiments/pascal/1464/ours/config.yaml"
+#: the NP-SemiSeg authors' U2PL configuration nearest to it (they release 732 and 1323 only; the step's settings are
+#: U2PL's but for the crop, 480, and the batch, 3, which ``--crop`` and ``--batch`` set on both sides anyway)
+NP_U2PL_CONFIG = "experiments/pascal/1323/np/config.yaml"
 
 
 # ----------------------------------------------------------------------------------------- official code
@@ -253,9 +271,10 @@ def unimatch_network(folder: Path, cfg: dict[str, Any], student: nn.Module) -> n
     return net
 
 
-def u2pl_network(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
-    """U2PL's ``ModelBuilder`` (decoder ``dec_deeplabv3_plus`` with its representation head) on a copy of
-    ``student``'s encoder, every decoder weight copied from ``student``; a conv bias that one side lacks is zero."""
+def u2pl_builder(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
+    """U2PL's ``ModelBuilder`` (decoder ``dec_deeplabv3_plus`` with its representation head; U2PL's or the NP-SemiSeg
+    authors' copy of it, after ``helper``) on a copy of ``student``'s encoder, the decoder's ASPP, projection,
+    low-level and representation weights copied from ``student`` (a conv bias that one side lacks is zero)."""
     encoder = ProjectEncoder(copy.deepcopy(student.backbone))
     builder = helper.ModelBuilder
     official_encoder = builder._build_encoder
@@ -274,12 +293,45 @@ def u2pl_network(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Modu
             _copy_block(official_branch, branch, conv_bn)
         _copy_block(theirs.head, ours.aspp[1], conv_bn)
         _copy_block(theirs.low_conv, ours.low_level, conv_bn)
-        _copy_block(theirs.classifier, student.head.classifier, ((0, 0), (1, 1), (4, 4), (5, 5), (8, 8)))
         rep = student.representation_head
         _copy_block(theirs.representation, nn.Sequential(*rep.block[0][:2], nn.Identity(), nn.Identity(),
                                                          *rep.block[1][:2], nn.Identity(), nn.Identity(), rep.embed),
                     ((0, 0), (1, 1), (4, 4), (5, 5), (8, 8)))
     return net
+
+
+def u2pl_network(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
+    """:func:`u2pl_builder` with the classifier's weights copied from ``student``'s baseline head."""
+    net = u2pl_builder(helper, cfg, student)
+    with torch.no_grad():
+        _copy_block(net.decoder.classifier, student.head.classifier, ((0, 0), (1, 1), (4, 4), (5, 5), (8, 8)))
+    return net
+
+
+def np_u2pl_network(helper: types.ModuleType, cfg: dict[str, Any], student: nn.Module) -> nn.Module:
+    """The NP-SemiSeg authors' U2PL model: :func:`u2pl_builder` with their ``NP_HEAD`` (``classifier1``) holding
+    ``student``'s NP head weights, mapped as the golden recorder maps them (``HEAD_MAP``: their decoder's first
+    convolution reads ``[z, x, r]``, ours ``[x, z, r]``). Their decoder's plain ``classifier``, built but unused by
+    its forward, keeps its initial weights."""
+    net = u2pl_builder(helper, cfg, student)
+    theirs, ours = net.decoder.classifier1, student.head
+    state = dict(theirs.named_parameters())
+    with torch.no_grad():
+        for mine, official in np_golden().HEAD_MAP.items():
+            for suffix in ("weight", "bias"):
+                value = getattr(ours.get_submodule(mine), suffix)
+                if mine == "decoder.conv1" and suffix == "weight":
+                    value = np_golden().reorder_decoder_input(value, theirs.input_dim, theirs.latent_dim, "authors")
+                state[f"{official}.{suffix}"].copy_(value)
+    return net
+
+
+def np_golden() -> types.ModuleType:
+    """``tests/golden/record_np_u2pl_step_golden.py``: the mapping of the project's NP head onto the authors'."""
+    folder = str(ROOT / "tests" / "golden")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("record_np_u2pl_step_golden")
 
 
 # ----------------------------------------------------------------------------------------- inputs
@@ -486,14 +538,39 @@ def u2pl_modules(folder: Path, device: torch.device) -> dict[str, types.ModuleTy
 
 
 def u2pl_side(args: argparse.Namespace, student: nn.Module, device: torch.device) -> Side:
-    """The official loop body of U2PL's ``train_semi.py`` ``train`` (module docstring), at epoch 2 (past the
-    supervised-only epoch and the teacher's copy) in a one-process group; memory bank and optimiser as ``main``."""
+    """The official loop body of U2PL's ``train_semi.py`` ``train`` (module docstring)."""
     folder = checkout(args.official_root, OFFICIAL["u2pl"][0])
     cfg = yaml.safe_load((folder / U2PL_CONFIG).read_text())
     cfg["net"]["sync_bn"] = False
     mods = u2pl_modules(folder, device)
     with official_imports(folder):  # the builder imports its decoder by name
         model = u2pl_network(mods["helper"], cfg, student).to(device)
+    return u2pl_loop_side(folder / OFFICIAL["u2pl"][1], cfg, model, mods, device, {})
+
+
+def np_u2pl_side(args: argparse.Namespace, student: nn.Module, device: torch.device) -> Side:
+    """The loop body of the NP-SemiSeg authors' U2PL ``train_semi.py`` ``train`` (module docstring): their model
+    (:func:`np_u2pl_network`), the NP memories as ``main`` makes them (one zero row of width 32 per class, lines
+    126-133) and their centers as ``train`` computes them at the start of its epoch (lines 304-310)."""
+    repository, script = OFFICIAL["u2pl_np"]
+    folder = checkout(args.official_root, repository) / Path(script).parent
+    cfg = yaml.safe_load((folder / NP_U2PL_CONFIG).read_text())
+    cfg["net"]["sync_bn"] = False
+    mods = u2pl_modules(folder, device)
+    with official_imports(folder):
+        model = np_u2pl_network(mods["helper"], cfg, student).to(device)
+    width, classes = model.decoder.classifier1.latent_dim, cfg["net"]["num_classes"]
+    memories = {name: [torch.zeros(1, width, device=device) for _ in range(classes)]
+                for name in ("latent_memory", "deterministic_memory")}
+    centers = {f"{name}_centers": torch.stack([rows.mean(0) for rows in memory]) for name, memory in memories.items()}
+    return u2pl_loop_side(folder / Path(script).name, cfg, model, mods, device, {**memories, **centers})
+
+
+def u2pl_loop_side(script: Path, cfg: dict[str, Any], model: nn.Module, mods: dict[str, types.ModuleType],
+                   device: torch.device, extra: dict[str, Any]) -> Side:
+    """A U2PL ``train`` loop body of ``script`` run at epoch 2 (past the supervised-only epoch and the teacher's
+    copy) in a one-process group; teacher, memory bank, optimiser and LR scheduler as ``main`` makes them; ``extra``:
+    more names the body reads."""
     teacher = copy.deepcopy(model)
     for p in teacher.parameters():
         p.requires_grad = False
@@ -517,8 +594,8 @@ def u2pl_side(args: argparse.Namespace, student: nn.Module, device: torch.device
         "ema_decay_origin": cfg["net"]["ema_decay"], "batch_end": time.time(), "__device__": device,
         "generate_unsup_data": mods["augmentation"].generate_unsup_data, "label_onehot": mods["utils"].label_onehot,
         "compute_unsupervised_loss": mods["loss"].compute_unsupervised_loss,
-        "compute_contra_memobank_loss": mods["loss"].compute_contra_memobank_loss, **meters}
-    code = loop_body(folder / OFFICIAL["u2pl"][1], "range(len(loader_l))", "range(__step__, __step__ + 1)")
+        "compute_contra_memobank_loss": mods["loss"].compute_contra_memobank_loss, **meters, **extra}
+    code = loop_body(script, "range(len(loader_l))", "range(__step__, __step__ + 1)")
 
     def step(item: tuple[Any, ...], i: int) -> Any:
         loader_l.item, loader_u.item = item
@@ -561,6 +638,35 @@ def same_function(official: nn.Module, student: nn.Module, inputs: dict[str, Ten
     official.train()
     student.train()
     return float((ours.float() - theirs.float()).abs().max())
+
+
+def np_same_function(official: nn.Module, student: nn.Module, inputs: dict[str, Tensor], device: torch.device) -> float:
+    """:func:`same_function` for the NP head (whose predictions are sampled): max |official - project| of the
+    eval-mode representation (encoder, decoder and representation head), of the NP head's query transform (the
+    authors' ``memory_dim_transform``, the project's ``query_net``) on the decoder's features, and of the NP
+    decoder on one draw of ``(x, z, r)`` (theirs reads ``[z, x, r]``, ours ``x``, ``z``, ``r``)."""
+    images = inputs["image_l"].to(device)
+    seen: dict[str, Tensor] = {}
+    head = official.decoder.classifier1
+    hook = head.memory_dim_transform.register_forward_hook(lambda module, args, out: seen.setdefault("query", out))
+    official.eval()
+    student.eval()
+    try:
+        with torch.no_grad():
+            encoded = student.encode(images)
+            features = student.decoder(encoded.low_level, encoded.high_level)
+            ours = [student.representation_head(features), student.head.query_net(features)]
+            centers = torch.zeros(head.num_classes, head.latent_dim, device=device)
+            out = official(normalise(inputs["image_l"]).to(device), centers, centers, phase_train=False)
+            x, z, r = features[:1, :, :5, :5], torch.randn(1, 1, head.latent_dim, device=device), centers[:1] + 0.5
+            ours.append(student.head.decoder(x, z, r)[0])
+            maps = [v.view(1, -1, 1, 1).expand(-1, -1, *x.shape[-2:]) for v in (z[0], r)]
+            theirs = [out["rep"], seen["query"], head.decoder(torch.cat([maps[0], x, maps[1]], dim=1))]
+    finally:
+        hook.remove()
+        official.train()
+        student.train()
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(ours, theirs))
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -632,18 +738,27 @@ def summary(side: Side) -> dict[str, Any]:
             "peak_mib": max(side.peaks) if side.peaks else None, "state_mib": side.state_bytes() / 2**20}
 
 
+def official_side(args: argparse.Namespace, row: str, student: nn.Module, device: torch.device) -> Side:
+    if row == "u2pl_np":
+        return np_u2pl_side(args, student, device)
+    return u2pl_side(args, student, device) if row == "u2pl" else unimatch_side(args, row, student, device)
+
+
 def measure(args: argparse.Namespace, framework: str, device: torch.device) -> dict[str, Any]:
-    """Build both sides of ``framework``, check they compute the same function, interleave their steps."""
+    """Build both sides of the row ``framework`` (:data:`ROWS`), check they compute the same function, interleave
+    their steps."""
     started = time.perf_counter()
-    ours, student = project_side(args, framework, "baseline", device)
-    theirs = u2pl_side(args, student, device) if framework == "u2pl" else unimatch_side(args, framework, student, device)
+    project_framework, head = ROWS[framework]
+    ours, student = project_side(args, project_framework, head, device)
+    theirs = official_side(args, framework, student, device)
     inputs = [make_inputs(args.batch, args.crop, args.seed + k) for k in range(2)]
-    diff = same_function(theirs.modules[0], student, inputs[0], device)
+    agree = np_same_function if head == "np" else same_function
+    diff = agree(theirs.modules[0], student, inputs[0], device)
     interleave([theirs, ours], inputs, args.warmup, args.steps, device)
     a, b = summary(ours), summary(theirs)
     if args.host_work:
         a["host_work"], b["host_work"] = (host_work(side, inputs[0], args.warmup + args.steps, device) for side in (ours, theirs))
-    return {"framework": framework, "head": "baseline", "official": OFFICIAL[framework][0] + " " + OFFICIAL[framework][1],
+    return {"framework": framework, "head": head, "official": OFFICIAL[framework][0] + " " + OFFICIAL[framework][1],
             "max_abs_logit_diff": diff, "project": a, "official_side": b, "step_ratio": a["step_s"] / b["step_s"],
             "cpu_ratio": a["step_cpu_s"] / b["step_cpu_s"] if b["step_cpu_s"] > 0 else None,
             "memory_ratio": a["peak_mib"] / b["peak_mib"] if a["peak_mib"] and b["peak_mib"] else None,
@@ -737,7 +852,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    f"python {platform.python_version()}",
         "memory_measure": "max_memory_allocated" if device.type == "cuda" else "peak RSS after malloc_trim",
         "results": []}
-    group = "u2pl" in args.frameworks and one_process_group(device)
+    group = any(ROWS[row][0] == "u2pl" for row in args.frameworks) and one_process_group(device)
     try:
         for framework in args.frameworks:
             report["results"].append(measure_or_record(args, framework, device))

@@ -59,17 +59,20 @@ def official_root(repository: str) -> Path:
 
 @pytest.mark.integration
 def test_side_by_side_runs_unimatch_fixmatch_and_u2pl_on_the_same_network_at_a_tiny_size(tmp_path: Path):
-    """The three official loop bodies and the project's steps run on CPU (ResNet-50, crop 32, 2 + 2 images, one timed
-    step each): the two networks give the same eval-mode logits before training (a wrong weight copy, e.g. the ASPP
-    projection's blocks left in the project's order, gives 4e-3 at this size), times and peaks are
-    measured, the JSON and Markdown are written."""
+    """The four official loop bodies (UniMatch, FixMatch, U2PL, the NP-SemiSeg authors' U2PL with their NP head) and
+    the project's steps run on CPU (ResNet-50, crop 32, 2 + 2 images, one timed step each): the two networks give the
+    same eval-mode logits before training (a wrong weight copy, e.g. the ASPP projection's blocks left in the
+    project's order, gives 4e-3 at this size; for the NP row the representation, the NP query transform and the NP
+    decoder on one draw, where the decoder's first convolution left in the project's input order gives 3.3 at crop
+    64), times and peaks are measured, the JSON and Markdown are written."""
     root = official_root("LiheYoung/UniMatch")
     official_root("Haochen-Wang409/U2PL")
+    official_root("Jianf-Wang/NP-SemiSeg")
     side = load_benchmark("official_side_by_side")
     report = side.main(["--official-root", str(root), "--backbone", "resnet50", "--crop", "32", "--batch", "2",
                         "--steps", "1", "--warmup", "1", "--threads", "1", "--out", str(tmp_path)])
     rows = {row["framework"]: row for row in report["results"]}
-    assert set(rows) == {"unimatch", "fixmatch", "u2pl"}
+    assert set(rows) == {"unimatch", "fixmatch", "u2pl", "u2pl_np"} and rows["u2pl_np"]["head"] == "np"
     for row in rows.values():
         assert "error" not in row, row
         assert row["max_abs_logit_diff"] < 1e-4

@@ -3,8 +3,10 @@
 ``train(config, callbacks)`` sets the run up (:mod:`~npsemiseg.training.setup`), restores a checkpoint
 when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.deferred_train_step`
 per batch, its logs read back in one transfer every ``runtime.read_every_steps`` steps and handed to ``on_step``
-then, each with its own step, evaluation every ``schedule.eval_every_epochs`` epochs, checkpoints every
-``schedule.checkpoint_every_steps`` through the :class:`~npsemiseg.training.checkpoint.Checkpointer`)
+then, each with its own step, with the share of wall time spent waiting for data at those reads
+(:mod:`~npsemiseg.training.data_wait`: a warning once per run when the loader is the bottleneck), evaluation every
+``schedule.eval_every_epochs`` epochs, checkpoints every ``schedule.checkpoint_every_steps`` through the
+:class:`~npsemiseg.training.checkpoint.Checkpointer`)
 and ends with the final evaluation and its artifacts. ``evaluation.select`` chooses the reported weights
 (:mod:`~npsemiseg.training.selection`: the last epoch's, or the best validation mIoU's, restored at the end).
 """
@@ -27,6 +29,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Framework, StepContext
 from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
 from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
+from npsemiseg.training.data_wait import DATA_WAIT_FRACTION, DataWait
 from npsemiseg.training.selection import BestWeights
 from npsemiseg.training.plan import batch_scaling
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
@@ -136,6 +139,7 @@ class EpochLoop:
         schedule = run.config.schedule
         unlabeled = schedule.unlabeled_batch_size if run.framework.uses_unlabeled else 0
         self.images_per_step = (schedule.batch_size + unlabeled) * run.world_size
+        self.data_wait = DataWait(workers=run.config.data.num_workers, cell=run.config.cell_name, warn=run.rank == 0)
 
     def run(self) -> None:
         """Train until the plan's last step or the stop step."""
@@ -152,7 +156,7 @@ class EpochLoop:
         epoch, start_batch = divmod(self.step, plan.iters_per_epoch)
         self.tick = time.perf_counter()
         self.epoch_seconds, self.epoch_steps = 0.0, 0
-        for batch in run.streams.epoch(epoch, start_batch):
+        for batch in self.data_wait.timed(run.streams.epoch(epoch, start_batch)):
             ctx = StepContext(step=self.step, total_steps=plan.total_steps, epoch=epoch,
                               total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
             try:
@@ -176,6 +180,7 @@ class EpochLoop:
         seconds = now - self.tick
         self.train_seconds += seconds
         self.tick = now
+        self.data_wait.step(seconds)
         logs = {"train/sec_per_iter": seconds,
                 "train/images_per_sec": self.images_per_step / seconds if seconds > 0 else float("inf")}
         self.epoch_seconds += seconds
@@ -200,7 +205,11 @@ class EpochLoop:
         """Read the queued steps' values in one transfer and hand each step's logs to ``on_step``, in order."""
         queued, self.pending = self.pending, []
         total = self.run_.plan.total_steps
-        for logs, (pending, host) in zip(read_logs([p for p, _ in queued]), queued):
+        read = read_logs([p for p, _ in queued])
+        wait = self.data_wait.read(self.step)
+        if read and wait is not None:
+            read[-1][DATA_WAIT_FRACTION] = wait
+        for logs, (pending, host) in zip(read, queued):
             logs.update(host)
             self.callbacks.on_step(pending.step, total, logs)
         if queued:
