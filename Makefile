@@ -51,12 +51,14 @@ CHAOS_ARGS ?= --interval 20 --seed 0
 chaos: $(STAMP)
 	$(PY) benchmarks/chaos.py $(CHAOS_ARGS)
 
-# GPU acceptance (docs/performance.md#gpu-acceptance): one paper-scale step of every framework x head, a one-rank
-# NCCL cell, evaluate/predict on CUDA, the GPU-hours of jobs/specs/paper.yaml; at most 8 minutes on one H100.
-# Writes JSON + Markdown to benchmarks/results/gpu_acceptance/ (--out DIR); on CPU: GPU_CHECK_ARGS="--device cpu --tiny"
-GPU_CHECK_ARGS ?= --device cuda
+# GPU check (docs/performance.md#gpu-acceptance), at most about 8 minutes on one H100: benchmarks/gpu_check.sh runs
+# the acceptance run (every framework x head, NCCL cell, inference, DINOv2, GPU-hours), the side-by-side with the
+# official loops (OFFICIAL_ROOT=DIR), the loader against the step and eager vs compiled. Results in
+# benchmarks/results/gpu_acceptance/. GPU_CHECK_ARGS go to the acceptance run; on CPU use gpu_acceptance.py directly.
+GPU_CHECK_ARGS ?=
+OFFICIAL_ROOT ?=
 gpu-check: $(STAMP)
-	$(PY) benchmarks/gpu_acceptance.py $(GPU_CHECK_ARGS)
+	PY=$(PY) OFFICIAL_ROOT=$(OFFICIAL_ROOT) benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)
 
 # The local stack (PostgreSQL, SeaweedFS S3, MLflow server, Ray head on 127.0.0.1): semiseg_platform/devstack/
 stack-up: $(STAMP)

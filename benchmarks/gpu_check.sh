@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make gpu-check`: everything the first minutes on a lent GPU should measure, in order of importance, each part
+# under its own time limit so that one slow part cannot take the others' time (at most about 8 minutes on one H100):
+#   1. gpu_acceptance.py: every framework x head at paper scale (eager; operator calls and device reads per step),
+#      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B, the paper grids' GPU-hours;
+#   2. official_side_by_side.py: the project's step beside the official loops (needs OFFICIAL_ROOT, a folder of the
+#      official checkouts; skipped with a line saying so without it);
+#   3. loader_throughput.py: the data pipeline's images/s against the steps of part 1;
+#   4. gpu_acceptance.py --compile: eager against torch.compile for a few cells (compilation time reported apart).
+# Results: $GPU_CHECK_OUT (default benchmarks/results/gpu_acceptance/), one folder per part. Exit 1 if a part failed.
+set -u
+PY=${PY:-python}
+OUT=${GPU_CHECK_OUT:-benchmarks/results/gpu_acceptance}
+OFFICIAL_ROOT=${OFFICIAL_ROOT:-}
+COMPILE_MODE=${COMPILE_MODE:-default}
+status=0
+part() {  # part SECONDS NAME COMMAND...
+    local limit=$1 name=$2; shift 2
+    echo "== $name (at most ${limit} s): $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" || { echo "== $name: exit $? after $((SECONDS - start)) s"; status=1; return; }
+    echo "== $name: done in $((SECONDS - start)) s"
+}
+part 200 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
+    --vit dinov2_s dinov2_b --out "$OUT" "$@"
+if [ -n "$OFFICIAL_ROOT" ]; then
+    part 90 side-by-side "$PY" benchmarks/official_side_by_side.py --device cuda --official-root "$OFFICIAL_ROOT" \
+        --steps 6 --host-work --out "$OUT/side_by_side"
+else
+    echo "== side-by-side: skipped (OFFICIAL_ROOT=DIR names a folder of the official checkouts: docs/performance.md)"
+fi
+part 60 loader "$PY" benchmarks/loader_throughput.py --raw cached --batches 2 --rounds 2 \
+    --steps-from "$OUT/gpu_acceptance.json" --out "$OUT/loader"
+part 150 compiled "$PY" benchmarks/gpu_acceptance.py --device cuda --steps-only --steps 5 --compile "$COMPILE_MODE" \
+    --frameworks supervised unimatch --heads baseline np --out "$OUT/compiled"
+exit $status
