@@ -645,3 +645,26 @@ def test_np_head_reads_back_one_value_in_training_and_none_in_inference():
     with pytest.raises(ValueError, match="target memory is empty"):
         empty(features)
 
+
+
+def test_np_head_operator_calls_per_step_stay_few():
+    """At a small batch a GPU step is bound by the host's operator calls (``docs/performance.md``, "NP-SemiSeg's
+    operator calls"): a training forward + backward of this small head (T = 3) and an inference forward stay
+    within the counts of the fused kernels (one matrix product for the constant maps' border, one for the taps'
+    gradient, the attention in 24 calls): 750 / 651 training calls (CPU / CUDA decoder path), 243 / 171 in
+    inference. Before them 847 / 737 and 278 / 204: the per-tap products of before fail here."""
+    host_work = load_benchmark("host_work")
+    head, (features, labels) = small_np(), batch(h=6, w=6)
+    counts = {}
+    for per_conv in (None, 3):  # the CPU path (a sample per convolution) and the CUDA path (all T at once)
+        head.decoder.samples_per_conv = per_conv
+        for _ in range(2):  # the first builds the cached constants
+            with host_work.HostWork() as work:
+                out = train_step(head, features.requires_grad_(), labels)
+                (out.logits.sum() + out.aux_loss).backward()
+            head.eval()
+            with torch.no_grad(), host_work.HostWork() as inference:
+                head(features)
+        counts[per_conv] = (work.ops, inference.ops)
+    assert counts[None][0] <= 770 and counts[3][0] <= 670, counts
+    assert counts[None][1] <= 250 and counts[3][1] <= 180, counts

@@ -204,7 +204,7 @@ def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -
         values = labels.detach().float()
         summary = torch.stack([bad.sum().float(), torch.where(bad, values, float("inf")).amin(),
                                torch.where(bad, values, float("-inf")).amax()])
-        deferred.append(LabelCheck(name, num_classes, torch.where(summary.isfinite(), summary, 0.0)))
+        deferred.append(LabelCheck(name, num_classes, summary.nan_to_num(posinf=0.0, neginf=0.0)))  # none: inf -> 0
         return
     if bool(bad.any()):
         values = torch.unique(labels[bad])[:8].tolist()

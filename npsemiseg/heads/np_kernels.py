@@ -97,12 +97,14 @@ def attention_aggregates(
         if kind not in ("euclidean", "squared"):
             raise ValueError(f"attention: expected one of {ATTENTIONS}, got {kind!r}")
         flat = stacked.view(m * k, d)
-        cross = F.conv2d(query, flat[:, :, None, None])  # [B, M * K, h, w] = q . c_k
-        dist2 = (query.pow(2).sum(dim=1, keepdim=True) - 2.0 * cross + flat.pow(2).sum(dim=1)[:, None, None]).clamp_min(0.0)
-        score = -dist2 if kind == "squared" else -dist2.clamp_min(1e-12).sqrt()
-        score = score.unflatten(1, (m, k)).masked_fill(~mask[None, :, :, None, None], float("-inf"))
+        cross = F.conv2d(query, flat.view(m * k, d, 1, 1))  # [B, M * K, h, w] = q . c_k
+        # |q|^2 - 2 q.c + |c|^2 (add with alpha=-2: the same values as subtracting 2 q.c)
+        dist2 = torch.add(query.pow(2).sum(dim=1, keepdim=True), cross, alpha=-2.0).add_(flat.pow(2).sum(dim=1).view(m * k, 1, 1))
+        # (clamp at 1e-12 before the root implies the clamp at 0)
+        score = dist2.clamp_min(0.0).neg() if kind == "squared" else dist2.clamp_min(1e-12).sqrt().neg()
+        score = score.view(-1, m, k, *score.shape[-2:]).masked_fill_(mask.logical_not().view(1, m, k, 1, 1), float("-inf"))
         weights = score.softmax(dim=2).mean(dim=(3, 4))  # [B, M, K]
-        return list((weights.transpose(0, 1) @ stacked).unbind(0))
+        return list(torch.bmm(weights.transpose(0, 1), stacked).unbind(0))
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,19 +123,44 @@ def border_slices(size: int) -> slice:
     return slice(0, None, max(size - 1, 1))
 
 
+@functools.lru_cache(maxsize=64)
+def border_projection(h: int, w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``[9, P]``: for each tap (u, v) of a 3x3 kernel and each of the P border pixels of an ``h x w`` map (the
+    border rows ``border_slices(h)`` row by row, then the border columns ``border_slices(w)`` of rows 1 .. h - 2
+    column by column), -1 where the tap falls outside the map at that pixel, else 0.
+
+    ``taps.flatten(-2) @ border_projection(...)`` is what the zero padding takes from the interior value (the sum
+    of all nine taps) on the border, one matrix product for all samples. A constant, built once and shared (read
+    only), outside inference mode so that autograd may save it."""
+    with torch.inference_mode(False), torch.no_grad():
+        rows, cols = valid_taps(h, device, dtype), valid_taps(w, device, dtype)
+        on_rows = torch.einsum("ia,jb->abij", rows[border_slices(h)], cols).reshape(9, -1)
+        on_cols = torch.einsum("ia,jb->abji", rows[1 : h - 1], cols[border_slices(w)]).reshape(9, -1)
+        return torch.cat([on_rows, on_cols], dim=1) - 1
+
+
+@functools.lru_cache(maxsize=64)
+def tap_projection(h: int, w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``[h * w, 9]``: 1 where tap (u, v) of a 3x3, padding-1 kernel falls inside the map at pixel (i, j), the
+    transpose of the map a constant input's taps make (the gradient of the taps in one matrix product)."""
+    with torch.inference_mode(False), torch.no_grad():
+        rows, cols = valid_taps(h, device, dtype), valid_taps(w, device, dtype)
+        return torch.einsum("ia,jb->ijab", rows, cols).reshape(h * w, 9)
+
+
 def constant_map_border(taps: Tensor, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
     """Where the 3x3 zero-padded conv of spatially constant maps differs from its interior value: the border.
 
     ``taps [T, B, O, 3, 3]`` (``W[:, constant channels, u, v] @ values``) -> ``interior [T, B, O, 1, 1]`` (the sum
     of all nine taps), ``edge_rows [T, B, O, r, w]`` on the border rows (``border_slices(h)``) and ``edge_cols
     [T, B, O, c, h - 2]`` on the border columns (``border_slices(w)``) of rows 1 .. h - 2, both minus the interior
-    value. Pixel (i, j) receives ``rows[i] @ taps @ cols[j]`` with the masks of valid taps (``valid_taps``).
+    value: minus the taps that fall outside the map there, from one product with :func:`border_projection`.
     """
-    rows, cols = valid_taps(h, taps.device, taps.dtype), valid_taps(w, taps.device, taps.dtype)
+    r, c = len(range(h)[border_slices(h)]), len(range(w)[border_slices(w)])
     interior = taps.sum(dim=(-2, -1), keepdim=True)
-    edge_rows = rows[border_slices(h)] @ taps @ cols.t() - interior
-    edge_cols = (rows[1 : h - 1] @ taps @ cols[border_slices(w)].t()).transpose(-2, -1) - interior
-    return interior, edge_rows, edge_cols
+    edges = taps.flatten(-2) @ border_projection(h, w, taps.device, taps.dtype)  # [T, B, O, P]
+    edge_rows, edge_cols = edges.split([r * w, c * max(h - 2, 0)], dim=-1)
+    return interior, edge_rows.unflatten(-1, (r, w)), edge_cols.unflatten(-1, (c, max(h - 2, 0)))
 
 
 def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> tuple[Tensor, Tensor]:
@@ -149,7 +176,7 @@ def _instance_norm_(y: Tensor, eps: float = 1e-5, *, scale: bool = True) -> tupl
     mean = (flat.sum(dim=1) / (h * w)).view(n, c, 1, 1)
     y.sub_(mean)
     var = torch.linalg.vector_norm(flat, dim=1).square().view(n, c, 1, 1) / (h * w)
-    rstd = torch.rsqrt(var.to(torch.promote_types(var.dtype, torch.float32)) + eps).to(y.dtype)
+    rstd = torch.rsqrt(var.to(var.dtype if var.dtype == torch.float64 else torch.float32) + eps).to(y.dtype)
     if scale:
         y.mul_(rstd)
     return mean, rstd
@@ -188,7 +215,7 @@ def _norm_relu_conv_backward(grad_out: Tensor, xhat: Tensor, rstd: Tensor, weigh
     """Gradients of :func:`_norm_relu_conv_forward` for ``y``, the weight and the bias (in the conv's dtype), from the
     normalised ``xhat`` (overwritten: its ReLU is the conv input recomputed for the weight's gradient)."""
     grad_out = grad_out.contiguous()
-    grad_y = torch.empty_like(xhat)
+    grad_y = torch.empty_like(xhat) if chunks > 1 else None  # (one chunk: its own result, no copy)
     grad_weight = grad_bias = None
     parts = (xhat, rstd, grad_out, grad_y)
     for x, r, g_out, g_y in zip(*(part.chunk(chunks) for part in parts)) if chunks > 1 else [parts]:
@@ -198,7 +225,11 @@ def _norm_relu_conv_backward(grad_out: Tensor, xhat: Tensor, rstd: Tensor, weigh
         n, c, h, w = x.shape
         mean_g = g.view(n * c, h * w).sum(dim=1).view(n, c, 1, 1) / (h * w)
         mean_gx = torch.bmm(g.view(n * c, 1, h * w), x.reshape(n * c, h * w, 1)).view(n, c, 1, 1) / (h * w)
-        g_y.copy_(g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0).mul_(r))  # InstanceNorm backward
+        g = g.sub_(mean_g).addcmul_(x, mean_gx, value=-1.0)  # InstanceNorm backward
+        if g_y is None:
+            grad_y = g.mul_(r)
+        else:
+            torch.mul(g, r, out=g_y)
         _, g_w, g_b = _conv_backward(g_out, x.relu_().to(weight.dtype), weight, (False, True, True))
         grad_weight = g_w if grad_weight is None else grad_weight.add_(g_w)
         grad_bias = g_b if grad_bias is None else grad_bias.add_(g_b)
@@ -230,14 +261,13 @@ class _NormReLUConv(torch.autograd.Function):
         return grad_y, grad_weight.to(ctx.param_dtype), grad_bias.to(ctx.param_dtype), None
 
 
-def _constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None,
-                   border: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of the constant maps given by ``taps [T, B, O, 3, 3]``
-    and ``bias [O]`` -> ``[T, B, O, h, w]``: the interior value in one pass, the border rows and columns corrected in
-    place. ``border``: :func:`constant_map_border` of these taps, where the caller has it."""
+def _constant_maps(conv_x: Tensor, border: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """``conv_x [B, O, h, w]`` plus the 3x3 zero-padded conv of constant maps (and the conv's bias) given by their
+    :func:`_biased_border` -> ``[T, B, O, h, w]``: the interior value in one pass, the border rows and columns
+    corrected in place."""
     h, w = conv_x.shape[-2:]
-    interior, edge_rows, edge_cols = border if border is not None else constant_map_border(taps, h, w)
-    out = conv_x + (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None])
+    interior, edge_rows, edge_cols = border
+    out = conv_x + interior
     out[..., border_slices(h), :].add_(edge_rows)  # whole border rows
     if h > 2:  # border columns of the remaining rows
         out[..., 1 : h - 1, border_slices(w)].add_(edge_cols.transpose(-2, -1))
@@ -246,13 +276,12 @@ def _constant_maps(conv_x: Tensor, taps: Tensor, bias: Tensor | None,
 
 def _constant_maps_backward(grad: Tensor, bias_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Gradients of :func:`_constant_maps` from ``grad [T, B, O, h, w]``: ``conv_x`` (the sum over T),
-    ``taps = rows^T @ grad @ cols`` (one read of the gradient) and the bias (None without one)."""
+    ``taps`` (one product of the gradient with :func:`tap_projection`) and the bias (None without one)."""
     h, w = grad.shape[-2:]
-    grad_cols = torch.matmul(grad, valid_taps(w, grad.device, grad.dtype))  # [T, B, O, h, 3]
-    grad_taps = torch.matmul(valid_taps(h, grad.device, grad.dtype).t(), grad_cols)  # [T, B, O, 3, 3]
+    grad_taps = (grad.flatten(-2) @ tap_projection(h, w, grad.device, grad.dtype)).unflatten(-1, (3, 3))  # [T, B, O, 3, 3]
     grad_bias = None
-    if bias_dtype is not None:  # the centre tap is inside everywhere: its column sums all pixels
-        grad_bias = grad_cols[..., 1].sum(dim=(0, 1, 3)).to(bias_dtype)
+    if bias_dtype is not None:  # the centre tap is inside everywhere: its gradient sums all pixels
+        grad_bias = grad_taps[..., 1, 1].sum(dim=(0, 1)).to(bias_dtype)
     return grad.sum(dim=0), grad_taps, grad_bias
 
 
@@ -263,12 +292,19 @@ class _AddConstantMaps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return _constant_maps(conv_x, taps, bias)
+        return _constant_maps(conv_x, _biased_border(taps, bias, *conv_x.shape[-2:]))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         return _constant_maps_backward(grad, ctx.bias_dtype)
+
+
+def _biased_border(taps: Tensor, bias: Tensor | None, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`constant_map_border` with the conv's ``bias [O]`` added to the interior value once for all samples
+    (what :func:`_constant_maps` takes as ``border`` with no bias)."""
+    interior, edge_rows, edge_cols = constant_map_border(taps, h, w)
+    return (interior if bias is None else interior + bias.to(interior.dtype)[:, None, None]), edge_rows, edge_cols
 
 
 class _FirstStage(torch.autograd.Function):
@@ -286,9 +322,9 @@ class _FirstStage(torch.autograd.Function):
     def forward(ctx, conv_x: Tensor, taps: Tensor, bias: Tensor | None, weight: Tensor, conv_bias: Tensor,
                 groups: int, backward_groups: int) -> Tensor:
         outs, means, rstds = [], [], []
-        border = constant_map_border(taps, *conv_x.shape[-2:])  # for all samples, sliced per group
-        for taps_g, *border_g in zip(*(part.tensor_split(groups) for part in (taps, *border))):
-            y = _constant_maps(conv_x, taps_g, bias, border_g).flatten(0, 1)  # [g * B, O, h, w]
+        border = _biased_border(taps, bias, *conv_x.shape[-2:])  # for all samples, sliced per group
+        for border_g in zip(*(part.tensor_split(groups) for part in border)):
+            y = _constant_maps(conv_x, border_g).flatten(0, 1)  # [g * B, O, h, w]
             out, mean, rstd, weight_ = _norm_relu_conv_forward(y, weight, conv_bias, 1, keep_xhat=False)
             outs.append(out)
             means.append(mean)
@@ -305,13 +341,14 @@ class _FirstStage(torch.autograd.Function):
         b, start = conv_x.shape[0], 0
         grad_x = grad_bias = grad_w = grad_b = None
         grad_taps = []
-        border = constant_map_border(taps, *conv_x.shape[-2:])  # recomputed: kept, it would add T x B x O x perimeter
-        for taps_g, *border_g in zip(*(part.tensor_split(ctx.groups) for part in (taps, *border))):
-            rows = slice(start, start + taps_g.shape[0] * b)
+        border = _biased_border(taps, bias, *conv_x.shape[-2:])  # recomputed: kept, it would add T x B x O x perimeter
+        for border_g in zip(*(part.tensor_split(ctx.groups) for part in border)):
+            t_g = border_g[0].shape[0]
+            rows = slice(start, start + t_g * b)
             start = rows.stop
-            xhat = _constant_maps(conv_x, taps_g, bias, border_g).flatten(0, 1).sub_(means[rows]).mul_(rstds[rows])
+            xhat = _constant_maps(conv_x, border_g).flatten(0, 1).sub_(means[rows]).mul_(rstds[rows])
             g_y, g_w, g_b = _norm_relu_conv_backward(grad_out[rows], xhat, rstds[rows], weight, 1)
-            g_x, g_taps, g_bias = _constant_maps_backward(g_y.view(taps_g.shape[0], b, *g_y.shape[1:]), ctx.bias_dtype)
+            g_x, g_taps, g_bias = _constant_maps_backward(g_y.view(t_g, b, *g_y.shape[1:]), ctx.bias_dtype)
             grad_taps.append(g_taps)
             grad_x, grad_bias, grad_w, grad_b = (
                 part if total is None else total.add_(part)
