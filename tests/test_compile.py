@@ -30,6 +30,7 @@ same smoke networks in every framework; a new shape or mode recompiles).
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 
@@ -39,10 +40,10 @@ from pydantic import ValidationError
 from torch import nn
 from torch._dynamo.utils import counters
 
-from unlabeled_views import with_unimatch_views
+from test_frameworks import _batch as smoke_batch
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import framework_names
-from npsemiseg.frameworks.base import Batch, StepContext
+from npsemiseg.frameworks.base import StepContext
 from npsemiseg.heads import head_names
 from npsemiseg.models import check_compile_device, compile_segmentor
 from npsemiseg.models.compile import compile_options, compiled_networks, is_compiled
@@ -78,18 +79,6 @@ def _config(smoke_config, framework: str, head: str, compile_mode: str = "off") 
                         **{"runtime.compile": compile_mode, "runtime.device": "cpu"})
 
 
-def _batch(config: RunConfig, batch: int = 2) -> Batch:
-    gen = torch.Generator().manual_seed(0)
-    size, k = config.schedule.crop_size, config.num_classes
-    labels = torch.randint(0, k, (batch, size, size), generator=gen)
-    labels[:, :2] = 255
-    labeled = {"image": torch.rand(batch, 3, size, size, generator=gen), "label": labels}
-    labeled["image_strong"] = (labeled["image"] * 0.8).clamp(0, 1)
-    unlabeled = {"image": torch.rand(batch, 3, size, size, generator=gen)}
-    unlabeled["image_strong"] = unlabeled["image"].flip(-1)
-    return Batch(labeled=labeled, unlabeled=with_unimatch_views(unlabeled))
-
-
 def _step(config: RunConfig, prepare=None) -> Stepped:
     """Build the framework (seed 0; on the CPU as ``setup_run`` does: ``runtime.channels_last``), optionally
     ``prepare`` it, take one ``train_step`` from seed 1; a compiled step must have compiled graphs."""
@@ -99,7 +88,7 @@ def _step(config: RunConfig, prepare=None) -> Stepped:
     optimizer = build_optimizer(config, framework.student)
     ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
     torch.manual_seed(1)
-    logs = train_step(framework, _batch(config), ctx, optimizer, config, torch.device("cpu"), 1)
+    logs = train_step(framework, smoke_batch(config), ctx, optimizer, config, torch.device("cpu"), 1)
     if config.runtime.compile != "off":
         assert counters["stats"]["unique_graphs"] >= len(compiled_networks(framework.student))
     grads = {n: p.grad.clone() for n, p in framework.student.named_parameters() if p.grad is not None}
@@ -138,6 +127,8 @@ def test_compile_option_values_and_devices(smoke_config):
         smoke_config(**{"runtime.compile": "fast"})
     with pytest.raises(ValueError, match="reduce-overhead.*CUDA device.*'cpu'"):
         check_compile_device("reduce-overhead", torch.device("cpu"))
+    with pytest.raises(ValueError, match="reduce-overhead"):  # where a run sets up its framework
+        _framework_on_device(_config(smoke_config, "supervised", "baseline", "reduce-overhead"), torch.device("cpu"), 1)
     check_compile_device("default", torch.device("cpu"))
     assert compile_options("max-autotune")["max_autotune"] is True
 
@@ -162,7 +153,7 @@ def test_channels_last_step_equals_the_contiguous_step(smoke_config):
     last = config.model_copy(update={"runtime": config.runtime.model_copy(update={"channels_last": True})})
     conv = _framework_on_device(last, torch.device("cpu"), 1).student.backbone.conv1.weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
-    images = _to_device(_batch(config).labeled, torch.device("cpu"), channels_last=True)
+    images = _to_device(smoke_batch(config).labeled, torch.device("cpu"), channels_last=True)
     assert images["image"].is_contiguous(memory_format=torch.channels_last) and images["label"].is_contiguous()
     assert_steps_match(_step(config), _step(last))
 
@@ -177,9 +168,13 @@ def _shared_graphs():
     torch._dynamo.reset()
 
 
-#: every framework with the NP head (the most compiled networks and random draws), every head with ``supervised``:
-#: CPU compilation makes the full 30-cell matrix too slow for ``make test``
-CELLS = [(f, "np") for f in framework_names()] + [("supervised", h) for h in head_names() if h != "np"]
+#: every head with ``supervised``, and the NP head (the most compiled networks and random draws) on the frameworks that
+#: call the networks in other ways: U2PL (aux and representation heads, the NP context pass), UniMatch (the 2B
+#: feature-perturbed decode, eval-mode teacher passes). ``COMPILE_TEST_CELLS=all``: the NP head on every framework
+#: too. CPU compilation (minutes per cell on a loaded 2-core VM) keeps the full 30-cell matrix out of ``make test``.
+CELLS = [("supervised", h) for h in head_names()] + [("u2pl", "np"), ("unimatch", "np")]
+if os.environ.get("COMPILE_TEST_CELLS") == "all":
+    CELLS += [(f, "np") for f in framework_names() if (f, "np") not in CELLS]
 
 
 @needs_compiler
