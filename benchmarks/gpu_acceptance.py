@@ -40,6 +40,13 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
     python benchmarks/gpu_acceptance.py --device cpu --tiny      # the same path on CPU in seconds
     python benchmarks/gpu_acceptance.py --device cpu --crop 64 --steps-only --host-work --heads baseline np
     python benchmarks/gpu_acceptance.py --frameworks unimatch_v2 --vit dinov2_s dinov2_b   # + UniMatch V2 on DINOv2
+    python benchmarks/gpu_acceptance.py --compile default --steps-only   # + each cell again with runtime.compile
+
+6. Compiled steps (``--compile MODE``: ``runtime.compile``, ``npsemiseg.models.compile``): each framework x head is
+   measured again with its networks compiled, right after its eager measurement on the same batches; the compiled
+   cell's first step (compilation) is reported apart from its timed steps, and the eager / compiled step-time
+   ratio per cell; with ``--host-work`` the compiled step's operator calls (those that reach the dispatcher:
+   inductor's fused kernels do not) and host reads beside eager's.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.heads import head_names
 from npsemiseg.heads.np_layers import NPDecoder
 from npsemiseg.inference_model import SegmentationModel, load_model
+from npsemiseg.models import COMPILE_MODES
 from npsemiseg.models.vit import is_vit_backbone, vit_backbone_names
 from npsemiseg.training import average_gradients, broadcast_state, plan_run, train
 from npsemiseg.training.setup import backend_flags, setup_run
@@ -236,6 +244,51 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         **({"host_work": host} if host is not None else {}),
         **({"flops": flops} if flops is not None else {}),
     }
+
+
+def measure_compiled(args: argparse.Namespace, device: torch.device, eager: dict[str, Any],
+                     batch_cache: dict[str, list[Any]], failed: Any) -> dict[str, Any]:
+    """The cell of ``eager`` again with ``runtime.compile=args.compile`` on the same batches, with its eager /
+    compiled ratios; dynamo's caches are emptied first, so its first step is the cell's compilation (inductor's
+    on-disk cache may still serve kernels compiled before)."""
+    framework, head = eager["framework"], eager["head"]
+    torch._dynamo.reset()
+    try:
+        cell = measure_cell(args, device, framework, head, batch_cache, **{"runtime.compile": args.compile})
+    except Exception as error:  # reported; the exit status says so
+        cell = {"framework": framework, "head": head, **failed(f"{framework} x {head} compiled", error)}
+        print(f"{framework:<11}{head:<12}compiled: error: {cell['error']}", flush=True)
+        return cell
+    cell["compile"] = args.compile
+    cell["eager_over_compiled"] = eager["step_s"] / cell["step_s"]
+    print(f"{'':<11}{'(compiled)':<12}{cell['step_s']:>9.4f}{cell['images_per_s']:>9.1f}{'':>10}{cell['cell_s']:>8.1f}"
+          f"  first step {cell['first_step_s']:.1f} s, eager / compiled {cell['eager_over_compiled']:.2f}", flush=True)
+    return cell
+
+
+def compiled_markdown(report: dict[str, Any]) -> str:
+    """The eager vs compiled table of ``--compile`` (empty without it)."""
+    compiled = report.get("compiled_cells")
+    if not compiled:
+        return ""
+    eager = {(c["framework"], c["head"]): c for c in report.get("cells", []) if "error" not in c}
+    lines = ["", "## Compiled vs eager", "",
+             "Same batches, same seed; first step = dynamo + inductor compilation (one warm-up step for eager). "
+             "Operator calls: those reaching the dispatcher (inductor's fused kernels run without it).", "",
+             "| framework | head | mode | eager step s | compiled step s | eager / compiled | eager first step s "
+             "| compiled first step s | operator calls eager / compiled | host reads eager / compiled |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in compiled:
+        e = eager.get((c["framework"], c["head"]))
+        if "error" in c or e is None:
+            lines.append(f"| {c['framework']} | {c['head']} | error: {c.get('error', 'no eager cell')[:120]} "
+                         "| | | | | | | |")
+            continue
+        eh, ch = e.get("host_work", {}), c.get("host_work", {})
+        lines.append(f"| {c['framework']} | {c['head']} | {c['compile']} | {e['step_s']:.4f} | {c['step_s']:.4f} | "
+                     f"{c['eager_over_compiled']:.2f} | {e['first_step_s']:.2f} | {c['first_step_s']:.2f} | "
+                     f"{eh.get('ops', '-')} / {ch.get('ops', '-')} | {eh.get('reads', '-')} / {ch.get('reads', '-')} |")
+    return "\n".join(lines) + "\n"
 
 
 def configure_np_decoders(run: Any, args: argparse.Namespace) -> None:
@@ -605,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--np-keep-first-stage", action="store_true",
                         help="the NP decoder keeps its first stage's maps for backward instead of recomputing them "
                              "(fewer operator calls, more memory: measure the trade)")
+    parser.add_argument("--compile", default=None, choices=list(COMPILE_MODES), metavar="MODE",
+                        help="also measure every cell with runtime.compile=MODE (one of "
+                             f"{', '.join(COMPILE_MODES)}; first step = compilation, reported apart)")
     parser.add_argument("--np-samples-per-conv", type=int, default=None, metavar="N",
                         help="the NP decoder's samples per convolution call (default: the device's; e.g. 5 = "
                              "the CUDA path's calls counted on CPU)")
@@ -638,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["seconds"] = time.perf_counter() - started
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_acceptance.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "gpu_acceptance.md").write_text(markdown(report) + vit_markdown(report))
+        (args.out / "gpu_acceptance.md").write_text(markdown(report) + compiled_markdown(report) + vit_markdown(report))
 
     cells: list[dict[str, Any]] = []
     report["cells"] = cells
@@ -657,6 +713,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             peak = f"{cell['peak_memory_mib']:.0f}" if cell["peak_memory_mib"] is not None else "-"
             print(f"{framework:<11}{head:<12}{cell['step_s']:>9.4f}{cell['images_per_s']:>9.1f}{peak:>10}"
                   f"{cell['cell_s']:>8.1f}", flush=True)
+            if args.compile:
+                report.setdefault("compiled_cells", []).append(measure_compiled(args, device, cell, batch_cache, failed))
             write()
     measured = [c for c in cells if "error" not in c]
     report["ratios"] = ratios(measured)

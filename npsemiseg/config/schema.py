@@ -358,6 +358,15 @@ class RuntimeConfig(Section):
     epoch end, evaluation, checkpoint and stop (each read waits for the device); a non-finite loss or norm then
     stops the run at that read, up to ``read_every_steps - 1`` steps after it happened (1: every step, before the
     optimiser writes it). Logged values are exact either way.
+    ``compile``: ``torch.compile`` (inductor) of the networks (``npsemiseg.models.compile_segmentor``: encoder,
+    decoder, aux / representation heads and the classifier head's networks, each module in place, so checkpoints
+    keep their keys); the step around them (losses, U2PL's anchor sampling, the NP memories, per-sample loops)
+    stays eager. ``off`` (default), ``default``, ``max-autotune`` (on CUDA with CUDA graphs, as
+    ``torch.compile``'s mode), ``reduce-overhead`` (CUDA graphs: CUDA only, a clear error on CPU, where it
+    could only mean ``default``). Random ops run as eager's (inductor ``fallback_random``): compiled and eager
+    steps draw the same dropout masks and NP samples from the same seed (``tests/test_compile.py``).
+    ``channels_last``: the encoder's and decoder's weights and the step's images in ``torch.channels_last`` format
+    (meant for CUDA convolutions; on CPU it runs too, as the tests check).
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -369,6 +378,8 @@ class RuntimeConfig(Section):
     keep_checkpoints: PositiveInt = 2
     stop_at_step: PositiveInt | None = None
     read_every_steps: PositiveInt = 10
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
+    channels_last: bool = False
 
 
 class CellInputs(Section):

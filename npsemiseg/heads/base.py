@@ -125,6 +125,12 @@ class ClassifierHead(nn.Module):
         self.in_channels = in_channels
         self.num_classes = num_classes
 
+    def compiled_networks(self) -> list[nn.Module]:
+        """The head's networks that ``runtime.compile`` compiles (``npsemiseg.models.compile``): its child modules
+        (the classifier block; the NP head's query ConvNet, latent encoder and decoder). The head's own
+        ``forward`` (input checks, the NP memories' updates) stays eager."""
+        return list(self.children())
+
     def check_features(self, features: Tensor) -> None:
         if features.dim() != 4 or features.shape[1] != self.in_channels:
             raise ValueError(

@@ -188,6 +188,7 @@ class NPDecoder(nn.Module):
 
     def forward(self, x: Tensor, z: Tensor, r: Tensor) -> Tensor:
         t, b = z.shape[:2]
+        x = x.contiguous()  # the kernels view NCHW maps in place; channels-last features (runtime.channels_last) copied
         if not isinstance(self.tail[0], nn.InstanceNorm2d):
             logits = self.tail(self.first_conv(x, z, r))
         elif (

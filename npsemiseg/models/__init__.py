@@ -1,6 +1,7 @@
 """Segmentation models: dilated ResNet and DINOv2 ViT backbones, DeepLabv3+ variants, the DPT and the segmentor."""
 
 from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbone
+from .compile import COMPILE_MODES, check_compile_device, compile_segmentor, to_channels_last, uses_cuda_graphs
 from .deeplab import (
     DECODERS,
     AuxiliaryHead,
@@ -24,6 +25,7 @@ from .vit import ViTBackbone, ViTSpec, build_vit_backbone, is_vit_backbone
 
 __all__ = [
     "BACKBONES",
+    "COMPILE_MODES",
     "DECODERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -41,9 +43,13 @@ __all__ = [
     "build_backbone",
     "build_segmentor",
     "build_vit_backbone",
+    "check_compile_device",
+    "compile_segmentor",
     "convert_sync_batchnorm",
     "feature_channels",
     "is_vit_backbone",
     "logit_align_corners",
+    "to_channels_last",
     "upsample_logits",
+    "uses_cuda_graphs",
 ]

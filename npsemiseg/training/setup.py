@@ -18,7 +18,7 @@ from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
-from npsemiseg.models import convert_sync_batchnorm
+from npsemiseg.models import check_compile_device, convert_sync_batchnorm, to_channels_last
 from npsemiseg.training.data_order import Streams, derive_seed
 from npsemiseg.training.distributed import broadcast_state, rank_world, synced_batchnorm
 from npsemiseg.training.factories import Optimizer, build_datasets, build_framework, build_optimizer, train_transforms
@@ -86,7 +86,9 @@ def setup_run(config: RunConfig, device: torch.device) -> Run:
 
 
 def _framework_on_device(config: RunConfig, device: torch.device, world_size: int) -> Framework:
-    """The framework with identical initial weights on every rank (then broadcast from rank 0 for good measure)."""
+    """The framework with identical initial weights on every rank (then broadcast from rank 0 for good measure);
+    its networks in ``channels_last`` memory format when ``runtime.channels_last`` (``to_channels_last``)."""
+    check_compile_device(config.runtime.compile, device)
     torch.manual_seed(derive_seed(config.seed, "model"))
     with torch.device(device):
         framework = build_framework(config)
@@ -96,6 +98,8 @@ def _framework_on_device(config: RunConfig, device: torch.device, world_size: in
             convert_sync_batchnorm(module)
     for module in modules.values():
         module.to(device)
+        if config.runtime.channels_last:
+            to_channels_last(module)
     if world_size > 1:
         broadcast_state(list(modules.values()))
     return framework

@@ -23,6 +23,7 @@ from torch import Tensor
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Batch, Framework, StepContext, StepResult
 from npsemiseg.heads import LabelCheck, deferred_label_checks
+from npsemiseg.models import uses_cuda_graphs
 from npsemiseg.training.distributed import average_gradients, broadcast_buffers, synced_batchnorm
 from npsemiseg.training.factories import Optimizer
 from npsemiseg.training.plan import step_lr
@@ -35,8 +36,13 @@ def autocast(config: RunConfig, device: torch.device) -> Any:
     return contextlib.nullcontext()
 
 
-def _to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def _to_device(batch: dict[str, Tensor], device: torch.device, channels_last: bool = False) -> dict[str, Tensor]:
+    """The batch on ``device``; with ``channels_last`` its images (float ``[B, 3, H, W]``) in that memory format."""
+    moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if channels_last:
+        moved = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 and v.is_floating_point() else v
+                 for k, v in moved.items()}
+    return moved
 
 
 def check_finite(step: int, names: list[str], values: list[float]) -> None:
@@ -92,8 +98,11 @@ def _forward_backward(framework: Framework, batch: Batch, ctx: StepContext, opti
     lr = step_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power, config.schedule.lr_timing)
     for group, multiplier in zip(optimizer.torch_optimizer.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
-    batch = Batch(labeled=_to_device(batch.labeled, device),
-                  unlabeled=_to_device(batch.unlabeled, device) if batch.unlabeled is not None else None)
+    if uses_cuda_graphs(config.runtime.compile, device):
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
+    last = config.runtime.channels_last
+    batch = Batch(labeled=_to_device(batch.labeled, device, last),
+                  unlabeled=_to_device(batch.unlabeled, device, last) if batch.unlabeled is not None else None)
     with autocast(config, device), deferred_label_checks() as checks:
         result = framework.train_step(batch, ctx)
     names, values = _loss_values(framework, result, ctx, world_size)
