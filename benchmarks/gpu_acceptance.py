@@ -632,7 +632,8 @@ def _f(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (``--steps`` defaulted: 3, tiny 1); an error for ``--device cuda`` without CUDA."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="the smoke preset's model at 32 px crops (CPU checks)")
@@ -669,6 +670,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args.steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available (use --device cpu --tiny for the CPU check)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_arguments(argv)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     started = time.perf_counter()
     report: dict[str, Any] = {
