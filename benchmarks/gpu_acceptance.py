@@ -45,8 +45,8 @@ Meant for the first hour on a GPU (``make gpu-check``; at most 8 minutes on one 
 6. Compiled steps (``--compile MODE``: ``runtime.compile``, ``npsemiseg.models.compile``): each framework x head is
    measured again with its networks compiled, right after its eager measurement on the same batches; the compiled
    cell's first step (compilation) is reported apart from its timed steps, and the eager / compiled step-time
-   ratio per cell; with ``--host-work`` the compiled step's operator calls (those that reach the dispatcher:
-   inductor's fused kernels do not) and host reads beside eager's.
+   ratio per cell; with ``--host-work`` the compiled cell's counts beside eager's (so far equal to them: under the
+   counter's dispatch and function modes the compiled frames ran as eager, ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -274,7 +274,8 @@ def compiled_markdown(report: dict[str, Any]) -> str:
     eager = {(c["framework"], c["head"]): c for c in report.get("cells", []) if "error" not in c}
     lines = ["", "## Compiled vs eager", "",
              "Same batches, same seed; first step = dynamo + inductor compilation (one warm-up step for eager). "
-             "Operator calls: those reaching the dispatcher (inductor's fused kernels run without it).", "",
+             "Operator calls and host reads: ``host_work.py``'s counts, under whose modes the compiled frames have run as "
+             "eager so far (equal counts).", "",
              "| framework | head | mode | eager step s | compiled step s | eager / compiled | eager first step s "
              "| compiled first step s | operator calls eager / compiled | host reads eager / compiled |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -631,7 +632,8 @@ def _f(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (``--steps`` defaulted: 3, tiny 1); an error for ``--device cuda`` without CUDA."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="the smoke preset's model at 32 px crops (CPU checks)")
@@ -668,6 +670,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args.steps = args.steps if args.steps is not None else (1 if args.tiny else 3)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available (use --device cpu --tiny for the CPU check)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_arguments(argv)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     started = time.perf_counter()
     report: dict[str, Any] = {
