@@ -93,3 +93,23 @@ def test_a_unimatch_v2_cell_trains_from_the_shipped_vit(smoke_config, tmp_path):
     result = train(config)
     assert result.steps == 2 and not result.interrupted
     assert math.isfinite(result.metrics["miou"]) and 0.0 <= result.metrics["miou"] <= 1.0
+
+
+def test_the_cli_builds_and_ships_a_named_vit_pretraining(tmp_path_factory, tmp_path, monkeypatch):
+    """``npsemiseg pretrain --name NAME --ship`` builds ``PRETRAINED[NAME]`` (not the configuration options) and
+    copies it in as ``NAME_<key>.pt`` with the command that rebuilds it."""
+    from platform_fixtures import fresh_store
+
+    from npsemiseg import pretrain as module
+    from semiseg_platform.pretrain_runs import pretrain_command
+
+    monkeypatch.setitem(module.PRETRAINED, "tiny_vit", TINY_VIT)
+    monkeypatch.setattr(module, "WEIGHTS_DIR", tmp_path / "weights")
+    lines: list[str] = []
+    path = pretrain_command(name="tiny_vit", steps=999, cache_dir=str(tmp_path / "cache"), ship=True,
+                            tracking=fresh_store(tmp_path_factory, "vit_ship"), emit=lines.append)
+    assert path == tmp_path / "cache" / TINY_VIT.key / "backbone.pt"  # TINY_VIT's key: steps=999 was not used
+    shipped = tmp_path / "weights" / f"tiny_vit_{TINY_VIT.key}.pt"
+    assert shipped.read_bytes() == path.read_bytes()
+    assert any(line.startswith(f"pretrained vit_tiny (key {TINY_VIT.key}, trained in") for line in lines)
+    assert lines[-1].endswith("command='npsemiseg pretrain --name tiny_vit --ship') in npsemiseg/pretrain.py")
