@@ -6,7 +6,9 @@ an encoder that already sees, without a download. ``pretrain(config)`` trains a 
 ``npsemiseg.data.study`` (star, crescent, tee, bar, hexagon x checker, rings: no shape, texture
 or image in common with the study's train / val / tune splits; its own image streams and seed),
 then keeps only the backbone, in the layout ``model.weights=PATH`` loads
-(``npsemiseg.models.backbones.load_backbone_state_dict``).
+(``npsemiseg.models.backbones.load_backbone_state_dict``). A ViT backbone (``npsemiseg.models.vit``) trains the
+same way behind UniMatch V2's DPT decoder instead and keeps its timm-layout state dict
+(``npsemiseg.models.vit.load_vit_state_dict``): ``pretrained:vit_mini`` is the mini-study's ViT.
 
 Shipped: a name of ``SHIPPED`` (``pretrained:default``: ``npsemiseg/weights/default_<key>.pt``) loads the
 package's file, its SHA-256 checked, and trains nothing: the weights are then the same on every machine, which a
@@ -43,7 +45,7 @@ from npsemiseg.callbacks import Callbacks
 from npsemiseg.data.info import IGNORE_INDEX
 from npsemiseg.data.study import FAMILIES, STUDY_FAMILIES, StudyConfig, generate
 from npsemiseg.evaluation.metrics import ConfusionMatrix
-from npsemiseg.models import build_segmentor
+from npsemiseg.models import ViTBackbone, build_segmentor
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ RECORD_FILE = "pretrain.json"
 #: bump when the training recipe changes in a way the configuration does not show
 RECIPE_VERSION = 1
 PRETRAIN_OPTIMIZERS = ("adamw", "sgd")
+#: fields added after a configuration was shipped: hashed into the key only when not None
+KEY_WHEN_SET = ("head_channels",)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class PretrainConfig:
     #: split them (1 and 2 threads give other backbones after 30 steps, and other mini-study verdicts after 3000:
     #: ``docs/learning.md``, backbones B and C), so the count is fixed here and part of the key
     threads: int = 2
+    #: the baseline head's hidden width during the pretraining (None: the head's 256); the ViT's DPT ends at image
+    #: size, where a 256-wide head costs most of a step. Enters the key only when set (``key``)
+    head_channels: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES or self.family in STUDY_FAMILIES:
@@ -93,14 +100,17 @@ class PretrainConfig:
                              f"{sorted(set(FAMILIES) - set(STUDY_FAMILIES))}, got {self.family!r}")
         if self.optimizer not in PRETRAIN_OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {list(PRETRAIN_OPTIMIZERS)}, got {self.optimizer!r}")
-        for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every", "threads"):
-            if int(getattr(self, name)) < 1:
+        for name in ("corpus_size", "holdout_size", "steps", "batch_size", "image_size", "log_every", "threads",
+                     "head_channels"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
 
     @property
     def key(self) -> str:
-        """16 hex digits of the SHA-256 of the configuration (without ``log_every``) and recipe version."""
-        values = {k: v for k, v in asdict(self).items() if k != "log_every"}
+        """16 hex digits of the SHA-256 of the configuration (without ``log_every``; ``head_channels`` only when
+        set, so the configurations from before it, the shipped default's included, keep their keys) and recipe
+        version."""
+        values = {k: v for k, v in asdict(self).items() if k != "log_every" and not (k in KEY_WHEN_SET and v is None)}
         text = json.dumps({"recipe": RECIPE_VERSION, **values}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -117,7 +127,13 @@ class PretrainResult:
 
 
 #: named pretrainings a configuration can ask for as ``model.weights: pretrained:<name>``
-PRETRAINED: dict[str, PretrainConfig] = {"default": PretrainConfig()}
+PRETRAINED: dict[str, PretrainConfig] = {
+    "default": PretrainConfig(),
+    # the mini-study's ViT (patch 14, 4 blocks, width 64) behind the DPT: the ResNet's corpus family, seed, objective,
+    # steps and AdamW at 56 px (a 4 x 4 patch grid), a 16-wide head, one thread (``docs/learning.md``, "The mini-study's
+    # ViT": on a shared 2-core machine two threads ran its steps about 40 times slower)
+    "vit_mini": PretrainConfig(backbone="vit_mini", image_size=56, head_channels=16, threads=1),
+}
 PRETRAINED_PREFIX = "pretrained:"
 
 #: the package's folder of shipped weights (package data: ``pyproject.toml``)
@@ -147,6 +163,10 @@ SHIPPED: dict[str, ShippedWeights] = {
     "default": ShippedWeights(file="default_716946963a2a2d28.pt",
                               sha256="65148955eff7c6ee03bc1046a8b68a6f0972faf64a44b4e8ce6fcd59f0bb4e26",
                               key="716946963a2a2d28", command="npsemiseg pretrain --ship"),
+    # built 2026-11-27 on the same VM shared with other jobs (torch 2.14.1, 1 thread, 512 s; corpus mIoU 0.112)
+    "vit_mini": ShippedWeights(file="vit_mini_aa13b45d8679edf6.pt",
+                               sha256="641267b89d544e32e723ac6d2569c1cc670778f6f49349782765f9cb97629ec4",
+                               key="aa13b45d8679edf6", command="npsemiseg pretrain --name vit_mini --ship"),
 }
 
 
@@ -179,6 +199,11 @@ def resolve_weights(weights: str | None, *, cache_dir: str | os.PathLike | None 
     if name in SHIPPED:
         return str(shipped_weights(name))
     return str(pretrain(PRETRAINED[name], cache_dir=cache_dir).path)
+
+
+def pretraining_name(config: PretrainConfig) -> str | None:
+    """The name in ``PRETRAINED`` whose configuration ``config`` is (same key), or None."""
+    return next((name for name, named in PRETRAINED.items() if named.key == config.key), None)
 
 
 def ship_pretraining(name: str, built: Path, *, command: str, weights_dir: Path | None = None) -> ShippedWeights:
@@ -295,9 +320,10 @@ def _train_backbone(config: PretrainConfig, callbacks: Callbacks | None) -> tupl
                          train_size=max(32, config.corpus_size), objects_per_image=(1, 4))
     num_classes = len(FAMILIES[config.family].class_names)
     torch.manual_seed(config.seed)
-    model = build_segmentor(num_classes=num_classes, head="baseline", variant="u2pl", backbone=config.backbone,
-                            deep_stem=config.deep_stem, weights=None, aspp_channels=16, low_level_channels=8,
-                            representation_head=False)
+    head_options = {"hidden_channels": config.head_channels} if config.head_channels is not None else None
+    model = build_segmentor(num_classes=num_classes, head="baseline", head_options=head_options, variant="u2pl",
+                            backbone=config.backbone, deep_stem=config.deep_stem, weights=None, aspp_channels=16,
+                            low_level_channels=8, representation_head=False)
     optimizer = _optimizer(config, model.parameters())
     order = torch.randperm(config.corpus_size, generator=torch.Generator().manual_seed(config.seed))
     callbacks.on_start(config, total_steps=config.steps, start_step=0, rank=0, world_size=1)
@@ -321,7 +347,14 @@ def _train_backbone(config: PretrainConfig, callbacks: Callbacks | None) -> tupl
             callbacks.on_step(step + 1, config.steps, logs)
     metrics = evaluate_corpus(model, corpus, config.holdout_size, num_classes)
     callbacks.on_evaluation(config.steps, metrics)
-    return {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}, metrics
+    return backbone_state(model.backbone), metrics
+
+
+def backbone_state(backbone: torch.nn.Module) -> dict[str, Tensor]:
+    """The backbone's tensors in the layout ``model.weights`` loads: a ResNet's own state dict, a ViT's timm
+    ``VisionTransformer`` state dict (``load_vit_state_dict``), detached copies."""
+    module = backbone.vit if isinstance(backbone, ViTBackbone) else backbone
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 @torch.no_grad()

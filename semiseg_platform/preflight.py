@@ -114,28 +114,41 @@ def data_problem(report: Any) -> str:
 
 def check_weights(configs: Iterable[RunConfig]) -> None:
     """A ``model.weights`` path (not ``imagenet`` / None) must be an existing file; a ``pretrained:<name>``
-    must name a pretraining of ``npsemiseg.pretrain.PRETRAINED`` (its file is built on first use)."""
+    must name a pretraining of ``npsemiseg.pretrain.PRETRAINED`` (its file is built on first use) of the cell's
+    backbone; a ViT's crop and evaluation sizes must fit its patch size."""
     for config in configs:
         weights = config.model.weights
-        if is_vit_backbone(config.model.backbone) and not (weights or "").startswith(PRETRAINED_PREFIX):
+        named = isinstance(weights, str) and weights.startswith(PRETRAINED_PREFIX)
+        if is_vit_backbone(config.model.backbone):
             evaluation, info = config.evaluation, dataset_info(config.dataset)
-            problem = vit_settings_problem(config.model.backbone, weights, config.schedule.crop_size,
+            problem = vit_settings_problem(config.model.backbone, None if named else weights, config.schedule.crop_size,
                                            eval_mode=evaluation.mode or info.eval_mode,
                                            eval_crop_size=evaluation.crop_size or info.eval_crop_size,
                                            resize_multiple=evaluation.resize_multiple)
             if problem:
                 raise PreflightError(problem)
-            continue
+            if not named:
+                continue
         if weights is None or weights == "imagenet":
             continue
-        if weights.startswith(PRETRAINED_PREFIX):
-            if weights[len(PRETRAINED_PREFIX):] not in PRETRAINED:
-                raise PreflightError(f"model.weights: unknown pretraining {weights!r}, expected one of "
-                                     f"{[PRETRAINED_PREFIX + name for name in PRETRAINED]}")
+        if named:
+            _check_pretraining_name(weights, config.model.backbone)
             continue
         if not Path(weights).expanduser().is_file():
             raise PreflightError(f"model.weights: file {weights} does not exist (expected a ResNet state dict .pth, "
                                  "'imagenet' or null for random init)")
+
+
+def _check_pretraining_name(weights: str, backbone: str) -> None:
+    """``pretrained:<name>`` names a pretraining of ``PRETRAINED``, and one of ``backbone``."""
+    name = weights[len(PRETRAINED_PREFIX):]
+    if name not in PRETRAINED:
+        raise PreflightError(f"model.weights: unknown pretraining {weights!r}, expected one of "
+                             f"{[PRETRAINED_PREFIX + name for name in PRETRAINED]}")
+    if PRETRAINED[name].backbone != backbone:
+        fitting = [PRETRAINED_PREFIX + n for n, c in PRETRAINED.items() if c.backbone == backbone]
+        raise PreflightError(f"model.weights: {weights} pretrains the {PRETRAINED[name].backbone} backbone, the cell's "
+                             f"model.backbone is {backbone} (expected one of {fitting} or another backbone)")
 
 
 # ----------------------------------------------------------------------------- resources

@@ -36,6 +36,7 @@ from npsemiseg.pretrain import (
     PretrainResult,
     file_sha256,
     pretrain,
+    pretraining_name,
     ship_pretraining,
     shipped_weights,
 )
@@ -126,19 +127,24 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
                      threads: int = PretrainConfig.threads,
                      cache_dir: str | None = None, tracking: str | None = None,
                      experiment: str = DEFAULT_EXPERIMENT, emit: Callable[[str], None] = print,
-                     ship: bool = False) -> Path:
+                     ship: bool = False, name: str | None = None) -> Path:
     """``npsemiseg pretrain``: print and return the path to give as ``model.weights=PATH``; say whether the build
-    is the file the package ships for its configuration; with ``ship`` (the default configuration only), copy it
-    into the package's weights folder and print the ``SHIPPED`` entry to record."""
-    config = PretrainConfig(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size,
-                            image_size=image_size, batch_size=batch_size, lr=lr, optimizer=optimizer,
-                            threads=threads)
-    if ship and config.key != PRETRAINED["default"].key:
-        raise ValueError("--ship: only the default configuration is shipped (pretrained:default)")
+    is the file the package ships for its configuration; with ``ship`` (a named configuration of ``PRETRAINED``
+    only), copy it into the package's weights folder and print the ``SHIPPED`` entry to record. ``name``: build
+    ``PRETRAINED[name]`` (the configuration arguments are then not used)."""
+    if name is not None and name not in PRETRAINED:
+        raise ValueError(f"--name: unknown pretraining {name!r}, expected one of {sorted(PRETRAINED)}")
+    config = PRETRAINED[name] if name is not None else PretrainConfig(
+        backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size, image_size=image_size,
+        batch_size=batch_size, lr=lr, optimizer=optimizer, threads=threads)
+    shipped_name = pretraining_name(config)
+    if ship and shipped_name is None:
+        raise ValueError(f"--ship: only a named configuration is shipped (--name, one of {sorted(PRETRAINED)}; without "
+                         "--name, the default's)")
     result, run_id = pretrain_tracked(config, cache_dir=cache_dir, tracking=tracking, experiment=experiment,
                                       emit=emit)
     source = "cache hit" if result.cache_hit else f"trained in {result.seconds:.0f} s"
-    emit(f"pretrained {backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
+    emit(f"pretrained {config.backbone} (key {result.key}, {source}; corpus mIoU {result.metrics.get('miou', float('nan')):.3f}, "
          f"MLflow run {run_id})")
     emit(f"model.weights={result.path}")
     for name, entry in SHIPPED.items():
@@ -147,14 +153,19 @@ def pretrain_command(*, backbone: str = "resnet_small", steps: int = PretrainCon
             emit(f"{PRETRAINED_PREFIX}{name} ships this configuration: the build here is "
                  f"{'the same file' if same else 'another file'} (shipped SHA-256 {entry.sha256})")
     if ship:
-        entry = ship_pretraining("default", result.path, command=SHIP_COMMAND)
+        entry = ship_pretraining(shipped_name, result.path, command=ship_command(shipped_name))
         emit(f"shipped {entry.path} ({entry.path.stat().st_size} bytes, SHA-256 {entry.sha256}); record it as "
-             f"SHIPPED['default'] = {entry!r} in npsemiseg/pretrain.py")
+             f"SHIPPED[{shipped_name!r}] = {entry!r} in npsemiseg/pretrain.py")
     return result.path
 
 
 #: the command that builds (or finds cached) the default pretraining and copies it into the package
 SHIP_COMMAND = "npsemiseg pretrain --ship"
+
+
+def ship_command(name: str) -> str:
+    """The command that builds (or finds cached) ``PRETRAINED[name]`` and copies it into the package."""
+    return SHIP_COMMAND if name == "default" else f"npsemiseg pretrain --name {name} --ship"
 
 
 def build_named_pretrainings(configs: Iterable[RunConfig], *, tracking: str, experiment: str,

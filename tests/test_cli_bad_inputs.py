@@ -77,7 +77,7 @@ CASES = [
     _case([*SYNTHETIC, "--set", "model.weights=/nonexistent/resnet50.pth"],
           "model.weights: file /nonexistent/resnet50.pth does not exist"),
     _case([*SYNTHETIC, "--set", "model.weights=pretrained:nope"],
-          "model.weights: unknown pretraining 'pretrained:nope', expected one of ['pretrained:default']"),
+          "model.weights: unknown pretraining 'pretrained:nope', expected one of ['pretrained:default', 'pretrained:vit_mini']"),
     _case([*SYNTHETIC, "--gpus-per-worker", "64"], "resources: one cell asks for 1 CPU(s) and 64 GPU(s)"),
     _case([*SYNTHETIC, "--cpus-per-worker", "100000"], "lacks 100000 CPU(s)"),
     _case([*SYNTHETIC, "--tracking", "http://127.0.0.1:{port}"], "tracking: MLflow server http://127.0.0.1:"),

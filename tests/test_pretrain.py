@@ -212,9 +212,12 @@ def test_a_grid_checks_a_shipped_pretraining_and_builds_nothing(tmp_path_factory
     assert not (tmp_path / "cache").exists()
 
 
-def test_ship_is_for_the_default_configuration_only(tmp_path_factory, tmp_path):
-    with pytest.raises(ValueError, match="--ship: only the default configuration"):
+def test_ship_is_for_a_named_configuration_only(tmp_path_factory, tmp_path):
+    with pytest.raises(ValueError, match=r"--ship: only a named configuration is shipped \(--name, one of "
+                                         r"\['default', 'vit_mini'\]"):
         pretrain_command(steps=2, cache_dir=str(tmp_path), tracking=fresh_store(tmp_path_factory, "ship"), ship=True)
+    with pytest.raises(ValueError, match=r"--name: unknown pretraining 'nope', expected one of \['default', 'vit_mini'\]"):
+        pretrain_command(name="nope", cache_dir=str(tmp_path), tracking=fresh_store(tmp_path_factory, "ship"))
     assert not any(tmp_path.iterdir())
 
 

@@ -50,15 +50,37 @@ def test_mini_spec_applies_exactly_the_rule():
     # (7 frameworks x 3 heads + U2PL np_mean + supervised full + 2 supervised references on the PS-MT and AugSeg
     # networks, the latter FixMatch's and UniMatch's too) x 3 seeds
     assert len(configs) == (7 * 3 + 1 + 1 + 2) * 3 == 75 and {c.seed for c in configs} == {0, 1, 2}
-    run = RunLength.of(steps=960, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64)
+    _assert_the_rule(configs, RunLength.of(steps=960, iters_per_epoch=64 // 8, images_per_step=16, crop_size=64))
+
+
+def _assert_the_rule(configs, run: RunLength) -> None:
+    """Every cell's pixel- and time-dependent settings are the rule's for ``run``."""
     pixel_settings = scale_pixel_settings(run)
     for config in configs:
         assert {k: config.data.augmentation[k] for k in pixel_settings} == pixel_settings, config.cell_name
         schedule = config.schedule
-        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size, schedule.crop_size) == (960, 16, 64)
+        assert (schedule.max_steps, schedule.batch_size + schedule.unlabeled_batch_size,
+                schedule.crop_size) == (run.steps, 16, run.crop_size)
         paper = get_framework(config.framework).paper_options(config.dataset, config.partition)
         expected = {**paper, **scale_time_settings(paper, run)}
         assert json.loads(json.dumps(dict(config.framework_options))) == json.loads(json.dumps(expected)), config.cell_name
+
+
+def test_the_mini_studys_vit_spec_applies_the_rule_to_its_network():
+    """``mini_vit.yaml`` (UniMatch V2 x 3 heads and supervised on ``vit_mini``): its 480 steps of 56 px crops scale the
+    blur and UniMatch V2's EMA, and its NP paths are narrowed for the DPT's 16 feature channels."""
+    from npsemiseg.models.backbones import BACKBONES
+    from npsemiseg.short_run import scale_np_widths
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
+    configs = expand(load_spec(MINI_SPEC.with_name("mini_vit.yaml")))
+    assert sorted({(c.cell_name.split("/")[0], c.head.name) for c in configs}) == [
+        ("supervised_unimatch_v2", "baseline"), ("unimatch_v2", "baseline"), ("unimatch_v2", "mc_dropout"),
+        ("unimatch_v2", "np")]
+    assert len(configs) == 12 and all(c.model.weights == "pretrained:vit_mini" for c in configs)
+    _assert_the_rule(configs, RunLength.of(steps=480, iters_per_epoch=64 // 8, images_per_step=16, crop_size=56))
+    latent = scale_np_widths(BACKBONES.get("vit_mini").dpt_features)["latent_dim"]
+    assert all(c.head.options["latent_dim"] == latent == 1 for c in configs if c.head.name == "np")
 
 
 def test_np_widths_keep_the_papers_share_of_the_np_decoders_input():

@@ -12,18 +12,23 @@ The four maps fill the segmentor's :class:`BackboneFeatures` contract: ``low_lev
 layers concatenated ``[B, 3D, h, w]``, ``layer3`` = the third ``[B, D, h, w]``, ``high_level`` = the deepest
 ``[B, D, h, w]``; the DPT decoder (``npsemiseg.models.dpt``) splits ``low_level`` back into three.
 
-============  ====  =====  =====  ==================  ==============  ===========================
-name          D     depth  heads  layers read         DPT features    DPT projections
-============  ====  =====  =====  ==================  ==============  ===========================
-``dinov2_s``  384   12     6      2, 5, 8, 11         64              48, 96, 192, 384
-``dinov2_b``  768   12     12     2, 5, 8, 11         128             96, 192, 384, 768
-``dinov2_l``  1024  24     16     4, 11, 17, 23       256             256, 512, 1024, 1024
-``dinov2_g``  1536  40     24     9, 19, 29, 39       384             1536 x 4 (SwiGLU MLP)
-``vit_tiny``  32    4      2      0, 1, 2, 3          16              8, 16, 32, 32 (tests, smoke)
-============  ====  =====  =====  ==================  ==============  ===========================
+===============  ====  =====  =====  ==================  ==============  =======================================
+name             D     depth  heads  layers read         DPT features    DPT projections
+===============  ====  =====  =====  ==================  ==============  =======================================
+``dinov2_s``     384   12     6      2, 5, 8, 11         64              48, 96, 192, 384
+``dinov2_b``     768   12     12     2, 5, 8, 11         128             96, 192, 384, 768
+``dinov2_l``     1024  24     16     4, 11, 17, 23       256             256, 512, 1024, 1024
+``dinov2_g``     1536  40     24     9, 19, 29, 39       384             1536 x 4 (SwiGLU MLP)
+``vit_tiny``     32    4      2      0, 1, 2, 3          16              8, 16, 32, 32 (tests, smoke)
+``vit_mini``     64    4      2      0, 1, 2, 3          16              8, 16, 32, 64 (the mini-study)
+===============  ====  =====  =====  ==================  ==============  =======================================
 
 (layers: UniMatch V2 ``dpt.py`` 123-128; widths: ``unimatch_v2.py`` 54-59.) Inputs must have sides that are
 multiples of the patch size (14): the official patch embedding asserts it; here it is a ``ValueError``.
+``vit_mini`` is the CPU mini-study's ViT (twice ``vit_tiny``'s width, a 4 x 4 grid at 56 px), pretrained on the
+procedural corpus and shipped (``model.weights: pretrained:vit_mini``, ``npsemiseg.pretrain``) like the ResNet's
+``pretrained:default``. Patch 14, not 8: at 8 the DPT ends at the full 64 px of the study's images and the heads'
+per-pixel blocks make a step about 2.5 times as long on a 2-core CPU; 14 is also DINOv2's own patch.
 
 Weights: ``None`` (random init), a local file in the official DINOv2 layout (``dinov2_vits14_pretrain.pth`` etc.,
 the files UniMatch V2 loads from ``pretrained/``; keys ``cls_token``, ``pos_embed``, ``mask_token``,
@@ -77,6 +82,8 @@ for _name, _spec in {
                         timm_name="vit_giant_patch14_dinov2"),
     # CPU smoke runs and tests: the same network at a few blocks and a narrow width, random init only
     "vit_tiny": ViTSpec(32, 4, 2, (0, 1, 2, 3), 16, (8, 16, 32, 32), img_size=56),
+    # the CPU mini-study's ViT: pretrained on the procedural corpus at 56 px (npsemiseg.pretrain, pretrained:vit_mini)
+    "vit_mini": ViTSpec(64, 4, 2, (0, 1, 2, 3), 16, (8, 16, 32, 64), img_size=56),
 }.items():
     BACKBONES.add(_name, _spec)
 

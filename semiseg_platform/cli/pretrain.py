@@ -26,8 +26,11 @@ def pretrain(
                                                     "else ~/.cache/npsemiseg/pretrain)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
     experiment: str = typer.Option(DEFAULT_EXPERIMENT, help="MLflow experiment of the pretraining run"),
-    ship: bool = typer.Option(False, help="copy the default configuration's build into npsemiseg/weights/ (the "
-                                          "file pretrained:default loads) and print its SHA-256 to record"),
+    ship: bool = typer.Option(False, help="copy the named configuration's build (--name; without it, the default's) "
+                                          "into npsemiseg/weights/ (the file pretrained:<name> loads) and print its "
+                                          "SHA-256 to record"),
+    name: str | None = typer.Option(None, help="build the named pretraining of npsemiseg.pretrain.PRETRAINED (e.g. "
+                                               "vit_mini); the configuration options above are then not used"),
 ) -> None:
     """Pretrain the backbone on the study's disjoint corpus (a cache hit returns at once); print the
     ``model.weights=PATH`` to give a cell. Logged as an MLflow run of its own."""
@@ -36,6 +39,6 @@ def pretrain(
                          batch_size=batch_size, lr=lr, optimizer=optimizer, threads=threads, cache_dir=cache_dir,
                          tracking=tracking,
                          experiment=experiment,
-                         emit=typer.echo, ship=ship)
+                         emit=typer.echo, ship=ship, name=name)
     except ValueError as error:
         fail(str(error))
