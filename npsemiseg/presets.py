@@ -123,12 +123,12 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
     if head_settings not in ("per_head", "shared"):
         raise ValueError(f"schedule.head_settings: expected 'per_head' or 'shared', got {head_settings!r}")
     settings = cell.info.settings
-    family = settings.family
+    recipe = settings.recipe
     crop, batch, lr = settings.crop_size, settings.batch, settings.lr
     epochs = _protocol_epochs(cell)
     framework_cls = get_framework(cell.framework)
-    why = f"head_settings shared: every head of {cell.framework} at the NP configs' {family} crop and batch"
-    epochs_why = "the protocol's epochs" if epochs != settings.epochs else f"the shared {family} epochs"
+    why = f"head_settings shared: every head of {cell.framework} at the NP configs' {recipe} crop and batch"
+    epochs_why = "the protocol's epochs" if epochs != settings.epochs else f"the shared {recipe} epochs"
     if head_settings == "per_head" and head_class(cell.head).stochastic:
         crop, batch = settings.np_config(cell.framework)
         why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
@@ -139,7 +139,7 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
         own = framework_cls.own_epochs(cell.info, cell.info.resolve_partition(cell.partition))
         epochs, epochs_why = (own, f"head_settings per_head: {cell.framework}'s publication epochs") \
             if own is not None else (epochs, epochs_why)
-        why = f"head_settings per_head: {cell.framework}'s publication settings ({family})"
+        why = f"head_settings per_head: {cell.framework}'s publication settings ({recipe})"
     processes = settings.processes
     per_process = max(1, batch // processes)
     values = (crop, per_process, per_process, batch, lr, epochs)

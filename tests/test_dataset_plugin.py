@@ -38,7 +38,7 @@ class ToyTiles(DatasetDef):
     root_subfolders = ("toy_tiles",)
     layout = "rgb/<split>/<id>.png and gt/<split>/<id>_gt.png"
     layout_folders = ("rgb/train", "rgb/val", "gt/train", "gt/val")
-    settings = PaperSettings(family="voc", crop_size=321, batch=8, lr=4e-3, epochs=30, head_lr_mult=1.0,
+    settings = PaperSettings(recipe="voc", crop_size=321, batch=8, lr=4e-3, epochs=30, head_lr_mult=1.0,
                              eval_mode="sliding", eval_crop_size=20, processes=2,
                              publications={"u2pl": Publication(257, 4, lr=2e-3, epochs=12)})
 

@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _branches(text: str) -> int:
-    """Comparisons of a registered dataset's name (or of a dataset family) with ``==`` / ``!=``."""
+    """Comparisons of a registered dataset's name (or of a dataset recipe) with ``==`` / ``!=``."""
     names = "|".join(re.escape(n) for n in dataset_names())
     literal = rf"[\"'](?:{names})[\"']"
-    pattern = rf"(?:[=!]=\s*{literal})|(?:{literal}\s*[=!]=)|(?:family\s*[=!]=)"
+    pattern = rf"(?:[=!]=\s*{literal})|(?:{literal}\s*[=!]=)|(?:(?:family|recipe)\s*[=!]=)"
     return len(re.findall(pattern, text))
 
 
@@ -53,9 +53,9 @@ def test_every_dataset_is_a_registered_class_with_consistent_info():
         definition = dataset_definition(name)
         info = dataset_info(name)
         assert isinstance(definition, type) and issubclass(definition, DatasetDef) and definition.name == name
-        assert info.name == name and info.num_classes == len(info.class_names) and info.settings.family in ("voc",
+        assert info.name == name and info.num_classes == len(info.class_names) and info.settings.recipe in ("voc",
                                                                                                              "cityscapes")
-        assert info.family == info.settings.family
+        assert info.recipe == info.settings.recipe
     with pytest.raises(ValueError, match=r"dataset: unknown name 'ade21k'"):
         dataset_definition("ade21k")
 
@@ -87,8 +87,8 @@ def test_the_paper_settings_are_the_presets_values():
     assert dataset_info("study").settings is VOC_SETTINGS and set(VOC_SETTINGS.publications) == set(UNIMATCH_V2_FRAMEWORKS)
     smaller = VOC_SETTINGS.scaled(batch=8, processes=2)
     assert smaller.values()["schedule"]["batch_size"] == 4 and smaller.values()["optim"]["reference_batch"] == 8
-    with pytest.raises(ValueError, match="family: expected one of"):
-        PaperSettings(family="ade", crop_size=512, batch=16, lr=4e-3, epochs=40)
+    with pytest.raises(ValueError, match="recipe: expected one of"):
+        PaperSettings(recipe="ade", crop_size=512, batch=16, lr=4e-3, epochs=40)
 
 
 #: UniMatch V2's config per dataset, read from the dataset classes: (crop, global batch, epochs, OHEM, evaluation mode)

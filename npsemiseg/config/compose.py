@@ -240,7 +240,7 @@ def _cell_step(values: _Values, cell: Cell, framework: list[Setting]) -> None:
 
 
 def _preset_step(values: _Values, cell: Cell) -> None:
-    values.set_all(PRESETS.get(cell.preset).values(cell), "preset", f"{cell.preset} preset, {cell.info.family} family")
+    values.set_all(PRESETS.get(cell.preset).values(cell), "preset", f"{cell.preset} preset, {cell.info.recipe} recipe")
 
 
 def _defaults_step(values: _Values, cell: Cell) -> None:
@@ -248,17 +248,17 @@ def _defaults_step(values: _Values, cell: Cell) -> None:
     options and gradient clipping."""
     framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
     settings, name = info.settings, cell.framework
-    family = settings.family
+    recipe = settings.recipe
     options = {**framework.paper_options(info.paper_dataset, cell.partition),
                **settings.options_for(name, info.resolve_partition(cell.partition))}
     values.set("framework_options", options, "defaults", f"{name}'s paper options on {info.paper_dataset}")
     values.set("model.decoder", framework.decoder, "defaults", f"{name}'s DeepLabv3+")
     values.set_all(settings.framework_schedule(name), "defaults",
-                   f"{name}'s own {family} schedule", prefix="schedule")
+                   f"{name}'s own {recipe} schedule", prefix="schedule")
     values.set("optim.grad_clip", head.paper_grad_clip, "defaults", f"the {cell.head} head's paper clipping")
     values.set("head.options", dict(head.paper_options), "defaults", f"the {cell.head} head's paper options")
     pipeline = paper_augmentation(framework.augmentation, settings.augmentation_kind)
-    why = f"{name}'s {framework.augmentation} augmentation pipeline ({family})"
+    why = f"{name}'s {framework.augmentation} augmentation pipeline ({recipe})"
     if info.synthetic and pipeline.get("base_size") is not None:
         size = dataset_info(cell.dataset, **values.view()["data"].get("options", {})).options.get("image_size", 64)
         pipeline["base_size"] = int(max(size) if isinstance(size, (tuple, list)) else size)

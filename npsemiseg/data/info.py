@@ -72,10 +72,10 @@ class DatasetInfo:
         return self.real_dataset or self.name
 
     @property
-    def family(self) -> str:
-        """The dataset's family: its augmentation pipeline (``settings.family``:
+    def recipe(self) -> str:
+        """The paper recipe the dataset follows: its augmentation pipeline (``settings.recipe``:
         ``"cityscapes"`` for Cityscapes and its stand-in, ``"voc"`` for the others)."""
-        return self.settings.family
+        return self.settings.recipe
 
     def resolve_partition(self, partition: str | int) -> str:
         """Canonical partition name (``"92"``) from a name, a count or an alias (``"1/16"``).

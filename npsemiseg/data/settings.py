@@ -9,9 +9,9 @@ preset's nested values.
 
 The values below are the shared ones (the NP-SemiSeg configs'); what each framework's publication sets on a
 dataset lives in the dataset's class (``npsemiseg/data/sets/pascal.py``, ``cityscapes.py``, ``ade20k.py``, ``coco.py``),
-so a dataset without an entry for a framework trains it at the shared settings. ``family`` (``"voc"`` /
-``"cityscapes"``) names the augmentation pipeline a dataset's frameworks use (``augmentation_kind``) and labels the
-shared settings in ``config show --explain``.
+so a dataset without an entry for a framework trains it at the shared settings. ``recipe`` (``"voc"`` /
+``"cityscapes"``, the paper recipe a dataset follows) names the augmentation pipeline a dataset's frameworks use
+(``augmentation_kind``) and labels the shared settings in ``config show --explain``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-#: a dataset's family (its augmentation pipeline): one of these
-FAMILIES = ("voc", "cityscapes")
+#: a dataset's recipe (the paper recipe it follows: its augmentation pipeline): one of these
+RECIPES = ("voc", "cityscapes")
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class PaperSettings:
     unsupervised weight 0.06 on VOC classic 92).
     """
 
-    family: str
+    recipe: str
     crop_size: int
     batch: int
     lr: float
@@ -100,8 +100,8 @@ class PaperSettings:
     partition_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"PaperSettings.family: expected one of {FAMILIES}, got {self.family!r}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"PaperSettings.recipe: expected one of {RECIPES}, got {self.recipe!r}")
         if self.eval_mode not in ("center_crop", "sliding", "whole"):
             raise ValueError(f"PaperSettings.eval_mode: expected center_crop, sliding or whole, got {self.eval_mode!r}")
         if self.batch < 1 or self.processes < 1 or self.crop_size < 1 or self.epochs < 1:
@@ -114,8 +114,8 @@ class PaperSettings:
 
     @property
     def augmentation_kind(self) -> str:
-        """The ``dataset_kind`` of the frameworks' augmentation pipelines (default: the family)."""
-        return self.augmentation or self.family
+        """The ``dataset_kind`` of the frameworks' augmentation pipelines (default: the recipe)."""
+        return self.augmentation or self.recipe
 
     def values(self) -> dict[str, Any]:
         """The nested values of the ``paper`` preset's step for a dataset with these settings (fresh dicts)."""
@@ -171,13 +171,13 @@ class PaperSettings:
 #: evaluation on a 513 px center crop. Its one publication is UniMatch V2's Pascal config (UniMatch-V2
 #: configs/pascal.yaml 5, 8-9: crop 518, 60 epochs, 4 per GPU), the one a VOC-like dataset without a UniMatch V2
 #: config of its own (the study, folder and synthetic datasets) trains UniMatch V2 at
-VOC_SETTINGS = PaperSettings(family="voc", crop_size=480, batch=12, lr=1e-3, epochs=80, head_lr_mult=10.0,
+VOC_SETTINGS = PaperSettings(recipe="voc", crop_size=480, batch=12, lr=1e-3, epochs=80, head_lr_mult=10.0,
                              weight_decay=1e-4, eval_mode="center_crop", eval_crop_size=513,
                              publications=unimatch_v2_config("pascal", 518, 60, 4))
 
 #: Cityscapes (shared values; the publications: ``npsemiseg/data/sets/cityscapes.py``): crop 580, 8 = 4 x 2, lr 5e-3
 #: (head x1), weight decay 5e-4, 200 epochs (AugSeg 240, in ``framework_epochs``), OHEM 0.7 with at least 100,000 pixels,
 #: 0.4 x the auxiliary head's loss, sliding windows of 769 px
-CITYSCAPES_SETTINGS = PaperSettings(family="cityscapes", crop_size=580, batch=8, lr=5e-3, epochs=200,
+CITYSCAPES_SETTINGS = PaperSettings(recipe="cityscapes", crop_size=580, batch=8, lr=5e-3, epochs=200,
                                     head_lr_mult=1.0, weight_decay=5e-4, ohem=(0.7, 100_000), aux_weight=0.4,
                                     eval_mode="sliding", eval_crop_size=769)
