@@ -67,7 +67,7 @@ def _assert_the_rule(configs, run: RunLength) -> None:
 
 
 def test_the_mini_studys_vit_spec_applies_the_rule_to_its_network():
-    """``mini_vit.yaml`` (UniMatch V2 x 3 heads and supervised on ``vit_mini``): its 480 steps of 56 px crops scale the
+    """``mini_vit.yaml`` (UniMatch V2 x 3 heads and supervised on ``vit_mini``): its 960 steps of 56 px crops scale the
     blur and UniMatch V2's EMA, and its NP paths are narrowed for the DPT's 16 feature channels."""
     from npsemiseg.models.backbones import BACKBONES
     from npsemiseg.short_run import scale_np_widths
@@ -78,7 +78,7 @@ def test_the_mini_studys_vit_spec_applies_the_rule_to_its_network():
         ("supervised_unimatch_v2", "baseline"), ("unimatch_v2", "baseline"), ("unimatch_v2", "mc_dropout"),
         ("unimatch_v2", "np")]
     assert len(configs) == 12 and all(c.model.weights == "pretrained:vit_mini" for c in configs)
-    _assert_the_rule(configs, RunLength.of(steps=480, iters_per_epoch=64 // 8, images_per_step=16, crop_size=56))
+    _assert_the_rule(configs, RunLength.of(steps=960, iters_per_epoch=64 // 8, images_per_step=16, crop_size=56))
     latent = scale_np_widths(BACKBONES.get("vit_mini").dpt_features)["latent_dim"]
     assert all(c.head.options["latent_dim"] == latent == 1 for c in configs if c.head.name == "np")
 
