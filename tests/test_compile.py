@@ -168,16 +168,18 @@ def _shared_graphs():
     torch._dynamo.reset()
 
 
-#: every head with ``supervised``, and the NP head (the most compiled networks and random draws) on the frameworks that
-#: call the networks in other ways: U2PL (aux and representation heads, the NP context pass), UniMatch (the 2B
-#: feature-perturbed decode, eval-mode teacher passes). ``COMPILE_TEST_CELLS=all``: the NP head on every framework
-#: too. CPU compilation (minutes per cell on a loaded 2-core VM) keeps the full 30-cell matrix out of ``make test``.
-#: PS-MT is left out: its T-VAT perturbation follows a normalised gradient, which amplifies float32 reordering
-#: itself: eager with oneDNN off (another convolution algorithm) differs from eager by 3e-3 in PS-MT x NP's loss and
-#: 7 % in its gradient norm (8e-4 / 6 % with the baseline head), and compiled by as much.
-CELLS = [("supervised", h) for h in head_names()] + [("u2pl", "np"), ("unimatch", "np")]
+#: ``make test`` compiles one cell: ``supervised`` x NP, the most compiled networks (encoder, decoder, the NP head's
+#: query ConvNet, latent encoder and decoder) and random draws (the NP samples) of one step; CPU compilation takes
+#: minutes per cell on a 2-core machine (``docs/performance.md``, compiled steps), so the rest is asked for:
+#: ``COMPILE_TEST_CELLS=all`` adds every other head with ``supervised`` and the NP head on every framework, among them
+#: U2PL (aux and representation heads, the NP context pass) and UniMatch (the joint feature-perturbed decode,
+#: eval-mode teacher passes). PS-MT is left out: its T-VAT perturbation follows a normalised gradient, which amplifies
+#: float32 reordering itself: eager with oneDNN off (another convolution algorithm) differs from eager by 3e-3 in PS-MT
+#: x NP's loss and 7 % in its gradient norm (8e-4 / 6 % with the baseline head), and compiled by as much.
+CELLS = [("supervised", "np")]
 if os.environ.get("COMPILE_TEST_CELLS") == "all":
-    CELLS += [(f, "np") for f in framework_names() if (f, "np") not in CELLS and f != "psmt"]
+    CELLS += [("supervised", h) for h in head_names() if h != "np"]
+    CELLS += [(f, "np") for f in framework_names() if f not in ("supervised", "psmt")]
 
 
 @needs_compiler
