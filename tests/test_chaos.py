@@ -59,5 +59,5 @@ def test_a_grid_whose_worker_node_dies_under_a_cell_ends_as_the_undisturbed_one_
     report = chaos.run_on_stack(args)
     assert report["kills"] == {"node": 1}, report["events"]
     assert any("with 1 cell worker(s)" in event for event in report["events"]), report["events"]
-    assert report["submissions"] == 1 and report["resubmissions"] == {}  # retried inside the submission
+    assert report["submissions"] == 1 and report["resubmissions"] == {}, report  # retried inside the submission
     assert report["cells"] == 3 and report["checks"] == dict.fromkeys(report["checks"], "ok"), report
