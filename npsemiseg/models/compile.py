@@ -51,11 +51,16 @@ def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
     return device.type == "cuda" and COMPILE_MODES.get(mode, False)
 
 
-def compiled_networks(segmentor: nn.Module) -> list[nn.Module]:
-    """The modules :func:`compile_segmentor` compiles: encoder, decoder, aux / representation heads (when
-    present) and the classifier head's networks."""
+def trunk_networks(segmentor: nn.Module) -> list[nn.Module]:
+    """The segmentor's networks before the classifier head: encoder, decoder, aux / representation heads (when
+    present)."""
     parts = [segmentor.backbone, segmentor.decoder, segmentor.aux_head, segmentor.representation_head]
-    return [m for m in parts if m is not None] + list(segmentor.head.compiled_networks())
+    return [m for m in parts if m is not None]
+
+
+def compiled_networks(segmentor: nn.Module) -> list[nn.Module]:
+    """The modules :func:`compile_segmentor` compiles: the trunk's networks and the classifier head's."""
+    return trunk_networks(segmentor) + list(segmentor.head.compiled_networks())
 
 
 def compile_segmentor(segmentor: nn.Module, mode: str) -> nn.Module:
@@ -74,10 +79,8 @@ def to_channels_last(segmentor: nn.Module) -> nn.Module:
     ``torch.channels_last`` memory format, in place (their convolutions then run channels-last on channels-last
     images). The classifier head keeps NCHW weights: the NP decoder's kernels view NCHW maps in place, and the heads'
     convolutions are a small share of the step. Returns ``segmentor``."""
-    parts = [segmentor.backbone, segmentor.decoder, segmentor.aux_head, segmentor.representation_head]
-    for module in parts:
-        if module is not None:
-            module.to(memory_format=torch.channels_last)
+    for module in trunk_networks(segmentor):
+        module.to(memory_format=torch.channels_last)
     return segmentor
 
 
