@@ -63,8 +63,9 @@ PRINTED = ("framework", "raw", "workers", "cpu_s_per_image", "loader_images_per_
 
 
 def loader_config(framework: str, workers: int | None) -> RunConfig:
-    """The framework's paper-scale cell on the synthetic VOC stand-in at VOC's image size, on the CPU; its
-    supervised-only / warm-up phases at 0 as in ``gpu_acceptance.compose_cell`` (the phases change no data setting)."""
+    """The framework's paper-scale cell on the synthetic VOC stand-in at VOC's image size, on the CPU (its
+    supervised-only / warm-up phases left as they are: they change no data setting, and the run's streams draw the
+    labeled and unlabeled batches either way)."""
     overrides: dict[str, Any] = {"runtime.device": "cpu", "runtime.progress": "off", "runtime.output_dir": None,
                                  "model.weights": None,
                                  "data.options": {"image_size": list(VOC_IMAGE), "train_size": 64, "val_size": 2}}
