@@ -127,12 +127,11 @@ def _check_framework(cls: type[Framework], name: str) -> None:
 
 
 def _check_dataset(cls: type[DatasetDef], name: str) -> None:
-    """Its info describes it (classes, recipe, partitions and their aliases), and a smoke cell composes on it."""
+    """Its info describes it (classes, partitions and their aliases), and a smoke cell composes on it."""
     _require(cls.name == name, cls, f"`name` must be the registered name {name!r}, got {cls.name!r}")
     info = dataset_info(name)
     _require(info.name == name and info.num_classes == len(info.class_names) > 1, cls,
              f"`class_names` must name at least 2 classes, got {info.class_names}")
-    _require(info.recipe == info.settings.recipe, cls, "info.recipe must be its settings' recipe")
     _require(bool(info.partitions) and all(count > 0 for count in info.partitions.values()), cls,
              f"`partitions` must map each name to a positive labeled count, got {dict(info.partitions)}")
     for alias, partition in info.partition_aliases.items():
