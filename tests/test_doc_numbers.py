@@ -9,10 +9,13 @@ A number is tied to its report by an HTML comment (invisible on the rendered pag
 of per-cell validation mIoU (``miou_x100``) is a run's per-seed table, from which the claims are computed here by
 the report's own code (``cell_claims``). An entry is ``KEY VALUE [INTERVAL] [VERDICT]``, entries separated by
 ``;``: KEY a claim id (its pooled numbers) or ``id/part`` (a framework's part or detail, e.g. ``S0+/unimatch``),
-VALUE the mean difference as printed (its decimals are the rounding checked), INTERVAL ``[low, high]``. Each
-printed value must stand in the paragraph before its comment. In the headline passages (the README's Answers
-section, each answer page's text before its first ``##`` heading) every signed decimal of a paragraph or bullet
-must carry such a comment: a new headline number cannot be written without its source.
+VALUE the mean difference as printed (its decimals are the rounding checked), INTERVAL ``[low, high]``. A
+benchmark's records (``benchmarks/figures/*.jsonl``, one JSON object a line) are read by KEY ``field@name=value,...``:
+the field of the one record with those values (``uncertainty_seconds@eval_mode=center_crop,head=np,num_samples=20``),
+VALUE printed with or without a sign. Each printed value must stand in the paragraph before its comment. In the
+headline passages (the README's Answers section, each answer page's text before its first ``##`` heading) every
+signed decimal of a paragraph or bullet must carry such a comment: a new headline number cannot be written without
+its source.
 """
 
 from __future__ import annotations
@@ -38,15 +41,17 @@ PAGES = [ROOT / "README.md", *ANSWER_PAGES]
 MARKED_PAGES = [*PAGES, *sorted((ROOT / "docs" / "history").glob("*.md"))]
 MARKER = re.compile(r"<!--\s*numbers:\s*(\S+)\s+(.*?)\s*-->", re.S)
 NUMBER = r"[+-]\d+(?:\.\d+)?"
-ENTRY = re.compile(rf"^(?P<key>\S+)\s+(?P<value>{NUMBER})(?:\s+(?P<interval>\[{NUMBER}, {NUMBER}\]))?"
+ENTRY = re.compile(rf"^(?P<key>\S+)\s+(?P<value>[+-]?\d+(?:\.\d+)?)(?:\s+(?P<interval>\[{NUMBER}, {NUMBER}\]))?"
                    r"(?:\s+(?P<verdict>supported|contradicted|inconclusive))?$")
 SIGNED = re.compile(r"(?<![\w.])[+-]\d+\.\d+")
 
 
 @cache
-def report(relative: str) -> dict[str, dict]:
-    """A report's claims and their parts by key (``C1``, ``S0+/unimatch``)."""
+def report(relative: str) -> dict[str, dict] | list[dict]:
+    """A claims report's claims and their parts by key (``C1``, ``S0+/unimatch``); a benchmark's records (``.jsonl``)."""
     path = ROOT / relative
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if path.suffix == ".csv":
         cells = pd.read_csv(path, dtype={"partition": str})
         cells["miou"] = cells.pop("miou_x100") / 100
@@ -79,8 +84,19 @@ def paragraphs(text: str) -> list[tuple[int, str]]:
     return blocks
 
 
-def fmt(value: float, digits: int) -> str:
-    return f"{value:+.{digits}f}"
+def fmt(value: float, digits: int, sign: str = "+") -> str:
+    return f"{value:{sign}.{digits}f}"
+
+
+def lookup(source: dict[str, dict] | list[dict], key: str) -> dict | str:
+    """The claim (or part) ``key`` of a claims report; for a benchmark's records, ``field@name=value,...``: the field
+    of the one record with those values, as ``{"mean_diff": value}``. A string says why there is none."""
+    if isinstance(source, dict):
+        return source.get(key, f"the report has no {key} (it has {sorted(source)})")
+    field, _, selection = key.partition("@")
+    wanted = dict(pair.split("=", 1) for pair in selection.split(",") if pair)
+    records = [r for r in source if all(str(r.get(k)) == v for k, v in wanted.items()) and field in r]
+    return {"mean_diff": records[0][field]} if len(records) == 1 else f"{len(records)} records have {key}, not 1"
 
 
 def decimals(written: str) -> int:
@@ -102,15 +118,16 @@ def marker_problems(page: Path) -> list[str]:
     return problems
 
 
-def entry_problems(entry: str, claims: dict[str, dict], printed: str) -> list[str]:
+def entry_problems(entry: str, claims: dict[str, dict] | list[dict], printed: str) -> list[str]:
     parsed = ENTRY.match(entry)
     if not parsed:
         return ["not KEY VALUE [INTERVAL] [VERDICT]"]
     key, value, interval, verdict = parsed.group("key", "value", "interval", "verdict")
-    if key not in claims:
-        return [f"the report has no {key} (it has {sorted(claims)})"]
-    found, problems = claims[key], []
-    if found.get("mean_diff") is None or fmt(found["mean_diff"], decimals(value)) != value:
+    found, problems = lookup(claims, key), []
+    if isinstance(found, str):
+        return [found]
+    sign = "+" if value[0] in "+-" else ""
+    if found.get("mean_diff") is None or fmt(found["mean_diff"], decimals(value), sign) != value:
         problems.append(f"the report says {found.get('mean_diff')}")
     if interval:
         digits = decimals(interval.split(",")[0])
@@ -173,6 +190,15 @@ def test_the_checks_catch_a_wrong_a_missing_and_an_unmarked_number(tmp_path):
     problems = marker_problems(page)
     assert len(problems) == 1 and problems[0].startswith("page.md:3: docs/figures/claims_shipped_seed0.json "
                                                          "S0+/unimatch -2.7: the report says -5.26")
+
+
+def test_a_benchmark_record_is_found_by_its_fields():
+    records = report("benchmarks/figures/uncertainty_time_c5.jsonl")
+    key = "uncertainty_seconds@eval_mode=center_crop,head=np,num_samples=20"
+    assert entry_problems(f"{key} 3.37", records, "3.37 s") == []
+    assert entry_problems(f"{key} 3.36", records, "3.36 s")[0].startswith("the report says 3.365")
+    assert entry_problems("uncertainty_seconds@head=np 3.37", records, "3.37") == ["8 records have "
+                                                                                 "uncertainty_seconds@head=np, not 1"]
 
 
 def test_the_csv_report_is_computed_by_the_reports_code():
