@@ -1,4 +1,4 @@
-"""Datasets (PASCAL VOC classic/blender, Cityscapes, ADE20K, COCO, synthetic stand-ins, the mini-study's `study`,
+"""Datasets (PASCAL VOC classic/blender, Cityscapes, ADE20K, COCO, synthetic stand-ins, the mini-study's ``study``,
 a researcher's own folder, and any registered later), the standard partition lists, joint image + label transforms
 and batch CutMix.
 
