@@ -780,11 +780,6 @@ def protocol_overrides(protocol: str, *, framework: str, dataset: str, head: str
                                                                         head=head, values=values)}
 
 
-def switch_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` with every ``switches.<name>`` key replaced by the switch's configuration key."""
-    return {switch_target(k) if k.startswith(SWITCH_PREFIX) else k: v for k, v in overrides.items()}
-
-
 def switch_target(key: str) -> str:
     """The configuration key behind ``switches.<name>`` (``ValueError`` for an unknown or unimplemented one)."""
     switch = get_switch(key.removeprefix(SWITCH_PREFIX))

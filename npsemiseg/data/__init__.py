@@ -1,5 +1,6 @@
-"""Datasets (PASCAL VOC classic/blender, Cityscapes, synthetic stand-ins, the study's, and any registered
-later), the standard partition lists, joint image + label transforms and batch CutMix.
+"""Datasets (PASCAL VOC classic/blender, Cityscapes, ADE20K, COCO, synthetic stand-ins, the mini-study's ``study``,
+a researcher's own folder, and any registered later), the standard partition lists, joint image + label transforms
+and batch CutMix.
 
 A dataset is one registered class (``npsemiseg.data.base.DatasetDef``, the built-in ones in
 ``npsemiseg/data/sets/``). Entry points: ``build_dataset(name, split, root=None, partition=None, *,

@@ -24,7 +24,6 @@ from npsemiseg.frameworks import unimatch_v2  # noqa: E402,F401  isort: skip  (u
 
 __all__ = [
     "FRAMEWORKS",
-    "FRAMEWORK_MODULES",
     "Batch",
     "Framework",
     "FrameworkOptions",
@@ -44,7 +43,3 @@ def framework_names() -> tuple[str, ...]:
 def get_framework(name: str) -> type[Framework]:
     """The Framework subclass registered as ``name``."""
     return FRAMEWORKS.get(name)
-
-
-#: the module of every registered framework (framework name -> module); :func:`framework_names` lists the names
-FRAMEWORK_MODULES: dict[str, str] = {name: cls.__module__ for name, cls in FRAMEWORKS.items()}

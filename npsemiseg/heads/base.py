@@ -154,6 +154,20 @@ class ClassifierHead(nn.Module):
                 f"{name}: batch size {labels.shape[0]} does not match the features' batch size {features.shape[0]}"
             )
 
+    def check_inputs(self, features: Tensor, labels: Tensor | None = None, context_features: Tensor | None = None,
+                     context_labels: Tensor | None = None) -> None:
+        """Shape checks of a forward's tensors (:meth:`check_features`, :meth:`check_labels`): ``ValueError``
+        naming the offending argument. A head's ``forward`` starts with it."""
+        self.check_features(features)
+        if labels is not None:
+            self.check_labels(labels, features)
+        if context_features is not None:
+            self.check_features(context_features)
+        if context_labels is not None:
+            if context_features is None:
+                raise ValueError("context_labels: given without context_features")
+            self.check_labels(context_labels, context_features, "context_labels")
+
     def resolve_num_samples(self, num_samples: int | None) -> int:
         """``num_samples`` if given (must be >= 1), else the head's default for its current mode."""
         if num_samples is None:

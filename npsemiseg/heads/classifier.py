@@ -77,18 +77,6 @@ class BaselineHead(ClassifierHead):
         if isinstance(hidden_channels, bool) or not isinstance(hidden_channels, int) or hidden_channels < 1:
             raise ValueError(f"hidden_channels: expected a positive int, got {hidden_channels!r}")
 
-    def check_inputs(self, features: Tensor, labels: Tensor | None, context_features: Tensor | None,
-                     context_labels: Tensor | None) -> None:
-        self.check_features(features)
-        if labels is not None:
-            self.check_labels(labels, features)
-        if context_features is not None:
-            self.check_features(context_features)
-        if context_labels is not None:
-            if context_features is None:
-                raise ValueError("context_labels: given without context_features")
-            self.check_labels(context_labels, context_features, "context_labels")
-
     def forward(
         self,
         features: Tensor,

@@ -77,15 +77,6 @@ class Synthetic(DatasetDef):
         )
 
 
-def synthetic_info(name: str, **options: object) -> DatasetInfo:
-    """DatasetInfo of synthetic dataset ``name`` with the given generator settings."""
-    definition = DATASETS.get(name)
-    if not (isinstance(definition, type) and issubclass(definition, Synthetic)):
-        synthetic = [n for n, d in DATASETS.items() if isinstance(d, type) and issubclass(d, Synthetic)]
-        raise ValueError(f"name: {name!r} is not a synthetic dataset; valid: {sorted(synthetic)}")
-    return definition.info(**options)
-
-
 DATASETS.add("synthetic", Synthetic)
 
 
