@@ -14,6 +14,7 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
+import ray.train
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
@@ -21,6 +22,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from semiseg_platform.cli.main import app
+from semiseg_platform.launch.reporters import CheckpointReporter
 from semiseg_platform.storage import CheckpointStore, checkpoint_dir_name, download_file, parse_storage
 from semiseg_platform.tracking import mlflow_names
 from tests.platform_fixtures import fresh_store, running_moto
@@ -76,7 +78,8 @@ def _one_error_line(result, *parts: str) -> str:
 @pytest.mark.integration
 def test_files_a_store_lists_are_written_below_their_folder_only(trained, s3, tmp_path):
     """A lineage whose checkpoint lists ``../../..``-keys (their target planted too, so a copy of the listing
-    would write it) and a stray file: ``predict --run`` and a resume take the checkpoint's own files, nothing
+    would write it) and a stray file: ``predict --run``, a resume from the lineage and from a checkpoint Ray
+registered take the checkpoint's own files, nothing
     is written outside; the download every store-to-disk copy goes through refuses a name leaving its folder."""
     steps, name = trained["steps"], checkpoint_dir_name(trained["steps"])
     storage = parse_storage(f"s3://{BUCKET}/lineages")
@@ -96,6 +99,10 @@ def test_files_a_store_lists_are_written_below_their_folder_only(trained, s3, tm
     assert sorted(p.name for p in out.iterdir()) == ["im_overlay.png", "im_prediction.png", "im_uncertainty.png"]
     resumed = CheckpointStore(storage, "lineage").local_copy(steps, tmp_path / "resume")
     assert sorted(p.name for p in resumed.rglob("*")) == [".complete", "config.yaml", "state.pt"]
+    reporter = CheckpointReporter()  # a checkpoint Ray Train or Tune registered, resumed after a failure
+    registered = reporter.download(ray.train.Checkpoint(storage.path("lineage", name), storage.filesystem))
+    assert sorted(p.name for p in registered.rglob("*")) == [".complete", "config.yaml", "state.pt"]
+    reporter.close()
     assert not victim.exists() and not victim.parent.exists()
 
     folder = tmp_path / "download"
