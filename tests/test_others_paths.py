@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from typer.testing import CliRunner
 
+from npsemiseg.training.checkpoint import resolve_checkpoint
 from semiseg_platform.cli.main import app
 from semiseg_platform.launch.reporters import CheckpointReporter
 from semiseg_platform.storage import CheckpointStore, checkpoint_dir_name, download_file, parse_storage
@@ -80,7 +81,8 @@ def test_files_a_store_lists_are_written_below_their_folder_only(trained, s3, tm
     """A lineage whose checkpoint lists ``../../..``-keys (their target planted too, so a copy of the listing
     would write it) and a stray file: ``predict --run``, a resume from the lineage and from a checkpoint Ray
 registered take the checkpoint's own files, nothing
-    is written outside; the download every store-to-disk copy goes through refuses a name leaving its folder."""
+    is written outside; the download every store-to-disk copy goes through refuses a name leaving its folder, and a
+local checkpoint root's ``latest`` names one of its own ``step_*`` directories or nothing."""
     steps, name = trained["steps"], checkpoint_dir_name(trained["steps"])
     storage = parse_storage(f"s3://{BUCKET}/lineages")
     uri = CheckpointStore(storage, "lineage").save(steps, trained["checkpoint"])
@@ -114,6 +116,12 @@ registered take the checkpoint's own files, nothing
             download_file(at_checkpoint, escaping, folder)
     assert sorted(p.name for p in folder.iterdir()) == ["link"] and not (tmp_path / "escaped.pt").exists()
     assert not victim.parent.exists()
+
+    root = tmp_path / "root"  # a local checkpoint root whose `latest` names a checkpoint outside it
+    shutil.copytree(trained["checkpoint"], root / "step_00000003")
+    shutil.copytree(trained["checkpoint"], tmp_path / "outside")
+    (root / "latest").write_text("../outside\n")
+    assert resolve_checkpoint(root) == root / "step_00000003"
 
 
 @pytest.mark.integration

@@ -86,14 +86,16 @@ def save_checkpoint(root: Path, *, step: int, state: dict[str, Any], config: Run
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory from itself or from a checkpoint root: the one ``latest`` names, else
-    (``latest`` missing or stale after an interruption) the newest complete ``step_*`` directory."""
+    """A checkpoint directory from itself or from a checkpoint root: the ``step_*`` directory of the root that
+    ``latest`` names, else (``latest`` missing, stale after an interruption, or naming anything but a
+    ``step_*`` directory of this root) the newest complete ``step_*`` directory."""
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
     if (path / LATEST_FILE).is_file():
-        candidate = path / (path / LATEST_FILE).read_text().strip()
-        if (candidate / STATE_FILE).is_file():
+        name = (path / LATEST_FILE).read_text().strip()
+        candidate = path / name
+        if name.startswith("step_") and name[5:].isdigit() and (candidate / STATE_FILE).is_file():
             return candidate
     complete = sorted(p for p in path.glob("step_*") if (p / STATE_FILE).is_file())
     if complete:
