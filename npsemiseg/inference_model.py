@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import Tensor, nn
 
 from npsemiseg import __version__
@@ -27,7 +28,7 @@ from npsemiseg.data import build_dataset
 from npsemiseg.evaluation.inference import MODES, predict
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.artifacts import evaluate_model
-from npsemiseg.training.checkpoint import CHECKPOINT_FORMAT, LEGACY_NUMPY_GLOBALS, STATE_FILE, resolve_checkpoint
+from npsemiseg.training.checkpoint import CHECKPOINT_FORMAT, LEGACY_NUMPY_GLOBALS, STATE_FILE, reading, resolve_checkpoint
 from npsemiseg.training.factories import build_framework
 from npsemiseg.training.step import autocast
 from npsemiseg.untrusted import UnsafeFileError, load_torch_file
@@ -180,8 +181,20 @@ def load_checkpoint_model(path: str | os.PathLike, **options: Any) -> Segmentati
     state = _read(directory / STATE_FILE, allow=LEGACY_NUMPY_GLOBALS)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "modules" not in state:
         raise ValueError(f"checkpoint: {directory / STATE_FILE} is not a training checkpoint of format {CHECKPOINT_FORMAT}")
-    config = RunConfig.from_yaml((directory / CONFIG_FILE).read_text())
-    return SegmentationModel(config, _evaluated_module(config, state), step=int(state["step"]), **options)
+    config = _configuration(directory / CONFIG_FILE, (directory / CONFIG_FILE).read_text())
+    with reading(directory / STATE_FILE, "checkpoint"):
+        return SegmentationModel(config, _evaluated_module(config, state), step=int(state["step"]), **options)
+
+
+def _configuration(path: Path, text: str) -> RunConfig:
+    """The run's configuration recorded in ``path`` (a checkpoint's file, an exported model); ``ValueError``
+    naming the file when it is not a valid one. Read as YAML text only, never as the path of another file."""
+    if not isinstance(text, str):
+        raise ValueError(f"checkpoint: {path} holds a {type(text).__name__} where its run configuration (YAML text) belongs")
+    try:
+        return RunConfig.from_yaml(text + "\n")  # the newline: text, even when it looks like a .yaml path
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"checkpoint: {path} holds no valid run configuration: {' '.join(str(error).split())[:400]}") from None
 
 
 def export_model(model: SegmentationModel, path: str | os.PathLike) -> Path:
@@ -216,8 +229,9 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu", m
         raise ValueError(f"checkpoint: {path} is not an exported npsemiseg model (export one with `npsemiseg export`)")
     if payload.get("format") != EXPORT_FORMAT:
         raise ValueError(f"checkpoint: {path} has export format {payload.get('format')}, expected {EXPORT_FORMAT}")
-    config = RunConfig.from_yaml(payload["config"])
-    module = _evaluated_module(config)
-    module.load_state_dict(payload["state_dict"])
-    return SegmentationModel(config, module, step=int(payload["step"]), **options).to(device)
+    with reading(path, "checkpoint"):
+        config = _configuration(path, payload["config"])
+        module = _evaluated_module(config)
+        module.load_state_dict(payload["state_dict"])
+        return SegmentationModel(config, module, step=int(payload["step"]), **options).to(device)
 

@@ -4,7 +4,9 @@ A cell run names its last checkpoint in the ``checkpoint_uri`` tag (``<storage>/
 a local directory or ``s3://...``) and, when the run kept one, its best in ``best_checkpoint_uri``.
 A URI given directly may be a checkpoint directory (``state.pt`` + ``config.yaml``), a lineage
 (its newest complete ``checkpoint_*``; ``--select best``: its ``best/``) or a file ``npsemiseg
-export`` wrote. Remote checkpoints are downloaded to a temporary directory. Every evaluation of
+export`` wrote. Remote checkpoints are downloaded to a temporary directory, their own files only
+(:func:`semiseg_platform.storage.download_checkpoint`). A URI from a tag is the tracking server's, written by
+others: it may name no S3 endpoint but the user's own. Every evaluation of
 a cell is logged as a nested run of the cell's run (``mlflow.parentRunId``), so the MLflow UI
 shows them under the cell.
 """
@@ -23,13 +25,18 @@ from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, parse_storage
+from semiseg_platform.storage import (
+    STATE_FILE,
+    CheckpointStore,
+    Storage,
+    checkpoint_dir_name,
+    download_checkpoint,
+    parse_storage,
+)
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.metric_logging import log_metrics
 from semiseg_platform.tracking.store import resolve_tracking_uri, run_url, search_all_runs, sqlite_path
 
-#: The file of a checkpoint directory that holds the weights (``npsemiseg.training.checkpoint``)
-STATE_FILE = "state.pt"
 #: A lineage's best checkpoint (written by best-checkpoint selection)
 BEST_DIR = "best"
 SELECTIONS = ("last", "best")
@@ -37,13 +44,15 @@ SELECTIONS = ("last", "best")
 
 @dataclass
 class Checkpoint:
-    """A checkpoint to load: its ``uri``, a ``local`` path to it, the cell's MLflow ``run`` when known."""
+    """A checkpoint to load: its ``uri``, a ``local`` path to it, the cell's MLflow ``run`` when known and
+    the user's S3 ``endpoint_url`` it was read through (a URI from the checkpoint's files may name that one only)."""
 
     uri: str
     local: Path
     run: Any | None = None
     client: MlflowClient | None = None
     tracking_uri: str | None = None
+    endpoint_url: str | None = None
 
 
 def store_client(tracking: str | None, *, required: bool) -> tuple[MlflowClient | None, str]:
@@ -99,10 +108,11 @@ def _parent(storage: Storage) -> Storage:
     return replace(storage, uri=storage.uri.rsplit("/", 1)[0], root=storage.root.rsplit("/", 1)[0])
 
 
-def resolve(uri: str, select: str = "last") -> Storage:
+def resolve(uri: str, select: str = "last", *, named_by: str | None = None) -> Storage:
     """The checkpoint directory (or exported file) that ``uri`` and ``select`` name; ``ValueError``
-    naming ``uri`` when it does not exist, holds no checkpoint or cannot be reached."""
-    storage = parse_storage(uri)
+    naming ``uri`` when it does not exist, holds no checkpoint or cannot be reached. ``named_by``: the
+    tag ``uri`` comes from (it may name no endpoint but the user's: :func:`parse_storage`)."""
+    storage = parse_storage(uri, named_by=named_by)
     try:
         return _resolve(storage, select)
     except OSError as error:  # pyarrow's S3 errors: an unreachable endpoint, a refused request
@@ -136,15 +146,10 @@ def _resolve(storage: Storage, select: str) -> Storage:
 
 
 def local_path(storage: Storage, scratch: Path) -> Path:
-    """The checkpoint at ``storage`` as a local path: itself when local, else downloaded under ``scratch``."""
+    """The checkpoint at ``storage`` as a local path: itself when local, else its files downloaded under ``scratch``."""
     if storage.is_local:
         return Path(storage.root)
-    target = scratch / Path(storage.root).name
-    if _kind(storage) == pafs.FileType.Directory:
-        target.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(storage.root, str(target), source_filesystem=storage.filesystem,
-                    destination_filesystem=pafs.LocalFileSystem())
-    return target
+    return download_checkpoint(storage, scratch / "checkpoint")
 
 
 def cell_run_of_checkpoint(client: MlflowClient | None, uri: str) -> Any | None:
@@ -172,7 +177,11 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
         raise ValueError(f"--select: expected one of {list(SELECTIONS)}, got {select!r}")
     client, tracking_uri = store_client(tracking, required=run_id is not None)
     run = cell_run(client, run_id) if run_id is not None else None  # type: ignore[arg-type]
-    resolved = resolve(run_checkpoint_uri(run, select) if run is not None else uri, select)  # type: ignore[arg-type]
+    if run is not None:
+        tag = mlflow_names.BEST_CHECKPOINT_URI if select == "best" else mlflow_names.CHECKPOINT_URI
+        resolved = resolve(run_checkpoint_uri(run, select), select, named_by=f"the {tag} tag of run {run_id}")
+    else:
+        resolved = resolve(uri, select)  # type: ignore[arg-type]
     if run is None:
         run = cell_run_of_checkpoint(client, resolved.uri)
     with tempfile.TemporaryDirectory(prefix="npsemiseg-checkpoint-") as scratch:
@@ -181,7 +190,7 @@ def open_checkpoint(*, run_id: str | None, uri: str | None, select: str = "last"
         except OSError as error:
             reason = " ".join(str(error).split())[:300]
             raise ValueError(f"checkpoint {resolved.uri} could not be downloaded: {reason}") from None
-        yield Checkpoint(resolved.uri, local, run, client, tracking_uri)
+        yield Checkpoint(resolved.uri, local, run, client, tracking_uri, resolved.endpoint_url)
 
 
 def log_evaluation(checkpoint: Checkpoint, metrics: dict[str, float], *, mode: str, num_samples: int | None,

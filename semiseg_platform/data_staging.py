@@ -44,7 +44,7 @@ from npsemiseg.data.check import check_file_list
 from npsemiseg.data.datasets import root_subfolders
 from npsemiseg.data.manifest import MANIFEST_NAME, Manifest, ManifestEntry, compare_sizes, verify_tree
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.storage import Storage, parse_storage
+from semiseg_platform.storage import Storage, download_file, parse_storage
 
 #: The node's cache of staged datasets (a folder on local disk)
 DATA_CACHE_ENV = "NPSEMISEG_DATA_CACHE"
@@ -52,7 +52,6 @@ DATA_CACHE_ENV = "NPSEMISEG_DATA_CACHE"
 DOWNLOAD_THREADS = 8
 #: Seconds between two progress lines of one staging
 PROGRESS_EVERY_S = 10.0
-_CHUNK = 1 << 20
 
 
 class DataStagingError(ValueError):
@@ -287,20 +286,20 @@ def _download(storage: Storage, manifest: Manifest, into: Path, *, emit: Callabl
     def one(entry: ManifestEntry) -> None:
         if failed.is_set():
             return
-        destination = into / entry.path
-        destination.parent.mkdir(parents=True, exist_ok=True)
         digest, size = hashlib.sha256(), 0
+
+        def seen(chunk: bytes) -> None:
+            nonlocal size
+            digest.update(chunk)
+            size += len(chunk)
+
         try:
-            with storage.filesystem.open_input_stream(storage.path(entry.path)) as source, open(destination, "wb") as out:
-                while chunk := source.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
+            download_file(storage, entry.path, into, on_chunk=seen)
         except FileNotFoundError:
             failed.set()
             raise DataStagingError(f"data: {storage.uri_of(entry.path)} is missing from the store but listed in its "
                                    f"manifest ({entry.size} bytes); upload it again or rewrite the manifest") from None
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: a name that would leave the staging folder
             failed.set()
             raise DataStagingError(f"data: cannot download {storage.uri_of(entry.path)}: "
                                    f"{' '.join(str(error).split())}") from None
@@ -331,10 +330,12 @@ def _download(storage: Storage, manifest: Manifest, into: Path, *, emit: Callabl
     return state["bytes"]
 
 
-def resolve_data_root(root: str | None, dataset: str | None = None, cache_dir: str | os.PathLike | None = None, *,
-                      emit: Callable[[str], None] = _emit) -> str | None:
-    """``root`` itself unless it is an S3 root; then the local path of the staged copy (:func:`stage`) of
-    ``dataset``'s tree under it (:func:`locate`)."""
+def resolve_data_root(root: str | Storage | None, dataset: str | None = None, cache_dir: str | os.PathLike | None = None,
+                      *, emit: Callable[[str], None] = _emit) -> str | None:
+    """``root`` itself unless it is an S3 root (a URI or a parsed :class:`Storage`); then the local path of the
+    staged copy (:func:`stage`) of ``dataset``'s tree under it (:func:`locate`)."""
+    if isinstance(root, Storage):
+        return str(stage(locate(root, dataset), cache_dir, emit=emit).path)
     if not is_remote(root):
         return root
     return str(stage(locate(str(root), dataset), cache_dir, emit=emit).path)

@@ -9,11 +9,18 @@ S3 endpoint override (MinIO, SeaweedFS, ...), first match wins: the URI's query
 ``?endpoint_override=http://127.0.0.1:8333`` (``endpoint_url=`` is accepted as a synonym;
 ``scheme=http`` sets the transport when the endpoint has no scheme), the ``endpoint_url``
 argument, ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``. Credentials come from the usual
-AWS variables / files.
+AWS variables / files. A URI that others wrote (an MLflow tag, a checkpoint's configuration) is parsed with
+``named_by``: it may not name an endpoint other than the user's own (``endpoint_url``, the environment).
+
+Every file that comes from a store to local disk goes through :func:`download_file`: its name must stay
+below the local folder, and it is created new, never through a symlink. A checkpoint download
+(:func:`download_checkpoint`) asks for :data:`CHECKPOINT_FILES` by name and takes nothing else the
+store's listing may hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -35,6 +42,11 @@ CHECKPOINT_DIR_FORMAT = "checkpoint_{step:09d}"
 _CHECKPOINT_DIR_RE = re.compile(r"^checkpoint_(\d{9})$")
 #: Written last into an uploaded checkpoint: a directory without it is incomplete
 COMPLETE_MARKER = ".complete"
+#: The weights and the run's configuration in a checkpoint directory (``npsemiseg.training.checkpoint``)
+STATE_FILE, CONFIG_FILE = "state.pt", "config.yaml"
+#: Every file a checkpoint directory has: the only names a checkpoint download takes
+CHECKPOINT_FILES = (STATE_FILE, CONFIG_FILE, COMPLETE_MARKER)
+_DOWNLOAD_CHUNK = 1 << 20
 
 _QUERY_KEYS = {"endpoint_override", "endpoint_url", "scheme", "region"}
 
@@ -136,12 +148,15 @@ class Storage:
 
 
 def parse_storage(uri: str | os.PathLike | Storage | None = None, *, endpoint_url: str | None = None,
-                  timeout_s: float = 10.0) -> Storage:
+                  timeout_s: float = 10.0, named_by: str | None = None) -> Storage:
     """A :class:`Storage` from a local path or ``s3://bucket/prefix[?endpoint_override=...]``.
 
     ``None`` = ``<cwd>/ray_results``. Relative local paths are made absolute (Ray workers run
     in other working directories). ``timeout_s`` bounds S3 connects and requests. Other
-    schemes -> ``ValueError``.
+    schemes -> ``ValueError``. ``named_by``: who wrote ``uri`` when it is not the user (``the
+    checkpoint_uri tag of run ...``): its query may name no endpoint (or transport) other than the
+    user's own, ``endpoint_url`` else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (``ValueError``):
+    requests to it would be signed with the user's key id.
     """
     if isinstance(uri, Storage):
         return uri
@@ -163,8 +178,13 @@ def parse_storage(uri: str | os.PathLike | Storage | None = None, *, endpoint_ur
     unknown = sorted(set(query) - _QUERY_KEYS)
     if unknown:
         raise ValueError(f"storage: unknown query parameter(s) {unknown} in {text!r} (known: {sorted(_QUERY_KEYS)})")
-    endpoint = (query.get("endpoint_override") or query.get("endpoint_url") or endpoint_url
-                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    user_endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    own = _endpoint(user_endpoint, query.get("scheme") if named_by is None else None)
+    named = _endpoint(query.get("endpoint_override") or query.get("endpoint_url"), query.get("scheme"))
+    if named_by is not None and (named or "scheme" in query) and (named is None or named != own):
+        raise ValueError(f"{named_by} names the S3 endpoint {named or query['scheme'] + '://'} ({text}); an endpoint "
+                         f"comes from your own configuration ({own or 'AWS'}), never from a tag or a file: refused")
+    endpoint = named or own
     options: dict[str, object] = {
         "connect_timeout": timeout_s,
         "request_timeout": timeout_s,
@@ -173,17 +193,70 @@ def parse_storage(uri: str | os.PathLike | Storage | None = None, *, endpoint_ur
     if query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
         options["region"] = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if endpoint:
-        endpoint_parsed = urlparse(endpoint if "://" in endpoint else f"{query.get('scheme', 'https')}://{endpoint}")
-        if not endpoint_parsed.netloc:
-            raise ValueError(f"storage: endpoint override {endpoint!r} is not host[:port] or scheme://host[:port]")
-        options["endpoint_override"] = endpoint_parsed.netloc
-        options["scheme"] = endpoint_parsed.scheme
-        endpoint = f"{endpoint_parsed.scheme}://{endpoint_parsed.netloc}"
+        options["scheme"], options["endpoint_override"] = endpoint.split("://", 1)
     elif "scheme" in query:
         options["scheme"] = query["scheme"]
     root = f"{bucket}/{parsed.path.strip('/')}".rstrip("/")
     filesystem = pafs.S3FileSystem(**options)
     return Storage(uri=f"s3://{root}", root=root, filesystem=filesystem, endpoint_url=endpoint)
+
+
+def _endpoint(endpoint: str | None, scheme: str | None) -> str | None:
+    """``scheme://host[:port]`` of an endpoint override given as that or as ``host[:port]`` (then ``scheme``,
+    default https); None for none."""
+    if not endpoint:
+        return None
+    parsed = urlparse(endpoint if "://" in endpoint else f"{scheme or 'https'}://{endpoint}")
+    if not parsed.netloc:
+        raise ValueError(f"storage: endpoint override {endpoint!r} is not host[:port] or scheme://host[:port]")
+    return f"{parsed.scheme}://{parsed.netloc}"
+
+
+def local_path_below(folder: Path, name: str, *, source: str) -> Path:
+    """``folder/name`` for a file that ``source`` (a store, a manifest) names: ``name`` must be a relative path
+    of plain parts (no ``..``, ``.``, empty part or NUL) and stay below ``folder`` once resolved (symlinks
+    followed); else ``ValueError`` naming both."""
+    parts = name.split("/")
+    base = Path(folder).resolve()
+    path = base.joinpath(*parts)
+    if any(part in ("", ".", "..") or "\x00" in part for part in parts) or not path.resolve().is_relative_to(base):
+        raise ValueError(f"{source} names the file {name!r}, which is not below the download folder {base}; "
+                         "refused, nothing written there")
+    return path
+
+
+def download_file(storage: Storage, name: str, folder: Path, *, on_chunk: Callable[[bytes], object] | None = None) -> Path:
+    """Download the file ``name`` below ``storage`` to ``folder/name``: the one way a file from a store reaches
+    local disk. ``name`` must stay below ``folder`` (:func:`local_path_below`); the file is created new and never
+    through a symlink (``O_EXCL | O_NOFOLLOW``). ``on_chunk`` sees every chunk (a digest); ``OSError`` from the
+    store (a missing file: ``FileNotFoundError``) or the disk."""
+    destination = local_path_below(folder, name, source=storage.uri)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with storage.filesystem.open_input_stream(storage.path(name)) as source:
+        descriptor = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "wb") as out:
+            while chunk := source.read(_DOWNLOAD_CHUNK):
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                out.write(chunk)
+    return destination
+
+
+def download_checkpoint(storage: Storage, folder: Path) -> Path:
+    """The checkpoint at ``storage`` in the local ``folder`` (created): a directory's :data:`CHECKPOINT_FILES`,
+    asked for by name (whatever else its listing holds is not taken), or a single file (an exported model) as
+    ``folder/<its name>``. Returns the local checkpoint: ``folder`` or the file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    kind = storage.filesystem.get_file_info(storage.root).type
+    if kind == pafs.FileType.File:
+        parent, _, name = storage.root.rpartition("/")
+        return download_file(Storage(storage.uri.rpartition("/")[0], parent, storage.filesystem, storage.endpoint_url),
+                             name, folder)
+    for name in CHECKPOINT_FILES:
+        if storage.filesystem.get_file_info(storage.path(name)).type == pafs.FileType.File:
+            download_file(storage, name, folder)
+    return folder
 
 
 class CheckpointStore:
@@ -242,12 +315,8 @@ class CheckpointStore:
         source = self.storage.path(self.name, checkpoint_dir_name(step))
         if self.storage.is_local:
             return Path(source)
-        destination = Path(destination or tempfile.mkdtemp(prefix="npsemiseg-ckpt-"))
-        destination.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(
-            source, str(destination), source_filesystem=self.storage.filesystem, destination_filesystem=pafs.LocalFileSystem()
-        )
-        return destination
+        where = dataclasses.replace(self.storage, uri=self.storage.uri_of(self.name, checkpoint_dir_name(step)), root=source)
+        return download_checkpoint(where, Path(destination or tempfile.mkdtemp(prefix="npsemiseg-ckpt-")))
 
     def prune(self, keep: int) -> None:
         """Delete all but the newest ``keep`` checkpoints (``keep`` >= 1)."""

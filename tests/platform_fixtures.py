@@ -102,6 +102,31 @@ def running_seaweedfs(directory: Path, timeout_s: float = 120.0):
             process.wait()
 
 
+@contextlib.contextmanager
+def running_moto(bucket: str = "npsemiseg-test"):
+    """A real S3-compatible HTTP server (moto's, in this process) holding ``bucket``; yields its endpoint URL.
+
+    Unlike SeaweedFS (which answers a key holding ``..`` with InvalidRequest), it stores any key, as AWS
+    S3 does: the store of the tests that plant such keys. Any credentials are accepted.
+    """
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
+                     aws_secret_access_key="test").create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.stop()
+
+
 # ----------------------------------------------------------------------------- fault injection (tests only)
 FAULT_ENV = "NPSEMISEG_INJECT_FAULT"
 #: Seconds the ``hang`` fault sleeps (its process is meant to be killed meanwhile)

@@ -8,6 +8,7 @@ the head schedule, fields that follow others, the user's overrides) is :mod:`nps
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,8 @@ from npsemiseg.data.info import DATASETS
 from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_class
-from npsemiseg.models import BACKBONES, DECODERS
+from npsemiseg.config.overrides import FREE_FORM
+from npsemiseg.models import BACKBONES, DECODERS, build_segmentor
 from npsemiseg.renames import earlier_names, read_renamed
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
@@ -114,6 +116,30 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+#: ``build_segmentor`` arguments that the configuration sets itself (``model``'s fields, the head, the dataset)
+_SET_BY_THE_CONFIGURATION = frozenset({"num_classes", "head", "head_options", "variant", "backbone", "weights",
+                                       "deep_stem", "aux_head", "representation_head", "mc_dropout_scope",
+                                       "align_corners"})
+
+
+def segmentor_options() -> list[str]:
+    """The keys ``model.options`` takes: ``build_segmentor``'s other keyword arguments."""
+    return sorted(set(inspect.signature(build_segmentor).parameters) - _SET_BY_THE_CONFIGURATION)
+
+
+def _free_form_names(values: dict[str, Any]) -> None:
+    """``ValueError`` naming a key of a free-form option dict (:data:`FREE_FORM`) that is no option name: not a
+    Python identifier, or a dunder (``__class__``): those go to constructors as keyword arguments."""
+    for dotted in sorted(FREE_FORM):
+        node: Any = values
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        for key in node if isinstance(node, dict) else ():
+            if not isinstance(key, str) or not key.isidentifier() or key.startswith("__"):
+                raise ValueError(f"{dotted}: {key!r} is not an option name (expected a Python identifier not "
+                                 "starting with '__')")
+
+
 class Section(BaseModel):
     """Base of every configuration section: unknown keys rejected, immutable."""
 
@@ -169,6 +195,15 @@ class ModelConfig(Section):
     @classmethod
     def _registered_decoder(cls, value: str) -> str:
         return DECODERS.check(value)
+
+    @field_validator("options", mode="after")
+    @classmethod
+    def _segmentor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(segmentor_options()))
+        if unknown:
+            raise ValueError(f"model.options: unknown option(s) {unknown}, expected some of {segmentor_options()} "
+                             "(build_segmentor's arguments that model's own fields do not set)")
+        return value
 
     @field_validator("backbone", mode="after")
     @classmethod
@@ -439,6 +474,14 @@ class RunConfig(Section):
         """A record written before a rename (a file, a checkpoint's configuration): its keys under their current
         names (:data:`npsemiseg.renames.RENAMED_KEYS`)."""
         return read_renamed(values) if isinstance(values, dict) else values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _option_names(cls, values: Any) -> Any:
+        """Every free-form option dict's keys are option names (a file or ``--set`` may say anything)."""
+        if isinstance(values, dict):
+            _free_form_names(values)
+        return values
 
     @model_validator(mode="before")
     @classmethod

@@ -7,10 +7,12 @@ data position, every rank's RNG states and the evaluation history, so N steps + 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +86,16 @@ def save_checkpoint(root: Path, *, step: int, state: dict[str, Any], config: Run
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory from itself or from a checkpoint root: the one ``latest`` names, else
-    (``latest`` missing or stale after an interruption) the newest complete ``step_*`` directory."""
+    """A checkpoint directory from itself or from a checkpoint root: the ``step_*`` directory of the root that
+    ``latest`` names, else (``latest`` missing, stale after an interruption, or naming anything but a
+    ``step_*`` directory of this root) the newest complete ``step_*`` directory."""
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
     if (path / LATEST_FILE).is_file():
-        candidate = path / (path / LATEST_FILE).read_text().strip()
-        if (candidate / STATE_FILE).is_file():
+        name = (path / LATEST_FILE).read_text().strip()
+        candidate = path / name
+        if name.startswith("step_") and name[5:].isdigit() and (candidate / STATE_FILE).is_file():
             return candidate
     complete = sorted(p for p in path.glob("step_*") if (p / STATE_FILE).is_file())
     if complete:
@@ -107,30 +111,45 @@ def load_checkpoint(path: Path, *, what: str = "resume_from") -> dict[str, Any]:
     return load_torch_file(path / STATE_FILE, what=what, allow=LEGACY_NUMPY_GLOBALS)
 
 
+@contextlib.contextmanager
+def reading(path: Path, what: str) -> Iterator[None]:
+    """The block puts ``path``'s contents into a model: a missing entry, a wrong type or a tensor of another
+    shape (a file from someone else, or of another configuration) is one ``ValueError`` line naming the file."""
+    try:
+        yield
+    except KeyError as error:
+        raise ValueError(f"{what}: {path} lacks the entry {error} (not a complete file of this format)") from None
+    except (RuntimeError, TypeError, AttributeError, IndexError) as error:  # load_state_dict: keys and shapes
+        detail = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        raise ValueError(f"{what}: {path} does not fit the model its configuration builds: {detail[:400]}") from None
+
+
 def restore(path: Path, config: RunConfig, framework: Framework, optimizer: torch.optim.Optimizer,
             *, rank: int, best: Any = None) -> tuple[int, list[dict[str, float]]]:
     """Load a checkpoint into the framework, optimiser, this rank's RNGs and ``best`` (the run's
     :class:`~npsemiseg.training.selection.BestWeights`, when given); returns (step, history)."""
     state = load_checkpoint(path)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"resume_from: {path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
-    if state["cell_id"] != config.cell_id:
-        raise ValueError(f"resume_from: {path} belongs to cell {state['cell_id']}, this run is cell {config.cell_id}")
-    modules = framework.modules()
-    if set(state["modules"]) != set(modules):
-        raise ValueError(f"resume_from: {path} holds modules {sorted(state['modules'])}, expected {sorted(modules)}")
-    for name, module in modules.items():
-        unwrap(module).load_state_dict(state["modules"][name])
-    framework.load_state_dict(state["framework"])
-    optimizer.load_state_dict(state["optimizer"])
-    if best is not None:
-        best.load(state.get("best"))
-    rngs = state["rng"]
-    if rank < len(rngs):
-        set_rng_state(rngs[rank])
-    else:  # more ranks than when the checkpoint was written: a fresh, reproducible stream
-        torch.manual_seed(derive_seed(config.seed, "train", rank, state["step"]))
-    return int(state["step"]), list(state.get("history", []))
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"resume_from: {path} has checkpoint format {found}, expected {CHECKPOINT_FORMAT}")
+    with reading(path / STATE_FILE, "resume_from"):
+        if state["cell_id"] != config.cell_id:
+            raise ValueError(f"resume_from: {path} belongs to cell {state['cell_id']}, this run is cell {config.cell_id}")
+        modules = framework.modules()
+        if set(state["modules"]) != set(modules):
+            raise ValueError(f"resume_from: {path} holds modules {sorted(state['modules'])}, expected {sorted(modules)}")
+        for name, module in modules.items():
+            unwrap(module).load_state_dict(state["modules"][name])
+        framework.load_state_dict(state["framework"])
+        optimizer.load_state_dict(state["optimizer"])
+        if best is not None:
+            best.load(state.get("best"))
+        rngs = state["rng"]
+        if rank < len(rngs):
+            set_rng_state(rngs[rank])
+        else:  # more ranks than when the checkpoint was written: a fresh, reproducible stream
+            torch.manual_seed(derive_seed(config.seed, "train", rank, state["step"]))
+        return int(state["step"]), list(state.get("history", []))
 
 
 class Checkpointer:

@@ -11,9 +11,11 @@ import typer
 from npsemiseg import load_model
 from npsemiseg.data import DATA_ROOT_ENV
 from npsemiseg.inference_model import check_mode, check_samples
-from semiseg_platform.checkpoint_lookup import log_evaluation, open_checkpoint
+from npsemiseg.config import RunConfig
+from semiseg_platform.checkpoint_lookup import Checkpoint, log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.data_staging import is_remote, resolve_data_root
+from semiseg_platform.storage import parse_storage
 from semiseg_platform.tracking import mlflow_names
 
 RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
@@ -43,6 +45,26 @@ def print_metrics(metrics: dict[str, float]) -> None:
         typer.echo(f"  {key:<24} {metrics[key]:.4f}")
 
 
+def staged_data_root(data_root: str | None, config: RunConfig, found: Checkpoint) -> str | None:
+    """The data root to evaluate on (None: the checkpoint's own local ``data.root``): ``--data-root``, else the S3
+    root the cell's run recorded (its checkpoint names the worker's staged copy), else the checkpoint's
+    ``data.root``, else ``$NPSEMISEG_DATA``; an S3 root staged here as on a worker. A root that the run or the
+    checkpoint names was written by others: it may name no S3 endpoint but the user's own."""
+    root, named_by = data_root, None
+    if data_root is None:
+        recorded = found.run.data.params.get("data.root") if found.run is not None else None
+        if is_remote(recorded):
+            root, named_by = recorded, f"the data.root parameter of run {found.run.info.run_id}"
+        elif config.data.root:
+            root, named_by = config.data.root, f"the data.root of checkpoint {found.uri}"
+        else:
+            root = os.environ.get(DATA_ROOT_ENV)
+    if not is_remote(root):
+        return data_root
+    location = parse_storage(root, endpoint_url=found.endpoint_url, named_by=named_by) if named_by else root
+    return resolve_data_root(location, config.dataset)
+
+
 @app.command()
 def evaluate(
     run: str | None = typer.Option(None, "--run", help=RUN_HELP),
@@ -60,12 +82,7 @@ def evaluate(
         device = check_options(mode, samples, device)
         with open_checkpoint(run_id=run, uri=checkpoint, select=select, tracking=tracking) as found:
             model = load_model(found.local, device=device)
-            root = data_root if data_root is not None else model.config.data.root or os.environ.get(DATA_ROOT_ENV)
-            recorded = found.run.data.params.get("data.root") if found.run is not None else None
-            if data_root is None and is_remote(recorded):  # the checkpoint names the worker's staged copy
-                root = recorded
-            if is_remote(root):  # the cell trained on an S3 root: a copy staged here as on a worker
-                data_root = resolve_data_root(root, model.config.dataset)
+            data_root = staged_data_root(data_root, model.config, found)
             metrics = model.evaluate(mode=mode, num_samples=samples, data_root=data_root)
             used_mode = mode or model.config.evaluation.mode or "whole"
             url = log_evaluation(found, metrics, mode=used_mode, num_samples=model.samples(samples), select=select,

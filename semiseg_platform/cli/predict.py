@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, sa
 from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.cli.evaluate import CHECKPOINT_HELP, RUN_HELP, SAMPLES_HELP, check_options
+from semiseg_platform.storage import atomic_write
 
 #: The image files taken from an input directory
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -61,18 +63,42 @@ def batches(images: list[Path], batch_size: int) -> list[list[Path]]:
     return [group[i:i + batch_size] for group in by_size.values() for i in range(0, len(group), batch_size)]
 
 
+def output_paths(out: Path, image: Path) -> list[Path]:
+    """The three PNGs ``predict`` writes for ``image`` under ``out``."""
+    return [out / name.format(stem=image.stem) for name in OUTPUTS]
+
+
+def check_out(out: Path, images: list[Path], *, overwrite: bool) -> None:
+    """``ValueError`` naming ``--out`` unless predict may write there: not a link nor a file; when it exists
+    and holds anything, only with ``--overwrite``, and even then none of the PNGs to write may be a link or a
+    folder (the files are replaced by renaming, so a link planted later is replaced, never followed)."""
+    if out.is_symlink():
+        raise ValueError(f"--out: {out} is a symbolic link; predict does not write through links (give its target)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} is a file, expected a directory")
+    held = sorted(out.iterdir()) if out.is_dir() else []
+    if held and not overwrite:
+        raise ValueError(f"--out: {out} is not empty ({len(held)} entries, e.g. {held[0].name}); pass --overwrite to "
+                         "replace the PNGs predict writes there (other files are left alone)")
+    for path in (path for image in images for path in output_paths(out, image)):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a file"
+            raise ValueError(f"--out: {path} is {kind}; predict does not write through it (remove it first)")
+
+
 def write_predictions(model: SegmentationModel, images: list[Path], out: Path, *, batch_size: int,
                       num_samples: int | None) -> int:
-    """Predict every image in batches and write its three PNGs under ``out``; returns the count."""
+    """Predict every image in batches and write its three PNGs under ``out``, each one renamed into place
+    (:func:`~semiseg_platform.storage.atomic_write`: a link at its name is replaced, not followed); returns the count."""
     count = 0
     for group in batches(images, batch_size):
         pixels = torch.stack([load_image(path) for path in group])
         labels, uncertainty = model.predict(pixels, num_samples=num_samples)
         for path, image, label, entropy in zip(group, pixels, labels.cpu(), uncertainty.cpu()):
-            prediction, grey, blended = (out / name.format(stem=path.stem) for name in OUTPUTS)
-            save_label_png(prediction, label, model.num_classes)
-            save_uncertainty_png(grey, entropy, model.num_classes)
-            save_png(blended, overlay(image, label, model.num_classes))
+            prediction, grey, blended = output_paths(out, path)
+            atomic_write(prediction, partial(save_label_png, label=label, num_classes=model.num_classes))
+            atomic_write(grey, partial(save_uncertainty_png, entropy=entropy, num_classes=model.num_classes))
+            atomic_write(blended, partial(save_png, pixels=overlay(image, label, model.num_classes)))
             count += 1
             typer.echo(f"{path} -> {prediction.name}, {grey.name}, {blended.name} "
                        f"(mean uncertainty {entropy.mean().item():.3f} nats)")
@@ -82,7 +108,9 @@ def write_predictions(model: SegmentationModel, images: list[Path], out: Path, *
 @app.command()
 def predict(
     inputs: list[Path] = typer.Argument(..., help="image files and/or directories of images"),
-    out: Path = typer.Option(..., "--out", help="directory for the PNGs (created)"),
+    out: Path = typer.Option(..., "--out", help="directory for the PNGs (created; one that holds files needs --overwrite)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="write into a non-empty --out, replacing its PNGs of "
+                                                              "the same names (other files are left alone)"),
     checkpoint: str | None = typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP),
     run: str | None = typer.Option(None, "--run", help=RUN_HELP),
     samples: int | None = typer.Option(None, "--samples", help=SAMPLES_HELP),
@@ -99,9 +127,8 @@ def predict(
             raise ValueError("--mode: center_crop predicts a crop, not the image; expected whole, sliding or sliding_global")
         if batch_size < 1:
             raise ValueError(f"--batch-size: expected >= 1, got {batch_size}")
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out: {out} is a file, expected a directory")
         images = collect_images(inputs)
+        check_out(out, images, overwrite=overwrite)
         with open_checkpoint(run_id=run, uri=checkpoint, tracking=tracking) as found:
             model = load_model(found.local, device=device, mode=mode)
         out.mkdir(parents=True, exist_ok=True)

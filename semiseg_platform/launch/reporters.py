@@ -21,7 +21,7 @@ import ray.tune
 
 from npsemiseg.callbacks import Callbacks
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.storage import CheckpointStore, checkpoint_dir_name, mark_complete
+from semiseg_platform.storage import CheckpointStore, Storage, checkpoint_dir_name, download_checkpoint, mark_complete
 
 #: The logger of the cells' progress lines (the CLI shows it unless ``--quiet``)
 progress_logger = logging.getLogger(PROGRESS)
@@ -102,6 +102,12 @@ class CheckpointReporter(Callbacks):
         self._temporary.append(path)
         return path
 
+    def download(self, checkpoint: ray.train.Checkpoint) -> Path:
+        """A checkpoint Ray or Tune registered, downloaded as every checkpoint is (its own files only:
+        :func:`~semiseg_platform.storage.download_checkpoint`) into a temporary directory."""
+        where = Storage(uri=checkpoint.path, root=checkpoint.path, filesystem=checkpoint.filesystem)
+        return download_checkpoint(where, self.temporary_dir())
+
     def latest_in(self, store: CheckpointStore) -> Path | None:
         """``store``'s newest complete checkpoint as a local directory (downloaded when remote), or None."""
         latest = store.latest()
@@ -148,7 +154,7 @@ class TrainReporter(CheckpointReporter):
             return self.latest_in(self.store)
         if self.store.storage.is_local:
             return Path(checkpoint.path)
-        return Path(checkpoint.to_directory(str(self.temporary_dir())))
+        return self.download(checkpoint)
 
 
 class StoreReporter(CheckpointReporter):
@@ -193,4 +199,4 @@ class TuneReporter(CheckpointReporter):
 
     def resume_from(self) -> Path | None:
         checkpoint = ray.tune.get_checkpoint()
-        return None if checkpoint is None else Path(checkpoint.to_directory(str(self.temporary_dir())))
+        return None if checkpoint is None else self.download(checkpoint)
