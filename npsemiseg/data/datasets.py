@@ -61,19 +61,54 @@ def cityscapes_labelids_to_trainids(label_ids: np.ndarray) -> np.ndarray:
     return _ID_TO_TRAINID[label_ids]
 
 
-def load_image(path: Path) -> torch.Tensor:
-    """RGB image file -> float32 ``[3, H, W]`` in [0, 1]. ``ValueError`` if it cannot be decoded or declares
-    more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`)."""
+#: PIL modes of grey images of more than 8 bits: read as ``value / 65535`` (never clipped to 255), the same grey
+#: in the three channels; a value above 65535 (a 32-bit "I" image) or a float image ("F") is refused
+WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_WIDE_MAX = 65535
+
+
+def image_depth(mode: str) -> str:
+    """What PIL ``mode`` holds and how :func:`load_image` reads it, for ``data check`` (``"8-bit RGB"``)."""
+    if mode in WIDE_GREY_MODES:
+        return "16-bit grey (read as value / 65535)"
+    if mode == "F":
+        return "32-bit float grey (refused)"
+    return {"1": "1-bit black and white", "L": "8-bit grey", "P": "8-bit palette", "LA": "8-bit grey + alpha",
+            "RGBA": "8-bit RGB + alpha (alpha dropped)", "CMYK": "8-bit CMYK"}.get(mode, f"8-bit {mode}")
+
+
+def _image_pixels(img, path: Path) -> np.ndarray:
+    """A loaded PIL image -> float32 ``[H, W, 3]`` in [0, 1]; 16-bit grey at full depth (:data:`WIDE_GREY_MODES`)."""
+    if img.mode in WIDE_GREY_MODES:
+        grey = np.asarray(img).astype(np.float32)
+        if grey.size and (grey.min() < 0 or grey.max() > _WIDE_MAX):
+            raise ValueError(f"image file {path} is a 32-bit integer image holding values {int(grey.min())}.."
+                             f"{int(grey.max())}; expected 8-bit RGB or grey, or 16-bit grey (0..65535)")
+        return np.repeat((grey / _WIDE_MAX)[..., None], 3, axis=2)
+    if img.mode == "F":
+        raise ValueError(f"image file {path} is a 32-bit float image; expected 8-bit RGB or grey, or 16-bit grey "
+                         "(convert it to one of those first: its range is not known)")
+    return np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+
+
+def decode_image(path: Path) -> tuple[np.ndarray, str]:
+    """Decode an image file fully -> (float32 ``[H, W, 3]`` in [0, 1], its PIL mode); ``ValueError`` naming the file
+    if it is truncated, corrupt, not an image, of a depth that cannot be read faithfully, or declares more pixels
+    than any image may have (:func:`~npsemiseg.untrusted.open_image`). ``data check`` and the readers share it."""
     try:
         with open_image(path) as img:
             img.load()
-            rgb = img.convert("RGB")
+            return _image_pixels(img, path), img.mode
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"image file {path} is corrupt or not an image ({err})") from None
-    array = np.asarray(rgb, dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """Image file -> float32 ``[3, H, W]`` in [0, 1] (:func:`decode_image`)."""
+    pixels, _ = decode_image(path)
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
 
 def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:

@@ -1,0 +1,47 @@
+"""Every file a dataset's lists, symlinks or manifest name stays inside the dataset's folder.
+
+A list line, a manifest entry or a symlink under ``images/`` is written by whoever shared the dataset: a line
+``../../etc/passwd`` or a link to ``/home/someone/x.jpg`` must not make a node read files outside the tree it
+was given (``docs/reliability.md``, "Dataset folders"). Every reader of a dataset of files asks
+:func:`inside_root` for the path of a relative name (``DatasetDef.item_files``: the training and evaluation
+readers, ``data check``, the folder datasets' partitioning; the manifest's writer and verifier), so one rule holds
+everywhere: the path, with every symlink resolved, lies under the dataset's folder, itself resolved.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+
+class OutsideRootError(ValueError):
+    """A path a dataset names that leaves its folder (``..``, absolute, or a symlink pointing out); refused."""
+
+
+def unsafe_relative(relative: str) -> str | None:
+    """Why ``relative`` (a ``/`` path from a list or a manifest) cannot name a file inside a tree, or None:
+    empty, absolute, or holding a ``..`` part (checked on the text, before any file is looked at)."""
+    parts = PurePosixPath(relative.replace("\\", "/")).parts
+    if not relative or relative.startswith(("/", "\\")) or (parts and parts[0].endswith(":")):
+        return "an absolute path"
+    if ".." in parts:
+        return "a '..' part"
+    return None
+
+
+def inside_root(root: str | os.PathLike, relative: str, *, what: str) -> Path:
+    """``root / relative``, refused with :class:`OutsideRootError` when ``relative`` is absolute or has a ``..``
+    part, or when the file (its symlinks resolved) lies outside ``root`` (resolved too, so a root reached through
+    a link is fine). ``what`` names the source in the message (``"list entry"``, ``"manifest entry"``). The
+    returned path is the unresolved ``root / relative``: messages and ids keep the names the user gave."""
+    root = Path(root)
+    reason = unsafe_relative(relative)
+    path = root / relative
+    if reason is None:
+        real_root, real = root.resolve(), path.resolve()
+        if real == real_root or real_root in real.parents:
+            return path
+        reason = f"a symlink to {real}"
+    raise OutsideRootError(f"{what} {relative!r} names a file outside the dataset folder {root} ({reason}); "
+                           "a dataset's files must lie inside its folder (copy the file in, or point the data "
+                           "root at the folder that holds it)")
