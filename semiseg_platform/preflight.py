@@ -107,6 +107,9 @@ def data_problem(report: Any) -> str:
         if missing:
             examples = ", ".join(p.path for p in missing[:2])
             hints = [line for line in report.layout if "npsemiseg data prepare" in line]
+            stems = {Path(p.path).stem for p in missing}  # a file the layout cannot use that explains one
+            hints += [f"not used: {path}: {why}" for path, why in getattr(report, "unusable", [])
+                      if Path(path).stem in stems][:1]
             hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
             return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
     if report.problems:

@@ -152,6 +152,12 @@ def test_files_the_layout_cannot_use_are_named_with_the_reason(plants, tmp_path)
     assert "images/notes.txt: extension .txt" in lines
     listed = {line for name in ("val.txt", "4/labeled.txt") for line in (plants / "lists" / name).read_text().split()}
     assert "p001.JPG" in listed and "p002.jpg" not in listed  # p001 has its mask; p002 has none it can use
+    # a listed image whose mask became a JPEG: the error line says why its label is missing
+    mask = plants / "masks" / Path(_labeled(plants)).with_suffix(".png").name
+    Image.open(mask).save(mask.with_suffix(".jpg"), quality=95)
+    mask.unlink()
+    error = _error(_check(plants))
+    assert "1 listed labels missing" in error and f"not used: masks/{mask.stem}.jpg: a JPEG mask" in error
     # a `masks` file instead of a folder, or only JPEG masks: the partition names the cause, writes nothing
     shutil.rmtree(plants / "lists")
     for spoil, cause in ((lambda m: (shutil.rmtree(m), m.write_text("x")), "masks: a file, expected a folder masks/"),

@@ -78,23 +78,25 @@ def image_depth(mode: str) -> str:
 
 
 def _image_pixels(img, path: Path) -> np.ndarray:
-    """A loaded PIL image -> float32 ``[H, W, 3]`` in [0, 1]; 16-bit grey at full depth (:data:`WIDE_GREY_MODES`)."""
+    """A loaded PIL image -> uint8 ``[H, W, 3]`` RGB, or ``[H, W]`` int32 grey of 0..65535 for the wide grey modes
+    (:data:`WIDE_GREY_MODES`); ``ValueError`` for a float image or values beyond 16 bits."""
     if img.mode in WIDE_GREY_MODES:
-        grey = np.asarray(img).astype(np.float32)
+        grey = np.asarray(img).astype(np.int32)
         if grey.size and (grey.min() < 0 or grey.max() > _WIDE_MAX):
             raise ValueError(f"image file {path} is a 32-bit integer image holding values {int(grey.min())}.."
                              f"{int(grey.max())}; expected 8-bit RGB or grey, or 16-bit grey (0..65535)")
-        return np.repeat((grey / _WIDE_MAX)[..., None], 3, axis=2)
+        return grey
     if img.mode == "F":
         raise ValueError(f"image file {path} is a 32-bit float image; expected 8-bit RGB or grey, or 16-bit grey "
                          "(convert it to one of those first: its range is not known)")
-    return np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
+    return np.array(img.convert("RGB"), dtype=np.uint8)
 
 
 def decode_image(path: Path) -> tuple[np.ndarray, str]:
-    """Decode an image file fully -> (float32 ``[H, W, 3]`` in [0, 1], its PIL mode); ``ValueError`` naming the file
-    if it is truncated, corrupt, not an image, of a depth that cannot be read faithfully, or declares more pixels
-    than any image may have (:func:`~npsemiseg.untrusted.open_image`). ``data check`` and the readers share it."""
+    """Decode an image file fully -> (its pixels: uint8 ``[H, W, 3]``, or ``[H, W]`` 0..65535 for 16-bit grey; its
+    PIL mode); ``ValueError`` naming the file if it is truncated, corrupt, not an image, of a depth that cannot be
+    read faithfully, or declares more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`).
+    ``data check`` and :func:`load_image` share it."""
     try:
         with open_image(path) as img:
             img.load()
@@ -106,9 +108,12 @@ def decode_image(path: Path) -> tuple[np.ndarray, str]:
 
 
 def load_image(path: Path) -> torch.Tensor:
-    """Image file -> float32 ``[3, H, W]`` in [0, 1] (:func:`decode_image`)."""
+    """Image file -> float32 ``[3, H, W]`` in [0, 1] (:func:`decode_image`): 8-bit values / 255, 16-bit grey
+    values / 65535 in the three channels."""
     pixels, _ = decode_image(path)
-    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+    if pixels.ndim == 2:
+        return torch.from_numpy(pixels.astype(np.float32) / _WIDE_MAX).expand(3, -1, -1).contiguous()
+    return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
 
 
 def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
