@@ -16,6 +16,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from npsemiseg.data import DATASETS, build_dataset, partition_ids
+from npsemiseg.data.check import check_dataset
 from npsemiseg.data.manifest import Manifest
 from npsemiseg.data.paths import OutsideRootError
 from npsemiseg.data.sets.folder import write_partitions
@@ -103,6 +104,8 @@ def test_data_check_and_the_run_preflight_decode_what_training_reads(plants, tmp
     checked = _check(plants)
     assert checked.exit_code == 0 and "1 16-bit grey (read as value / 65535)" in checked.stdout, checked.output
     assert "23 8-bit RGB" in checked.stdout and "(decoded 24 of 24)" in checked.stdout
+    again = check_dataset("plants", plants, reuse=True)  # the preflight's: what data check found good is not decoded
+    assert again.usable and again.images_decoded == 0 and check_dataset("plants", plants).images_decoded == 24
     lists = {split: (plants / "lists" / name).read_text().split()
              for split, name in (("val", "val.txt"), ("labeled", "4/labeled.txt"), ("unlabeled", "4/unlabeled.txt"))}
     dataset = build_dataset("plants", next(split for split, names in lists.items() if "p000.png" in names), plants, "4")

@@ -43,5 +43,5 @@ def inside_root(root: str | os.PathLike, relative: str, *, what: str) -> Path:
             return path
         reason = f"a symlink to {real}"
     raise OutsideRootError(f"{what} {relative!r} names a file outside the dataset folder {root} ({reason}); "
-                           "a dataset's files must lie inside its folder (copy the file in, or point the data "
-                           "root at the folder that holds it)")
+                           "a dataset's files must lie inside its folder (copy the file in; for data on another "
+                           "disk, make the dataset's folder itself the link, not a file or subfolder in it)")
