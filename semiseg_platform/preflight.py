@@ -79,10 +79,11 @@ def check_data(configs: Iterable[RunConfig]) -> None:
     """Every dataset the cells read, under its root, with the partitions they read (every file decoded). An S3
     root (staged on each node when its cells start): its manifest against the lists, the store's listing against
     the manifest."""
-    wanted: dict[tuple[str, str | None, str], set[str]] = {}
+    wanted: dict[tuple[str, str | None, str, bool], set[str]] = {}
     for config in configs:
-        wanted.setdefault((config.dataset, config.data.root, config.partition_lists), set()).add(config.partition)
-    for (dataset, root, partition_lists), partitions in wanted.items():
+        reveal = config.data.unlabeled_truth != "hidden"  # the pseudo-label diagnostics read the unlabeled labels
+        wanted.setdefault((config.dataset, config.data.root, config.partition_lists, reveal), set()).add(config.partition)
+    for (dataset, root, partition_lists, reveal), partitions in wanted.items():
         remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
         if is_remote(remote) and not dataset_info(dataset).synthetic:
             found = check_remote(remote, dataset, partitions=sorted(partitions), partition_lists=partition_lists)
@@ -90,7 +91,7 @@ def check_data(configs: Iterable[RunConfig]) -> None:
                 raise PreflightError(found.first_problem())
             continue
         report = check_dataset(dataset, root, partitions=sorted(partitions), partition_lists=partition_lists,
-                               reuse=True)
+                               reuse=True, unlabeled_labels=reveal)
         if not report.usable:
             raise PreflightError(data_problem(report))
 

@@ -123,6 +123,9 @@ def test_data_check_and_the_run_preflight_decode_what_training_reads(plants, tmp
     write_label(bad_mask, np.full((24, 32), 7, dtype=np.uint8))  # data check above recorded it good: changed since
     assert f"{bad_mask} holds values [7] outside plants class indices" in _error(runner.invoke(app, run))
     write_label(bad_mask, np.ones((24, 32), dtype=np.uint8))
+    # the pseudo-label diagnostics read the unlabeled lists' labels: the 4 images without a mask are named
+    measured = runner.invoke(app, [*run, "--set", "data.unlabeled_truth=measured"])
+    assert "4 listed labels missing, e.g. " in _error(measured)
     unlabeled = (plants / "lists" / "4" / "unlabeled.txt").read_text().split()[-1]
     _truncate(plants / "images" / unlabeled)  # an unlabeled image: its header reads, its pixels do not
     error = _error(runner.invoke(app, run))

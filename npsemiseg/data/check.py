@@ -189,14 +189,16 @@ def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, partition
 
 
 def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, partition_lists: str,
-           max_items: int | None, root: Path | None = None) -> dict[str, tuple[list[str], bool]]:
-    """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
+           max_items: int | None, root: Path | None = None,
+           unlabeled_labels: bool = False) -> dict[str, tuple[list[str], bool]]:
+    """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list (the unlabeled
+    lists' labels are needed with ``unlabeled_labels``: the pseudo-label diagnostics read them)."""
     definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, partition_lists)
     lists = {"val": (definition.list_ids("val", None, partition_lists, root=root)[:max_items], True)}
     for part in chosen:
         for split in ("labeled", "unlabeled"):
             entries = definition.list_ids(split, part, partition_lists, root=root)[:max_items]
-            lists[f"{part}/{split}"] = (entries, split == "labeled")
+            lists[f"{part}/{split}"] = (entries, split == "labeled" or unlabeled_labels)
     return lists
 
 
@@ -293,14 +295,16 @@ def _layout(definition: type[DatasetDef], root: Path, entries: dict[Path, ItemFi
 def check_dataset(name: str, root: str | os.PathLike | None = None, *,
                   partitions: Iterable[str | int] | None = None, partition_lists: str = "u2pl",
                   max_items: int | None = None, sample: int | None = None,
-                  progress: Progress | None = None, reuse: bool = False) -> DatasetReport:
+                  progress: Progress | None = None, reuse: bool = False,
+                  unlabeled_labels: bool = False) -> DatasetReport:
     """Check dataset ``name`` under ``root`` (else ``$NPSEMISEG_DATA``), as the readers will read it.
 
     partitions: names or aliases to check (default: all) besides val; max_items: only the first
     N entries of each list (as ``build_dataset``'s option); sample: decode at most N labeled entries (image and
     label), evenly spread (default: every entry, unlabeled images too: what training reads; 0: headers only).
     reuse: an entry decoded good before (:class:`CheckedRecord`) whose files are unchanged is not decoded again
-    (the run preflight; ``data check`` decodes everything and records what it found good).
+    (the run preflight; ``data check`` decodes everything and records what it found good); unlabeled_labels: the
+    unlabeled lists' labels are read too (a run with ``data.unlabeled_truth`` measured / oracle reads them).
     An unknown dataset, partition or partition-list source is a ``ValueError``; every finding about the files
     (an entry leading out of the folder included) is in the report.
     """
@@ -316,7 +320,7 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     except FileNotFoundError as err:
         where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
         return DatasetReport(name, None, partition_lists, problems=[Problem("root", where, str(err))])
-    lists = _lists(info, partitions, partition_lists, max_items, folder)
+    lists = _lists(info, partitions, partition_lists, max_items, folder, unlabeled_labels)
     entries: dict[Path, ItemFiles] = {}
     images: dict[str, list[Path]] = {}
     refused: dict[Path, Problem] = {}
