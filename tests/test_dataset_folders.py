@@ -65,7 +65,7 @@ def test_a_path_leaving_the_dataset_folder_is_refused_by_every_reader(plants, tm
     link = plants / "images" / _labeled(plants)
     link.unlink()
     link.symlink_to(tmp_path / "outside" / "x.jpg")  # a symlink in images/ pointing out
-    assert f"a symlink to {tmp_path / 'outside' / 'x.jpg'}" in _error(_check(plants))
+    assert f"a symlink to {(tmp_path / 'outside' / 'x.jpg').resolve()}" in _error(_check(plants))
     with pytest.raises(OutsideRootError, match="outside the dataset folder"):
         build_dataset("plants", "labeled", plants, "4")
     with pytest.raises(OutsideRootError):

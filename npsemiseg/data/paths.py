@@ -11,6 +11,7 @@ everywhere: the path, with every symlink resolved, lies under the dataset's fold
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 
@@ -29,18 +30,26 @@ def unsafe_relative(relative: str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)
+def _real_folder(folder: str) -> str:
+    """A folder's path with its symlinks resolved (cached: a dataset's files share a few folders, and resolving
+    costs a system call per path component)."""
+    return os.path.realpath(folder)
+
+
 def inside_root(root: str | os.PathLike, relative: str, *, what: str) -> Path:
     """``root / relative``, refused with :class:`OutsideRootError` when ``relative`` is absolute or has a ``..``
     part, or when the file (its symlinks resolved) lies outside ``root`` (resolved too, so a root reached through
     a link is fine). ``what`` names the source in the message (``"list entry"``, ``"manifest entry"``). The
     returned path is the unresolved ``root / relative``: messages and ids keep the names the user gave."""
-    root = Path(root)
     reason = unsafe_relative(relative)
-    path = root / relative
+    path = os.path.join(os.fspath(root), relative)
     if reason is None:
-        real_root, real = root.resolve(), path.resolve()
-        if real == real_root or real_root in real.parents:
-            return path
+        real_root = _real_folder(os.fspath(root))
+        real = (os.path.realpath(path) if os.path.islink(path)
+                else os.path.join(_real_folder(os.path.dirname(path)), os.path.basename(path)))
+        if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+            return Path(path)
         reason = f"a symlink to {real}"
     raise OutsideRootError(f"{what} {relative!r} names a file outside the dataset folder {root} ({reason}); "
                            "a dataset's files must lie inside its folder (copy the file in; for data on another "
