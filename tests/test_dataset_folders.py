@@ -147,11 +147,13 @@ def test_files_the_layout_cannot_use_are_named_with_the_reason(plants, tmp_path)
     shutil.copy(plants / "masks" / "p003.png", plants / "masks" / "orphan.png")  # a mask without an image
     shutil.copy(plants / "masks" / "p004.png", plants / "masks" / "p004.tif")
     (plants / "images" / "notes.txt").write_text("not an image")
+    (plants / "images" / "train").mkdir()  # a subfolder: not read
     write_partitions(plants, ["1/4"], seed=0, val="4")
     checked = _check(plants)
     assert checked.exit_code == 0, checked.output
     lines = checked.stdout
-    assert "not used: 4 files the layout cannot use" in lines
+    assert "not used: 5 files the layout cannot use" in lines
+    assert "images/train: a folder: images are read from images/ itself, not from its subfolders" in lines
     assert "masks/p002.jpg: a JPEG mask: masks must be PNG" in lines
     assert "masks/orphan.png: a mask without an image (no images/orphan.jpg, .jpeg or .png): not read" in lines
     assert "masks/p004.tif: extension .tif: a mask is <name>.png (or .PNG)" in lines

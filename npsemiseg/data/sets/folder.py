@@ -107,14 +107,16 @@ def unusable_files(folder: Path) -> list[tuple[str, str]]:
     folder, an image of another extension, a mask that is a JPEG, of another extension or without an image."""
     found = [(sub, f"a file, expected a folder {sub}/ of <name>.{ext} files")
              for sub, ext in (("images", "jpg"), ("masks", "png")) if (folder / sub).exists() and not (folder / sub).is_dir()]
+    found += [(f"{sub}/{path.name}", f"a folder: {sub} are read from {sub}/ itself, not from its subfolders")
+              for sub in ("images", "masks") for path in _folder_files(folder, sub) if path.is_dir()]
     stems = set()
-    for path in _folder_files(folder, "images"):
+    for path in (p for p in _folder_files(folder, "images") if not p.is_dir()):
         if path.suffix.lower() in IMAGE_SUFFIXES:
             stems.add(path.stem)
         else:
             found.append((f"images/{path.name}", f"extension {path.suffix or '(none)'}: images are .jpg, .jpeg or .png "
                                                  "(any case)"))
-    for path in _folder_files(folder, "masks"):
+    for path in (p for p in _folder_files(folder, "masks") if not p.is_dir()):
         name = f"masks/{path.name}"
         if path.suffix.lower() in (".jpg", ".jpeg"):
             found.append((name, "a JPEG mask: masks must be PNG (JPEG's compression changes the class indices)"))
