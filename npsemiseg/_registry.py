@@ -8,11 +8,13 @@ A class (or builder) registers itself where it is defined::
     class NPHead(ClassifierHead): ...
 
 and is found by name everywhere else (``HEADS.get("np")``, ``HEADS.names()``). An unknown name
-raises the same ``ValueError`` everywhere: ``head: unknown name 'foo', expected one of [...]``.
+raises the same ``ValueError`` everywhere: ``head: unknown name 'foo', expected one of [...]``, led by the
+nearest name when one is close (``dataset: unknown name 'ade20K' (did you mean 'ade20k'?), expected one of [...]``).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -50,11 +52,22 @@ class Registry(Generic[T]):
         del self._entries[name]
 
     def get(self, name: str) -> T:
-        """The object registered as ``name``; ``ValueError`` listing the valid names otherwise."""
+        """The object registered as ``name``; ``ValueError`` listing the valid names otherwise, the nearest first
+        (:meth:`nearest`) when one is close."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            raise ValueError(f"{self.kind}: unknown name {name!r}, expected one of {list(self._entries)}") from None
+            near = self.nearest(name)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            raise ValueError(f"{self.kind}: unknown name {name!r}{hint}, expected one of {list(self._entries)}") from None
+
+    def nearest(self, name: object) -> str | None:
+        """The registered name closest to ``name`` ignoring case (``difflib``, ratio >= 0.75), or None."""
+        if not isinstance(name, str):
+            return None
+        lowered = {n.lower(): n for n in self._entries}
+        found = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
+        return lowered[found[0]] if found else None
 
     def check(self, name: str) -> str:
         """``name`` if it is registered, else the same ``ValueError`` as :meth:`get`."""

@@ -6,10 +6,13 @@ and exits 2) naming the thing and what was expected, so a bad input never leaves
 a checkpoint folder or ``ray_results/`` behind. In order:
 
 - data: every dataset the cells read, with the partitions they read, through
-  ``npsemiseg.data.check_dataset`` (headers only): root, layout, the list files' images and labels
-  (how many are missing, with two examples); an S3 root (``s3://bucket/prefix/VOC2012``, staged on each
-  node when its cells start): its ``manifest.json`` against the lists, the store's listing against the manifest
-  (sizes), nothing downloaded;
+  ``npsemiseg.data.check_dataset``, the check ``npsemiseg data check`` runs: root, layout, every list entry
+  inside the dataset's folder, the list files' images and labels (how many are missing, with two examples),
+  every image and label decoded as the readers decode them (a truncated image, a label value outside the
+  classes), so that a run never fails part-way on its data (an entry found good by an earlier check whose
+  files are unchanged is not decoded again: ``check_dataset(reuse=True)``); an S3 root
+  (``s3://bucket/prefix/VOC2012``, staged on each node when its cells start): its ``manifest.json`` against the
+  lists, the store's listing against the manifest (sizes), nothing downloaded;
 - weights: a ``model.weights`` file must exist, a ``pretrained:<name>`` must be a known pretraining (a DINOv2
   backbone: a checkpoint file, ``timm`` or null, and crops / evaluation sizes at multiples of its patch size);
 - resources: the GPUs and CPUs one cell asks for against what the machine has (embedded default:
@@ -73,20 +76,22 @@ def _progress(line: str) -> None:
 
 # ----------------------------------------------------------------------------- data and weights
 def check_data(configs: Iterable[RunConfig]) -> None:
-    """Every dataset the cells read, under its root, with the partitions they read (headers only). An S3
+    """Every dataset the cells read, under its root, with the partitions they read (every file decoded). An S3
     root (staged on each node when its cells start): its manifest against the lists, the store's listing against
     the manifest."""
-    wanted: dict[tuple[str, str | None, str], set[str]] = {}
+    wanted: dict[tuple[str, str | None, str, bool], set[str]] = {}
     for config in configs:
-        wanted.setdefault((config.dataset, config.data.root, config.partition_lists), set()).add(config.partition)
-    for (dataset, root, partition_lists), partitions in wanted.items():
+        reveal = config.data.unlabeled_truth != "hidden"  # the pseudo-label diagnostics read the unlabeled labels
+        wanted.setdefault((config.dataset, config.data.root, config.partition_lists, reveal), set()).add(config.partition)
+    for (dataset, root, partition_lists, reveal), partitions in wanted.items():
         remote = root if root is not None else os.environ.get(DATA_ROOT_ENV)
         if is_remote(remote) and not dataset_info(dataset).synthetic:
             found = check_remote(remote, dataset, partitions=sorted(partitions), partition_lists=partition_lists)
             if not found.usable:
                 raise PreflightError(found.first_problem())
             continue
-        report = check_dataset(dataset, root, partitions=sorted(partitions), partition_lists=partition_lists, sample=0)
+        report = check_dataset(dataset, root, partitions=sorted(partitions), partition_lists=partition_lists,
+                               reuse=True, unlabeled_labels=reveal)
         if not report.usable:
             raise PreflightError(data_problem(report))
 
@@ -103,6 +108,9 @@ def data_problem(report: Any) -> str:
         if missing:
             examples = ", ".join(p.path for p in missing[:2])
             hints = [line for line in report.layout if "npsemiseg data prepare" in line]
+            stems = {Path(p.path).stem for p in missing}  # a file the layout cannot use that explains one
+            hints += [f"not used: {path}: {why}" for path, why in getattr(report, "unusable", [])
+                      if Path(path).stem in stems][:1]
             hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
             return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
     if report.problems:

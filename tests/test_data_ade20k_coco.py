@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_fixtures import random_label, write_image, write_label
+from data_fixtures import PAIRED_ITEMS as N
+from data_fixtures import ade_tree, coco_tree, write_label
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -21,38 +22,7 @@ from npsemiseg.heads import head_names
 from npsemiseg.training import train
 from semiseg_platform.cli.main import app
 
-N = 4
 runner = CliRunner()
-
-
-def _write(root: Path, entries: list[str], values: list[int], rng: np.random.Generator) -> None:
-    """Each ``"image label"`` line's files: a JPEG and an index PNG of ``values`` (255 on block edges)."""
-    for entry in entries:
-        image, label = entry.split()
-        (root / image).parent.mkdir(parents=True, exist_ok=True)
-        (root / label).parent.mkdir(parents=True, exist_ok=True)
-        write_image(root / image, rng, 20, 28)
-        write_label(root / label, random_label(rng, 20, 28, values))
-
-
-def ade_tree(root: Path, partition: str = "316") -> Path:
-    rng = np.random.default_rng(0)
-    folder = root / "ADEChallengeData2016"
-    for split in ("labeled", "unlabeled"):
-        _write(folder, partition_ids("ade20k", split, partition)[:N], [0, 1, 75, 150], rng)
-    _write(folder, partition_ids("ade20k", "val")[:N], [0, 3, 150], rng)
-    return folder
-
-
-def coco_tree(root: Path, partition: str = "232", unlabeled: int = N) -> Path:
-    """The first N labeled and val entries, and ``unlabeled`` more train2017 images (no masks needed)."""
-    rng = np.random.default_rng(1)
-    folder = root / "coco"
-    _write(folder, partition_ids("coco", "labeled", partition)[:N], [0, 1, 40, 80], rng)
-    _write(folder, partition_ids("coco", "val")[:N], [0, 80], rng)
-    for i in range(unlabeled):
-        write_image(folder / "train2017" / f"9{i:011d}.jpg", rng, 20, 28)
-    return folder
 
 
 def test_the_bundled_lists_are_unimatch_v2s():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from data_fixtures import random_label, write_image, write_label
+from data_fixtures import FOLDER_CLASSES, make_folder_tree, write_label
 from typer.testing import CliRunner
 
 from npsemiseg.config import cell_config
@@ -21,28 +21,13 @@ from npsemiseg.training import train
 from semiseg_platform.cli.main import app
 
 runner = CliRunner()
-NAMES = ["background", "leaf", "stem"]
+NAMES = FOLDER_CLASSES
 IMAGE_SIZE = (24, 32)
 
 
-def make_folder(root: Path, *, count: int = 20, unlabeled: int = 4, ignore: int | None = None,
-                size: tuple[int, int] = (24, 32), seed: int = 0) -> Path:
-    """``root/plants``: ``count`` images with masks (values 0..2, and ``ignore`` where given) plus ``unlabeled``
-    images without one."""
-    folder = root / "plants"
-    (folder / "images").mkdir(parents=True)
-    (folder / "masks").mkdir()
-    classes: dict = {"names": NAMES, "palette": [[0, 0, 0], [0, 200, 0], [120, 80, 0]]}
-    if ignore is not None:
-        classes["ignore_index"] = ignore
-    (folder / "classes.yaml").write_text(yaml.safe_dump(classes))
-    rng = np.random.default_rng(seed)
-    for i in range(count + unlabeled):
-        write_image(folder / "images" / f"p{i:03d}.jpg", rng, *size)
-        if i < count:
-            values = [0, 1, 2] + ([ignore] if ignore is not None else [])
-            write_label(folder / "masks" / f"p{i:03d}.png", random_label(rng, *size, values))
-    return folder
+def make_folder(root: Path, **kwargs) -> Path:
+    """``root/plants`` (``data_fixtures.make_folder_tree``)."""
+    return make_folder_tree(root, **kwargs)
 
 
 @pytest.fixture

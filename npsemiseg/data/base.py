@@ -35,6 +35,7 @@ from torch.utils.data import Dataset
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_image, load_index_png
 from npsemiseg.data.info import DatasetInfo
+from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS, PaperSettings
 
 SPLITS = ("labeled", "unlabeled", "val")
@@ -147,12 +148,15 @@ class DatasetDef:
 
     @classmethod
     def item_files(cls, root: Path, entry: str, with_label: bool) -> ItemFiles:
-        """The files the reader opens for ``entry``: the first label candidate on disk (else the preferred one)."""
-        image = root / cls.entry_image(entry)
+        """The files the reader opens for ``entry``: the first label candidate on disk (else the preferred one).
+        Every path is :func:`~npsemiseg.data.paths.inside_root`'s: an entry or a symlink leading out of ``root`` is
+        an ``OutsideRootError``."""
+        what = f"{cls.name} list entry"
+        image = inside_root(root, cls.entry_image(entry), what=what)
         if not with_label:
-            max_value, what, _ = cls.label_kind(0)
-            return ItemFiles(image, None, cls.entry_id(entry), max_value, what)
-        candidates = [root / p for p in cls.entry_labels(entry)]
+            max_value, kind, _ = cls.label_kind(0)
+            return ItemFiles(image, None, cls.entry_id(entry), max_value, kind)
+        candidates = [inside_root(root, p, what=what) for p in cls.entry_labels(entry)]
         index = next((i for i, p in enumerate(candidates) if p.is_file()), 0)
         return ItemFiles(image, candidates[index], cls.entry_id(entry), *cls.label_kind(index))
 
@@ -170,6 +174,12 @@ class DatasetDef:
     @classmethod
     def check_notes(cls, root: Path, entries: list[ItemFiles]) -> list[str]:
         """Extra lines of ``data check``'s layout summary (what to prepare); none by default."""
+        return []
+
+    @classmethod
+    def unusable_files(cls, root: Path) -> list[tuple[str, str]]:
+        """Files under ``root`` the layout cannot use, as ``(relative path, why)``, for ``data check`` to name
+        (a folder dataset's mask without an image, a JPEG mask, ...); none by default."""
         return []
 
     # ------------------------------------------------------------------ root and build
@@ -217,12 +227,20 @@ class PairedLines(DatasetDef):
     ADE20K, COCO); the item id is the image's file stem."""
 
     @classmethod
+    def entry_pair(cls, entry: str) -> tuple[str, str]:
+        """``(image, label)`` of a line; ``ValueError`` naming it unless it holds exactly two paths."""
+        parts = entry.split()
+        if len(parts) != 2:
+            raise ValueError(f"{cls.name} list entry {entry!r}: expected '<image> <label>' (two paths)")
+        return parts[0], parts[1]
+
+    @classmethod
     def entry_image(cls, entry: str) -> str:
-        return entry.split()[0]
+        return cls.entry_pair(entry)[0]
 
     @classmethod
     def entry_labels(cls, entry: str) -> tuple[str, ...]:
-        return (entry.split()[1],)
+        return (cls.entry_pair(entry)[1],)
 
     @classmethod
     def entry_id(cls, entry: str) -> str:

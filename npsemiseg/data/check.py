@@ -4,11 +4,16 @@
 ``datasets.py`` would open for the chosen lists (val and the labeled / unlabeled list of every
 partition by default), each file once however many lists name it:
 
+* every list entry names files inside the dataset's folder, symlinks resolved
+  (:func:`npsemiseg.data.paths.inside_root`, which the readers use too);
 * existence of every listed image and label (unlabeled lists need images only);
-* image and label sizes, from the file headers (no decoding);
-* label mode (single-channel "L" / "P", as the readers demand) and label values, decoding the
-  labels (all of them, or an evenly spread ``sample``): values that are neither a class index
-  nor 255 are reported with the file.
+* image and label sizes and the images' bit depths, from the file headers;
+* every image decoded as the readers decode it (a truncated file, a float image) and every label's mode
+  (single-channel "L" / "P", as the readers demand) and values: values that are neither a class index
+  nor the ignore value are reported with the file (all entries by default, or an evenly spread ``sample``
+  of the labeled ones);
+* files in the dataset's folder its layout cannot use, each with the reason (``DatasetDef.unusable_files``:
+  a folder dataset's mask without an image, a JPEG mask, ...): named, not a problem on their own.
 
 ``report.usable`` is True only when every checked list can be read by the training loop;
 ``report.format()`` is a one-screen summary. The synthetic datasets are generated, always usable.
@@ -16,8 +21,10 @@ partition by default), each file once however many lists name it:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,15 +33,17 @@ import numpy as np
 from PIL import UnidentifiedImageError
 
 from npsemiseg.data.base import PARTITION_LIST_SOURCES, DatasetDef, ItemFiles
-from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
+from npsemiseg.data.datasets import DATA_ROOT_ENV, decode_image, image_depth, load_index_png
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.untrusted import ImageTooLargeError, open_image
 
+#: the project's cache folder (``~/.cache/npsemiseg`` when unset), shared with ``npsemiseg.pretrain``
+CACHE_ENV = "NPSEMISEG_CACHE"
 Progress = Callable[[int, int], None]
 """``progress(done, total)``, called after each file; the CLI turns it into a tqdm bar."""
 
 #: kinds of Problem, in the order the summary lists them
-PROBLEM_KINDS = ("root", "missing_image", "missing_label", "unreadable", "label_mode", "label_values",
+PROBLEM_KINDS = ("root", "list_entry", "missing_image", "missing_label", "unreadable", "label_mode", "label_values",
                  "size_mismatch")
 
 
@@ -82,6 +91,11 @@ class DatasetReport:
     labels_checked: int = 0
     labels_total: int = 0
     synthetic: bool = False
+    #: PIL mode -> how many checked images have it (the bit depth ``format`` says)
+    image_modes: Counter = field(default_factory=Counter)
+    images_decoded: int = 0
+    #: files in the folder the layout cannot use: (relative path, why); named, not problems
+    unusable: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def usable(self) -> bool:
@@ -110,10 +124,21 @@ class DatasetReport:
                 mark = "" if c.usable else "  <- not usable"
                 lines.append(f"  {shown:<{width}}  {c.listed:>7}  {c.missing_images:>8}  {no_label:>8}  "
                              f"{c.bad_files:>8}{mark}")
+        if self.image_modes:
+            depths = Counter()
+            for mode, count in self.image_modes.items():
+                depths[image_depth(mode)] += count
+            lines.append("  images: " + ", ".join(f"{count} {depth}" for depth, count in depths.most_common())
+                         + f" (decoded {self.images_decoded} of {sum(self.image_modes.values())})")
         if self.labels_total:
             seen = value_ranges(np.flatnonzero(self.value_counts))
             lines.append(f"  label values: {seen or 'none read'} "
                          f"(decoded {self.labels_checked} of {self.labels_total} labels)")
+        if self.unusable:
+            lines.append(f"  not used: {len(self.unusable)} files the layout cannot use")
+            lines += [f"    {path}: {why}" for path, why in self.unusable[:max_lines]]
+            if len(self.unusable) > max_lines:
+                lines.append(f"    ... and {len(self.unusable) - max_lines} more")
         lines += _format_problems(self.name, self.problems, max_lines)
         return "\n".join(lines)
 
@@ -164,14 +189,16 @@ def _chosen(info: DatasetInfo, partitions: Iterable[str | int] | None, partition
 
 
 def _lists(info: DatasetInfo, partitions: Iterable[str | int] | None, partition_lists: str,
-           max_items: int | None, root: Path | None = None) -> dict[str, tuple[list[str], bool]]:
-    """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list."""
+           max_items: int | None, root: Path | None = None,
+           unlabeled_labels: bool = False) -> dict[str, tuple[list[str], bool]]:
+    """List name -> (entries, needs labels), for val and each partition's labeled / unlabeled list (the unlabeled
+    lists' labels are needed with ``unlabeled_labels``: the pseudo-label diagnostics read them)."""
     definition, chosen = DATASETS.get(info.name), _chosen(info, partitions, partition_lists)
     lists = {"val": (definition.list_ids("val", None, partition_lists, root=root)[:max_items], True)}
     for part in chosen:
         for split in ("labeled", "unlabeled"):
             entries = definition.list_ids(split, part, partition_lists, root=root)[:max_items]
-            lists[f"{part}/{split}"] = (entries, split == "labeled")
+            lists[f"{part}/{split}"] = (entries, split == "labeled" or unlabeled_labels)
     return lists
 
 
@@ -193,14 +220,23 @@ def _unreadable(what: str, path: Path, error: Exception) -> Problem:
 
 
 def _check_entry(definition: type[DatasetDef], entry: ItemFiles, decode: bool,
-                 counts: np.ndarray) -> tuple[bool, bool | None, list[Problem]]:
-    """(image found, label found or None if not needed, problems); decoded values go into ``counts``."""
+                 report: DatasetReport) -> tuple[bool, bool | None, list[Problem]]:
+    """(image found, label found or None if not needed, problems); the image's mode and decoded label values go
+    into ``report``. ``decode``: decode the image and the label as the readers do (else headers only)."""
     problems: list[Problem] = []
     image = _header(entry.image)
     if isinstance(image, Exception):
         problems.append(_unreadable("image", entry.image, image))
     elif image is None:
         problems.append(Problem("missing_image", str(entry.image), f"image file {entry.image} does not exist"))
+    else:
+        report.image_modes[image[1]] += 1
+        if decode:
+            report.images_decoded += 1
+            try:
+                decode_image(entry.image)
+            except ValueError as error:
+                problems.append(Problem("unreadable", str(entry.image), str(error)))
     image_found = image is not None
     if entry.label is None:
         return image_found, None, problems
@@ -222,7 +258,7 @@ def _check_entry(definition: type[DatasetDef], entry: ItemFiles, decode: bool,
                                 f"label file {entry.label} is {width}x{height} (WxH) but image {entry.image} is "
                                 f"{image[0][0]}x{image[0][1]}; expected the same size"))
     if decode:
-        problems += _check_values(definition, entry, counts)
+        problems += _check_values(definition, entry, report.value_counts)
     return image_found, True, problems
 
 
@@ -259,13 +295,18 @@ def _layout(definition: type[DatasetDef], root: Path, entries: dict[Path, ItemFi
 def check_dataset(name: str, root: str | os.PathLike | None = None, *,
                   partitions: Iterable[str | int] | None = None, partition_lists: str = "u2pl",
                   max_items: int | None = None, sample: int | None = None,
-                  progress: Progress | None = None) -> DatasetReport:
+                  progress: Progress | None = None, reuse: bool = False,
+                  unlabeled_labels: bool = False) -> DatasetReport:
     """Check dataset ``name`` under ``root`` (else ``$NPSEMISEG_DATA``), as the readers will read it.
 
     partitions: names or aliases to check (default: all) besides val; max_items: only the first
-    N entries of each list (as ``build_dataset``'s option); sample: decode at most N labels for
-    the value check, evenly spread (default: all; 0: headers only). An unknown dataset, partition
-    or partition-list source is a ``ValueError``; every finding about the files is in the report.
+    N entries of each list (as ``build_dataset``'s option); sample: decode at most N labeled entries (image and
+    label), evenly spread (default: every entry, unlabeled images too: what training reads; 0: headers only).
+    reuse: an entry decoded good before (:class:`CheckedRecord`) whose files are unchanged is not decoded again
+    (the run preflight; ``data check`` decodes everything and records what it found good); unlabeled_labels: the
+    unlabeled lists' labels are read too (a run with ``data.unlabeled_truth`` measured / oracle reads them).
+    An unknown dataset, partition or partition-list source is a ``ValueError``; every finding about the files
+    (an entry leading out of the folder included) is in the report.
     """
     info, definition = dataset_info(name), DATASETS.get(name)
     if info.synthetic:
@@ -279,42 +320,110 @@ def check_dataset(name: str, root: str | os.PathLike | None = None, *,
     except FileNotFoundError as err:
         where = str(root if root is not None else os.environ.get(DATA_ROOT_ENV, ""))
         return DatasetReport(name, None, partition_lists, problems=[Problem("root", where, str(err))])
-    lists = _lists(info, partitions, partition_lists, max_items, folder)
+    lists = _lists(info, partitions, partition_lists, max_items, folder, unlabeled_labels)
     entries: dict[Path, ItemFiles] = {}
     images: dict[str, list[Path]] = {}
+    refused: dict[Path, Problem] = {}
     for list_name, (items, with_label) in lists.items():
         images[list_name] = []
         for item in items:
-            entry = definition.item_files(folder, item, with_label)
+            try:
+                entry = definition.item_files(folder, item, with_label)
+            except ValueError as error:  # out of the folder (OutsideRootError), or not the layout's form
+                key = Path(f"{list_name}: {item}")
+                refused[key] = Problem("list_entry", str(key), f"{list_name}: {error}")
+                images[list_name].append(key)
+                continue
             if entry.image not in entries or entry.label is not None:
                 entries[entry.image] = entry
             images[list_name].append(entry.image)
-    report = DatasetReport(name, folder, partition_lists, _layout(definition, folder, entries))
-    status = _check_entries(definition, list(entries.values()), sample, progress, report)
+    report = DatasetReport(name, folder, partition_lists, _layout(definition, folder, entries),
+                           problems=list(refused.values()), unusable=definition.unusable_files(folder))
+    status = _check_entries(definition, list(entries.values()), sample, progress, report, reuse)
+    status.update({key: (True, False, None, False) for key in refused})
     report.lists = [_count(list_name, [status[i] for i in images[list_name]], lists[list_name][1])
                     for list_name in lists]
     return report
 
 
 def _check_entries(definition: type[DatasetDef], entries: list[ItemFiles], sample: int | None, progress: Progress | None,
-                   report: DatasetReport) -> dict[Path, tuple[bool, bool, bool | None, bool]]:
-    """Check each entry once; image path -> (image found, image ok, label found or None, label ok)."""
+                   report: DatasetReport, reuse: bool) -> dict[Path, tuple[bool, bool, bool | None, bool]]:
+    """Check each entry once; image path -> (image found, image ok, label found or None, label ok). ``reuse``: an
+    entry :class:`CheckedRecord` holds unchanged is not decoded again (its headers are read)."""
     labeled = [i for i, e in enumerate(entries) if e.label is not None]
     report.labels_total = len(labeled)
-    if sample is None or sample >= len(labeled):
+    if sample is None:
+        decode = set(range(len(entries)))
+    elif sample >= len(labeled):
         decode = set(labeled)
     else:
         decode = {labeled[int(j)] for j in np.linspace(0, len(labeled) - 1, sample).round()} if sample else set()
     status = {}
+    record = CheckedRecord(definition, report.root) if report.root is not None else None
     for i, entry in enumerate(entries):
-        image_found, label_found, problems = _check_entry(definition, entry, i in decode, report.value_counts)
-        report.labels_checked += i in decode and label_found is True
+        signature = record.signature(entry) if record is not None else None
+        decoded = i in decode and not (reuse and signature is not None and record.holds(entry, signature))
+        image_found, label_found, problems = _check_entry(definition, entry, decoded, report)
+        report.labels_checked += decoded and label_found is True
         report.problems += problems
+        if decoded and not problems and signature is not None:
+            record.add(entry, signature)
         paths = {p.path for p in problems}
         status[entry.image] = (image_found, str(entry.image) not in paths, label_found, str(entry.label) not in paths)
         if progress is not None:
             progress(i + 1, len(entries))
+    if record is not None:
+        record.save()
     return status
+
+
+class CheckedRecord:
+    """The entries of one dataset folder found good when decoded, with their files' sizes and modification times:
+    ``<cache>/checked/<digest>.json`` (``$NPSEMISEG_CACHE``, else ``~/.cache/npsemiseg``). A check with ``reuse``
+    (the run preflight) decodes only the entries whose files changed since: the same check, paid once per file.
+    Best effort: a record that cannot be read or written is no record."""
+
+    def __init__(self, definition: type[DatasetDef], root: Path) -> None:
+        self.root = root.resolve()
+        key = f"{definition.name}|{self.root}|{len(definition.class_names)}|{definition.ignore_index}"
+        base = os.environ.get(CACHE_ENV)
+        folder = (Path(base) if base else Path.home() / ".cache" / "npsemiseg") / "checked"
+        self.path = folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+        try:
+            self.entries: dict[str, list[int]] = json.loads(self.path.read_text())["entries"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.entries = {}
+        self.changed = False
+
+    @staticmethod
+    def _key(entry: ItemFiles) -> str:
+        return f"{entry.image}|{entry.label}|{entry.max_value}|{entry.ignore_value}"
+
+    def signature(self, entry: ItemFiles) -> list[int] | None:
+        """The sizes and modification times (ns) of the entry's files; None when one is missing."""
+        try:
+            stats = [os.stat(p) for p in (entry.image, entry.label) if p is not None]
+        except OSError:
+            return None
+        return [value for st in stats for value in (st.st_size, st.st_mtime_ns)]
+
+    def holds(self, entry: ItemFiles, signature: list[int]) -> bool:
+        return self.entries.get(self._key(entry)) == signature
+
+    def add(self, entry: ItemFiles, signature: list[int]) -> None:
+        self.entries[self._key(entry)] = signature
+        self.changed = True
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            temporary.write_text(json.dumps({"format": 1, "root": str(self.root), "entries": self.entries}))
+            os.replace(temporary, self.path)
+        except OSError:
+            pass
 
 
 def _count(name: str, found: list[tuple[bool, bool, bool | None, bool]], with_label: bool) -> ListCount:

@@ -61,19 +61,59 @@ def cityscapes_labelids_to_trainids(label_ids: np.ndarray) -> np.ndarray:
     return _ID_TO_TRAINID[label_ids]
 
 
-def load_image(path: Path) -> torch.Tensor:
-    """RGB image file -> float32 ``[3, H, W]`` in [0, 1]. ``ValueError`` if it cannot be decoded or declares
-    more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`)."""
+#: PIL modes of grey images of more than 8 bits: read as ``value / 65535`` (never clipped to 255), the same grey
+#: in the three channels; a value above 65535 (a 32-bit "I" image) or a float image ("F") is refused
+WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_WIDE_MAX = 65535
+
+
+def image_depth(mode: str) -> str:
+    """What PIL ``mode`` holds and how :func:`load_image` reads it, for ``data check`` (``"8-bit RGB"``)."""
+    if mode in WIDE_GREY_MODES:
+        return "16-bit grey (read as value / 65535)"
+    if mode == "F":
+        return "32-bit float grey (refused)"
+    return {"1": "1-bit black and white", "L": "8-bit grey", "P": "8-bit palette", "LA": "8-bit grey + alpha",
+            "RGBA": "8-bit RGB + alpha (alpha dropped)", "CMYK": "8-bit CMYK"}.get(mode, f"8-bit {mode}")
+
+
+def _image_pixels(img, path: Path) -> np.ndarray:
+    """A loaded PIL image -> uint8 ``[H, W, 3]`` RGB, or ``[H, W]`` int32 grey of 0..65535 for the wide grey modes
+    (:data:`WIDE_GREY_MODES`); ``ValueError`` for a float image or values beyond 16 bits."""
+    if img.mode in WIDE_GREY_MODES:
+        grey = np.asarray(img).astype(np.int32)
+        if grey.size and (grey.min() < 0 or grey.max() > _WIDE_MAX):
+            raise ValueError(f"image file {path} is a 32-bit integer image holding values {int(grey.min())}.."
+                             f"{int(grey.max())}; expected 8-bit RGB or grey, or 16-bit grey (0..65535)")
+        return grey
+    if img.mode == "F":
+        raise ValueError(f"image file {path} is a 32-bit float image; expected 8-bit RGB or grey, or 16-bit grey "
+                         "(convert it to one of those first: its range is not known)")
+    return np.array(img.convert("RGB"), dtype=np.uint8)
+
+
+def decode_image(path: Path) -> tuple[np.ndarray, str]:
+    """Decode an image file fully -> (its pixels: uint8 ``[H, W, 3]``, or ``[H, W]`` 0..65535 for 16-bit grey; its
+    PIL mode); ``ValueError`` naming the file if it is truncated, corrupt, not an image, of a depth that cannot be
+    read faithfully, or declares more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`).
+    ``data check`` and :func:`load_image` share it."""
     try:
         with open_image(path) as img:
             img.load()
-            rgb = img.convert("RGB")
+            return _image_pixels(img, path), img.mode
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"image file {path} is corrupt or not an image ({err})") from None
-    array = np.asarray(rgb, dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
+def load_image(path: Path) -> torch.Tensor:
+    """Image file -> float32 ``[3, H, W]`` in [0, 1] (:func:`decode_image`): 8-bit values / 255, 16-bit grey
+    values / 65535 in the three channels."""
+    pixels, _ = decode_image(path)
+    if pixels.ndim == 2:
+        return torch.from_numpy(pixels.astype(np.float32) / _WIDE_MAX).expand(3, -1, -1).contiguous()
+    return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
 
 
 def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:

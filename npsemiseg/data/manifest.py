@@ -8,7 +8,9 @@ compared with it without downloading anything. The format::
     {"format": 1, "files": [{"path": "JPEGImages/2007_000032.jpg", "size": 12345, "sha256": "..."}, ...]}
 
 Paths are relative, ``/``-separated, sorted; the manifest itself, hidden files and folders
-(``.*``: temporary files of an interrupted copy) are not listed.
+(``.*``: temporary files of an interrupted copy) are not listed. Every path stays inside the tree
+(:func:`npsemiseg.data.paths.inside_root`): an entry with ``..`` or an absolute path is refused when the manifest
+is read, a symlink leading out of the tree when it is written or verified.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from npsemiseg.data.paths import OutsideRootError, inside_root, unsafe_relative
 
 #: The manifest's file name, at the top of the tree it describes
 MANIFEST_NAME = "manifest.json"
@@ -64,7 +68,7 @@ class Manifest:
             files = []
             for item in data["files"]:
                 path, size, digest = item["path"], item["size"], item["sha256"]
-                if (not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/")
+                if (not isinstance(path, str) or unsafe_relative(path) is not None
                         or not isinstance(size, int) or size < 0 or not isinstance(digest, str) or len(digest) != 64):
                     raise ValueError(f"bad entry {item!r}")
                 files.append(ManifestEntry(path, size, digest))
@@ -106,7 +110,7 @@ def build_manifest(root: str | os.PathLike, progress: Callable[[int, int], None]
         raise ValueError(f"manifest: {root} holds no files")
     entries = []
     for done, path in enumerate(paths, 1):
-        file = root / path
+        file = inside_root(root, path, what="manifest file")
         entries.append(ManifestEntry(path, file.stat().st_size, file_sha256(file)))
         if progress is not None:
             progress(done, len(paths))
@@ -143,9 +147,12 @@ def verify_tree(root: str | os.PathLike, manifest: Manifest, *, digests: bool = 
     root = Path(root)
     problems = []
     for entry in manifest.files if entries is None else entries:
-        file = root / entry.path
         try:
+            file = inside_root(root, entry.path, what="manifest entry")
             size = file.stat().st_size
+        except OutsideRootError as error:
+            problems.append(str(error))
+            continue
         except FileNotFoundError:
             problems.append(f"{entry.path} is missing (the manifest lists {entry.size} bytes)")
             continue

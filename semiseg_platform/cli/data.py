@@ -68,8 +68,8 @@ def check(
                                                            "default: all), e.g. 92 or 1/16"),
     partition_lists: str = typer.Option("u2pl", "--partition-lists", "--list-variant",
                                        help="whose partition lists: u2pl | cps (--list-variant: its earlier name)"),
-    sample: int | None = typer.Option(None, help="decode at most N labels for the value check (default: all; "
-                                                 "0: headers only)"),
+    sample: int | None = typer.Option(None, help="decode at most N labeled entries, image and label (default: every "
+                                                 "image and label, as training reads them; 0: headers only)"),
     max_items: int | None = typer.Option(None, help="only the first N entries of each list"),
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:

@@ -5,13 +5,16 @@ Layout (``docs/datasets.md``)::
     <folder>/classes.yaml          names: [background, road, ...]   (required; K = len(names))
                                    palette: [[0, 0, 0], ...]        (optional; K RGB triples)
                                    ignore_index: 255                (optional; 255 or a value >= K)
-    <folder>/images/<name>.jpg     (or .jpeg / .png) RGB images
-    <folder>/masks/<name>.png      single-channel index PNG, 0..K-1 and the ignore value, the image's size
+    <folder>/images/<name>.jpg     (or .jpeg / .png, any case: .JPG) RGB images, 8-bit or 16-bit grey
+    <folder>/masks/<name>.png      (or .PNG) single-channel index PNG, 0..K-1 and the ignore value, the image's size
     <folder>/lists/                written by ``npsemiseg data partition`` (:func:`write_partitions`):
         val.txt, <count>/labeled.txt, <count>/unlabeled.txt   (entries: image file names)
         partitions.yaml            the seed, the fractions asked for and the counts, for a study to cite
 
-An image without a mask can only be unlabeled. ``register_folder(path)`` registers the folder as a dataset
+An image without a mask can only be unlabeled; a file the layout cannot use (a mask without an image, a JPEG mask,
+another extension, a ``masks`` file instead of a folder) is named with the reason (:func:`unusable_files`), and
+every image and mask must lie inside the folder, symlinks resolved (:func:`~npsemiseg.data.paths.inside_root`).
+``register_folder(path)`` registers the folder as a dataset
 named after it (``FolderDataset.define``); every folder under ``$NPSEMISEG_DATA`` holding a ``classes.yaml`` is
 registered when ``npsemiseg.data`` is imported (a folder that does not parse is skipped there;
 ``npsemiseg data check --folder`` names its problem). The paper preset trains it at
@@ -32,11 +35,14 @@ from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
 from npsemiseg.data.info import DATASETS, DatasetInfo
+from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS
 
 CLASSES_FILE = "classes.yaml"
 PARTITIONS_FILE = "partitions.yaml"
+#: image extensions, matched in any case (a camera's ``.JPG``); a mask is ``<name>.png`` or ``<name>.PNG``
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+MASK_SUFFIXES = (".png", ".PNG")
 #: the ``paper`` preset of a folder dataset: VOC's settings (crop 480, batch 12, lr 1e-3, 80 epochs) evaluated on
 #: whole images (a folder's images need not share one size or fit a fixed window)
 FOLDER_SETTINGS = VOC_SETTINGS.scaled(eval_mode="whole", eval_crop_size=None)
@@ -76,14 +82,49 @@ def image_files(folder: Path) -> list[str]:
     images = folder / "images"
     found = sorted(p.name for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if images.is_dir() else []
     if not found:
+        why = "; ".join(f"{path}: {reason}" for path, reason in unusable_files(folder)[:3])
         raise ValueError(f"{folder} holds no images: expected images/<name>.jpg (or .png) and masks/<name>.png "
-                         "(docs/datasets.md)")
+                         f"(docs/datasets.md){f'; not used: {why}' if why else ''}")
     return found
 
 
-def mask_name(image: str) -> str:
-    """``cat_01.jpg`` -> ``cat_01.png``: the mask of an image under ``masks/``."""
-    return f"{Path(image).stem}.png"
+def mask_file(folder: Path, image: str) -> Path | None:
+    """The mask of ``image`` on disk (``masks/<stem>.png``, else ``.PNG``) or None; refused when it leads out of
+    ``folder`` (:func:`~npsemiseg.data.paths.inside_root`)."""
+    stem = Path(image).stem
+    candidates = (inside_root(folder, f"masks/{stem}{suffix}", what="mask") for suffix in MASK_SUFFIXES)
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def _folder_files(folder: Path, sub: str) -> list[Path]:
+    """The visible files of ``folder/sub`` (none when it is not a folder)."""
+    path = folder / sub
+    return sorted(p for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else []
+
+
+def unusable_files(folder: Path) -> list[tuple[str, str]]:
+    """Files of ``folder`` the layout cannot use, ``(relative path, why)``: ``images`` or ``masks`` that is not a
+    folder, an image of another extension, a mask that is a JPEG, of another extension or without an image."""
+    found = [(sub, f"a file, expected a folder {sub}/ of <name>.{ext} files")
+             for sub, ext in (("images", "jpg"), ("masks", "png")) if (folder / sub).exists() and not (folder / sub).is_dir()]
+    found += [(f"{sub}/{path.name}", f"a folder: {sub} are read from {sub}/ itself, not from its subfolders")
+              for sub in ("images", "masks") for path in _folder_files(folder, sub) if path.is_dir()]
+    stems = set()
+    for path in (p for p in _folder_files(folder, "images") if not p.is_dir()):
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            stems.add(path.stem)
+        else:
+            found.append((f"images/{path.name}", f"extension {path.suffix or '(none)'}: images are .jpg, .jpeg or .png "
+                                                 "(any case)"))
+    for path in (p for p in _folder_files(folder, "masks") if not p.is_dir()):
+        name = f"masks/{path.name}"
+        if path.suffix.lower() in (".jpg", ".jpeg"):
+            found.append((name, "a JPEG mask: masks must be PNG (JPEG's compression changes the class indices)"))
+        elif path.suffix not in MASK_SUFFIXES:
+            found.append((name, f"extension {path.suffix or '(none)'}: a mask is <name>.png (or .PNG)"))
+        elif path.stem not in stems:
+            found.append((name, f"a mask without an image (no images/{path.stem}.jpg, .jpeg or .png): not read"))
+    return found
 
 
 class FolderDataset(DatasetDef):
@@ -147,7 +188,11 @@ class FolderDataset(DatasetDef):
 
     @classmethod
     def entry_labels(cls, entry: str) -> tuple[str, ...]:
-        return (f"masks/{mask_name(entry)}",)
+        return tuple(f"masks/{Path(entry).stem}{suffix}" for suffix in MASK_SUFFIXES)
+
+    @classmethod
+    def unusable_files(cls, root: Path) -> list[tuple[str, str]]:
+        return unusable_files(root)
 
     @classmethod
     def entry_id(cls, entry: str) -> str:
@@ -223,7 +268,7 @@ def class_cover_first(folder: Path, pool: list[str], num_classes: int) -> list[s
     """``pool`` reordered so that its first images cover every class its masks hold: for each class, rarest
     first (fewest images), the first image of ``pool`` holding it unless an earlier pick covers it; then the rest
     in ``pool``'s order. A labeled list cut from the front holds every class it can (stratification by coverage)."""
-    classes = {i: {int(v) for v in np.unique(load_index_png(folder / "masks" / mask_name(i), max_value=IGNORE_INDEX - 1,
+    classes = {i: {int(v) for v in np.unique(load_index_png(mask_file(folder, i), max_value=IGNORE_INDEX - 1,
                                                              what="class indices")) if v < num_classes}
                for i in pool}
     counts = {k: sum(k in c for c in classes.values()) for k in range(num_classes)}
@@ -247,7 +292,13 @@ def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int
     path = Path(folder).expanduser().resolve()
     names, _, _ = read_classes(path)
     images = image_files(path)
-    with_mask = [i for i in images if (path / "masks" / mask_name(i)).is_file()]
+    for image in images:
+        inside_root(path, f"images/{image}", what="image")
+    with_mask = [i for i in images if mask_file(path, i) is not None]
+    if len(with_mask) < 2:
+        why = "; ".join(f"{name}: {reason}" for name, reason in unusable_files(path)[:3])
+        raise ValueError(f"{path}: {len(with_mask)} of {len(images)} images have a mask masks/<name>.png; expected at "
+                         f"least 2 (a val and a labeled one){f'; not used: {why}' if why else ''}")
     rng = random.Random(seed)
     order = rng.sample(with_mask, len(with_mask))
     num_val = labeled_count(val, len(with_mask), "--val")
