@@ -23,7 +23,7 @@ values, matching sizes) is checked when the item is loaded.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX
-from npsemiseg.untrusted import open_image
+from npsemiseg.untrusted import IMAGE_FORMATS, LABEL_FORMATS, decode_image
 
 DATA_ROOT_ENV = "NPSEMISEG_DATA"
 
@@ -61,13 +61,11 @@ def cityscapes_labelids_to_trainids(label_ids: np.ndarray) -> np.ndarray:
     return _ID_TO_TRAINID[label_ids]
 
 
-def load_image(path: Path) -> torch.Tensor:
+def load_image(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> torch.Tensor:
     """RGB image file -> float32 ``[3, H, W]`` in [0, 1]. ``ValueError`` if it cannot be decoded or declares
-    more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`)."""
+    more pixels than any image may have, or is not of ``formats`` (:func:`~npsemiseg.untrusted.decode_image`)."""
     try:
-        with open_image(path) as img:
-            img.load()
-            rgb = img.convert("RGB")
+        rgb = decode_image(path, formats=formats).convert("RGB")
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
@@ -82,10 +80,9 @@ def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
     Values must be in ``0..max_value`` or 255; ``what`` says in the error what they are.
     """
     try:
-        with open_image(path) as img:
-            img.load()
-            mode = img.mode
-            array = np.asarray(img) if mode in ("L", "P") else None
+        img = decode_image(path, formats=LABEL_FORMATS)
+        mode = img.mode
+        array = np.asarray(img) if mode in ("L", "P") else None
     except FileNotFoundError:
         raise FileNotFoundError(f"label file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:

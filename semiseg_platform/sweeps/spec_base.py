@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
+from npsemiseg.untrusted import load_yaml
 from semiseg_platform.reservations import DRIVER_CPUS
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
@@ -54,16 +54,10 @@ def read_spec(source: str | Path | Mapping[str, Any], kind: str) -> tuple[dict[s
 
 
 def read_yaml(path: Path, where: str) -> Any:
-    """The YAML document of ``path``; ``ValueError`` naming ``where``, the file, line and column of a syntax
-    error (``grid spec x.yaml: not valid YAML at x.yaml:3:7: mapping values are not allowed here``)."""
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        at = f" at {path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f" in {path}"
-        problem = getattr(error, "problem", None) or " ".join(str(error).split())
-        context = getattr(error, "context", None)
-        raise ValueError(f"{where}: not valid YAML{at}: {problem}" + (f" ({context})" if context else "")) from None
+    """The YAML document of ``path`` (:func:`npsemiseg.untrusted.load_yaml`: aliases and nesting within a budget);
+    ``ValueError`` naming ``where``, the file, line and column of a syntax error (``grid spec x.yaml: not valid
+    YAML at x.yaml:3:7: mapping values are not allowed here``)."""
+    return load_yaml(path.read_text(), where=where, path=path)
 
 
 def validate_spec(model: type[SpecT], data: Mapping[str, Any], where: str) -> SpecT:
