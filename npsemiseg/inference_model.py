@@ -180,7 +180,7 @@ def load_checkpoint_model(path: str | os.PathLike, **options: Any) -> Segmentati
     state = _read(directory / STATE_FILE, allow=LEGACY_NUMPY_GLOBALS)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "modules" not in state:
         raise ValueError(f"checkpoint: {directory / STATE_FILE} is not a training checkpoint of format {CHECKPOINT_FORMAT}")
-    config = RunConfig.from_yaml((directory / CONFIG_FILE).read_text())
+    config = RunConfig.from_yaml((directory / CONFIG_FILE).read_text(), where=f"checkpoint: {directory / CONFIG_FILE}")
     return SegmentationModel(config, _evaluated_module(config, state), step=int(state["step"]), **options)
 
 
@@ -216,7 +216,7 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu", m
         raise ValueError(f"checkpoint: {path} is not an exported npsemiseg model (export one with `npsemiseg export`)")
     if payload.get("format") != EXPORT_FORMAT:
         raise ValueError(f"checkpoint: {path} has export format {payload.get('format')}, expected {EXPORT_FORMAT}")
-    config = RunConfig.from_yaml(payload["config"])
+    config = RunConfig.from_yaml(payload["config"], where=f"checkpoint: {path}: its configuration")
     module = _evaluated_module(config)
     module.load_state_dict(payload["state_dict"])
     return SegmentationModel(config, module, step=int(payload["step"]), **options).to(device)

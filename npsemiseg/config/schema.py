@@ -545,16 +545,16 @@ class RunConfig(Section):
         return yaml.dump(self.model_dump(mode="json"), Dumper=_YAML_DUMPER, sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, source: str | Path) -> RunConfig:
+    def from_yaml(cls, source: str | Path, *, where: str | None = None) -> RunConfig:
         """A config from YAML text or a ``.yaml``/``.yml`` file path (read within a budget:
-        :func:`npsemiseg.untrusted.load_yaml`)."""
+        :func:`npsemiseg.untrusted.load_yaml`); ``where`` names the text in errors (default: the file, if any)."""
         path = None
         if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))):
             path = Path(source)
             if not path.is_file():
                 raise ValueError(f"source: configuration file {path} does not exist")
             source = path.read_text()
-        data = load_yaml(source, where=f"configuration {path}" if path else "configuration", path=path)
+        data = load_yaml(source, where=where or (f"configuration {path}" if path else "configuration"), path=path)
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)

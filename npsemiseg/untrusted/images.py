@@ -56,7 +56,7 @@ def _check_size(path: Path, image: Image.Image, how: str) -> None:
 
 
 @contextlib.contextmanager
-def _bombs_refused(path: Path) -> Iterator[None]:
+def _bombs_refused(path: Path, how: str = "declares") -> Iterator[None]:
     """PIL's bomb warning and error as :class:`ImageTooLargeError` naming ``path``."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -64,7 +64,7 @@ def _bombs_refused(path: Path) -> Iterator[None]:
             yield
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
             found = _PIXELS.search(str(error))
-            raise _too_large(path, f"{int(found.group(1)):,}" if found else "too many") from None
+            raise _too_large(path, f"{int(found.group(1)):,}" if found else "too many", how) from None
 
 
 @contextlib.contextmanager
@@ -88,7 +88,7 @@ def open_image(path: str | os.PathLike, *, formats: Sequence[str] = IMAGE_FORMAT
 def load_checked(path: str | os.PathLike, image: Image.Image) -> Image.Image:
     """``image.load()`` of an image from :func:`open_image`, its decoded size checked against the limit."""
     path = Path(path)
-    with _bombs_refused(path):
+    with _bombs_refused(path, "holds an image of"):  # e.g. an IPTC file's embedded image, opened as it decodes
         image.load()
     _check_size(path, image, "decodes to")
     return image
