@@ -111,10 +111,10 @@ def test_the_legacy_numpy_allowance_builds_no_other_array(tmp_path):
     """Checkpoints allow numpy's uint32 key of older RNG states, not numpy arrays at large: an object array
     holding the payload (refused at the payload's global, by the inspection) or a float64 array is refused."""
     marker = tmp_path / "created"
-    for value, refused in ((np.array([Reduce(marker)], dtype=object), PAYLOADS["reduce"][1]),
-                           (np.zeros(3), "numpy.dtypes.Float64DType")):
+    for value, refused in ((np.array([Reduce(marker)], dtype=object), f"asks to load {PAYLOADS['reduce'][1]}"),
+                           (np.zeros(3), "asks for the numpy dtype ('f8',)")):
         torch.save({"rng": [], "extra": value}, tmp_path / "state.pt")
-        with pytest.raises(UnsafeFileError, match=re.escape(f"asks to load {refused}")):
+        with pytest.raises(UnsafeFileError, match=re.escape(refused)):
             load_checkpoint(tmp_path)
     assert not marker.exists()
 

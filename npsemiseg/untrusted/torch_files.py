@@ -10,7 +10,7 @@ So :func:`load_torch_file` first checks, without building an object:
 - the pickle (``pickletools.genops`` over ``data.pkl``, its stack followed): only the globals that tensors, plain
   containers and optimiser states need (:data:`TORCH_GLOBALS`) and the caller's ``allow``; each storage it declares
   (elements x element size) within the record that holds its bytes; each tensor's view within its storage; an
-  allowed numpy array (the legacy RNG key of older checkpoints) at most :data:`NUMPY_MAX_ELEMENTS` elements.
+  allowed numpy array (the legacy RNG key of older checkpoints) of uint32, at most :data:`NUMPY_MAX_ELEMENTS` elements.
 
 A torch file of the legacy (pre-zip) format is checked the same way, its storages together within the file's
 size. Anything else about the file is torch's to judge; what it allocates is then bounded by the file's size.
@@ -251,6 +251,9 @@ class _Inspection:
         elif function.name.endswith("multiarray._reconstruct") and args[1:2] != ((0,),):
             raise self.refuse(f"asks numpy for an array of shape {args[1:2]} (numpy pickles arrays as shape (0,) "
                               "then fills them)")
+        elif function.name == "numpy.dtype" and args[:1] != ("u4",):
+            raise self.refuse(f"asks for the numpy dtype {str(args[:1])[:40]}; the one numpy array a checkpoint may "
+                              "hold (numpy's legacy RNG key) is uint32 ('u4')")
         return _Call(function.name, args)
 
     def build(self, state: Any, target: Any) -> None:
