@@ -90,15 +90,18 @@ def check_torch_file(path: str | os.PathLike, *, what: str, allow: Sequence[Any]
             file.seek(0)
             _check_legacy(file, _Inspection(what, path, allowed, os.fstat(file.fileno()).st_size))
             return
-    with zipfile.ZipFile(path) as archive:
-        records = _check_records(archive, what, path)
-        prefix = archive.infolist()[0].filename.split("/", 1)[0]
-        if f"{prefix}/data.pkl" not in records:
-            raise ValueError(f"{what}: {path} is a zip file without {prefix}/data.pkl, not a torch file")
-        with archive.open(f"{prefix}/data.pkl") as pickled:
-            storages = {name.removeprefix(f"{prefix}/data/"): size for name, size in records.items()
-                        if name.startswith(f"{prefix}/data/")}
-            _Inspection(what, path, allowed, 0, storages).run(pickled)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = _check_records(archive, what, path)
+            prefix = archive.infolist()[0].filename.split("/", 1)[0]
+            if f"{prefix}/data.pkl" not in records:
+                raise ValueError(f"{what}: {path} is a zip file without {prefix}/data.pkl, not a torch file")
+            with archive.open(f"{prefix}/data.pkl") as pickled:
+                storages = {name.removeprefix(f"{prefix}/data/"): size for name, size in records.items()
+                            if name.startswith(f"{prefix}/data/")}
+                _Inspection(what, path, allowed, 0, storages).run(pickled)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as error:
+        raise ValueError(f"{what}: {path} is not a readable torch file (its zip: {error})") from None
 
 
 def _check_records(archive: zipfile.ZipFile, what: str, path: str | os.PathLike) -> dict[str, int]:
