@@ -8,11 +8,12 @@
    EPS named ``.jpg`` (PIL would run Ghostscript on it), COCO annotations declaring a 9000 x 9000 image or an RLE
    of that size on a 64 x 64 image, an SBD ``.mat`` of 77 KB inflating to an 81 M-pixel map;
 3. parses: YAML aliases (a configuration, an exported model's configuration, a ``classes.yaml``), a list nested
-   5,000 deep, a grid spec of 10^7 cells.
+   5,000 deep, a grid spec of 8,000 combinations (its ``max_cells`` 1,000 by default).
 
 Every crafted file is built here. The readers run in a fresh Python process that reports, for each call, how much
-its peak resident memory grew (Linux's ``VmHWM``, reset before each call): the refusal must name the file on one line, and the peak must not grow by more
-than :data:`GROWTH_LIMIT_MB` (the attacks ask for 64 MB to several GB).
+its peak resident memory grew (Linux's ``VmHWM``, reset before each call): the refusal must name the file on one
+line, and the peak must not grow by more than :data:`GROWTH_LIMIT_MB` (the crafted files ask for 64 to 256 MiB;
+the sizes are kept there so that a reader which stopped refusing fails the test without taking the machine down).
 """
 
 from __future__ import annotations
