@@ -1,12 +1,13 @@
-"""Small files from others that ask for gigabytes or hours are refused before anything is allocated
+"""Small files from others that ask for far more memory or time than their size are refused before it is spent
 (``npsemiseg.untrusted``; ``docs/reliability.md``, "Threat model"), one test per class:
 
 1. torch files: a pickle calling ``bytearray(n)`` (on torch's own allow-list), numpy's ``_reconstruct`` of a
-   billion-element shape (the checkpoints' legacy numpy allowance), a storage declaring more bytes than its record
-   holds, a zip record that inflates a thousandfold;
+   250,000,000-element shape (the checkpoints' legacy numpy allowance), a storage declaring more bytes than its record
+   holds, a zip record that inflates a thousandfold (each shown with a size that fits a test machine: the
+   file would be as small at any size);
 2. images and label sources: an IPTC file named ``.png`` whose header says 64 x 64 around a 9000 x 9000 image, an
    EPS named ``.jpg`` (PIL would run Ghostscript on it), COCO annotations declaring a 9000 x 9000 image or an RLE
-   of that size on a 64 x 64 image, an SBD ``.mat`` of 77 KB inflating to an 81 M-pixel map;
+   of that size on a 64 x 64 image, an SBD ``.mat`` of 79 KB inflating to an 81 M-pixel map;
 3. parses: YAML aliases (a configuration, an exported model's configuration, a ``classes.yaml``), a list nested
    5,000 deep, a grid spec of 8,000 combinations (its ``max_cells`` 1,000 by default).
 
