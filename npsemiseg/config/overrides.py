@@ -10,8 +10,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
+
+from npsemiseg.untrusted import InvalidYamlError, load_yaml
 
 #: option dicts whose keys the schema does not list (their own validators check them); merged, not replaced
 FREE_FORM = frozenset({"framework_options", "head.options", "model.options", "data.options", "data.augmentation"})
@@ -36,8 +37,8 @@ def parse_scalar(value: Any) -> Any:
             pass
     if text[:1] in "[{" and text[-1:] in "]}":
         try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError:
+            return load_yaml(text, where=f"value {text[:40]!r}")
+        except InvalidYamlError:
             return value
     return value
 

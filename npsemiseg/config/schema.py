@@ -36,6 +36,7 @@ from npsemiseg.heads import HEADS, head_class
 from npsemiseg.config.overrides import FREE_FORM
 from npsemiseg.models import BACKBONES, DECODERS, build_segmentor
 from npsemiseg.renames import earlier_names, read_renamed
+from npsemiseg.untrusted import load_yaml
 
 #: What a cell id covers, by version. Version 1: the record's values (JSON) minus :data:`IDENTITY_EXCLUDED`
 #: and minus each field of :data:`IDENTITY_OMITTED` while it has no effect, plus each field of
@@ -111,8 +112,8 @@ IDENTITY_RESTORED: tuple[tuple[str, Any, Callable[[dict[str, Any]], bool]], ...]
 
 CELL_ID_LENGTH = 12
 
-# libyaml's safe loader/dumper when available (10x faster than the pure-Python ones, same output)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's safe dumper when available (10x faster than the pure-Python one, same output); reading goes through
+# npsemiseg.untrusted.load_yaml (configurations come from others too)
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -587,14 +588,16 @@ class RunConfig(Section):
         return yaml.dump(self.model_dump(mode="json"), Dumper=_YAML_DUMPER, sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, source: str | Path) -> RunConfig:
-        """A config from YAML text or a ``.yaml``/``.yml`` file path."""
+    def from_yaml(cls, source: str | Path, *, where: str | None = None) -> RunConfig:
+        """A config from YAML text or a ``.yaml``/``.yml`` file path (read within a budget:
+        :func:`npsemiseg.untrusted.load_yaml`); ``where`` names the text in errors (default: the file, if any)."""
+        path = None
         if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))):
             path = Path(source)
             if not path.is_file():
                 raise ValueError(f"source: configuration file {path} does not exist")
             source = path.read_text()
-        data = yaml.load(source, Loader=_YAML_LOADER)
+        data = load_yaml(source, where=where or (f"configuration {path}" if path else "configuration"), path=path)
         if not isinstance(data, dict):
             raise ValueError(f"source: expected a YAML mapping of configuration sections, got {type(data).__name__}")
         return cls.model_validate(data)

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import UnidentifiedImageError
 
 from npsemiseg.data.base import PARTITION_LIST_SOURCES, DatasetDef, ItemFiles
-from npsemiseg.data.datasets import DATA_ROOT_ENV, decode_image, image_depth, load_index_png
+from npsemiseg.data.datasets import DATA_ROOT_ENV, image_depth, load_index_png, read_pixels
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX, DatasetInfo, dataset_info
 from npsemiseg.untrusted import ImageTooLargeError, open_image
 
@@ -234,7 +234,7 @@ def _check_entry(definition: type[DatasetDef], entry: ItemFiles, decode: bool,
         if decode:
             report.images_decoded += 1
             try:
-                decode_image(entry.image)
+                read_pixels(entry.image)
             except ValueError as error:
                 problems.append(Problem("unreadable", str(entry.image), str(error)))
     image_found = image is not None

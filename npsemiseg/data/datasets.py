@@ -23,7 +23,7 @@ values, matching sizes) is checked when the item is loaded.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX
-from npsemiseg.untrusted import open_image
+from npsemiseg.untrusted import IMAGE_FORMATS, LABEL_FORMATS, decode_image
 
 DATA_ROOT_ENV = "NPSEMISEG_DATA"
 
@@ -92,25 +92,24 @@ def _image_pixels(img, path: Path) -> np.ndarray:
     return np.array(img.convert("RGB"), dtype=np.uint8)
 
 
-def decode_image(path: Path) -> tuple[np.ndarray, str]:
+def read_pixels(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> tuple[np.ndarray, str]:
     """Decode an image file fully -> (its pixels: uint8 ``[H, W, 3]``, or ``[H, W]`` 0..65535 for 16-bit grey; its
-    PIL mode); ``ValueError`` naming the file if it is truncated, corrupt, not an image, of a depth that cannot be
-    read faithfully, or declares more pixels than any image may have (:func:`~npsemiseg.untrusted.open_image`).
-    ``data check`` and :func:`load_image` share it."""
+    PIL mode); ``ValueError`` naming the file if it is truncated, corrupt, not an image, not of ``formats``, of a
+    depth that cannot be read faithfully, or holds more pixels than any image may have
+    (:func:`~npsemiseg.untrusted.decode_image`). ``data check`` and :func:`load_image` share it."""
     try:
-        with open_image(path) as img:
-            img.load()
-            return _image_pixels(img, path), img.mode
+        img = decode_image(path, formats=formats)
+        return _image_pixels(img, path), img.mode
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"image file {path} is corrupt or not an image ({err})") from None
 
 
-def load_image(path: Path) -> torch.Tensor:
-    """Image file -> float32 ``[3, H, W]`` in [0, 1] (:func:`decode_image`): 8-bit values / 255, 16-bit grey
-    values / 65535 in the three channels."""
-    pixels, _ = decode_image(path)
+def load_image(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> torch.Tensor:
+    """Image file of ``formats`` -> float32 ``[3, H, W]`` in [0, 1] (:func:`read_pixels`): 8-bit values / 255,
+    16-bit grey values / 65535 in the three channels."""
+    pixels, _ = read_pixels(path, formats=formats)
     if pixels.ndim == 2:
         return torch.from_numpy(pixels.astype(np.float32) / _WIDE_MAX).expand(3, -1, -1).contiguous()
     return torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
@@ -122,10 +121,9 @@ def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
     Values must be in ``0..max_value`` or 255; ``what`` says in the error what they are.
     """
     try:
-        with open_image(path) as img:
-            img.load()
-            mode = img.mode
-            array = np.asarray(img) if mode in ("L", "P") else None
+        img = decode_image(path, formats=LABEL_FORMATS)
+        mode = img.mode
+        array = np.asarray(img) if mode in ("L", "P") else None
     except FileNotFoundError:
         raise FileNotFoundError(f"label file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as err:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +33,15 @@ from npsemiseg.data.datasets import (
     load_index_png,
 )
 from npsemiseg.data.info import IGNORE_INDEX, VOC_CLASSES
+from npsemiseg.untrusted import MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
 VOC_MAX_CLASS = len(VOC_CLASSES) - 1
 TEMP_SUFFIX = ".part"
+#: the bytes an SBD ``.mat`` may inflate to: a uint8 label map at the pixel limit (SBD's own: about 200 KB)
+MAT_INFLATED_BUDGET = MAX_IMAGE_PIXELS
+_MI_COMPRESSED = 15  # MATLAB v5's tag of a zlib-compressed variable
 
 #: where each input may sit below the folder the user names (first match wins)
 _VOC_SUBFOLDERS = ((), ("VOC2012",), ("VOCdevkit", "VOC2012"))
@@ -103,8 +109,35 @@ def _write_missing(jobs: list[tuple[Path, Callable[[], np.ndarray]]], progress: 
     return written, existing
 
 
+def _check_mat_inflation(path: Path) -> None:
+    """Refuse a MATLAB v5 file whose compressed variables inflate past :data:`MAT_INFLATED_BUDGET` bytes,
+    counting as they inflate (a chunk at a time) before scipy inflates them whole."""
+    with open(path, "rb") as file:
+        header = file.read(128)
+        if len(header) < 128 or header[126:128] not in (b"IM", b"MI"):
+            return  # not v5 (v4 holds its data uncompressed; scipy refuses the rest)
+        order = "<" if header[126:128] == b"IM" else ">"
+        inflated = 0
+        while len(tag := file.read(8)) == 8:
+            kind, size = struct.unpack(order + "II", tag)
+            if kind != _MI_COMPRESSED:
+                file.seek(size + (-size % 8), os.SEEK_CUR)
+                continue
+            inflater, left = zlib.decompressobj(), size
+            while left > 0 and (chunk := file.read(min(left, 1 << 16))):
+                left -= len(chunk)
+                while chunk:
+                    inflated += len(inflater.decompress(chunk, 1 << 20))
+                    chunk = inflater.unconsumed_tail
+                    if inflated > MAT_INFLATED_BUDGET:
+                        raise ValueError(f"SBD file {path} inflates to more than {MAT_INFLATED_BUDGET:,} bytes (an SBD "
+                                         "annotation is a few hundred KB); refused before reading it")
+
+
 def read_sbd_mat(path: Path) -> np.ndarray:
-    """SBD ``cls/<ID>.mat`` -> uint8 ``[H, W]`` class indices (``GTcls.Segmentation``, 0..20)."""
+    """SBD ``cls/<ID>.mat`` -> uint8 ``[H, W]`` class indices (``GTcls.Segmentation``, 0..20), within the pixel limit
+    of :mod:`npsemiseg.untrusted` (the file inflating to at most :data:`MAT_INFLATED_BUDGET` bytes first)."""
+    _check_mat_inflation(path)
     try:
         segmentation = scipy.io.loadmat(path)["GTcls"]["Segmentation"][0, 0]
     except (KeyError, ValueError, TypeError, IndexError, OSError, scipy.io.matlab.MatReadError) as err:
@@ -114,6 +147,9 @@ def read_sbd_mat(path: Path) -> np.ndarray:
     if label.ndim != 2 or label.dtype.kind not in "ui":
         raise ValueError(f"SBD file {path}: GTcls.Segmentation is {label.dtype} {label.shape}; "
                          "expected a 2-D integer map of VOC class indices")
+    if label.size > MAX_IMAGE_PIXELS:
+        raise ValueError(f"SBD file {path}: GTcls.Segmentation is {label.shape[0]} x {label.shape[1]} = {label.size:,} "
+                         f"pixels, more than the {MAX_IMAGE_PIXELS:,} a label map may have; refused")
     bad = np.unique(label[((label < 0) | (label > VOC_MAX_CLASS)) & (label != IGNORE_INDEX)])
     if bad.size:
         raise ValueError(f"SBD file {path} holds values {bad[:10].tolist()} outside VOC class indices "

@@ -16,11 +16,12 @@ not a reproduction of UniMatch's files: torchvision's segmentation reference (py
 * 255 (ignored) where two or more annotations overlap (torchvision's "discard overlapping instances").
 
 Masks go to ``<root>/masks/<file_name stem>.png`` (train2017 and val2017 in one folder, as UniMatch's), one
-single-channel PNG per image of the annotation file, images without annotations all 0. Both annotation files are
-read and validated before anything is written; the masks are built in a temporary folder beside ``masks/`` and moved
-into it at the end, so a bad input (a missing file, JSON that does not parse or is not COCO's instances format, an
-annotation of an unknown image or category) leaves ``masks/`` as it was. A mask already in ``masks/`` is kept (a
-rerun writes only what is missing). Needs ``pycocotools`` (``pip install 'npsemiseg[coco]'``).
+single-channel PNG per image of the annotation file, images without annotations all 0. Both annotation files are read and
+validated before anything is written (each image's height x width within the pixel limit of ``npsemiseg.untrusted``,
+each RLE at its image's size: a mask is allocated from them); the masks are built in a temporary folder beside
+``masks/`` and moved into it at the end, so a bad input (a missing file, JSON that does not parse or is not COCO's
+instances format, an annotation of an unknown image or category) leaves ``masks/`` as it was. A mask already in
+``masks/`` is kept (a rerun writes only what is missing). Needs ``pycocotools`` (``pip install 'npsemiseg[coco]'``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from npsemiseg.data.check import Progress
 from npsemiseg.data.info import IGNORE_INDEX
 from npsemiseg.data.prepare import PrepareResult, write_png_atomic
 from npsemiseg.data.sets.coco import COCO_CLASSES
+from npsemiseg.untrusted import MAX_IMAGE_PIXELS
 
 try:
     from pycocotools import mask as mask_utils
@@ -76,6 +78,27 @@ def _class_indices(path: Path, categories: Any) -> dict[int, int]:
     return {c["id"]: index for index, c in enumerate(ordered, start=1)}
 
 
+def _size(path: Path, image: dict[str, Any]) -> tuple[int, int]:
+    """``(height, width)`` of an image entry: positive integers, at most :data:`MAX_IMAGE_PIXELS` pixels (its mask
+    is allocated from them)."""
+    height, width = image["height"], image["width"]
+    _require(all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (height, width)), path,
+             f"image {image['id']} has height {height!r} and width {width!r}; expected positive integers")
+    _require(height * width <= MAX_IMAGE_PIXELS, path,
+             f"image {image['id']} declares {height} x {width} = {height * width:,} pixels, more than the "
+             f"{MAX_IMAGE_PIXELS:,} an image may have; refused before allocating its mask")
+    return height, width
+
+
+def _check_rle_size(path: Path, annotation: dict[str, Any], size: tuple[int, int]) -> None:
+    """An RLE segmentation decodes to its own ``size``: it must be its image's (polygons are drawn at the image's)."""
+    segmentation = annotation["segmentation"]
+    if isinstance(segmentation, dict):
+        _require(list(segmentation.get("size", ())) == list(size), path,
+                 f"annotation {annotation.get('id')}: RLE size {segmentation.get('size')!r} is not its image's "
+                 f"[height, width] {list(size)}")
+
+
 def load_instances(path: Path) -> Instances:
     """Read and validate ``path`` (COCO's instances format); a ``ValueError`` names the file and what is wrong."""
     if not path.is_file():
@@ -83,8 +106,8 @@ def load_instances(path: Path) -> Instances:
                                 "(annotations_trainval2017.zip)")
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"COCO annotations {path}: not JSON ({error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise ValueError(f"COCO annotations {path}: not JSON ({type(error).__name__}: {error})") from None
     _require(isinstance(data, dict) and all(k in data for k in ("images", "annotations", "categories")), path,
              "expected COCO's instances format (an object with images, annotations and categories)")
     indices = _class_indices(path, data["categories"])
@@ -92,16 +115,17 @@ def load_instances(path: Path) -> Instances:
     for image in data["images"]:
         _require(isinstance(image, dict) and all(k in image for k in ("id", "file_name", "height", "width")), path,
                  f"image entry {str(image)[:80]} lacks id, file_name, height or width")
-        images.append((image["id"], Path(image["file_name"]).stem, int(image["height"]), int(image["width"])))
-    known = {image[0] for image in images}
+        images.append((image["id"], Path(image["file_name"]).stem, *_size(path, image)))
+    sizes = {image[0]: image[2:] for image in images}
     annotations: dict[int, list[tuple[Any, int]]] = {}
     for annotation in data["annotations"]:
         _require(isinstance(annotation, dict) and all(k in annotation for k in ("image_id", "category_id", "segmentation")),
                  path, f"annotation {str(annotation)[:80]} lacks image_id, category_id or segmentation")
-        _require(annotation["image_id"] in known, path, f"annotation {annotation.get('id')} names unknown image "
+        _require(annotation["image_id"] in sizes, path, f"annotation {annotation.get('id')} names unknown image "
                                                         f"{annotation['image_id']}")
         _require(annotation["category_id"] in indices, path, f"annotation {annotation.get('id')} names unknown category "
                                                              f"{annotation['category_id']}")
+        _check_rle_size(path, annotation, sizes[annotation["image_id"]])
         annotations.setdefault(annotation["image_id"], []).append((annotation["segmentation"],
                                                                    indices[annotation["category_id"]]))
     return Instances(path, images, annotations)

@@ -14,7 +14,7 @@ from PIL import UnidentifiedImageError
 
 from npsemiseg import SegmentationModel, load_model
 from npsemiseg.data.datasets import load_image
-from npsemiseg.untrusted import open_image
+from npsemiseg.untrusted import PREDICT_FORMATS, open_image
 from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, save_uncertainty_png
 from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
@@ -44,7 +44,7 @@ def collect_images(inputs: list[Path]) -> list[Path]:
     stems: dict[str, Path] = {}
     for image in found:
         try:
-            with open_image(image) as opened:  # an image declaring too many pixels: refused from its header
+            with open_image(image, formats=PREDICT_FORMATS) as opened:  # too many pixels or another format: refused
                 opened.verify()
         except (UnidentifiedImageError, OSError, SyntaxError) as error:
             raise ValueError(f"{image}: not an image ({' '.join(str(error).split())})") from None
@@ -58,7 +58,7 @@ def batches(images: list[Path], batch_size: int) -> list[list[Path]]:
     """Batches of at most ``batch_size`` images of one size (sizes differ between user images)."""
     by_size: dict[tuple[int, int], list[Path]] = defaultdict(list)
     for image in images:
-        with open_image(image) as opened:
+        with open_image(image, formats=PREDICT_FORMATS) as opened:
             by_size[opened.size].append(image)
     return [group[i:i + batch_size] for group in by_size.values() for i in range(0, len(group), batch_size)]
 
@@ -92,7 +92,7 @@ def write_predictions(model: SegmentationModel, images: list[Path], out: Path, *
     (:func:`~semiseg_platform.storage.atomic_write`: a link at its name is replaced, not followed); returns the count."""
     count = 0
     for group in batches(images, batch_size):
-        pixels = torch.stack([load_image(path) for path in group])
+        pixels = torch.stack([load_image(path, formats=PREDICT_FORMATS) for path in group])
         labels, uncertainty = model.predict(pixels, num_samples=num_samples)
         for path, image, label, entropy in zip(group, pixels, labels.cpu(), uncertainty.cpu()):
             prediction, grey, blended = output_paths(out, path)

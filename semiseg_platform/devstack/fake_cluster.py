@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from npsemiseg.untrusted import load_yaml
+
 #: The custom resource a fake node has in place of each GPU of its node type
 GPU_STANDIN = "gpu_standin"
 #: The head's node type name under the fake provider
@@ -41,7 +43,7 @@ FAKE_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 
 
 def load_cluster_config(path: str | Path) -> dict[str, Any]:
-    return yaml.safe_load(Path(path).read_text())
+    return load_yaml(Path(path).read_text(), where=f"cluster config {path}", path=path)
 
 
 def fake_resources(resources: Mapping[str, float], *, cpus: float | None = None) -> dict[str, float]:

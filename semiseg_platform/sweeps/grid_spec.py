@@ -21,7 +21,15 @@ from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
 from npsemiseg.protocol import PROTOCOLS
-from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.sweeps.spec_base import (
+    DEFAULT_MAX_CELLS,
+    Resources,
+    Strict,
+    describe_error,
+    one_of,
+    read_spec,
+    validate_spec,
+)
 
 #: ``partitions: all`` = the dataset's four partition protocols (1/16, 1/8, 1/4, 1/2)
 ALL_PARTITIONS = "all"
@@ -119,7 +127,9 @@ class GridSpec(Strict):
     ``tracking_uri`` / ``storage``: None = the platform's defaults (``MLFLOW_TRACKING_URI`` or the
     local store; the local checkpoint directory). ``max_concurrent``: None = as many cells as the
     cluster's resources allow. ``max_failures``: retries of a cell whose process or node died (from its
-    last checkpoint, in the same MLflow run); a cell that fails on its own is not retried. ``protocols``: the cells'
+    last checkpoint, in the same MLflow run); a cell that fails on its own is not retried. ``max_cells``: the most
+    combinations of the axes (before the rules) the spec may have, counted before any is built
+    (:data:`DEFAULT_MAX_CELLS`; raise it for a larger grid). ``protocols``: the cells'
     protocols (``npsemiseg.protocol``: ``released`` reproduces the code behind the paper's numbers,
     ``corrected`` is the paper done right); naming both runs every cell under each.
     """
@@ -140,6 +150,7 @@ class GridSpec(Strict):
     storage: str | None = None
     max_concurrent: PositiveInt | None = None
     max_failures: NonNegativeInt = 2
+    max_cells: PositiveInt = DEFAULT_MAX_CELLS
 
     @field_validator("frameworks", "heads", mode="before")
     @classmethod
@@ -196,6 +207,15 @@ class GridSpec(Strict):
         return resolved
 
     @model_validator(mode="after")
+    def _cells_within_max_cells(self) -> GridSpec:
+        """The cross product counted, not enumerated: a short spec can name millions of cells."""
+        count = combinations(self)
+        if count > self.max_cells:
+            raise ValueError(f"max_cells: the axes make {count:,} combinations (before rules), more than max_cells "
+                             f"({self.max_cells:,}); refused before building any (raise max_cells to run them all)")
+        return self
+
+    @model_validator(mode="after")
     def _rules_name_known_values(self) -> GridSpec:
         axes = {"frameworks": set(self.frameworks), "datasets": set(self.datasets),
                 "partitions": {p for parts in self.datasets.values() for p in parts},
@@ -228,6 +248,12 @@ class GridSpec(Strict):
     def resolved_partitions(self) -> dict[str, list[str]]:
         """Dataset -> canonical partition names (``all`` expanded, aliases resolved)."""
         return {dataset: list(partitions) for dataset, partitions in self.datasets.items()}
+
+
+def combinations(spec: GridSpec) -> int:
+    """How many combinations of the axes :func:`cell_keys` walks (the rules may leave fewer cells)."""
+    partitions = sum(len(parts) for parts in spec.datasets.values())
+    return len(spec.protocols) * partitions * len(spec.frameworks) * len(spec.heads) * len(spec.seeds)
 
 
 def load_spec(source: str | Path | Mapping[str, Any]) -> GridSpec:

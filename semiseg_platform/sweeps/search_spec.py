@@ -17,7 +17,15 @@ from npsemiseg.config import RunConfig, compose, with_overrides
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
-from semiseg_platform.sweeps.spec_base import Resources, Strict, describe_error, one_of, read_spec, validate_spec
+from semiseg_platform.sweeps.spec_base import (
+    DEFAULT_MAX_CELLS,
+    Resources,
+    Strict,
+    describe_error,
+    one_of,
+    read_spec,
+    validate_spec,
+)
 from semiseg_platform.tracking import mlflow_names
 
 DEFAULT_EXPERIMENT = "npsemiseg-search"
@@ -101,7 +109,8 @@ class SearchSpec(Strict):
     sampler's seed (the cell's own seed is an override). ``optuna_storage``: Optuna RDB URL (None = ``sqlite:///<cwd>/optuna.db``;
     ``postgresql://...`` on a cluster). ``study_name``: None = ``<name>-<search_id>``.
     ``asha``: null = no early stopping. ``max_concurrent``: None = as many trials as the
-    cluster's resources allow.
+    cluster's resources allow. ``max_cells``: the most configurations loading the spec builds to check it (one
+    per choice and bound of the space and per point to evaluate), counted before any is built.
     """
 
     name: str = Field(min_length=1)
@@ -126,6 +135,7 @@ class SearchSpec(Strict):
     study_name: str | None = None
     tracking_uri: str | None = None
     storage: str | None = None
+    max_cells: PositiveInt = DEFAULT_MAX_CELLS
 
     @model_validator(mode="before")
     @classmethod
@@ -148,6 +158,10 @@ class SearchSpec(Strict):
         one_of("framework", self.framework, framework_names())
         one_of("head", self.head, head_names())
         one_of("metric", self.metric, mlflow_names.FINAL_METRICS)
+        checked = sum(len(d.representatives()) for d in self.space.values()) + len(self.points_to_evaluate)
+        if checked > self.max_cells:
+            raise ValueError(f"max_cells: the space and points_to_evaluate ask for {checked:,} configurations to check, "
+                             f"more than max_cells ({self.max_cells:,}); refused before building any (raise max_cells)")
         for index, point in enumerate(self.points_to_evaluate):
             missing = sorted(set(self.space) - set(point))
             unknown = sorted(set(point) - set(self.space))

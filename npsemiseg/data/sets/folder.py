@@ -37,6 +37,7 @@ from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
 from npsemiseg.data.info import DATASETS, DatasetInfo
 from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS
+from npsemiseg.untrusted import load_yaml
 
 CLASSES_FILE = "classes.yaml"
 PARTITIONS_FILE = "partitions.yaml"
@@ -54,7 +55,7 @@ def read_classes(folder: Path) -> tuple[tuple[str, ...], tuple[tuple[int, int, i
     if not path.is_file():
         raise ValueError(f"{path} does not exist; expected a classes file with 'names: [...]' (docs/datasets.md)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"), where=f"classes file {path}")
     except yaml.YAMLError as err:
         raise ValueError(f"{path} does not parse as YAML ({' '.join(str(err).split())})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("names"), list) or not raw["names"]:
@@ -151,7 +152,7 @@ class FolderDataset(DatasetDef):
     def partition_record(cls) -> dict[str, Any]:
         """``lists/partitions.yaml`` (empty when no partitions were written)."""
         path = cls.folder / "lists" / PARTITIONS_FILE
-        return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        return load_yaml(path.read_text(encoding="utf-8"), where=f"partitions file {path}") if path.is_file() else {}
 
     @classmethod
     def info(cls, **options: object) -> DatasetInfo:
