@@ -23,31 +23,34 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from record_mt_cps_golden import pattern_weights
 from record_mt_cps_golden import sample_indices as mt_sample_indices
-from recording import official_commit, recorder_arguments, save_golden
+from recording import official_commit, recorder_arguments, save_golden, sine_pattern
 
 
 
-def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None) -> Tensor:
+def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None,
+            dtype: torch.dtype = torch.float32) -> Tensor:
     """``bound * sin(1 + 0.7 i + salt)`` over the flat index i; ``bound`` default: the Xavier-uniform bound of the
-    shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. float32."""
+    shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. Computed in float64, returned as
+    ``dtype`` (float32: ``pattern_weights``' values)."""
     if bound is None:
-        return pattern_weights(shape, salt)
-    values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
-    return torch.from_numpy(values.reshape(shape)).float()
+        values = sine_pattern(shape, salt)
+    else:
+        values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
+    return torch.from_numpy(values.reshape(shape)).to(dtype)
 
 
 @torch.no_grad()
 def load_pattern(model: nn.Module, salt: int) -> None:
     """Parameter ``i`` <- :func:`pattern` with salt ``salt + i``; BN running means <- 0.1 x pattern, running variances
-    <- 1 + 0.5 |pattern| (salt ``salt + 500 + j`` for buffer ``j``); integer buffers left alone."""
+    <- 1 + 0.5 |pattern| (salt ``salt + 500 + j`` for buffer ``j``); integer buffers left alone. Each tensor gets
+    the pattern in its own dtype (a float64 model: float64 values, not float32 ones widened)."""
     for i, (_, p) in enumerate(model.named_parameters()):
-        p.copy_(pattern(tuple(p.shape), salt + i))
+        p.copy_(pattern(tuple(p.shape), salt + i, dtype=p.dtype))
     for j, (name, b) in enumerate(model.named_buffers()):
         if not b.is_floating_point():
             continue
-        values = pattern(tuple(b.shape), salt + 500 + j, bound=1.0)
+        values = pattern(tuple(b.shape), salt + 500 + j, bound=1.0, dtype=b.dtype)
         if name.endswith("running_mean"):
             b.copy_(0.1 * values)
         elif name.endswith("running_var"):
