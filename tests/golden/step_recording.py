@@ -15,7 +15,8 @@ import importlib
 import sys
 import types
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,12 @@ def load_pattern(model: nn.Module, salt: int) -> None:
 
 class DropoutTape:
     """Channel masks of every :class:`TapeDropout`, per module name in call order: drawn and kept (``record``) or
-    taken from a recording (``replay``)."""
+    taken from a recording (``replay``). A drawn mask is Bernoulli(1 - p) drawn in float32 (the same draws whatever
+    ``dtype`` and the default dtype), then scaled by ``1 / (1 - p)`` in ``dtype`` (float64 for a float64 network, as
+    ``F.dropout2d`` scales in the input's dtype)."""
 
-    def __init__(self, recorded: dict[str, list[np.ndarray]] | None = None) -> None:
-        self.replaying = recorded is not None
+    def __init__(self, recorded: dict[str, list[np.ndarray]] | None = None, dtype: torch.dtype = torch.float32) -> None:
+        self.replaying, self.dtype = recorded is not None, dtype
         self.masks: dict[str, list[np.ndarray]] = defaultdict(list)
         if recorded is not None:
             self.masks.update({k: list(v) for k, v in recorded.items()})
@@ -71,7 +74,7 @@ class DropoutTape:
         if self.replaying:
             assert self.masks[name], f"{name}: ours runs this dropout more often than the recording"
             return torch.from_numpy(self.masks[name].pop(0))
-        mask = torch.empty(shape).bernoulli_(1.0 - p).div_(1.0 - p)
+        mask = torch.empty(shape, dtype=torch.float32).bernoulli_(1.0 - p).to(self.dtype).div_(1.0 - p)
         self.masks[name].append(mask.numpy().copy())
         return mask
 
@@ -100,6 +103,18 @@ class TapeDropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         return x * self.tape.mask(f"{self.name}", (x.shape[0], x.shape[1], 1, 1), self.p).to(x.dtype)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` inside the block: tensors the official code creates without a dtype
+    (``torch.zeros(...)``, ``torch.tensor(0.0)``) take the recorded network's precision."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def tape_dropout(model: nn.Module, tape: DropoutTape, role: str) -> None:
@@ -150,9 +165,11 @@ def digest(prefix: str, items: list[tuple[str, Tensor]], indices: dict[str, np.n
     return out
 
 
-def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[str, Tensor]], rtol: float) -> float:
+def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[str, Tensor]], rtol: float,
+                   floor: float = 1.0) -> float:
     """Max relative |ours - recorded| (:func:`close`) over the digest of ``items`` under ``prefix`` (the recorded
-    names must be those of ``items``); asserts each within ``rtol``."""
+    names must be those of ``items``); asserts each within ``rtol`` of its scale, at least ``floor`` (1: relative to
+    max(1, scale); a smaller floor makes small tensors, gradients say, relative to their own scale)."""
     ours = dict(items)
     head = f"{prefix}/sum/"
     recorded_names = {k[len(head):] for k in data if k.startswith(head)}
@@ -165,18 +182,18 @@ def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[s
         scale = float(data[f"{prefix}/abs/{name}"])
         for kind, value in (("sum", flat.sum().numpy()), ("abs", flat.abs().sum().numpy()), ("at", flat[index].numpy())):
             worst = max(worst, close(value, data[f"{prefix}/{kind}/{name}"], rtol, f"{prefix} {kind} {name}",
-                                     scale=scale if kind == "sum" else None))
+                                     scale=scale if kind == "sum" else None, floor=floor))
     return worst
 
 
-def close(ours, theirs, rtol: float, what: str, scale: float | None = None) -> float:
-    """Max |ours - theirs| / max(1, scale), asserted <= ``rtol``; ``scale`` default ``max |theirs|``."""
+def close(ours, theirs, rtol: float, what: str, scale: float | None = None, floor: float = 1.0) -> float:
+    """Max |ours - theirs| / max(floor, scale), asserted <= ``rtol``; ``scale`` default ``max |theirs|``."""
     ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
     assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} != recorded {theirs.shape}"
     if not theirs.size:
         return 0.0
     diff = float(np.max(np.abs(ours - theirs)))
-    bound = rtol * max(1.0, float(np.max(np.abs(theirs))) if scale is None else scale)
+    bound = rtol * max(floor, float(np.max(np.abs(theirs))) if scale is None else scale)
     assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
     return diff * rtol / bound
 
