@@ -19,7 +19,7 @@ DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, under ``ATEN_CPU_CAPABILIT
 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1`` and with 2 threads. Largest relative differences over the four:
 gradients 1.02e-6 (Cityscapes, ``backbone.layer1.0.conv3.weight``; the kernel paths move it by 1e-8), parameters and
 buffers 6.5e-8, the loss 7.5e-8; the biases before a BN (a round-off gradient of about 1e-16 on both sides) differ
-by 3e-17. :data:`GRAD_RTOL` = 5e-6 (5x), :data:`GRAD_FLOOR` = 1e-10, :data:`RTOL` = 1e-6 (13x).
+by 3e-17. :data:`GRAD_RTOL` = 5e-6 (5x), :data:`GRAD_FLOOR` = 1e-9, :data:`RTOL` = 1e-6 (13x).
 
 The golden fails when the behaviour it guards changes (:func:`test_each_change_moves_the_step_away_from_the_record`):
 the head at the backbone's LR on VOC, the auxiliary loss weight on Cityscapes, or the student in eval mode.
@@ -49,7 +49,7 @@ DATA = recorded("supervised_step_released")
 #: the loss, the LR, every parameter and buffer: relative to max(1, max |recorded|)
 RTOL = 1e-6
 #: every gradient: relative to its tensor's largest recorded |entry| (sums: to its sum of |entries|), at least the floor
-GRAD_RTOL, GRAD_FLOOR = 5e-6, 1e-10
+GRAD_RTOL, GRAD_FLOOR = 5e-6, 1e-9
 
 
 def _cell(family: str) -> dict[str, np.ndarray]:
