@@ -18,7 +18,7 @@ emulated with ATEN_CPU_CAPABILITY/DNNL_MAX_CPU_ISA/MKL_ENABLE_INSTRUCTIONS; ``PY
 pytest -s tests/test_u2pl_step_golden.py -k matches`` natively (AVX-512), under ``ATEN_CPU_CAPABILITY=avx2
 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, under ``ATEN_CPU_CAPABILITY=default DNNL_MAX_CPU_ISA=SSE41
 MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_NUM_THREADS=1`` and with 2 threads): gradients relative to their tensor's scale
-(largest |entry|; sums: sum of |entries|) at most 1.4e-6 (SSE path; 1.0e-6 natively), :data:`GRAD_RTOL` = 1e-5,
+(largest |entry|; sums: sum of |entries|) at most 3.4e-7 (``later``; every path), :data:`GRAD_RTOL` = 3e-6,
 with a floor of 1e-9 (the biases before a BN have a round-off gradient of about 1e-16 on both sides); losses,
 parameters, buffers and the memory bank relative to max(1, max |x|) at most 1.2e-7 (the contrastive loss on the SSE
 path), :data:`RTOL` = 1e-6; BN buffers 1e-14 (the kernels' float64 round-off).
@@ -56,7 +56,7 @@ STEP = REC.step_recording
 #: losses, parameters, buffers, memory bank: relative to max(1, max |recorded|)
 RTOL = 1e-6
 #: gradients: relative to their tensor's scale, at least the floor
-GRAD_RTOL, GRAD_FLOOR = 1e-5, 1e-9
+GRAD_RTOL, GRAD_FLOOR = 3e-6, 1e-9
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
