@@ -447,6 +447,17 @@ def test_norm_relu_conv_of_a_float32_map_under_bf16_autocast_keeps_one_dtype_per
         assert (low - ref).norm() <= 0.05 * ref.norm()
 
 
+def test_a_float64_head_trains_and_infers_in_float64():
+    """A float64 head (the whole-step goldens run float64 networks) takes the float32 attention's aggregates into
+    its float64 latent encoder: logits and gradients in float64, the attention alone in float32."""
+    head, (features, labels) = small_np().double(), batch()
+    features = features.double().requires_grad_(True)
+    out = train_step(head, features, labels)
+    out.logits.mean().backward()
+    assert out.logits.dtype == features.grad.dtype == torch.float64
+    assert head.eval()(features.detach()).logits.dtype == torch.float64
+
+
 def test_bf16_autocast_runs_and_stays_close_to_float32():
     """Under bf16 autocast every convolution, forward and backward, gets tensors of one dtype (cuDNN
     refuses a bf16 gradient with a float32 weight; the CPU kernels let it pass), and the gradients

@@ -27,6 +27,10 @@ row counts after the student's forward (what the head returns; as the loop's DDP
 hands the head copies of the lists). Cases: the plain recorder's (``first``, ``later``) and ``supervised`` (step 0 of a
 supervised-only epoch, the cell with one as on VOC: the student and the train-mode teacher each run with the labeled
 images as targets and context, ``train_semi.py`` 327-356).
+
+Precision: float64 as :mod:`record_u2pl_step_golden` (:data:`PRECISION`), the authors' NP head and its initial
+memories (``train_semi.py`` 126-133: ``torch.zeros(1, 32)``) too; the latent noise is drawn in float32 (the project's
+head draws its noise in float32 by design) and widened, so both sides take the same values.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ HEAD_MAP = {"query_net.0": "memory_dim_transform.Conv_1.0", "query_net.3": "memo
             "latent_encoder.mlp.2": "mean_logvar_net.MLP.L1", "decoder.conv1": "decoder.Conv_Decoder.0",
             "decoder.tail.2": "decoder.Conv_Decoder.3", "decoder.tail.5": "decoder.Conv_Decoder.6"}
 LAMBDA_KL = 0.005  # U2PL/train_semi.py 621
+PRECISION = (plain.PRECISION + "; the authors' NP head and its initial memories float64, its latent noise drawn in "
+             "float32 and widened (the project's head draws float32 noise by design)")
 
 
 #: the NP decoder's classifier weights are scaled by this: the pattern network's predictions are otherwise so near
@@ -140,7 +146,7 @@ def authors_head(module: types.ModuleType, segmentor: nn.Module, smoke) -> nn.Mo
     options = smoke.head.options
     ours = segmentor.head
     head = module.NP_HEAD(input_dim=ours.in_channels, latent_dim=options["latent_dim"], num_classes=smoke.num_classes,
-                          memory_max_length=options["memory_size"])
+                          memory_max_length=options["memory_size"]).to(next(ours.parameters()).dtype)
     state = dict(ours.named_parameters())
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -160,7 +166,7 @@ def tiny_pair(module, smoke, tape: DropoutTape, noise: dict) -> tuple[AuthorsMod
     models, indices = [], {}
     for role, salt in (("student", plain.STUDENT_SALT), ("teacher", plain.TEACHER_SALT)):
         draws = noise.setdefault(role, [])
-        segmentor = build_model(smoke)
+        segmentor = build_model(smoke).double()
         load_weights(segmentor, salt)
         indices = sample_indices(segmentor)
         tape_dropout(segmentor, tape, role)
@@ -174,12 +180,13 @@ def tiny_pair(module, smoke, tape: DropoutTape, noise: dict) -> tuple[AuthorsMod
 
 
 def recording_reparameterize(draws: list):
-    """The authors' ``reparameterize`` (np_head.py 128-132) with its draw appended to ``draws``."""
+    """The authors' ``reparameterize`` (np_head.py 128-132) with its draw appended to ``draws``: drawn in float32 (the
+    project's NP head draws its noise in float32 by design), widened to ``std``'s dtype."""
 
     def reparameterize(self, mean, std):
-        eps = torch.randn_like(std)
+        eps = torch.randn(std.shape, dtype=torch.float32)
         draws.append(eps.numpy().copy())
-        return eps * std + mean
+        return eps.to(std.dtype) * std + mean
 
     return reparameterize
 
@@ -200,14 +207,16 @@ def record_memories(model: AuthorsModel, seen: dict) -> None:
 def run_case(train_semi, module, smoke, case: str) -> dict[str, np.ndarray]:
     epoch, seed = CASES[case]
     smoke = cell_config(**CASE_OVERRIDES.get(case, {}))
-    tape, noise, seen = DropoutTape(), {}, {}
+    tape, noise, seen = DropoutTape(dtype=torch.float64), {}, {}
     model, model_teacher, indices = tiny_pair(module, smoke, tape, noise)
     record_memories(model, seen)
     cfg = plain.config(smoke)
-    optimizer, lr_scheduler = plain.official_optimizer(smoke, cfg, model.segmentor.backbone, model, epoch)
+    optimizer, lr_scheduler = plain.official_optimizer("u2pl", smoke, cfg, model.segmentor.backbone, model, epoch,
+                                                       plain.ITERS)
     data = plain.inputs(seed)
     memobank, queue_ptrlis, queue_size = plain.memory_bank(data, seed, smoke)
-    initial = [[torch.zeros(1, 32) for _ in range(smoke.num_classes)] for _ in range(2)]  # train_semi.py 126-133
+    initial = [[torch.zeros(1, 32, dtype=torch.float64) for _ in range(smoke.num_classes)]  # train_semi.py 126-133
+               for _ in range(2)]
     draws = plain.run_iteration(train_semi, cfg, seed, lambda loaders: train_semi.train(
         model, model_teacher, *initial, optimizer, lr_scheduler, sys.modules["u2pl.utils.loss_helper"].get_criterion(cfg),
         *loaders, epoch, types.SimpleNamespace(add_scalar=lambda *a: None), logging.getLogger("np_u2pl_step_golden"),
@@ -260,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         compared="one iteration on the project's smoke encoder/decoder with the authors' NP head: the losses and the "
                  "KL term, every gradient, student and teacher parameters and BN buffers after the step, the NP "
                  "memories written by the step (centers, rows), the memory bank; draws recorded and injected",
+        precision=PRECISION,
         sizes={"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": plain.ITERS,
                "epochs": plain.EPOCHS},
     )

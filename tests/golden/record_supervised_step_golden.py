@@ -18,12 +18,17 @@ times``, ``get_optimizer`` twice and ``get_scheduler`` on the second, whose grou
 criterion of ``u2pl/utils/loss_helper.py`` (``get_criterion``: ``Criterion`` CE, or ``CriterionOhem`` with the
 auxiliary term). What is not: ``ModelBuilder``'s ResNet-101 needs the pretrained file, so the network is the
 project's smoke segmentor of each cell (backbone ``resnet_small``, the U2PL decoder at widths 16/8, the baseline
-classifier with its two ``Dropout2d(0.1)``, on Cityscapes the layer-3 auxiliary head) with pattern weights
-(:func:`record_mt_cps_golden.pattern_weights`), wrapped as ``ModelBuilder``'s interface (``encoder``, ``decoder``,
+classifier with its two ``Dropout2d(0.1)``, on Cityscapes the layer-3 auxiliary head) with pattern weights and
+BN buffers (:func:`step_recording.load_pattern`), wrapped as ``ModelBuilder``'s interface (``encoder``, ``decoder``,
 ``auxor``; ``{"pred", "aux"}``); the configuration dict holds the cell's values; ``cv2`` and ``skimage`` (imported,
 not used) are stand-ins; ``.cuda()`` is the identity; the process group is gloo with one process; the loader is one
 batch. Dropout masks are drawn here and injected: ``F.dropout2d`` is replaced by one that takes the next recorded
 channel mask (kept channels scaled by ``1 / (1 - p)``), the same replacement in the test.
+
+Precision: float64 throughout (the network, the images: float32 draws widened, the masks, the pattern weights and BN
+buffers of :func:`step_recording.load_pattern`), so that the record is the same on any CPU's kernels (in float32 the
+tiny BN network turned ATen's, oneDNN's and MKL's round-off into gradient differences of 1e-2 between CPUs). The
+official criterion and loop fix no dtype.
 
 Stored per cell (prefix ``voc/``, ``cityscapes/``): inputs, the masks, the loss, the LR of each group, and for every
 parameter its gradient, and for every parameter and buffer after the step its sum, sum of |values| and sampled
@@ -48,8 +53,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from record_mt_cps_golden import digest, gradient_digest, load_pattern, sample_indices  # noqa: E402
+from record_mt_cps_golden import digest, gradient_digest, sample_indices  # noqa: E402
 from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+from step_recording import load_pattern  # noqa: E402
 
 OFFICIAL_FILES = ("train_sup.py", "u2pl/utils/loss_helper.py", "u2pl/utils/lr_helper.py")
 CELLS = {family: dict(framework="supervised", dataset=dataset, partition="1/16", head="baseline", protocol="released")
@@ -170,7 +176,7 @@ def mask_dropout2d(masks: list[torch.Tensor], draw: torch.Generator | None):
         else:
             mask = masks.pop(0)
             assert tuple(mask.shape) == tuple(input.shape[:2]), (tuple(mask.shape), tuple(input.shape))
-        return input * (mask / (1.0 - p)).to(input.dtype)[:, :, None, None]
+        return input * (mask.to(input.dtype) / (1.0 - p))[:, :, None, None]
 
     return dropout2d
 
@@ -205,7 +211,7 @@ def record_cell(train_sup: types.ModuleType, family: str) -> dict[str, np.ndarra
     from npsemiseg.training import build_model
 
     config = config_of(family)
-    segmentor = build_model(config)
+    segmentor = build_model(config).double()
     load_pattern(segmentor, SALT)
     model = Builder(segmentor)
     cfg = official_cfg(config, family)
@@ -220,7 +226,7 @@ def record_cell(train_sup: types.ModuleType, family: str) -> dict[str, np.ndarra
     optimizer_old = train_sup.get_optimizer(params_list, cfg_optim)  # 131-134
     lr_scheduler = train_sup.get_scheduler(cfg["trainer"], 1, optimizer_old, start_epoch=EPOCH)
     criterion = Recorded(train_sup.get_criterion(cfg))
-    loader = OneBatch((torch.from_numpy(data["image"]), torch.from_numpy(data["label"])))
+    loader = OneBatch((torch.from_numpy(data["image"]).double(), torch.from_numpy(data["label"])))
     masks: list[torch.Tensor] = []
     with (patched(F, "dropout2d", mask_dropout2d(masks, torch.Generator().manual_seed(SEED + 7))),
           patched(torch.Tensor, "cuda", lambda self, *a, **k: self)):
@@ -271,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         "compared": "the official loop body on the project's tiny segmentor (not the official ResNet-101 DeepLabv3+): "
                     "the loss, the LR, every gradient, every parameter and BN buffer after the step (sum, sum |x|, "
                     "sampled entries), VOC (CE) and Cityscapes (OHEM + 0.4 aux) cells",
+        "precision": "float64: network, images (float32 draws widened), dropout masks, pattern weights and BN buffers; "
+                     "the official loop and criterion fix no dtype",
         "command": f"PYTHONPATH=$PWD python tests/golden/record_supervised_step_golden.py CHECKOUT --commit {commit}",
         "checkout": "CHECKOUT holds train_sup.py and u2pl/ at the commit, e.g. git archive COMMIT train_sup.py u2pl | "
                     "tar -x -C CHECKOUT",

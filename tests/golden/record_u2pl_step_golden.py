@@ -28,6 +28,12 @@ of a supervised-only epoch (lines 287-306: the student on the labeled images, th
 unsupervised and contrastive terms). Stored per case: the
 inputs, the draws, the three losses, every gradient, the student's and the teacher's parameters and buffers after the
 step (sum, sum |x|, sampled entries) and the memory bank.
+
+Precision: float64 (:data:`PRECISION`): the networks, the images (float32 draws widened), the dropout masks, the pattern
+weights and BN buffers, the memory bank; the official ``train()`` runs under float64 as default dtype, so that what it
+creates without a dtype (``torch.tensor(0.0)``, ``torch.zeros``) is float64 too. Its explicit ``.float()`` are on 0/1
+masks, exact in either. In float32 the tiny BN networks turned the round-off of ATen's, oneDNN's and MKL's kernels
+into gradient differences of 1e-2 between CPUs; in float64 the record is the same on any of them.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
 from step_recording import (  # noqa: E402
     DropoutTape,
+    default_dtype,
     digest,
     load_pattern,
     official_optimizer,
@@ -74,6 +81,8 @@ OVERRIDES = {"framework_options.anchor_threshold": 0.1}
 #: keys per class in the memory bank before the step
 PREFILL = 6
 STUBS = ("cv2", "skimage", "skimage.measure", "einops")
+PRECISION = ("float64: networks, images (float32 draws widened), dropout masks, pattern weights and BN buffers, the "
+             "memory bank; the official train() under float64 as default dtype (its .float() casts are of 0/1 masks)")
 
 
 class EndOfStep(Exception):
@@ -210,7 +219,7 @@ def tiny_pair(smoke, tape: DropoutTape) -> tuple[nn.Module, nn.Module]:
     """Student and teacher: the cell's segmentor with pattern parameters and buffers, dropout on the tape."""
     from npsemiseg.training import build_model
 
-    student, teacher = build_model(smoke), build_model(smoke)
+    student, teacher = build_model(smoke).double(), build_model(smoke).double()
     load_pattern(student, STUDENT_SALT)
     load_pattern(teacher, TEACHER_SALT)
     tape_dropout(student, tape, "student")
@@ -224,7 +233,7 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
     """One iteration of the official ``train()`` at the case's epoch; the arrays stored under ``case/``."""
     epoch, seed = CASES[case]
     smoke = cell_config(**CASE_OVERRIDES.get(case, {}))
-    tape = DropoutTape()
+    tape = DropoutTape(dtype=torch.float64)
     student, teacher = tiny_pair(smoke, tape)
     model, model_teacher = OfficialInterface(student), OfficialInterface(teacher)
     cfg = config(smoke)
@@ -251,7 +260,7 @@ def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:
     """U2PL's memory bank (``train_semi.py`` 103-110) holding :func:`prefilled_queues` (added to ``data``)."""
     dim, k = smoke.model.options["representation_dim"], smoke.num_classes
     data.update(prefilled_queues(seed, k, dim))
-    memobank = [[torch.from_numpy(data[f"queue_before/{c}"]).clone()] for c in range(k)]
+    memobank = [[torch.from_numpy(data[f"queue_before/{c}"]).double()] for c in range(k)]
     queue_ptrlis = [torch.full((1,), PREFILL, dtype=torch.long) for _ in range(k)]
     opts = smoke.framework_options
     return memobank, queue_ptrlis, [opts["background_queue_size"]] + [opts["queue_size"]] * (k - 1)
@@ -260,12 +269,12 @@ def memory_bank(data: dict, seed: int, smoke) -> tuple[list, list, list]:
 def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict, mixes: bool = True) -> dict:
     """Seed torch and numpy, record the draws and run ``call((loader_l, loader_u))`` until the second batch."""
     train_semi.cfg, train_semi.prototype = cfg, None
-    loaders = (OneBatch((torch.tensor(data["images_l"]), torch.tensor(data["labels_l"]))),  # copies: kept as given
-               OneBatch((torch.tensor(data["images_u"]), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))))
+    loaders = (OneBatch((torch.from_numpy(data["images_l"]).double(), torch.tensor(data["labels_l"]))),  # copies
+               OneBatch((torch.from_numpy(data["images_u"]).double(), torch.zeros(B_U, SIZE, SIZE, dtype=torch.long))))
     draws: dict = {"randint": [], "coin": [], "cutout": [], "reduced": []}
     torch.manual_seed(seed)
     np.random.seed(seed)
-    with recording_draws(train_semi, draws):
+    with recording_draws(train_semi, draws), default_dtype(torch.float64):
         try:
             call(loaders)
         except EndOfStep:
@@ -323,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         compared="one iteration on the project's smoke segmentor (pattern parameters and BN buffers, not U2PL's "
                  "ResNet-101 ModelBuilder): the three losses, every gradient, the student's and teacher's parameters "
                  "and buffers after the step, the memory bank; draws recorded and injected",
+        precision=PRECISION,
         sizes={"B_l": B_L, "B_u": B_U, "size": SIZE, "iters_per_epoch": ITERS, "epochs": EPOCHS, "cases": CASES,
                "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT, "cell": CELL},
     )
