@@ -14,50 +14,53 @@ import numpy as np
 import torch
 from torch import nn
 
-#: float32 round-off of a value, relative to max(1, its largest recorded |value|)
+#: float32 round-off of a value, relative to max(1, its largest recorded |value|) (the default; the float64 goldens
+#: pass their own measured bounds)
 RTOL_SCALE = 1e-5
 #: gradients: relative to the tensor's scale (round-off through the backward pass), with a floor (a bias before a BN
 #: has a zero gradient: round-off alone)
 GRAD_RTOL, GRAD_FLOOR = 5e-5, 1e-3
 
 
-def close(ours, theirs, what: str) -> float:
-    """``|ours - theirs| <= RTOL_SCALE * max(1, max |theirs|)``; returns the difference relative to that scale."""
+def close(ours, theirs, what: str, rtol: float = RTOL_SCALE) -> float:
+    """``|ours - theirs| <= rtol * max(1, max |theirs|)``; returns the difference relative to that scale."""
     ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
     diff = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
     scale = max(1.0, float(np.max(np.abs(theirs))) if theirs.size else 1.0)
-    assert diff <= RTOL_SCALE * scale, f"{what}: max |difference| {diff:.3g} > {RTOL_SCALE * scale:.3g}"
+    assert diff <= rtol * scale, f"{what}: max |difference| {diff:.3g} > {rtol * scale:.3g}"
     return diff / scale
 
 
-def close_grad(ours, theirs, scale: float, what: str) -> float:
-    """A gradient quantity within ``GRAD_RTOL`` of ``scale`` (the tensor's largest recorded |entry|, or for a sum
+def close_grad(ours, theirs, scale: float, what: str, rtol: float = GRAD_RTOL) -> float:
+    """A gradient quantity within ``rtol`` of ``scale`` (the tensor's largest recorded |entry|, or for a sum
     its recorded sum of |entries|), at least ``GRAD_FLOOR``; returns the difference relative to that scale."""
     diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))))
     scale = max(scale, GRAD_FLOOR)
-    assert diff <= GRAD_RTOL * scale, f"{what}: max |difference| {diff:.3g} > {GRAD_RTOL * scale:.3g}"
+    assert diff <= rtol * scale, f"{what}: max |difference| {diff:.3g} > {rtol * scale:.3g}"
     return diff / scale
 
 
-def compare_gradients(model: nn.Module, data: Mapping[str, np.ndarray], prefix: str = "student") -> dict[str, float]:
-    """Every parameter's gradient of ``model`` against the record: ``{"grad/<name>": relative difference}``."""
+def compare_gradients(model: nn.Module, data: Mapping[str, np.ndarray], prefix: str = "student",
+                      rtol: float = GRAD_RTOL) -> dict[str, float]:
+    """Every parameter's gradient of ``model`` against the record, each within ``rtol`` (:func:`close_grad`):
+    ``{"grad/<name>": relative difference}``."""
     diffs = {}
     for name, p in model.named_parameters():
         assert p.grad is not None, f"{prefix} {name}: no gradient"
         grad, total = p.grad.detach().double().flatten(), float(data[f"{prefix}/grad_abs/{name}"])
         entries = data[f"{prefix}/grad_at/{name}"]
         diffs[f"grad/{name}"] = max(
-            close_grad(float(grad.sum()), data[f"{prefix}/grad_sum/{name}"], total, f"grad {name} sum"),
-            close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|"),
+            close_grad(float(grad.sum()), data[f"{prefix}/grad_sum/{name}"], total, f"grad {name} sum", rtol),
+            close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|", rtol),
             close_grad(grad[torch.from_numpy(data[f"index/{name}"]).long()].numpy(), entries,
-                       float(np.abs(entries).max()), f"grad {name} entries"))
+                       float(np.abs(entries).max()), f"grad {name} entries", rtol))
     return diffs
 
 
 def compare_states(models: Mapping[str, nn.Module], data: Mapping[str, np.ndarray],
-                   skip: Iterable[str] = ()) -> dict[str, float]:
-    """Every parameter and buffer of each model against the record (``skip``: ``<model>/<name>`` keys left out):
-    ``{"<model>/<name>": relative difference}``."""
+                   skip: Iterable[str] = (), rtol: float = RTOL_SCALE) -> dict[str, float]:
+    """Every parameter and buffer of each model against the record (``skip``: ``<model>/<name>`` keys left out),
+    each within ``rtol`` (:func:`close`): ``{"<model>/<name>": relative difference}``."""
     skipped, diffs = set(skip), {}
     for prefix, model in models.items():
         for name, t in (*model.named_parameters(), *model.named_buffers()):
@@ -65,10 +68,10 @@ def compare_states(models: Mapping[str, nn.Module], data: Mapping[str, np.ndarra
                 continue
             flat = t.detach().double().flatten()
             diffs[f"{prefix}/{name}"] = max(
-                close(float(flat.sum()), data[f"{prefix}/sum/{name}"], f"{prefix} {name} sum"),
-                close(float(flat.abs().sum()), data[f"{prefix}/abs/{name}"], f"{prefix} {name} sum |x|"),
+                close(float(flat.sum()), data[f"{prefix}/sum/{name}"], f"{prefix} {name} sum", rtol),
+                close(float(flat.abs().sum()), data[f"{prefix}/abs/{name}"], f"{prefix} {name} sum |x|", rtol),
                 close(flat[torch.from_numpy(data[f"index/{name}"]).long()].numpy(), data[f"{prefix}/at/{name}"],
-                      f"{prefix} {name} entries"))
+                      f"{prefix} {name} entries", rtol))
     return diffs
 
 
