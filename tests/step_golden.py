@@ -14,8 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-#: float32 round-off of a value, relative to max(1, its largest recorded |value|) (the default; the float64 goldens
-#: pass their own measured bounds)
+#: float32 round-off of a value, relative to max(1, its largest recorded |value|)
 RTOL_SCALE = 1e-5
 #: gradients: relative to the tensor's scale (round-off through the backward pass), with a floor (a bias before a BN
 #: has a zero gradient: round-off alone)
@@ -31,36 +30,36 @@ def close(ours, theirs, what: str, rtol: float = RTOL_SCALE) -> float:
     return diff / scale
 
 
-def close_grad(ours, theirs, scale: float, what: str, rtol: float = GRAD_RTOL) -> float:
+def close_grad(ours, theirs, scale: float, what: str, rtol: float = GRAD_RTOL, floor: float = GRAD_FLOOR) -> float:
     """A gradient quantity within ``rtol`` of ``scale`` (the tensor's largest recorded |entry|, or for a sum
-    its recorded sum of |entries|), at least ``GRAD_FLOOR``; returns the difference relative to that scale."""
+    its recorded sum of |entries|), at least ``floor``; returns the difference relative to that scale."""
     diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))))
-    scale = max(scale, GRAD_FLOOR)
+    scale = max(scale, floor)
     assert diff <= rtol * scale, f"{what}: max |difference| {diff:.3g} > {rtol * scale:.3g}"
     return diff / scale
 
 
 def compare_gradients(model: nn.Module, data: Mapping[str, np.ndarray], prefix: str = "student",
-                      rtol: float = GRAD_RTOL) -> dict[str, float]:
-    """Every parameter's gradient of ``model`` against the record, each within ``rtol`` (:func:`close_grad`):
-    ``{"grad/<name>": relative difference}``."""
+                      rtol: float = GRAD_RTOL, floor: float = GRAD_FLOOR) -> dict[str, float]:
+    """Every parameter's gradient of ``model`` against the record (within ``rtol`` of its scale, at least
+    ``floor``: :func:`close_grad`): ``{"grad/<name>": relative difference}``."""
     diffs = {}
     for name, p in model.named_parameters():
         assert p.grad is not None, f"{prefix} {name}: no gradient"
         grad, total = p.grad.detach().double().flatten(), float(data[f"{prefix}/grad_abs/{name}"])
         entries = data[f"{prefix}/grad_at/{name}"]
         diffs[f"grad/{name}"] = max(
-            close_grad(float(grad.sum()), data[f"{prefix}/grad_sum/{name}"], total, f"grad {name} sum", rtol),
-            close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|", rtol),
+            close_grad(float(grad.sum()), data[f"{prefix}/grad_sum/{name}"], total, f"grad {name} sum", rtol, floor),
+            close_grad(float(grad.abs().sum()), total, total, f"grad {name} sum |x|", rtol, floor),
             close_grad(grad[torch.from_numpy(data[f"index/{name}"]).long()].numpy(), entries,
-                       float(np.abs(entries).max()), f"grad {name} entries", rtol))
+                       float(np.abs(entries).max()), f"grad {name} entries", rtol, floor))
     return diffs
 
 
 def compare_states(models: Mapping[str, nn.Module], data: Mapping[str, np.ndarray],
                    skip: Iterable[str] = (), rtol: float = RTOL_SCALE) -> dict[str, float]:
-    """Every parameter and buffer of each model against the record (``skip``: ``<model>/<name>`` keys left out),
-    each within ``rtol`` (:func:`close`): ``{"<model>/<name>": relative difference}``."""
+    """Every parameter and buffer of each model against the record (``skip``: ``<model>/<name>`` keys left out;
+    within ``rtol``: :func:`close`): ``{"<model>/<name>": relative difference}``."""
     skipped, diffs = set(skip), {}
     for prefix, model in models.items():
         for name, t in (*model.named_parameters(), *model.named_buffers()):

@@ -63,8 +63,8 @@ STUBS = ("cv2", "skimage", "skimage.measure", "torch.utils.tensorboard")
 #: unsupervised loss then covers the pixels pasted from labeled images (confidence 1), the pseudo-labels reach the step
 #: through the per-image confidence (the CutMix's coins) and, with the NP head, the NP targets
 OVERRIDES = {"framework_options.confidence_threshold": 0.5}
-#: student, teacher and the inputs run in float64 (the pattern loaded in float32, then widened: exact; the stored
-#: images are float32 values): in float32 the tiny BN networks amplify round-off that differs between CPUs (vector
+#: student, teacher (their pattern in float64) and the inputs run in float64 (the stored images are float32 values,
+#: exact in float64): in float32 the tiny BN networks amplify round-off that differs between CPUs (vector
 #: width, oneDNN's convolution, MKL's GEMM) beyond any useful bound
 DTYPE = torch.float64
 
@@ -201,9 +201,9 @@ def plain_model(smoke, salt: int) -> nn.Module:
     """The project's model of ``smoke`` with the pattern of ``salt`` (parameters and BN buffers), in :data:`DTYPE`."""
     from npsemiseg.training import build_model
 
-    model = build_model(smoke)
+    model = build_model(smoke).to(DTYPE)
     load_pattern(model, salt)
-    return model.to(DTYPE)
+    return model
 
 
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                  "ResNet ModelBuilder): both losses, every gradient, the student's and teacher's parameters and "
                  "buffers after the step; draws recorded and injected",
         sizes={"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": ITERS, "epochs": EPOCHS},
-        dtype="float64: student, teacher (pattern parameters and BN buffers made in float32, widened exactly) and the "
+        dtype="float64: student, teacher (pattern parameters and BN buffers) and the "
               "inputs (stored as float32 values, exact in float64); the official iteration computes everything in "
               "float64",
     )

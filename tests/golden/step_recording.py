@@ -15,7 +15,8 @@ import importlib
 import sys
 import types
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +24,34 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from record_mt_cps_golden import pattern_weights
 from record_mt_cps_golden import sample_indices as mt_sample_indices
-from recording import official_commit, recorder_arguments, save_golden
+from recording import official_commit, recorder_arguments, save_golden, sine_pattern
 
 
 
-def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None) -> Tensor:
+def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None,
+            dtype: torch.dtype = torch.float32) -> Tensor:
     """``bound * sin(1 + 0.7 i + salt)`` over the flat index i; ``bound`` default: the Xavier-uniform bound of the
-    shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. float32."""
+    shape (1-d tensors: 0.1), i.e. ``record_mt_cps_golden.pattern_weights``. Computed in float64, returned as
+    ``dtype`` (float32: ``pattern_weights``' values)."""
     if bound is None:
-        return pattern_weights(shape, salt)
-    values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
-    return torch.from_numpy(values.reshape(shape)).float()
+        values = sine_pattern(shape, salt)
+    else:
+        values = bound * np.sin(1.0 + 0.7 * np.arange(int(np.prod(shape)), dtype=np.float64) + float(salt))
+    return torch.from_numpy(values.reshape(shape)).to(dtype)
 
 
 @torch.no_grad()
 def load_pattern(model: nn.Module, salt: int) -> None:
     """Parameter ``i`` <- :func:`pattern` with salt ``salt + i``; BN running means <- 0.1 x pattern, running variances
-    <- 1 + 0.5 |pattern| (salt ``salt + 500 + j`` for buffer ``j``); integer buffers left alone."""
+    <- 1 + 0.5 |pattern| (salt ``salt + 500 + j`` for buffer ``j``); integer buffers left alone. Each tensor gets
+    the pattern in its own dtype (a float64 model: float64 values, not float32 ones widened)."""
     for i, (_, p) in enumerate(model.named_parameters()):
-        p.copy_(pattern(tuple(p.shape), salt + i))
+        p.copy_(pattern(tuple(p.shape), salt + i, dtype=p.dtype))
     for j, (name, b) in enumerate(model.named_buffers()):
         if not b.is_floating_point():
             continue
-        values = pattern(tuple(b.shape), salt + 500 + j, bound=1.0)
+        values = pattern(tuple(b.shape), salt + 500 + j, bound=1.0, dtype=b.dtype)
         if name.endswith("running_mean"):
             b.copy_(0.1 * values)
         elif name.endswith("running_var"):
@@ -56,10 +60,12 @@ def load_pattern(model: nn.Module, salt: int) -> None:
 
 class DropoutTape:
     """Channel masks of every :class:`TapeDropout`, per module name in call order: drawn and kept (``record``) or
-    taken from a recording (``replay``)."""
+    taken from a recording (``replay``). A drawn mask is Bernoulli(1 - p) drawn in float32 (the same draws whatever
+    ``dtype`` and the default dtype), then scaled by ``1 / (1 - p)`` in ``dtype`` (float64 for a float64 network, as
+    ``F.dropout2d`` scales in the input's dtype)."""
 
-    def __init__(self, recorded: dict[str, list[np.ndarray]] | None = None) -> None:
-        self.replaying = recorded is not None
+    def __init__(self, recorded: dict[str, list[np.ndarray]] | None = None, dtype: torch.dtype = torch.float32) -> None:
+        self.replaying, self.dtype = recorded is not None, dtype
         self.masks: dict[str, list[np.ndarray]] = defaultdict(list)
         if recorded is not None:
             self.masks.update({k: list(v) for k, v in recorded.items()})
@@ -68,7 +74,7 @@ class DropoutTape:
         if self.replaying:
             assert self.masks[name], f"{name}: ours runs this dropout more often than the recording"
             return torch.from_numpy(self.masks[name].pop(0))
-        mask = torch.empty(shape).bernoulli_(1.0 - p).div_(1.0 - p)
+        mask = torch.empty(shape, dtype=torch.float32).bernoulli_(1.0 - p).to(self.dtype).div_(1.0 - p)
         self.masks[name].append(mask.numpy().copy())
         return mask
 
@@ -97,6 +103,18 @@ class TapeDropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         return x * self.tape.mask(f"{self.name}", (x.shape[0], x.shape[1], 1, 1), self.p).to(x.dtype)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` inside the block: tensors the official code creates without a dtype
+    (``torch.zeros(...)``, ``torch.tensor(0.0)``) take the recorded network's precision."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def tape_dropout(model: nn.Module, tape: DropoutTape, role: str) -> None:
@@ -147,9 +165,11 @@ def digest(prefix: str, items: list[tuple[str, Tensor]], indices: dict[str, np.n
     return out
 
 
-def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[str, Tensor]], rtol: float) -> float:
+def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[str, Tensor]], rtol: float,
+                   floor: float = 1.0) -> float:
     """Max relative |ours - recorded| (:func:`close`) over the digest of ``items`` under ``prefix`` (the recorded
-    names must be those of ``items``); asserts each within ``rtol``."""
+    names must be those of ``items``); asserts each within ``rtol`` of its scale, at least ``floor`` (1: relative to
+    max(1, scale); a smaller floor makes small tensors, gradients say, relative to their own scale)."""
     ours = dict(items)
     head = f"{prefix}/sum/"
     recorded_names = {k[len(head):] for k in data if k.startswith(head)}
@@ -162,18 +182,18 @@ def compare_digest(data: dict[str, np.ndarray], prefix: str, items: list[tuple[s
         scale = float(data[f"{prefix}/abs/{name}"])
         for kind, value in (("sum", flat.sum().numpy()), ("abs", flat.abs().sum().numpy()), ("at", flat[index].numpy())):
             worst = max(worst, close(value, data[f"{prefix}/{kind}/{name}"], rtol, f"{prefix} {kind} {name}",
-                                     scale=scale if kind == "sum" else None))
+                                     scale=scale if kind == "sum" else None, floor=floor))
     return worst
 
 
-def close(ours, theirs, rtol: float, what: str, scale: float | None = None) -> float:
-    """Max |ours - theirs| / max(1, scale), asserted <= ``rtol``; ``scale`` default ``max |theirs|``."""
+def close(ours, theirs, rtol: float, what: str, scale: float | None = None, floor: float = 1.0) -> float:
+    """Max |ours - theirs| / max(floor, scale), asserted <= ``rtol``; ``scale`` default ``max |theirs|``."""
     ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
     assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} != recorded {theirs.shape}"
     if not theirs.size:
         return 0.0
     diff = float(np.max(np.abs(ours - theirs)))
-    bound = rtol * max(1.0, float(np.max(np.abs(theirs))) if scale is None else scale)
+    bound = rtol * max(floor, float(np.max(np.abs(theirs))) if scale is None else scale)
     assert diff <= bound, f"{what}: max |difference| {diff:.3g} > {bound:.3g}"
     return diff * rtol / bound
 
