@@ -56,7 +56,8 @@ class LatentEncoder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(inplace=True), nn.Linear(in_dim, 2 * latent_dim))
 
     def forward(self, aggregate: Tensor) -> tuple[Tensor, Tensor]:
-        mean, raw = self.mlp(aggregate).chunk(2, dim=-1)
+        # the aggregate comes from the float32 attention: in the MLP's dtype (a float64 head's), as the decoder's z, r
+        mean, raw = self.mlp(aggregate.to(self.mlp[0].weight.dtype)).chunk(2, dim=-1)
         return mean, 0.1 + 0.9 * F.softplus(raw)
 
 

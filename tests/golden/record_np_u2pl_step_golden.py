@@ -174,12 +174,13 @@ def tiny_pair(module, smoke, tape: DropoutTape, noise: dict) -> tuple[AuthorsMod
 
 
 def recording_reparameterize(draws: list):
-    """The authors' ``reparameterize`` (np_head.py 128-132) with its draw appended to ``draws``."""
+    """The authors' ``reparameterize`` (np_head.py 128-132) with its draw appended to ``draws``: drawn in float32 (the
+    project's NP head draws its noise in float32 by design), widened to ``std``'s dtype."""
 
     def reparameterize(self, mean, std):
-        eps = torch.randn_like(std)
+        eps = torch.randn(std.shape, dtype=torch.float32)
         draws.append(eps.numpy().copy())
-        return eps * std + mean
+        return eps.to(std.dtype) * std + mean
 
     return reparameterize
 
