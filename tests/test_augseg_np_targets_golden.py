@@ -6,9 +6,18 @@ The official step is inline script code (AugSeg/train_semi.py 355-408); its CutM
 the one official function on the path and was run by the recorder. Here the framework's step runs on the recorded
 teacher logits and images, with the official CutMix's recorded output in place of the framework's own CutMix (whose
 random draws differ), and the test checks what reaches the head: the pseudo-labels and confidences the step hands
-the CutMix (exact), the per-image confidence rho (float32 round-off, ``<= 1e-6``) and the targets of the student
-pass: released (``np_targets="unfiltered"``, switch ``np_unfiltered_targets``) the recorded ``label_all``, exactly;
-corrected the same with 255 where the mixed confidence is below the threshold.
+the CutMix (labels exact, confidences within :data:`CONFIDENCE_ATOL`), the per-image confidence rho (within
+:data:`RHO_ATOL`) and the targets of the student pass: released (``np_targets="unfiltered"``, switch
+``np_unfiltered_targets``) the recorded ``label_all``, exactly; corrected the same with 255 where the mixed confidence
+is below the threshold.
+
+The recorder's softmax runs in float64 (on the stored float32 logits), the project's in float32 by design
+(``prediction_from_logits``). Measured (2026-11-29, 2-core AMD EPYC (Zen 4) VM, kernel paths emulated with
+ATEN_CPU_CAPABILITY/DNNL_MAX_CPU_ISA/MKL_ENABLE_INSTRUCTIONS: native AVX-512 on 1 and 2 threads, ``avx2 AVX2 AVX2``,
+``default SSE41 SSE4_2`` with OMP_NUM_THREADS=1; ``PYTHONPATH=$PWD .venv/bin/python -m pytest -q
+tests/test_augseg_np_targets_golden.py`` under each): confidences 2.5e-7 and rho 7.9e-9 from the record on every
+path, labels and targets equal; the bounds leave a margin of about 10. (Recorded in float32, the confidences were
+compared exactly, and a float32 softmax of another vector width differs in the last bits.)
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ from npsemiseg.training import build_framework
 DATA = recorded("augseg_np_targets_released")
 META = sidecar("augseg_np_targets_released")
 CELL = dict(framework="augseg", dataset="synthetic", partition="1/16", head="np")
+#: the teacher's per-pixel confidences (the project's float32 softmax against the recorded float64 one)
+CONFIDENCE_ATOL = 2e-6
+#: the per-image confidence rho
+RHO_ATOL = 1e-7
 
 pytestmark = pytest.mark.usefixtures("single_seeded_thread")
 
@@ -66,9 +79,10 @@ def _targets(protocol: str, monkeypatch) -> tuple[torch.Tensor, dict]:
 def test_the_step_hands_the_official_cutmix_the_official_pseudo_labels(monkeypatch):
     _, seen = _targets("released", monkeypatch)
     assert torch.equal(seen["label"], torch.from_numpy(DATA["teacher_label"]))
-    assert torch.equal(seen["confidence"], torch.from_numpy(DATA["teacher_confidence"]))
+    diff = float(np.max(np.abs(seen["confidence"].double().numpy() - DATA["teacher_confidence"])))
+    assert diff <= CONFIDENCE_ATOL, f"confidence: max |difference| {diff:.3g}"
     diff = float(np.max(np.abs(seen["rho"].double().numpy() - DATA["image_confidence"])))
-    assert diff <= 1e-6, f"rho: max |difference| {diff:.3g}"
+    assert diff <= RHO_ATOL, f"rho: max |difference| {diff:.3g}"
 
 
 def test_released_targets_are_the_official_unfiltered_ones(monkeypatch):

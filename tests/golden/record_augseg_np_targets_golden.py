@@ -9,7 +9,9 @@ run time and mixes a fixed batch; the lines of ``AugSeg/train_semi.py`` around i
 runs them: the teacher's softmax averaged over its samples, its max and argmax (358-363), the per-image confidence
 (366-371), the CutMix (376-387), and the targets passed to the model with the NP head, ``label_all =
 torch.cat((label_l, label_u_aug))`` (405-408): the mixed argmax labels, unmasked. The threshold (0.95, line 354)
-only masks the unsupervised CE (425-427). Stored: the teacher's logits, the labeled and unlabeled images and labels,
+only masks the unsupervised CE (425-427). The teacher's logits (float32 values) are widened to float64 before the
+softmax, so that the recorded confidences are the same on every CPU (a float32 softmax differs in its last bits
+between vector widths). Stored: the teacher's logits, the labeled and unlabeled images and labels,
 the per-image confidence, the mixed image, labels and confidences, and ``label_all``.
 """
 
@@ -58,7 +60,7 @@ def record(checkout: Path) -> dict[str, np.ndarray]:
     image_l, label_l = torch.from_numpy(data["images_l"]), torch.from_numpy(data["labels_l"])
     image_u_aug = torch.from_numpy(data["images_u"]).clone()
     # train_semi.py 358-363
-    pred_u = torch.softmax(torch.from_numpy(data["teacher_logits"]), dim=2).mean(0)
+    pred_u = torch.softmax(torch.from_numpy(data["teacher_logits"]).double(), dim=2).mean(0)
     logits_u_aug, label_u_aug = torch.max(pred_u, dim=1)
     out = dict(data)
     out["teacher_confidence"], out["teacher_label"] = logits_u_aug.numpy().copy(), label_u_aug.numpy().copy()
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         "checkout": f"CHECKOUT holds the two files at the commit, e.g. git archive COMMIT {OFFICIAL_FILE} {STEP_FILE} "
                     "| tar -x -C CHECKOUT (a full clone works too)",
         "sizes": {"B": B, "K": K, "H": H, "W": W, "seed": SEED, "threshold": THRESHOLD},
+        "dtype": "teacher_logits, images: float32 values; the softmax and everything after it in float64 (the "
+                 "confidences: teacher_confidence, image_confidence, mixed_confidence)",
         "torch": torch.__version__,
         "numpy": np.__version__,
     }

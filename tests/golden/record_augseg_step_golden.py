@@ -14,7 +14,7 @@ the identity, loaders of one batch; ``torch.utils.tensorboard``, ``cv2``, ``skim
 ``ModelBuilder`` needs an ImageNet ResNet: student and teacher are the project's smoke segmentor of :data:`CELL` (tiny
 ResNet, AugSeg decoder, baseline classifier without dropout, as the released switch ``classifier_dropout``) with
 pattern parameters and BN buffers, wrapped to return ``(logits upsampled to the image, None)`` as AugSeg's
-``ModelBuilder.forward`` without aux head (model_helper.py 68-74).
+``ModelBuilder.forward`` without aux head (model_helper.py 68-74). Networks and inputs run in float64 (:data:`DTYPE`).
 
 Random draws recorded: the CutMix trigger (``np.random.uniform``), the permutation (``torch.randperm``), the two boxes
 (``rand_bbox``, whose ``np.random.beta`` and ``np.random.randint`` draws they carry) and the per-image coins
@@ -63,6 +63,10 @@ STUBS = ("cv2", "skimage", "skimage.measure", "torch.utils.tensorboard")
 #: unsupervised loss then covers the pixels pasted from labeled images (confidence 1), the pseudo-labels reach the step
 #: through the per-image confidence (the CutMix's coins) and, with the NP head, the NP targets
 OVERRIDES = {"framework_options.confidence_threshold": 0.5}
+#: student, teacher (their pattern in float64) and the inputs run in float64 (the stored images are float32 values,
+#: exact in float64): in float32 the tiny BN networks amplify round-off that differs between CPUs (vector
+#: width, oneDNN's convolution, MKL's GEMM) beyond any useful bound
+DTYPE = torch.float64
 
 
 def cell_config(cell: dict | None = None, overrides: dict | None = None, **extra):
@@ -147,8 +151,8 @@ def recording_draws(train_semi: types.ModuleType, draws: dict):
 def run_iteration(train_semi, cfg: dict, seed: int, call, data: dict) -> dict:
     """Seed torch and numpy, record the draws and run ``call((loader_l, loader_u))`` until the second batch."""
     # copies: the official CutMix pastes into the batch in place
-    image_l, label_l = torch.tensor(data["images_l"]), torch.tensor(data["labels_l"])
-    weak, strong = torch.tensor(data["images_u"]), torch.tensor(data["images_u_strong"])
+    image_l, label_l = torch.tensor(data["images_l"], dtype=DTYPE), torch.tensor(data["labels_l"])
+    weak, strong = (torch.tensor(data[k], dtype=DTYPE) for k in ("images_u", "images_u_strong"))
     loaders = (plain.OneBatch((None, image_l, label_l)), plain.OneBatch((None, weak, strong, None)))
     draws: dict = {"perm": [], "trigger": [], "coin": [], "box": [], "reduced": []}
     torch.manual_seed(seed)
@@ -194,9 +198,10 @@ def run_case(train_semi, smoke, case: str) -> dict[str, np.ndarray]:
 
 
 def plain_model(smoke, salt: int) -> nn.Module:
+    """The project's model of ``smoke`` with the pattern of ``salt`` (parameters and BN buffers), in :data:`DTYPE`."""
     from npsemiseg.training import build_model
 
-    model = build_model(smoke)
+    model = build_model(smoke).to(DTYPE)
     load_pattern(model, salt)
     return model
 
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> None:
                  "ResNet ModelBuilder): both losses, every gradient, the student's and teacher's parameters and "
                  "buffers after the step; draws recorded and injected",
         sizes={"cases": CASES, "cell": CELL, "overrides": OVERRIDES, "iters_per_epoch": ITERS, "epochs": EPOCHS},
+        dtype="float64: student, teacher (pattern parameters and BN buffers) and the "
+              "inputs (stored as float32 values, exact in float64); the official iteration computes everything in "
+              "float64",
     )
     for case in CASES:
         print(case, {k: float(arrays[f"{case}/{k}"]) for k in ("loss_sup", "loss_unsup", "high_ratio")})

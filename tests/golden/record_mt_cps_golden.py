@@ -22,11 +22,14 @@ the LR train.py 206-211 sets (``WarmUpPolyLR`` of ``furnace/engine/lr_policy.py`
 
 Weights are a deterministic pattern (:func:`pattern_weights`, also used by the test), the teacher's with another
 salt than the student's so that the EMA's place in the step shows; the step is taken at iteration ``CUR_ITER`` = 3
-(not 0, where the official forward copies the student into the teacher). What is stored: the inputs, both losses,
+(not 0, where the official forward copies the student into the teacher). Both networks, their weights and the
+inputs are float64 (:data:`DTYPE`; the stored images are float32 values, exact in float64): in float32 the tiny BN
+network amplifies round-off that differs between CPUs beyond any useful bound, in float64 a step comes out the same
+on every kernel path to about 1e-15. What is stored: the inputs, both losses,
 the teacher's probabilities on each half (BN statistics per half, the EMA between the halves), the LR, every
 parameter's gradient of the student, and for every parameter and buffer of the updated student and teacher its sum,
 its sum of absolute values and ``SAMPLES`` entries at stored flat indices (the models hold about a million values
-each).
+each); the teacher's probabilities rounded to float32 (the project's are float32, ``mean_softmax``), all else float64.
 """
 
 from __future__ import annotations
@@ -59,31 +62,38 @@ TOTAL_ITERS = 10
 #: are read from the official config.py (99-100) and checked equal to these
 LR, MOMENTUM, WEIGHT_DECAY, LR_POWER = 0.01, 0.9, 1e-4, 0.9
 SAMPLES = 32
+#: both networks, their pattern weights and the inputs: float64 (the stored images are float32 values, exact in
+#: float64); in float32 the tiny BN network amplifies round-off that differs between CPUs (vector width, oneDNN's
+#: convolution, MKL's GEMM) far beyond the comparison's bounds
+DTYPE = torch.float64
 STUDENT_SALT, TEACHER_SALT = 0, 1000
 
 
-def pattern_weights(shape: tuple[int, ...], salt: int) -> torch.Tensor:
+def pattern_weights(shape: tuple[int, ...], salt: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Deterministic weights of ``shape``: ``bound * sin(1 + 0.7 i + salt)`` over the flat index i, bound the
-    Xavier-uniform bound of the shape (1-d parameters: 0.1). float32, as the NP head golden."""
-    return torch.from_numpy(sine_pattern(shape, salt)).float()
+    Xavier-uniform bound of the shape (1-d parameters: 0.1). ``dtype``: float32 as the NP head golden, float64 for
+    the float64 step goldens."""
+    return torch.from_numpy(sine_pattern(shape, salt)).to(dtype)
 
 
 def tiny_model(salt: int) -> nn.Module:
-    """The smoke segmentor of :data:`CELL` with pattern weights (parameter ``i`` gets salt ``salt + i``) and no
-    ``Dropout2d``; buffers at their initial values."""
+    """The smoke segmentor of :data:`CELL` in :data:`DTYPE` with pattern weights (parameter ``i`` gets salt
+    ``salt + i``) and no ``Dropout2d``; buffers at their initial values."""
     from npsemiseg.config import compose
     from npsemiseg.training import build_model
 
-    model = build_model(compose("smoke", **CELL).config)
+    model = build_model(compose("smoke", **CELL).config).to(DTYPE)
     strip_dropout(model)
-    load_pattern(model, salt)
+    load_pattern(model, salt, DTYPE)
     return model
 
 
-def load_pattern(model: nn.Module, salt: int) -> None:
+def load_pattern(model: nn.Module, salt: int, dtype: torch.dtype = torch.float32) -> None:
+    """Parameter ``i`` <- :func:`pattern_weights` in ``dtype`` with salt ``salt + i`` (copied into the parameter's
+    own dtype)."""
     with torch.no_grad():
         for i, (_, p) in enumerate(model.named_parameters()):
-            p.copy_(pattern_weights(tuple(p.shape), salt + i))
+            p.copy_(pattern_weights(tuple(p.shape), salt + i, dtype))
 
 
 def strip_dropout(model: nn.Module) -> None:
@@ -216,7 +226,8 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     for param in net.branch2.parameters():  # network.py 21-23
         param.detach_()
     data = inputs()
-    imgs, gts, unsup_imgs = (torch.from_numpy(data[k]) for k in ("images_l", "labels_l", "images_u"))
+    imgs, unsup_imgs = (torch.from_numpy(data[k]).to(DTYPE) for k in ("images_l", "images_u"))
+    gts = torch.from_numpy(data["labels_l"])
     optimizer = official_optimizer(checkout, net)
     criterion = nn.CrossEntropyLoss(reduction="mean", ignore_index=255)
     criterion_csst = nn.MSELoss(reduction="mean")
@@ -238,7 +249,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     out["loss_sup"] = np.array(float(loss_sup.detach()))
     out["loss_unsup"] = np.array(float(csst_loss.detach()))
     out["lr"] = np.array(optimizer.param_groups[0]["lr"])
-    out["teacher_probs"] = softmax_pred_t.detach().numpy()
+    out["teacher_probs"] = softmax_pred_t.detach().float().numpy()  # the project's are float32 (mean_softmax)
     out.update({f"index/{k}": v for k, v in indices.items()})
     out.update(gradient_digest("student", student, indices))
     out.update(digest("student", student, indices))
@@ -278,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "cur_iter": CUR_ITER, "total_iters": TOTAL_ITERS, "lr": LR,
                   "momentum": MOMENTUM, "samples": SAMPLES, "student_salt": STUDENT_SALT,
                   "teacher_salt": TEACHER_SALT, "cell": CELL},
+        "dtype": "float64: both networks, their pattern weights, BN buffers and the inputs (images stored as float32 "
+                 "values, exact in float64); stored teacher_probs rounded to float32 (the project computes them in "
+                 "float32); the official step computes everything in float64",
         "official_values": meta,
         "torch": torch.__version__,
     }
