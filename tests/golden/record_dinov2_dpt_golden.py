@@ -18,7 +18,12 @@ Weights: every official parameter gets the deterministic pattern :func:`pattern_
 CRC of its name (norm weights and LayerScale gammas around 1), so the test rebuilds the same official-layout state
 dict from the names and shapes in the sidecar without the official code. Inputs: two images of 42 x 70 px, a 3 x 5
 patch grid, so the official position-embedding resize (``scale_factor = (grid + 0.1) / sqrt(N)``) runs.
-Stored: the images, the four intermediate maps ``[B, D, 3, 5]`` and the DPT's logits ``[B, K, 42, 70]``.
+Precision (:data:`DTYPE`): the network runs in float64 (pattern weights: float32 values, widened; the images:
+float32 values, exact in float64; float64 the default dtype around the forward), float32 only where the official
+code fixes it: the position embedding's resize (``dinov2.py`` 185, ``.float()``), as the project's ``vit_tiny``. In
+float32 the forward's round-off differs between CPUs by up to a third of the test's bound.
+Stored: the images (float32), the four intermediate maps ``[B, D, 3, 5]`` and the DPT's logits ``[B, K, 42, 70]``
+(float64).
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
-from recording import official_commit, official_sidecar, recorder_arguments, save_golden, sine_pattern  # noqa: E402
+from recording import (  # noqa: E402
+    default_dtype,
+    official_commit,
+    official_sidecar,
+    recorder_arguments,
+    save_golden,
+    sine_pattern,
+)
 
 OFFICIAL_FILES = ("model/backbone/dinov2.py", "model/semseg/dpt.py", "model/util/blocks.py",
                   "model/backbone/dinov2_layers/block.py", "model/backbone/dinov2_layers/attention.py")
@@ -44,6 +56,8 @@ FEATURES, CHANNELS = 16, [8, 16, 32, 32]
 NUM_CLASSES = 5
 BATCH, HEIGHT, WIDTH = 2, 42, 70
 SEED = 20262
+#: the forward's precision on both sides (module docstring)
+DTYPE = torch.float64
 
 
 def pattern_weights(name: str, shape: tuple[int, ...], salt: int = 0) -> torch.Tensor:
@@ -61,8 +75,10 @@ def pattern_state(shapes: dict[str, list[int]], salt: int = 0) -> dict[str, torc
 
 
 def images() -> torch.Tensor:
-    """``[B, 3, 42, 70]``, roughly ImageNet-normalised values."""
-    return torch.randn(BATCH, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(SEED))
+    """``[B, 3, 42, 70]``, roughly ImageNet-normalised values: standard normal, float32, from NumPy's generator (the
+    same values on every CPU, which ``torch.randn``'s vectorised draw is not)."""
+    values = np.random.default_rng(SEED).standard_normal((BATCH, 3, HEIGHT, WIDTH))
+    return torch.from_numpy(values).float()
 
 
 def official_dpt(checkout: Path, salt: int = 0) -> torch.nn.Module:
@@ -88,11 +104,11 @@ def official_dpt(checkout: Path, salt: int = 0) -> torch.nn.Module:
 
 def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
     torch.set_num_threads(1)
-    dpt = official_dpt(checkout)
+    dpt = official_dpt(checkout).to(DTYPE)
     x = images()
-    with torch.no_grad():
-        layers = dpt.backbone.get_intermediate_layers(x, LAYERS, reshape=True)
-        logits = dpt(x)
+    with torch.no_grad(), default_dtype(DTYPE):
+        layers = dpt.backbone.get_intermediate_layers(x.to(DTYPE), LAYERS, reshape=True)
+        logits = dpt(x.to(DTYPE))
     out = {"images": x.numpy(), "logits": logits.numpy()}
     out.update({f"layer{i}": layer.numpy() for i, layer in enumerate(layers)})
     return out, {k: list(v.shape) for k, v in dpt.state_dict().items()}
@@ -118,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {"backbone": BACKBONE, "embed_dim": EMBED_DIM, "depth": DEPTH, "heads": HEADS, "img_size": IMG_SIZE,
                   "layers": LAYERS, "features": FEATURES, "channels": CHANNELS, "num_classes": NUM_CLASSES,
                   "images": [BATCH, 3, HEIGHT, WIDTH], "seed": SEED},
+        "dtype": "float64 forward (weights and images float32 values, widened); float32 in the position embedding's "
+                 "resize, where dinov2.py 185 fixes it; images stored as float32, the maps and logits as float64",
         "official_shapes": shapes,
         "torch": torch.__version__,
     }

@@ -18,7 +18,9 @@ What is not official, and why. The official encoder (a ResNet-50 with its ``Head
 fixed 2048/256/304 widths, so each of the three models is the project's smoke segmentor of :data:`CELL` (backbone
 ``resnet_small``, the PS-MT decoder at widths 16/8, the baseline classifier without dropout under ``released``) with
 pattern weights (:func:`record_mt_cps_golden.pattern_weights`; student, teacher 1, teacher 2 with salts 0, 1000,
-2000; the teachers' last convolution by :func:`sharpen`): ``encoder_s`` / ``encoder1`` / ``encoder2`` are that
+2000; the teachers' last convolution by :func:`sharpen`), then widened to float64 (:data:`DTYPE`, as the images and
+T-VAT's starts; the official code runs in the default dtype, set to float64 around the iteration, so that its own
+``torch.rand`` / ``torch.zeros`` are float64 too): ``encoder_s`` / ``encoder1`` / ``encoder2`` are that
 segmentor's backbone + decoder (its ``extract``), the ``upsample`` module of each official decoder is its classifier
 head, upsampled to the crop with ``align_corners=True`` as ``upsample.forward`` (105-116). ``.cuda()`` is the
 identity, ``np.int`` is ``int`` (removed from NumPy 1.24; ``rand_bbox_1`` uses it), the logger and wandb board are
@@ -50,7 +52,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 from record_mt_cps_golden import digest, gradient_digest, load_pattern, sample_indices  # noqa: E402
-from recording import official_commit, recorder_arguments, save_golden  # noqa: E402
+from recording import default_dtype, official_commit, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_FILES = ("VocCode/train.py", "VocCode/Model/Deeplabv3_plus/EntireModel.py",
                   "VocCode/Model/Deeplabv3_plus/encoder_decoder.py", "VocCode/Utils/losses.py",
@@ -68,10 +70,15 @@ SALTS = {"student": 0, "teacher1": 1000, "teacher2": 2000}
 TEACHER_LOGIT_SCALE = 3.0
 #: the teachers' logits ``[B_u, K, H, W]`` are stored at every LOGIT_STRIDE-th flat index
 LOGIT_STRIDE = 16
+#: the precision of both sides' step: the models (pattern weights and BN buffers set in float32, then widened),
+#: the images (stored as float32 values, exact in float64) and T-VAT's random starts; in float32 the tiny BN
+#: networks amplify round-off that differs between CPUs (vector width, oneDNN's convolution, MKL's GEMM) far
+#: beyond any useful bound
+DTYPE = torch.float64
 
 
 def tiny_models() -> dict[str, nn.Module]:
-    """The smoke segmentor of :data:`CELL` three times with pattern weights (:data:`SALTS`)."""
+    """The smoke segmentor of :data:`CELL` three times with pattern weights (:data:`SALTS`), in :data:`DTYPE`."""
     from npsemiseg.config import compose
     from npsemiseg.training import build_model
 
@@ -81,16 +88,18 @@ def tiny_models() -> dict[str, nn.Module]:
         load_pattern(model, SALTS[name])
         if name != "student":
             sharpen(model, SALTS[name])
+        model.to(DTYPE)
     return models
 
 
 def sharpen(model: nn.Module, seed: int) -> None:
-    """The teacher's last 1x1 convolution: normal weights x :data:`TEACHER_LOGIT_SCALE` (generator seeded with
-    ``seed``), zero bias; with pattern weights alone every pixel's target is the same class below the threshold."""
+    """The teacher's last 1x1 convolution: normal weights x :data:`TEACHER_LOGIT_SCALE` (NumPy's generator seeded
+    with ``seed``: the same values on every CPU, which ``torch.randn``'s vectorised draw is not), zero bias; with
+    pattern weights alone every pixel's target is the same class below the threshold."""
     conv = model.head.classifier[-1]
-    gen = torch.Generator().manual_seed(seed)
+    normal = np.random.default_rng(seed).standard_normal(tuple(conv.weight.shape))
     with torch.no_grad():
-        conv.weight.copy_(TEACHER_LOGIT_SCALE * torch.randn(conv.weight.shape, generator=gen))
+        conv.weight.copy_(torch.from_numpy(TEACHER_LOGIT_SCALE * normal))
         conv.bias.zero_()
 
 
@@ -208,7 +217,7 @@ def official_trainer(mods: dict[str, types.ModuleType], model: nn.Module, data: 
     """A ``Trainer`` for one process (its attributes as ``Trainer.__init__`` / ``BaseTrainer.__init__`` set them)
     with the student's optimiser and scheduler advanced to iteration ``(EPOCH - 1) IPE``."""
     trainer = mods["train"].Trainer.__new__(mods["train"].Trainer)
-    t = {k: torch.from_numpy(v) for k, v in data.items()}
+    t = {k: torch.from_numpy(v).to(DTYPE) if k.startswith("images") else torch.from_numpy(v) for k, v in data.items()}
     trainer.model = Parallel(model)
     trainer.args = types.SimpleNamespace(local_rank=0, ddp=False, architecture="deeplabv3+", semi_p_th=THRESHOLD,
                                          semi_n_th=0.0, batch_size=B_U)
@@ -252,7 +261,7 @@ def injected(data: dict[str, np.ndarray], starts: list[np.ndarray], seen: dict) 
         shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else tuple(size)
         start = starts.pop(0)
         assert shape == start.shape, (shape, start.shape)
-        return torch.from_numpy(start.copy())
+        return torch.from_numpy(start.copy()).to(torch.get_default_dtype())  # the values drawn, at the run's dtype
 
     def randint(size, low, high):
         value = centres.pop(0)
@@ -274,7 +283,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     models = tiny_models()
     data = inputs()
     with torch.no_grad():  # the feature map's shape, in eval mode: no BN statistics move
-        feature_shape = tuple(models["student"].eval().extract(torch.from_numpy(data["images_l"])).shape[1:])
+        feature_shape = tuple(models["student"].eval().extract(torch.from_numpy(data["images_l"]).to(DTYPE)).shape[1:])
     models["student"].train()
     data.update(tvat_starts(feature_shape))
     model = official_model(mods, models)
@@ -297,8 +306,9 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
         seen["teacher_logits"] = original_predict(self, image)
         return seen["teacher_logits"]
 
-    with (injected(data, [data["start_l"], data["start_u"]], seen), patched(trainer_cls, "rand_bbox_1", staticmethod(bbox)),
-          patched(trainer_cls, "_update_losses", update_losses), patched(trainer_cls, "predict_with_out_grad", predict)):
+    with (default_dtype(DTYPE), injected(data, [data["start_l"], data["start_u"]], seen),
+          patched(trainer_cls, "rand_bbox_1", staticmethod(bbox)), patched(trainer_cls, "_update_losses", update_losses),
+          patched(trainer_cls, "predict_with_out_grad", predict)):
         trainer._train_epoch(EPOCH, id=2 if EPOCH % 2 == 0 else 1)
     weight = model.unsup_loss_w(epoch=EPOCH - 1, curr_iter=0)
     indices = sample_indices(models["student"])
@@ -339,6 +349,9 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "classes": K, "seed": SEED, "ipe": IPE, "epochs": EPOCHS,
                   "epoch": EPOCH, "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "salts": SALTS,
                   "cell": CELL},
+        "dtype": "float64: the three models (pattern weights set in float32, then widened), the images "
+                 "(stored as float32 values, exact in float64), T-VAT's starts and the default dtype of the official "
+                 "iteration; the stored teachers' logits, losses and digests are float64",
         "official_values": meta,
         "torch": torch.__version__,
     }

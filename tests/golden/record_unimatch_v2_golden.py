@@ -31,7 +31,12 @@ out) its gradient and updated value and of the EMA model its updated value, each
 ``SAMPLES`` entries at stored indices (``index``, concatenated in that order); the attention's ``qkv`` biases also in
 full (``<prefix>/qkv_bias [blocks, 3D]``): the key bias has no gradient in exact arithmetic (it shifts every
 attention logit of a query alike), so its float gradient is round-off that AdamW's first step divides by
-``|g| + 1e-8``, and the test compares those entries by what that step can do.
+``|g| + 1e-8`` (in float32 an lr-sized move, in float64 a negligible one).
+
+Precision (:data:`DTYPE`): both networks, the images and the Bernoulli draw are float64 and the official step runs
+with float64 as the default dtype; float32 only where the official code fixes it (the position embedding's resize,
+``dinov2.py`` 185) and in the ImageNet constants of :func:`normalise` (the project's segmentor holds them as float32
+buffers). The stored images and draws are float32 values, exact in float64; the digests are float64.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 from record_dinov2_dpt_golden import NUM_CLASSES, official_dpt  # noqa: E402
-from recording import official_commit, official_sidecar, recorder_arguments, save_golden  # noqa: E402
+from recording import default_dtype, official_commit, official_sidecar, recorder_arguments, save_golden  # noqa: E402
 
 OFFICIAL_FILES = ("unimatch_v2.py", "model/semseg/dpt.py", "configs/pascal.yaml")
 B_L, B_U, SIZE = 2, 2, 42
@@ -57,6 +62,12 @@ EMA_CAP = 0.996
 SAMPLES = 24
 STUDENT_SALT, TEACHER_SALT = 0, 500
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+#: the precision of both sides' step: networks (pattern weights, float32 values widened), images (stored as float32
+#: values, exact in float64), the Bernoulli draw and the default dtype around the official step; in float32 the
+#: round-off differs between CPUs (vector width, oneDNN, MKL) and AdamW's first step turns it into lr-sized moves
+#: wherever a gradient is round-off. Float32 where the official code fixes it: the position embedding's resize
+#: (``dinov2.py`` 185, ``.float()``), as the project's
+DTYPE = torch.float64
 
 
 def inputs() -> dict[str, np.ndarray]:
@@ -76,7 +87,9 @@ def inputs() -> dict[str, np.ndarray]:
 
 
 def normalise(images: torch.Tensor) -> torch.Tensor:
-    return (images - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    """ImageNet normalisation with float32 constants, as the project's segmentor holds them (its buffers)."""
+    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1) for v in (MEAN, STD))
+    return (images - mean) / std
 
 
 class _Draw:
@@ -176,25 +189,32 @@ METHODS = {"unimatch_v2": unimatch_v2_losses, "fixmatch_v2": fixmatch_losses}
 
 
 def record(checkout: Path, method: str) -> tuple[dict[str, np.ndarray], list[str]]:
-    """One official step of ``method`` (a key of :data:`METHODS`): the arrays to store and the parameter names."""
+    """One official step of ``method`` (a key of :data:`METHODS`) in :data:`DTYPE`: the arrays to store and the
+    parameter names."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)  # dpt.py 155's randperm draws from the global generator
     data = inputs()
-    model, model_ema = official_dpt(checkout, STUDENT_SALT), official_dpt(checkout, TEACHER_SALT)
+    model, model_ema = (official_dpt(checkout, salt).to(DTYPE) for salt in (STUDENT_SALT, TEACHER_SALT))
+    with default_dtype(DTYPE):
+        return _official_step(model, model_ema, data, method)
+
+
+def _official_step(model: nn.Module, model_ema: nn.Module, data: dict[str, np.ndarray],
+                   method: str) -> tuple[dict[str, np.ndarray], list[str]]:
     model.train()
     model_ema.eval()
     for param in model_ema.parameters():  # unimatch_v2.py 88-91
         param.requires_grad = False
-    model.binomial = _Binomial(torch.from_numpy(data["bernoulli"]))
+    model.binomial = _Binomial(torch.from_numpy(data["bernoulli"]).to(DTYPE))
     optimizer = torch.optim.AdamW(  # unimatch_v2.py 67-73
         [{"params": [p for p in model.backbone.parameters() if p.requires_grad], "lr": LR},
          {"params": [p for n, p in model.named_parameters() if "backbone" not in n], "lr": LR * LR_MULTI}],
         lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    t = {"img_x": normalise(torch.from_numpy(data["images_l"])), "mask_x": torch.from_numpy(data["labels_l"]),
-         "img_u_s": normalise(torch.from_numpy(data["images_s"])), "box1": torch.from_numpy(data["box1"]),
+    t = {"img_x": normalise(torch.from_numpy(data["images_l"]).to(DTYPE)), "mask_x": torch.from_numpy(data["labels_l"]),
+         "img_u_s": normalise(torch.from_numpy(data["images_s"]).to(DTYPE)), "box1": torch.from_numpy(data["box1"]),
          "box2": torch.from_numpy(data["box2"]), "ignore_mask": torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)}
     with torch.no_grad():  # unimatch_v2.py 170-173
-        pred_u_w = model_ema(normalise(torch.from_numpy(data["images_w"]))).detach()
+        pred_u_w = model_ema(normalise(torch.from_numpy(data["images_w"]).to(DTYPE))).detach()
         t["conf_u_w"] = pred_u_w.softmax(dim=1).max(dim=1)[0]
         t["mask_u_w"] = pred_u_w.argmax(dim=1)
     kept: list[torch.Tensor] = []
@@ -274,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
                       "lr_multi": LR_MULTI, "weight_decay": WEIGHT_DECAY, "betas": list(BETAS),
                       "conf_thresh": CONF_THRESH, "ema_cap": EMA_CAP, "samples": SAMPLES,
                       "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT},
+            "dtype": "float64: both networks (pattern weights, float32 values widened), images (stored as float32 "
+                     "values), the Bernoulli draw and the default dtype of the step; float32 where dinov2.py 185 fixes "
+                     "it (the position embedding's resize) and in the ImageNet constants (as the project's buffers)",
             "parameters": {"names": names, "samples": [int(min(SAMPLES, n)) for n in _numels(args.checkout, names)]},
             "torch": torch.__version__,
         }

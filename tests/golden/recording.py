@@ -11,11 +11,13 @@ import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 GOLDEN = Path(__file__).resolve().parent
 
@@ -27,6 +29,18 @@ def official_commit(checkout: Path) -> str:
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` inside the block (float64 goldens: the tensors official code creates
+    without a dtype, ``torch.rand(shape)`` or ``torch.zeros(shape)``, take the run's precision), restored after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def recorder_arguments(doc: str, checkout_help: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
