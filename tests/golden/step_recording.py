@@ -15,8 +15,7 @@ import importlib
 import sys
 import types
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from record_mt_cps_golden import sample_indices as mt_sample_indices
-from recording import official_commit, recorder_arguments, save_golden, sine_pattern
-
+from recording import default_dtype, official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: F401
 
 
 def pattern(shape: tuple[int, ...], salt: int, bound: float | None = None,
@@ -103,18 +101,6 @@ class TapeDropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         return x * self.tape.mask(f"{self.name}", (x.shape[0], x.shape[1], 1, 1), self.p).to(x.dtype)
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """``torch.set_default_dtype(dtype)`` inside the block: tensors the official code creates without a dtype
-    (``torch.zeros(...)``, ``torch.tensor(0.0)``) take the recorded network's precision."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def tape_dropout(model: nn.Module, tape: DropoutTape, role: str) -> None:
