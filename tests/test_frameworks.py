@@ -532,12 +532,13 @@ def test_u2pl_without_representation_head_is_a_clear_error(smoke_config):
 
 def test_u2pl_evaluates_the_student_during_supervised_only_epochs(smoke_config):
     """U2PL validates the student until its first semi-supervised epoch: the NP teacher's
-    memories are empty then, and evaluating it would fail (as every VOC paper run would)."""
+    memories are empty then, and evaluating it would fail (as every VOC paper run would). Epochs of the labeled
+    set: 16 steps each (of the unlabeled set, as U2PL counts, 240)."""
     from npsemiseg import train
 
     config = smoke_config(framework="u2pl", head="np", **{
         "framework_options.sup_only_epochs": 1, "schedule.eval_every_epochs": 1,
-        "schedule.epochs": 2, "schedule.max_steps": None,
+        "schedule.epochs": 2, "schedule.max_steps": None, "schedule.epoch_length": "labeled",
     })
     seen = []
 
