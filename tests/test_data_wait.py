@@ -73,14 +73,21 @@ def _shares(steps) -> dict[int, float]:
 
 
 def test_a_slow_loader_warns_once_and_logs_its_wait_share(smoke_config, monkeypatch, caplog):
-    """0.1 s of sleep per labeled item (2 per batch) against a smoke step of a few tens of ms: most of the wall time
-    is waiting; the two windows both log their share, the warning comes once, naming the share and the workers.
-    (With the wait counted nowhere, e.g. ``DataWait.step`` adding 0, the share is 0 and this fails.)"""
+    """0.25 s of sleep per labeled item (2 per batch): each window's share is at least its 3 steps' sleeps over their
+    wall times as the same run logged them (``train/sec_per_iter``), a ratio that holds however loaded the machine
+    is; the two windows both log their share, the warning comes once, naming the share and the workers. The warning
+    needs a share over 20 %: the sleeps (0.5 s a step) outweigh a smoke step (tens of ms on a quiet machine) until
+    the step takes 2 s, about 30 times its quiet time. (With the wait counted nowhere, e.g. ``DataWait.step`` adding
+    0, the share is 0 and this fails.)"""
+    sleep_s, per_batch = 0.25, 2
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        steps = _train(smoke_config, monkeypatch, 0.1)
+        steps = _train(smoke_config, monkeypatch, sleep_s)
     shares = _shares(steps)
     assert sorted(shares) == [4, 8]  # windows of 3 steps after 1 warm-up, closed at the reads
-    assert all(share > 0.5 for share in shares.values()), shares
+    walls = {step: logs["train/sec_per_iter"] for step, logs in steps}
+    for last, share in shares.items():
+        window_wall = sum(walls[step] for step in range(last - WINDOW + 1, last + 1))
+        assert WINDOW * per_batch * sleep_s / window_wall <= share <= 1.0, (shares, walls)
     warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "data.num_workers=0" in warnings[0] and "waited for data" in warnings[0] and "steps 2-4" in warnings[0]
