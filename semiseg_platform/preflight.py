@@ -50,12 +50,10 @@ from npsemiseg.models.vit import is_vit_backbone, vit_settings_problem
 from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.reservations import Needed
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S, Needed
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
 
-#: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
-RESOURCE_TIMEOUT_S = 600.0
 #: Seconds between two ``waiting for resources`` lines
 WAIT_LINE_EVERY_S = 30.0
 #: Seconds the tracking probe waits for an answer

@@ -7,9 +7,7 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, SharedFilesystem, SpecStorage, SpecTracking, app, fail, one_line
-from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.sweeps.grid_runner import run_grid
-from semiseg_platform.sweeps.grid_spec import expand, load_spec
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S
 
 
 @app.command()
@@ -30,6 +28,9 @@ def grid(
     Exit status: 0 when every cell finished (or had finished earlier), 1 when any cell failed,
     2 when the spec is invalid (nothing started).
     """
+    from semiseg_platform.sweeps.grid_runner import run_grid
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
     try:
         loaded = load_spec(spec)
         if max_failures is not None:
