@@ -1,4 +1,5 @@
-"""The command line answers at once: ``--help`` of every command imports neither torch, Ray, MLflow nor matplotlib.
+"""The command line answers at once: ``--help`` of every command, ``data check`` and ``data partition`` of a folder
+dataset import neither torch, Ray, MLflow nor matplotlib.
 
 Each check runs the console script's ``main`` in a fresh interpreter and reads its ``sys.modules`` (what an
 interpreter already holds cannot be un-imported); the times themselves are measured by
@@ -12,8 +13,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import typer
+import yaml
+from PIL import Image
 
 from npsemiseg import catalog
 from semiseg_platform.cli.main import app
@@ -63,6 +67,25 @@ def test_the_commands_are_found():
 def test_help_imports_no_heavy_library(command):
     found = imported_by(*command, "--help")
     assert found == {"status": 0, "heavy": []}, command
+
+
+def test_data_partition_and_check_read_a_folder_without_heavy_libraries(tmp_path, monkeypatch):
+    """What reads the images (Pillow, numpy) is all ``data partition`` and ``data check`` import."""
+    monkeypatch.setenv("NPSEMISEG_CACHE", str(tmp_path / "cache"))  # where data check records what it checked
+    folder = tmp_path / "plants"
+    (folder / "images").mkdir(parents=True)
+    (folder / "masks").mkdir()
+    (folder / "classes.yaml").write_text(yaml.safe_dump({"names": ["background", "leaf"]}))
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / "images" / f"p{i}.png")
+        Image.fromarray(rng.integers(0, 2, (16, 16), dtype=np.uint8)).save(folder / "masks" / f"p{i}.png")
+    assert imported_by("data", "partition", str(folder), "--labeled", "1/2", "--val", "2") == {"status": 0, "heavy": []}
+    assert (folder / "lists" / "val.txt").read_text().count("\n") == 2
+    assert imported_by("data", "check", "--folder", str(folder), "--no-progress") == {"status": 0, "heavy": []}
+    (folder / "masks" / "p0.png").write_bytes(b"not a png")  # an unusable check names the file, still light
+    broken = imported_by("data", "check", "--folder", str(folder), "--no-progress")
+    assert broken == {"status": 2, "heavy": []}
 
 
 def test_the_catalog_names_what_the_registries_register():

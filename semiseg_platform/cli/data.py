@@ -75,8 +75,7 @@ def check(
     from npsemiseg.data import DATA_ROOT_ENV, dataset_info
     from npsemiseg.data.check import check_dataset
     from npsemiseg.data.sets.folder import register_folder
-    from semiseg_platform.data_staging import check_remote, is_remote
-    from semiseg_platform.preflight import data_problem
+    from semiseg_platform.data_staging import check_remote, data_problem, is_remote
 
     if (dataset is None) == (folder is None):
         fail("pass one of --dataset NAME or --folder PATH")
