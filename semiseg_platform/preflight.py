@@ -47,15 +47,13 @@ from npsemiseg.data import DATA_ROOT_ENV, dataset_info
 from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from npsemiseg.models.vit import is_vit_backbone, vit_settings_problem
-from semiseg_platform.data_staging import check_remote, is_remote
+from semiseg_platform.data_staging import check_remote, data_problem, is_remote
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
-from semiseg_platform.reservations import Needed
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S, Needed
 from semiseg_platform.storage import Storage, parse_storage
 from semiseg_platform.tracking.store import resolve_tracking_uri, sqlite_path
 
-#: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
-RESOURCE_TIMEOUT_S = 600.0
 #: Seconds between two ``waiting for resources`` lines
 WAIT_LINE_EVERY_S = 30.0
 #: Seconds the tracking probe waits for an answer
@@ -94,30 +92,6 @@ def check_data(configs: Iterable[RunConfig]) -> None:
                                reuse=True, unlabeled_labels=reveal)
         if not report.usable:
             raise PreflightError(data_problem(report))
-
-
-def data_problem(report: Any) -> str:
-    """The first reason a ``DatasetReport`` is not usable, as one line naming the dataset."""
-    where = f"data: dataset {report.name}"
-    if report.root is None:
-        detail = report.problems[0].detail if report.problems else "no data root"
-        return f"{where}: {detail} (command line: --set data.root=DIR)"
-    where += f" under {report.root}"
-    for kind, what in (("missing_image", "images"), ("missing_label", "labels")):
-        missing = report.problems_of(kind)
-        if missing:
-            examples = ", ".join(p.path for p in missing[:2])
-            hints = [line for line in report.layout if "npsemiseg data prepare" in line]
-            stems = {Path(p.path).stem for p in missing}  # a file the layout cannot use that explains one
-            hints += [f"not used: {path}: {why}" for path, why in getattr(report, "unusable", [])
-                      if Path(path).stem in stems][:1]
-            hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
-            return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
-    if report.problems:
-        first = report.problems[0]
-        more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
-        return f"{where}: {first.detail}{more}"
-    return f"{where}: no list could be read (expected the dataset's list files and folders)"
 
 
 def check_weights(configs: Iterable[RunConfig]) -> None:

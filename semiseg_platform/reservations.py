@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+#: Seconds a cell waits for a cluster's resources before it fails (``--resource-timeout``)
+RESOURCE_TIMEOUT_S = 600.0
 #: CPUs reserved for the Tune trial that drives a multi-worker cell's TorchTrainer (Ray rejects 0)
 DRIVER_CPUS = 0.5
 

@@ -6,8 +6,15 @@ A dataset is one registered class (``npsemiseg.data.base.DatasetDef``, the built
 ``npsemiseg/data/sets/``). Entry points: ``build_dataset(name, split, root=None, partition=None, *,
 partition_lists="u2pl", transform=None, **options)``, ``dataset_info(name)`` (with ``info.settings``, the
 dataset's paper settings) and ``dataset_definition(name)``; ``npsemiseg.data.transforms`` and
-``npsemiseg.data.mixing`` for the augmentation pipelines of the frameworks.
+``npsemiseg.data.mixing`` for the augmentation pipelines of the frameworks. What needs torch (the synthetic
+generator, the transforms, ``FilesDataset``) is imported on first use (PEP 562): describing and checking a dataset
+(``npsemiseg data check``) reads files with Pillow and numpy only.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from npsemiseg.data.datasets import (
     CITYSCAPES_ID_TO_TRAINID,
@@ -26,12 +33,24 @@ from npsemiseg.data.info import (
     dataset_names,
     protocol_partitions,
 )
-from npsemiseg.data.base import DatasetDef, FilesDataset, ItemFiles
+from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.data import sets  # noqa: F401  (registers the built-in datasets)
 from npsemiseg.data.partitions import PARTITION_LIST_SOURCES, partition_ids
-from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
-from npsemiseg.data.transforms import augmentation_keys
+
+if TYPE_CHECKING:
+    from npsemiseg.data.files_dataset import FilesDataset
+    from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
+    from npsemiseg.data.transforms import augmentation_keys
+
+_ON_FIRST_USE = {"FilesDataset": "npsemiseg.data.files_dataset", "SyntheticConfig": "npsemiseg.data.synthetic",
+                 "SyntheticSegmentation": "npsemiseg.data.synthetic", "augmentation_keys": "npsemiseg.data.transforms"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dataset_definition(name: str) -> type[DatasetDef]:

@@ -25,14 +25,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import UnidentifiedImageError
-from torch.utils.data import Dataset
 
 from npsemiseg.data.info import DATASETS, IGNORE_INDEX
 from npsemiseg.untrusted import IMAGE_FORMATS, LABEL_FORMATS, decode_image
+
+if TYPE_CHECKING:  # torch is imported when an image is loaded: checking a dataset's files does without it
+    import torch
+    from torch.utils.data import Dataset
 
 DATA_ROOT_ENV = "NPSEMISEG_DATA"
 
@@ -109,6 +112,8 @@ def read_pixels(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> tuple[
 def load_image(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> torch.Tensor:
     """Image file of ``formats`` -> float32 ``[3, H, W]`` in [0, 1] (:func:`read_pixels`): 8-bit values / 255,
     16-bit grey values / 65535 in the three channels."""
+    import torch
+
     pixels, _ = read_pixels(path, formats=formats)
     if pixels.ndim == 2:
         return torch.from_numpy(pixels.astype(np.float32) / _WIDE_MAX).expand(3, -1, -1).contiguous()

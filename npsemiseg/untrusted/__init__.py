@@ -13,8 +13,14 @@ repeating a subtree exponentially. Every reader of such files in the project goe
   :data:`MAX_IMAGE_PIXELS` pixels from the header and again once decoded;
 - :func:`load_yaml` (:mod:`.yaml_files`): the safe loader, aliases expanded and nesting bounded first.
 
-A refused file is an :class:`UnsafeFileError` (a ``ValueError``) whose one-line message names the file.
+A refused file is an :class:`UnsafeFileError` (a ``ValueError``) whose one-line message names the file. The torch
+file readers import torch on first use (PEP 562): reading images and YAML does without it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from npsemiseg.untrusted.errors import UnsafeFileError
 from npsemiseg.untrusted.images import (
@@ -28,7 +34,6 @@ from npsemiseg.untrusted.images import (
     load_checked,
     open_image,
 )
-from npsemiseg.untrusted.torch_files import check_torch_file, global_name, load_torch_file
 from npsemiseg.untrusted.yaml_files import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
@@ -42,3 +47,14 @@ __all__ = ["IMAGE_FORMATS", "LABEL_FORMATS", "MAX_IMAGE_PIXELS", "MAX_YAML_DEPTH
            "PREDICT_FORMATS", "ImageFormatError", "InvalidYamlError", "ImageTooLargeError", "UnsafeFileError", "YamlBudgetError",
            "check_torch_file", "check_yaml", "decode_image", "global_name", "load_checked", "load_torch_file",
            "load_yaml", "open_image"]
+
+if TYPE_CHECKING:
+    from npsemiseg.untrusted.torch_files import check_torch_file, global_name, load_torch_file
+
+_TORCH_FILES = ("check_torch_file", "global_name", "load_torch_file")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_FILES:
+        return getattr(importlib.import_module("npsemiseg.untrusted.torch_files"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,8 +7,6 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail
-from semiseg_platform.reports.claims import claims_command
-from semiseg_platform.tracking import existing_experiment, resolve_tracking_uri
 
 
 @app.command()
@@ -23,6 +21,9 @@ def claims(
     """Check every claim of the paper (S0, S1, C1-C6) from MLflow runs: paired differences, mean, 95 %
     bootstrap interval, verdict. Writes claims.md, claims.json and claims_forest.png (the differences and
     intervals as a forest plot, when any claim has a pair); prints the Markdown."""
+    from semiseg_platform.reports.claims import claims_command
+    from semiseg_platform.tracking import existing_experiment, resolve_tracking_uri
+
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} is a file, expected a directory")
     tracking = resolve_tracking_uri(tracking)

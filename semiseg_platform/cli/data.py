@@ -18,19 +18,16 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from tqdm import tqdm
 
-from npsemiseg.data import DATA_ROOT_ENV, dataset_info, dataset_names
-from npsemiseg.data.check import check_dataset
-from npsemiseg.data.manifest import write_manifest
-from npsemiseg.data.prepare import PrepareResult, prepare_cityscapes, prepare_voc
-from npsemiseg.data.prepare_coco import COCO_SPLITS, prepare_coco
-from npsemiseg.data.sets.folder import register_folder, write_partitions
+from npsemiseg.catalog import DATASET_NAMES
 from semiseg_platform.cli.app import app, fail, one_line
-from semiseg_platform.data_staging import check_remote, is_remote
-from semiseg_platform.preflight import data_problem
+
+if TYPE_CHECKING:  # each command imports what it reads with when it runs: the --help answers at once
+    from npsemiseg.data.prepare import PrepareResult
 
 data_app = typer.Typer(help="Check a dataset tree, or prepare VOC / Cityscapes / COCO labels.", no_args_is_help=True)
 prepare_app = typer.Typer(help="Build the label files the readers expect.", no_args_is_help=True)
@@ -60,7 +57,7 @@ def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int
 
 @data_app.command("check")
 def check(
-    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " (or --folder)"),
+    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " (or --folder)"),
     folder: Path | None = typer.Option(None, help="a folder dataset of one's own (classes.yaml, images/, masks/, "
                                                   "lists/), registered under its folder's name"),
     root: str | None = typer.Option(None, help="the data root, a folder or s3://bucket/prefix (default: $NPSEMISEG_DATA)"),
@@ -75,6 +72,11 @@ def check(
 ) -> None:
     """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise).
     An S3 root: its manifest against the lists, and the store's listing against the manifest."""
+    from npsemiseg.data import DATA_ROOT_ENV, dataset_info
+    from npsemiseg.data.check import check_dataset
+    from npsemiseg.data.sets.folder import register_folder
+    from semiseg_platform.data_staging import check_remote, data_problem, is_remote
+
     if (dataset is None) == (folder is None):
         fail("pass one of --dataset NAME or --folder PATH")
     if folder is not None:
@@ -117,6 +119,8 @@ def partition_command(
 ) -> None:
     """Write FOLDER/lists/ (val, each partition's labeled and unlabeled lists, partitions.yaml with the seed),
     reproducibly from the seed; nothing is written when an argument or the folder is wrong."""
+    from npsemiseg.data.sets.folder import write_partitions
+
     try:
         lists = write_partitions(folder, labeled, seed=seed, val=val, stratify=stratify)
     except (ValueError, OSError) as error:
@@ -130,6 +134,8 @@ def manifest_command(
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Write ROOT/manifest.json: every file's path, size and SHA-256, what a staged copy is verified against."""
+    from npsemiseg.data.manifest import write_manifest
+
     try:
         with progress_bar("manifest", progress) as update:
             path, manifest = write_manifest(root, progress=update)
@@ -153,6 +159,8 @@ def prepare_voc_command(
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Build SegmentationClassAug/ from VOC 2012 and SBD (the standard 'aug' set); resumable, idempotent."""
+    from npsemiseg.data.prepare import prepare_voc
+
     try:
         with progress_bar("SegmentationClassAug", progress) as update:
             result = prepare_voc(voc, sbd, out, progress=update)
@@ -167,6 +175,8 @@ def prepare_cityscapes_command(
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Write *_labelTrainIds.png beside every *_labelIds.png under gtFine/ once; resumable, idempotent."""
+    from npsemiseg.data.prepare import prepare_cityscapes
+
     try:
         with progress_bar("labelTrainIds", progress) as update:
             result = prepare_cityscapes(root, progress=update)
@@ -179,10 +189,14 @@ def prepare_cityscapes_command(
 def prepare_coco_command(
     root: Path = typer.Option(..., help="the COCO folder (holding train2017/, val2017/; masks/ is written there)"),
     annotations: Path | None = typer.Option(None, help="the folder of instances_<split>.json (default: ROOT/annotations)"),
-    split: list[str] = typer.Option(list(COCO_SPLITS), help="the splits whose masks to build (repeat the option)"),
+    split: list[str] | None = typer.Option(None, help="the splits whose masks to build (repeat the option; default: "
+                                                      "train2017 and val2017)"),
     progress: bool = typer.Option(True, help="a progress bar on stderr"),
 ) -> None:
     """Build UniMatch's 81-class masks/ from COCO 2017's instances_*.json (needs pycocotools: the coco extra)."""
+    from npsemiseg.data.prepare_coco import COCO_SPLITS, prepare_coco
+
+    split = split or list(COCO_SPLITS)
     unknown = sorted(set(split) - set(COCO_SPLITS))
     if unknown:
         fail(f"--split: expected {' or '.join(COCO_SPLITS)}, got {', '.join(unknown)}")

@@ -4,19 +4,15 @@ logged as a nested MLflow run of the cell's run."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
 import typer
 
-from npsemiseg import load_model
-from npsemiseg.data import DATA_ROOT_ENV
-from npsemiseg.inference_model import check_mode, check_samples
-from npsemiseg.config import RunConfig
-from semiseg_platform.checkpoint_lookup import Checkpoint, log_evaluation, open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
-from semiseg_platform.data_staging import is_remote, resolve_data_root
-from semiseg_platform.storage import parse_storage
-from semiseg_platform.tracking import mlflow_names
+
+if TYPE_CHECKING:  # the commands import them when they run: their --help answers without torch or MLflow
+    from npsemiseg.config import RunConfig
+    from semiseg_platform.checkpoint_lookup import Checkpoint
 
 RUN_HELP = "the cell's MLflow run id (its checkpoint_uri tag names the checkpoint)"
 CHECKPOINT_HELP = "a checkpoint directory or lineage (local or s3://...), or a file `npsemiseg export` wrote"
@@ -26,6 +22,10 @@ SAMPLES_HELP = "T predictions per pixel for NP and MC dropout heads (default: th
 def check_options(mode: str | None, samples: int | None, device: str | None) -> str:
     """The device to use (default: cuda when available); ``ValueError`` naming the option when the
     mode, T or device is not one the commands take."""
+    import torch
+
+    from npsemiseg.inference_model import check_mode, check_samples
+
     if mode is not None:
         check_mode(mode)
     if samples is not None and samples < 1:
@@ -40,6 +40,8 @@ def check_options(mode: str | None, samples: int | None, device: str | None) -> 
 
 def print_metrics(metrics: dict[str, float]) -> None:
     """The paper's final metrics first, then the others (per-class IoU, counts, time) by name."""
+    from semiseg_platform.tracking import mlflow_names
+
     shown = [k for k in mlflow_names.FINAL_METRICS if k in metrics]
     for key in shown + sorted(k for k in metrics if k not in shown):
         typer.echo(f"  {key:<24} {metrics[key]:.4f}")
@@ -50,6 +52,10 @@ def staged_data_root(data_root: str | None, config: RunConfig, found: Checkpoint
     root the cell's run recorded (its checkpoint names the worker's staged copy), else the checkpoint's
     ``data.root``, else ``$NPSEMISEG_DATA``; an S3 root staged here as on a worker. A root that the run or the
     checkpoint names was written by others: it may name no S3 endpoint but the user's own."""
+    from npsemiseg.data import DATA_ROOT_ENV
+    from semiseg_platform.data_staging import is_remote, resolve_data_root
+    from semiseg_platform.storage import parse_storage
+
     root, named_by = data_root, None
     if data_root is None:
         recorded = found.run.data.params.get("data.root") if found.run is not None else None
@@ -78,6 +84,9 @@ def evaluate(
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
     """Evaluate a trained cell again on its validation set; log the metrics as a nested run of the cell's run."""
+    from npsemiseg import load_model
+    from semiseg_platform.checkpoint_lookup import log_evaluation, open_checkpoint
+
     try:
         device = check_options(mode, samples, device)
         with open_checkpoint(run_id=run, uri=checkpoint, select=select, tracking=tracking) as found:

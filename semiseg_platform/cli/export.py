@@ -7,8 +7,6 @@ from pathlib import Path
 
 import typer
 
-from npsemiseg import load_model
-from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.cli.evaluate import CHECKPOINT_HELP, RUN_HELP
 
@@ -22,6 +20,9 @@ def export(
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
     """Write a trained cell's model as one file for ``npsemiseg.load_model(path)``."""
+    from npsemiseg import load_model
+    from semiseg_platform.checkpoint_lookup import open_checkpoint
+
     try:
         if out.is_dir():
             raise ValueError(f"--out: {out} is a directory, expected a file path such as model.pt")

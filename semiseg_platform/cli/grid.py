@@ -7,9 +7,7 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, SharedFilesystem, SpecStorage, SpecTracking, app, fail, one_line
-from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.sweeps.grid_runner import run_grid
-from semiseg_platform.sweeps.grid_spec import expand, load_spec
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S
 
 
 @app.command()
@@ -30,6 +28,8 @@ def grid(
     Exit status: 0 when every cell finished (or had finished earlier), 1 when any cell failed,
     2 when the spec is invalid (nothing started).
     """
+    from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
     try:
         loaded = load_spec(spec)
         if max_failures is not None:
@@ -41,6 +41,8 @@ def grid(
             typer.echo(f"{len(configs)} cells (a cell whose process or node dies is retried up to "
                        f"{loaded.max_failures} times)")
             return
+        from semiseg_platform.sweeps.grid_runner import run_grid  # Ray, MLflow: only to run the cells
+
         summary = run_grid(loaded, tracking_uri=tracking, storage=storage, tables_dir=tables_dir,
                            resource_timeout=resource_timeout, shared_filesystem=shared_filesystem)
     except ValueError as error:  # an invalid spec, cell setting or storage: found before any cell starts

@@ -7,8 +7,6 @@ from pathlib import Path
 import typer
 
 from semiseg_platform.cli.app import CELL_FAILED, TRACKING_HELP, app, fail
-from semiseg_platform.reports import write_hparams_figure
-from semiseg_platform.tracking import resolve_tracking_uri
 
 
 @app.command("hparams-figure")
@@ -20,6 +18,9 @@ def hparams_figure(
     aggregate: str = typer.Option("max", help="max | mean of the finished trials at each value"),
 ) -> None:
     """The paper's hyper-parameter figure (mIoU against Q, lambda_kl, T) from finished search trials."""
+    from semiseg_platform.reports import write_hparams_figure
+    from semiseg_platform.tracking import resolve_tracking_uri
+
     if aggregate not in ("max", "mean"):
         fail(f"--aggregate: expected max or mean, got {aggregate!r}")
     path = write_hparams_figure(resolve_tracking_uri(tracking), experiment, out, search=search_id, aggregate=aggregate)

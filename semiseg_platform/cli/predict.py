@@ -7,19 +7,15 @@ import math
 from collections import defaultdict
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import typer
-from PIL import UnidentifiedImageError
 
-from npsemiseg import SegmentationModel, load_model
-from npsemiseg.data.datasets import load_image
-from npsemiseg.untrusted import PREDICT_FORMATS, open_image
-from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, save_uncertainty_png
-from semiseg_platform.checkpoint_lookup import open_checkpoint
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail, one_line
 from semiseg_platform.cli.evaluate import CHECKPOINT_HELP, RUN_HELP, SAMPLES_HELP, check_options
-from semiseg_platform.storage import atomic_write
+
+if TYPE_CHECKING:  # the command imports it when it runs: its --help answers without torch
+    from npsemiseg import SegmentationModel
 
 #: The image files taken from an input directory
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -30,6 +26,10 @@ OUTPUTS = ("{stem}_prediction.png", "{stem}_uncertainty.png", "{stem}_overlay.pn
 def collect_images(inputs: list[Path]) -> list[Path]:
     """The image files named or found (one level, sorted) in ``inputs``; ``ValueError`` naming a
     missing path, an empty directory, a file that is not an image or two images with one name."""
+    from PIL import UnidentifiedImageError
+
+    from npsemiseg.untrusted import PREDICT_FORMATS, open_image
+
     found: list[Path] = []
     for path in inputs:
         if path.is_dir():
@@ -56,6 +56,8 @@ def collect_images(inputs: list[Path]) -> list[Path]:
 
 def batches(images: list[Path], batch_size: int) -> list[list[Path]]:
     """Batches of at most ``batch_size`` images of one size (sizes differ between user images)."""
+    from npsemiseg.untrusted import PREDICT_FORMATS, open_image
+
     by_size: dict[tuple[int, int], list[Path]] = defaultdict(list)
     for image in images:
         with open_image(image, formats=PREDICT_FORMATS) as opened:
@@ -90,6 +92,13 @@ def write_predictions(model: SegmentationModel, images: list[Path], out: Path, *
                       num_samples: int | None) -> int:
     """Predict every image in batches and write its three PNGs under ``out``, each one renamed into place
     (:func:`~semiseg_platform.storage.atomic_write`: a link at its name is replaced, not followed); returns the count."""
+    import torch
+
+    from npsemiseg.data.datasets import load_image
+    from npsemiseg.evaluation.visualize import overlay, save_label_png, save_png, save_uncertainty_png
+    from npsemiseg.untrusted import PREDICT_FORMATS
+    from semiseg_platform.storage import atomic_write
+
     count = 0
     for group in batches(images, batch_size):
         pixels = torch.stack([load_image(path, formats=PREDICT_FORMATS) for path in group])
@@ -121,6 +130,9 @@ def predict(
 ) -> None:
     """Per image: the prediction (palette PNG of class indices), the uncertainty (entropy of the mean
     prediction, grey PNG: 0 = 0 nats, 255 = log K) and an overlay, written to --out."""
+    from npsemiseg import load_model
+    from semiseg_platform.checkpoint_lookup import open_checkpoint
+
     try:
         device = check_options(mode, samples, device)
         if mode == "center_crop":

@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import typer
 
-from npsemiseg.pretrain import PretrainConfig
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail
-from semiseg_platform.pretrain_runs import pretrain_command
-from semiseg_platform.tracking import DEFAULT_EXPERIMENT
+
+#: the help of an option whose default is ``npsemiseg.pretrain.PretrainConfig``'s
+_DEFAULT = " (default: PretrainConfig's)"
 
 
 @app.command()
 def pretrain(
     backbone: str = typer.Option("resnet_small", help="backbone to pretrain (npsemiseg.models BACKBONES)"),
-    steps: int = typer.Option(PretrainConfig.steps, help="training steps"),
-    seed: int = typer.Option(PretrainConfig.seed, help="seed of the corpus and the training"),
-    corpus_size: int = typer.Option(PretrainConfig.corpus_size, help="images in the pretraining corpus"),
-    image_size: int = typer.Option(PretrainConfig.image_size, help="corpus image size (pixels)"),
-    batch_size: int = typer.Option(PretrainConfig.batch_size, help="images per step"),
-    lr: float = typer.Option(PretrainConfig.lr, help="learning rate"),
-    optimizer: str = typer.Option(PretrainConfig.optimizer, help="adamw or sgd"),
-    threads: int = typer.Option(PretrainConfig.threads, help="intra-op threads (the weights depend on it: part of "
-                                                             "the cache key)"),
+    steps: int | None = typer.Option(None, help="training steps" + _DEFAULT),
+    seed: int | None = typer.Option(None, help="seed of the corpus and the training" + _DEFAULT),
+    corpus_size: int | None = typer.Option(None, help="images in the pretraining corpus" + _DEFAULT),
+    image_size: int | None = typer.Option(None, help="corpus image size (pixels)" + _DEFAULT),
+    batch_size: int | None = typer.Option(None, help="images per step" + _DEFAULT),
+    lr: float | None = typer.Option(None, help="learning rate" + _DEFAULT),
+    optimizer: str | None = typer.Option(None, help="adamw or sgd" + _DEFAULT),
+    threads: int | None = typer.Option(None, help="intra-op threads (the weights depend on it: part of the cache "
+                                                  "key)" + _DEFAULT),
     cache_dir: str | None = typer.Option(None, help="cache folder (default: $NPSEMISEG_CACHE/pretrain, "
                                                     "else ~/.cache/npsemiseg/pretrain)"),
     tracking: str | None = typer.Option(None, help=TRACKING_HELP),
-    experiment: str = typer.Option(DEFAULT_EXPERIMENT, help="MLflow experiment of the pretraining run"),
+    experiment: str = typer.Option("npsemiseg", help="MLflow experiment of the pretraining run"),
     ship: bool = typer.Option(False, help="copy the named configuration's build (--name; without it, the default's) "
                                           "into npsemiseg/weights/ (the file pretrained:<name> loads) and print its "
                                           "SHA-256 to record"),
@@ -34,11 +34,12 @@ def pretrain(
 ) -> None:
     """Pretrain the backbone on the study's disjoint corpus (a cache hit returns at once); print the
     ``model.weights=PATH`` to give a cell. Logged as an MLflow run of its own."""
+    from semiseg_platform.pretrain_runs import pretrain_command
+
+    given = dict(steps=steps, seed=seed, corpus_size=corpus_size, image_size=image_size, batch_size=batch_size, lr=lr,
+                 optimizer=optimizer, threads=threads)
     try:
-        pretrain_command(backbone=backbone, steps=steps, seed=seed, corpus_size=corpus_size, image_size=image_size,
-                         batch_size=batch_size, lr=lr, optimizer=optimizer, threads=threads, cache_dir=cache_dir,
-                         tracking=tracking,
-                         experiment=experiment,
-                         emit=typer.echo, ship=ship, name=name)
+        pretrain_command(backbone=backbone, cache_dir=cache_dir, tracking=tracking, experiment=experiment,
+                         emit=typer.echo, ship=ship, name=name, **{k: v for k, v in given.items() if v is not None})
     except ValueError as error:
         fail(str(error))

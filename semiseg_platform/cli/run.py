@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from npsemiseg.config import Composition, RunConfig, compose, read_config, recompose
-from npsemiseg.data import dataset_names
-from npsemiseg.frameworks import framework_names
-from npsemiseg.heads import head_names
-from npsemiseg.presets import preset_names
-from npsemiseg.untrusted import UnsafeFileError
+from npsemiseg.catalog import DATASET_NAMES, FRAMEWORK_NAMES, HEAD_NAMES, PRESET_NAMES
 from semiseg_platform.cli.app import (
     CELL_FAILED,
     INTERRUPTED,
@@ -23,17 +18,12 @@ from semiseg_platform.cli.app import (
     one_line,
     parse_assignments,
 )
-from semiseg_platform.launch import (
-    CellFailedError,
-    cell_run_name,
-    in_existing_cluster,
-    run_cell,
-    run_cell_in_process,
-    validate_resources,
-)
-from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
-from semiseg_platform.sweeps.spec_base import read_yaml
-from semiseg_platform.tracking import CellKilled, mlflow_names, ui_hint
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S
+
+if TYPE_CHECKING:  # the command imports them when it runs: its --help answers without torch, Ray or MLflow
+    from npsemiseg.config import Composition, RunConfig
+    from npsemiseg.untrusted import UnsafeFileError
+    from semiseg_platform.launch import CellFailedError
 
 
 def build_composition(*, framework: str | None, dataset: str | None, partition: str | None, head: str | None,
@@ -41,6 +31,9 @@ def build_composition(*, framework: str | None, dataset: str | None, partition: 
                       protocol: str | None = None) -> Composition:
     """The run configuration and where its values come from: ``--preset`` + the four cell options (and
     ``--protocol``), or ``--config FILE`` (the cell options then change its cell), then ``--set``."""
+    from npsemiseg.config import compose, read_config, recompose
+    from semiseg_platform.sweeps.spec_base import read_yaml
+
     cell = {"framework": framework, "dataset": dataset, "partition": partition, "head.name": head, "protocol": protocol}
     if config_file is not None:
         if not config_file.is_file():
@@ -64,6 +57,8 @@ def build_config(**options: Any) -> RunConfig:
 def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, max_failures: int) -> bool:
     """Whether the cell trains in this process: ``auto`` = a one-device cell on the embedded default
     (seconds to the first step instead of a TorchTrainer's start-up); ``trainer`` = Ray Train always."""
+    from semiseg_platform.launch import in_existing_cluster
+
     one_device = workers == 1 and gpus_per_worker <= 1 and max_failures == 0
     if launcher == "in_process" and not one_device:
         raise ValueError(f"--launcher in_process: trains one worker on at most one GPU without restarts, got "
@@ -73,18 +68,17 @@ def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, ma
     return launcher == "in_process" or (launcher == "auto" and one_device and not in_existing_cluster())
 
 
-#: The final metrics printed first, in this order
+#: The final metrics printed first, in this order (``mlflow_names.FINAL_METRICS``)
 _SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc")
-assert set(_SUMMARY_METRICS) == set(mlflow_names.FINAL_METRICS)
 
 
 @app.command()
 def run(
-    framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
-    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
+    framework: str | None = typer.Option(None, help=" | ".join(FRAMEWORK_NAMES)),
+    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
-    head: str | None = typer.Option(None, help=" | ".join(head_names())),
-    preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
+    head: str | None = typer.Option(None, help=" | ".join(HEAD_NAMES)),
+    preset: str = typer.Option("smoke", help=" | ".join(PRESET_NAMES) + " (smoke: tiny, CPU, seconds)"),
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
     workers: int = typer.Option(1, help="DDP workers on Ray Train; 0 = Ray Train's local mode (in this process)"),
@@ -106,6 +100,10 @@ def run(
     input is one ``error:`` line and exit status 2, with nothing written. A lineage whose newest checkpoint asks to
     run code (``npsemiseg.untrusted``) is refused with one line and exit status 2 too, its MLflow run ended FAILED.
     """
+    from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, run_cell_in_process, validate_resources
+    from semiseg_platform.preflight import Needed, preflight
+    from semiseg_platform.tracking import CellKilled
+
     try:
         cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
                             config_file=config, assignments=parse_assignments(set_))
@@ -153,6 +151,8 @@ def _exit_failed(error: CellFailedError) -> NoReturn:
 def refused_file(error: CellFailedError) -> UnsafeFileError | None:
     """The refusal of a file from others (its checkpoint asking to run code) that failed the cell, or None:
     the cell's error itself (in this process) or a Ray Train worker's."""
+    from npsemiseg.untrusted import UnsafeFileError
+
     cause = error.__cause__
     failures = getattr(cause, "worker_failures", None) or {}
     causes = [cause, *(getattr(f, "cause", None) or f.__cause__ or f for f in failures.values())]
@@ -161,6 +161,8 @@ def refused_file(error: CellFailedError) -> UnsafeFileError | None:
 
 def _print_result(result: Any, tracking_uri: str) -> None:
     """The cell's status, steps and time, its final metrics, checkpoint and MLflow run."""
+    from semiseg_platform.tracking import ui_hint
+
     typer.echo(f"cell {result.name} {result.status} after {result.steps} steps in {result.wall_seconds:.1f} s "
                f"(training loop {result.loop_seconds:.1f} s)")
     shown = [k for k in _SUMMARY_METRICS if k in result.metrics]

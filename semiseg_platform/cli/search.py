@@ -17,9 +17,7 @@ from semiseg_platform.cli.app import (
     one_line,
     parse_assignments,
 )
-from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
-from semiseg_platform.sweeps.search_runner import run_search
-from semiseg_platform.sweeps.search_spec import load_search_spec, search_id
+from semiseg_platform.reservations import RESOURCE_TIMEOUT_S
 
 
 @app.command()
@@ -42,6 +40,8 @@ def search(
     Exit status: 0 when the study has a best configuration, 1 when no trial ran to its end, 2 when
     the spec is invalid (nothing started).
     """
+    from semiseg_platform.sweeps.search_spec import load_search_spec, search_id
+
     try:
         loaded = load_search_spec(
             spec, overrides=parse_assignments(set_), dataset=dataset, partition=partition, trials=trials
@@ -53,6 +53,8 @@ def search(
                 f"space {sorted(loaded.space)}, {loaded.trials} trial(s)"
             )
             return
+        from semiseg_platform.sweeps.search_runner import run_search  # Ray, MLflow, Optuna: only to search
+
         summary = run_search(loaded, tracking_uri=tracking, storage=storage, optuna_storage=optuna_storage,
                              out_dir=out_dir, resource_timeout=resource_timeout,
                              shared_filesystem=shared_filesystem)

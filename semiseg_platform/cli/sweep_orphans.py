@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from semiseg_platform.cli.app import TRACKING_HELP, app
-from semiseg_platform.tracking import sweep_orphaned_runs
 
 
 @app.command("sweep-orphans")
@@ -15,5 +14,7 @@ def sweep_orphans(
     stale_after: float | None = typer.Option(None, help="also end runs owned on other hosts after this many seconds"),
 ) -> None:
     """End RUNNING MLflow runs whose owning process is gone (status KILLED, reason in the 'error' tag)."""
+    from semiseg_platform.tracking import sweep_orphaned_runs
+
     swept = sweep_orphaned_runs(experiment, tracking=tracking, stale_after_s=stale_after)
     typer.echo(f"{len(swept)} orphaned run(s) ended" + (": " + ", ".join(swept) if swept else ""))

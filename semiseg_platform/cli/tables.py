@@ -5,17 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from mlflow.tracking import MlflowClient
 
 from semiseg_platform.cli.app import TRACKING_HELP, app, fail
-from semiseg_platform.preflight import PreflightError, check_tracking
-from semiseg_platform.reports import markdown_report, write_report
-from semiseg_platform.tracking.store import sqlite_path
 
 
 def existing_store(tracking: str | None, experiment: str) -> str:
     """The tracking URI of a store that answers and holds ``experiment`` (``PreflightError`` otherwise;
     a local store is never created by reading it)."""
+    from mlflow.tracking import MlflowClient
+
+    from semiseg_platform.preflight import PreflightError, check_tracking
+    from semiseg_platform.tracking.store import sqlite_path
+
     uri = check_tracking(tracking)
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
@@ -36,6 +37,9 @@ def tables(
     grid_id: str | None = typer.Option(None, help="only the cells of this grid (default: every cell run)"),
 ) -> None:
     """Build the paper's Tables 1-6 (and the uncertainty-time figure) from MLflow runs; print them."""
+    from semiseg_platform.preflight import PreflightError
+    from semiseg_platform.reports import markdown_report, write_report
+
     try:
         tracking_uri = existing_store(tracking, experiment)
         if out.exists() and not out.is_dir():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from semiseg_platform.cli.app import app
-from semiseg_platform.ui import serve
 
 
 @app.command()
@@ -16,6 +15,8 @@ def ui(
     print_only: bool = typer.Option(False, "--print", help="print the command, start nothing"),
 ) -> None:
     """Serve the MLflow UI of a local store (mlflow server on loopback) and print the ready-made searches."""
+    from semiseg_platform.ui import serve
+
     status = serve(tracking, host=host, port=port, print_only=print_only)
     if status:
         raise typer.Exit(status)

@@ -4,12 +4,13 @@ besides ``val``). The generator and its options: ``npsemiseg.data.study``."""
 from __future__ import annotations
 
 import os
-
-from torch.utils.data import Dataset
+from typing import TYPE_CHECKING
 
 from npsemiseg.data.base import DatasetDef, Transform
 from npsemiseg.data.info import DATASETS, DatasetInfo
-from npsemiseg.data.study import build_study_dataset, study_info
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 
 @DATASETS.register("study")
@@ -21,6 +22,8 @@ class Study(DatasetDef):
 
     @classmethod
     def info(cls, **options: object) -> DatasetInfo:
+        from npsemiseg.data.study import study_info  # the generator (torch), when the study set is asked for
+
         return study_info(cls.name, **options)
 
     @classmethod
@@ -28,5 +31,7 @@ class Study(DatasetDef):
               partition_lists: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split (``labeled`` / ``unlabeled`` / ``val`` / ``tune``) generated in memory."""
+        from npsemiseg.data.study import build_study_dataset
+
         return build_study_dataset(cls.name, split, partition, partition_lists=partition_lists, transform=transform,
                                    max_items=max_items, reveal_labels=reveal_labels, **options)

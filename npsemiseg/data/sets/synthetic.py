@@ -7,14 +7,14 @@ synthetic train-set size (same labeled ratio). The generator: ``npsemiseg.data.s
 from __future__ import annotations
 
 import os
-from typing import ClassVar
-
-from torch.utils.data import Dataset
+from typing import TYPE_CHECKING, ClassVar
 
 from npsemiseg.data.base import DatasetDef, Transform
 from npsemiseg.data.info import _FRACTIONS, DATASETS, DatasetInfo, scaled_partition_count
 from npsemiseg.data.settings import VOC_SETTINGS
-from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 
 class Synthetic(DatasetDef):
@@ -32,6 +32,8 @@ class Synthetic(DatasetDef):
     def info(cls, *, num_classes: int | None = None, train_size: int = 1024, val_size: int = 128,
              image_size: int | tuple[int, int] = 64, **options: object) -> DatasetInfo:
         """DatasetInfo with the given generator settings (validated; unknown options are a ``ValueError``)."""
+        from npsemiseg.data.synthetic import SyntheticConfig  # the generator (torch), when a synthetic set is asked for
+
         if train_size < 4 or val_size < 1:
             raise ValueError(f"train_size must be >= 4 and val_size >= 1, got {train_size}, {val_size}")
         if cls.stands_in_for is None:
@@ -69,6 +71,8 @@ class Synthetic(DatasetDef):
               partition_lists: str = "u2pl", transform: Transform | None = None, reveal_labels: bool = False,
               max_items: int | None = None, **options: object) -> Dataset:
         """One split generated in memory (``root`` is not used)."""
+        from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
+
         info, part = cls.split_info(split, partition, **options)
         return SyntheticSegmentation(
             SyntheticConfig(**info.options), split, num_labeled=None if part is None else info.partitions[part],
