@@ -15,6 +15,10 @@ SampleCE = Literal["elbo", "mean_logits"]
 #: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
 PAPER_BLUR_SIGMA = (0.1, 2.0)
 
+#: a training checkpoint directory's files: the weights and state, and the run's configuration (written by
+#: ``npsemiseg.training.checkpoint``, read by ``npsemiseg.inference_model``, downloaded by name by the platform)
+STATE_FILE, CONFIG_FILE = "state.pt", "config.yaml"
+
 #: the value (and MLflow param) of an option or switch that does not apply to a cell
 NOT_APPLICABLE = "n/a"
 

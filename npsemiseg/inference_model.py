@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from npsemiseg import __version__
 from npsemiseg.config import RunConfig, with_overrides
+from npsemiseg.constants import CONFIG_FILE
 from npsemiseg.data import build_dataset
 from npsemiseg.evaluation.inference import MODES, predict
 from npsemiseg.frameworks.ema import unwrap
@@ -36,7 +37,6 @@ from npsemiseg.untrusted import UnsafeFileError, load_torch_file
 #: What an exported file says it is, and the version of its layout
 EXPORT_KIND = "npsemiseg.model"
 EXPORT_FORMAT = 1
-CONFIG_FILE = "config.yaml"
 
 
 class SegmentationModel:

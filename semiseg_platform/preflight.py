@@ -47,7 +47,8 @@ from npsemiseg.data import DATA_ROOT_ENV, dataset_info
 from npsemiseg.data.check import check_dataset
 from npsemiseg.pretrain import PRETRAINED, PRETRAINED_PREFIX
 from npsemiseg.models.vit import is_vit_backbone, vit_settings_problem
-from semiseg_platform.data_staging import check_remote, data_problem, is_remote
+from npsemiseg.data.check import data_problem
+from semiseg_platform.data_staging import check_remote, is_remote
 from semiseg_platform.launch import ensure_ray, in_existing_cluster
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.reservations import RESOURCE_TIMEOUT_S, Needed

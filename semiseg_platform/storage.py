@@ -34,6 +34,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pyarrow.fs as pafs
 
+from npsemiseg.constants import CONFIG_FILE, STATE_FILE
+
 #: Default local storage (relative to the working directory of the driver)
 DEFAULT_STORAGE_DIR = "ray_results"
 
@@ -42,8 +44,6 @@ CHECKPOINT_DIR_FORMAT = "checkpoint_{step:09d}"
 _CHECKPOINT_DIR_RE = re.compile(r"^checkpoint_(\d{9})$")
 #: Written last into an uploaded checkpoint: a directory without it is incomplete
 COMPLETE_MARKER = ".complete"
-#: The weights and the run's configuration in a checkpoint directory (``npsemiseg.training.checkpoint``)
-STATE_FILE, CONFIG_FILE = "state.pt", "config.yaml"
 #: Every file a checkpoint directory has: the only names a checkpoint download takes
 CHECKPOINT_FILES = (STATE_FILE, CONFIG_FILE, COMPLETE_MARKER)
 _DOWNLOAD_CHUNK = 1 << 20

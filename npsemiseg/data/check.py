@@ -464,3 +464,27 @@ def check_file_list(name: str, paths: Iterable[str], *, partitions: Iterable[str
         if lacking:
             missing[list_name] = lacking
     return folder, missing
+
+
+def data_problem(report: DatasetReport) -> str:
+    """The first reason a ``DatasetReport`` is not usable, as one line naming the dataset."""
+    where = f"data: dataset {report.name}"
+    if report.root is None:
+        detail = report.problems[0].detail if report.problems else "no data root"
+        return f"{where}: {detail} (command line: --set data.root=DIR)"
+    where += f" under {report.root}"
+    for kind, what in (("missing_image", "images"), ("missing_label", "labels")):
+        missing = report.problems_of(kind)
+        if missing:
+            examples = ", ".join(p.path for p in missing[:2])
+            hints = [line for line in report.layout if "npsemiseg data prepare" in line]
+            stems = {Path(p.path).stem for p in missing}  # a file the layout cannot use that explains one
+            hints += [f"not used: {path}: {why}" for path, why in report.unusable
+                      if Path(path).stem in stems][:1]
+            hint = hints[0] if hints else f"npsemiseg data check --dataset {report.name} tells more"
+            return f"{where}: {len(missing)} listed {what} missing, e.g. {examples} (expected the standard layout; {hint})"
+    if report.problems:
+        first = report.problems[0]
+        more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
+        return f"{where}: {first.detail}{more}"
+    return f"{where}: no list could be read (expected the dataset's list files and folders)"

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from npsemiseg.callbacks import Callbacks
+from npsemiseg.constants import CONFIG_FILE, STATE_FILE
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
@@ -29,7 +30,6 @@ from npsemiseg.training.plan import Plan
 from npsemiseg.untrusted import load_torch_file
 
 CHECKPOINT_FORMAT = 1
-STATE_FILE = "state.pt"
 LATEST_FILE = "latest"
 
 
@@ -71,7 +71,7 @@ def save_checkpoint(root: Path, *, step: int, state: dict[str, Any], config: Run
     tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     torch.save(state, tmp / STATE_FILE)
-    (tmp / "config.yaml").write_text(config.to_yaml())
+    (tmp / CONFIG_FILE).write_text(config.to_yaml())
     final = root / name
     if final.exists():
         shutil.rmtree(final)

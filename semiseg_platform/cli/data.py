@@ -73,9 +73,9 @@ def check(
     """Check a dataset tree as the readers will read it; exit 0 only when it is usable (2 otherwise).
     An S3 root: its manifest against the lists, and the store's listing against the manifest."""
     from npsemiseg.data import DATA_ROOT_ENV, dataset_info
-    from npsemiseg.data.check import check_dataset
+    from npsemiseg.data.check import check_dataset, data_problem
     from npsemiseg.data.sets.folder import register_folder
-    from semiseg_platform.data_staging import check_remote, data_problem, is_remote
+    from semiseg_platform.data_staging import check_remote, is_remote
 
     if (dataset is None) == (folder is None):
         fail("pass one of --dataset NAME or --folder PATH")
