@@ -18,6 +18,7 @@ from npsemiseg.data.mixing import (
     u2pl_boxes,
     u2pl_cutmix,
 )
+from npsemiseg.heads.base import predictive_entropy
 
 
 def encoded_batch(b: int, h: int, w: int, offset: int = 0):
@@ -143,9 +144,11 @@ def test_adaptive_confidence_hand_computed():
     probs[3, 1, 1] = 1.0
     entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1)) / math.log(2)
     expected = torch.tensor([1.0, 0.0, (1 - entropy) * 0.9, 0.5])
-    assert torch.allclose(adaptive_confidence(probs), expected, atol=1e-6)
+    assert torch.allclose(adaptive_confidence(probs, predictive_entropy(probs)), expected, atol=1e-6)
     with pytest.raises(ValueError, match="probs"):
-        adaptive_confidence(probs[0])
+        adaptive_confidence(probs[0], predictive_entropy(probs)[0])
+    with pytest.raises(ValueError, match="entropy"):
+        adaptive_confidence(probs, predictive_entropy(probs)[0])
 
 
 def test_augseg_cutmix_pastes_labeled_boxes_by_confidence():

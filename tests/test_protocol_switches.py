@@ -10,6 +10,7 @@ tests/test_heads_np.py and tests/test_heads_ddp.py (``sync_memories`` only diffe
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import torch
 from unlabeled_views import with_unimatch_views
 from npsemiseg.config import cell_config, switches, with_overrides
 from npsemiseg.frameworks.base import Batch, StepContext
+from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.protocol import implemented_switches
 from npsemiseg.training import build_framework, train_transforms
 from npsemiseg.training.step import autocast
@@ -71,6 +73,8 @@ NOT_A_STEP_CHANGE = {
     "grad_clip_per_head": "the optimiser step: test_grad_clip_per_head_switch_clips_every_head_alike_under_corrected",
     "unimatch_lr_timing": "the step's LR, not its losses: test_lr_timing_after_step_runs_iteration_k_at_lr_k_minus_1 "
                           "(test_frameworks_unimatch)",
+    "entropy_log_offset": "1e-10 of an entropy, a step only where a pixel sits at a percentile threshold: "
+                          "test_released_entropy_takes_the_authors_log_p_plus_1e_10",
 }
 STEP_SWITCHES = [s for s in implemented_switches() if s.name not in NOT_A_STEP_CHANGE]
 #: options under which a switch's effect reaches the losses of an untrained network: the CutMix source enters only the
@@ -651,3 +655,22 @@ def test_psmt_warmup_teachers_scratch_switch_redraws_the_teachers_backbones(smok
             assert not any(weights) and not any(stats)
         else:
             assert all(weights) and all(stats)
+
+
+def test_released_entropy_takes_the_authors_log_p_plus_1e_10(smoke_config):
+    """Under ``released`` the teacher's entropy is ``-sum p log(p + 1e-10)`` (U2PL loss_helper.py 35-36, AugSeg
+    train_semi.py 331, the NP-SemiSeg authors' 499-500 and 366), under ``corrected`` ``-sum p log(max(p, 1e-12))``:
+    U2PL's entropy filter and AugSeg's adaptive confidence take the form the cell's protocol names."""
+    # a confident pixel (its entropy 4.6e-9 clamped, 3 % less with the offset), a one-hot one, a uniform one
+    logits = torch.tensor([[1.0, 1e-10, 1e-10, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25] * 4]).T.reshape(1, 4, 1, 3).log()
+    stats = prediction_from_logits(logits[None], (1, 3))  # the teacher's statistics pass, as U2PL reads it
+    probs = stats.probs
+    forms = {"released": -(probs * torch.log(probs + 1e-10)).sum(dim=1),
+             "corrected": -(probs * torch.log(probs.clamp_min(1e-12))).sum(dim=1)}
+    assert not torch.equal(forms["released"], forms["corrected"])
+    for protocol, entropy in forms.items():
+        u2pl = build_framework(smoke_config(framework="u2pl", protocol=protocol, framework_options=U2PL_SMALL))
+        assert torch.equal(u2pl._entropy_u(stats, 0, (1, 3), u2pl.options), entropy), protocol
+        augseg = build_framework(smoke_config(framework="augseg", protocol=protocol))
+        rho = ((1 - entropy / math.log(4)) * probs.amax(dim=1)).mean(dim=(1, 2))
+        assert torch.equal(augseg.image_confidence(probs), rho), protocol

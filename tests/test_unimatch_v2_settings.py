@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from unlabeled_views import with_unimatch_views
 from npsemiseg.config import compose, with_overrides
 from npsemiseg.evaluation.inference import SLIDING_SCHEMES, sliding_windows
 from npsemiseg.data import dataset_info
@@ -146,7 +147,7 @@ def test_the_encoder_trains_as_in_the_published_runs_and_freezes_as_lock_backbon
     torch.manual_seed(0)
     images = torch.rand(2, 3, 28, 28)
     batch = Batch({"image": images, "label": torch.randint(0, 150, (2, 28, 28))},
-                  {"image": torch.rand(2, 3, 28, 28), "image_strong": torch.rand(2, 3, 28, 28)})
+                  with_unimatch_views({"image": torch.rand(2, 3, 28, 28), "image_strong": torch.rand(2, 3, 28, 28)}))
     framework.train_step(batch, StepContext(0, 10, 0, 1, 10)).total.backward()
     optimizer.torch_optimizer.step()
     after = student.state_dict()

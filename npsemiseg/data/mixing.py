@@ -186,16 +186,19 @@ def psmt_cutmix(image: Tensor, label: Tensor, confidence: Tensor | None = None, 
     return _gather(image, label, confidence, mask.to(image.device), source.to(image.device))
 
 
-def adaptive_confidence(probs: Tensor) -> Tensor:
+def adaptive_confidence(probs: Tensor, entropy: Tensor) -> Tensor:
     """AugSeg's per-image confidence rho_i = mean over pixels of (1 - H(p) / log K) * max_k p_k.
 
-    probs: teacher softmax ``[B, K, H, W]``. Returns ``[B]`` in [0, 1].
+    probs: teacher softmax ``[B, K, H, W]``; entropy: its entropy ``[B, H, W]`` (natural log; the caller's form of
+    the log, ``npsemiseg.heads.base.predictive_entropy``). Returns ``[B]`` in [0, 1].
     """
     if probs.dim() != 4:
         raise ValueError(f"probs: expected [B, K, H, W], got shape {tuple(probs.shape)}")
-    k = probs.shape[1]
-    entropy = -(probs * torch.log(probs.clamp_min(1e-10))).sum(dim=1) / math.log(k)
-    return ((1.0 - entropy) * probs.amax(dim=1)).mean(dim=(1, 2))
+    if entropy.shape != probs.shape[:1] + probs.shape[2:]:
+        raise ValueError(f"entropy: expected [B, H, W] = {list(probs.shape[:1] + probs.shape[2:])}, got "
+                         f"{list(entropy.shape)}")
+    normalised = entropy / math.log(probs.shape[1])
+    return ((1.0 - normalised) * probs.amax(dim=1)).mean(dim=(1, 2))
 
 
 def augseg_cutmix(image: Tensor, label: Tensor, confidence: Tensor, labeled_image: Tensor,

@@ -33,11 +33,13 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import Field
+from torch import Tensor
 
 from npsemiseg.data.mixing import adaptive_confidence, augseg_cutmix
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
 from npsemiseg.frameworks.ema import augseg_decay, unwrap
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, ignore_where, labeled_view, require_unlabeled
+from npsemiseg.heads.base import predictive_entropy
 
 
 class AugSegOptions(FrameworkOptions):
@@ -58,6 +60,9 @@ class AugSegOptions(FrameworkOptions):
     #: authors' AugSeg loop leaves them (``swapped``, switch ``augseg_np_memories``): kept from step to step within
     #: an epoch with target and context exchanged at every step, both back to their start at each epoch's first step
     np_memories: Literal["head", "swapped"] = "head"
+    #: the log of the adaptive confidence's entropy (``npsemiseg.heads.base.ENTROPY_LOGS``): ``clamp`` or AugSeg's
+    #: ``offset`` ``log(p + 1e-10)`` (train_semi.py 331; switch ``entropy_log_offset``)
+    entropy_log: Literal["clamp", "offset"] = "clamp"
 
 
 @FRAMEWORKS.register("augseg")
@@ -87,7 +92,7 @@ class AugSeg(SemiSupervisedFramework):
         self.seed_memories(images_l, labels_l)
 
         teacher = self.predict_unlabeled(self.teacher, unlabeled)
-        rho = adaptive_confidence(teacher.probs)
+        rho = self.image_confidence(teacher.probs)
         mixed = augseg_cutmix(
             labeled_view(unlabeled, strong=True), teacher.label, teacher.confidence, images_l, labels_l, rho,
             labeled_beta=opts.labeled_beta, beta=opts.unlabeled_beta,
@@ -102,6 +107,11 @@ class AugSeg(SemiSupervisedFramework):
         losses["unsup"] = opts.unsup_weight * self.pixel_ce(student.logits_u, pseudo).mean()
         logs = self.step_logs(student, rho=rho.mean(), kept_fraction=(pseudo != 255).float().mean())
         return StepResult(losses, logs)
+
+    def image_confidence(self, probs: Tensor) -> Tensor:
+        """rho ``[B]`` of the teacher's probabilities ``[B, K, H, W]`` (:func:`adaptive_confidence`), the entropy's log
+        taken as ``entropy_log`` says."""
+        return adaptive_confidence(probs, predictive_entropy(probs, self.options.entropy_log))  # type: ignore[attr-defined]
 
     @contextmanager
     def _carried_memories(self, ctx: StepContext, opts: AugSegOptions) -> Iterator[None]:

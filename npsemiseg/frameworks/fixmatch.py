@@ -105,6 +105,12 @@ def thresholded_loss(pixel_loss: Tensor, confidence: Tensor, valid: Tensor, thre
     return (pixel_loss * keep.to(pixel_loss.dtype)).sum() / valid.sum().clamp_min(1)
 
 
+def mask_ratio(confidence: Tensor, valid: Tensor, threshold: float) -> Tensor:
+    """The logged mask ratio: the share of valid pixels whose ``confidence [B, H, W]`` is at or above ``threshold``
+    (UniMatch's ``mask_ratio``: padded pixels count neither above nor below; 0 when none is valid)."""
+    return ((confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)
+
+
 class FixMatchOptions(FrameworkOptions):
     """FixMatch options; defaults = the VOC settings (UniMatch@0324f3d configs/pascal.yaml 16)."""
 
@@ -133,6 +139,19 @@ class PseudoLabels:
 
     def __getitem__(self, index: Tensor) -> PseudoLabels:
         return PseudoLabels(self.label[index], self.confidence[index])
+
+    def flip(self) -> PseudoLabels:
+        """The batch in reverse order (UniMatch V2's CutMix source: image ``B - 1 - i`` for image i)."""
+        return PseudoLabels(self.label.flip(0), self.confidence.flip(0))
+
+
+def cutmixed(box: Tensor, pasted: PseudoLabels, pasted_valid: Tensor, own: PseudoLabels,
+             valid: Tensor) -> tuple[PseudoLabels, Tensor]:
+    """The pseudo-labels, confidences and valid pixels ``[B, H, W]`` of a CutMixed view: ``pasted``'s inside ``box``,
+    ``own``'s outside (UniMatch fixmatch.py 153-158, UniMatch V2 unimatch_v2.py 181-190: a padded pixel pasted into
+    the box stays out of the loss, an unpadded one counts)."""
+    mixed = PseudoLabels(torch.where(box, pasted.label, own.label), torch.where(box, pasted.confidence, own.confidence))
+    return mixed, torch.where(box, pasted_valid, valid)
 
 
 def pseudo_labels(logits: Tensor, size: tuple[int, int], *, align_corners: bool = False) -> PseudoLabels:
@@ -250,6 +269,20 @@ class FixMatch(SemiSupervisedFramework):
     def strong_term_names(self) -> list[str]:
         return ["unsup"] if len(self.strong_weights) == 1 else [f"unsup_s{i + 1}" for i in range(len(self.strong_weights))]
 
+    def weighted_supervised_terms(self, student: StudentPass, labels_l: Tensor) -> dict[str, Tensor]:
+        """The supervised terms x ``sup_weight`` (the head's auxiliary term, the NP head's KL, unscaled)."""
+        aux_term = self.head_aux_term
+        return {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(student, labels_l).items()}
+
+    def strong_terms(self, strong_logits: Sequence[Tensor], mixed: Sequence[tuple[PseudoLabels, Tensor]]) -> dict[str, Tensor]:
+        """One thresholded term per strong view (logits ``[S, B_u, K, h, w]``) against its CutMixed pseudo-labels and
+        valid pixels (:func:`cutmixed`), x its weight: the per-pixel CE summed over the valid pixels at or above the
+        threshold, divided by the valid pixels (:func:`thresholded_loss`)."""
+        threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
+        return {name: weight * thresholded_loss(self.pixel_ce(logits, labels.label), labels.confidence, valid, threshold)
+                for name, weight, logits, (labels, valid) in zip(self.strong_term_names(), self.strong_weights,
+                                                                 strong_logits, mixed)}
+
     # ----------------------------------------------------------------- step
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
@@ -277,14 +310,9 @@ class FixMatch(SemiSupervisedFramework):
         output = self.student(torch.cat(mixed, dim=0))
         strong_logits = output.head.logits.chunk(len(mixed), dim=1)  # [S, B_u, K, h, w] each
 
-        aux_term = self.head_aux_term
-        losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(clean, labels_l).items()}
-        for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
-            label = torch.where(box, source.prediction.label, weak_pred.label)
-            confidence = torch.where(box, source.prediction.confidence, weak_pred.confidence)
-            box_valid = torch.where(box, source.valid, valid)
-            losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, box_valid, threshold)
+        losses = self.weighted_supervised_terms(clean, labels_l)
+        losses.update(self.strong_terms(strong_logits, [cutmixed(box, source.prediction, source.valid, weak_pred, valid)
+                                                        for box in boxes]))
         losses.update(self.extra_terms(perturbed, weak_pred, valid))
-        mask_ratio = ((weak_pred.confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)
-        return StepResult(losses, self.step_logs(clean, mask_ratio=mask_ratio,
+        return StepResult(losses, self.step_logs(clean, mask_ratio=mask_ratio(weak_pred.confidence, valid, threshold),
                                                  box_fraction=torch.stack(boxes).float().mean()))

@@ -60,7 +60,7 @@ from npsemiseg.frameworks.ema import copy_parameters, u2pl_decay
 from npsemiseg.frameworks.pseudo_labels import mode, prediction_from_logits
 from npsemiseg.frameworks.schedules import contrastive_alpha, entropy_filter, percentile, u2pl_drop_percent
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, require_unlabeled, sup_only
-from npsemiseg.heads.base import downsample_labels, predictive
+from npsemiseg.heads.base import downsample_labels, predictive, predictive_entropy
 
 
 class U2PLOptions(FrameworkOptions):
@@ -84,6 +84,10 @@ class U2PLOptions(FrameworkOptions):
     #: mean of the S softmaxes (``mean_probs``) or of the softmax of the mean logits (``mean_logits``, switch
     #: ``u2pl_entropy_mean_logits``: the NP-SemiSeg authors' ``out_t["pred"].mean(0)``)
     teacher_entropy: Literal["mean_probs", "mean_logits"] = "mean_probs"
+    #: the log of that entropy (``npsemiseg.heads.base.ENTROPY_LOGS``): ``clamp`` or U2PL's ``offset``
+    #: ``log(p + 1e-10)`` (u2pl/utils/loss_helper.py 35-36, train_semi.py's contrastive masks; switch
+    #: ``entropy_log_offset``)
+    entropy_log: Literal["clamp", "offset"] = "clamp"
     #: the supervised-only epochs' step holds ``0 x representation.sum()`` as its unsupervised and contrastive terms
     #: (``train_semi.py`` 305-306): the representation head gets zero gradients, so SGD's weight decay and momentum
     #: act on it (switch ``u2pl_sup_only_zero_terms``); False: no terms, the head is left alone until it is trained
@@ -185,11 +189,14 @@ class U2PL(SemiSupervisedFramework):
         return StepResult(losses, logs)
 
     def _entropy_u(self, stats, num_l: int, size: tuple[int, int], opts: U2PLOptions) -> torch.Tensor:
-        """The unlabeled images' entropy ``[B_u, H, W]`` of the statistics pass (``teacher_entropy``)."""
+        """The unlabeled images' entropy ``[B_u, H, W]`` of the statistics pass (``teacher_entropy``), its log taken
+        as ``entropy_log`` says."""
         if opts.teacher_entropy == "mean_logits":
             logits = stats.output.head.logits[:, num_l:].mean(0, keepdim=True)
-            return prediction_from_logits(logits, size, align_corners=self.align_corners).entropy
-        return stats.entropy[num_l:]
+            probs = prediction_from_logits(logits, size, align_corners=self.align_corners).probs
+        else:
+            probs = stats.probs[num_l:]
+        return predictive_entropy(probs, opts.entropy_log)
 
     def _supervised_step(self, images_l, labels_l, opts: U2PLOptions) -> StepResult:
         """Labeled images only (U2PL's ``sup_only_epoch``); with the quirk the teacher also runs

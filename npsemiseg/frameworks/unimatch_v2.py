@@ -6,10 +6,10 @@ Source: LiheYoung/UniMatch-V2@f6afb4d ``unimatch_v2.py`` 170-226 (the loop body)
 1. The EMA teacher (eval mode, no gradient) predicts the weak view: confidences and hard pseudo-labels at image
    size (``unimatch_v2.py`` 170-173; the mean of the per-sample softmaxes for the stochastic heads).
 2. Each strong view gets its own CutMix box (``dataset/transform.py`` ``obtain_cutmix_box``, FixMatch's draw)
-   inside which the *batch flipped* (image ``B - 1 - i``) is pasted (175-176); the pseudo-labels and confidences are
-   mixed the same way (181-190). The project's data pipeline makes one strong view per unlabeled image
-   (``image_strong``), so both views start from it and differ by their boxes (and their dropout masks), where the
-   official views also differ by their photometric draws (as in :mod:`npsemiseg.frameworks.unimatch`).
+   inside which the *batch flipped* (image ``B - 1 - i``) is pasted (175-176); the pseudo-labels, confidences and
+   valid pixels are mixed the same way (181-190). The two views are the data pipeline's ``image_strong`` and
+   ``image_strong2``, each its own photometric draw on the same crop (``dataset/semi.py`` 51-61; what
+   ``FixMatch.unlabeled_views`` asks for, as in :mod:`npsemiseg.frameworks.unimatch`).
 3. The student (train mode) on the labeled images: the supervised loss (178, 192; the NP head's context and
    targets are the labeled images: the official loop has no student pass on the weak view).
 4. The student on ``cat(strong1, strong2)`` with **complementary dropout** (``dpt.py`` 148-161): per pair
@@ -19,9 +19,10 @@ Source: LiheYoung/UniMatch-V2@f6afb4d ``unimatch_v2.py`` 170-226 (the loop body)
    from its stored centers). On a ResNet encoder the pair of masks is drawn per map width (``low_level`` and
    ``high_level``), the same pairs kept whole.
 5. Each strong term sums the per-pixel CE over pixels with mixed confidence >= ``confidence_threshold`` that are
-   valid and divides by the valid pixels (194-200; the unlabeled items carry no padding mask here, so all are
-   valid); loss ``(loss_x + (loss_s1 + loss_s2) / 2) / 2`` (202-204): terms ``sup`` (0.5), ``unsup_s1`` and
-   ``unsup_s2`` (0.25 each); the NP head's ``kl`` unscaled, as in every framework.
+   valid (not padded by the crop: the items' ``padding`` mask, the flipped batch's inside the box) and divides by
+   the valid pixels (194-200); the logged mask ratio counts valid pixels only (213); loss
+   ``(loss_x + (loss_s1 + loss_s2) / 2) / 2`` (202-204): terms ``sup`` (0.5), ``unsup_s1`` and ``unsup_s2`` (0.25
+   each); the NP head's ``kl`` unscaled, as in every framework.
 6. After the optimiser step the teacher follows the student over parameters and buffers with ratio
    ``min(1 - 1 / (iters + 1), ema_decay)`` (``ema_decay`` 0.996; 221-226; NP memories are copied, not averaged).
 
@@ -42,6 +43,7 @@ backbone / head LRs, crop, batch, epochs, loss, evaluation, the DINOv2-B encoder
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -51,7 +53,7 @@ from torch import Tensor, nn
 from npsemiseg.data.settings import UNIMATCH_V2_GPUS, PaperSettings, Publication
 from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap, warmup_decay
-from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, thresholded_loss
+from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, PseudoLabels, cutmixed, mask_ratio
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction
 from npsemiseg.frameworks.semi import StudentPass, ignore_where, require_unlabeled
 from npsemiseg.heads.base import HeadOutput
@@ -93,6 +95,19 @@ def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
     if model.decoder_sampling:
         return model.sample_decoder(encoded)[1]
     return model.classify(model.decoder(encoded.low_level, encoded.high_level))
+
+
+@dataclass
+class MixedViews:
+    """What steps 1-2 make of the unlabeled batch: per strong view its CutMixed pseudo-labels and valid pixels
+    (``targets``, :func:`cutmixed`), its mixed image ``[B_u, 3, H, W]`` (``views``) and its box ``[B_u, H, W]``
+    (``boxes``); the EMA teacher's prediction on the weak view and the weak view's valid pixels ``[B_u, H, W]``."""
+
+    targets: list[tuple[PseudoLabels, Tensor]]
+    views: list[Tensor]
+    boxes: list[Tensor]
+    teacher: TeacherPrediction
+    valid: Tensor
 
 
 #: LiheYoung/UniMatch-V2@f6afb4d, the settings every config shares: AdamW over two groups, the backbone at ``lr``
@@ -229,47 +244,40 @@ class UniMatchV2(FixMatch):
         masks = self.draw_masks(views.shape[0] // 2, widths, views.device)
         return decode(student, masked_encoding(encoded, masks, vit))
 
-    def mixed_views(self, batch: Batch) -> tuple[TeacherPrediction, list[Tensor], list[Tensor]]:
-        """Steps 1-2: the EMA teacher's prediction on the weak view, a box per strong view (``[B_u, H, W]``) and the
-        views ``[B_u, 3, H, W]`` with the flipped batch pasted into their boxes."""
+    def mixed_views(self, batch: Batch) -> MixedViews:
+        """Steps 1-2: the EMA teacher's prediction on the weak view, a box per strong view (``[B_u, H, W]``) and
+        per strong view (``image_strong``, ``image_strong2``: :meth:`FixMatch.views`) the view ``[B_u, 3, H, W]`` with
+        the flipped batch pasted into its box and its pseudo-labels, confidences and valid (unpadded) pixels mixed the
+        same way (:func:`cutmixed`)."""
         unlabeled = require_unlabeled(batch, self.name)
-        if "image_strong" not in unlabeled:
-            raise ValueError(f"batch.unlabeled: {self.name} needs 'image_strong' (the strong view; augmentation "
-                             f"{self.augmentation!r} makes it)")
-        weak, strong = unlabeled["image"], unlabeled["image_strong"]
+        strong, valid = self.views(unlabeled)
+        weak = unlabeled["image"]
         self.seed_memories(batch.labeled["image"], batch.labeled["label"])
         teacher = self.predict_unlabeled(self.teacher, unlabeled)
+        own = PseudoLabels.of(teacher)
         boxes = self.draw_boxes(weak.shape[0], weak.shape[-2], weak.shape[-1], weak.device)
-        return teacher, boxes, [torch.where(box[:, None], strong.flip(0), strong) for box in boxes]
+        views = [torch.where(box[:, None], view.flip(0), view) for box, view in zip(boxes, strong)]
+        targets = [cutmixed(box, own.flip(), valid.flip(0), own, valid) for box in boxes]
+        return MixedViews(targets, views, boxes, teacher, valid)
 
-    @staticmethod
-    def mixed_targets(teacher: TeacherPrediction, box: Tensor) -> tuple[Tensor, Tensor]:
-        """The teacher's labels and confidences ``[B_u, H, W]`` mixed like a view: the flipped batch in ``box``."""
-        return (torch.where(box, teacher.label.flip(0), teacher.label),
-                torch.where(box, teacher.confidence.flip(0), teacher.confidence))
-
-    def step_result(self, student: StudentPass, labels_l: Tensor, teacher: TeacherPrediction, boxes: list[Tensor],
-                    strong_logits: Sequence[Tensor]) -> StepResult:
+    def step_result(self, student: StudentPass, labels_l: Tensor, strong_logits: Sequence[Tensor],
+                    mixed: MixedViews) -> StepResult:
         """Step 5: the supervised terms (x ``sup_weight``) and a thresholded term per strong view (logits
-        ``[S, B_u, K, h, w]``), valid-pixel normalised; the unlabeled items carry no padding mask, so all are valid."""
+        ``[S, B_u, K, h, w]``) over its valid pixels; the mask ratio over the weak view's valid pixels (213)."""
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
-        aux_term = self.head_aux_term
-        losses = {k: v if k == aux_term else self.sup_weight * v for k, v in self.supervised_terms(student, labels_l).items()}
-        valid = torch.ones_like(teacher.label, dtype=torch.bool)
-        for name, weight, box, logits in zip(self.strong_term_names(), self.strong_weights, boxes, strong_logits):
-            label, confidence = self.mixed_targets(teacher, box)
-            losses[name] = weight * thresholded_loss(self.pixel_ce(logits, label), confidence, valid, threshold)
-        mask_ratio = (teacher.confidence >= threshold).float().mean()
-        return StepResult(losses, self.step_logs(student, mask_ratio=mask_ratio,
-                                                 box_fraction=torch.stack(boxes).float().mean()))
+        losses = self.weighted_supervised_terms(student, labels_l)
+        losses.update(self.strong_terms(strong_logits, mixed.targets))
+        ratio = mask_ratio(mixed.teacher.confidence, mixed.valid, threshold)
+        return StepResult(losses, self.step_logs(student, mask_ratio=ratio,
+                                                 box_fraction=torch.stack(mixed.boxes).float().mean()))
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
-        teacher, boxes, views = self.mixed_views(batch)
+        mixed = self.mixed_views(batch)
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
         labeled = self.labeled_pass(images_l, labels_l)  # 3. the supervised pass
         # 4. both strong views in one pass, complementary dropout on the encoder maps
-        strong_logits = self.strong_pass(torch.cat(views)).logits.chunk(len(views), dim=1)
-        return self.step_result(labeled, labels_l, teacher, boxes, strong_logits)
+        strong_logits = self.strong_pass(torch.cat(mixed.views)).logits.chunk(len(mixed.views), dim=1)
+        return self.step_result(labeled, labels_l, strong_logits, mixed)
 
     @torch.no_grad()
     def after_optimizer_step(self, ctx: StepContext) -> None:
@@ -290,8 +298,8 @@ class FixMatchV2(UniMatchV2):
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         threshold = self.options.confidence_threshold  # type: ignore[attr-defined]
-        teacher, boxes, views = self.mixed_views(batch)
-        label, confidence = self.mixed_targets(teacher, boxes[0])
-        joint = self.student_pass(batch.labeled["image"], batch.labeled["label"], views[0],
-                                  ignore_where(label, confidence < threshold))
-        return self.step_result(joint, batch.labeled["label"], teacher, boxes, [joint.logits_u])
+        mixed = self.mixed_views(batch)
+        pseudo = mixed.targets[0][0]
+        joint = self.student_pass(batch.labeled["image"], batch.labeled["label"], mixed.views[0],
+                                  ignore_where(pseudo.label, pseudo.confidence < threshold))
+        return self.step_result(joint, batch.labeled["label"], [joint.logits_u], mixed)

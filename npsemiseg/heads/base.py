@@ -56,9 +56,20 @@ def predictive(logits: Tensor) -> tuple[Tensor, Tensor]:
     return probs, predictive_entropy(probs)
 
 
-def predictive_entropy(probs: Tensor) -> Tensor:
-    """Entropy (natural log) over the classes of ``probs [B, K, h, w]``: ``[B, h, w]``."""
-    return -(probs * torch.log(probs.clamp_min(1e-12))).sum(dim=1)
+#: how :func:`predictive_entropy` takes the log of a probability: ``clamp`` = ``log(max(p, 1e-12))``, the entropy
+#: of ``p`` at round-off (only terms with p < 1e-12, each below 3e-11, are changed); ``offset`` = ``log(p + 1e-10)``,
+#: U2PL's (``u2pl/utils/loss_helper.py`` 35-36), AugSeg's (``train_semi.py`` 331) and the NP-SemiSeg authors'
+#: (``U2PL/train_semi.py`` 499-500, ``AugSeg/train_semi.py`` 366), which moves every class's term by up to 1e-10
+ENTROPY_LOGS = ("clamp", "offset")
+
+
+def predictive_entropy(probs: Tensor, log: str = "clamp") -> Tensor:
+    """Entropy (natural log) over the classes of ``probs [B, K, h, w]``: ``[B, h, w]``, the log taken as ``log``
+    (:data:`ENTROPY_LOGS`) says."""
+    if log not in ENTROPY_LOGS:
+        raise ValueError(f"log: expected one of {list(ENTROPY_LOGS)}, got {log!r}")
+    logs = torch.log(probs + 1e-10) if log == "offset" else torch.log(probs.clamp_min(1e-12))
+    return -(probs * logs).sum(dim=1)
 
 
 def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor) -> Tensor:

@@ -53,11 +53,18 @@ class ClassifierBlock(nn.Sequential):
         )
 
 
+#: the baseline head's layers (option ``block``): U2PL's classifier block (:class:`ClassifierBlock`), or one 1x1
+#: convolution to the classes, UniMatch V2's DPT's class projection (``model/semseg/dpt.py`` 115-121,
+#: ``output_conv.2``; switch ``unimatch_v2_projection_head``)
+BASELINE_BLOCKS = ("u2pl", "projection")
+
+
 @HEADS.register("baseline")
 class BaselineHead(ClassifierHead):
     """The plain (deterministic in eval) classifier head: one prediction, ``logits [1, B, K, h, w]``.
 
-    Labels and context are accepted for the common contract and not used (shape-checked only).
+    ``block``: :data:`BASELINE_BLOCKS` (``projection`` has no hidden layer: ``dropout`` and ``hidden_channels`` do
+    not apply). Labels and context are accepted for the common contract and not used (shape-checked only).
     """
 
     description = "the deterministic baseline classifier (one prediction)"
@@ -65,17 +72,21 @@ class BaselineHead(ClassifierHead):
     #: whether the block's dropout stays active in eval()
     mc_dropout: bool = False
 
-    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, hidden_channels: int = 256) -> None:
+    def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, hidden_channels: int = 256,
+                 block: str = "u2pl") -> None:
         super().__init__(in_channels, num_classes)
-        BaselineHead.check_values(dropout=dropout, hidden_channels=hidden_channels)
+        BaselineHead.check_values(dropout=dropout, hidden_channels=hidden_channels, block=block)
         self.dropout = dropout
-        self.classifier = ClassifierBlock(in_channels, num_classes, dropout, hidden_channels=hidden_channels,
-                                          mc_dropout=self.mc_dropout)
+        self.classifier: nn.Module = (nn.Conv2d(in_channels, num_classes, 1) if block == "projection" else
+                                      ClassifierBlock(in_channels, num_classes, dropout, hidden_channels=hidden_channels,
+                                                      mc_dropout=self.mc_dropout))
 
     @classmethod
-    def check_values(cls, *, dropout: float, hidden_channels: int, **_: object) -> None:
+    def check_values(cls, *, dropout: float, hidden_channels: int, block: str = "u2pl", **_: object) -> None:
         if isinstance(hidden_channels, bool) or not isinstance(hidden_channels, int) or hidden_channels < 1:
             raise ValueError(f"hidden_channels: expected a positive int, got {hidden_channels!r}")
+        if block not in BASELINE_BLOCKS:
+            raise ValueError(f"block: expected one of {list(BASELINE_BLOCKS)}, got {block!r}")
 
     def forward(
         self,

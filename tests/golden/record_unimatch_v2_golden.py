@@ -18,20 +18,27 @@ sets it after the previous step). The repository's ``fixmatch.py`` 171-199 likew
 labeled and strong images in one pass, ``(loss_x + loss_s) / 2``; its optimiser and EMA are the same lines as
 UniMatch V2's: 68-73, 212-217).
 
-Injected draws: the CutMix boxes (hand-made ``[B, H, W]`` 0/1 masks; the official ones come from the dataset) and
-the complementary dropout's draws: ``DPT.binomial.sample`` returns a recorded Bernoulli tensor (its ``.cuda()`` a
-no-op) and ``torch.randperm`` inside the strong pass is recorded as it runs; the mask the official code built
-(``dropout_mask [2 B_u, D]``) is stored. The two strong views are one image (the project makes one strong view per
-unlabeled image; the views differ by box and mask). Images are stored in [0, 1] and normalised with the ImageNet
-mean and std for the official network (the project's segmentor normalises inside).
+The batch is the one the project's data pipeline makes (:func:`inputs`): the released ``unimatch_v2`` cell's
+transforms (``npsemiseg.training.factories.train_transforms``: resize, flip, crop with its padding, the two strong
+views' photometric draws) on the synthetic dataset, seeded, one padded and one unpadded unlabeled crop; the official
+loop gets ``image_strong`` as ``img_u_s1``, ``image_strong2`` as ``img_u_s2`` and ``ignore_mask`` = 255 where the
+crop padded (``dataset/semi.py`` 64-68), so the strong terms and the mask ratio leave padded pixels out.
+
+Injected draws: the CutMix boxes (the project's ``unimatch_boxes``, the distribution of the official
+``obtain_cutmix_box``, seeded by :data:`BOX_SEED`; the official ones come from the dataset) and the complementary dropout's draws:
+``DPT.binomial.sample`` returns a recorded Bernoulli tensor (its ``.cuda()`` a no-op) and ``torch.randperm`` inside
+the strong pass is recorded as it runs; the mask the official code built (``dropout_mask [2 B_u, D]``) is stored.
+Images are stored in [0, 1] and normalised with the ImageNet mean and std for the official network (the project's
+segmentor normalises inside).
 
 Stored: inputs and draws, the losses and the mask ratio, the EMA model's confidences and pseudo-labels, and
 for every parameter of the student (in the order of the sidecar's ``parameters.names``; the unused mask token left
 out) its gradient and updated value and of the EMA model its updated value, each as sum, sum of |x| and up to
-``SAMPLES`` entries at stored indices (``index``, concatenated in that order); the attention's ``qkv`` biases also in
-full (``<prefix>/qkv_bias [blocks, 3D]``): the key bias has no gradient in exact arithmetic (it shifts every
-attention logit of a query alike), so its float gradient is round-off that AdamW's first step divides by
-``|g| + 1e-8`` (in float32 an lr-sized move, in float64 a negligible one).
+``SAMPLES`` entries at stored indices (``index``, concatenated in that order); the updated values also as sum and sum
+of |x| over the entries whose gradient exceeds :data:`RESOLVED` (their mask, bit-packed: ``grad/resolved``); the
+attention's ``qkv`` biases also in full (``<prefix>/qkv_bias [blocks, 3D]``): the key bias has no gradient in exact
+arithmetic (it shifts every attention logit of a query alike), so its float gradient is round-off that AdamW's first
+step divides by ``|g| + 1e-8`` (in float32 an lr-sized move, in float64 a negligible one).
 
 Precision (:data:`DTYPE`): both networks, the images and the Bernoulli draw are float64 and the official step runs
 with float64 as the default dtype; float32 only where the official code fixes it (the position embedding's resize,
@@ -41,8 +48,10 @@ buffers). The stored images and draws are float32 values, exact in float64; the 
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,9 +66,20 @@ B_L, B_U, SIZE = 2, 2, 42
 SEED = 20263
 ITERS = 3
 LR, LR_MULTI, WEIGHT_DECAY, BETAS = 1e-3, 40.0, 0.01, (0.9, 0.999)
-CONF_THRESH = 0.5  # Pascal's 0.95 would keep no pixel of a tiny untrained network; both sides use this value
+CUTMIX_P = 0.5  # dataset/semi.py 55, 61: obtain_cutmix_box(p=0.5)
+#: the seed of the box draws: the first after SEED at which both views box both images and, in both views, each box
+#: covers padded pixels (of its own image or of the pasted one), so that every case of the valid-pixel mixing counts
+BOX_SEED = 20305
+#: Pascal's 0.95 would keep no pixel of a tiny untrained network (5 classes); at 0.3 a quarter of the weak view's
+#: pixels pass; both sides use this value
+CONF_THRESH = 0.3
 EMA_CAP = 0.996
 SAMPLES = 24
+#: a gradient entry above this is resolved: AdamW's first step (``lr x g / (|g| + 1e-8)``) moves its parameter by
+#: lr x sign(g) up to 1e-3 of lr, whatever the gradient's round-off; the updated parameters' sums are also stored over
+#: these entries (``<prefix>/resolved_sum``, mask ``grad/resolved``), since below it the step turns round-off into
+#: moves of up to lr
+RESOLVED = 1e-5
 STUDENT_SALT, TEACHER_SALT = 0, 500
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 #: the precision of both sides' step: networks (pattern weights, float32 values widened), images (stored as float32
@@ -70,18 +90,51 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DTYPE = torch.float64
 
 
+def pipeline_cell() -> Any:
+    """The released ``unimatch_v2`` cell on the synthetic dataset at the golden's sizes (crop :data:`SIZE`,
+    :data:`NUM_CLASSES` classes, ``vit_tiny``): its data pipeline makes the golden's batch."""
+    from npsemiseg.config import compose
+
+    overrides = {"model.weights": None, "model.backbone": "vit_tiny", "schedule.crop_size": SIZE,
+                 "data.options": {"num_classes": NUM_CLASSES}}
+    return compose("paper", framework="unimatch_v2", dataset="synthetic", partition="1/16", head="baseline",
+                   protocol="released", overrides=overrides).config
+
+
+def _unlabeled_items(transform: Any, dataset: Any) -> list[dict[str, torch.Tensor]]:
+    """The first padded and the first unpadded crop of the unlabeled set in its order (``B_U`` = 2 items; the flipped
+    batch pastes each into the other's box)."""
+    padded: dict[bool, dict[str, torch.Tensor]] = {}
+    for index in range(len(dataset)):
+        item = transform(dataset[index])
+        padded.setdefault(bool(item["padding"].any()), item)
+        if len(padded) == 2:
+            return [padded[True], padded[False]]
+    raise RuntimeError("no padded crop in the unlabeled set")
+
+
 def inputs() -> dict[str, np.ndarray]:
-    """Images in [0, 1], labels (255 in the top rows), hand-made boxes and the Bernoulli draw of the masks."""
+    """The batch the project's data pipeline makes for the released cell (:func:`pipeline_cell`, seeded): labeled
+    crops and labels, and for the unlabeled stream the weak view, the two strong views (``image_strong``,
+    ``image_strong2``: their own photometric draws) and the crop's padding mask (True = padded); the two CutMix boxes
+    of each image from the project's draw (``unimatch_boxes``, p :data:`CUTMIX_P`, in turn from one seeded RNG, as
+    ``FixMatch.draw_boxes``); the Bernoulli draw of the complementary masks."""
+    from npsemiseg.frameworks.fixmatch import unimatch_boxes
+    from npsemiseg.training.factories import build_datasets, train_transforms
+
+    config = pipeline_cell()
+    transforms, datasets = train_transforms(config), build_datasets(config)
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    labeled = [transforms["labeled"](datasets["labeled"][i]) for i in range(B_L)]
+    unlabeled = _unlabeled_items(transforms["unlabeled"], datasets["unlabeled"])
+    stack = lambda items, key: torch.stack([item[key] for item in items]).numpy()  # noqa: E731
+    rng = random.Random(BOX_SEED)
+    box1, box2 = (unimatch_boxes(B_U, SIZE, SIZE, p=CUTMIX_P, rng=rng).long() for _ in range(2))
     gen = torch.Generator().manual_seed(SEED)
-    labels = torch.randint(0, NUM_CLASSES, (B_L, SIZE, SIZE), generator=gen)
-    labels[:, :4] = 255
-    box1, box2 = torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64), torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)
-    box1[0, 5:30, 10:26] = 1  # image 1 of view 1: no box
-    box2[0, 20:41, 0:17] = 1
-    box2[1, 2:20, 15:40] = 1
-    return {"images_l": torch.rand(B_L, 3, SIZE, SIZE, generator=gen).numpy(), "labels_l": labels.numpy(),
-            "images_w": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy(),
-            "images_s": torch.rand(B_U, 3, SIZE, SIZE, generator=gen).numpy(),
+    return {"images_l": stack(labeled, "image"), "labels_l": stack(labeled, "label"),
+            "images_w": stack(unlabeled, "image"), "images_s1": stack(unlabeled, "image_strong"),
+            "images_s2": stack(unlabeled, "image_strong2"), "padding": stack(unlabeled, "padding"),
             "box1": box1.numpy(), "box2": box2.numpy(),
             "bernoulli": torch.bernoulli(torch.full((B_U, 32), 0.5), generator=gen).numpy()}
 
@@ -154,7 +207,7 @@ def _paste(image: torch.Tensor, box: torch.Tensor) -> None:
 
 def unimatch_v2_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """unimatch_v2.py 175-204 on the inputs ``t`` (the teacher's ``mask_u_w`` / ``conf_u_w`` in it)."""
-    img_u_s1, img_u_s2 = t["img_u_s"].clone(), t["img_u_s"].clone()
+    img_u_s1, img_u_s2 = t["img_u_s1"].clone(), t["img_u_s2"].clone()
     _paste(img_u_s1, t["box1"])
     _paste(img_u_s2, t["box2"])
     pred_x = model(t["img_x"])
@@ -174,7 +227,7 @@ def unimatch_v2_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[
 
 def fixmatch_losses(model: nn.Module, t: dict[str, torch.Tensor], kept: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """fixmatch.py 176-193: one strong view (box 1), labeled and strong images in one pass."""
-    img_u_s = t["img_u_s"].clone()
+    img_u_s = t["img_u_s1"].clone()
     _paste(img_u_s, t["box1"])
     num_lb, num_ulb = t["img_x"].shape[0], img_u_s.shape[0]
     pred_x, pred_u_s = model(torch.cat((t["img_x"], img_u_s))).split([num_lb, num_ulb])
@@ -211,8 +264,10 @@ def _official_step(model: nn.Module, model_ema: nn.Module, data: dict[str, np.nd
          {"params": [p for n, p in model.named_parameters() if "backbone" not in n], "lr": LR * LR_MULTI}],
         lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     t = {"img_x": normalise(torch.from_numpy(data["images_l"]).to(DTYPE)), "mask_x": torch.from_numpy(data["labels_l"]),
-         "img_u_s": normalise(torch.from_numpy(data["images_s"]).to(DTYPE)), "box1": torch.from_numpy(data["box1"]),
-         "box2": torch.from_numpy(data["box2"]), "ignore_mask": torch.zeros(B_U, SIZE, SIZE, dtype=torch.int64)}
+         "img_u_s1": normalise(torch.from_numpy(data["images_s1"]).to(DTYPE)),
+         "img_u_s2": normalise(torch.from_numpy(data["images_s2"]).to(DTYPE)), "box1": torch.from_numpy(data["box1"]),
+         "box2": torch.from_numpy(data["box2"]),
+         "ignore_mask": torch.from_numpy(data["padding"]).long() * 255}  # dataset/semi.py 64-68: 255 where padded
     with torch.no_grad():  # unimatch_v2.py 170-173
         pred_u_w = model_ema(normalise(torch.from_numpy(data["images_w"]).to(DTYPE))).detach()
         t["conf_u_w"] = pred_u_w.softmax(dim=1).max(dim=1)[0]
@@ -229,7 +284,8 @@ def _official_step(model: nn.Module, model_ema: nn.Module, data: dict[str, np.nd
             param_ema.copy_(param_ema * ema_ratio + param.detach() * (1 - ema_ratio))
         for buffer, buffer_ema in zip(model.buffers(), model_ema.buffers()):
             buffer_ema.copy_(buffer_ema * ema_ratio + buffer.detach() * (1 - ema_ratio))
-    out = dict(data, labels_l=data["labels_l"].astype(np.int16), box1=data["box1"].astype(np.uint8),
+    out = dict(data, labels_l=data["labels_l"].astype(np.int16), padding=data["padding"].astype(np.uint8),
+               box1=data["box1"].astype(np.uint8),
                box2=data["box2"].astype(np.uint8), conf_u_w=t["conf_u_w"].numpy(),
                mask_u_w=t["mask_u_w"].numpy().astype(np.int16),
                mask_ratio=np.array(float(((t["conf_u_w"] >= CONF_THRESH) & (t["ignore_mask"] != 255)).sum()
@@ -250,13 +306,24 @@ def _dropout_mask(bernoulli: np.ndarray, perm: torch.Tensor) -> np.ndarray:
     return torch.cat((mask1, mask2)).numpy()
 
 
+def resolved_sums(tensors: dict[str, torch.Tensor], names: list[str], resolved: list[torch.Tensor]) -> dict[str, np.ndarray]:
+    """Per parameter of ``names``: the sum and the sum of |x| over its entries where ``resolved`` (its mask) is True."""
+    flats = [tensors[n].detach().double().flatten()[mask] for n, mask in zip(names, resolved)]
+    return {"resolved_sum": np.array([float(f.sum()) for f in flats]),
+            "resolved_abs": np.array([float(f.abs().sum()) for f in flats])}
+
+
 def _digests(model: nn.Module, model_ema: nn.Module, grads: dict[str, torch.Tensor], names: list[str]) -> dict:
     indices = sample_indices(model)
-    out = {"index": np.concatenate([indices[n] for n in names])}
+    resolved = [grads[n].flatten().abs() > RESOLVED for n in names]
+    out = {"index": np.concatenate([indices[n] for n in names]),
+           "grad/resolved": np.packbits(torch.cat(resolved).numpy())}
     for prefix, tensors in (("grad", grads), ("student", dict(model.named_parameters())),
                             ("ema", dict(model_ema.named_parameters()))):
         out.update({f"{prefix}/{k}": v for k, v in digest(tensors, names, indices).items()})
         out[f"{prefix}/qkv_bias"] = torch.stack([tensors[n].detach() for n in names if n.endswith("attn.qkv.bias")]).numpy()
+        if prefix != "grad":
+            out.update({f"{prefix}/{k}": v for k, v in resolved_sums(tensors, names, resolved).items()})
     return out
 
 
@@ -287,12 +354,16 @@ def main(argv: list[str] | None = None) -> None:
                         "optimizer": f"{loop_file} 67-73 / 68-73 (AdamW: two groups, betas (0.9, 0.999), weight decay "
                                      "0.01)", "network": network + "; the tiny official DPT of "
                                                                    "tests/golden/record_dinov2_dpt_golden.py"},
+            "inputs": "the data pipeline's batch of the released unimatch_v2 cell on the synthetic dataset (crop "
+                      f"{SIZE}, seed {SEED}): two strong views, one padded unlabeled crop, the project's CutMix box "
+                      "draws",
             "compared": "losses, mask ratio, the EMA model's confidences and pseudo-labels, and sum, sum |x| and "
                         "sampled entries of the student's gradients and updated parameters and the EMA model's parameters",
             "command": f"PYTHONPATH=$PWD python tests/golden/record_unimatch_v2_golden.py CHECKOUT --commit {commit}",
             "sizes": {"B_l": B_L, "B_u": B_U, "size": SIZE, "seed": SEED, "iters": ITERS, "lr": LR,
                       "lr_multi": LR_MULTI, "weight_decay": WEIGHT_DECAY, "betas": list(BETAS),
-                      "conf_thresh": CONF_THRESH, "ema_cap": EMA_CAP, "samples": SAMPLES,
+                      "conf_thresh": CONF_THRESH, "cutmix_p": CUTMIX_P, "box_seed": BOX_SEED, "ema_cap": EMA_CAP,
+                      "samples": SAMPLES, "resolved": RESOLVED,
                       "student_salt": STUDENT_SALT, "teacher_salt": TEACHER_SALT},
             "dtype": "float64: both networks (pattern weights, float32 values widened), images (stored as float32 "
                      "values), the Bernoulli draw and the default dtype of the step; float32 where dinov2.py 185 fixes "
