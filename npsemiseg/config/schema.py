@@ -259,6 +259,8 @@ class ScheduleConfig(Section):
     batch_size: PositiveInt = 3
     #: None = ``batch_size`` (composition sets it)
     unlabeled_batch_size: PositiveInt | None = None
+    #: micro-batches per optimiser step (global batch = batch_size x processes x accumulation_steps)
+    accumulation_steps: PositiveInt = 1
     crop_size: PositiveInt = 480
     poly_power: float = Field(0.9, ge=0.0)
     epoch_length: Literal["unlabeled", "labeled"] = "unlabeled"

@@ -1,0 +1,81 @@
+"""The memory model's table (``npsemiseg/memory_model.json``): each framework x head x backbone's model state,
+counted on fake tensors (no GPU, seconds per entry), beside the measured GPU steps it is scaled from.
+
+    python benchmarks/memory_model.py            # rewrites npsemiseg/memory_model.json's "state" entries
+
+Each entry: ``held_mib`` (parameters and buffers of every network: students, EMA teachers, queues, the NP
+head's memories) and ``trainable_mib`` (the student's trainable parameters: each adds a gradient and the
+optimiser's slots). ``npsemiseg.hardware_plan`` reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from npsemiseg.config import cell_config
+from npsemiseg.training.fake_memory import model_state_mib
+
+TABLE = Path(__file__).resolve().parents[1] / "npsemiseg" / "memory_model.json"
+RESNET_FRAMEWORKS = ["supervised", "mt", "mt_cps", "psmt", "u2pl", "augseg", "fixmatch", "unimatch"]
+VIT_FRAMEWORKS = ["unimatch_v2", "fixmatch_v2"]
+HEADS = ["baseline", "mc_dropout", "np"]
+
+
+H200 = "one NVIDIA H200, 2026-11-27, gpu_acceptance.py --device cuda --steps 5 (docs/performance.md)"
+H100 = "one NVIDIA H100 80GB, 2026-11-27, make gpu-check (docs/performance.md)"
+H200_VIT = "one NVIDIA H200, 2026-11-27, gpu_acceptance.py --backbone dinov2_* --crop 518 (docs/performance.md)"
+#: measured peaks (``max_memory_allocated``, MiB) of one step, bf16 autocast, random init: baseline, MC dropout, NP
+MEASURED = {
+    ("supervised", "resnet101", 480, 3, "", H200): (3737, 3737, 4318),
+    ("mt", "resnet101", 480, 6, "", H200): (6980, 6925, 8098),
+    ("mt_cps", "resnet101", 480, 6, "", H200): (7366, 7364, 8231),
+    ("psmt", "resnet101", 480, 6, "", H200): (12076, 9174, 13570),
+    ("u2pl", "resnet101", 480, 6, "", H200): (8645, 8483, 9130),
+    ("augseg", "resnet101", 480, 6, "", H200): (3793, 3739, 4886),
+    ("fixmatch", "resnet101", 480, 6, "", H200): (4883, 4830, 5401),
+    ("unimatch", "resnet101", 480, 6, "", H200): (6250, 6204, 7475),
+    ("unimatch_v2", "resnet101", 480, 6, "", H100): (7675, 7583, 9580),
+    ("fixmatch_v2", "resnet101", 480, 6, "", H100): (5563, 5485, 7215),
+    ("unimatch_v2", "dinov2_s", 518, 6, "", H200_VIT): (6048, 6235, 13274),
+    ("unimatch_v2", "dinov2_b", 518, 6, "", H200_VIT): (10123, 10585, 17406),
+}
+
+
+def measured_entries() -> dict[str, dict[str, object]]:
+    out = {}
+    for (framework, backbone, crop, images, _, source), peaks in MEASURED.items():
+        optim = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464").optim.name
+        for head, peak in zip(HEADS, peaks):
+            out[f"{framework}|{head}|{backbone}"] = {"peak_mib": peak, "crop": crop, "images": images,
+                                                     "optim": optim, "source": source}
+    return out
+
+
+def entries() -> list[tuple[str, str, str]]:
+    resnet = [(f, h, b) for f in RESNET_FRAMEWORKS + VIT_FRAMEWORKS for h in HEADS for b in ("resnet50", "resnet101")]
+    vit = [(f, h, b) for f in VIT_FRAMEWORKS for h in HEADS for b in ("dinov2_s", "dinov2_b")]
+    return resnet + vit
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    table = json.loads(TABLE.read_text()) if TABLE.exists() else {}
+    table["measured"] = measured_entries()
+    state = table.setdefault("state", {})
+    for framework, head, backbone in entries():
+        key = f"{framework}|{head}|{backbone}"
+        if key in state:
+            continue
+        config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=head,
+                             **{"model.backbone": backbone, "model.weights": None, "runtime.device": "cpu"})
+        held, trainable = model_state_mib(config)
+        state[key] = {"held_mib": round(held, 1), "trainable_mib": round(trainable, 1)}
+        print(key, state[key], flush=True)
+        TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

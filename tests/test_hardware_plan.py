@@ -1,0 +1,113 @@
+"""``npsemiseg plan``: every paper cell planned on 1x24GB, 2x24GB, 4x80GB and 8x80GB keeps the publication's global
+batch within the GPU's memory, or says in one line which GPU would; the memory model reproduces the steps it was
+fitted to and grows with the batch; bad ``--gpus`` values are one clear error."""
+
+from __future__ import annotations
+
+import glob
+from functools import cache
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from npsemiseg.config import RunConfig, cell_config
+from npsemiseg.hardware_plan import (
+    Gpus,
+    memory_table,
+    parse_gpus,
+    plan_cell,
+    predict_peak_mib,
+    publication_batches,
+)
+from semiseg_platform.cli.main import app
+from semiseg_platform.sweeps.grid_spec import expand, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUPS = ("1x24GB", "2x24GB", "4x80GB", "8x80GB")
+runner = CliRunner()
+
+
+@cache
+def paper_cells() -> list[RunConfig]:
+    """Every cell of the paper specs (``jobs/specs/paper*.yaml``), one per distinct planning input."""
+    cells: dict[str, RunConfig] = {}
+    for spec in sorted(glob.glob(str(ROOT / "jobs" / "specs" / "paper*.yaml"))):
+        for config in expand(load_spec(spec)):
+            schedule = config.schedule
+            key = (config.framework, config.head.name, config.model.backbone, schedule.crop_size,
+                   schedule.batch_size, schedule.unlabeled_batch_size, config.optim.reference_batch,
+                   config.optim.name, config.runtime.amp, config.runtime.sync_bn)
+            cells.setdefault(repr(key), config)
+    return list(cells.values())
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_every_paper_cell_gets_a_plan_keeping_its_global_batch_or_a_no_plan_line(setup):
+    gpus = parse_gpus(setup)
+    for config in paper_cells():
+        planned = plan_cell(config, gpus)
+        global_batch, batch0, unlabeled0 = publication_batches(config)
+        if planned.fits:
+            assert planned.processes <= gpus.count
+            assert planned.processes * planned.batch * planned.accumulation_steps == global_batch
+            assert planned.unlabeled_batch * batch0 == planned.batch * unlabeled0
+            assert planned.peak_mib <= gpus.memory_gb * 1024
+            assert planned.peak_mib == pytest.approx(predict_peak_mib(config, planned.batch, planned.unlabeled_batch))
+            assert f"global batch {global_batch}" in planned.describe()
+        else:
+            line = planned.describe()
+            assert "\n" not in line and "the smallest GPU that would" in line
+            assert planned.peak_mib > gpus.usable_mib
+            if planned.smallest_gpu_gb is not None:
+                assert Gpus(1, planned.smallest_gpu_gb).usable_mib >= planned.peak_mib
+
+
+def test_the_largest_setup_plans_every_paper_cell_at_the_publications_processes_or_more():
+    gpus = parse_gpus("8x80GB")
+    for config in paper_cells():
+        planned = plan_cell(config, gpus)
+        assert planned.fits, (config.cell_name, planned.describe())
+        assert planned.accumulation_steps == 1 or planned.processes == gpus.count
+
+
+def test_fewer_and_smaller_gpus_take_accumulation_and_say_so():
+    config = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np")
+    on_four = plan_cell(config, parse_gpus("4x80GB"))
+    on_one = plan_cell(config, parse_gpus("1x24GB"))
+    assert (on_four.processes, on_four.accumulation_steps) == (4, 1) and not on_four.differences
+    assert on_one.processes == 1 and on_one.accumulation_steps > 1
+    assert on_one.batch * on_one.accumulation_steps == on_four.batch * 4
+    assert any("micro-batches per optimiser step" in line for line in on_one.differences)
+    assert any("batch normalisation over" in line for line in on_one.differences)
+
+
+def test_the_model_reproduces_its_measured_steps_and_grows_with_the_batch():
+    config = cell_config("paper", framework="psmt", dataset="pascal_classic", partition="92", head="baseline",
+                         **{"model.backbone": "resnet101", "schedule.crop_size": 480, "runtime.amp": True})
+    measured = memory_table()["measured"]["psmt|baseline|resnet101"]["peak_mib"]
+    assert predict_peak_mib(config, 3, 3) == pytest.approx(measured)
+    assert predict_peak_mib(config, 1, 1) < predict_peak_mib(config, 2, 2) < measured
+    fp32 = cell_config("paper", framework="psmt", dataset="pascal_classic", partition="92", head="baseline",
+                       **{"model.backbone": "resnet101", "schedule.crop_size": 480, "runtime.amp": False})
+    assert predict_peak_mib(fp32, 3, 3) > measured
+
+
+@pytest.mark.parametrize("value", ["24GB", "2x", "0x24GB", "2x0GB", "twox24GB", "2*24GB", ""])
+def test_a_bad_gpus_value_is_one_line_naming_it(value):
+    with pytest.raises(ValueError, match=r"--gpus: expected COUNTxMEMORY, e.g. 2x24GB"):
+        parse_gpus(value)
+    result = runner.invoke(app, ["plan", "--gpus", value, "--framework", "u2pl", "--dataset", "pascal_classic",
+                                 "--partition", "92"])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and repr(value) in result.output
+
+
+def test_plan_prints_the_plan_and_what_differs():
+    result = runner.invoke(app, ["plan", "--gpus", "2x24GB", "--framework", "unimatch", "--dataset", "cityscapes",
+                                 "--partition", "186", "--head", "np"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("# cell ") and "on 2x24GB" in lines[0]
+    assert "global batch 8" in lines[1] and "predicted peak" in lines[1]
+    assert all(line.startswith("  differs: ") for line in lines[2:])
