@@ -2,6 +2,7 @@
 counted on fake tensors (no GPU, seconds per entry), beside the measured GPU steps it is scaled from.
 
     python benchmarks/memory_model.py            # rewrites npsemiseg/memory_model.json's "state" entries
+    python benchmarks/memory_model.py --compare  # the model against GPU steps it was not fitted to
 
 Each entry: ``held_mib`` (parameters and buffers of every network: students, EMA teachers, queues, the NP
 head's memories) and ``trainable_mib`` (the student's trainable parameters: each adds a gradient and the
@@ -43,6 +44,37 @@ MEASURED = {
 }
 
 
+#: held-out GPU steps (not fitted): the H100's ResNet-101 steps (another card, another run) and DINOv2 at 4 + 4 images
+HELD_OUT = {
+    ("supervised", "resnet101", 480, 3, 3, H100): (3738, 3739, 4308),
+    ("mt", "resnet101", 480, 3, 3, H100): (6978, 6929, 8077),
+    ("mt_cps", "resnet101", 480, 3, 3, H100): (7368, 7367, 8207),
+    ("psmt", "resnet101", 480, 3, 3, H100): (12076, 9182, 13569),
+    ("u2pl", "resnet101", 480, 3, 3, H100): (8639, 8487, 9106),
+    ("augseg", "resnet101", 480, 3, 3, H100): (3795, 3743, 4859),
+    ("fixmatch", "resnet101", 480, 3, 3, H100): (4614, 4614, 5209),
+    ("unimatch", "resnet101", 480, 3, 3, H100): (6374, 6381, 7707),
+    ("unimatch_v2", "dinov2_s", 518, 4, 4, H100): (8008, 8222, 17419),
+    ("unimatch_v2", "dinov2_b", 518, 4, 4, H100): (13302, 13894, 22775),
+}
+
+
+def compare() -> list[str]:
+    """Predicted against measured for the held-out steps, as Markdown rows."""
+    from npsemiseg.hardware_plan import predict_peak_mib
+
+    rows = ["| framework | backbone | images | head | predicted MiB | measured MiB | predicted / measured |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (framework, backbone, crop, labeled, unlabeled, _), peaks in HELD_OUT.items():
+        for head, measured in zip(HEADS, peaks):
+            config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=head,
+                                 **{"model.backbone": backbone, "schedule.crop_size": crop, "runtime.amp": True})
+            predicted = predict_peak_mib(config, labeled, unlabeled if framework != "supervised" else 0)
+            rows.append(f"| {framework} | {backbone} | {labeled} + {unlabeled if framework != 'supervised' else 0} "
+                        f"x {crop}^2 | {head} | {predicted:,.0f} | {measured:,} | {predicted / measured:.3f} |")
+    return rows
+
+
 def measured_entries() -> dict[str, dict[str, object]]:
     out = {}
     for (framework, backbone, crop, images, _, source), peaks in MEASURED.items():
@@ -60,7 +92,11 @@ def entries() -> list[tuple[str, str, str]]:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", action="store_true", help="print predicted against held-out measured steps")
+    if parser.parse_args().compare:
+        print("\n".join(compare()))
+        return
     table = json.loads(TABLE.read_text()) if TABLE.exists() else {}
     table["measured"] = measured_entries()
     state = table.setdefault("state", {})

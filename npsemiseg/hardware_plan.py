@@ -182,3 +182,20 @@ def differences(config: RunConfig, processes: int, batch: int, unlabeled: int, s
         how = "SyncBN across the processes" if sync else "per process"
         out.append(f"batch normalisation over {group} labeled images per forward ({how}; publication {group0})")
     return out
+
+
+def run_record(config: RunConfig, processes: int) -> dict[str, str]:
+    """What a run of ``config`` on ``processes`` processes does against the publication, as strings (the cell's
+    MLflow params): processes, per-process batches, accumulation steps, the global batch it trains at and the
+    publication's, and the predicted peak per GPU (``unknown`` without a memory-model entry)."""
+    schedule = config.schedule
+    global_batch, batch0, unlabeled0 = publication_batches(config)
+    unlabeled = (schedule.unlabeled_batch_size or schedule.batch_size) if _uses_unlabeled(config) else 0
+    try:
+        peak = f"{predict_peak_mib(config, schedule.batch_size, unlabeled):.0f}"
+    except ValueError:
+        peak = "unknown"
+    return {"processes": str(processes), "batch": str(schedule.batch_size), "unlabeled_batch": str(unlabeled),
+            "accumulation_steps": str(schedule.accumulation_steps),
+            "global_batch": str(schedule.batch_size * processes * schedule.accumulation_steps),
+            "publication_global_batch": str(global_batch), "predicted_peak_mib": peak}

@@ -111,3 +111,16 @@ def test_plan_prints_the_plan_and_what_differs():
     assert lines[0].startswith("# cell ") and "on 2x24GB" in lines[0]
     assert "global batch 8" in lines[1] and "predicted peak" in lines[1]
     assert all(line.startswith("  differs: ") for line in lines[2:])
+
+
+def test_grid_dry_run_prints_each_cells_plan_and_refuses_gpus_without_it(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: planned\npreset: paper\nframeworks: [u2pl, supervised]\n"
+                    "datasets: {pascal_classic: ['92']}\nheads: {np: null}\nprotocols: [corrected]\n")
+    result = runner.invoke(app, ["grid", str(spec), "--dry-run", "--gpus", "1x24GB"])
+    assert result.exit_code == 0, result.output
+    plans = [line for line in result.output.splitlines() if line.startswith("    plan on 1x24GB: ")]
+    assert len(plans) == 2 and all("= global batch 12;" in line for line in plans)
+    assert "accumulation steps" in plans[0]
+    refused = runner.invoke(app, ["grid", str(spec), "--gpus", "1x24GB"])
+    assert refused.exit_code == 2 and "--gpus: only with --dry-run" in refused.output
