@@ -3,6 +3,7 @@ counted on fake tensors (no GPU, seconds per entry), beside the measured GPU ste
 
     python benchmarks/memory_model.py            # rewrites npsemiseg/memory_model.json's "state" entries
     python benchmarks/memory_model.py --compare  # the model against GPU steps it was not fitted to
+    python benchmarks/memory_model.py --measured benchmarks/results/gpu_acceptance/gpu_acceptance.json  # a new GPU's
 
 Each entry: ``held_mib`` (parameters and buffers of every network: students, EMA teachers, queues, the NP
 head's memories) and ``trainable_mib`` (the student's trainable parameters: each adds a gradient and the
@@ -59,19 +60,48 @@ HELD_OUT = {
 }
 
 
-def compare() -> list[str]:
-    """Predicted against measured for the held-out steps, as Markdown rows."""
+HEADER = ["| framework | backbone | images | head | predicted MiB | measured MiB | predicted / measured |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
+
+
+def compared_row(framework: str, head: str, backbone: str, crop: int, labeled: int, unlabeled: int, bf16: bool,
+                 measured: float) -> str:
+    """One step predicted against its measured peak, a Markdown row (``**miss**`` beyond 10 %)."""
     from npsemiseg.hardware_plan import predict_peak_mib
 
-    rows = ["| framework | backbone | images | head | predicted MiB | measured MiB | predicted / measured |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=head,
+                         **{"model.backbone": backbone, "schedule.crop_size": crop, "runtime.amp": bf16})
+    unlabeled = unlabeled if framework != "supervised" else 0
+    try:
+        predicted = predict_peak_mib(config, labeled, unlabeled)
+    except ValueError as error:
+        return f"| {framework} | {backbone} | {labeled} + {unlabeled} x {crop}^2 | {head} | none ({error}) | " \
+               f"{measured:,.0f} | |"
+    ratio = predicted / measured
+    verdict = f"{ratio:.3f}" + (" **miss**" if abs(ratio - 1) > 0.10 else "")
+    return (f"| {framework} | {backbone} | {labeled} + {unlabeled} x {crop}^2 | {head} | {predicted:,.0f} | "
+            f"{measured:,.0f} | {verdict} |")
+
+
+def compare() -> list[str]:
+    """Predicted against measured for the held-out steps, as Markdown rows."""
+    rows = list(HEADER)
     for (framework, backbone, crop, labeled, unlabeled, _), peaks in HELD_OUT.items():
         for head, measured in zip(HEADS, peaks):
-            config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=head,
-                                 **{"model.backbone": backbone, "schedule.crop_size": crop, "runtime.amp": True})
-            predicted = predict_peak_mib(config, labeled, unlabeled if framework != "supervised" else 0)
-            rows.append(f"| {framework} | {backbone} | {labeled} + {unlabeled if framework != 'supervised' else 0} "
-                        f"x {crop}^2 | {head} | {predicted:,.0f} | {measured:,} | {predicted / measured:.3f} |")
+            rows.append(compared_row(framework, head, backbone, crop, labeled, unlabeled, True, measured))
+    return rows
+
+
+def compare_report(path: Path) -> list[str]:
+    """Predicted against a ``gpu_acceptance.py`` report's CUDA steps (``make gpu-check``), as Markdown rows."""
+    report = json.loads(path.read_text())
+    rows = list(HEADER)
+    for cell in [*report.get("cells", []), *report.get("vit_cells", [])]:
+        if "error" in cell or cell.get("peak_memory_measure") != "max_memory_allocated":
+            continue
+        rows.append(compared_row(cell["framework"], cell["head"], cell["backbone"], cell["crop"],
+                                 cell["labeled_batch"], cell["unlabeled_batch"], bool(cell["amp_bf16"]),
+                                 cell["peak_memory_mib"]))
     return rows
 
 
@@ -94,8 +124,15 @@ def entries() -> list[tuple[str, str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", action="store_true", help="print predicted against held-out measured steps")
-    if parser.parse_args().compare:
-        print("\n".join(compare()))
+    parser.add_argument("--measured", type=Path, help="a gpu_acceptance.json: predicted against its CUDA steps")
+    parser.add_argument("--out", type=Path, help="also write the comparison to this Markdown file")
+    args = parser.parse_args()
+    if args.compare or args.measured:
+        text = "\n".join(compare_report(args.measured) if args.measured else compare())
+        print(text)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text + "\n")
         return
     table = json.loads(TABLE.read_text()) if TABLE.exists() else {}
     table["measured"] = measured_entries()

@@ -199,3 +199,48 @@ def run_record(config: RunConfig, processes: int) -> dict[str, str]:
             "accumulation_steps": str(schedule.accumulation_steps),
             "global_batch": str(schedule.batch_size * processes * schedule.accumulation_steps),
             "publication_global_batch": str(global_batch), "predicted_peak_mib": peak}
+
+
+@dataclass(frozen=True)
+class Replan:
+    """A plan re-made for the world size a run actually got: the per-process ``batch`` / ``unlabeled_batch``
+    and ``accumulation_steps`` on ``processes``, and ``global_batch`` (``kept`` when it is the planned one)."""
+
+    processes: int
+    batch: int
+    unlabeled_batch: int
+    accumulation_steps: int
+    global_batch: int
+    planned_global_batch: int
+
+    @property
+    def kept(self) -> bool:
+        return self.global_batch == self.planned_global_batch
+
+    def overrides(self) -> dict[str, int]:
+        """The configuration overrides that run it."""
+        return {"schedule.batch_size": self.batch, "schedule.unlabeled_batch_size": self.unlabeled_batch,
+                "schedule.accumulation_steps": self.accumulation_steps}
+
+    def record(self) -> dict[str, str]:
+        """As the cell's record (``plan.*`` tags: a world size obtained after the run opened)."""
+        return {"world_size": str(self.processes), "batch": str(self.batch),
+                "unlabeled_batch": str(self.unlabeled_batch), "accumulation_steps": str(self.accumulation_steps),
+                "global_batch": str(self.global_batch), "global_batch_kept": str(self.kept)}
+
+
+def replan_for_world_size(config: RunConfig, planned_processes: int, world_size: int) -> Replan:
+    """``config`` was planned for ``planned_processes`` (global batch = batch x processes x accumulation steps);
+    the run got ``world_size`` processes (an elastic run that lost or gained workers). The largest micro-batch up
+    to the configured one whose accumulation keeps that global batch; when ``world_size`` does not divide it, the
+    configured micro-batch with the accumulation steps that come nearest (not ``kept``)."""
+    schedule = config.schedule
+    unlabeled = schedule.unlabeled_batch_size or schedule.batch_size
+    planned = schedule.batch_size * planned_processes * schedule.accumulation_steps
+    for batch in range(schedule.batch_size, 0, -1):
+        if planned % (world_size * batch) == 0 and (batch * unlabeled) % schedule.batch_size == 0:
+            steps = planned // (world_size * batch)
+            return Replan(world_size, batch, batch * unlabeled // schedule.batch_size, steps, planned, planned)
+    steps = max(1, round(planned / (world_size * schedule.batch_size)))
+    return Replan(world_size, schedule.batch_size, unlabeled, steps, world_size * schedule.batch_size * steps,
+                  planned)

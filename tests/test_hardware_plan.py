@@ -5,10 +5,12 @@ fitted to and grows with the batch; bad ``--gpus`` values are one clear error.""
 from __future__ import annotations
 
 import glob
+import json
 from functools import cache
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 from typer.testing import CliRunner
 
 from npsemiseg.config import RunConfig, cell_config
@@ -19,6 +21,7 @@ from npsemiseg.hardware_plan import (
     plan_cell,
     predict_peak_mib,
     publication_batches,
+    replan_for_world_size,
 )
 from semiseg_platform.cli.main import app
 from semiseg_platform.sweeps.grid_spec import expand, load_spec
@@ -124,3 +127,41 @@ def test_grid_dry_run_prints_each_cells_plan_and_refuses_gpus_without_it(tmp_pat
     assert "accumulation steps" in plans[0]
     refused = runner.invoke(app, ["grid", str(spec), "--gpus", "1x24GB"])
     assert refused.exit_code == 2 and "--gpus: only with --dry-run" in refused.output
+
+
+@pytest.mark.parametrize(("obtained", "expected"), [
+    (4, (3, 3, 1, 12)),   # as planned
+    (3, (2, 2, 2, 12)),   # 3 x 2 x 2: the micro-batch shrinks
+    (2, (3, 3, 2, 12)),   # a lost node: twice the accumulation
+    (1, (3, 3, 4, 12)),
+])
+def test_a_plan_remade_for_the_world_size_obtained_keeps_the_global_batch(obtained, expected):
+    config = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np")
+    replanned = replan_for_world_size(config, 4, obtained)
+    assert (replanned.batch, replanned.unlabeled_batch, replanned.accumulation_steps,
+            replanned.global_batch) == expected
+    assert replanned.kept and replanned.record()["global_batch_kept"] == "True"
+    assert replanned.processes * replanned.batch * replanned.accumulation_steps == 12
+    rerun = replan_for_world_size(cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92",
+                                              head="np", **replanned.overrides()), obtained, obtained)
+    assert rerun == replanned  # re-planning a re-planned run on the same world size changes nothing
+
+
+def test_a_world_size_that_cannot_keep_the_global_batch_says_so():
+    config = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np")
+    replanned = replan_for_world_size(config, 4, 5)  # 12 images over 5 processes
+    assert not replanned.kept and replanned.record()["global_batch_kept"] == "False"
+    assert replanned.global_batch == 15 and replanned.accumulation_steps == 1
+
+
+def test_gpu_check_compares_a_reports_cuda_steps_and_marks_misses(tmp_path):
+    memory_model = load_benchmark("memory_model")
+    cell = {"framework": "psmt", "head": "baseline", "backbone": "resnet101", "crop": 480, "labeled_batch": 3,
+            "unlabeled_batch": 3, "amp_bf16": True, "peak_memory_measure": "max_memory_allocated"}
+    report = {"cells": [{**cell, "peak_memory_mib": 12_076.0}, {**cell, "head": "np", "peak_memory_mib": 20_000.0},
+                        {**cell, "peak_memory_measure": "peak RSS", "peak_memory_mib": 1.0}]}
+    (tmp_path / "gpu_acceptance.json").write_text(json.dumps(report))
+    rows = memory_model.compare_report(tmp_path / "gpu_acceptance.json")
+    assert len(rows) == 2 + 2  # the header, then the two CUDA steps (a CPU figure is not compared)
+    assert rows[2].endswith("| 12,076 | 12,076 | 1.000 |")
+    assert rows[3].endswith("| 20,000 | 0.678 **miss** |")
