@@ -165,3 +165,17 @@ def test_gpu_check_compares_a_reports_cuda_steps_and_marks_misses(tmp_path):
     assert len(rows) == 2 + 2  # the header, then the two CUDA steps (a CPU figure is not compared)
     assert rows[2].endswith("| 12,076 | 12,076 | 1.000 |")
     assert rows[3].endswith("| 20,000 | 0.678 **miss** |")
+
+
+def test_a_step_on_fake_tensors_counts_the_model_state_a_later_step_holds():
+    """The smoke model's step on fake tensors: parameters and buffers, the previous step's gradients and SGD's
+    momentum (one copy each of the trainable parameters), the same as the state counted without a step."""
+    from npsemiseg.training.fake_memory import measure_step_memory, model_state_mib
+
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", head="baseline",
+                         **{"runtime.device": "cpu", "data.num_workers": 0})
+    assert config.optim.name == "sgd" and config.optim.momentum > 0
+    held, trainable = model_state_mib(config)
+    step = measure_step_memory(config, bf16=False)
+    assert step.static_mib == pytest.approx(held + 2 * trainable, rel=1e-3)
+    assert step.activation_mib >= 0 and step.peak_mib >= step.static_mib

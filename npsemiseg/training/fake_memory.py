@@ -98,8 +98,8 @@ def first_batch(config: RunConfig, *, use_unlabeled: bool) -> tuple[Any, Plan]:
 
 def measure_step_memory(config: RunConfig, *, bf16: bool, batch: tuple[Any, Plan] | None = None) -> StepMemory:
     """The peak of one training step of ``config`` on one process (``bf16``: under bf16 autocast, as
-    ``runtime.amp`` on a GPU), with the optimiser state a later step holds (created by the step's ``step()``,
-    after the backward pass where the peak lies, and added to it). ``batch``: reuse a batch of the same data
+    ``runtime.amp`` on a GPU), with what a later step holds besides: the optimiser state (created by the step's
+    ``step()``) and the previous step's gradients. ``batch``: reuse a batch of the same data
     settings (:func:`first_batch`'s), else one is drawn from the run's streams."""
     device = torch.device("cpu")
     mode = _AssumingFakeMode(allow_non_fake_inputs=True)
@@ -121,7 +121,10 @@ def measure_step_memory(config: RunConfig, *, bf16: bool, batch: tuple[Any, Plan
     kinds = {str(kind).rsplit(".", 1)[-1]: size for kind, size in peak.items() if kind != "Total"}
     state = sum(t.numel() * t.element_size() for s in optimizer.torch_optimizer.state.values()
                 for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
-    static = kinds.get("PARAM", 0) + kinds.get("BUFFER", 0) + kinds.get("GRAD", 0) + state
+    # the peak lies in the forward pass, where a later step still holds the previous step's gradients (the loop sets
+    # them to None just before backward): the tracked first step had none yet
+    trainable = sum(p.numel() * p.element_size() for p in framework.student.parameters() if p.requires_grad)
+    static = kinds.get("PARAM", 0) + kinds.get("BUFFER", 0) + max(kinds.get("GRAD", 0), trainable) + state
     activation = peak["Total"] - kinds.get("PARAM", 0) - kinds.get("BUFFER", 0) - kinds.get("GRAD", 0) \
         - kinds.get("OPT", 0)
     return StepMemory(static / MIB, max(activation, 0) / MIB)
