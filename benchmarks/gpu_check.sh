@@ -5,6 +5,7 @@
 #      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B, the paper grids' GPU-hours;
 #   2. official_side_by_side.py: the project's step beside the official loops (needs OFFICIAL_ROOT, a folder of the
 #      official checkouts; skipped with a line saying so without it);
+#   2b. memory_model.py --measured: the memory model's predicted peaks against part 1's measured ones;
 #   3. loader_throughput.py: the data pipeline's images/s against the steps of part 1;
 #   4. gpu_acceptance.py --compile: eager against torch.compile for a few cells (compilation time reported apart).
 # Results: $GPU_CHECK_OUT (default benchmarks/results/gpu_acceptance/), one folder per part. Exit 1 if a part failed.
@@ -23,6 +24,8 @@ part() {  # part SECONDS NAME COMMAND...
 }
 part 200 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
     --vit dinov2_s dinov2_b --out "$OUT" "$@"
+part 60 memory-model "$PY" benchmarks/memory_model.py --measured "$OUT/gpu_acceptance.json" \
+    --out "$OUT/memory_model.md"
 if [ -n "$OFFICIAL_ROOT" ]; then
     part 90 side-by-side "$PY" benchmarks/official_side_by_side.py --device cuda --official-root "$OFFICIAL_ROOT" \
         --steps 6 --host-work --out "$OUT/side_by_side"

@@ -214,6 +214,11 @@ def test_one_device_run_trains_in_process_with_its_batch_lr_and_throughput(workd
     run = client.search_runs([client.get_experiment_by_name("inproc").experiment_id])[0]
     assert run.data.params[mlflow_names.EFFECTIVE_GLOBAL_BATCH] == "2" and run.data.params[mlflow_names.EFFECTIVE_LR] == "0.01"
     assert run.data.metrics[mlflow_names.PEAK_MEMORY_MB] > 10 and run.data.metrics[mlflow_names.EPOCH_IMAGES_PER_SEC] > 0
+    # its plan record, and its final checkpoint a LoggedModel registered as the cell's best
+    assert (run.data.params["plan.processes"], run.data.params["plan.global_batch"]) == ("1", "2")
+    best = client.get_model_version_by_alias(f"npsemiseg-{run.data.tags['cell_id']}", "best")
+    assert best.run_id == run.info.run_id
+    assert client.get_logged_model(best.tags["npsemiseg.model_id"]).source_run_id == run.info.run_id
 
 
 @pytest.mark.integration

@@ -27,6 +27,7 @@ from semiseg_platform.tracking import (
     resolve_tracking_uri,
     sweep_orphaned_runs,
 )
+from semiseg_platform.tracking.logged_models import BEST_ALIAS, CHECKPOINT_STEP_TAG, MODEL_ID_TAG, registered_name
 from semiseg_platform.tracking.mlflow_names import ERROR as ERROR_TAG
 from semiseg_platform.tracking.mlflow_names import FINAL_METRICS, PROVENANCE_ARTIFACT
 from semiseg_platform.tracking.mlflow_names import OWNER_HOST as OWNER_HOST_TAG
@@ -288,3 +289,27 @@ def test_error_reason_is_the_innermost_cause():
             raise RuntimeError("cell failed") from inner
     except RuntimeError as error:
         assert error_reason(Wrapper(error)) == "KeyError: 'lr'"
+
+
+def test_kept_checkpoints_are_logged_models_and_the_best_is_registered_as_best(tracking_uri, config, tmp_path):
+    client = MlflowClient(tracking_uri)
+    with CellRun.open(config, tracking=tracking_uri, experiment="models", grid_id=None, parent_run_id=None) as run:
+        callbacks = MLflowCallbacks(tracking_uri, run.run_id, flush_every_s=3600)
+        callbacks.on_start(config, total_steps=3, start_step=0, rank=0, world_size=1)
+        for step, miou in ((1, 0.2), (2, 0.4), (3, 0.3)):
+            callbacks.on_checkpoint(step, tmp_path, {"miou": miou, "nll": float("nan")})
+        callbacks.on_end(RunResult(metrics={"miou": 0.3}, steps=3, checkpoint=None, seconds=2.0, train_seconds=1.5))
+    experiment = client.get_experiment_by_name("models").experiment_id
+    models = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run.run_id}'")
+    by_step = {int(m.tags[CHECKPOINT_STEP_TAG]): m for m in models}
+    assert sorted(by_step) == [1, 2, 3]
+    assert all(str(m.status) == "READY" for m in models)
+    assert {m.key: m.value for m in by_step[2].metrics} == {"checkpoint/miou": 0.4}  # NaN left out
+    best = client.get_model_version_by_alias(registered_name(config.cell_id), BEST_ALIAS)
+    assert best.tags[MODEL_ID_TAG] == by_step[2].model_id and best.source == by_step[2].artifact_location
+    assert best.run_id == run.run_id
+    # a rank other than 0 logs nothing
+    other = MLflowCallbacks(tracking_uri, run.run_id)
+    other.on_start(config, total_steps=3, start_step=0, rank=1, world_size=2)
+    other.on_checkpoint(4, tmp_path, {"miou": 0.9})
+    assert len(client.search_logged_models([experiment], filter_string=f"source_run_id = '{run.run_id}'")) == 3

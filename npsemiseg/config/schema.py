@@ -53,6 +53,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
     # UniMatch's released LR timing and CutMix source, at their corrected values
     ("schedule.lr_timing", lambda v: v["schedule"]["lr_timing"] == "before_step"),
+    # one optimiser step per batch (no gradient accumulation)
+    ("schedule.accumulation_steps", lambda v: v["schedule"]["accumulation_steps"] == 1),
     ("framework_options.cutmix_source", lambda v: v["framework_options"].get("cutmix_source") == "batch_shift"),
     ("head.options.dropout", lambda v: v["framework"] in ("fixmatch", "unimatch")
      and v["head"]["options"].get("dropout") == 0.1),
@@ -259,6 +261,8 @@ class ScheduleConfig(Section):
     batch_size: PositiveInt = 3
     #: None = ``batch_size`` (composition sets it)
     unlabeled_batch_size: PositiveInt | None = None
+    #: micro-batches per optimiser step (global batch = batch_size x processes x accumulation_steps)
+    accumulation_steps: PositiveInt = 1
     crop_size: PositiveInt = 480
     poly_power: float = Field(0.9, ge=0.0)
     epoch_length: Literal["unlabeled", "labeled"] = "unlabeled"

@@ -14,6 +14,7 @@ from semiseg_platform.cli import (  # noqa: F401 - each module registers its com
     export,
     grid,
     hparams_figure,
+    plan,
     predict,
     pretrain,
     run,

@@ -37,6 +37,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig, with_overrides
 from npsemiseg.data import DATA_ROOT_ENV, dataset_info
+from npsemiseg.hardware_plan import run_record
 from npsemiseg.training import batch_scaling, train
 from semiseg_platform.data_staging import is_remote, resolve_data_root
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
@@ -231,7 +232,8 @@ def _tracked(config: RunConfig, *, storage: Storage, name: str, tracking: str | 
     result = CellResult(name=name, cell_id=config.cell_id, status="RUNNING")
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=member.grid_id,
                        search_id=member.search_id, parent_run_id=member.parent_run_id,
-                       params=mlflow_names.effective_params(batch_scaling(config, world_size)))
+                       params={**mlflow_names.effective_params(batch_scaling(config, world_size)),
+                               **mlflow_names.plan_params(run_record(config, world_size))})
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
                     tracking_uri=run.tracking_uri, run_id=run.run_id, progress=progress, local_mode=local_mode,

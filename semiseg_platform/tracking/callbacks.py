@@ -1,4 +1,5 @@
-"""Rank 0's logging into the cell's run: step and evaluation metrics, final metrics, figures, tables."""
+"""Rank 0's logging into the cell's run: step and evaluation metrics, final metrics, figures, tables, and each kept
+checkpoint as a LoggedModel (the best registered under the alias ``best`` at the end)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from npsemiseg.callbacks import Callbacks
 from semiseg_platform.tracking import mlflow_names
 from semiseg_platform.tracking.cell_run import format_error
 from semiseg_platform.tracking.describe import per_class_iou_figure
+from semiseg_platform.tracking.logged_models import log_checkpoint_model, register_best, registered_name
 from semiseg_platform.tracking.metric_logging import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class MLflowCallbacks(Callbacks):
         self.rank = 0
         self._pending: list[Metric] = []
         self._last_flush = time.monotonic()
+        self._cell_id: str | None = None
 
     @property
     def active(self) -> bool:
@@ -60,6 +63,7 @@ class MLflowCallbacks(Callbacks):
         self.rank = rank
         if not self.active:
             return
+        self._cell_id = getattr(config, "cell_id", None)
         attempts = int(self.client.get_run(self.run_id).data.tags.get(mlflow_names.ATTEMPTS, "0")) + 1
         self.client.log_batch(self.run_id, tags=[RunTag(mlflow_names.ATTEMPTS, str(attempts)),
                                                  RunTag(mlflow_names.WORLD_SIZE, str(world_size))])
@@ -89,8 +93,10 @@ class MLflowCallbacks(Callbacks):
         log_metrics(self.client, self.run_id, prefixed(mlflow_names.EVAL_PREFIX, metrics), step=step)
 
     def on_checkpoint(self, step: int, directory: Path, metrics: dict[str, float]) -> None:
+        """Flush, and record the checkpoint as a LoggedModel with its step's evaluation metrics."""
         if self.active:
             self.flush()
+            log_checkpoint_model(self.client, self.run_id, step, metrics)
 
     def on_artifact(self, name: str, path: Path) -> None:
         if not self.active:
@@ -129,6 +135,10 @@ class MLflowCallbacks(Callbacks):
             if getattr(result, key, None) is not None:
                 final[f"{mlflow_names.TIME_PREFIX}{key}"] = getattr(result, key)
         log_metrics(self.client, self.run_id, final, step=step)
+        if self._cell_id:
+            version = register_best(self.client, self.run_id, registered_name(self._cell_id))
+            if version is not None:
+                logger.info("registered %s version %s (the best checkpoint) as @best", version.name, version.version)
 
     def close(self) -> None:
         """Write what is still buffered (call in a ``finally``: a failing run keeps its last steps)."""

@@ -142,6 +142,16 @@ def param_value(params: dict[str, str], key: str) -> str | None:
     return current_value(earlier, params[earlier]) if earlier in params else None
 
 
+#: the prefix of a cell's plan params (``npsemiseg.hardware_plan.run_record``: processes, batches, accumulation
+#: steps, global batch against the publication's, predicted peak memory per GPU)
+PLAN_PREFIX = "plan."
+
+
+def plan_params(record: dict[str, str]) -> dict[str, str]:
+    """A ``hardware_plan.run_record`` as the cell's ``plan.*`` params."""
+    return {f"{PLAN_PREFIX}{key}": value for key, value in record.items()}
+
+
 def effective_params(scaling: Any) -> dict[str, str]:
     """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH` / :data:`EFFECTIVE_LR` params."""
     return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_LR: f"{scaling.lr:.6g}"}
