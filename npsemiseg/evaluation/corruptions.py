@@ -71,11 +71,11 @@ def _table() -> dict[str, tuple[str, list[dict[str, Any]]]]:
         "motion_blur": ("MotionBlur", [{"blur_limit": (k, k)} for k in _MOTION_KERNELS]),
         "zoom_blur": ("ZoomBlur", [{"max_factor": (m, m), "step_factor": (s, s)} for m, s in imagenet_c_zoom]),
         "gaussian_blur": ("GaussianBlur", [{"sigma_limit": (c, c), "blur_limit": 0} for c in (1, 2, 3, 4, 6)]),
-        "snow": ("RandomSnow", [{"snow_point_range": (c, c), "brightness_coeff": 2.5, "method": "bleach"}
-                                for c in (0.1, 0.2, 0.3, 0.4, 0.5)]),
+        "snow": ("RandomSnow", [{"snow_point_range": (c, c), "brightness_coeff": 2.5, "method": "texture"}
+                                for c in (0.2, 0.3, 0.4, 0.5, 0.6)]),
         "fog": ("RandomFog", [{"fog_coef_range": (c, c), "alpha_coef": 0.08} for c in (0.2, 0.35, 0.5, 0.65, 0.8)]),
         "brightness": ("RandomBrightnessContrast", [{"brightness_limit": (c, c), "contrast_limit": (0.0, 0.0)}
-                                                    for c in (0.1, 0.2, 0.3, 0.4, 0.5)]),
+                                                    for c in (0.2, 0.3, 0.4, 0.5, 0.6)]),
         "contrast": ("RandomBrightnessContrast", [{"brightness_limit": (0.0, 0.0), "contrast_limit": (c - 1, c - 1)}
                                                   for c in (0.4, 0.3, 0.2, 0.1, 0.05)]),
         "jpeg_compression": ("ImageCompression", [{"compression_type": "jpeg", "quality_range": (q, q)}
