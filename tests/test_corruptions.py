@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from benchmark_scripts import load_benchmark
 from torch.utils.data import Dataset
 
 from npsemiseg.config import cell_config
@@ -30,6 +31,7 @@ from npsemiseg.evaluation.corruptions import (
     summarize_shift,
     write_corrupted,
 )
+from npsemiseg.training.factories import build_model
 
 
 def _val(size: int = 32, count: int = 4) -> Dataset:
@@ -211,3 +213,12 @@ def test_a_run_evaluates_its_weights_under_shift(tmp_path, monkeypatch):
     built = sorted(p.relative_to(tmp_path).parts[3:5] for p in tmp_path.glob("corruptions/*/*/*/*/seed0"))
     assert built == sorted((c, f"severity{s}") for c, s in copies)
     assert all(len(list(p.glob("*.png"))) == 2 for p in tmp_path.glob("corruptions/*/*/*/*/seed0"))
+
+
+def test_the_cost_benchmark_builds_and_evaluates_a_copy(tmp_path):
+    benchmark = load_benchmark("corruption_cost")
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="baseline",
+                         **{"runtime.device": "cpu"})
+    row = benchmark.measure("fog", _val(), build_model(config), config, severity=2, images=2, cache=tmp_path)
+    assert set(row) == {"build_s_per_image", "evaluate_s_per_copy", "miou"} and 0.0 <= row["miou"] <= 1.0
+    assert [len(list(p.glob("*.png"))) for p in tmp_path.glob("*/*/fog/severity2/seed0")] == [2]
