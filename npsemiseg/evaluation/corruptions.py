@@ -20,7 +20,7 @@ Labels are unchanged (taken from the source item).
 Seeding: image ``i``'s corruption draws from ``albumentations.Compose(seed=s)`` with ``s`` numpy's
 ``SeedSequence((data_seed, crc32(corruption), severity, i))``, so an image's copy is the same on every machine,
 process and build order. Cache: ``<cache>/<source key>/albumentations-<version>/<corruption>/severity<k>/
-seed<s>/`` holds one lossless PNG per image and ``copy.json``; it is built in a temporary sibling folder
+seed<data_seed>/`` holds one lossless PNG per image and ``copy.json``; it is built in a temporary sibling folder
 and renamed into place whole (``os.replace``), so a folder that exists is complete and an interrupted build
 leaves nothing a later one reads.
 """
