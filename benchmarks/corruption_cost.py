@@ -6,9 +6,11 @@ Builds the copies of a cell's evaluated images at one severity into a fresh temp
 cell's model (trained two steps, which fill the NP head's memories: the cost does not depend on the weights) on
 each copy with ``evaluate_model``, as a
 run's evaluation under shift does. The cell is the mini-study's (``jobs/specs/mini.yaml``'s data and model) with
-the head given. Prints a Markdown table and one JSON line per corruption. Usage::
+the head given. Prints a Markdown table and one JSON line per corruption. ``--build-only H W``: only the time
+to corrupt one H x W image per corruption (a Cityscapes image: 1024 2048), no model. Usage::
 
     python3 benchmarks/corruption_cost.py [--head np] [--images 50] [--severity 3] [--corruptions fog ...]
+    python3 benchmarks/corruption_cost.py --build-only 1024 2048
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from npsemiseg.config import cell_config
 from npsemiseg.constants import CORRUPTIONS
-from npsemiseg.evaluation.corruptions import build_copy, copy_dir, CorruptedCopy, source_key
+from npsemiseg.evaluation.corruptions import CorruptedCopy, build_copy, copy_dir, corrupt_image, source_key
 from npsemiseg.training.artifacts import evaluate_model
 from npsemiseg.training import train
 from npsemiseg.training.factories import build_datasets
@@ -52,13 +55,30 @@ def measure(corruption: str, val: torch.utils.data.Dataset, model: torch.nn.Modu
     return {"build_s_per_image": built / images, "evaluate_s_per_copy": evaluated, "miou": metrics["miou"]}
 
 
+def build_seconds(corruption: str, height: int, width: int, *, severity: int) -> float:
+    """Seconds to corrupt one ``height`` x ``width`` image of gradients and edges (the same image every call)."""
+    rows, columns = np.mgrid[0:height, 0:width]
+    image = np.stack([columns % 256, rows % 256, ((rows // 13 + columns // 13) % 2) * 200 + 28], -1).astype(np.uint8)
+    start = time.perf_counter()
+    corrupt_image(image, corruption, severity, seed=0)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", default="np")
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--severity", type=int, default=3)
     parser.add_argument("--corruptions", nargs="*", default=list(CORRUPTIONS))
+    parser.add_argument("--build-only", nargs=2, type=int, metavar=("HEIGHT", "WIDTH"))
     args = parser.parse_args()
+    if args.build_only:
+        height, width = args.build_only
+        print(f"| corruption | build (s / {height} x {width} image) |\n| --- | --- |")
+        for corruption in args.corruptions:
+            seconds = build_seconds(corruption, height, width, severity=args.severity)
+            print(f"| {corruption} | {seconds:.2f} |", flush=True)
+        return
     torch.manual_seed(0)
     config = cell_config("paper", framework="supervised", dataset="study", partition="1/16", head=args.head,
                          **MINI_STUDY_CELL, **{"evaluation.max_images": args.images})
