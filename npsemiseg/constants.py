@@ -26,3 +26,11 @@ NOT_APPLICABLE = "n/a"
 def sliding_stride(window: int) -> int:
     """The sliding-window stride at ``window`` px when none is given: ceil(2/3 x window) (U2PL's; 513 at 769)."""
     return math.ceil(window * 2 / 3)
+
+#: the corruptions an evaluation under shift can apply (``evaluation.corruptions``;
+#: ``npsemiseg.evaluation.corruptions`` says which albumentations transform and parameters each severity uses):
+#: ImageNet-C's / Cityscapes-C's names where the corruption is theirs
+CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
+               "zoom_blur", "gaussian_blur", "snow", "fog", "brightness", "contrast", "jpeg_compression", "pixelate")
+#: ImageNet-C's five severities
+CORRUPTION_SEVERITIES = (1, 2, 3, 4, 5)

@@ -9,7 +9,8 @@ A preset gives two steps of :func:`npsemiseg.config.compose` (which lists the wh
 ``paper``, VOC's settings (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``,
 the study datasets): crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = the paper's batch
 of 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs; evaluation on a
-513 px center crop (U2PL's). Cityscapes' settings: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
+513 px center crop (U2PL's), and under shift on every corruption (``evaluation.corruptions``).
+Cityscapes' settings: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
 1x, weight decay 5e-4, 200 epochs (AugSeg 240), OHEM (0.7, at least 100,000 pixels) plus 0.4 x the
 auxiliary layer-3 head's loss, sliding-window evaluation at 769 px. These are the NP-SemiSeg authors'
 released U2PL and AugSeg configurations (``npsemiseg/presets_audit.md`` gives each value's file and line;
@@ -23,7 +24,7 @@ and the MC-dropout and NP heads at the NP configurations' (AugSeg VOC: 8 images 
 
 ``smoke``: the paper preset shrunk to seconds on one CPU core: the ``resnet_small`` backbone with narrow
 decoder widths and random init, 32 px crops of a small synthetic dataset, 2 + 2 images per step, 3 steps,
-T = 2 at evaluation on 2 whole images, no supervised-only or warm-up phase (so the few steps run the
+T = 2 at evaluation on 2 whole images (none corrupted), no supervised-only or warm-up phase (so the few steps run the
 semi-supervised path), the frameworks' and heads' ``smoke_options`` (small memories and queues). Its
 scale wins over the protocol's switches where they meet (T at evaluation, PS-MT's warm-up and epochs).
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from npsemiseg._registry import Registry
+from npsemiseg.constants import CORRUPTIONS
 from npsemiseg.data import dataset_info
 from npsemiseg.data.info import DatasetInfo
 from npsemiseg.frameworks import get_framework
@@ -152,6 +154,7 @@ def _paper_values(cell: Cell) -> dict[str, Any]:
     values = cell.info.settings.values()
     values["model"].update(backbone="resnet50", weights="imagenet")
     values["data"] = {"num_workers": 4}
+    values["evaluation"]["corruptions"] = list(CORRUPTIONS)  # the evaluation under shift (docs/shift.md)
     return values
 
 
@@ -172,6 +175,7 @@ def _smoke_values(cell: Cell) -> dict[str, Any]:
     values["model"].update(backbone="resnet_small", weights=None, deep_stem=False,
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
     values["loss"]["ohem_min_kept"] = 64
+    values["evaluation"]["corruptions"] = []  # no evaluation under shift: seconds
     values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if cell.info.synthetic else {}}
     return values
 

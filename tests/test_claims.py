@@ -85,7 +85,7 @@ def test_each_verdict_is_reached_and_missing_cells_give_no_data(store):
     claims = {c.id: c for c in check_claims(store, "known", search_experiment="known")}
     verdicts = {key: claim.verdict for key, claim in claims.items()}
     assert verdicts == {"S0": SUPPORTED, "S1": NO_DATA, "C1": CONTRADICTED, "C2": SUPPORTED, "C3": INCONCLUSIVE,
-                        "C4": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
+                        "C4": NO_DATA, "R2": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
     s0 = {p.name: p for p in claims["S0"].parts}
     assert s0["mt"].pairs == 3 and s0["mt"].mean_diff == pytest.approx(10) and s0["mt"].ci_low == pytest.approx(10)
     assert claims["S0"].pooled.pairs == 12
@@ -137,7 +137,7 @@ def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
     printed: list[str] = []
     claims_command("known", tracking=store, out=tmp_path, parent_run_id=parent, emit=printed.append)
     data = json.loads((tmp_path / "claims.json").read_text())
-    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "C5", "C6"]
+    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "R2", "C5", "C6"]
     for key in ("id", "verdict", "mean_diff", "ci_low", "ci_high", "pairs"):
         assert all(key in c for c in data)
     assert set(data[0]["per_framework"]) == {"mt", "psmt", "u2pl", "augseg"}
@@ -356,7 +356,7 @@ def test_fixmatch_and_unimatch_get_their_own_claims_against_supervised_unimatch(
             _cell(client, experiment, framework, "mc_dropout", seed, base - 0.02, 0.50, params={"model.decoder": "augseg"})
             _cell(client, experiment, framework, "np", seed, base + 0.01, 0.55, params={"model.decoder": "augseg"})
     claims = {c.id: c for c in check_claims(uri, "companions")}
-    assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "C5", "C6"]
+    assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "R2", "C5", "C6"]
     s0 = {p.name: p for p in claims["S0+"].parts}
     assert list(s0) == ["fixmatch", "unimatch"]
     assert s0["fixmatch"].against == "supervised_unimatch" and s0["fixmatch"].mean_diff == pytest.approx(8)

@@ -171,6 +171,8 @@ def _mutated(value):
         return {**value, "extra": 1}
     if value is None:
         return 1
+    if isinstance(value, tuple):
+        return (*value, "x")
     raise AssertionError(f"no mutation for {value!r}")
 
 

@@ -3,7 +3,8 @@
 Supervised and MT with the baseline head at 1/16 of the ``study`` dataset, one seed, 4 steps,
 from a random start (the pretrained start has tests of its own: ``tests/test_pretrain.py``),
 through ``run_grid`` on a real local Ray and MLflow store: both cells finish, the tables hold
-them and the claims report pairs the two cells for S0 (MT against supervised, seed 0), written
+them (the shifted table too: the cells are evaluated under shift) and the claims report pairs the two cells
+for S0 (MT against supervised, seed 0), written
 beside the tables and logged on the grid's parent run.
 """
 
@@ -25,7 +26,8 @@ MINI = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "mini.yaml"
 
 
 def reduced_mini_spec(root: Path) -> dict:
-    """mini.yaml with two cells (supervised and MT, baseline head, 1/16, seed 0) of 4 steps."""
+    """mini.yaml with two cells (supervised and MT, baseline head, 1/16, seed 0) of 4 steps, evaluated under shift
+    on two corruptions at two severities."""
     spec = yaml.safe_load(MINI.read_text())
     frameworks = ["supervised", "mt"]
     spec.update(frameworks=frameworks, datasets={"study": ["1/16"]}, heads={"baseline": None}, seeds=[0],
@@ -35,7 +37,8 @@ def reduced_mini_spec(root: Path) -> dict:
                               if set(entry["when"].get("frameworks", frameworks)) <= set(frameworks)
                               and set(entry["when"].get("heads", ["baseline"])) <= {"baseline"}]
     spec["overrides"].update({"model.weights": None, "schedule.max_steps": 4, "schedule.checkpoint_every_steps": 0,
-                              "evaluation.max_images": 8})
+                              "evaluation.max_images": 8, "evaluation.corruptions": ["gaussian_noise", "fog"],
+                              "evaluation.corruption_severities": [1, 5]})
     return spec
 
 
@@ -66,3 +69,4 @@ def test_two_cells_of_the_mini_study_train_and_the_claims_pair_them(tmp_path, ra
     assert {a.path for a in client.list_artifacts(summary.parent_run_id, "claims")} == {
         "claims/claims.md", "claims/claims.json", "claims/claims_forest.png"}  # S0's MT pair is drawn
     assert "study" in summary.tables_markdown and "| MT |" in summary.tables_markdown
+    assert "Shifted table: study" in summary.tables_markdown and by_id["R2"]["verdict"] == "no data"  # no NP cell

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from npsemiseg.constants import SampleCE
+from npsemiseg.constants import CORRUPTION_SEVERITIES, CORRUPTIONS, SampleCE
 from npsemiseg.data import augmentation_keys, dataset_info
 from npsemiseg.data.info import DATASETS
 from npsemiseg.data.sets.folder import ensure_registered
@@ -47,7 +47,10 @@ from npsemiseg.untrusted import load_yaml
 #: whose record changes gets a new id without a new version: ``tests/golden/cell_ids.json`` says which and why.
 IDENTITY_VERSION = 1
 #: fields that never change what a run computes: how it executes, where the data is, how it was composed
-IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs")
+IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs",
+                                      # the evaluation under shift: metrics added after training, which it never changes
+                                      "evaluation.corruptions", "evaluation.corruption_severities",
+                                      "evaluation.corruption_images")
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
 IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
@@ -310,6 +313,9 @@ class EvaluationConfig(Section):
     evaluations after fewer completed epochs are not candidates for ``best`` (CPS's MeanTeacher: epochs 20-34).
     ``split``: the images evaluated, ``val`` (what the tables report) or ``tune`` (the study dataset's
     held-out tuning split, where settings are chosen: never on val).
+    ``corruptions``: the evaluation under shift (``docs/shift.md``) also evaluates the final weights on a corrupted
+    copy of the evaluated images per corruption (``npsemiseg.constants.CORRUPTIONS``; empty: none) and severity
+    (``corruption_severities``), on the first ``corruption_images`` images (None: those ``max_images`` says).
     """
 
     split: Literal["val", "tune"] = "val"
@@ -331,6 +337,26 @@ class EvaluationConfig(Section):
     resize_multiple: PositiveInt | None = None
     #: how ``resize_multiple`` rounds a side: ``up`` (PS-MT's ceil) or ``nearest`` (UniMatch V2's, supervised.py 75)
     resize_rounding: Literal["up", "nearest"] = "up"
+    corruptions: tuple[str, ...] = ()
+    corruption_severities: tuple[PositiveInt, ...] = CORRUPTION_SEVERITIES
+    corruption_images: PositiveInt | None = None
+
+    @field_validator("corruptions", mode="after")
+    @classmethod
+    def _known_corruptions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in CORRUPTIONS]
+        if unknown:
+            raise ValueError(f"evaluation.corruptions: unknown corruption(s) {unknown}, expected some of "
+                             f"{list(CORRUPTIONS)}")
+        return value
+
+    @field_validator("corruption_severities", mode="after")
+    @classmethod
+    def _known_severities(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(severity not in CORRUPTION_SEVERITIES for severity in value):
+            raise ValueError(f"evaluation.corruption_severities: expected some of {list(CORRUPTION_SEVERITIES)}, "
+                             f"got {list(value)}")
+        return value
 
     def predict_options(self, mode: str) -> dict[str, Any]:
         """What ``npsemiseg.evaluation.predict`` takes of this section besides the mode and T, for ``mode``

@@ -32,6 +32,7 @@ from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, rest
 from npsemiseg.training.data_wait import DATA_WAIT_FRACTION, DataWait
 from npsemiseg.training.selection import BestWeights
 from npsemiseg.training.plan import batch_scaling
+from npsemiseg.training.shift import evaluate_under_shift
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
 from npsemiseg.training.step import PendingLogs, deferred_train_step, read_logs
 
@@ -111,7 +112,8 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
 
 def _finish(run: Run, callbacks: Callbacks, checkpointer: Checkpointer, loop: EpochLoop) -> dict[str, float]:
     """The final evaluation (of the last weights), the selection (``evaluation.select``: restores the best
-    evaluation's weights when asked), its artifacts and the last checkpoint."""
+    evaluation's weights when asked), the evaluation under shift of the selected weights
+    (``evaluation.corruptions``), its artifacts and the last checkpoint."""
     config, step = run.config, loop.step
     output_dir = Path(config.runtime.output_dir) if config.runtime.output_dir else None
     last = final_evaluation(run.framework, run.datasets, config, step=step, device=run.device, rank=run.rank,
@@ -119,6 +121,8 @@ def _finish(run: Run, callbacks: Callbacks, checkpointer: Checkpointer, loop: Ep
     epoch = float(math.ceil(step / run.plan.iters_per_epoch))
     loop.history.append({"step": float(step), "epoch": epoch, **last})
     final = loop.best.select(last, step=step, epoch=epoch)
+    final = {**final, **evaluate_under_shift(run.framework.eval_model(), run.datasets["val"], config, step=step,
+                                             device=run.device)}
     if run.rank == 0:
         per_class_artifacts(final, output_dir, callbacks)
     checkpointer.save(step, final, loop.history)

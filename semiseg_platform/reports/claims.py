@@ -24,7 +24,8 @@ NP > MC dropout in mIoU), C3 (NP's PAvPU > MC dropout's at every partition, Tabl
 framework's cells), C4 (attention > mean aggregator in mIoU and PAvPU, U2PL, Tables 5-6), C5 (NP
 quantifies uncertainty faster than MC dropout and the gap grows with T and with sliding
 evaluation; uncertainty-time benchmark runs), C6 (small Q, lambda_kl = 0.1 and T = 1 hurt; search
-trial runs, compared unpaired: their "pairs" count runs). Where the runs hold FixMatch or UniMatch cells
+trial runs, compared unpaired: their "pairs" count runs), R2 (NP's ECE and AUROC under shift beat the baseline head's
+and MC dropout's per framework, :mod:`.shift`). Where the runs hold FixMatch or UniMatch cells
 (frameworks the paper has no rows for), S0+, C1+, C2+ and C3+ check S0 and C1-C3 on them, each beside the
 paper's claim, which stays on the paper's four frameworks; their supervised reference is ``supervised_unimatch``
 where the grid ran it.
@@ -58,6 +59,7 @@ from semiseg_platform.reports.claim_evidence import (
     s0_evidence,
     unpaired,
 )
+from semiseg_platform.reports.shift import load_shift_metrics, shift_claim
 from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
 from semiseg_platform.reports.tables import (
     ABLATION_FRAMEWORK,
@@ -245,7 +247,8 @@ def check_claims(tracking_uri: str | None, experiment: str | Sequence[str], *, g
     search_ids = _experiment_ids(client, [search_experiment] if search_experiment else names)
     trials = load_search_trials(client, search_ids) if search_ids else pd.DataFrame(
         columns=["q", "lambda_kl", "t", "miou"])
-    return [*cell_claims(cells), timing_claim(gaps), hyperparameter_claim(trials)]
+    shift = shift_claim(pd.concat([load_shift_metrics(uri, frame) for frame in frames], ignore_index=True))
+    return [*cell_claims(cells), shift, timing_claim(gaps), hyperparameter_claim(trials)]
 
 
 def _experiment_ids(client: MlflowClient, names: Sequence[str]) -> list[str]:

@@ -10,7 +10,14 @@ from pathlib import Path
 import pandas as pd
 
 from semiseg_platform.reports.figures import uncertainty_time_figure
-from semiseg_platform.reports.tables import MISSING_MARK, build_tables
+from semiseg_platform.reports.shift import shift_tables
+from semiseg_platform.reports.tables import (
+    PAPER_HEADS,
+    MISSING_MARK,
+    build_tables,
+    discover_datasets,
+    table_frameworks,
+)
 from semiseg_platform.storage import atomic_write
 
 
@@ -186,13 +193,23 @@ def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
 
 def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
                  datasets: Iterable[str] | None = None, **table_options) -> tuple[dict[str, pd.DataFrame], list[Path]]:
-    """Build the tables (and the uncertainty-time figure when benchmark runs exist) and write them
-    to ``out_dir``; returns the tables and the written paths. What ``npsemiseg tables`` runs."""
+    """Build the tables, the shifted tables where runs were evaluated under shift (:mod:`.shift`), and the
+    uncertainty-time figure when benchmark runs exist, and write them to ``out_dir``; returns the tables and the
+    written paths. What ``npsemiseg tables`` runs."""
     tables = build_tables(tracking_uri, experiment, grid_id=grid_id,
                           datasets=None if datasets is None else list(datasets), **table_options)
+    tables = {**tables, **shifted_tables(tracking_uri, tables["cells"], datasets, **table_options)}
     written = write_tables(tables, out_dir)
     figure = uncertainty_time_figure(tracking_uri, experiment)
     if figure is not None:
         path = Path(out_dir) / "uncertainty_time.png"
         written.append(atomic_write(path, lambda p: figure.savefig(p, dpi=120)))
     return tables, written
+
+
+def shifted_tables(tracking_uri: str, runs: pd.DataFrame, datasets: Iterable[str] | None = None, *,
+                   frameworks: Iterable[str] | None = None, heads: Iterable[str] = PAPER_HEADS,
+                   **_: object) -> dict[str, pd.DataFrame]:
+    """The shifted tables (:func:`.shift.shift_tables`) with Tables 1-3's datasets, rows and head blocks."""
+    return shift_tables(tracking_uri, runs, list(datasets) if datasets is not None else discover_datasets(runs),
+                        list(frameworks) if frameworks is not None else table_frameworks(runs), list(heads))
