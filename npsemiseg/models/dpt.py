@@ -89,6 +89,9 @@ class DPTDecoder(nn.Module):
     """
 
     variant = "dpt"
+    #: the NP head's ``feature_pool="coarse"`` on this decoder: its ``8h x 8w`` map averaged to ``2h x 2w``, the
+    #: 1/7 map (``docs/vit.md``, "Where the NP head reads the DPT")
+    coarse_pool = 4
 
     def __init__(self, embed_dim: int, features: int, channels: Sequence[int], *, mc_dropout: float = 0.0) -> None:
         super().__init__()
