@@ -2,7 +2,8 @@
 # `make gpu-check`: everything the first minutes on a lent GPU should measure, in order of importance, each part
 # under its own time limit so that one slow part cannot take the others' time (at most about 8 minutes on one H100):
 #   1. gpu_acceptance.py: every framework x head at paper scale (eager; operator calls and device reads per step),
-#      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B, the paper grids' GPU-hours;
+#      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B (the NP head at the corrected default, the DPT's
+#      1/7 map, and again on the DPT's map as it is: --vit-np-pools 1), the paper grids' GPU-hours;
 #   2. official_side_by_side.py: the project's step beside the official loops (needs OFFICIAL_ROOT, a folder of the
 #      official checkouts; skipped with a line saying so without it);
 #   3. loader_throughput.py: the data pipeline's images/s against the steps of part 1;
@@ -21,8 +22,8 @@ part() {  # part SECONDS NAME COMMAND...
     timeout "$limit" "$@" || { echo "== $name: exit $? after $((SECONDS - start)) s"; status=1; return; }
     echo "== $name: done in $((SECONDS - start)) s"
 }
-part 200 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
-    --vit dinov2_s dinov2_b --out "$OUT" "$@"
+part 240 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
+    --vit dinov2_s dinov2_b --vit-np-pools 1 --out "$OUT" "$@"
 if [ -n "$OFFICIAL_ROOT" ]; then
     part 90 side-by-side "$PY" benchmarks/official_side_by_side.py --device cuda --official-root "$OFFICIAL_ROOT" \
         --steps 6 --host-work --out "$OUT/side_by_side"

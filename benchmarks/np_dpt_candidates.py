@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -47,7 +48,17 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_acceptance import machine, measure_cell, parse_arguments, peak_memory_mib, reset_peak_memory  # noqa: E402
+from gpu_acceptance import (  # noqa: E402
+    compose_cell,
+    machine,
+    parse_arguments,
+    peak_memory_mib,
+    reset_peak_memory,
+    step_context,
+)
+
+from npsemiseg.training.setup import backend_flags, setup_run  # noqa: E402
+from npsemiseg.training.step import train_step  # noqa: E402
 
 from npsemiseg.heads import NPDecoder, build_head  # noqa: E402
 from npsemiseg.models.backbones import BACKBONES  # noqa: E402
@@ -118,7 +129,7 @@ def measure_heads(backbone: str, batch: int, repeats: int) -> list[dict[str, Any
     features = torch.randn(batch, spec.dpt_features, side, side).relu_()
     labels = torch.randint(0, NUM_CLASSES, (batch, CROP, CROP))
     cells = []
-    for name in CANDIDATES:
+    for name in dict.fromkeys(["baseline", *ARGS.candidates]):
         torch.manual_seed(1)
         head = build_candidate(name, spec.dpt_features).train()
         reset_peak_memory(torch.device("cpu"))
@@ -186,38 +197,54 @@ def measure_inference(backbone: str) -> list[dict[str, Any]]:
     return cells
 
 
-def measure_steps(backbone: str, batch: int, out: Path) -> list[dict[str, Any]]:
-    """UniMatch V2's step through the project's loop (``gpu_acceptance.measure_cell``): baseline, the NP default
-    under ``corrected`` (``feature_pool="coarse"``: 4 on the DPT) and, with ``--step-today``, the NP head on the
-    map as it is."""
-    args = parse_arguments(["--device", "cpu", "--steps", "1", "--flops", "--crop", str(CROP), "--backbone", backbone,
-                            "--steps-only", "--out", str(out)])
-    batches: dict[str, list[Any]] = {}
+def measure_steps(backbone: str, batch: int) -> list[dict[str, Any]]:
+    """UniMatch V2's first training step through the project's loop (``gpu_acceptance.compose_cell``,
+    ``setup_run``, ``train_step``; AdamW's state is allocated in it, as in every later step's peak), once per head,
+    under the FLOP counter: its FLOPs, its peak RSS above the cell's start and its time (one step: a ratio, not a
+    rate). Heads: the baseline, the NP default under ``corrected`` (``feature_pool="coarse"``: 4 on the DPT) and,
+    with ``--step-today``, the NP head on the map as it is."""
+    args = parse_arguments(["--device", "cpu", "--crop", str(CROP), "--backbone", backbone, "--steps-only"])
+    device = torch.device("cpu")
     sizes = {"schedule.batch_size": batch, "schedule.unlabeled_batch_size": batch}
-    cells = []
-    for name, head, more in (("baseline", "baseline", {}), ("np_pool4", "np", {}),
-                             ("np_today", "np", {"head.options.feature_pool": 1})):
-        if name == "np_today" and not ARGS.step_today:
-            continue
-        cell = measure_cell(args, torch.device("cpu"), "unimatch_v2", head, batches, **sizes, **more)
-        cell = {"candidate": name, **{k: v for k, v in cell.items() if k != "flops"},
-                "gflop": cell["flops"]["gflop"], "load": os.getloadavg()[0]}
+    cells, batches = [], None
+    heads = [("baseline", "baseline", {}), ("np_pool4", "np", {})]
+    heads += [("np_today", "np", {"head.options.feature_pool": 1})] if ARGS.step_today else []
+    for name, head, more in heads:
+        config = compose_cell(args, device, "unimatch_v2", head, **sizes, **more)
+        with backend_flags(config, device):
+            run = setup_run(config, device)
+            batches = batches or list(itertools.islice(run.streams.epoch(0, 0), 1))
+            reset_peak_memory(device)
+            start_rss = rss_mib()
+            counter = FlopCounterMode(display=False)
+            tick = time.perf_counter()
+            with counter:
+                train_step(run.framework, batches[0], step_context(run, 0), run.optimizer, config, device,
+                           run.world_size)
+            elapsed = time.perf_counter() - tick
+        peak = peak_memory_mib(device) or float("nan")
+        cell = {"candidate": name, "backbone": backbone, "crop": CROP, "images": f"{batch} + {batch}",
+                "feature_pool": config.head.options.get("feature_pool"), "step_s": elapsed,
+                "gflop": counter.get_total_flops() / 1e9, "peak_rss_mib": peak, "peak_above_start_mib": peak - start_rss,
+                "load": os.getloadavg()[0]}
         print(json.dumps(cell), flush=True)
         cells.append(cell)
+        del run
     for c in cells:
-        c["time_ratio"] = c["step_s"] / cells[0]["step_s"]
-        c["flop_ratio"] = c["gflop"] / cells[0]["gflop"]
-        c["memory_ratio"] = c["peak_memory_mib"] / cells[0]["peak_memory_mib"]
+        for key, out in (("step_s", "time_ratio"), ("gflop", "flop_ratio"), ("peak_rss_mib", "memory_ratio"),
+                         ("peak_above_start_mib", "memory_above_start_ratio")):
+            c[out] = c[key] / cells[0][key]
     return cells
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     global ARGS, CROP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["head", "inference", "step"], choices=["head", "inference", "step"])
+    parser.add_argument("--parts", nargs="+", default=["step", "head", "inference"], choices=["head", "inference", "step"])
     parser.add_argument("--backbones", nargs="+", default=["dinov2_s", "dinov2_b"])
     parser.add_argument("--batch", type=int, default=1, help="images per head pass")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     parser.add_argument("--step-batch", type=int, default=1, help="labeled (= unlabeled) images of the step part")
     parser.add_argument("--step-today", action="store_true", help="also the step with the NP head on the full map")
     parser.add_argument("--crop", type=int, default=CROP, help="crop side (a multiple of 14; small: a smoke run)")
@@ -235,6 +262,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["load_at_end"] = os.getloadavg()
         (ARGS.out / "np_dpt_candidates.json").write_text(json.dumps(report, indent=1) + "\n")
 
+    if "step" in ARGS.parts:
+        report["step"] = measure_steps(ARGS.backbones[0], ARGS.step_batch)
+        write()
     for backbone in ARGS.backbones:
         if "head" in ARGS.parts:
             report.setdefault("head", []).extend(measure_heads(backbone, ARGS.batch, ARGS.repeats))
@@ -243,9 +273,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "inference" in ARGS.parts:
             report.setdefault("inference", []).extend(measure_inference(backbone))
             write()
-    if "step" in ARGS.parts:
-        report["step"] = measure_steps(ARGS.backbones[0], ARGS.step_batch, ARGS.out)
-        write()
     return report
 
 
