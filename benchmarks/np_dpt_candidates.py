@@ -197,6 +197,38 @@ def measure_inference(backbone: str) -> list[dict[str, Any]]:
     return cells
 
 
+def count_inference_flops(backbone: str) -> list[dict[str, Any]]:
+    """FLOPs of T = 20 samples of one image from the ViT's maps, counted on the meta device (shapes only, nothing
+    computed): MC dropout (decoder scope) = 20 x (DPT + classifier block); NP = the DPT once + the small ConvNet +
+    the NP decoder with T = 20 (its inference path), at each ``feature_pool``. The attention on the centers, the
+    memories and the final softmax are not convolutions or matrix products of this size and are left out."""
+    spec = BACKBONES.get(backbone)
+    grid, side = CROP // PATCH, CROP // PATCH * 8
+    cells = []
+    with torch.device("meta"):
+        low, high = torch.randn(1, 3 * spec.embed_dim, grid, grid), torch.randn(1, spec.embed_dim, grid, grid)
+        decoder = DPTDecoder(spec.embed_dim, spec.dpt_features, spec.dpt_channels).eval()
+        mc_head = build_head("mc_dropout", spec.dpt_features, NUM_CLASSES).eval()
+        np_head = build_head("np", spec.dpt_features, NUM_CLASSES).eval()
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            for _ in range(INFERENCE_SAMPLES):
+                mc_head.classifier(decoder(low, high))
+        cells.append({"candidate": "mc_dropout", "gflop": counter.get_total_flops() / 1e9})
+        for pool in (1, 2, 4, 8):
+            counter = FlopCounterMode(display=False)
+            z, r = torch.randn(INFERENCE_SAMPLES, 1, np_head.latent_dim), torch.randn(1, np_head.latent_dim)
+            with torch.no_grad(), counter:
+                features = F.avg_pool2d(decoder(low, high), pool, ceil_mode=True) if pool > 1 else decoder(low, high)
+                np_head.query_net(features)
+                np_head.decoder.tail(np_head.decoder.first_conv(features, z, r))  # the inference path's convolutions
+            cells.append({"candidate": f"np_pool{pool}" if pool > 1 else "np_today", "gflop": counter.get_total_flops() / 1e9})
+    for c in cells:
+        c.update(backbone=backbone, samples=INFERENCE_SAMPLES, map=side, flops_over_mc_dropout=c["gflop"] / cells[0]["gflop"])
+        print(json.dumps(c), flush=True)
+    return cells
+
+
 def measure_steps(backbone: str, batch: int) -> list[dict[str, Any]]:
     """UniMatch V2's first training step through the project's loop (``gpu_acceptance.compose_cell``,
     ``setup_run``, ``train_step``; AdamW's state is allocated in it, as in every later step's peak), once per head,
@@ -240,7 +272,8 @@ def measure_steps(backbone: str, batch: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     global ARGS, CROP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["step", "head", "inference"], choices=["head", "inference", "step"])
+    parser.add_argument("--parts", nargs="+", default=["step", "head", "inference"],
+                        choices=["head", "inference", "inference_flops", "step"])
     parser.add_argument("--backbones", nargs="+", default=["dinov2_s", "dinov2_b"])
     parser.add_argument("--batch", type=int, default=1, help="images per head pass")
     parser.add_argument("--repeats", type=int, default=3)
@@ -265,6 +298,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "step" in ARGS.parts:
         report["step"] = measure_steps(ARGS.backbones[0], ARGS.step_batch)
         write()
+    for backbone in ARGS.backbones:
+        if "inference_flops" in ARGS.parts:
+            report.setdefault("inference_flops", []).extend(count_inference_flops(backbone))
+            write()
     for backbone in ARGS.backbones:
         if "head" in ARGS.parts:
             report.setdefault("head", []).extend(measure_heads(backbone, ARGS.batch, ARGS.repeats))
