@@ -13,18 +13,23 @@ there. Candidates (``docs/vit.md``, "Where the NP head reads the DPT"):
   full resolution once, only the T-sample part (first conv's constant maps, norms, second conv, classifier) on the
   1/7 grid: the first conv's output averaged over 4 x 4 cells.
 
-Parts (each writes into the JSON as it ends):
+Parts (each writes into the JSON as it ends; ``--parts``, in this order):
 
-1. ``head``: per DINOv2 width (S: 64 DPT features, B: 128), one training-mode forward + backward of each
-   candidate on a random post-ReLU ``[B, F, 296, 296]`` map with labels at 518 (the first image the context):
-   median wall time of ``--repeats`` passes, FLOPs (``FlopCounterMode``, convolutions and matrix products, one
-   more pass) and the peak resident memory above the pass's start (``VmHWM`` after ``malloc_trim``).
-2. ``inference``: T = 20 samples of one image, from the ViT's four maps: NP = the DPT once + the head with T = 20;
-   MC dropout (decoder scope, the paper's) = the DPT with always-active dropout + the MC head, 20 passes. Time of
-   one pass (under the FLOP counter, whose overhead is per operator call) and its FLOPs (claim C5).
-3. ``step``: UniMatch V2's whole training step (``gpu_acceptance.measure_cell``: ``setup_run``, ``train_step``)
-   at crop 518 on DINOv2-S (random init), baseline head and the ``corrected`` NP default, ``--step-batch`` labeled
-   + as many unlabeled images: step time, peak RSS, FLOPs of one more step.
+1. ``step``: UniMatch V2's whole training step (``gpu_acceptance.compose_cell``, ``setup_run``, ``train_step``: the
+   project's loop) at crop 518 on DINOv2-S (random init), ``--step-batch`` labeled + as many unlabeled images, for
+   the baseline head and the ``corrected`` NP default (``--step-today``: also the NP head on the full map): one step
+   each under the FLOP counter, its FLOPs, peak RSS and time.
+2. ``head``: per DINOv2 width (S: 64 DPT features, B: 128), one training-mode forward + backward of each
+   candidate (``--candidates``) on a random post-ReLU ``[B, F, 296, 296]`` map with labels at 518 (the first image
+   the context): median wall time of ``--repeats`` passes, FLOPs (``FlopCounterMode``, convolutions and matrix
+   products, one more pass) and the peak resident memory above the pass's start (``VmHWM`` after ``malloc_trim``).
+3. ``inference_flops``: FLOPs of T = 20 samples of one image (the DPT and the head) on the meta device, nothing
+   computed: MC dropout (decoder scope) against the NP head at each ``feature_pool``.
+4. ``inference``: the same T = 20 samples computed and timed (one pass each, under the FLOP counter): NP = the DPT
+   once + the head with T = 20; MC dropout (decoder scope, the paper's) = 20 passes of the DPT with always-active
+   dropout + the MC head (claim C5).
+
+Times on a shared CPU are rough; FLOPs and memory are what the decision in ``docs/vit.md`` rests on.
 
     python benchmarks/np_dpt_candidates.py --out benchmarks/results/np_dpt_candidates
 """
