@@ -240,6 +240,7 @@ def measure_cell(args: argparse.Namespace, device: torch.device, framework: str,
         "images_per_s": images / step_s, "peak_memory_mib": peak,
         "peak_memory_measure": "max_memory_allocated" if device.type == "cuda" else "peak RSS", "loss": logs.get("train/loss"),
         "pixels_per_step": schedule.crop_size ** 2 * images, "cell_s": time.perf_counter() - started,
+        **({"np_feature_pool": config.head.options.get("feature_pool", 1)} if head == "np" else {}),
         **({"profile": profile} if profile is not None else {}),
         **({"host_work": host} if host is not None else {}),
         **({"flops": flops} if flops is not None else {}),
@@ -355,7 +356,8 @@ def profile_step(run: Any, batch: Any, step: int, config: RunConfig, device: tor
 
 
 def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Per framework: step time and peak memory of NP and MC dropout over the baseline head's."""
+    """Per framework: step time and peak memory (FLOPs, host work where counted) of every other head over the baseline
+    head's (``np``, ``mc_dropout``, ``np_pool<p>`` of ``--vit-np-pools``)."""
     by = {(c["framework"], c["head"]): c for c in cells}
     out: dict[str, dict[str, float | None]] = {}
     for framework in dict.fromkeys(c["framework"] for c in cells):
@@ -363,10 +365,8 @@ def ratios(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         if base is None:
             continue
         row: dict[str, float | None] = {}
-        for head in ("np", "mc_dropout"):
-            cell = by.get((framework, head))
-            if cell is None:
-                continue
+        for head in dict.fromkeys(c["head"] for c in cells if c["framework"] == framework and c["head"] != "baseline"):
+            cell = by[framework, head]
             row[f"{head}_step_ratio"] = cell["step_s"] / base["step_s"]
             row[f"{head}_memory_ratio"] = (cell["peak_memory_mib"] / base["peak_memory_mib"]
                                            if cell["peak_memory_mib"] and base["peak_memory_mib"] else None)
@@ -464,8 +464,11 @@ def gpu_hours(spec_path: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
             labeled = info.partitions[config.partition]
             unlabeled = info.train_size - labeled
         plan = plan_run(config, num_labeled=labeled, num_unlabeled=unlabeled, world_size=workers)
-        cell = (by_backbone.get((config.framework, config.head.name, config.model.backbone))
-                or measured.get((config.framework, config.head.name)))
+        head = config.head.name
+        pool = config.head.options.get("feature_pool")
+        if head == "np" and isinstance(pool, int) and (config.framework, f"np_pool{pool}") in measured:
+            head = f"np_pool{pool}"  # the NP head at the cell's own feature_pool (released: 1), --vit-np-pools
+        cell = by_backbone.get((config.framework, head, config.model.backbone)) or measured.get((config.framework, head))
         if cell is None:
             unmeasured += 1
             continue
@@ -586,10 +589,11 @@ def vit_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {c['backbone']} | {c['head']} | {c['crop']} | {c['labeled_batch']} + {c['unlabeled_batch']} | "
                      f"{c['step_s']:.4f} | {c['first_step_s']:.4f} | {c['images_per_s']:.1f} | "
                      f"{_f(c['peak_memory_mib'])} |")
-    lines += ["", "| backbone | NP step | MC step | NP memory | MC memory |", "|---|---|---|---|---|"]
+    lines += ["", "| backbone | head | step / baseline | memory / baseline | FLOPs / baseline |", "|---|---|---|---|---|"]
     for label, r in report.get("vit_ratios", {}).items():
-        lines.append(f"| {label} | {_f(r.get('np_step_ratio'))} | {_f(r.get('mc_dropout_step_ratio'))} | "
-                     f"{_f(r.get('np_memory_ratio'))} | {_f(r.get('mc_dropout_memory_ratio'))} |")
+        for head in dict.fromkeys(key.removesuffix("_step_ratio") for key in r if key.endswith("_step_ratio")):
+            lines.append(f"| {label} | {head} | {_f(r.get(f'{head}_step_ratio'))} | {_f(r.get(f'{head}_memory_ratio'))} | "
+                         f"{_f(r.get(f'{head}_flops_ratio'))} |")
     lines += hours_lines(report.get("vit_gpu_hours"), f"GPU-hours estimate of {VIT_FRAMEWORK}'s spec")
     return "\n".join(lines) + "\n"
 
@@ -610,13 +614,18 @@ def vit_steps(args: argparse.Namespace, device: torch.device, report: dict[str, 
 
 
 def measure_vits(args: argparse.Namespace, device: torch.device, failed: Any, write: Any) -> list[dict[str, Any]]:
-    """UniMatch V2's step per head on each ``--vit`` backbone (in tiny mode each is ``vit_tiny``, measured once)."""
+    """UniMatch V2's step per head on each ``--vit`` backbone (in tiny mode each is ``vit_tiny``, measured once); with
+    ``--vit-np-pools`` the NP head again at each of those ``feature_pool`` values (head ``np_pool<p>``; ``np`` is the
+    protocol's: ``corrected``, the DPT's 1/7 map)."""
     cells: list[dict[str, Any]] = []
     for vit in dict.fromkeys(TINY_VIT["model.backbone"] if args.tiny else v for v in args.vit):
         batch_cache: dict[str, list[Any]] = {}
-        for head in args.heads:
+        extra = [(f"np_pool{pool}", {"head.options.feature_pool": pool}) for pool in args.vit_np_pools]
+        for head, more in [(head, {}) for head in args.heads] + (extra if "np" in args.heads else []):
             try:
-                cell = measure_cell(args, device, VIT_FRAMEWORK, head, batch_cache, **vit_cell_overrides(args, vit))
+                cell = measure_cell(args, device, VIT_FRAMEWORK, head.split("_pool")[0], batch_cache,
+                                    **vit_cell_overrides(args, vit), **more)
+                cell["head"] = head
             except Exception as error:  # reported; the exit status says so
                 cell = {"framework": VIT_FRAMEWORK, "head": head, "backbone": vit,
                         **failed(f"{VIT_FRAMEWORK} x {head} on {vit}", error)}
@@ -644,9 +653,11 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--vit", nargs="+", default=[], choices=vit_backbone_names(), metavar="BACKBONE",
                         help=f"also a {VIT_FRAMEWORK} step per head on each ViT (random init, crop {VIT_CROP}), e.g. "
                              "dinov2_s dinov2_b, and the GPU-hours of --vit-spec (--tiny: vit_tiny)")
+    parser.add_argument("--vit-np-pools", nargs="+", type=int, default=[], metavar="P",
+                        help="--vit: the NP head also at these feature_pool values (1: on the DPT's map as it is)")
     parser.add_argument("--vit-spec", type=Path, default=DEFAULT_VIT_SPEC)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--frameworks", nargs="+", default=list(framework_names()))
+    parser.add_argument("--frameworks", nargs="*", default=list(framework_names()))
     parser.add_argument("--heads", nargs="+", default=list(head_names()))
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="profile one more step per cell and keep its ROWS costliest operators (default off)")

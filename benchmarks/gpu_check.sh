@@ -2,7 +2,8 @@
 # `make gpu-check`: everything the first minutes on a lent GPU should measure, in order of importance, each part
 # under its own time limit so that one slow part cannot take the others' time (at most about 8 minutes on one H100):
 #   1. gpu_acceptance.py: every framework x head at paper scale (eager; operator calls and device reads per step),
-#      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B, the paper grids' GPU-hours;
+#      the one-rank NCCL cell, inference, UniMatch V2 on DINOv2-S/-B (the NP head at the corrected default, the DPT's
+#      1/7 map, and again on the DPT's map as it is: --vit-np-pools 1), the paper grids' GPU-hours;
 #   2. official_side_by_side.py: the project's step beside the official loops (needs OFFICIAL_ROOT, a folder of the
 #      official checkouts; skipped with a line saying so without it);
 #   2b. memory_model.py --measured: the memory model's predicted peaks against part 1's measured ones;
@@ -22,8 +23,8 @@ part() {  # part SECONDS NAME COMMAND...
     timeout "$limit" "$@" || { echo "== $name: exit $? after $((SECONDS - start)) s"; status=1; return; }
     echo "== $name: done in $((SECONDS - start)) s"
 }
-part 200 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
-    --vit dinov2_s dinov2_b --out "$OUT" "$@"
+part 240 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
+    --vit dinov2_s dinov2_b --vit-np-pools 1 --out "$OUT" "$@"
 part 60 memory-model "$PY" benchmarks/memory_model.py --measured "$OUT/gpu_acceptance.json" \
     --out "$OUT/memory_model.md"
 if [ -n "$OFFICIAL_ROOT" ]; then

@@ -281,6 +281,15 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "query at feature size with nearest-downsampled labels",
            "[N8](deviations.md#n8-which-rows-a-memory-takes)", heads=_NP,
            golden=_GOLDEN_NP_HEAD),
+    Switch("np_feature_pool", "head", "head.options.feature_pool", 1, "coarse",
+           "NP-SemiSeg@afd9672 U2PL/u2pl/models/decoder.py 146-147 (the NP head reads the decoder's last map); "
+           "the authors never ran a ViT",
+           "the NP head reads the decoder's last map as it is (on the DPT: 296 x 296 at crop 518, T samples there) "
+           "instead of the decoder's coarse level (on the DPT its map averaged over 4 x 4 cells, the 1/7 map; "
+           "on DeepLabv3+ the map as it is), its logits upsampled after it",
+           "[docs/vit.md](vit.md#where-the-np-head-reads-the-dpt)", heads=_NP,
+           no_golden="the released value is the head every NP golden runs (feature_pool=1); the corrected value: "
+                     "tests/test_np_feature_pool.py::test_protocol_pools_the_dpt_map_under_corrected_only"),
     Switch("np_unfiltered_targets", "framework", "framework_options.np_targets", "unfiltered", "filtered",
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 406-411, AugSeg/train_semi.py 405-408",
            "NP memories and KL targets from unfiltered pseudo-labels",

@@ -38,7 +38,7 @@ def test_cpu_peak_memory_is_reset_per_cell() -> None:
 @pytest.mark.integration  # about a minute on a loaded 2-core machine
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     _script().main(["--device", "cpu", "--tiny", "--host-work", "--flops", "--vit", "dinov2_s", "dinov2_b",
-                    "--out", str(tmp_path)])
+                    "--vit-np-pools", "1", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "gpu_acceptance.json").read_text())
     assert report["errors"] == []
     assert report["date"] and report["machine"] and "--tiny" in report["command"]
@@ -71,9 +71,12 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert "GPU-hours" in text and report["machine"] in text and "FLOPs by operator" in text
     # --vit: tiny mode measures both as vit_tiny, once per head; each V2 spec cell takes that step
     vit = {(c["backbone"], c["head"]): c for c in report["vit_cells"]}
-    assert set(vit) == {("vit_tiny", h) for h in head_names()}
+    assert set(vit) == {("vit_tiny", h) for h in [*head_names(), "np_pool1"]}
     assert all(c["framework"] == "unimatch_v2" and c["crop"] == 28 and c["step_s"] > 0 for c in vit.values())
+    # the NP head at the corrected default (the DPT's 1/7 map) and again on the map as it is (--vit-np-pools 1)
+    assert vit["vit_tiny", "np"]["np_feature_pool"] == "coarse" and vit["vit_tiny", "np_pool1"]["np_feature_pool"] == 1
     assert report["vit_ratios"]["unimatch_v2 vit_tiny"]["np_step_ratio"] > 0
+    assert report["vit_ratios"]["unimatch_v2 vit_tiny"]["np_pool1_flops_ratio"] > 0
     v2 = report["vit_gpu_hours"]
     assert v2["cells"] == 57 and v2["unmeasured_cells"] == 0 and v2["gpu_hours"] > 0
     assert set(v2["gpu_hours_by_dataset"]) == {"pascal_classic", "cityscapes", "ade20k", "coco"}

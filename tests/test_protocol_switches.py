@@ -29,6 +29,8 @@ U2PL_SMALL = {"num_queries": 8, "num_negatives": 4, "queue_size": 64, "backgroun
 NOT_A_STEP_CHANGE = {
     "np_sync_memories": "only differs across ranks: tests/test_heads_ddp.py",
     "np_eval_samples": "evaluation only",
+    "np_feature_pool": "the same head on DeepLabv3+ (\"coarse\" is 1 there); on the DPT: "
+                       "tests/test_np_feature_pool.py::test_protocol_pools_the_dpt_map_under_corrected_only",
     "np_sup_only_kl": "supervised-only epochs: tests/test_frameworks.py::test_u2pl_np_kl_during_the_supervised_only_epochs",
     "u2pl_teacher_reset": "the first semi-supervised epoch only (these steps are a later epoch's): "
                           "tests/test_u2pl_step_golden.py::test_each_corrected_teacher_moves_the_step_away",

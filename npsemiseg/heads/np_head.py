@@ -21,7 +21,15 @@ option                 default (paper / careful)         released code          
 ``enqueue_order``      ``"random"`` (random pixels)      ``"stream"`` (masked_select order, the      np_memory_stream
                                                          last rows kept)
 ``memory_resolution``  ``"features"`` (labels resized)   ``"labels"`` (features upsampled)           np_memory_label_size
+``feature_pool``       1 (``corrected``: ``"coarse"``)  1 (the decoder's last map as it is)         np_feature_pool
 =====================  ================================  ==========================================  =====================
+
+``feature_pool``: the head averages its input map over ``p x p`` cells before everything else (small ConvNet,
+memories, decoder), so its T samples run on ``h/p x w/p`` pixels and its logits come back at that size (the segmentor
+upsamples them to the labels, as it does every head's): on the DPT's 296 x 296 map at crop 518, ``p = 4`` gives the
+1/7 map (74 x 74) at a fraction of the cost (``docs/vit.md``, "Where the NP head reads the DPT"). ``"coarse"``
+(the ``corrected`` protocol's) is resolved by the segmentor's builder from its decoder: 4 on the DPT, 1 on
+DeepLabv3+.
 
 The networks are in :mod:`.np_layers`, the memory-saving kernels in :mod:`.np_kernels`.
 ``attention="mean"`` is the paper's ablation (mean aggregator), ``decoder_norm`` an ablation of the
@@ -55,6 +63,9 @@ ENQUEUE_ORDERS = ("random", "stream")
 MEMORY_RESOLUTIONS = ("features", "labels")
 KL_FORMS = ("paper", "authors")
 MEMORIES = ("target", "context")
+#: ``feature_pool`` that the segmentor resolves from its decoder (``Segmentor``'s builder: 4 on the DPT, 1 on
+#: DeepLabv3+), the ``corrected`` protocol's value (switch ``np_feature_pool``)
+COARSE_POOL = "coarse"
 
 
 #: ``enqueue_per_class="auto"``: this many pixels per class and step, at most the memory length Q
@@ -164,14 +175,19 @@ class NPHead(ClassifierHead):
         memory_zero_row: bool = False,
         enqueue_order: str = "random",
         memory_resolution: str = "features",
+        feature_pool: int | str = 1,
     ) -> None:
         super().__init__(in_channels, num_classes)
+        if feature_pool == COARSE_POOL:
+            raise ValueError(f"feature_pool: {COARSE_POOL!r} is resolved from the decoder by build_segmentor "
+                             f"(npsemiseg.models.segmentor); a head built on its own takes a positive int")
         self.check_values(
             latent_dim=latent_dim, memory_size=memory_size, training_samples=training_samples, attention=attention,
             kl=kl, decoder_impl=decoder_impl, enqueue_per_class=enqueue_per_class, lambda_kl=lambda_kl,
             decoder_norm=decoder_norm, hidden_channels=hidden_channels, memory_rows=memory_rows,
-            enqueue_order=enqueue_order, memory_resolution=memory_resolution,
+            enqueue_order=enqueue_order, memory_resolution=memory_resolution, feature_pool=feature_pool,
         )
+        self.feature_pool = feature_pool
         self.memory_rows, self.persist_memories = memory_rows, bool(persist_memories)
         self.memory_zero_row, self.enqueue_order = bool(memory_zero_row), enqueue_order
         self.memory_resolution = memory_resolution
@@ -217,8 +233,11 @@ class NPHead(ClassifierHead):
         memory_rows: str = "pixel",
         enqueue_order: str = "random",
         memory_resolution: str = "features",
+        feature_pool: int | str = 1,
         **flags: bool,
     ) -> None:
+        if feature_pool != COARSE_POOL:
+            _positive_int("feature_pool", feature_pool)
         for name, value in (
             ("latent_dim", latent_dim),
             ("memory_size", memory_size),
@@ -258,7 +277,7 @@ class NPHead(ClassifierHead):
         return (
             f"num_classes={self.num_classes}, latent_dim={self.latent_dim}, memory_size={self.memory_size}, "
             f"training_samples={self.training_samples}, attention={self.attention!r}, kl={self.kl!r}, "
-            f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}"
+            f"enqueue_per_class={self.enqueue_per_class}, lambda_kl={self.lambda_kl}, feature_pool={self.feature_pool}"
         )
 
     # ---- memories -------------------------------------------------------------------------
@@ -430,6 +449,25 @@ class NPHead(ClassifierHead):
 
     # ---- paths ----------------------------------------------------------------------------
 
+    def pool(self, features: Tensor) -> Tensor:
+        """The map the head works on: ``features`` averaged over ``feature_pool`` x ``feature_pool`` cells
+        (``[B, C, ceil(h/p), ceil(w/p)]``; a partial cell at the edge is the mean of its pixels), or as they are."""
+        if self.feature_pool == 1:
+            return features
+        return nn.functional.avg_pool2d(features, self.feature_pool, ceil_mode=True)
+
+    def _pool_inputs(self, features: Tensor, context_features: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """:meth:`pool` of the targets and the context; a context that is the targets' leading slice stays one (its
+        pooled rows are the pooled targets' first rows, and the head reuses their queries)."""
+        if self.feature_pool == 1:
+            return features, context_features
+        pooled = self.pool(features)
+        if context_features is None:
+            return pooled, None
+        if self._is_leading_slice(context_features, features):
+            return pooled, pooled[: context_features.shape[0]]
+        return pooled, self.pool(context_features)
+
     def query(self, features: Tensor) -> Tensor:
         """Small ConvNet on the features (detached unless ``detach_query=False``): ``[B, D, h, w]``."""
         return self.query_net(features.detach() if self.detach_query else features)
@@ -474,7 +512,7 @@ class NPHead(ClassifierHead):
         Used to share one latent per whole image across sliding windows (``forward(..., latent=)``).
         """
         self.check_features(features)
-        return self._latent_from_centers(features, num_samples)
+        return self._latent_from_centers(self.pool(features), num_samples)
 
     def _check_latent(self, latent: NPLatent, features: Tensor, labels: Tensor | None) -> None:
         if labels is not None:
@@ -495,8 +533,12 @@ class NPHead(ClassifierHead):
         num_samples: int | None = None,
         latent: NPLatent | None = None,
     ) -> HeadOutput:
-        """``features [B, C, h, w]`` -> ``HeadOutput(logits [T, B, K, h, w], aux_loss, stats)``."""
+        """``features [B, C, h, w]`` -> ``HeadOutput(logits [T, B, K, h', w'], aux_loss, stats)``; ``h' x w'`` is
+        ``h x w`` pooled by ``feature_pool`` (:meth:`pool`)."""
         self.check_features(features)
+        if context_features is not None:
+            self.check_features(context_features)
+        features, context_features = self._pool_inputs(features, context_features)
         stats: dict[str, Tensor] = {}
         if latent is not None:
             self._check_latent(latent, features, labels)

@@ -25,7 +25,8 @@ map, and the classifier head of the segmentor contract comes after it:
 
 Where the heads read: at the decoder's full resolution ``8h x 8w``, the resolution the official classifier reads;
 at a 518 crop that is 296 x 296, about (4 / 1.75)^2 = 5.2 times the pixels of DeepLabv3+'s stride-4 map at the same
-crop, which the per-pixel heads (T samples, NP attention) pay for in time and memory.
+crop, which the per-pixel heads (T samples, NP attention) pay for in time and memory. The NP head under
+``corrected`` averages the map over ``coarse_pool`` x ``coarse_pool`` cells first (``docs/vit.md``).
 
 Module names are the official ones (``projects``, ``resize_layers``, ``scratch.refinenet1.resConfUnit2.conv1``,
 ``scratch.output_conv.0``), so an official ``DPTHead`` state dict without ``scratch.output_conv.2.*`` loads as is.
@@ -89,6 +90,9 @@ class DPTDecoder(nn.Module):
     """
 
     variant = "dpt"
+    #: the NP head's ``feature_pool="coarse"`` on this decoder: its ``8h x 8w`` map averaged to ``2h x 2w``, the
+    #: 1/7 map (``docs/vit.md``, "Where the NP head reads the DPT")
+    coarse_pool = 4
 
     def __init__(self, embed_dim: int, features: int, channels: Sequence[int], *, mc_dropout: float = 0.0) -> None:
         super().__init__()

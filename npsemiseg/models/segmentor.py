@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import ClassifierHead, HeadOutput
 from npsemiseg.heads.factory import build_head
+from npsemiseg.heads.np_head import COARSE_POOL
 
 from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, feature_channels, get_variant
@@ -383,7 +384,7 @@ def build_segmentor(
             align_corners=align_corners)
     spec = get_variant(variant)
     channels = feature_channels(variant, aspp_channels=aspp_channels, low_level_channels=low_level_channels)
-    head = _classifier_head(head, head_options, channels, num_classes)
+    head = _classifier_head(head, head_options, channels, num_classes, coarse_pool=1)
     encoder = build_backbone(backbone, output_stride=output_stride or spec.output_stride, multi_grid=multi_grid,
                              deep_stem=deep_stem, weights=weights, zero_init_residual=zero_init_residual,
                              allow_download=allow_download)
@@ -428,7 +429,7 @@ def _build_vit_segmentor(*, num_classes: int, head: ClassifierHead | str, head_o
     reads the third ViT map, the representation head the DPT's features, both at the DPT's width."""
     encoder: ViTBackbone = build_vit_backbone(backbone, weights=weights, allow_download=allow_download)
     spec = encoder.spec
-    head = _classifier_head(head, head_options, spec.dpt_features, num_classes)
+    head = _classifier_head(head, head_options, spec.dpt_features, num_classes, coarse_pool=DPTDecoder.coarse_pool)
     decoder = DPTDecoder(spec.embed_dim, spec.dpt_features, spec.dpt_channels,
                          mc_dropout=decoder_mc_dropout(head, mc_dropout_scope))
     hidden = spec.dpt_features
@@ -444,10 +445,14 @@ def _build_vit_segmentor(*, num_classes: int, head: ClassifierHead | str, head_o
 
 
 def _classifier_head(head: ClassifierHead | str, head_options: dict[str, Any] | None, channels: int,
-                     num_classes: int) -> ClassifierHead:
-    """``head`` built by name with ``head_options`` (or checked, when already built) for ``channels`` features."""
+                     num_classes: int, *, coarse_pool: int) -> ClassifierHead:
+    """``head`` built by name with ``head_options`` (or checked, when already built) for ``channels`` features; an
+    option ``feature_pool="coarse"`` (the NP head under ``corrected``) becomes the decoder's ``coarse_pool``."""
     if isinstance(head, str):
-        head = build_head(head, channels, num_classes, **(head_options or {}))
+        options = dict(head_options or {})
+        if options.get("feature_pool") == COARSE_POOL:
+            options["feature_pool"] = coarse_pool
+        head = build_head(head, channels, num_classes, **options)
     elif head_options:
         raise ValueError("head_options: only used when head is a name, not a built head")
     if head.num_classes != num_classes:
