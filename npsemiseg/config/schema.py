@@ -98,6 +98,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("evaluation.resize_rounding", lambda v: v["evaluation"].get("resize_rounding") == "up"),
     # UniMatch V2's frozen ADE20K backbone, at the value every earlier cell ran with
     ("model.freeze_backbone", lambda v: v["model"].get("freeze_backbone") is False),
+    # gradient accumulation off: one micro-batch per optimiser step, as every earlier cell ran
+    ("schedule.accumulation_steps", lambda v: v["schedule"].get("accumulation_steps") == 1),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -259,6 +261,8 @@ class ScheduleConfig(Section):
     batch_size: PositiveInt = 3
     #: None = ``batch_size`` (composition sets it)
     unlabeled_batch_size: PositiveInt | None = None
+    #: micro-batches per optimiser step (global batch = batch_size x processes x accumulation_steps)
+    accumulation_steps: PositiveInt = 1
     crop_size: PositiveInt = 480
     poly_power: float = Field(0.9, ge=0.0)
     epoch_length: Literal["unlabeled", "labeled"] = "unlabeled"
