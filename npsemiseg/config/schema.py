@@ -407,6 +407,9 @@ class RuntimeConfig(Section):
     steps draw the same dropout masks and NP samples from the same seed (``tests/test_compile.py``).
     ``channels_last``: the encoder's and decoder's weights and the step's images in ``torch.channels_last`` format
     (meant for CUDA convolutions; on CPU it runs too, as the tests check).
+    ``activation_checkpointing``: each ResNet stage / ViT block of the encoder keeps only its input and runs again in
+    the backward pass (``npsemiseg.models.checkpointing``): less activation memory for about one more encoder
+    forward per training pass, the same gradients and BN statistics.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -420,6 +423,7 @@ class RuntimeConfig(Section):
     read_every_steps: PositiveInt = 10
     compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
     channels_last: bool = False
+    activation_checkpointing: bool = False
 
 
 class CellInputs(Section):
