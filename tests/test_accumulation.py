@@ -118,9 +118,14 @@ def _split(batch: Batch, parts: int) -> list[Batch]:
     return [Batch(labeled=lab, unlabeled=unl) for lab, unl in zip(chunks(batch.labeled), unlabeled)]
 
 
-@pytest.mark.parametrize("framework", framework_names())
-def test_micro_batches_make_the_full_batch_step(smoke_config, float64, framework):
-    config = smoke_config(framework=framework, head="baseline", framework_options=NEUTRAL_OPTIONS.get(framework, {}))
+#: every registered framework, and the released MT (CPS) whose EMA runs inside the step (in its first micro-batch)
+CASES = [(name, NEUTRAL_OPTIONS.get(name, {})) for name in framework_names()] + [
+    ("mt_cps", {"train_dropout": False, "ema_timing": "before_unlabeled"})]
+
+
+@pytest.mark.parametrize("framework, options", CASES, ids=[*framework_names(), "mt_cps-ema_before_unlabeled"])
+def test_micro_batches_make_the_full_batch_step(smoke_config, float64, framework, options):
+    config = smoke_config(framework=framework, head="baseline", framework_options=options)
     torch.manual_seed(0)
     built = build_framework(config)
     for module in built.modules().values():
