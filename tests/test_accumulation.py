@@ -118,6 +118,22 @@ def _split(batch: Batch, parts: int) -> list[Batch]:
     return [Batch(labeled=lab, unlabeled=unl) for lab, unl in zip(chunks(batch.labeled), unlabeled)]
 
 
+def _prepared(config, framework: str):
+    """The framework of ``config`` from seed 0 in float64, without batch statistics or dropout."""
+    torch.manual_seed(0)
+    built = build_framework(config)
+    for module in built.modules().values():
+        module.double()
+        _without_batch_statistics(module)
+    if framework in CERTAIN_TEACHER:
+        _make_certain(built.teacher)
+    return built
+
+
+#: the step of the tests: past U2PL's supervised-only epoch and inside PS-MT's ramp-up
+CTX = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+
+
 #: every registered framework, and the released MT (CPS) whose EMA runs inside the step (in its first micro-batch)
 CASES = [(name, NEUTRAL_OPTIONS.get(name, {})) for name in framework_names()] + [
     ("mt_cps", {"train_dropout": False, "ema_timing": "before_unlabeled"})]
@@ -126,17 +142,11 @@ CASES = [(name, NEUTRAL_OPTIONS.get(name, {})) for name in framework_names()] + 
 @pytest.mark.parametrize("framework, options", CASES, ids=[*framework_names(), "mt_cps-ema_before_unlabeled"])
 def test_micro_batches_make_the_full_batch_step(smoke_config, float64, framework, options):
     config = smoke_config(framework=framework, head="baseline", framework_options=options)
-    torch.manual_seed(0)
-    built = build_framework(config)
-    for module in built.modules().values():
-        module.double()
-        _without_batch_statistics(module)
-    if framework in CERTAIN_TEACHER:
-        _make_certain(built.teacher)
+    built = _prepared(config, framework)
     full, accumulated = built, copy.deepcopy(built)
     initial = [p.detach().clone() for p in built.student.parameters()]
     batch = _batch(config, 4, same_unlabeled=framework in SAME_UNLABELED)
-    ctx = StepContext(step=2, total_steps=8, epoch=1, total_epochs=4, iters_per_epoch=2)
+    ctx = CTX
     logs = {}
     for name, fw, data in (("full", full, batch), ("accumulated", accumulated, _split(batch, 2))):
         optimizer = build_optimizer(config, fw.student)
@@ -241,3 +251,50 @@ def test_np_memories_take_the_same_rows_per_optimiser_step():
     every_pixel = NPHead(8, 3, memory_size=64, enqueue_per_class=None)
     with micro_batched_heads([every_pixel], 2):
         assert every_pixel.call_enqueue_limit == 64
+
+
+# --------------------------------------------------------------------------- two processes
+WORLD = 2
+DDP_FRAMEWORKS = ("supervised", "mt")
+
+
+def _ddp_config(framework: str):
+    from npsemiseg.config import cell_config
+
+    return cell_config("smoke", framework=framework, dataset="synthetic", partition="1/16", head="baseline",
+                       framework_options=NEUTRAL_OPTIONS.get(framework, {}))
+
+
+def _rank_main(rank: int, store: str, out_dir: str) -> None:
+    """Rank ``rank`` of 2: for each framework, its half of the batch of 4 as 2 micro-batches of 1."""
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        for framework in DDP_FRAMEWORKS:
+            config = _ddp_config(framework)
+            fw = _prepared(config, framework)
+            half = _split(_batch(config, 4), WORLD)[rank]
+            torch.manual_seed(1)
+            train_step(fw, _split(half, 2), CTX, build_optimizer(config, fw.student, world_size=WORLD), config, CPU,
+                       WORLD)
+            torch.save({n: m.state_dict() for n, m in fw.modules().items()}, f"{out_dir}/{framework}-rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_two_processes_of_two_micro_batches_make_the_full_batch_step(tmp_path, float64):
+    """Global batch 4 = 1 image x 2 processes x 2 micro-batches: one gradient all-reduce after both micro-batches
+    gives the step of one process on the batch of 4 (supervised and MT, as the step tests above)."""
+    torch.multiprocessing.spawn(_rank_main, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=True)
+    for framework in DDP_FRAMEWORKS:
+        config = _ddp_config(framework)
+        fw = _prepared(config, framework)
+        torch.manual_seed(1)
+        train_step(fw, _batch(config, 4), CTX, build_optimizer(config, fw.student), config, CPU, 1)
+        for rank in range(WORLD):
+            state = torch.load(tmp_path / f"{framework}-rank{rank}.pt")
+            for name, module in fw.modules().items():
+                for key, value in module.state_dict().items():
+                    assert torch.allclose(value, state[name][key], rtol=1e-9, atol=1e-12), (framework, rank, name, key)
