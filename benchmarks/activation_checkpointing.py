@@ -5,8 +5,8 @@ Each framework x setting runs in a process of its own (a fresh allocator), seede
 the GPU acceptance run's cell (``gpu_acceptance.compose_cell``: paper preset, random init, the chosen backbone and
 crop), two steps, then a third measured. On CPU the figure is the peak of the tensors the step allocates
 (``step_memory.step_peak_mib``: torch.profiler's memory timeline), on CUDA ``max_memory_allocated`` during the
-step (parameters, optimiser state and data included); the step's wall time is the third step's alone (on CPU it
-is measured apart from the profiled step).
+step (parameters, optimiser state and data included); the step's wall and process-CPU time are the third step's
+(on CPU measured apart from the profiled fourth step).
 
     python benchmarks/activation_checkpointing.py --crop 240 --frameworks supervised unimatch
     python benchmarks/activation_checkpointing.py --device cuda --crop 513 --frameworks supervised unimatch u2pl
@@ -58,15 +58,16 @@ def measure(args: argparse.Namespace, framework: str, checkpointed: bool) -> dic
 
     step(0)
     step(1)
+    cell = {"batch_size": config.schedule.batch_size, "unlabeled_batch_size": config.schedule.unlabeled_batch_size,
+            "crop": config.schedule.crop_size, "backbone": config.model.backbone}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        started = time.perf_counter()
-        step(2)
-        return {"seconds": time.perf_counter() - started, "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     step(2)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "peak_mib": step_memory.step_peak_mib(lambda: step(3))}
+    cell.update(seconds=time.perf_counter() - started, cpu_seconds=time.process_time() - cpu)
+    if device.type == "cuda":
+        return {**cell, "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20}
+    return {**cell, "peak_mib": step_memory.step_peak_mib(lambda: step(3))}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -102,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         off, on = row["off"], row["on"]
         print(f"{framework:<11} peak {off['peak_mib']:9.1f} -> {on['peak_mib']:9.1f} MiB "
               f"({on['peak_mib'] / off['peak_mib']:.3f}x)  step {off['seconds']:7.3f} -> {on['seconds']:7.3f} s "
-              f"({on['seconds'] / off['seconds']:.2f}x)", flush=True)
+              f"({on['seconds'] / off['seconds']:.2f}x), CPU {off['cpu_seconds']:7.3f} -> {on['cpu_seconds']:7.3f} s "
+              f"({on['cpu_seconds'] / off['cpu_seconds']:.2f}x)", flush=True)
     report["load_after"] = os.getloadavg()[0]
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
