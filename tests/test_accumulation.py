@@ -161,6 +161,24 @@ def test_micro_batches_make_the_full_batch_step(smoke_config, float64, framework
         assert logs["accumulated"][key] == pytest.approx(logs["full"][key], rel=1e-6), key  # logged as float32
 
 
+def test_micro_batches_returning_other_keys_are_refused(smoke_config):
+    """A framework whose calls of one step log different keys cannot be averaged: one error naming both."""
+    from npsemiseg.frameworks.supervised import Supervised
+
+    class Drifting(Supervised):
+        def train_step(self, batch, ctx):
+            result = super().train_step(batch, ctx)
+            if ctx.micro_batch == 1:
+                result.logs["late"] = 1.0
+            return result
+
+    config = smoke_config()
+    torch.manual_seed(0)
+    fw = Drifting(Supervised.Options(), lambda: build_framework(config).student, num_classes=config.num_classes)
+    with pytest.raises(ValueError, match=r"Drifting: the micro-batches of step 2 returned different .*'late'"):
+        train_step(fw, _split(_batch(config, 4), 2), CTX, build_optimizer(config, fw.student), config, CPU, 1)
+
+
 # --------------------------------------------------------------------------- plan, data order, loop
 def test_the_plan_and_the_global_batch_count_optimiser_steps(smoke_config):
     config = smoke_config(**{"schedule.max_steps": None, "schedule.epochs": 3, "optim.reference_batch": 8})

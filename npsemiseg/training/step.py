@@ -114,6 +114,11 @@ def _forward_backward(framework: Framework, batches: Batch | Sequence[Batch], ct
         average_gradients(optimizer.parameters, world_size)
     norm = gradient_norm(optimizer, config.optim.grad_clip)
     first = parts[0]
+    differing = [p.names + p.order for p in parts if (p.names, p.order) != (first.names, first.order)]
+    if differing:
+        raise ValueError(f"{type(framework).__name__}: the micro-batches of step {ctx.step} returned different loss "
+                         f"terms or logs ({first.names + first.order} and {differing[0]}); a step's calls must "
+                         "return the same keys")
     values = first.values if k == 1 else torch.stack([p.values for p in parts]).mean(0)
     logged = {name: (first.logged[name] if k == 1 else torch.stack([p.logged[name] for p in parts]).mean())
               for name in first.logged}
