@@ -13,7 +13,13 @@ from npsemiseg.config import RunConfig, cell_config, config_params, with_overrid
 from npsemiseg.hardware_plan import run_record
 from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
 from semiseg_platform.storage import CheckpointStore, parse_storage
-from semiseg_platform.tracking.mlflow_names import EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR, FINAL_METRICS, plan_params
+from semiseg_platform.tracking.mlflow_names import (
+    EFFECTIVE_ACCUMULATION,
+    EFFECTIVE_GLOBAL_BATCH,
+    EFFECTIVE_LR,
+    FINAL_METRICS,
+    plan_params,
+)
 from semiseg_platform.tracking.mlflow_names import ERROR as ERROR_TAG
 
 pytestmark = pytest.mark.integration
@@ -85,8 +91,8 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
         "head_name": "np", "cell_id": config.cell_id, "world_size": "2"}
     assert ERROR_TAG not in tags and "grid_id" not in tags
     # the configuration, plus what the cell trained with on its 2 workers (global batch 2 x 2, lr unscaled)
-    assert run.data.params == {**config_params(config), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_LR: f"{config.optim.lr:.6g}",
-                               **plan_params(run_record(config, 2))}
+    assert run.data.params == {**config_params(config), EFFECTIVE_GLOBAL_BATCH: "4", EFFECTIVE_ACCUMULATION: "1",
+                               EFFECTIVE_LR: f"{config.optim.lr:.6g}", **plan_params(run_record(config, 2))}
     assert (run.data.params["plan.processes"], run.data.params["plan.global_batch"],
             run.data.params["plan.accumulation_steps"]) == ("2", "4", "1")
     client = MlflowClient(tracking_uri)

@@ -56,8 +56,6 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
     # UniMatch's released LR timing and CutMix source, at their corrected values
     ("schedule.lr_timing", lambda v: v["schedule"]["lr_timing"] == "before_step"),
-    # one optimiser step per batch (no gradient accumulation)
-    ("schedule.accumulation_steps", lambda v: v["schedule"]["accumulation_steps"] == 1),
     ("framework_options.cutmix_source", lambda v: v["framework_options"].get("cutmix_source") == "batch_shift"),
     ("head.options.dropout", lambda v: v["framework"] in ("fixmatch", "unimatch")
      and v["head"]["options"].get("dropout") == 0.1),
@@ -103,6 +101,8 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("evaluation.resize_rounding", lambda v: v["evaluation"].get("resize_rounding") == "up"),
     # UniMatch V2's frozen ADE20K backbone, at the value every earlier cell ran with
     ("model.freeze_backbone", lambda v: v["model"].get("freeze_backbone") is False),
+    # gradient accumulation off: one micro-batch per optimiser step, as every earlier cell ran
+    ("schedule.accumulation_steps", lambda v: v["schedule"].get("accumulation_steps") == 1),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
@@ -433,6 +433,9 @@ class RuntimeConfig(Section):
     steps draw the same dropout masks and NP samples from the same seed (``tests/test_compile.py``).
     ``channels_last``: the encoder's and decoder's weights and the step's images in ``torch.channels_last`` format
     (meant for CUDA convolutions; on CPU it runs too, as the tests check).
+    ``activation_checkpointing``: each ResNet stage / ViT block of the encoder keeps only its input and runs again in
+    the backward pass (``npsemiseg.models.checkpointing``): less activation memory for about one more encoder
+    forward per training pass, the same gradients and BN statistics.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -446,6 +449,7 @@ class RuntimeConfig(Section):
     read_every_steps: PositiveInt = 10
     compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
     channels_last: bool = False
+    activation_checkpointing: bool = False
 
 
 class CellInputs(Section):

@@ -1,7 +1,7 @@
 """The framework contract: an SSL method is a training step over student and teacher models.
 
 The single training loop (``npsemiseg.training``) owns data loading, the optimiser,
-the schedule, AMP, gradient clipping, NaN checks, evaluation and checkpoints. A
+the schedule, AMP, gradient accumulation, gradient clipping, NaN checks, evaluation and checkpoints. A
 framework owns only what differs between MT, PS-MT, U2PL, AugSeg and the
 supervised reference: which models exist, how a batch becomes weighted loss terms,
 and what happens after each optimiser step (EMA).
@@ -53,6 +53,10 @@ class StepContext:
     epoch: int  # 0-based, = step // iters_per_epoch
     total_epochs: int
     iters_per_epoch: int
+    #: gradient accumulation (``schedule.accumulation_steps``): this call's micro-batch (0-based) of the
+    #: ``micro_batches`` the optimiser step at ``step`` sums; ``step`` (and every schedule) is the optimiser step's
+    micro_batch: int = 0
+    micro_batches: int = 1
 
 
 @dataclass
@@ -178,11 +182,15 @@ class Framework:
         return self.student
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
+        """The weighted loss terms of ``batch``, each a mean over its images. Under gradient accumulation the loop
+        calls it once per micro-batch of an optimiser step (``ctx.micro_batch`` of ``ctx.micro_batches``, the same
+        ``ctx.step``) and sums the gradients of ``total / micro_batches``."""
         raise NotImplementedError
 
     @torch.no_grad()
     def after_optimizer_step(self, ctx: StepContext) -> None:
-        """Called after every optimiser step (EMA updates)."""
+        """Called after every optimiser step (EMA updates), once per step whatever the micro-batches: what must move
+        per optimiser step, not per ``train_step`` call, belongs here."""
 
     def state_dict(self) -> dict[str, Any]:
         """Extra state beyond ``modules()`` (queues, counters) for checkpoints."""

@@ -85,10 +85,12 @@ class CPSMeanTeacher(SemiSupervisedFramework):
         images_l, labels_l = batch.labeled["image"], batch.labeled["label"]
         images_u = require_unlabeled(batch, self.name)["image"]
         self.seed_memories(images_l, labels_l)
+        # the released EMA inside the step: once per optimiser step, in its first micro-batch (gradient accumulation)
+        ema_here = opts.ema_timing == "before_unlabeled" and ctx.micro_batch == 0
         if opts.passes == "split":
-            student, teacher_probs, confidence = self._split_passes(images_l, labels_l, images_u, opts)
+            student, teacher_probs, confidence = self._split_passes(images_l, labels_l, images_u, ema_here)
         else:
-            if opts.ema_timing == "before_unlabeled":
+            if ema_here:
                 self._ema_step()
             teacher = self.predict(self.teacher, torch.cat([images_l, images_u]), train_mode=True)
             student = self.student_pass(images_l, labels_l, images_u, teacher.label[images_l.shape[0]:])
@@ -99,8 +101,8 @@ class CPSMeanTeacher(SemiSupervisedFramework):
         return StepResult(losses, self.step_logs(student, teacher_confidence=confidence.mean()))
 
     def _split_passes(self, images_l: Tensor, labels_l: Tensor, images_u: Tensor,
-                      opts: CPSMeanTeacherOptions) -> tuple[StudentPass, Tensor, Tensor]:
-        """The labeled pass (student and teacher), the EMA where ``ema_timing`` puts it, the unlabeled pass; the
+                      ema_here: bool) -> tuple[StudentPass, Tensor, Tensor]:
+        """The labeled pass (student and teacher), the EMA when ``ema_here``, the unlabeled pass; the
         student's outputs joined as one :class:`StudentPass`, the teacher's probabilities ``[B_l + B_u, K, H, W]``
         and confidences."""
         teacher_l = self.predict(self.teacher, images_l, train_mode=True)
@@ -110,7 +112,7 @@ class CPSMeanTeacher(SemiSupervisedFramework):
             features_l = model.decoder(encoded_l.low_level, encoded_l.high_level)
         else:
             output_l = self.student(images_l, labels=labels_l, num_context=images_l.shape[0])
-        if opts.ema_timing == "before_unlabeled":
+        if ema_here:
             self._ema_step()
         teacher_u = self.predict(self.teacher, images_u, train_mode=True)
         if self._memory_names:

@@ -13,6 +13,7 @@ from .base import (
     deferred_label_checks,
     downsample_labels,
     gaussian_kl,
+    micro_batched_heads,
     predictive,
 )
 from .classifier import BaselineHead, ClassifierBlock, MCDropout2d, MCDropoutHead
@@ -23,7 +24,7 @@ from .np_layers import LatentEncoder, NPDecoder, SmallConvNet
 
 __all__ = [
     "IGNORE_INDEX", "ClassifierHead", "HeadOutput", "predictive", "gaussian_kl", "check_label_values",
-    "deferred_label_checks", "LabelCheck",
+    "deferred_label_checks", "LabelCheck", "micro_batched_heads",
     "downsample_labels", "BaselineHead", "MCDropoutHead", "ClassifierBlock", "MCDropout2d", "NPHead", "NPLatent",
     "NPDecoder", "LatentEncoder", "SmallConvNet", "attention_aggregate", "HEADS", "build_head", "head_class",
     "head_names", "PAPER_LAMBDA_KL", "PAPER_MEMORY_SIZE",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -107,6 +107,9 @@ class ClassifierHead(nn.Module):
     paper_grad_clip: ClassVar[float | None] = None
     #: the ``smoke`` preset's options (small memories so that a few steps fill them)
     smoke_options: ClassVar[Mapping[str, Any]] = {}
+    #: the training calls of one optimiser step (gradient accumulation, :func:`micro_batched_heads`): what a head
+    #: takes in per step (the NP head's memory rows) it shares among them
+    micro_batches: int = 1
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
@@ -224,6 +227,20 @@ def deferred_label_checks() -> Iterator[list[LabelCheck]]:
         yield checks
     finally:
         _DEFERRED_CHECKS.reset(token)
+
+
+@contextlib.contextmanager
+def micro_batched_heads(models: Iterable[nn.Module], micro_batches: int) -> Iterator[None]:
+    """Within it, every :class:`ClassifierHead` in ``models`` knows that an optimiser step is ``micro_batches``
+    training calls (``micro_batches`` attribute; 1 again afterwards)."""
+    heads = [m for model in models for m in model.modules() if isinstance(m, ClassifierHead)]
+    for head in heads:
+        head.micro_batches = micro_batches
+    try:
+        yield
+    finally:
+        for head in heads:
+            head.micro_batches = 1
 
 
 def check_label_values(labels: Tensor, num_classes: int, name: str = "labels") -> None:

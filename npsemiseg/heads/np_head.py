@@ -133,7 +133,9 @@ class NPHead(ClassifierHead):
     many pixels of a class enter a memory per step and rank, so a full memory spans >= 10 steps of
     images rather than the last image; ``None`` enqueues up to Q (the authors push every pixel). The
     default follows Q (``memory_size=64`` enqueues 64); only an explicit value above Q is an error. Under
-    torch.distributed every rank gathers the candidates of all ranks and enqueues the same rows.
+    torch.distributed every rank gathers the candidates of all ranks and enqueues the same rows. Under gradient
+    accumulation each of an optimiser step's ``micro_batches`` training calls takes its share
+    (:attr:`call_enqueue_limit`), so a memory takes the same rows per optimiser step.
     """
 
     stochastic = True
@@ -194,6 +196,7 @@ class NPHead(ClassifierHead):
         self.latent_dim, self.memory_size, self.training_samples = latent_dim, memory_size, training_samples
         self.attention, self.kl = attention, kl
         self.enqueue_per_class = enqueue_limit(enqueue_per_class, memory_size)
+        self._every_pixel = enqueue_per_class is None
         self.lambda_kl = float(lambda_kl)
         self.detach_query = bool(detach_query)
         self.mask_empty = bool(mask_empty)
@@ -329,6 +332,15 @@ class NPHead(ClassifierHead):
         self._memories_hold_rows = not empty
         return empty
 
+    @property
+    def call_enqueue_limit(self) -> int:
+        """Pixels per class one training call writes into a memory: ``enqueue_per_class`` shared among the
+        ``micro_batches`` calls of an optimiser step (rounded up), so the memories take the same rows per optimiser
+        step under gradient accumulation; every pixel (``enqueue_per_class=None``) in every call."""
+        if self._every_pixel or self.micro_batches == 1:
+            return self.enqueue_per_class
+        return -(-self.enqueue_per_class // self.micro_batches)
+
     def _scramble(self, picked: Tensor, valid: Tensor) -> Tensor:
         """The released code's rows (``memory_rows="scrambled"``; ``docs/np_head.md``, np_scrambled_memories):
         ``masked_select(feat, mask).view(-1, D)`` reads a class's values channel by channel, so row i holds D
@@ -350,7 +362,7 @@ class NPHead(ClassifierHead):
         channel (row i holds the values D i .. D i + D - 1 of that channel-major run).
         rows ``[B, D, h, w]``, labels ``[B, h, w]`` -> rows ``[K, P, D]``, valid ``[K, P]`` (the first ones).
         """
-        k, p = self.num_classes, self.enqueue_per_class
+        k, p = self.num_classes, self.call_enqueue_limit
         b, d, h, w = rows.shape
         hw, device = h * w, rows.device
         cls = labels.reshape(b, hw)
@@ -388,7 +400,7 @@ class NPHead(ClassifierHead):
         """
         if self.enqueue_order == "stream":
             return self._stream_candidates(rows, labels)
-        k, p = self.num_classes, self.enqueue_per_class
+        k, p = self.num_classes, self.call_enqueue_limit
         b, d, h, w = rows.shape
         n = b * h * w
         cls = labels.reshape(n)
@@ -425,7 +437,7 @@ class NPHead(ClassifierHead):
         pointer, count = getattr(self, f"{memory}_pointer"), getattr(self, f"{memory}_count")
         q = self.memory_size
         rows, valid = self._gather_ranks(*self._candidates(rows.detach(), labels))
-        if rows.shape[1] > self.enqueue_per_class:  # several ranks: valid entries first, at most Q
+        if rows.shape[1] > self.call_enqueue_limit:  # several ranks: valid entries first, at most Q
             order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, :q]
             rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
             valid = valid.gather(1, order)

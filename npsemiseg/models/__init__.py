@@ -1,6 +1,7 @@
 """Segmentation models: dilated ResNet and DINOv2 ViT backbones, DeepLabv3+ variants, the DPT and the segmentor."""
 
 from .backbones import BACKBONES, BackboneFeatures, ResNetBackbone, build_backbone
+from .checkpointing import set_activation_checkpointing
 from .compile import COMPILE_MODES, check_compile_device, compile_segmentor, to_channels_last, uses_cuda_graphs
 from .deeplab import (
     DECODERS,
@@ -49,6 +50,7 @@ __all__ = [
     "feature_channels",
     "is_vit_backbone",
     "logit_align_corners",
+    "set_activation_checkpointing",
     "to_channels_last",
     "upsample_logits",
     "uses_cuda_graphs",

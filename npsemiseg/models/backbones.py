@@ -29,6 +29,7 @@ from torchvision.models.resnet import Bottleneck, conv1x1
 
 from npsemiseg._registry import Registry
 from npsemiseg.models.atrous import AtrousConv2d
+from npsemiseg.models.checkpointing import run_segment
 from npsemiseg.untrusted import UnsafeFileError, load_torch_file
 
 NormLayer = Callable[[int], nn.Module]
@@ -110,6 +111,8 @@ class ResNetBackbone(nn.Module):
         super().__init__()
         self.output_stride = output_stride
         self.deep_stem = deep_stem
+        #: the stages recomputed in the backward pass (``runtime.activation_checkpointing``)
+        self.activation_checkpointing = False
         width = spec.stem_width
         if deep_stem:
             self.conv1: nn.Module = nn.Sequential(
@@ -178,11 +181,13 @@ class ResNetBackbone(nn.Module):
                     nn.init.constant_(module.bn3.weight, 0)
 
     def forward(self, images: Tensor) -> BackboneFeatures:
-        """images: normalised ``[B, 3, H, W]``."""
+        """images: normalised ``[B, 3, H, W]``; with ``activation_checkpointing`` each of the four stages is
+        recomputed in the backward pass (:mod:`~npsemiseg.models.checkpointing`)."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(images))))
-        low_level = self.layer1(x)
-        layer3 = self.layer3(self.layer2(low_level))
-        return BackboneFeatures(low_level, layer3, self.layer4(layer3))
+        on = self.activation_checkpointing
+        low_level = run_segment(self.layer1, x, checkpointed=on)
+        layer3 = run_segment(self.layer3, run_segment(self.layer2, low_level, checkpointed=on), checkpointed=on)
+        return BackboneFeatures(low_level, layer3, run_segment(self.layer4, layer3, checkpointed=on))
 
 
 def build_backbone(

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npsemiseg.models.backbones import BACKBONES, BackboneFeatures, read_state_dict
+from npsemiseg.models.checkpointing import run_segment
 
 #: ``model.weights`` value that asks timm for the hub's pretrained DINOv2 weights
 HUB_WEIGHTS = "timm"
@@ -126,6 +127,8 @@ class ViTBackbone(nn.Module):
         self.embed_dim = spec.embed_dim
         self.layers = tuple(spec.layers)
         self.vit = timm_vit(spec)
+        #: the blocks recomputed in the backward pass (``runtime.activation_checkpointing``)
+        self.activation_checkpointing = False
         self.channels = {"low_level": 3 * spec.embed_dim, "layer3": spec.embed_dim, "high_level": spec.embed_dim}
 
     def check_size(self, images: Tensor) -> tuple[int, int]:
@@ -156,7 +159,8 @@ class ViTBackbone(nn.Module):
         return torch.cat([pos_embed[:, :1], patch_pos.to(pos_embed.dtype)], dim=1)
 
     def intermediate_layers(self, images: Tensor) -> list[Tensor]:
-        """The outputs of blocks ``layers`` after the final norm, class token dropped: four ``[B, D, h, w]``."""
+        """The outputs of blocks ``layers`` after the final norm, class token dropped: four ``[B, D, h, w]``; with
+        ``activation_checkpointing`` each block is recomputed in the backward pass."""
         grid_h, grid_w = self.check_size(images)
         vit = self.vit
         tokens = vit.patch_embed.proj(images).flatten(2).transpose(1, 2)  # [B, h*w, D]
@@ -164,7 +168,7 @@ class ViTBackbone(nn.Module):
         tokens = tokens + self.position_embedding(grid_h, grid_w)
         outputs = []
         for index, block in enumerate(vit.blocks):
-            tokens = block(tokens)
+            tokens = run_segment(block, tokens, checkpointed=self.activation_checkpointing)
             if index in self.layers:
                 outputs.append(vit.norm(tokens)[:, 1:])
             if index == self.layers[-1]:

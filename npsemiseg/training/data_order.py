@@ -109,6 +109,8 @@ class Streams:
             self.batch_sizes["unlabeled"] = config.schedule.unlabeled_batch_size
 
     def epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
+        """The micro-batches of ``epoch`` from micro-batch ``start_batch`` on (``schedule.accumulation_steps`` per
+        optimiser step: step ``s`` takes micro-batches ``s k .. s k + k - 1``, global batches of the order in turn)."""
         loaders = [self._loader(stream, items, epoch, start_batch) for stream, items in self.items.items()]
         for parts in zip(*loaders):
             yield Batch(labeled=parts[0], unlabeled=parts[1] if len(parts) > 1 else None)
@@ -116,7 +118,7 @@ class Streams:
     def _loader(self, stream: str, items: SeededItems, epoch: int, start_batch: int) -> DataLoader:
         seed = self.config.seed
         batch_size = self.batch_sizes[stream]
-        length = self.plan.iters_per_epoch * batch_size * self.world_size
+        length = self.plan.iters_per_epoch * batch_size * self.world_size * self.config.schedule.accumulation_steps
         order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
         batches = rank_batches(order, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
                                seed=seed, stream=stream, epoch=epoch, start_batch=start_batch)

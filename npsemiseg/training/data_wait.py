@@ -51,7 +51,8 @@ class DataWait:
         self.warned = False
 
     def timed(self, batches: Iterable[T]) -> Iterator[T]:
-        """``batches``, each ``next`` timed (host clock); the wait is counted with the step that follows."""
+        """``batches``, each ``next`` timed (host clock); the wait is counted with the step that follows (the waits
+        of all its micro-batches under gradient accumulation)."""
         iterator = iter(batches)
         while True:
             tick = time.perf_counter()
@@ -59,7 +60,7 @@ class DataWait:
                 batch = next(iterator)
             except StopIteration:
                 return
-            self.last_wait = time.perf_counter() - tick
+            self.last_wait += time.perf_counter() - tick
             yield batch
 
     def step(self, seconds: float) -> None:

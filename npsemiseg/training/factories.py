@@ -15,7 +15,7 @@ from npsemiseg.config import RunConfig
 from npsemiseg.data import build_dataset
 from npsemiseg.data.transforms import train_transform
 from npsemiseg.frameworks import Framework, LossSettings, get_framework
-from npsemiseg.models import build_segmentor, compile_segmentor
+from npsemiseg.models import build_segmentor, compile_segmentor, set_activation_checkpointing
 from npsemiseg.pretrain import resolve_weights
 from npsemiseg.training.plan import batch_scaling
 
@@ -23,7 +23,8 @@ from npsemiseg.training.plan import batch_scaling
 def build_model(config: RunConfig) -> nn.Module:
     """One fresh segmentor (backbone + DeepLabv3+ + head) as ``config.model``/``config.head`` say; with
     ``model.freeze_backbone`` its backbone's parameters take no gradient (UniMatch V2's ``lock_backbone``); its
-    networks compiled in place as ``runtime.compile`` says (``npsemiseg.models.compile``)."""
+    networks compiled in place as ``runtime.compile`` says (``npsemiseg.models.compile``), its encoder checkpointed
+    as ``runtime.activation_checkpointing`` says (``npsemiseg.models.checkpointing``)."""
     model = config.model
     segmentor = build_segmentor(
         num_classes=config.num_classes,
@@ -41,6 +42,7 @@ def build_model(config: RunConfig) -> nn.Module:
     )
     if model.freeze_backbone:
         segmentor.backbone.requires_grad_(False)
+    set_activation_checkpointing(segmentor, config.runtime.activation_checkpointing)
     return compile_segmentor(segmentor, config.runtime.compile)
 
 

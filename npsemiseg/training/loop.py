@@ -2,8 +2,9 @@
 
 ``train(config, callbacks)`` sets the run up (:mod:`~npsemiseg.training.setup`), restores a checkpoint
 when asked, runs the epoch loop (:class:`EpochLoop`: one :func:`~npsemiseg.training.step.deferred_train_step`
-per batch, its logs read back in one transfer every ``runtime.read_every_steps`` steps and handed to ``on_step``
-then, each with its own step, with the share of wall time spent waiting for data at those reads
+per optimiser step, over ``schedule.accumulation_steps`` micro-batches; its logs read back in one transfer every
+``runtime.read_every_steps`` steps and handed to ``on_step`` then, each with its own step, with the share of wall
+time spent waiting for data at those reads
 (:mod:`~npsemiseg.training.data_wait`: a warning once per run when the loader is the bottleneck), evaluation every
 ``schedule.eval_every_epochs`` epochs, checkpoints every ``schedule.checkpoint_every_steps`` through the
 :class:`~npsemiseg.training.checkpoint.Checkpointer`)
@@ -13,11 +14,13 @@ and ends with the final evaluation and its artifacts. ``evaluation.select`` choo
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
 import resource
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ import torch
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from npsemiseg.frameworks import Framework, StepContext
+from npsemiseg.frameworks import Batch, Framework, StepContext
 from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
 from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
 from npsemiseg.training.data_wait import DATA_WAIT_FRACTION, DataWait
@@ -142,7 +145,7 @@ class EpochLoop:
         self.interrupted = False
         schedule = run.config.schedule
         unlabeled = schedule.unlabeled_batch_size if run.framework.uses_unlabeled else 0
-        self.images_per_step = (schedule.batch_size + unlabeled) * run.world_size
+        self.images_per_step = (schedule.batch_size + unlabeled) * run.world_size * schedule.accumulation_steps
         self.data_wait = DataWait(workers=run.config.data.num_workers, cell=run.config.cell_name, warn=run.rank == 0)
 
     def run(self) -> None:
@@ -157,15 +160,17 @@ class EpochLoop:
 
     def _epoch(self, progress: Any) -> None:
         run, plan = self.run_, self.run_.plan
-        epoch, start_batch = divmod(self.step, plan.iters_per_epoch)
+        epoch, start_step = divmod(self.step, plan.iters_per_epoch)
         self.tick = time.perf_counter()
         self.epoch_seconds, self.epoch_steps = 0.0, 0
-        for batch in self.data_wait.timed(run.streams.epoch(epoch, start_batch)):
+        micro = run.config.schedule.accumulation_steps
+        batches = self.data_wait.timed(run.streams.epoch(epoch, start_step * micro))
+        for step_batches in _groups(batches, micro):
             ctx = StepContext(step=self.step, total_steps=plan.total_steps, epoch=epoch,
                               total_epochs=plan.total_epochs, iters_per_epoch=plan.iters_per_epoch)
             try:
-                pending = deferred_train_step(run.framework, batch, ctx, run.optimizer, run.config, run.device,
-                                              run.world_size)
+                pending = deferred_train_step(run.framework, step_batches[0] if micro == 1 else step_batches, ctx,
+                                              run.optimizer, run.config, run.device, run.world_size)
             except Exception:
                 self._report_pending(progress)  # a non-finite value of an earlier step explains the failure first
                 raise
@@ -240,6 +245,14 @@ class EpochLoop:
             self.tick = time.perf_counter()
         if step == stop_at and step < plan.total_steps:
             self.interrupted = True
+
+
+def _groups(items: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
+    """``items`` in consecutive lists of ``size`` (the micro-batches of one optimiser step; a shorter last list only
+    if ``items`` runs out)."""
+    iterator = iter(items)
+    while group := list(itertools.islice(iterator, size)):
+        yield group
 
 
 def peak_memory_mb(device: Any) -> float:

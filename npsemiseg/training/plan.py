@@ -18,12 +18,14 @@ class Plan:
 
 
 def plan_run(config: RunConfig, *, num_labeled: int, num_unlabeled: int, world_size: int) -> Plan:
-    """Epoch length from the configured convention, total steps from epochs or ``max_steps``."""
+    """Epoch length from the configured convention, total steps from epochs or ``max_steps``: optimiser steps,
+    each of ``schedule.accumulation_steps`` micro-batches (an epoch sees the same images whatever the split)."""
     schedule = config.schedule
+    micro = world_size * schedule.accumulation_steps
     if schedule.epoch_length == "unlabeled":
-        iters = num_unlabeled // (schedule.unlabeled_batch_size * world_size)
+        iters = num_unlabeled // (schedule.unlabeled_batch_size * micro)
     else:
-        iters = num_labeled // (schedule.batch_size * world_size)
+        iters = num_labeled // (schedule.batch_size * micro)
     iters = max(1, iters)
     total = schedule.max_steps if schedule.max_steps is not None else schedule.epochs * iters
     return Plan(iters, total, math.ceil(total / iters))
@@ -47,7 +49,8 @@ def step_lr(base_lr: float, step: int, total_steps: int, power: float, timing: s
 class BatchScaling:
     """The global labeled batch of a run and its base learning rate.
 
-    global_batch = ``schedule.batch_size`` x world size; reference_batch = ``optim.reference_batch``
+    global_batch = ``schedule.batch_size`` x world size x ``schedule.accumulation_steps`` (the labeled images of
+    one optimiser step); accumulation_steps = micro-batches per optimiser step; reference_batch = ``optim.reference_batch``
     (the preset's global batch; None: unknown); lr = ``optim.lr``, times global / reference batch
     under ``optim.lr_scaling=linear``.
     """
@@ -56,6 +59,7 @@ class BatchScaling:
     reference_batch: int | None
     lr: float
     lr_scaling: str
+    accumulation_steps: int = 1
 
     @property
     def differs(self) -> bool:
@@ -63,9 +67,11 @@ class BatchScaling:
         return self.reference_batch is not None and self.global_batch != self.reference_batch
 
     def describe(self) -> str:
-        """``global batch 2 (reference 12), lr 0.01 (lr_scaling none)``."""
+        """``global batch 2 (reference 12), lr 0.01 (lr_scaling none)``; under accumulation
+        ``global batch 12 (4 micro-batches per step) ...``."""
         reference = f" (reference {self.reference_batch})" if self.reference_batch is not None else ""
-        return f"global batch {self.global_batch}{reference}, lr {self.lr:.6g} (lr_scaling {self.lr_scaling})"
+        micro = f" ({self.accumulation_steps} micro-batches per step)" if self.accumulation_steps > 1 else ""
+        return f"global batch {self.global_batch}{micro}{reference}, lr {self.lr:.6g} (lr_scaling {self.lr_scaling})"
 
     def warning(self) -> str | None:
         """The warning of a global batch other than the reference (None when they agree)."""
@@ -80,8 +86,9 @@ class BatchScaling:
 def batch_scaling(config: RunConfig, world_size: int) -> BatchScaling:
     """The global batch and base learning rate of ``config`` on ``world_size`` processes."""
     optim = config.optim
-    global_batch = config.schedule.batch_size * world_size
+    accumulation = config.schedule.accumulation_steps
+    global_batch = config.schedule.batch_size * world_size * accumulation
     lr = optim.lr
     if optim.lr_scaling == "linear":
         lr = optim.lr * global_batch / optim.reference_batch
-    return BatchScaling(global_batch, optim.reference_batch, lr, optim.lr_scaling)
+    return BatchScaling(global_batch, optim.reference_batch, lr, optim.lr_scaling, accumulation)

@@ -1,4 +1,5 @@
-"""One optimisation step: LR -> ``framework.train_step`` -> backward -> gradient all-reduce (under
+"""One optimisation step: LR -> per micro-batch ``framework.train_step`` -> backward (gradients summed over the
+``schedule.accumulation_steps`` micro-batches, each loss divided by their number) -> gradient all-reduce (under
 torch.distributed) -> gradient norm (logged every step as ``train/grad_norm``, clipped when ``optim.grad_clip``)
 -> SGD step -> buffer sync -> ``after_optimizer_step`` (EMA).
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from npsemiseg.config import RunConfig
 from npsemiseg.frameworks import Batch, Framework, StepContext, StepResult
-from npsemiseg.heads import LabelCheck, deferred_label_checks
+from npsemiseg.heads import LabelCheck, deferred_label_checks, micro_batched_heads
 from npsemiseg.models import uses_cuda_graphs
 from npsemiseg.training.distributed import average_gradients, broadcast_buffers, synced_batchnorm
 from npsemiseg.training.factories import Optimizer
@@ -73,9 +74,10 @@ class PendingLogs:
     order: list[str]
 
 
-def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
+def train_step(framework: Framework, batch: Batch | Sequence[Batch], ctx: StepContext, optimizer: Optimizer, config: RunConfig,
                device: torch.device, world_size: int) -> dict[str, float]:
-    """One optimisation step; returns the ``train/...`` logs (losses averaged over ranks), read before the
+    """One optimisation step over ``batch``, or over its micro-batches when given a sequence of them (gradient
+    accumulation); returns the ``train/...`` logs (losses averaged over ranks and micro-batches), read before the
     optimiser step: one read of device values."""
     pending = _forward_backward(framework, batch, ctx, optimizer, config, device, world_size)
     logs = read_logs([pending])[0]
@@ -83,7 +85,7 @@ def train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: 
     return logs
 
 
-def deferred_train_step(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer,
+def deferred_train_step(framework: Framework, batch: Batch | Sequence[Batch], ctx: StepContext, optimizer: Optimizer,
                         config: RunConfig, device: torch.device, world_size: int) -> PendingLogs:
     """:func:`train_step` without the read: no wait for the device; :func:`read_logs` gives the logs (and raises
     for a non-finite value, after the optimiser has taken it)."""
@@ -92,12 +94,59 @@ def deferred_train_step(framework: Framework, batch: Batch, ctx: StepContext, op
     return pending
 
 
-def _forward_backward(framework: Framework, batch: Batch, ctx: StepContext, optimizer: Optimizer, config: RunConfig,
-                      device: torch.device, world_size: int) -> PendingLogs:
-    """LR, forward, backward, gradient all-reduce and norm (clipped): the step up to the optimiser."""
+def _forward_backward(framework: Framework, batches: Batch | Sequence[Batch], ctx: StepContext, optimizer: Optimizer,
+                      config: RunConfig, device: torch.device, world_size: int) -> PendingLogs:
+    """LR, then per micro-batch forward and backward (gradients summed, each micro-batch's loss divided by their
+    number k), one gradient all-reduce and norm (clipped): the step up to the optimiser. The logged loss terms and
+    tensor logs are the micro-batches' means; the label checks are every micro-batch's."""
+    micro_batches = [batches] if isinstance(batches, Batch) else list(batches)
     lr = step_lr(optimizer.base_lr, ctx.step, ctx.total_steps, config.schedule.poly_power, config.schedule.lr_timing)
     for group, multiplier in zip(optimizer.torch_optimizer.param_groups, optimizer.multipliers):
         group["lr"] = lr * multiplier
+    optimizer.torch_optimizer.zero_grad(set_to_none=True)
+    k = len(micro_batches)
+    parts: list[_MicroBatchLogs] = []
+    with micro_batched_heads(framework.modules().values(), k) if k > 1 else contextlib.nullcontext():
+        for index, batch in enumerate(micro_batches):
+            micro_ctx = replace(ctx, micro_batch=index, micro_batches=k)
+            parts.append(_micro_batch(framework, batch, micro_ctx, config, device, world_size))
+    if world_size > 1:
+        average_gradients(optimizer.parameters, world_size)
+    norm = gradient_norm(optimizer, config.optim.grad_clip)
+    first = parts[0]
+    differing = [p.names + p.order for p in parts if (p.names, p.order) != (first.names, first.order)]
+    if differing:
+        raise ValueError(f"{type(framework).__name__}: the micro-batches of step {ctx.step} returned different loss "
+                         f"terms or logs ({first.names + first.order} and {differing[0]}); a step's calls must "
+                         "return the same keys")
+    values = first.values if k == 1 else torch.stack([p.values for p in parts]).mean(0)
+    logged = {name: (first.logged[name] if k == 1 else torch.stack([p.logged[name] for p in parts]).mean())
+              for name in first.logged}
+    floats = {name: sum(p.floats[name] for p in parts) / k for name in first.floats}
+    checks = [c for p in parts for c in p.checks]
+    vector = [values, *(v.reshape(1).to(values.device) for v in logged.values()),
+              *(c.summary.to(values.device) for c in checks), norm.detach().float().reshape(1).to(values.device)]
+    host = {"train/lr": lr, **{f"train/{k}": v for k, v in floats.items()}}
+    return PendingLogs(ctx.step + 1, first.names, list(logged), checks, torch.cat(vector), host, first.order)
+
+
+@dataclass
+class _MicroBatchLogs:
+    """One micro-batch's loss terms ``names``/``values`` (averaged over ranks), tensor logs (float32, 0-dim), float
+    logs, label checks and the framework's log keys in order."""
+
+    names: list[str]
+    values: Tensor
+    logged: dict[str, Tensor]
+    floats: dict[str, float]
+    checks: list[LabelCheck]
+    order: list[str]
+
+
+def _micro_batch(framework: Framework, batch: Batch, ctx: StepContext, config: RunConfig, device: torch.device,
+                 world_size: int) -> _MicroBatchLogs:
+    """Forward and backward of one micro-batch: its total loss divided by ``ctx.micro_batches`` (k micro-batches
+    of b images add up to the gradient of one batch of k b when every loss is a mean over its batch)."""
     if uses_cuda_graphs(config.runtime.compile, device):
         torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
     last = config.runtime.channels_last
@@ -110,16 +159,11 @@ def _forward_backward(framework: Framework, batch: Batch, ctx: StepContext, opti
     if clash:
         raise ValueError(f"{type(framework).__name__}: step logs {sorted(clash)} reuse loss term names; "
                          "log them under another name (e.g. head/<name>)")
-    logged = [k for k, v in result.logs.items() if isinstance(v, Tensor)]
-    optimizer.torch_optimizer.zero_grad(set_to_none=True)
-    result.total.backward()
-    if world_size > 1:
-        average_gradients(optimizer.parameters, world_size)
-    norm = gradient_norm(optimizer, config.optim.grad_clip)
-    parts = [values, *(result.logs[k].detach().float().reshape(1).to(values.device) for k in logged),
-             *(c.summary.to(values.device) for c in checks), norm.detach().float().reshape(1).to(values.device)]
-    host = {"train/lr": lr, **{f"train/{k}": float(v) for k, v in result.logs.items() if not isinstance(v, Tensor)}}
-    return PendingLogs(ctx.step + 1, names, logged, checks, torch.cat(parts), host, list(result.logs))
+    total = result.total
+    (total if ctx.micro_batches == 1 else total / ctx.micro_batches).backward()
+    logged = {k: v.detach().float().reshape(()) for k, v in result.logs.items() if isinstance(v, Tensor)}
+    floats = {k: float(v) for k, v in result.logs.items() if not isinstance(v, Tensor)}
+    return _MicroBatchLogs(names, values, logged, floats, list(checks), list(result.logs))
 
 
 def _optimizer_step(framework: Framework, optimizer: Optimizer, config: RunConfig, device: torch.device,

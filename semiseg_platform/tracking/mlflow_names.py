@@ -3,7 +3,7 @@
 ``docs/CONTRACTS.md`` ("Tracking schema") describes it; the grid, the search, the tables and the
 UI read these names from here only. A cell's parameters are its configuration flattened by
 ``npsemiseg.config.config_params`` (the same key set for every cell, so MLflow's compare view lines cells
-up) plus :data:`EFFECTIVE_GLOBAL_BATCH` and :data:`EFFECTIVE_LR`.
+up) plus :data:`EFFECTIVE_GLOBAL_BATCH`, :data:`EFFECTIVE_ACCUMULATION` and :data:`EFFECTIVE_LR`.
 
 Submissions: a grid's parent and cell runs carry :data:`GRID_ID`; a search's carry
 :data:`SEARCH_ID`. Stores written before searches had their own tag tagged search runs
@@ -128,9 +128,11 @@ def submission_of(tags: dict[str, str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- params
-#: What a cell trained with: the global labeled batch (per process x processes) and the base learning
-#: rate after ``optim.lr_scaling`` (params of every cell, beside ``npsemiseg.config.config_params``)
+#: What a cell trained with: the global labeled batch (per process x processes x accumulation steps), the
+#: micro-batches per optimiser step and the base learning rate after ``optim.lr_scaling`` (params of every cell,
+#: beside ``npsemiseg.config.config_params``)
 EFFECTIVE_GLOBAL_BATCH, EFFECTIVE_LR = "effective.global_batch", "effective.lr"
+EFFECTIVE_ACCUMULATION = "effective.accumulation_steps"
 
 
 def param_value(params: dict[str, str], key: str) -> str | None:
@@ -153,5 +155,7 @@ def plan_params(record: dict[str, str]) -> dict[str, str]:
 
 
 def effective_params(scaling: Any) -> dict[str, str]:
-    """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH` / :data:`EFFECTIVE_LR` params."""
-    return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_LR: f"{scaling.lr:.6g}"}
+    """An ``npsemiseg.training.BatchScaling`` as the cell's :data:`EFFECTIVE_GLOBAL_BATCH`,
+    :data:`EFFECTIVE_ACCUMULATION` and :data:`EFFECTIVE_LR` params."""
+    return {EFFECTIVE_GLOBAL_BATCH: str(scaling.global_batch), EFFECTIVE_ACCUMULATION: str(scaling.accumulation_steps),
+            EFFECTIVE_LR: f"{scaling.lr:.6g}"}
