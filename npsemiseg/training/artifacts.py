@@ -1,5 +1,6 @@
 """Evaluation during and at the end of a run, and the files it reports: the uncertainty-map figure,
-the reliability diagram and the per-class IoU tables (``Callbacks.on_artifact``)."""
+the reliability diagram, the risk-coverage plot (with their data) and the per-class IoU tables
+(``Callbacks.on_artifact``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from npsemiseg.training.step import autocast
 #: figures the final evaluation reports through ``Callbacks.on_artifact`` (stable artifact names)
 UNCERTAINTY_ARTIFACT = "figures/uncertainty_maps.png"
 RELIABILITY_ARTIFACT = "figures/reliability.png"
+RISK_COVERAGE_ARTIFACT = "figures/risk_coverage.png"
+#: the data of the two figures above (``npsemiseg.evaluation.evaluator.curves_data``), read by the per-grid figures
+CURVES_ARTIFACT = "figures/reliability_curves.json"
 #: validation images shown (one row each) in the uncertainty-map figure
 FIGURE_IMAGES = 4
 
@@ -72,12 +76,10 @@ def final_evaluation(framework: Framework, datasets: dict[str, Dataset], config:
         metrics = evaluate_run(framework, datasets, config, step=step, device=device, figure_dir=figure_dir)
         callbacks.on_evaluation(step, metrics)
         if rank == 0:
-            uncertainty = figure_dir / "uncertainty_maps.png"
-            reliability = figure_dir / "reliability.png"
-            if uncertainty.is_file():
-                callbacks.on_artifact(UNCERTAINTY_ARTIFACT, uncertainty)
-            if reliability.is_file():
-                callbacks.on_artifact(RELIABILITY_ARTIFACT, reliability)
+            for name in (UNCERTAINTY_ARTIFACT, RELIABILITY_ARTIFACT, RISK_COVERAGE_ARTIFACT, CURVES_ARTIFACT):
+                written = figure_dir / Path(name).name
+                if written.is_file():
+                    callbacks.on_artifact(name, written)
     return metrics
 
 

@@ -98,7 +98,8 @@ ARTIFACT_DIRS = {".png": "figures", ".jpg": "figures", ".jpeg": "figures", ".pdf
 
 # ----------------------------------------------------------------------------- metrics
 #: Final metrics logged without prefix (the tables read these)
-FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc")
+FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc", "ece_adaptive", "aupr", "aurc",
+                 "pavpu_balanced")
 #: The metrics a sweep's trial hands back to its driver
 TRIAL_METRICS = ("miou", "pavpu")
 TRAIN_PREFIX, EVAL_PREFIX, TIME_PREFIX = "train/", "eval/", "time/"
