@@ -91,7 +91,7 @@ def evaluate(
     class_names: Sequence[str] | None = None, max_images: int | None = None, distributed: bool | None = None,
     ignore_index: int = IGNORE_INDEX, pavpu_window: int = 64, pavpu_accuracy_threshold: float = 0.5,
     pavpu_uncertainty_threshold: float = 0.4, ece_bins: int = 15, figure_dir: str | Path | None = None,
-    num_figures: int = 0, **predict_options: Any,
+    num_figures: int = 0, curves_file: str | Path | None = None, **predict_options: Any,
 ) -> dict[str, float]:
     """Evaluate ``model`` (a Segmentor) on ``data`` with ``predict(mode=..., num_samples=...)``.
 
@@ -111,7 +111,8 @@ def evaluate(
     ``seconds_per_image`` (prediction time, averaged over ranks). With ``figure_dir``, rank 0
     writes there ``reliability.png``, ``risk_coverage.png``, their data ``reliability_curves.json`` and,
     for ``num_figures`` > 0, ``uncertainty_maps.png``: one row per image (the first ``num_figures`` it
-    evaluated) of image, ground truth, prediction, entropy.
+    evaluated) of image, ground truth, prediction, entropy. ``curves_file``: rank 0 writes the figures' data
+    there alone (no figure drawn).
     """
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"class_names: expected {num_classes} names, got {len(class_names)}")
@@ -142,6 +143,8 @@ def evaluate(
     metrics["seconds_per_image"] = seconds / num_images
     if figure_dir is not None and rank == 0:
         counts.write_figures(Path(figure_dir))
+    if curves_file is not None and rank == 0:
+        counts.write_curves(Path(curves_file))
     return metrics
 
 
@@ -213,10 +216,13 @@ class _Accumulators:
     def write_figures(self, figure_dir: Path) -> None:
         if self.panels:
             save_png(figure_dir / "uncertainty_maps.png", stack_panels(self.panels))
-        reliability, curve = self.calibration.reliability(), self.calibration.risk_coverage()
-        save_reliability_diagram(figure_dir / "reliability.png", reliability)
-        save_risk_coverage_plot(figure_dir / "risk_coverage.png", curve)
-        (figure_dir / CURVES_FILE).write_text(json.dumps(curves_data(reliability, curve)))
+        save_reliability_diagram(figure_dir / "reliability.png", self.calibration.reliability())
+        save_risk_coverage_plot(figure_dir / "risk_coverage.png", self.calibration.risk_coverage())
+        self.write_curves(figure_dir / CURVES_FILE)
+
+    def write_curves(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(curves_data(self.calibration.reliability(), self.calibration.risk_coverage())))
 
 
 def curves_data(reliability: dict[str, Tensor], curve: dict[str, Tensor]) -> dict[str, dict[str, list[float | None]]]:

@@ -32,14 +32,15 @@ FIGURE_IMAGES = 4
 
 
 def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
-                 device: torch.device, figure_dir: Path | None = None) -> dict[str, float]:
+                 device: torch.device, figure_dir: Path | None = None,
+                 curves_file: Path | None = None) -> dict[str, float]:
     """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG."""
     return evaluate_model(framework.eval_model(), datasets["val"], config, step=step, device=device,
-                          figure_dir=figure_dir)
+                          figure_dir=figure_dir, curves_file=curves_file)
 
 
 def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, step: int, device: torch.device,
-                   figure_dir: Path | None = None) -> dict[str, float]:
+                   figure_dir: Path | None = None, curves_file: Path | None = None) -> dict[str, float]:
     """Evaluate ``model`` on ``val`` as ``config.evaluation`` says, under an RNG forked and seeded by
     ``(seed, step)``: the same model, config and step give the same metrics (a checkpoint evaluated
     again reproduces the run's evaluation)."""
@@ -57,16 +58,22 @@ def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, s
                 pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,
                 pavpu_uncertainty_threshold=ev.pavpu_uncertainty_threshold,
                 figure_dir=figure_dir, num_figures=FIGURE_IMAGES if figure_dir is not None else 0,
+                curves_file=curves_file,
             )
     return {k: float(v) for k, v in metrics.items()}
 
 
 def final_evaluation(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
                      device: torch.device, rank: int, output_dir: Path | None, callbacks: Callbacks) -> dict[str, float]:
-    """The last evaluation, with the uncertainty-map figure and the reliability diagram when asked."""
+    """The last evaluation, with the uncertainty-map figure, the reliability diagram and the risk-coverage plot when
+    asked; the data of the last two (``CURVES_ARTIFACT``, a few KB, for the reports' per-grid figures) always."""
     if not config.evaluation.figures:
-        metrics = evaluate_run(framework, datasets, config, step=step, device=device)
-        callbacks.on_evaluation(step, metrics)
+        with tempfile.TemporaryDirectory(prefix="npsemiseg-curves-") as scratch:
+            curves = Path(scratch) / Path(CURVES_ARTIFACT).name
+            metrics = evaluate_run(framework, datasets, config, step=step, device=device, curves_file=curves)
+            callbacks.on_evaluation(step, metrics)
+            if rank == 0 and curves.is_file():
+                callbacks.on_artifact(CURVES_ARTIFACT, curves)
         return metrics
     with contextlib.ExitStack() as stack:
         if output_dir is not None:

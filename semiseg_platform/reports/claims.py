@@ -24,7 +24,8 @@ NP > MC dropout in mIoU), C3 (NP's PAvPU > MC dropout's at every partition, Tabl
 framework's cells), C4 (attention > mean aggregator in mIoU and PAvPU, U2PL, Tables 5-6), C5 (NP
 quantifies uncertainty faster than MC dropout and the gap grows with T and with sliding
 evaluation; uncertainty-time benchmark runs), C6 (small Q, lambda_kl = 0.1 and T = 1 hurt; search
-trial runs, compared unpaired: their "pairs" count runs). Where the runs hold FixMatch or UniMatch cells
+trial runs, compared unpaired: their "pairs" count runs), R1 (NP's ECE, AUROC and AURC beat the baseline head's and
+MC dropout's, per framework; the reliability tables). Where the runs hold FixMatch or UniMatch cells
 (frameworks the paper has no rows for), S0+, C1+, C2+ and C3+ check S0 and C1-C3 on them, each beside the
 paper's claim, which stays on the paper's four frameworks; their supervised reference is ``supervised_unimatch``
 where the grid ran it.
@@ -134,7 +135,40 @@ def cell_claims(cells: pd.DataFrame) -> list[Claim]:
     s1.pooled = evidence("all", paired_diffs(cells, "miou", {"partition": "full"}, {"partition": "1/16"},
                                              where={"framework": "supervised", "head": "baseline"}))
     return [*_with(paper, extra, "S0"), s1, *_with(paper, extra, "C1"), *_with(paper, extra, "C2"),
-            *_with(paper, extra, "C3"), pool_parts(c4)]
+            *_with(paper, extra, "C3"), pool_parts(c4), reliability_claim(cells)]
+
+
+#: R1's metrics and their orientation: True where higher is better (the difference is NP - reference), False where
+#: lower is (reference - NP); so a positive difference is always NP-SemiSeg doing better
+R1_METRICS = {"ece": False, "auroc": True, "aurc": False}
+#: the heads R1 compares NP-SemiSeg with
+R1_REFERENCES = ("baseline", "mc_dropout")
+
+
+def reliability_frameworks(cells: pd.DataFrame) -> list[str]:
+    """The frameworks with NP-SemiSeg cells, in the tables' order (the paper's, then the companions, then others)."""
+    found = set(cells.loc[cells["head"] == "np", "framework"]) if len(cells) else set()
+    ordered = [f for f in (*PAPER_FRAMEWORKS, *COMPANION_FRAMEWORKS) if f in found]
+    return ordered + sorted(found - set(ordered))
+
+
+def reliability_claim(cells: pd.DataFrame) -> Claim:
+    """R1: NP-SemiSeg's ECE, AUROC and AURC beat the baseline head's and MC dropout's, per framework: one part per
+    framework x metric x reference head (x 100 points, oriented so that > 0 favours NP); supported when every
+    part is."""
+    def diffs(framework: str, metric: str, reference: str) -> list[float]:
+        if metric not in cells.columns:  # cells read before these metrics were logged
+            return []
+        np_head, other = {"head": "np"}, {"head": reference}
+        better, worse = (np_head, other) if R1_METRICS[metric] else (other, np_head)
+        return paired_diffs(cells, metric, better, worse, where={"framework": framework})
+
+    parts = [evidence(f"{framework}: {metric} vs {reference}", diffs(framework, metric, reference))
+             for framework in reliability_frameworks(cells) for metric in R1_METRICS for reference in R1_REFERENCES]
+    claim = Claim("R1", "NP-SemiSeg's calibration (ECE, lower) and error detection (AUROC higher, AURC lower) beat "
+                  "the baseline head's and MC dropout's, per framework (differences oriented: > 0 favours NP-SemiSeg)",
+                  "reliability tables", "points", "framework x metric x reference", parts)
+    return pool_parts(claim)
 
 
 def _with(paper: dict[str, Claim], extra: dict[str, Claim], claim: str) -> list[Claim]:

@@ -82,7 +82,11 @@ CHECKPOINT_URI_ARTIFACT = "checkpoint_uri.txt"
 TRACEBACK_ARTIFACT = "error/traceback.txt"
 PER_CLASS_IOU_TABLE = "tables/per_class_iou.json"
 PER_CLASS_IOU_FIGURE = "figures/per_class_iou.png"
-CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", PER_CLASS_IOU_FIGURE)
+CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", "figures/risk_coverage.png",
+                PER_CLASS_IOU_FIGURE)
+#: a cell's reliability-diagram and risk-coverage data (``npsemiseg.training.artifacts.CURVES_ARTIFACT``), written
+#: whether or not the cell draws figures; the reports' per-grid reliability figures read it
+CELL_CURVES = "figures/reliability_curves.json"
 #: A grid's or search's parent run: ``<kind>/spec.yaml``, ``<kind>/summary.txt``, ``grid/cells.csv``,
 #: ``search/trials.csv``, ``search/best_config.yaml`` (:func:`sweep_artifact`); the grid's tables under ``tables/``
 SPEC_FILE, SUMMARY_FILE, GRID_CELLS_FILE, TRIALS_FILE, BEST_CONFIG_FILE = (
