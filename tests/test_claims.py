@@ -436,5 +436,9 @@ def test_r1_judges_ece_auroc_and_aurc_per_framework_against_both_heads(tmp_path_
     assert parts["u2pl: aurc vs mc_dropout"].verdict == CONTRADICTED
     assert all(p.verdict == SUPPORTED for name, p in parts.items() if name != "u2pl: aurc vs mc_dropout")
     assert r1.verdict == CONTRADICTED and r1.pooled.pairs == 36
-    write_claims([r1], tmp_path)
-    assert "## R1:" in (tmp_path / "claims.md").read_text() and (tmp_path / FOREST_PLOT).exists()
+    claims_command("r1", tracking=uri, out=tmp_path, emit=lambda text: None)
+    report = (tmp_path / "claims.md").read_text()
+    assert "## R1:" in report and (tmp_path / FOREST_PLOT).exists()
+    # the reliability table follows the claims: R1's numbers, per framework x head
+    tables = report.split("## The reliability tables", 1)[1]
+    assert "### Reliability: study, 1/16" in tables and "| MT | baseline |" in tables and "|  | MC dropout |" in tables

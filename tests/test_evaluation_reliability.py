@@ -202,3 +202,17 @@ def test_aurc_and_equal_mass_ece_match_exact_sorting_within_one_bin():
     # each moved pixel changing two groups' gaps by at most 1
     largest_fine_bin = float(cal.confidence_histogram[0].max())
     assert abs(result["ece_adaptive"] - exact) <= 2 * 14 * largest_fine_bin / len(order) + 1e-6
+
+
+def test_the_cost_benchmark_switches_the_calibration_off_and_times_four_cases_per_head():
+    from benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("reliability_cost")
+    args = bench.argparse.Namespace(heads=["baseline"], backbone="resnet_small", num_classes=3, samples=2)
+    data = bench.Images(1, 32, 3)
+    cases = bench.build_cases(args, data, torch.device("cpu"))
+    assert sorted(cases) == ["baseline/calibration", "baseline/full", "baseline/no_calibration", "baseline/predict"]
+    full, bare = cases["baseline/full"](), cases["baseline/no_calibration"]()
+    assert {"ece", "ece_adaptive", "aurc"} <= set(full) and not {"ece", "aurc"} & set(bare)
+    assert bare["miou"] == full["miou"]  # the rest of the evaluation is untouched
+    assert cases["baseline/calibration"]()["ece"] == pytest.approx(full["ece"])

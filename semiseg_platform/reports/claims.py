@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,8 @@ from semiseg_platform.reports.claim_evidence import (
     unpaired,
 )
 from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
+from semiseg_platform.reports.reliability import reliability_tables
+from semiseg_platform.reports.rendering import to_markdown
 from semiseg_platform.reports.tables import (
     ABLATION_FRAMEWORK,
     COMPANION_FRAMEWORKS,
@@ -331,9 +333,25 @@ def _sources_line(experiments: Sequence[str]) -> str:
             "pools the pairs of all.")
 
 
-def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> list[Path]:
-    """``out_dir/claims.md``, ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a
-    difference, the forest plot ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
+def reliability_markdown(tables: Mapping[str, pd.DataFrame]) -> str:
+    """The reliability tables among ``tables`` as one Markdown section for the claims report (R1's numbers), or ""."""
+    shown = [to_markdown(t) for name, t in tables.items() if name != "cells" and t.attrs.get("metric") == "reliability"]
+    return "\n".join(["## The reliability tables", "", *shown]) if shown else ""
+
+
+def experiment_reliability_markdown(tracking_uri: str | None, experiments: Sequence[str], *,
+                                    grid_id: str | None = None) -> str:
+    """:func:`reliability_markdown` of the cell runs of each of ``experiments``."""
+    uri = resolve_tracking_uri(tracking_uri)
+    return "\n".join(filter(None, (reliability_markdown(reliability_tables(load_cell_runs(uri, name, grid_id=grid_id)))
+                                    for name in experiments)))
+
+
+def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = (),
+                 appendix: str = "") -> list[Path]:
+    """``out_dir/claims.md`` (``appendix``, e.g. :func:`reliability_markdown`, after the claims),
+    ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a difference, the forest plot
+    ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     markdown, data, figure = out / "claims.md", out / "claims.json", out / FOREST_PLOT
@@ -343,30 +361,33 @@ def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: S
         write_forest_plot(objects, figure)
     else:
         figure.unlink(missing_ok=True)  # a report without differences keeps no older report's picture
-    markdown.write_text(claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None))
+    text = claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None)
+    markdown.write_text(text + ("\n" + appendix if appendix else ""))
     data.write_text(json.dumps(objects, indent=2) + "\n")
     return [markdown, data, figure] if drawn else [markdown, data]
 
 
 def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
-               experiments: Sequence[str] = ()) -> None:
+               experiments: Sequence[str] = (), appendix: str = "") -> None:
     """Log ``claims.md``, ``claims.json`` and the forest plot as artifacts (``claims/``) of ``run_id`` (a grid's
     parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
-        for path in write_claims(claims, scratch, experiments=experiments):
+        for path in write_claims(claims, scratch, experiments=experiments, appendix=appendix):
             client.log_artifact(run_id, str(path), artifact_path=GRID_CLAIMS_DIR)
 
 
 def claims_command(experiment: str | Sequence[str], *, tracking: str | None = None, out: str | Path = "claims",
                    grid_id: str | None = None, search_experiment: str | None = None,
                    parent_run_id: str | None = None, emit: Callable[[str], None] = print) -> list[Claim]:
-    """``npsemiseg claims --experiment E [--experiment E2 ...] [--tracking URI] [--out DIR]``: check, write,
-    print (and log on ``parent_run_id`` when given: what the grid job does at its end)."""
+    """``npsemiseg claims --experiment E [--experiment E2 ...] [--tracking URI] [--out DIR]``: check, write (the
+    reliability tables of the experiments after the claims), print (and log on ``parent_run_id`` when given: what
+    the grid job does at its end)."""
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
-    markdown = write_claims(claims, out, experiments=names)[0]
+    appendix = experiment_reliability_markdown(tracking, names, grid_id=grid_id)
+    markdown = write_claims(claims, out, experiments=names, appendix=appendix)[0]
     if parent_run_id:
-        log_claims(tracking, parent_run_id, claims, experiments=names)
+        log_claims(tracking, parent_run_id, claims, experiments=names, appendix=appendix)
     emit(markdown.read_text())
     return claims
