@@ -336,6 +336,10 @@ def test_resume_refuses_a_checkpoint_of_another_cell(smoke_config, tmp_path):
 
 
 def test_the_curve_data_is_reported_without_figures(smoke_config):
+    from npsemiseg.training.artifacts import CURVES_ARTIFACT
+    from semiseg_platform.tracking.mlflow_names import CELL_CURVES
+
+    assert CELL_CURVES == CURVES_ARTIFACT  # the name the reports read is the one training logs
     recorder = Recorder()
     train(smoke_config(head="baseline", **{"schedule.max_steps": 2, "evaluation.figures": False}), recorder)
     # the reports' per-grid figures read it; no figure is drawn

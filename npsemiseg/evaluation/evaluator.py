@@ -141,10 +141,8 @@ def evaluate(
     metrics = counts.metrics(class_names)
     metrics["num_images"] = float(num_images)
     metrics["seconds_per_image"] = seconds / num_images
-    if figure_dir is not None and rank == 0:
-        counts.write_figures(Path(figure_dir))
-    if curves_file is not None and rank == 0:
-        counts.write_curves(Path(curves_file))
+    if rank == 0:
+        counts.write_files(figure_dir, curves_file)
     return metrics
 
 
@@ -212,6 +210,13 @@ class _Accumulators:
             metrics.update(accumulator.compute())
         metrics.update(self.calibration.compute())
         return metrics
+
+    def write_files(self, figure_dir: str | Path | None, curves_file: str | Path | None) -> None:
+        """The figures (and their data) into ``figure_dir``, the data alone into ``curves_file``; each when given."""
+        if figure_dir is not None:
+            self.write_figures(Path(figure_dir))
+        if curves_file is not None:
+            self.write_curves(Path(curves_file))
 
     def write_figures(self, figure_dir: Path) -> None:
         if self.panels:

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from npsemiseg.evaluation.evaluator import evaluate
+from npsemiseg.evaluation.evaluator import CURVES_FILE, evaluate
 from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.data_order import derive_seed
@@ -26,7 +26,7 @@ UNCERTAINTY_ARTIFACT = "figures/uncertainty_maps.png"
 RELIABILITY_ARTIFACT = "figures/reliability.png"
 RISK_COVERAGE_ARTIFACT = "figures/risk_coverage.png"
 #: the data of the two figures above (``npsemiseg.evaluation.evaluator.curves_data``), read by the per-grid figures
-CURVES_ARTIFACT = "figures/reliability_curves.json"
+CURVES_ARTIFACT = f"figures/{CURVES_FILE}"
 #: validation images shown (one row each) in the uncertainty-map figure
 FIGURE_IMAGES = 4
 
