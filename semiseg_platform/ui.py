@@ -35,7 +35,7 @@ from mlflow import MlflowClient
 
 from semiseg_platform.logs import configure_logging
 from semiseg_platform.tracking import DEFAULT_ARTIFACT_DIR, mlflow_names, resolve_tracking_uri
-from semiseg_platform.tracking.experiment_page import CELL_FILTER, CELLS_VIEW, CELLS_VIEW_NAME, describe_experiment
+from semiseg_platform.tracking.experiment_page import CELL_FILTER, CELLS_VIEWS, describe_experiment
 from semiseg_platform.tracking.store import sqlite_path
 
 DEFAULT_PORT = 5000
@@ -94,8 +94,9 @@ def experiment_url(base_url: str, experiment_id: str, *, view: str | None = None
 
 
 def search_views(dataset: str, framework: str = "u2pl") -> dict[str, tuple[str, str]]:
-    """Saved views ``{id: (name, search filter)}``: every cell, then each of :func:`ready_made_searches`."""
-    views = {CELLS_VIEW: (CELLS_VIEW_NAME, CELL_FILTER)}
+    """Saved views ``{id: (name, search filter)}``: every cell (by mIoU, by ECE), then each of
+    :func:`ready_made_searches`."""
+    views = dict(CELLS_VIEWS)
     for name, search in ready_made_searches(dataset, framework).items():
         views[f"npsemiseg-{name.replace('_', '-')}"] = (f"{SEARCH_TITLES[name]} ({dataset})", search)
     return views

@@ -85,7 +85,7 @@ def test_each_verdict_is_reached_and_missing_cells_give_no_data(store):
     claims = {c.id: c for c in check_claims(store, "known", search_experiment="known")}
     verdicts = {key: claim.verdict for key, claim in claims.items()}
     assert verdicts == {"S0": SUPPORTED, "S1": NO_DATA, "C1": CONTRADICTED, "C2": SUPPORTED, "C3": INCONCLUSIVE,
-                        "C4": NO_DATA, "R2": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
+                        "C4": NO_DATA, "R1": NO_DATA, "R2": NO_DATA, "C5": SUPPORTED, "C6": INCONCLUSIVE}
     s0 = {p.name: p for p in claims["S0"].parts}
     assert s0["mt"].pairs == 3 and s0["mt"].mean_diff == pytest.approx(10) and s0["mt"].ci_low == pytest.approx(10)
     assert claims["S0"].pooled.pairs == 12
@@ -137,7 +137,7 @@ def test_report_files_printed_and_logged_on_the_parent_run(store, tmp_path):
     printed: list[str] = []
     claims_command("known", tracking=store, out=tmp_path, parent_run_id=parent, emit=printed.append)
     data = json.loads((tmp_path / "claims.json").read_text())
-    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "R2", "C5", "C6"]
+    assert [c["id"] for c in data] == ["S0", "S1", "C1", "C2", "C3", "C4", "R1", "R2", "C5", "C6"]
     for key in ("id", "verdict", "mean_diff", "ci_low", "ci_high", "pairs"):
         assert all(key in c for c in data)
     assert set(data[0]["per_framework"]) == {"mt", "psmt", "u2pl", "augseg"}
@@ -356,7 +356,7 @@ def test_fixmatch_and_unimatch_get_their_own_claims_against_supervised_unimatch(
             _cell(client, experiment, framework, "mc_dropout", seed, base - 0.02, 0.50, params={"model.decoder": "augseg"})
             _cell(client, experiment, framework, "np", seed, base + 0.01, 0.55, params={"model.decoder": "augseg"})
     claims = {c.id: c for c in check_claims(uri, "companions")}
-    assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "R2", "C5", "C6"]
+    assert list(claims) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "R1", "R2", "C5", "C6"]
     s0 = {p.name: p for p in claims["S0+"].parts}
     assert list(s0) == ["fixmatch", "unimatch"]
     assert s0["fixmatch"].against == "supervised_unimatch" and s0["fixmatch"].mean_diff == pytest.approx(8)
@@ -393,8 +393,52 @@ def test_the_paper_claims_do_not_move_when_fixmatch_and_unimatch_cells_are_added
                           for s in range(5)])
     paper = {c.id: c.to_dict() for c in cell_claims(cells)}
     both = {c.id: c.to_dict() for c in cell_claims(pd.concat([cells, extra], ignore_index=True))}
-    assert list(paper) == ["S0", "S1", "C1", "C2", "C3", "C4"]
-    assert list(both) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4"]
-    assert {key: both[key] for key in paper} == paper
+    assert list(paper) == ["S0", "S1", "C1", "C2", "C3", "C4", "R1"]
+    assert list(both) == ["S0", "S0+", "S1", "C1", "C1+", "C2", "C2+", "C3", "C3+", "C4", "R1"]
+    # R1 is per framework: it covers every framework with NP cells, the companions too
+    assert {key: both[key] for key in paper if key != "R1"} == {key: v for key, v in paper.items() if key != "R1"}
     assert [p["name"] for p in both["C3+"]["parts"]] == ["1/16", "1/8"]
     assert [p["name"] for p in both["C3"]["parts"]] == ["1/16", "full"]
+
+
+def _reliability_cell(client, experiment_id, framework, head, seed, *, ece, auroc, aurc):
+    run = client.create_run(experiment_id, tags={
+        "npsemiseg.kind": "cell", "framework": framework, "dataset": "study", "partition": "1/16", "head": head,
+        "seed": str(seed), "cell_id": f"{framework}-{head}-{seed}"})
+    client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 0) for k, v in (
+        ("miou", 0.5), ("pavpu", 0.5), ("ece", ece), ("auroc", auroc), ("aurc", aurc))])
+    client.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_r1_judges_ece_auroc_and_aurc_per_framework_against_both_heads(tmp_path_factory, tmp_path):
+    """MT: NP 1 point lower ECE, 2 points higher AUROC, 0.5 lower AURC than both other heads (supported); U2PL: the
+    same except that NP's AURC is 1 point higher than MC dropout's (that part contradicted, so R1 is)."""
+    uri = fresh_store(tmp_path_factory, "claims-r1")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("r1")
+    for seed in SEEDS:
+        jitter = seed / 1000
+        for framework in ("mt", "u2pl"):
+            _reliability_cell(client, experiment, framework, "np", seed, ece=0.04 + jitter, auroc=0.80 + jitter,
+                              aurc=0.050 + jitter)
+            _reliability_cell(client, experiment, framework, "baseline", seed, ece=0.05 + 2 * jitter,
+                              auroc=0.78 + 2 * jitter, aurc=0.055 + 2 * jitter)
+            worse_aurc = 0.040 if framework == "u2pl" else 0.055
+            _reliability_cell(client, experiment, framework, "mc_dropout", seed, ece=0.05 + 2 * jitter,
+                              auroc=0.78 + 2 * jitter, aurc=worse_aurc + 2 * jitter)
+    r1 = {c.id: c for c in check_claims(uri, "r1")}["R1"]
+    parts = {p.name: p for p in r1.parts}
+    assert len(parts) == 2 * 3 * 2
+    assert parts["mt: ece vs baseline"].mean_diff == pytest.approx(1 + 0.1, abs=1e-9)  # (0.05 + 2j) - (0.04 + j)
+    assert parts["mt: auroc vs mc_dropout"].mean_diff == pytest.approx(2 - 0.1, abs=1e-9)
+    assert parts["mt: aurc vs baseline"].verdict == SUPPORTED and parts["mt: aurc vs baseline"].pairs == 3
+    assert parts["u2pl: aurc vs mc_dropout"].mean_diff == pytest.approx(-1 + 0.1, abs=1e-9)
+    assert parts["u2pl: aurc vs mc_dropout"].verdict == CONTRADICTED
+    assert all(p.verdict == SUPPORTED for name, p in parts.items() if name != "u2pl: aurc vs mc_dropout")
+    assert r1.verdict == CONTRADICTED and r1.pooled.pairs == 36
+    claims_command("r1", tracking=uri, out=tmp_path, emit=lambda text: None)
+    report = (tmp_path / "claims.md").read_text()
+    assert "## R1:" in report and (tmp_path / FOREST_PLOT).exists()
+    # the reliability table follows the claims: R1's numbers, per framework x head
+    tables = report.split("## The reliability tables", 1)[1]
+    assert "### Reliability: study, 1/16" in tables and "| MT | baseline |" in tables and "|  | MC dropout |" in tables

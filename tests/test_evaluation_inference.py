@@ -278,7 +278,8 @@ def test_evaluate_matches_metrics_of_predict_and_restores_mode(mc_dropout):
     calibration.update(probs, labels, predictive(probs.log()[None])[1])
     for key, value in calibration.compute().items():
         assert metrics[key] == pytest.approx(value, nan_ok=True)
-    assert {"pavpu", "pavpu_normalized", "pixel_acc", "num_images"} <= set(metrics)
+    assert {"pavpu", "pavpu_normalized", "pavpu_balanced", "pavpu_normalized_balanced", "pixel_acc",
+            "num_images"} <= set(metrics)
     assert metrics["num_images"] == 3
 
 
@@ -297,7 +298,8 @@ def test_evaluate_a_dataset_center_crop_with_max_images_and_figures(baseline, tm
         figure_dir=tmp_path, num_figures=3,
     )
     assert metrics["num_images"] == 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["reliability.png", "uncertainty_maps.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reliability.png", "reliability_curves.json",
+                                                          "risk_coverage.png", "uncertainty_maps.png"]
     # items 0, 1, 2 are 20, 21, 22 x 18: center crop 21 keeps the first two whole (their padding is
     # cut off again) and 21 rows of the third; the width 18 is padded, never cut
     assert Image.open(tmp_path / "uncertainty_maps.png").size == (4 * 18 + 3 * 4, 20 + 4 + 21 + 4 + 21)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from npsemiseg.evaluation import Calibration, ConfusionMatrix, PAvPU, evaluate, miou, pavpu
-from npsemiseg.evaluation.metrics import confusion_matrix, pavpu_counts
+from npsemiseg.evaluation.metrics import confusion_matrix, pavpu_balanced_from_counts, pavpu_counts
 
 IGN = 255
 
@@ -145,10 +145,13 @@ def test_pavpu_counts_pool_over_batch_and_match_accumulator():
     acc = PAvPU(3)
     for i in range(3):
         acc.update(pred[i : i + 1], target[i : i + 1], entropy[i : i + 1])
-    assert acc.compute() == {"pavpu": pytest.approx(pavpu(pred, target, entropy))}
+    assert acc.compute()["pavpu"] == pytest.approx(pavpu(pred, target, entropy))
+    counts = pavpu_counts(pred, target, entropy)
+    assert acc.compute()["pavpu_balanced"] == pytest.approx(pavpu_balanced_from_counts(counts), nan_ok=True)
     normalized = PAvPU(3, normalize=True)
     normalized.update(pred, target, entropy)
-    assert normalized.compute() == {"pavpu_normalized": pytest.approx(pavpu(pred, target, entropy / math.log(3)))}
+    assert set(normalized.compute()) == {"pavpu_normalized", "pavpu_normalized_balanced"}
+    assert normalized.compute()["pavpu_normalized"] == pytest.approx(pavpu(pred, target, entropy / math.log(3)))
 
 
 def test_pavpu_matches_a_loop_over_patches():
@@ -228,13 +231,13 @@ def _pairwise_auroc(wrong_scores, right_scores):
 
 def test_auroc_matches_brute_force_pairs_with_ties():
     gen = torch.Generator().manual_seed(4)
-    # uncertainties on a grid of 1/16 steps in [0, log 3): distinct values never share a bin, ties exist
+    # uncertainties on a grid of 1/16 steps in [0, log 3): distinct values never share a (log-spaced) bin, ties exist
     levels = torch.arange(16, dtype=torch.float64) / 16 * math.log(3)
     unc = levels[torch.randint(0, 16, (2, 5, 6), generator=gen)].float()
     target = torch.randint(0, 3, (2, 5, 6), generator=gen)
     target[0, 0, :3] = IGN
     probs = _random_probs(gen, (2, 3, 5, 6))
-    cal = Calibration(3, uncertainty_bins=64)
+    cal = Calibration(3)
     cal.update(probs, target, unc)
     valid = target != IGN
     wrong = probs.argmax(1) != target
@@ -325,7 +328,8 @@ def test_all_reduce_over_two_gloo_processes():
         assert p.exitcode == 0
     expected = confusion_matrix(pred, target, 4).tolist()
     assert results[0][1] == results[1][1] == expected
-    assert results[0][2] == results[1][2] == {"pavpu": pavpu(pred, target, entropy, window=64)}
+    assert results[0][2]["pavpu"] == results[1][2]["pavpu"] == pavpu(pred, target, entropy, window=64)
+    assert results[0][2] == pytest.approx(results[1][2], nan_ok=True)
     single = Calibration(4)
     single.update(_one_hot_probs(pred), target, entropy)
     for rank_result in results:

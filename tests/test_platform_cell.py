@@ -102,7 +102,7 @@ def test_two_worker_cell_is_one_finished_run(ddp_reference, config, tracking_uri
                 "time/orchestration_seconds"):
         assert key in run.data.metrics, key
     for key in FINAL_METRICS:
-        assert run.data.metrics[key] == pytest.approx(result.metrics[key])
+        assert run.data.metrics[key] == pytest.approx(result.metrics[key], nan_ok=True)  # e.g. no inaccurate patch
     artifacts = {a.path for folder in (None, "config", "tables") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {"config/config.yaml", "tables/per_class_iou.csv", "checkpoint_uri.txt"} <= artifacts
 

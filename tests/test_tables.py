@@ -15,7 +15,7 @@ GRID = "grid-a"
 
 
 def _cell_run(client, experiment_id, *, framework, head, partition, seed=0, miou=None, pavpu=None,
-              status="FINISHED", dataset="pascal_classic", grid_id=GRID, protocol=None):
+              status="FINISHED", dataset="pascal_classic", grid_id=GRID, protocol=None, metrics=None):
     """A cell run tagged as docs/CONTRACTS.md's tracking schema says; returns its run id."""
     cell_id = f"{framework}-{dataset}-{partition}-{head}-{seed}" + (f"-{protocol}" if protocol else "")
     tags = {
@@ -26,7 +26,7 @@ def _cell_run(client, experiment_id, *, framework, head, partition, seed=0, miou
     if protocol:
         tags["protocol"] = protocol
     run = client.create_run(experiment_id, run_name=f"{framework}/{dataset}/{partition}/{head}", tags=tags)
-    for key, value in (("miou", miou), ("pavpu", pavpu)):
+    for key, value in (("miou", miou), ("pavpu", pavpu), *(metrics or {}).items()):
         if value is not None:
             client.log_metric(run.info.run_id, key, value)
     if status != "RUNNING":
@@ -115,6 +115,8 @@ def test_pavpu_and_attention_tables(store):
     tables = T.build_tables(uri, "study", grid_id=GRID)
     assert set(tables) == {"table1_miou_pascal_classic", "table4_pavpu", "table5_attention_miou",
                            "table6_attention_pavpu", "cells"}
+    with_reliability = T.with_reliability_tables(tables)
+    assert list(with_reliability)[-3:] == ["reliability_pascal_classic_92", "reliability_pascal_classic_183", "cells"]
     pavpu = tables["table4_pavpu"]
     assert pavpu.attrs["columns"] == ["MC Dropout", "NP-SemiSeg"]
     assert list(pavpu["head"][:2]) == ["mc_dropout", "np"]
@@ -340,3 +342,66 @@ def test_unimatch_v2_rows_print_beside_its_published_numbers(uri):
     for (_, framework, *_), (value, source) in unimatch_v2_results().items():  # each value as its log's best, rounded
         best = float(source.split("best EMA mIoU ")[1].split(")")[0])
         assert value == round(best + 1e-9, 1) and ("dinov2_base" in source) == (framework != "unimatch_v2_s")
+
+
+def test_reliability_table_per_partition_with_every_metric_and_its_values(uri, tmp_path):
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("reliability")
+    metric_names = [m for m, _, _ in T.RELIABILITY_COLUMNS]
+    logged = {}
+    for index, (head, seed) in enumerate((("baseline", 0), ("np", 0), ("np", 1))):
+        values = {m: 0.1 + 0.01 * k + 0.1 * index for k, m in enumerate(metric_names)}
+        values.update({f"best/{m}": v + 0.05 for m, v in values.items()}, **{f"last/{m}": v for m, v in values.items()})
+        _cell_run(client, experiment_id, framework="u2pl", head=head, partition="92", seed=seed,
+                  metrics=values, grid_id="rel")
+        logged[(head, seed)] = values
+    _cell_run(client, experiment_id, framework="u2pl", head="mc_dropout", partition="92", status="FAILED",
+              grid_id="rel")
+    tables = T.with_reliability_tables(T.build_tables(uri, "reliability", grid_id="rel"))
+    table = tables["reliability_pascal_classic_92"]
+    assert table.attrs["columns"][:3] == ["mIoU ↑", "ECE ↓", "ECE (equal-mass) ↓"]
+    assert list(dict.fromkeys(table["head"])) == ["baseline", "mc_dropout", "np"]  # the paper's head order
+    nll = table[(table["head"] == "baseline") & (table["metric"] == "nll")].iloc[0]
+    assert nll["mean"] == pytest.approx(logged[("baseline", 0)]["nll"])  # nats, not x 100
+    ece = table[(table["head"] == "np") & (table["metric"] == "ece")].iloc[0]
+    both = [100 * logged[("np", s)]["ece"] for s in (0, 1)]
+    assert (ece["mean"], ece["std"], ece["n"]) == (pytest.approx(statistics.fmean(both)),
+                                                    pytest.approx(statistics.stdev(both)), 2)
+    assert (table[table["head"] == "mc_dropout"]["status"] == "failed").all()
+    best = T.reliability_tables(tables["cells"], values="best")["reliability_pascal_classic_92_best"]
+    aurc = best[(best["head"] == "baseline") & (best["metric"] == "aurc")].iloc[0]
+    assert aurc["mean"] == pytest.approx(100 * logged[("baseline", 0)]["best/aurc"])
+    assert "best values" in best.attrs["title"] and "final values" in table.attrs["title"]
+    markdown = T.to_markdown(table)
+    assert "| U2PL | baseline |" in markdown and "|  | NP-SemiSeg |" in markdown
+    assert "x 100 except NLL (nats)" in markdown
+    T.write_tables({"reliability_pascal_classic_92": table}, tmp_path)
+    assert "\\downarrow" in (tmp_path / "reliability_pascal_classic_92.tex").read_text()
+
+
+def test_reliability_figure_draws_the_heads_of_each_framework_from_the_cells_curves(uri, tmp_path):
+    import json
+
+    from semiseg_platform.reports.reliability_figure import load_curves, reliability_figure
+    from semiseg_platform.tracking.mlflow_names import CELL_CURVES
+
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("reliability-figure", artifact_location=str(tmp_path / "artifacts"))
+    curves = {"reliability": {"lower": [0.0, 0.5], "upper": [0.5, 1.0], "count": [0.0, 4.0], "confidence": [None, 0.8],
+                              "accuracy": [None, 0.75]},
+              "risk_coverage": {"coverage": [0.5, 1.0], "risk": [0.0, 0.25]}}
+    for head in ("baseline", "np", "mc_dropout"):
+        run_id = _cell_run(client, experiment_id, framework="u2pl", head=head, partition="92", miou=0.5,
+                           grid_id="fig")
+        if head != "mc_dropout":  # a cell logged before the curves existed is left out
+            (tmp_path / "reliability_curves.json").write_text(json.dumps(curves))
+            client.log_artifact(run_id, str(tmp_path / "reliability_curves.json"), CELL_CURVES.rpartition("/")[0])
+    tables, written = T.write_report(uri, "reliability-figure", tmp_path / "report", grid_id="fig")
+    assert (tmp_path / "report" / "reliability_pascal_classic_92.png") in written
+    loaded = load_curves(client, tables["cells"])
+    assert set(loaded) == {("", "pascal_classic", "u2pl", head, "92") for head in ("baseline", "np")}
+    figure = reliability_figure(loaded, tables["cells"], "pascal_classic", "92", title="t")
+    diagram, risk = figure.axes
+    assert [line.get_label() for line in risk.lines] == ["baseline", "NP-SemiSeg"]  # the heads side by side
+    assert list(risk.lines[1].get_ydata()) == [0.0, 0.25]
+    assert list(diagram.lines[0].get_ydata()) == [0.75]  # the empty bin is not drawn

@@ -335,6 +335,17 @@ def test_resume_refuses_a_checkpoint_of_another_cell(smoke_config, tmp_path):
         train(config, resume_from=tmp_path / "nothing")
 
 
+def test_the_curve_data_is_reported_without_figures(smoke_config):
+    from npsemiseg.training.artifacts import CURVES_ARTIFACT
+    from semiseg_platform.tracking.mlflow_names import CELL_CURVES
+
+    assert CELL_CURVES == CURVES_ARTIFACT  # the name the reports read is the one training logs
+    recorder = Recorder()
+    train(smoke_config(head="baseline", **{"schedule.max_steps": 2, "evaluation.figures": False}), recorder)
+    # the reports' per-grid figures read it; no figure is drawn
+    assert [name for name in recorder.artifacts if name.startswith("figures/")] == ["figures/reliability_curves.json"]
+
+
 def test_checkpoints_and_artifacts(smoke_config, tmp_path):
     from npsemiseg.training import resolve_checkpoint
 
@@ -349,7 +360,8 @@ def test_checkpoints_and_artifacts(smoke_config, tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000004"
     assert result.checkpoint == tmp_path / "checkpoints" / "step_00000004"
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
-    assert {"figures/uncertainty_maps.png", "figures/reliability.png", "tables/per_class_iou.csv"} <= set(recorder.artifacts)
+    assert {"figures/uncertainty_maps.png", "figures/reliability.png", "figures/risk_coverage.png",
+            "figures/reliability_curves.json", "tables/per_class_iou.csv"} <= set(recorder.artifacts)
     assert (result.checkpoint / "config.yaml").read_text() == config.to_yaml()
     (tmp_path / "checkpoints" / "latest").unlink()  # interrupted before ``latest`` was rewritten
     assert resolve_checkpoint(tmp_path / "checkpoints") == result.checkpoint

@@ -19,7 +19,7 @@ from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.frameworks import framework_names
 from semiseg_platform.sweeps.grid_spec import expand, load_spec
 from semiseg_platform.tracking import cell_description, mlflow_names, per_class_iou_figure, prepare_experiment
-from semiseg_platform.tracking.experiment_page import CELLS_VIEW
+from semiseg_platform.tracking.experiment_page import CELLS_VIEW, CELLS_VIEWS, ECE_VIEW, experiment_tags
 from semiseg_platform.ui import compare_url, experiment_url, ready_made_searches, study_links, ui_command
 
 
@@ -114,6 +114,17 @@ def test_a_study_experiment_opens_on_its_cells_in_the_training_view(tmp_path_fac
     tags = client.get_experiment(older).tags
     assert tags[mlflow_names.NOTE] == "written by hand"
     assert tags[mlflow_names.EXPERIMENT_KIND] == "custom_model_development" and _saved_view(tags, CELLS_VIEW)
+
+
+def test_cells_by_ece_lists_the_best_calibrated_first_with_the_reliability_columns():
+    tags = experiment_tags("study", CELLS_VIEWS)
+    name, state = _saved_view(tags, ECE_VIEW)
+    assert name == "Cells by ECE"
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`ece`", True)
+    assert {"metrics.`ece_adaptive`", "metrics.`auroc`", "metrics.`aupr`", "metrics.`aurc`"} <= set(
+        state["selectedColumns"])
+    assert state["searchFilter"] == _saved_view(tags, CELLS_VIEW)[1]["searchFilter"]  # the same cell runs
+    assert "**Cells by ECE**" in tags[mlflow_names.NOTE]
 
 
 def test_study_links_open_saved_views_of_the_experiments_with_cells(tmp_path_factory):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -16,7 +18,17 @@ from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.evaluation.calibration import Calibration
 from npsemiseg.evaluation.inference import DEFAULT_CROP_SIZE, center_crop, predict
 from npsemiseg.evaluation.metrics import ConfusionMatrix, PAvPU, all_reduce_sum
-from npsemiseg.evaluation.visualize import save_png, save_reliability_diagram, stack_panels, uncertainty_panel
+from npsemiseg.evaluation.visualize import (
+    save_png,
+    save_reliability_diagram,
+    save_risk_coverage_plot,
+    stack_panels,
+    uncertainty_panel,
+)
+
+#: the figures' data (reliability bins, risk-coverage curve) rank 0 writes beside them, for the reports' per-grid
+#: figures; the risk-coverage curve is thinned to at most this many points
+CURVES_FILE, CURVE_POINTS = "reliability_curves.json", 257
 
 
 def _rank_and_world(distributed: bool | None) -> tuple[int, int, bool]:
@@ -79,7 +91,7 @@ def evaluate(
     class_names: Sequence[str] | None = None, max_images: int | None = None, distributed: bool | None = None,
     ignore_index: int = IGNORE_INDEX, pavpu_window: int = 64, pavpu_accuracy_threshold: float = 0.5,
     pavpu_uncertainty_threshold: float = 0.4, ece_bins: int = 15, figure_dir: str | Path | None = None,
-    num_figures: int = 0, **predict_options: Any,
+    num_figures: int = 0, curves_file: str | Path | None = None, **predict_options: Any,
 ) -> dict[str, float]:
     """Evaluate ``model`` (a Segmentor) on ``data`` with ``predict(mode=..., num_samples=...)``.
 
@@ -93,10 +105,14 @@ def evaluate(
     Returns floats: ``miou``, ``pixel_acc``, ``iou/<class name or index>`` (NaN for a class absent
     from predictions and labels), ``pavpu`` (entropy in nats, window ``pavpu_window``, thresholds
     ``pavpu_accuracy_threshold`` / ``pavpu_uncertainty_threshold``), ``pavpu_normalized`` (entropy /
-    log K, same thresholds), ``ece``, ``nll``, ``brier``, ``auroc``, ``num_images`` and
+    log K, same thresholds), their class-balanced variants ``pavpu_balanced`` and
+    ``pavpu_normalized_balanced`` (``PAvPU``), ``ece``, ``ece_adaptive``, ``nll``, ``brier``, ``auroc``,
+    ``aupr``, ``aurc`` (``Calibration``: the uncertainty is the predictive's entropy), ``num_images`` and
     ``seconds_per_image`` (prediction time, averaged over ranks). With ``figure_dir``, rank 0
-    writes there ``reliability.png`` and, for ``num_figures`` > 0, ``uncertainty_maps.png``: one row
-    per image (the first ``num_figures`` it evaluated) of image, ground truth, prediction, entropy.
+    writes there ``reliability.png``, ``risk_coverage.png``, their data ``reliability_curves.json`` and,
+    for ``num_figures`` > 0, ``uncertainty_maps.png``: one row per image (the first ``num_figures`` it
+    evaluated) of image, ground truth, prediction, entropy. ``curves_file``: rank 0 writes the figures' data
+    there alone (no figure drawn).
     """
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"class_names: expected {num_classes} names, got {len(class_names)}")
@@ -125,8 +141,8 @@ def evaluate(
     metrics = counts.metrics(class_names)
     metrics["num_images"] = float(num_images)
     metrics["seconds_per_image"] = seconds / num_images
-    if figure_dir is not None and rank == 0:
-        counts.write_figures(Path(figure_dir))
+    if rank == 0:
+        counts.write_files(figure_dir, curves_file)
     return metrics
 
 
@@ -195,7 +211,32 @@ class _Accumulators:
         metrics.update(self.calibration.compute())
         return metrics
 
+    def write_files(self, figure_dir: str | Path | None, curves_file: str | Path | None) -> None:
+        """The figures (and their data) into ``figure_dir``, the data alone into ``curves_file``; each when given."""
+        if figure_dir is not None:
+            self.write_figures(Path(figure_dir))
+        if curves_file is not None:
+            self.write_curves(Path(curves_file))
+
     def write_figures(self, figure_dir: Path) -> None:
         if self.panels:
             save_png(figure_dir / "uncertainty_maps.png", stack_panels(self.panels))
         save_reliability_diagram(figure_dir / "reliability.png", self.calibration.reliability())
+        save_risk_coverage_plot(figure_dir / "risk_coverage.png", self.calibration.risk_coverage())
+        self.write_curves(figure_dir / CURVES_FILE)
+
+    def write_curves(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(curves_data(self.calibration.reliability(), self.calibration.risk_coverage())))
+
+
+def curves_data(reliability: dict[str, Tensor], curve: dict[str, Tensor]) -> dict[str, dict[str, list[float | None]]]:
+    """The figures' data as JSON-ready lists (NaN as None): ``reliability`` (``Calibration.reliability``) and
+    ``risk_coverage`` (``Calibration.risk_coverage``, thinned to the points nearest ``CURVE_POINTS`` coverages)."""
+    coverage = curve["coverage"]
+    if len(coverage) > CURVE_POINTS:
+        grid = torch.linspace(0, 1, CURVE_POINTS, dtype=coverage.dtype)
+        keep = torch.unique(torch.searchsorted(coverage, grid).clamp(max=len(coverage) - 1))
+        curve = {key: values[keep] for key, values in curve.items()}
+    return {name: {key: [None if math.isnan(v) else v for v in values.tolist()] for key, values in data.items()}
+            for name, data in (("reliability", reliability), ("risk_coverage", curve))}

@@ -1,4 +1,4 @@
-"""Segmentation and uncertainty metrics: confusion-matrix mIoU and PAvPU.
+"""Segmentation and uncertainty metrics: confusion-matrix mIoU and PAvPU (and its class-balanced variant).
 
 Both are accumulated as integer counts over batches (and DDP ranks), so a
 dataset-level value is computed from summed counts, never as a mean of
@@ -165,6 +165,19 @@ def pavpu_from_counts(counts: Tensor) -> float:
     return (n_ac + n_iu) / total if total else math.nan
 
 
+def pavpu_balanced_from_counts(counts: Tensor) -> float:
+    """The class-balanced PAvPU: the mean of p(certain | accurate) = n_ac / (n_ac + n_au) and
+    p(uncertain | inaccurate) = n_iu / (n_ic + n_iu), the two conditional rates Mukhoti & Gal report beside
+    PAvPU. PAvPU itself is the accuracy of "certain = accurate" over patches, so when almost every patch is
+    accurate (a good model, 64 x 64 patches) a head that is certain everywhere scores near 1 without finding
+    any inaccurate patch; here each kind of patch weighs one half. NaN when no accurate or no inaccurate patch
+    exists (a rate is undefined)."""
+    n_ac, n_au, n_ic, n_iu = (float(c) for c in counts.tolist())
+    if n_ac + n_au == 0 or n_ic + n_iu == 0:
+        return math.nan
+    return 0.5 * (n_ac / (n_ac + n_au) + n_iu / (n_ic + n_iu))
+
+
 def pavpu(
     pred: Tensor,
     target: Tensor,
@@ -191,7 +204,8 @@ class PAvPU:
     ``update(pred, target, entropy)`` takes the entropy of the mean prediction in nats;
     with ``normalize=True`` it is divided by ``log num_classes`` first. The choice is
     recorded in ``name`` (``"pavpu"`` or ``"pavpu_normalized"``), the key ``compute()``
-    returns it under. The dataset value is the ratio of summed counts.
+    returns it under, beside the class-balanced variant ``<name>_balanced``
+    (:func:`pavpu_balanced_from_counts`). The dataset values are ratios of summed counts.
     """
 
     def __init__(
@@ -233,4 +247,5 @@ class PAvPU:
     def compute(self) -> dict[str, float]:
         if self.counts is None:
             raise ValueError("PAvPU.compute: no data was added (call update first)")
-        return {self.name: pavpu_from_counts(self.counts)}
+        return {self.name: pavpu_from_counts(self.counts),
+                f"{self.name}_balanced": pavpu_balanced_from_counts(self.counts)}

@@ -202,3 +202,25 @@ def save_reliability_diagram(path: str | Path, reliability: dict[str, Tensor], *
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     return path
+
+
+def save_risk_coverage_plot(path: str | Path, curve: dict[str, Tensor], *, title: str | None = None) -> Path:
+    """Risk-coverage curve (error rate among the pixels kept, most certain first, against the share kept) from
+    ``Calibration.risk_coverage()``, with the overall error rate as a dashed line, as a PNG at ``path``."""
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    coverage, risk = curve["coverage"].numpy(), curve["risk"].numpy()
+    figure = Figure(figsize=(4, 3.5))
+    axes = figure.subplots()
+    axes.step(np.concatenate([[0.0], coverage]), np.concatenate([[risk[0] if len(risk) else 0.0], risk]),
+              where="pre", color="tab:blue")
+    if len(risk):
+        axes.axhline(risk[-1], linestyle="--", color="grey", linewidth=0.8, label="error rate, all pixels")
+        axes.legend(loc="upper left", fontsize=8)
+    axes.set(xlabel="coverage (share of pixels kept, most certain first)", ylabel="risk (error rate of kept)",
+             xlim=(0, 1), ylim=(0, None), title=title or "risk-coverage")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return path

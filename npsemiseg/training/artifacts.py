@@ -1,5 +1,6 @@
 """Evaluation during and at the end of a run, and the files it reports: the uncertainty-map figure,
-the reliability diagram and the per-class IoU tables (``Callbacks.on_artifact``)."""
+the reliability diagram, the risk-coverage plot (with their data) and the per-class IoU tables
+(``Callbacks.on_artifact``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.utils.data import Dataset
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from npsemiseg.evaluation.evaluator import evaluate
+from npsemiseg.evaluation.evaluator import CURVES_FILE, evaluate
 from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.data_order import derive_seed
@@ -23,19 +24,23 @@ from npsemiseg.training.step import autocast
 #: figures the final evaluation reports through ``Callbacks.on_artifact`` (stable artifact names)
 UNCERTAINTY_ARTIFACT = "figures/uncertainty_maps.png"
 RELIABILITY_ARTIFACT = "figures/reliability.png"
+RISK_COVERAGE_ARTIFACT = "figures/risk_coverage.png"
+#: the data of the two figures above (``npsemiseg.evaluation.evaluator.curves_data``), read by the per-grid figures
+CURVES_ARTIFACT = f"figures/{CURVES_FILE}"
 #: validation images shown (one row each) in the uncertainty-map figure
 FIGURE_IMAGES = 4
 
 
 def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
-                 device: torch.device, figure_dir: Path | None = None) -> dict[str, float]:
+                 device: torch.device, figure_dir: Path | None = None,
+                 curves_file: Path | None = None) -> dict[str, float]:
     """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG."""
     return evaluate_model(framework.eval_model(), datasets["val"], config, step=step, device=device,
-                          figure_dir=figure_dir)
+                          figure_dir=figure_dir, curves_file=curves_file)
 
 
 def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, step: int, device: torch.device,
-                   figure_dir: Path | None = None) -> dict[str, float]:
+                   figure_dir: Path | None = None, curves_file: Path | None = None) -> dict[str, float]:
     """Evaluate ``model`` on ``val`` as ``config.evaluation`` says, under an RNG forked and seeded by
     ``(seed, step)``: the same model, config and step give the same metrics (a checkpoint evaluated
     again reproduces the run's evaluation)."""
@@ -53,16 +58,22 @@ def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, s
                 pavpu_window=ev.pavpu_window, pavpu_accuracy_threshold=ev.pavpu_accuracy_threshold,
                 pavpu_uncertainty_threshold=ev.pavpu_uncertainty_threshold,
                 figure_dir=figure_dir, num_figures=FIGURE_IMAGES if figure_dir is not None else 0,
+                curves_file=curves_file,
             )
     return {k: float(v) for k, v in metrics.items()}
 
 
 def final_evaluation(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
                      device: torch.device, rank: int, output_dir: Path | None, callbacks: Callbacks) -> dict[str, float]:
-    """The last evaluation, with the uncertainty-map figure and the reliability diagram when asked."""
+    """The last evaluation, with the uncertainty-map figure, the reliability diagram and the risk-coverage plot when
+    asked; the data of the last two (``CURVES_ARTIFACT``, a few KB, for the reports' per-grid figures) always."""
     if not config.evaluation.figures:
-        metrics = evaluate_run(framework, datasets, config, step=step, device=device)
-        callbacks.on_evaluation(step, metrics)
+        with tempfile.TemporaryDirectory(prefix="npsemiseg-curves-") as scratch:
+            curves = Path(scratch) / Path(CURVES_ARTIFACT).name
+            metrics = evaluate_run(framework, datasets, config, step=step, device=device, curves_file=curves)
+            callbacks.on_evaluation(step, metrics)
+            if rank == 0 and curves.is_file():
+                callbacks.on_artifact(CURVES_ARTIFACT, curves)
         return metrics
     with contextlib.ExitStack() as stack:
         if output_dir is not None:
@@ -72,12 +83,10 @@ def final_evaluation(framework: Framework, datasets: dict[str, Dataset], config:
         metrics = evaluate_run(framework, datasets, config, step=step, device=device, figure_dir=figure_dir)
         callbacks.on_evaluation(step, metrics)
         if rank == 0:
-            uncertainty = figure_dir / "uncertainty_maps.png"
-            reliability = figure_dir / "reliability.png"
-            if uncertainty.is_file():
-                callbacks.on_artifact(UNCERTAINTY_ARTIFACT, uncertainty)
-            if reliability.is_file():
-                callbacks.on_artifact(RELIABILITY_ARTIFACT, reliability)
+            for name in (UNCERTAINTY_ARTIFACT, RELIABILITY_ARTIFACT, RISK_COVERAGE_ARTIFACT, CURVES_ARTIFACT):
+                written = figure_dir / Path(name).name
+                if written.is_file():
+                    callbacks.on_artifact(name, written)
     return metrics
 
 

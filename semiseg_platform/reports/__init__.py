@@ -3,6 +3,7 @@
 - :mod:`.tables`: reading the cell runs and building Tables 1-6 as long frames;
 - :mod:`.rendering`: Markdown, LaTeX, CSV and Parquet; :func:`write_report` (``npsemiseg tables``);
 - :mod:`.figures`: :func:`line_panels`, the uncertainty-time figure and the hyper-parameter figure;
+- :mod:`.reliability`: the reliability table of each dataset x partition (uncertainty quality, beside Tables 1-6);
 - :mod:`.claims`: the claims report (``npsemiseg claims``), drawn as a forest plot by :mod:`.claims_figure`.
 """
 
@@ -31,6 +32,12 @@ from semiseg_platform.reports.rendering import (
                                               to_markdown,
                                               write_report,
                                               write_tables,
+)
+from semiseg_platform.reports.reliability import (
+                                              RELIABILITY_COLUMNS,
+                                              RELIABILITY_METRICS,
+                                              reliability_tables,
+                                              with_reliability_tables,
 )
 from semiseg_platform.reports.tables import (
                                               ABLATION_FRAMEWORK,
@@ -63,6 +70,7 @@ __all__ = [
     "head_label", "hparams_figure", "latest_per_cell", "layout", "line_panels", "load_cell_runs",
     "load_search_trials", "load_uncertainty_times", "log_uncertainty_time_run", "markdown_report", "method_label",
     "paper_results", "paper_table_specs", "paper_value", "profile", "protocol_groups", "protocol_partitions",
-    "protocols_side_by_side", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
+    "protocols_side_by_side", "RELIABILITY_COLUMNS", "RELIABILITY_METRICS", "reliability_tables",
+    "with_reliability_tables", "to_latex", "to_markdown", "uncertainty_time_figure", "write_hparams_figure",
     "table_frameworks", "write_report", "write_tables",
 ]

@@ -24,7 +24,8 @@ NP > MC dropout in mIoU), C3 (NP's PAvPU > MC dropout's at every partition, Tabl
 framework's cells), C4 (attention > mean aggregator in mIoU and PAvPU, U2PL, Tables 5-6), C5 (NP
 quantifies uncertainty faster than MC dropout and the gap grows with T and with sliding
 evaluation; uncertainty-time benchmark runs), C6 (small Q, lambda_kl = 0.1 and T = 1 hurt; search
-trial runs, compared unpaired: their "pairs" count runs), R2 (NP's ECE and AUROC under shift beat the baseline head's
+trial runs, compared unpaired: their "pairs" count runs), R1 (NP's ECE, AUROC and AURC beat the baseline head's and
+MC dropout's, per framework; the reliability tables), R2 (NP's ECE and AUROC under shift beat the baseline head's
 and MC dropout's per framework, :mod:`.shift`). Where the runs hold FixMatch or UniMatch cells
 (frameworks the paper has no rows for), S0+, C1+, C2+ and C3+ check S0 and C1-C3 on them, each beside the
 paper's claim, which stays on the paper's four frameworks; their supervised reference is ``supervised_unimatch``
@@ -39,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,8 @@ from semiseg_platform.reports.claim_evidence import (
 )
 from semiseg_platform.reports.shift import load_shift_metrics, shift_claim
 from semiseg_platform.reports.claims_figure import FOREST_PLOT, forest_rows, write_forest_plot
+from semiseg_platform.reports.reliability import reliability_tables
+from semiseg_platform.reports.rendering import to_markdown
 from semiseg_platform.reports.tables import (
     ABLATION_FRAMEWORK,
     COMPANION_FRAMEWORKS,
@@ -136,7 +139,40 @@ def cell_claims(cells: pd.DataFrame) -> list[Claim]:
     s1.pooled = evidence("all", paired_diffs(cells, "miou", {"partition": "full"}, {"partition": "1/16"},
                                              where={"framework": "supervised", "head": "baseline"}))
     return [*_with(paper, extra, "S0"), s1, *_with(paper, extra, "C1"), *_with(paper, extra, "C2"),
-            *_with(paper, extra, "C3"), pool_parts(c4)]
+            *_with(paper, extra, "C3"), pool_parts(c4), reliability_claim(cells)]
+
+
+#: R1's metrics and their orientation: True where higher is better (the difference is NP - reference), False where
+#: lower is (reference - NP); so a positive difference is always NP-SemiSeg doing better
+R1_METRICS = {"ece": False, "auroc": True, "aurc": False}
+#: the heads R1 compares NP-SemiSeg with
+R1_REFERENCES = ("baseline", "mc_dropout")
+
+
+def reliability_frameworks(cells: pd.DataFrame) -> list[str]:
+    """The frameworks with NP-SemiSeg cells, in the tables' order (the paper's, then the companions, then others)."""
+    found = set(cells.loc[cells["head"] == "np", "framework"]) if len(cells) else set()
+    ordered = [f for f in (*PAPER_FRAMEWORKS, *COMPANION_FRAMEWORKS) if f in found]
+    return ordered + sorted(found - set(ordered))
+
+
+def reliability_claim(cells: pd.DataFrame) -> Claim:
+    """R1: NP-SemiSeg's ECE, AUROC and AURC beat the baseline head's and MC dropout's, per framework: one part per
+    framework x metric x reference head (x 100 points, oriented so that > 0 favours NP); supported when every
+    part is."""
+    def diffs(framework: str, metric: str, reference: str) -> list[float]:
+        if metric not in cells.columns:  # cells read before these metrics were logged
+            return []
+        np_head, other = {"head": "np"}, {"head": reference}
+        better, worse = (np_head, other) if R1_METRICS[metric] else (other, np_head)
+        return paired_diffs(cells, metric, better, worse, where={"framework": framework})
+
+    parts = [evidence(f"{framework}: {metric} vs {reference}", diffs(framework, metric, reference))
+             for framework in reliability_frameworks(cells) for metric in R1_METRICS for reference in R1_REFERENCES]
+    claim = Claim("R1", "NP-SemiSeg's calibration (ECE, lower) and error detection (AUROC higher, AURC lower) beat "
+                  "the baseline head's and MC dropout's, per framework (differences oriented: > 0 favours NP-SemiSeg)",
+                  "reliability tables", "points", "framework x metric x reference", parts)
+    return pool_parts(claim)
 
 
 def _with(paper: dict[str, Claim], extra: dict[str, Claim], claim: str) -> list[Claim]:
@@ -300,9 +336,25 @@ def _sources_line(experiments: Sequence[str]) -> str:
             "pools the pairs of all.")
 
 
-def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = ()) -> list[Path]:
-    """``out_dir/claims.md``, ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a
-    difference, the forest plot ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
+def reliability_markdown(tables: Mapping[str, pd.DataFrame]) -> str:
+    """The reliability tables among ``tables`` as one Markdown section for the claims report (R1's numbers), or ""."""
+    shown = [to_markdown(t) for name, t in tables.items() if name != "cells" and t.attrs.get("metric") == "reliability"]
+    return "\n".join(["## The reliability tables", "", *shown]) if shown else ""
+
+
+def experiment_reliability_markdown(tracking_uri: str | None, experiments: Sequence[str], *,
+                                    grid_id: str | None = None) -> str:
+    """:func:`reliability_markdown` of the cell runs of each of ``experiments``."""
+    uri = resolve_tracking_uri(tracking_uri)
+    return "\n".join(filter(None, (reliability_markdown(reliability_tables(load_cell_runs(uri, name, grid_id=grid_id)))
+                                    for name in experiments)))
+
+
+def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = (),
+                 appendix: str = "") -> list[Path]:
+    """``out_dir/claims.md`` (``appendix``, e.g. :func:`reliability_markdown`, after the claims),
+    ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a difference, the forest plot
+    ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     markdown, data, figure = out / "claims.md", out / "claims.json", out / FOREST_PLOT
@@ -312,30 +364,33 @@ def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: S
         write_forest_plot(objects, figure)
     else:
         figure.unlink(missing_ok=True)  # a report without differences keeps no older report's picture
-    markdown.write_text(claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None))
+    text = claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None)
+    markdown.write_text(text + ("\n" + appendix if appendix else ""))
     data.write_text(json.dumps(objects, indent=2) + "\n")
     return [markdown, data, figure] if drawn else [markdown, data]
 
 
 def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
-               experiments: Sequence[str] = ()) -> None:
+               experiments: Sequence[str] = (), appendix: str = "") -> None:
     """Log ``claims.md``, ``claims.json`` and the forest plot as artifacts (``claims/``) of ``run_id`` (a grid's
     parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
-        for path in write_claims(claims, scratch, experiments=experiments):
+        for path in write_claims(claims, scratch, experiments=experiments, appendix=appendix):
             client.log_artifact(run_id, str(path), artifact_path=GRID_CLAIMS_DIR)
 
 
 def claims_command(experiment: str | Sequence[str], *, tracking: str | None = None, out: str | Path = "claims",
                    grid_id: str | None = None, search_experiment: str | None = None,
                    parent_run_id: str | None = None, emit: Callable[[str], None] = print) -> list[Claim]:
-    """``npsemiseg claims --experiment E [--experiment E2 ...] [--tracking URI] [--out DIR]``: check, write,
-    print (and log on ``parent_run_id`` when given: what the grid job does at its end)."""
+    """``npsemiseg claims --experiment E [--experiment E2 ...] [--tracking URI] [--out DIR]``: check, write (the
+    reliability tables of the experiments after the claims), print (and log on ``parent_run_id`` when given: what
+    the grid job does at its end)."""
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
-    markdown = write_claims(claims, out, experiments=names)[0]
+    appendix = experiment_reliability_markdown(tracking, names, grid_id=grid_id)
+    markdown = write_claims(claims, out, experiments=names, appendix=appendix)[0]
     if parent_run_id:
-        log_claims(tracking, parent_run_id, claims, experiments=names)
+        log_claims(tracking, parent_run_id, claims, experiments=names, appendix=appendix)
     emit(markdown.read_text())
     return claims

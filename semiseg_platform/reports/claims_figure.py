@@ -2,11 +2,11 @@
 
 One row per claim (its pooled difference as a square, coloured by the claim's verdict, which needs every
 part supported: a pooled interval above 0 can be grey) and one per part or detail entry (a framework for
-S0 and C1, and for S0+ and C1+ on FixMatch and UniMatch; a comparison, partition, metric or
-hyper-parameter for the others, coloured by the part's own verdict): the mean difference as a dot, its 95 %
-interval as a horizontal bar, a line at 0. A positive difference is what the paper claims, so a bar right
-of the line is a supported row, left of it a contradicted one, across it an inconclusive one. Rows
-without a difference ("no data") are left out. C5's differences are seconds per image, the others points:
+S0 and C1, and for S0+ and C1+ on FixMatch and UniMatch; a framework x metric x reference head for R1;
+a comparison, partition, metric or hyper-parameter for the others, coloured by the part's own verdict): the
+mean difference as a dot, its 95 % interval as a horizontal bar, a line at 0. A positive difference is what
+the paper claims, so a bar right of the line is a supported row, left of it a contradicted one, across it an
+inconclusive one. Rows without a difference ("no data") are left out. C5's differences are seconds per image, the others points:
 they get a panel each. Works on the objects of ``claims.json``, so a recorded report can be drawn again::
 
     python -m semiseg_platform.reports.claims_figure claims.json claims_forest.png [--title TEXT]
@@ -94,7 +94,7 @@ def forest_rows(claims: Sequence[Mapping]) -> list[ForestRow]:
 
 
 def _panel(unit: str) -> str:
-    return "seconds per image" if unit.startswith("seconds") else "points (mIoU or PAvPU x 100)"
+    return "seconds per image" if unit.startswith("seconds") else "points (mIoU, PAvPU, ECE, AUROC or AURC x 100)"
 
 
 def forest_figure(rows: Sequence[ForestRow], *, title: str | None = None) -> Figure:

@@ -10,10 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 from semiseg_platform.reports.figures import uncertainty_time_figure
+from semiseg_platform.reports.reliability import with_reliability_tables
+from semiseg_platform.reports.reliability_figure import write_reliability_figures
 from semiseg_platform.reports.shift import shift_tables
 from semiseg_platform.reports.tables import (
-    PAPER_HEADS,
     MISSING_MARK,
+    PAPER_HEADS,
     build_tables,
     discover_datasets,
     table_frameworks,
@@ -94,7 +96,7 @@ def to_markdown(table: pd.DataFrame, *, versus_paper: bool = False, display: lis
             values[0] = ""
         lines.append("| " + " | ".join(str(v) for v in values) + " |")
     metric = table.attrs["metric"]
-    unit = "x 100" if table.attrs["scale"] == 100 else f"x {table.attrs['scale']:g}"
+    unit = table.attrs.get("note") or ("x 100" if table.attrs["scale"] == 100 else f"x {table.attrs['scale']:g}")
     lines += ["", f"{metric} ({unit}); mean ± std over seeds where several; {MISSING_MARK} = no finished run."]
     return "\n".join(lines) + "\n"
 
@@ -193,13 +195,16 @@ def markdown_report(tables: Mapping[str, pd.DataFrame]) -> str:
 
 def write_report(tracking_uri: str, experiment: str, out_dir: str | Path, *, grid_id: str | None = None,
                  datasets: Iterable[str] | None = None, **table_options) -> tuple[dict[str, pd.DataFrame], list[Path]]:
-    """Build the tables, the shifted tables where runs were evaluated under shift (:mod:`.shift`), and the
-    uncertainty-time figure when benchmark runs exist, and write them to ``out_dir``; returns the tables and the
-    written paths. What ``npsemiseg tables`` runs."""
-    tables = build_tables(tracking_uri, experiment, grid_id=grid_id,
-                          datasets=None if datasets is None else list(datasets), **table_options)
+    """Build the tables (Tables 1-6, the reliability tables with their figures where the cells logged the curve
+    data, the shifted tables where runs were evaluated under shift: :mod:`.shift`; the uncertainty-time figure when
+    benchmark runs exist) and write them to ``out_dir``; returns the tables and the written paths. What
+    ``npsemiseg tables`` runs."""
+    tables = with_reliability_tables(build_tables(tracking_uri, experiment, grid_id=grid_id,
+                                                  datasets=None if datasets is None else list(datasets),
+                                                  **table_options))
     tables = {**tables, **shifted_tables(tracking_uri, tables["cells"], datasets, **table_options)}
     written = write_tables(tables, out_dir)
+    written += write_reliability_figures(tracking_uri, tables, out_dir)
     figure = uncertainty_time_figure(tracking_uri, experiment)
     if figure is not None:
         path = Path(out_dir) / "uncertainty_time.png"

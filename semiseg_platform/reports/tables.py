@@ -77,6 +77,10 @@ FRAMEWORK_LATEX = {"u2pl": "U$^2$PL"}
 VARIANT_LABELS = {"np_mean": "NP-SemiSeg (mean aggregator)"}
 MISSING_MARK = "—"
 CELL_KEYS = mlflow_names.CELL_KEYS
+#: the final metrics a cell row holds (NaN when not logged): Tables 1-6's and the reliability table's
+RUN_METRICS = ("miou", "pavpu", "ece", "ece_adaptive", "nll", "brier", "auroc", "aupr", "aurc", "pavpu_balanced")
+#: the prefixes of the same metrics logged apart: the best evaluation's and the last epoch's (``evaluation.select``)
+LOGGED_APART = ("best/", "last/")
 #: The order of the protocol groups (runs without the tag last)
 PROTOCOL_ORDER = ("released", "corrected")
 
@@ -94,10 +98,12 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
     the cell keys ``dataset``, ``framework`` (the framework's label), ``head`` (the head's label), ``partition``,
     ``protocol`` ("" when untagged), ``framework_name`` (the framework class; the label on runs that predate the tag),
     ``decoder`` (the ``model.decoder`` parameter, ``model.variant`` on runs logged before the rename; "" when not
-    logged), the final metrics ``miou`` / ``pavpu`` (NaN when not logged). An unknown experiment gives an empty frame.
+    logged), the final metrics :data:`RUN_METRICS` and the same prefixed by :data:`LOGGED_APART` (NaN when not
+    logged). An unknown experiment gives an empty frame.
     """
+    metric_columns = [*RUN_METRICS, *(prefix + m for prefix in LOGGED_APART for m in RUN_METRICS)]
     columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "protocol",
-               "framework_name", "decoder", "miou", "pavpu"]
+               "framework_name", "decoder", *metric_columns]
     client = MlflowClient(tracking_uri)
     found = experiment_id(client, experiment)
     if found is None:
@@ -121,8 +127,7 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             "protocol": tags.get(mlflow_names.PROTOCOL, ""),
             "framework_name": tags.get(mlflow_names.FRAMEWORK_NAME, tags.get(mlflow_names.FRAMEWORK, "")),
             "decoder": mlflow_names.param_value(run.data.params, "model.decoder") or "",
-            "miou": metrics.get("miou", math.nan),
-            "pavpu": metrics.get("pavpu", math.nan),
+            **{metric: metrics.get(metric, math.nan) for metric in metric_columns},
         })
     return pd.DataFrame(rows, columns=columns)
 
@@ -337,6 +342,14 @@ def build_table(spec: TableSpec, runs: pd.DataFrame, *, scale: float = 100.0) ->
     return table
 
 
+def for_protocol(table: pd.DataFrame, protocol: str) -> pd.DataFrame:
+    """``table`` marked with its protocol group (attrs and title)."""
+    table.attrs["protocol"] = protocol
+    if protocol:
+        table.attrs["title"] += f" [protocol {protocol}]"
+    return table
+
+
 def _paper(key: CellKey, metric: str, scale: float) -> float:
     """The paper's value of a cell in the table's scale (NaN for stand-ins and values the paper lacks)."""
     value = paper_value(key.dataset, key.framework, key.head, key.partition, metric)
@@ -396,10 +409,6 @@ def build_tables(
     for protocol, group in groups:
         suffix = f"_{protocol or 'untagged'}" if len(groups) > 1 else ""
         for spec in paper_table_specs(datasets, frameworks, heads, run_partitions(runs)):
-            table = build_table(spec, group, scale=scale)
-            table.attrs["protocol"] = protocol
-            if protocol:
-                table.attrs["title"] += f" [protocol {protocol}]"
-            tables[spec.name + suffix] = table
+            tables[spec.name + suffix] = for_protocol(build_table(spec, group, scale=scale), protocol)
     tables["cells"] = runs
     return tables

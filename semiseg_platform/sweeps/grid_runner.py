@@ -32,7 +32,13 @@ from semiseg_platform.launch import CellFailedError
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S
 from semiseg_platform.pretrain_runs import build_named_pretrainings
 from semiseg_platform.reports import ABLATION_HEADS, PAPER_FRAMEWORKS, PAPER_HEADS, markdown_report, write_report
-from semiseg_platform.reports.claims import check_claims, claims_markdown, log_claims, write_claims
+from semiseg_platform.reports.claims import (
+    check_claims,
+    claims_markdown,
+    log_claims,
+    reliability_markdown,
+    write_claims,
+)
 from semiseg_platform.sweeps.grid_spec import GridSpec, expand, grid_id, load_spec
 from semiseg_platform.sweeps.submission import (
     CELL_ERROR,
@@ -275,10 +281,11 @@ def _write_tables(spec: GridSpec, sub: Submission, summary: GridSummary, tables_
     summary.tables_dir, summary.tables_markdown = out, markdown_report(tables)
     claims = check_claims(sub.tracking_uri, spec.experiment, grid_id=summary.grid_id)
     # no experiment name in the grid's report: the same runs under another experiment write the same report
-    write_claims(claims, out)
+    appendix = reliability_markdown(tables)
+    write_claims(claims, out, appendix=appendix)
     if summary.parent_run_id:
         sub.client.log_artifacts(summary.parent_run_id, str(out), mlflow_names.GRID_TABLES_DIR)
-        log_claims(sub.tracking_uri, summary.parent_run_id, claims)
+        log_claims(sub.tracking_uri, summary.parent_run_id, claims, appendix=appendix)
     summary.claims_markdown = claims_markdown(claims)
 
 

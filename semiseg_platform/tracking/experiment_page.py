@@ -33,9 +33,13 @@ from semiseg_platform.tracking import mlflow_names
 #: The saved view of every cell run (id: (name, search filter)): the view every study's experiment carries
 CELL_FILTER = f"tags.`{mlflow_names.KIND}` = '{mlflow_names.KIND_CELL}'"
 CELLS_VIEW, CELLS_VIEW_NAME = "npsemiseg-cells", "Cells by mIoU"
-CELLS_VIEWS = {CELLS_VIEW: (CELLS_VIEW_NAME, CELL_FILTER)}
+#: the same cells, best calibrated (lowest ECE) first, with the reliability metrics as columns
+ECE_VIEW, ECE_VIEW_NAME = "npsemiseg-cells-by-ece", "Cells by ECE"
+CELLS_VIEWS = {CELLS_VIEW: (CELLS_VIEW_NAME, CELL_FILTER), ECE_VIEW: (ECE_VIEW_NAME, CELL_FILTER)}
 #: the final metrics a view shows as columns, before the cell's axes
 VIEW_METRICS = ("miou", "pavpu", "ece")
+#: per view that is not ordered by mIoU: (the metric it sorts by, ascending, its metric columns)
+VIEW_ORDERS = {ECE_VIEW: ("ece", True, ("ece", "ece_adaptive", "nll", "brier", "auroc", "aupr", "aurc", "miou"))}
 #: the views' fixed ``createdAt``, so that writing a view again changes nothing
 _VIEW_CREATED_MS = 0
 
@@ -45,12 +49,13 @@ def column_key(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"
 
 
-def view_state(search_filter: str) -> dict:
+def view_state(search_filter: str, view: str = CELLS_VIEW) -> dict:
     """A runs table listing ``search_filter``'s runs, best final mIoU first, with the final mIoU, PAvPU and
-    ECE and the cell's axes as columns."""
-    columns = [column_key("metrics", metric) for metric in VIEW_METRICS]
+    ECE and the cell's axes as columns; a view of :data:`VIEW_ORDERS` sorts by and shows its own metrics."""
+    order, ascending, metrics = VIEW_ORDERS.get(view, ("miou", False, VIEW_METRICS))
+    columns = [column_key("metrics", metric) for metric in metrics]
     columns += [column_key("tags", tag) for tag in (*mlflow_names.CELL_KEYS, mlflow_names.PROTOCOL)]
-    return {"searchFilter": search_filter, "orderByKey": column_key("metrics", "miou"), "orderByAsc": False,
+    return {"searchFilter": search_filter, "orderByKey": column_key("metrics", order), "orderByAsc": ascending,
             "selectedColumns": columns}
 
 
@@ -59,7 +64,7 @@ def view_tags(views: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     :func:`view_state`."""
     return {mlflow_names.SAVED_VIEW_PREFIX + view: json.dumps({
         "name": name, "createdAt": _VIEW_CREATED_MS, "updatedAt": _VIEW_CREATED_MS,
-        "state": json.dumps(view_state(search))}) for view, (name, search) in views.items()}
+        "state": json.dumps(view_state(search, view))}) for view, (name, search) in views.items()}
 
 
 def experiment_description(experiment: str) -> str:
@@ -71,7 +76,8 @@ def experiment_description(experiment: str) -> str:
         "(`grid/<spec>` or `search/<spec>`: expand it to see its cells).",
         "",
         f"A cell's final metrics: {metrics} (per evaluation under `eval/`); its figures under `figures/`. "
-        f"The view **{CELLS_VIEW_NAME}** (Views menu) lists every cell run with its mIoU, PAvPU and ECE, best mIoU first.",
+        f"The view **{CELLS_VIEW_NAME}** (Views menu) lists every cell run with its mIoU, PAvPU and ECE, best mIoU first; "
+        f"**{ECE_VIEW_NAME}** lists them best calibrated first, with the reliability metrics (docs/uncertainty.md).",
         "",
         "The paper's tables and the claims report: artifacts `tables/` and `claims/claims.md` of each grid's "
         f"parent run; rebuilt from this store by `npsemiseg tables --experiment {experiment} --out DIR` and "

@@ -82,7 +82,11 @@ CHECKPOINT_URI_ARTIFACT = "checkpoint_uri.txt"
 TRACEBACK_ARTIFACT = "error/traceback.txt"
 PER_CLASS_IOU_TABLE = "tables/per_class_iou.json"
 PER_CLASS_IOU_FIGURE = "figures/per_class_iou.png"
-CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", PER_CLASS_IOU_FIGURE)
+CELL_FIGURES = ("figures/uncertainty_maps.png", "figures/reliability.png", "figures/risk_coverage.png",
+                PER_CLASS_IOU_FIGURE)
+#: a cell's reliability-diagram and risk-coverage data (``npsemiseg.training.artifacts.CURVES_ARTIFACT``), written
+#: whether or not the cell draws figures; the reports' per-grid reliability figures read it
+CELL_CURVES = "figures/reliability_curves.json"
 #: A grid's or search's parent run: ``<kind>/spec.yaml``, ``<kind>/summary.txt``, ``grid/cells.csv``,
 #: ``search/trials.csv``, ``search/best_config.yaml`` (:func:`sweep_artifact`); the grid's tables under ``tables/``
 SPEC_FILE, SUMMARY_FILE, GRID_CELLS_FILE, TRIALS_FILE, BEST_CONFIG_FILE = (
@@ -98,7 +102,8 @@ ARTIFACT_DIRS = {".png": "figures", ".jpg": "figures", ".jpeg": "figures", ".pdf
 
 # ----------------------------------------------------------------------------- metrics
 #: Final metrics logged without prefix (the tables read these)
-FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc")
+FINAL_METRICS = ("miou", "pavpu", "ece", "nll", "brier", "auroc", "pixel_acc", "ece_adaptive", "aupr", "aurc",
+                 "pavpu_balanced")
 #: The metrics a sweep's trial hands back to its driver
 TRIAL_METRICS = ("miou", "pavpu")
 TRAIN_PREFIX, EVAL_PREFIX, TIME_PREFIX = "train/", "eval/", "time/"
