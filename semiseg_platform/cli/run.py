@@ -69,7 +69,8 @@ def in_process_launch(launcher: str, *, workers: int, gpus_per_worker: float, ma
 
 
 #: The final metrics printed first, in this order (``mlflow_names.FINAL_METRICS``)
-_SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc")
+_SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc", "ece_adaptive", "aupr", "aurc",
+                    "pavpu_balanced")
 
 
 @app.command()
