@@ -15,6 +15,7 @@ nearest name when one is close (``dataset: unknown name 'ade20K' (did you mean '
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -88,6 +89,19 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"
+
+
+def load_implementation(entry: type) -> type:
+    """The class that does the work of registry entry ``entry``: the class its ``implementation`` names
+    (``"package.module:attribute"``, the module imported on this call), or ``entry`` itself where it names none or
+    is that class or a subclass of it (a plug-in deriving from a built-in network class). A registry entry that
+    describes a network names the class that builds it this way, so that describing it imports no torch."""
+    path = getattr(entry, "implementation", "")
+    if not path:
+        return entry
+    module, _, attribute = path.partition(":")
+    loaded = getattr(importlib.import_module(module), attribute)
+    return entry if issubclass(entry, loaded) else loaded
 
 
 def _qualname(obj: object) -> str:

@@ -36,9 +36,9 @@ from npsemiseg.config.schema import CellInputs, RunConfig, ScheduleConfig
 from npsemiseg.constants import sliding_stride
 from npsemiseg.data import dataset_info
 from npsemiseg.data.sets.folder import ensure_registered
-from npsemiseg.data.transforms import paper_augmentation
-from npsemiseg.frameworks import get_framework
-from npsemiseg.heads import head_class
+from npsemiseg.data.augmentation import paper_augmentation
+from npsemiseg.frameworks import framework_spec
+from npsemiseg.heads import head_spec
 from npsemiseg.presets import PRESETS, Cell
 from npsemiseg.protocol import (
     FRAMEWORK_TARGET,
@@ -246,7 +246,7 @@ def _preset_step(values: _Values, cell: Cell) -> None:
 def _defaults_step(values: _Values, cell: Cell) -> None:
     """The framework's paper options, decoder, schedule changes and augmentation pipeline; the head's paper
     options and gradient clipping."""
-    framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
+    framework, head, info = framework_spec(cell.framework), head_spec(cell.head), cell.info
     settings, name = info.settings, cell.framework
     recipe = settings.recipe
     options = {**framework.paper_options(info.paper_dataset, cell.partition),
@@ -328,7 +328,7 @@ def _evaluation(view: Mapping[str, Any], info: Any) -> list[tuple[str, Any, str]
 def _framework_needs(view: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """The representation head where the framework needs one (U2PL), the labeled strong view where its options
     ask for one (PS-MT's ``strong_labeled``); scale ranges as floats."""
-    framework = get_framework(view["framework"])
+    framework = framework_spec(view["framework"])
     out = []
     if view["model"].get("representation_head") is None:
         out.append(("model.representation_head", framework.representation_head, f"{framework.name}'s needs"))

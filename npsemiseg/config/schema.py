@@ -8,7 +8,6 @@ the head schedule, fields that follow others, the user's overrides) is :mod:`nps
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +31,9 @@ from npsemiseg.data import augmentation_keys, dataset_info
 from npsemiseg.data.info import DATASETS
 from npsemiseg.data.sets.folder import ensure_registered
 from npsemiseg.frameworks import FRAMEWORKS
-from npsemiseg.heads import HEADS, head_class
+from npsemiseg.heads import HEADS, head_spec
 from npsemiseg.config.overrides import FREE_FORM
-from npsemiseg.models import BACKBONES, DECODERS, build_segmentor
+from npsemiseg.models import BACKBONES, DECODERS, SEGMENTOR_OPTIONS
 from npsemiseg.renames import earlier_names, read_renamed
 from npsemiseg.untrusted import load_yaml
 
@@ -117,15 +116,10 @@ CELL_ID_LENGTH = 12
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-#: ``build_segmentor`` arguments that the configuration sets itself (``model``'s fields, the head, the dataset)
-_SET_BY_THE_CONFIGURATION = frozenset({"num_classes", "head", "head_options", "variant", "backbone", "weights",
-                                       "deep_stem", "aux_head", "representation_head", "mc_dropout_scope",
-                                       "align_corners"})
-
-
 def segmentor_options() -> list[str]:
-    """The keys ``model.options`` takes: ``build_segmentor``'s other keyword arguments."""
-    return sorted(set(inspect.signature(build_segmentor).parameters) - _SET_BY_THE_CONFIGURATION)
+    """The keys ``model.options`` takes: ``build_segmentor``'s other keyword arguments
+    (:data:`npsemiseg.models.SEGMENTOR_OPTIONS`)."""
+    return sorted(SEGMENTOR_OPTIONS)
 
 
 def _free_form_names(values: dict[str, Any]) -> None:
@@ -522,7 +516,7 @@ class RunConfig(Section):
             raise ValueError(f"partition_lists: {self.dataset} has lists {list(info.partition_list_sources)}, "
                              f"got {self.partition_lists!r}")
         try:
-            head_class(self.head.name).check_options(self.head.options)
+            head_spec(self.head.name).check_options(self.head.options)
         except (TypeError, ValueError) as error:
             raise ValueError(f"head.options for head {self.head.name!r}: {error}") from None
         return self
