@@ -28,6 +28,9 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        #: where :meth:`get` looks for a name no entry holds (an object found there is returned, not registered):
+        #: the datasets' folder datasets of the record being read (``npsemiseg.data.info.dataset_root``)
+        self.finder: Callable[[str], T | None] | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: register the decorated object as ``name`` (a second object under one name is an error)."""
@@ -53,11 +56,14 @@ class Registry(Generic[T]):
         del self._entries[name]
 
     def get(self, name: str) -> T:
-        """The object registered as ``name``; ``ValueError`` listing the valid names otherwise, the nearest first
-        (:meth:`nearest`) when one is close."""
+        """The object registered as ``name``, else the one :attr:`finder` finds for it (not registered);
+        ``ValueError`` listing the valid names otherwise, the nearest first (:meth:`nearest`) when one is close."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):
+            found = self.finder(name) if self.finder is not None and isinstance(name, str) and name else None
+            if found is not None:
+                return found
             near = self.nearest(name)
             hint = f" (did you mean {near!r}?)" if near else ""
             raise ValueError(f"{self.kind}: unknown name {name!r}{hint}, expected one of {list(self._entries)}") from None

@@ -35,7 +35,7 @@ from npsemiseg.config.overrides import apply_overrides
 from npsemiseg.config.schema import CellInputs, RunConfig, ScheduleConfig
 from npsemiseg.constants import sliding_stride
 from npsemiseg.data import dataset_info
-from npsemiseg.data.sets.folder import ensure_registered
+from npsemiseg.data.info import dataset_root
 from npsemiseg.data.augmentation import paper_augmentation
 from npsemiseg.frameworks import framework_spec
 from npsemiseg.heads import head_spec
@@ -123,7 +123,13 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     key or value.
     """
     given = read_renamed(dict(overrides or {}))
-    ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
+    with dataset_root(given.get("data.root", (given.get("data") or {}).get("root"))):
+        return _compose(preset, framework, dataset, partition, head, protocol, given)
+
+
+def _compose(preset: str, framework: str, dataset: str, partition: str | int, head: str, protocol: str,
+             given: dict[str, Any]) -> Composition:
+    """:func:`compose`'s steps (``given``: the overrides, renamed keys read)."""
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
                    "protocol": protocol, **cell_changes}
@@ -174,7 +180,12 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
 
 def compose_record(config: RunConfig, overrides: Mapping[str, Any] | None = None) -> Composition:
     """A record composed again as it is (step ``record``), its unset derived fields, then ``overrides``."""
-    values = _Values(_targets(read_renamed(dict(overrides or {}))))
+    with dataset_root(config.data.root):
+        return _compose_record(config, _targets(read_renamed(dict(overrides or {}))))
+
+
+def _compose_record(config: RunConfig, overrides: dict[str, Any]) -> Composition:
+    values = _Values(overrides)
     record = config.model_dump(mode="json", exclude={"inputs"})
     values.set_all(record, "record", "the record as given")
     cell = Cell(preset="", framework=config.framework, dataset=config.dataset, partition=config.partition,

@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -28,8 +29,7 @@ from pydantic import (
 
 from npsemiseg.constants import SampleCE
 from npsemiseg.data import augmentation_keys, dataset_info
-from npsemiseg.data.info import DATASETS
-from npsemiseg.data.sets.folder import ensure_registered
+from npsemiseg.data.info import DATASETS, dataset_root
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_spec
 from npsemiseg.config.overrides import FREE_FORM
@@ -478,14 +478,14 @@ class RunConfig(Section):
             _free_form_names(values)
         return values
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _folder_dataset(cls, values: Any) -> Any:
-        """A folder dataset of one's own named by the record and found at its ``data.root``: registered first."""
-        if isinstance(values, dict):
-            data = values.get("data")
-            ensure_registered(values.get("dataset"), data.get("root") if isinstance(data, dict) else None)
-        return values
+    def _under_its_data_root(cls, values: Any, handler: ModelWrapValidatorHandler[RunConfig]) -> RunConfig:
+        """Checked under the record's ``data.root``: a folder dataset of one's own found there is known to the
+        checks, and registered nowhere (:func:`npsemiseg.data.info.dataset_root`)."""
+        data = values.get("data") if isinstance(values, dict) else None
+        with dataset_root(data.get("root") if isinstance(data, dict) else None):
+            return handler(values)
 
     @field_validator("dataset", mode="after")
     @classmethod
@@ -532,8 +532,10 @@ class RunConfig(Section):
     # ----------------------------------------------------------------- derived values
     @property
     def dataset_info(self):
-        """``npsemiseg.data.dataset_info`` of this run's dataset (with its data options)."""
-        return dataset_info(self.dataset, **dict(self.data.options))
+        """``npsemiseg.data.dataset_info`` of this run's dataset (with its data options; a folder dataset found
+        under ``data.root``)."""
+        with dataset_root(self.data.root):
+            return dataset_info(self.dataset, **dict(self.data.options))
 
     @property
     def num_classes(self) -> int:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import UnidentifiedImageError
 
-from npsemiseg.data.info import DATASETS, IGNORE_INDEX
+from npsemiseg.data.info import DATASETS, IGNORE_INDEX, dataset_root
 from npsemiseg.untrusted import IMAGE_FORMATS, LABEL_FORMATS, decode_image
 
 if TYPE_CHECKING:  # torch is imported when an image is loaded: checking a dataset's files does without it
@@ -161,7 +161,8 @@ def root_subfolders(name: str) -> list[str]:
 
 def resolve_root(name: str, root: str | os.PathLike | None = None) -> Path:
     """The folder of dataset ``name``: ``root`` (or ``$NPSEMISEG_DATA``) itself or its conventional subfolder."""
-    return DATASETS.get(name).resolve_root(root)
+    with dataset_root(root):
+        return DATASETS.get(name).resolve_root(root)
 
 
 def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
@@ -179,7 +180,8 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     diagnostics of ``data.unlabeled_truth``), ``id`` str, passed through ``transform``.
     The returned dataset has ``info``, ``split``, ``partition`` and ``partition_lists`` attributes.
     """
-    definition = DATASETS.get(name)
+    with dataset_root(root):
+        definition = DATASETS.get(name)
     if partition_lists not in ("u2pl", "cps"):
         raise ValueError(f"partition_lists must be 'u2pl' or 'cps', got {partition_lists!r}")
     max_items = options.pop("max_items", None)
