@@ -88,7 +88,7 @@ for _variant in (
 
 #: the keys ``model.options`` takes: ``npsemiseg.models.build_segmentor``'s keyword arguments that the
 #: configuration does not set itself (``model``'s own fields, the head, the dataset's class count). A new keyword
-#: of ``build_segmentor`` that a configuration may set goes here too (``tests/test_models.py`` checks both agree).
+#: of ``build_segmentor`` that a configuration may set goes here too (``tests/test_registry.py`` checks both agree).
 SEGMENTOR_OPTIONS: tuple[str, ...] = (
     "allow_download", "aspp_channels", "aspp_rates", "low_level_channels", "multi_grid", "output_stride",
     "representation_dim", "samples_per_pass", "zero_init_residual",

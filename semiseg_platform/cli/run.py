@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from npsemiseg.catalog import DATASET_NAMES, FRAMEWORK_NAMES, HEAD_NAMES, PRESET_NAMES
+from npsemiseg.data import dataset_names
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+from npsemiseg.presets import preset_names
 from semiseg_platform.cli.app import (
     CELL_FAILED,
     INTERRUPTED,
@@ -74,11 +77,11 @@ _SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc"
 
 @app.command()
 def run(
-    framework: str | None = typer.Option(None, help=" | ".join(FRAMEWORK_NAMES)),
-    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " | a folder dataset (docs/datasets.md)"),
+    framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
-    head: str | None = typer.Option(None, help=" | ".join(HEAD_NAMES)),
-    preset: str = typer.Option("smoke", help=" | ".join(PRESET_NAMES) + " (smoke: tiny, CPU, seconds)"),
+    head: str | None = typer.Option(None, help=" | ".join(head_names())),
+    preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
     workers: int = typer.Option(1, help="DDP workers on Ray Train; 0 = Ray Train's local mode (in this process)"),
