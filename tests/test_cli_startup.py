@@ -1,6 +1,6 @@
 """The command line answers at once: ``--help`` of every command, ``data check`` and ``data partition`` of a folder
 dataset, and the configuration layer (composing a cell, ``config show``, ``config show --explain``, ``grid
---dry-run`` of the paper's specs) import neither torch, Ray, MLflow nor matplotlib.
+--dry-run`` of the paper's specs, ``search --dry-run``) import neither torch, Ray, MLflow nor matplotlib.
 
 Each check runs the console script's ``main`` in a fresh interpreter and reads its ``sys.modules`` (what an
 interpreter already holds cannot be un-imported); the times themselves are measured by
@@ -114,11 +114,12 @@ COMMANDS_READING_CONFIGURATIONS = {
     "config show --json": ("config", "show", *PAPER_CELL, "--json"),
     "grid --dry-run paper": ("grid", "--dry-run", str(SPECS / "paper.yaml")),
     "grid --dry-run paper_unimatch_v2": ("grid", "--dry-run", str(SPECS / "paper_unimatch_v2.yaml")),
+    "search --dry-run": ("search", "--dry-run", str(SPECS / "search_np.yaml")),
 }
 
 
 @pytest.mark.parametrize("command", list(COMMANDS_READING_CONFIGURATIONS))
-def test_config_show_and_a_grid_dry_run_import_no_heavy_library(command):
+def test_config_show_and_the_dry_runs_import_no_heavy_library(command):
     assert imported_by(*COMMANDS_READING_CONFIGURATIONS[command]) == {"status": 0, "heavy": []}
 
 

@@ -103,13 +103,16 @@ def run(
     input is one ``error:`` line and exit status 2, with nothing written. A lineage whose newest checkpoint asks to
     run code (``npsemiseg.untrusted``) is refused with one line and exit status 2 too, its MLflow run ended FAILED.
     """
+    try:  # the configuration first: a bad one is named before torch, Ray and MLflow are imported
+        cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
+                            config_file=config, assignments=parse_assignments(set_))
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        fail(one_line(error))
     from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, run_cell_in_process, validate_resources
     from semiseg_platform.preflight import Needed, preflight
     from semiseg_platform.tracking import CellKilled
 
     try:
-        cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
-                            config_file=config, assignments=parse_assignments(set_))
         validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
         in_process = in_process_launch(launcher, workers=workers, gpus_per_worker=gpus_per_worker,
                                        max_failures=max_failures)
