@@ -27,9 +27,8 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import yaml
 
 from npsemiseg.constants import IGNORE_INDEX
@@ -39,6 +38,9 @@ from npsemiseg.data.info import DATA_ROOT_IN_USE, DATASETS, DatasetInfo
 from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS
 from npsemiseg.untrusted import load_yaml
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CLASSES_FILE = "classes.yaml"
 PARTITIONS_FILE = "partitions.yaml"
@@ -213,6 +215,8 @@ class FolderDataset(DatasetDef):
     @classmethod
     def read_label(cls, files: ItemFiles) -> np.ndarray:
         """The mask with its ignore value mapped to 255; values that are no class index nor ignore are an error."""
+        import numpy as np
+
         assert files.label is not None
         array = load_index_png(files.label, max_value=IGNORE_INDEX - 1, what=files.what)
         bad = np.unique(array[(array > files.max_value) & (array != cls.ignore_index) & (array != IGNORE_INDEX)])
@@ -223,6 +227,8 @@ class FolderDataset(DatasetDef):
 
     @classmethod
     def convert_label(cls, array: np.ndarray, files: ItemFiles) -> np.ndarray:
+        import numpy as np
+
         return np.where(array == cls.ignore_index, IGNORE_INDEX, array).astype(np.uint8) if files.converted else array
 
     @classmethod
@@ -270,6 +276,8 @@ def class_cover_first(folder: Path, pool: list[str], num_classes: int) -> list[s
     """``pool`` reordered so that its first images cover every class its masks hold: for each class, rarest
     first (fewest images), the first image of ``pool`` holding it unless an earlier pick covers it; then the rest
     in ``pool``'s order. A labeled list cut from the front holds every class it can (stratification by coverage)."""
+    import numpy as np
+
     classes = {i: {int(v) for v in np.unique(load_index_png(mask_file(folder, i), max_value=IGNORE_INDEX - 1,
                                                              what="class indices")) if v < num_classes}
                for i in pool}
