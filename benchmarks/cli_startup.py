@@ -77,7 +77,11 @@ def commands(folder: Path) -> dict[str, list[str]]:
         "grid --help": ["grid", "--help"],
         "config show (paper u2pl np 1/16)": ["config", "show", "--framework", "u2pl", "--dataset", "pascal_classic",
                                              "--partition", "1/16", "--head", "np", "--preset", "paper"],
+        "config show --explain optim (the same cell)": ["config", "show", "--framework", "u2pl", "--dataset",
+                                                        "pascal_classic", "--partition", "1/16", "--head", "np",
+                                                        "--preset", "paper", "--explain", "optim"],
         "grid --dry-run jobs/specs/paper.yaml": ["grid", "--dry-run", "jobs/specs/paper.yaml"],
+        "search --dry-run jobs/specs/search_np.yaml": ["search", "--dry-run", "jobs/specs/search_np.yaml"],
         "data partition (20 images)": ["data", "partition", str(folder), "--labeled", "1/4", "--val", "0.2"],
         "data check --folder (20 images)": ["data", "check", "--folder", str(folder), "--no-progress"],
     }
@@ -105,9 +109,9 @@ def main() -> None:
             rows.append({"command": label, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "exit": runs[-1][2],
                          "heavy_imports": json.loads(modules_file.read_text())})
     torch_wall, torch_cpu = rows[0]["wall_s"], rows[0]["cpu_s"]
-    print(f"{'command':<40} {'wall s':>7} {'CPU s':>7} {'wall/torch':>10} {'CPU/torch':>9}  heavy imports")
+    print(f"{'command':<44} {'wall s':>7} {'CPU s':>7} {'wall/torch':>10} {'CPU/torch':>9}  heavy imports")
     for row in rows:
-        print(f"{row['command']:<40} {row['wall_s']:>7.2f} {row['cpu_s']:>7.2f} {row['wall_s'] / torch_wall:>10.2f} "
+        print(f"{row['command']:<44} {row['wall_s']:>7.2f} {row['cpu_s']:>7.2f} {row['wall_s'] / torch_wall:>10.2f} "
               f"{row['cpu_s'] / torch_cpu:>9.2f}  {', '.join(row['heavy_imports']) or '-'}"
               + ("" if row["exit"] == 0 else f"  (exit {row['exit']})"))
     print(json.dumps(rows))

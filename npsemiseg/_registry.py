@@ -15,6 +15,7 @@ nearest name when one is close (``dataset: unknown name 'ade20K' (did you mean '
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -27,6 +28,9 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        #: where :meth:`get` looks for a name no entry holds (an object found there is returned, not registered):
+        #: the datasets' folder datasets of the record being read (``npsemiseg.data.info.dataset_root``)
+        self.finder: Callable[[str], T | None] | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: register the decorated object as ``name`` (a second object under one name is an error)."""
@@ -52,11 +56,14 @@ class Registry(Generic[T]):
         del self._entries[name]
 
     def get(self, name: str) -> T:
-        """The object registered as ``name``; ``ValueError`` listing the valid names otherwise, the nearest first
-        (:meth:`nearest`) when one is close."""
+        """The object registered as ``name``, else the one :attr:`finder` finds for it (not registered);
+        ``ValueError`` listing the valid names otherwise, the nearest first (:meth:`nearest`) when one is close."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):
+            found = self.finder(name) if self.finder is not None and isinstance(name, str) and name else None
+            if found is not None:
+                return found
             near = self.nearest(name)
             hint = f" (did you mean {near!r}?)" if near else ""
             raise ValueError(f"{self.kind}: unknown name {name!r}{hint}, expected one of {list(self._entries)}") from None
@@ -88,6 +95,19 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"
+
+
+def load_implementation(entry: type) -> type:
+    """The class that does the work of registry entry ``entry``: the class its ``implementation`` names
+    (``"package.module:attribute"``, the module imported on this call), or ``entry`` itself where it names none or
+    is that class or a subclass of it (a plug-in deriving from a built-in network class). A registry entry that
+    describes a network names the class that builds it this way, so that describing it imports no torch."""
+    path = getattr(entry, "implementation", "")
+    if not path:
+        return entry
+    module, _, attribute = path.partition(":")
+    loaded = getattr(importlib.import_module(module), attribute)
+    return entry if issubclass(entry, loaded) else loaded
 
 
 def _qualname(obj: object) -> str:

@@ -39,8 +39,8 @@ from npsemiseg._registry import Registry
 from npsemiseg.constants import CORRUPTIONS
 from npsemiseg.data import dataset_info
 from npsemiseg.data.info import DatasetInfo
-from npsemiseg.frameworks import get_framework
-from npsemiseg.heads import head_class
+from npsemiseg.frameworks import framework_spec
+from npsemiseg.heads import head_spec
 from npsemiseg.protocol import protocol_overrides
 
 #: one setting a step writes: (dotted key, value, why)
@@ -101,7 +101,7 @@ HEAD_SCHEDULE_KEYS = ("schedule.crop_size", "schedule.batch_size", "schedule.unl
 def shared_epochs(cell: Cell) -> int:
     """The shared schedule's epochs of the cell's dataset for its framework (the dataset's settings, with the
     framework's own schedule change where it has one)."""
-    return get_framework(cell.framework).shared_epochs(cell.info.settings)
+    return framework_spec(cell.framework).shared_epochs(cell.info.settings)
 
 
 def _protocol_epochs(cell: Cell) -> int:
@@ -128,10 +128,10 @@ def head_schedule(cell: Cell, head_settings: str) -> list[Setting]:
     recipe = settings.recipe
     crop, batch, lr = settings.crop_size, settings.batch, settings.lr
     epochs = _protocol_epochs(cell)
-    framework_cls = get_framework(cell.framework)
+    framework_cls = framework_spec(cell.framework)
     why = f"head_settings shared: every head of {cell.framework} at the NP configs' {recipe} crop and batch"
     epochs_why = "the protocol's epochs" if epochs != settings.epochs else f"the shared {recipe} epochs"
-    if head_settings == "per_head" and head_class(cell.head).stochastic:
+    if head_settings == "per_head" and head_spec(cell.head).stochastic:
         crop, batch = settings.np_config(cell.framework)
         why = f"head_settings per_head: the {cell.head} head at the NP configs' crop and batch for {cell.framework}"
     elif head_settings == "per_head":
@@ -162,7 +162,7 @@ def _paper_scale(cell: Cell, view: Mapping[str, Any]) -> list[Setting]:
     """The head schedule, then the whole publication of a framework that has one of its own for every head
     (``publication_values(the dataset's settings)``: UniMatch V2's DINOv2 configs), which wins over it."""
     settings = head_schedule(cell, view["schedule"].get("head_settings", "shared"))
-    return settings + get_framework(cell.framework).publication_values(cell.info.settings)
+    return settings + framework_spec(cell.framework).publication_values(cell.info.settings)
 
 
 PRESETS.add("paper", Preset("paper", _paper_values, _paper_scale))
@@ -197,7 +197,7 @@ def _smoke_scale(cell: Cell, view: Mapping[str, Any]) -> list[Setting]:
     options = view.get("framework_options", {})
     settings += [(f"framework_options.{phase}", 0, "smoke: a few steps start semi-supervised at once")
                  for phase in ("sup_only_epochs", "warmup_epochs") if phase in options]
-    framework, head = get_framework(cell.framework), head_class(cell.head)
+    framework, head = framework_spec(cell.framework), head_spec(cell.head)
     settings += [(f"framework_options.{k}", v, f"smoke: {cell.framework}'s smoke_options")
                  for k, v in framework.smoke_options.items()]
     settings += [(f"head.options.{k}", v, f"smoke: the {cell.head} head's smoke_options")

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from npsemiseg.constants import NOT_APPLICABLE
 from npsemiseg.data import DatasetInfo, dataset_info
-from npsemiseg.frameworks import get_framework
-from npsemiseg.heads import head_class
+from npsemiseg.frameworks import framework_spec
+from npsemiseg.heads import head_spec
 from npsemiseg.renames import current_key
 
 PROTOCOLS: tuple[str, ...] = ("released", "corrected")
@@ -116,18 +116,18 @@ def _publication_epochs(values: dict[str, Any]) -> int:
     """The epochs of the framework's own publication on the cell's dataset and partition (``Framework.own_epochs``:
     the dataset's settings); the shared ones where it has none."""
     info = dataset_info(values["dataset"])
-    own = get_framework(values["framework"]).own_epochs(info, info.resolve_partition(str(values["partition"])))
+    own = framework_spec(values["framework"]).own_epochs(info, info.resolve_partition(str(values["partition"])))
     return own if own is not None else _shared_epochs(values)
 
 
 def _shared_epochs(values: dict[str, Any]) -> int:
     """The shared schedule's epochs on the cell's dataset for its framework (``Framework.shared_epochs``)."""
-    return get_framework(values["framework"]).shared_epochs(dataset_info(values["dataset"]).settings)
+    return framework_spec(values["framework"]).shared_epochs(dataset_info(values["dataset"]).settings)
 
 
 def _own_epochs_differ(info: DatasetInfo, framework: str) -> bool:
     """Whether the framework's publication on the dataset trains other epochs than the shared schedule."""
-    framework_cls = get_framework(framework)
+    framework_cls = framework_spec(framework)
     publication = framework_cls.publication_on(info.settings)
     return publication is not None and publication.epochs not in (None, framework_cls.shared_epochs(info.settings))
 
@@ -150,7 +150,7 @@ _OWN_EPOCHS = DatasetCondition("datasets where the framework's publication train
 
 def _head_grad_clip(values: dict[str, Any]) -> float | None:
     """The cell's head's own clipping (``ClassifierHead.paper_grad_clip``: NP 5.0, the others none)."""
-    return head_class(values["head"]["name"]).paper_grad_clip
+    return head_spec(values["head"]["name"]).paper_grad_clip
 
 
 _NP = ("np",)

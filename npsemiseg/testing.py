@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from npsemiseg._registry import Registry
+from npsemiseg._registry import Registry, load_implementation
 from npsemiseg.config import cell_config
 from npsemiseg.data import DATASETS, DatasetDef, dataset_info
-from npsemiseg.data.transforms import PAPER_AUGMENTATIONS
-from npsemiseg.frameworks import FRAMEWORKS, Framework
-from npsemiseg.heads import HEADS, ClassifierHead, build_head, head_class
+from npsemiseg.data.augmentation import PAPER_AUGMENTATIONS
+from npsemiseg.frameworks import FRAMEWORKS, Framework, FrameworkSpec
+from npsemiseg.heads import HEADS, ClassifierHead, HeadSpec, build_head, head_class
 from npsemiseg.models import DECODERS
 from npsemiseg.training import train
 
@@ -41,7 +41,10 @@ class PluginContractError(AssertionError):
 def check_plugin(cls: type, *, train_steps: bool = False) -> str:
     """Check ``cls``, a registered head, framework or dataset class, against its kind's contract; return its
     registered name. ``train_steps=True`` also trains a framework's smoke cell (supervised x baseline on the
-    ``synthetic`` stand-in for a framework; the head with the supervised framework for a head): seconds on a CPU."""
+    ``synthetic`` stand-in for a framework; the head with the supervised framework for a head): seconds on a CPU.
+    A built-in entry's spec (``HEADS.get("np")``) is checked as the class it names (``NPHead``)."""
+    if isinstance(cls, type) and issubclass(cls, (HeadSpec, FrameworkSpec)):
+        cls = load_implementation(cls)
     for base, registry, check in ((ClassifierHead, HEADS, _check_head), (Framework, FRAMEWORKS, _check_framework),
                                   (DatasetDef, DATASETS, _check_dataset)):
         if isinstance(cls, type) and issubclass(cls, base):
@@ -55,7 +58,7 @@ def check_plugin(cls: type, *, train_steps: bool = False) -> str:
 
 
 def _registered_name(cls: type, registry: Registry) -> str:
-    names = [name for name, obj in registry.items() if obj is cls]
+    names = [name for name, obj in registry.items() if obj is cls or load_implementation(obj) is cls]
     if not names:
         raise PluginContractError(f"{cls.__qualname__} is not registered: decorate it with "
                                   f"@{registry.kind.upper()}S.register(name) in a module that is imported")

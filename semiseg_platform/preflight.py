@@ -103,7 +103,7 @@ def check_weights(configs: Iterable[RunConfig]) -> None:
         weights = config.model.weights
         named = isinstance(weights, str) and weights.startswith(PRETRAINED_PREFIX)
         if is_vit_backbone(config.model.backbone):
-            evaluation, info = config.evaluation, dataset_info(config.dataset)
+            evaluation, info = config.evaluation, config.dataset_info
             problem = vit_settings_problem(config.model.backbone, None if named else weights, config.schedule.crop_size,
                                            eval_mode=evaluation.mode or info.eval_mode,
                                            eval_crop_size=evaluation.crop_size or info.eval_crop_size,

@@ -1,5 +1,6 @@
 """The command line answers at once: ``--help`` of every command, ``data check`` and ``data partition`` of a folder
-dataset import neither torch, Ray, MLflow nor matplotlib.
+dataset, and the configuration layer (composing a cell, ``config show``, ``config show --explain``, ``grid
+--dry-run`` of the paper's specs, ``search --dry-run``) import neither torch, Ray, MLflow nor matplotlib.
 
 Each check runs the console script's ``main`` in a fresh interpreter and reads its ``sys.modules`` (what an
 interpreter already holds cannot be un-imported); the times themselves are measured by
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +21,6 @@ import typer
 import yaml
 from PIL import Image
 
-from npsemiseg import catalog
 from semiseg_platform.cli.main import app
 
 #: what a command imports only when it runs
@@ -88,18 +89,38 @@ def test_data_partition_and_check_read_a_folder_without_heavy_libraries(tmp_path
     assert broken == {"status": 2, "heavy": []}
 
 
-def test_the_catalog_names_what_the_registries_register():
-    """The help lists :mod:`npsemiseg.catalog`'s names: exactly what importing the packages registers, in order."""
-    probe = ("import json\n"
-             "from npsemiseg.data import dataset_names\n"
-             "from npsemiseg.frameworks import framework_names\n"
-             "from npsemiseg.heads import head_names\n"
-             "from npsemiseg.presets import preset_names\n"
-             "print(json.dumps([framework_names(), head_names(), dataset_names(), preset_names()]))")
+#: the paper's cell of ``docs/performance.md``'s measurements, as ``npsemiseg config show`` options
+PAPER_CELL = ("--framework", "u2pl", "--dataset", "pascal_classic", "--partition", "1/16", "--head", "np",
+              "--preset", "paper")
+SPECS = Path(__file__).parents[1] / "jobs" / "specs"
+
+
+def test_the_configuration_layer_imports_no_heavy_library():
+    """The registries describe their entries (options, defaults, paper settings) without the networks' modules:
+    composing a cell reads them, and builds nothing."""
+    probe = ("import json, sys\n"
+             "from npsemiseg.config import RunConfig, compose, config_params, explain\n"
+             "composition = compose('paper', framework='unimatch_v2', dataset='cityscapes', partition='1/16', head='np')\n"
+             "config = RunConfig.from_yaml(composition.config.to_yaml())\n"
+             "assert config == composition.config and explain(config).config == config and config_params(config)\n"
+             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    registered = json.loads(done.stdout.strip().splitlines()[-1])
-    assert registered == [list(catalog.FRAMEWORK_NAMES), list(catalog.HEAD_NAMES), list(catalog.DATASET_NAMES),
-                          list(catalog.PRESET_NAMES)]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+COMMANDS_READING_CONFIGURATIONS = {
+    "config show": ("config", "show", *PAPER_CELL),
+    "config show --explain": ("config", "show", *PAPER_CELL, "--explain", "optim"),
+    "config show --json": ("config", "show", *PAPER_CELL, "--json"),
+    "grid --dry-run paper": ("grid", "--dry-run", str(SPECS / "paper.yaml")),
+    "grid --dry-run paper_unimatch_v2": ("grid", "--dry-run", str(SPECS / "paper_unimatch_v2.yaml")),
+    "search --dry-run": ("search", "--dry-run", str(SPECS / "search_np.yaml")),
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS_READING_CONFIGURATIONS))
+def test_config_show_and_the_dry_runs_import_no_heavy_library(command):
+    assert imported_by(*COMMANDS_READING_CONFIGURATIONS[command]) == {"status": 0, "heavy": []}
 
 
 def test_run_prints_every_final_metric_first():

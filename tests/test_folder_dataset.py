@@ -147,21 +147,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(plants, spoil, message
 
 
 def test_a_run_record_finds_its_folder_dataset_by_its_data_root(tmp_path):
-    """A fresh process (a Ray worker) knows no folder dataset: reading a run's configuration registers it from
-    the record's ``data.root``; a name no folder holds stays an unknown dataset."""
+    """A fresh process (a Ray worker) knows no folder dataset: reading a run's configuration finds it under the
+    record's ``data.root`` and registers it nowhere (reading a configuration changes no registry); a name no folder
+    holds stays an unknown dataset."""
     folder = make_folder(tmp_path)
     write_partitions(folder, ["1/4"], seed=0, val="4")
-    try:
-        config = cell_config("smoke", framework="supervised", dataset="plants", partition="1/4",
-                             **{"data.root": str(folder)})
-        DATASETS.remove("plants")
-        record = config.model_dump(mode="json")
-        assert type(config).model_validate(record).dataset == "plants" and "plants" in DATASETS
-        with pytest.raises(ValueError, match="dataset: unknown name 'weeds'"):
-            type(config).model_validate({**record, "dataset": "weeds"})
-    finally:
-        if "plants" in DATASETS:
-            DATASETS.remove("plants")
+    assert "plants" not in DATASETS
+    config = cell_config("smoke", framework="supervised", dataset="plants", partition="1/4",
+                         **{"data.root": str(folder)})
+    record = config.model_dump(mode="json")
+    again = type(config).model_validate(record)
+    assert again.dataset == "plants" and again.num_classes == 3 and "plants" not in DATASETS
+    assert again.dataset_info.partitions == config.dataset_info.partitions
+    assert len(build_dataset("plants", "val", root=str(folder))) == 4 and "plants" not in DATASETS
+    with pytest.raises(ValueError, match="dataset: unknown name 'weeds'"):
+        type(config).model_validate({**record, "dataset": "weeds"})
+    with pytest.raises(ValueError, match="dataset: unknown name 'plants'"):
+        type(config).model_validate({**record, "data": {**record["data"], "root": str(tmp_path / "elsewhere")}})
 
 
 def test_stratified_lists_cover_a_rare_class_first(tmp_path):

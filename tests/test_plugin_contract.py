@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from npsemiseg.data import DATASETS
-from npsemiseg.frameworks import FRAMEWORKS
+from npsemiseg.frameworks import FRAMEWORKS, get_framework
 from npsemiseg.heads import HEADS, ClassifierHead, HeadOutput
 from npsemiseg.testing import PluginContractError, check_plugin
 
@@ -65,7 +65,7 @@ def test_an_unregistered_class_is_caught_with_the_decorator_to_use():
 
 
 def test_a_framework_whose_name_is_not_its_registered_name_is_caught():
-    renamed = type("RenamedSupervised", (FRAMEWORKS.get("supervised"),), {"name": "something_else"})
+    renamed = type("RenamedSupervised", (get_framework("supervised"),), {"name": "something_else"})
     FRAMEWORKS.register("renamed_test")(renamed)
     try:
         with pytest.raises(PluginContractError, match=r"`name` must be the registered name 'renamed_test'"):

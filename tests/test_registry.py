@@ -7,6 +7,7 @@ and removed again. No other module is edited for them.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 
@@ -16,11 +17,22 @@ from torch import Tensor, nn
 
 from npsemiseg.config import cell_config, config_params, with_overrides
 from npsemiseg.data.info import DATASETS
-from npsemiseg.frameworks import FRAMEWORKS, Framework, FrameworkOptions, StepContext, StepResult, framework_names
+from npsemiseg.data.augmentation import TRANSFORM_DEFAULTS
+from npsemiseg.data.transforms import train_transform
+from npsemiseg.frameworks import (
+    FRAMEWORKS,
+    Framework,
+    FrameworkOptions,
+    StepContext,
+    StepResult,
+    framework_names,
+    framework_spec,
+    get_framework,
+)
 from npsemiseg.frameworks.base import Batch, head_logs
 from npsemiseg.frameworks.supervised import supervised_loss_terms
-from npsemiseg.heads import HEADS, ClassifierHead, HeadOutput, build_head, head_class, head_names
-from npsemiseg.models import BACKBONES, DECODERS, upsample_logits
+from npsemiseg.heads import HEADS, ClassifierHead, HeadOutput, build_head, head_class, head_names, head_spec
+from npsemiseg.models import BACKBONES, DECODERS, SEGMENTOR_OPTIONS, build_segmentor, upsample_logits
 from npsemiseg.presets import PRESETS, preset_names
 from npsemiseg.testing import check_plugin
 from npsemiseg.training import train
@@ -161,3 +173,41 @@ def test_head_option_values_are_checked_without_building_a_head():
     cell_config("smoke", head="np")
     assert torch.equal(state, torch.get_rng_state())
 
+
+
+@pytest.mark.parametrize("name", list(HEADS.names()))
+def test_a_head_spec_declares_the_options_its_network_takes(name):
+    """What a configuration checks head options against (the spec's ``default_options``, no torch) is what the
+    network's constructor takes, with the same defaults: an option added to one and not the other fails here."""
+    network = head_class(name)
+    keywords = list(inspect.signature(network.__init__).parameters.values())[3:]  # self, in_channels, num_classes
+    assert head_spec(name).option_defaults() == {p.name: p.default for p in keywords}
+    assert issubclass(network, head_spec(name)) and network.label == head_spec(name).label
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORKS.names()))
+def test_a_framework_spec_is_what_its_class_declares(name):
+    framework = get_framework(name)
+    spec = framework_spec(name)
+    assert issubclass(framework, Framework) and issubclass(framework, spec) and framework.name == spec.name == name
+    assert framework.Options is spec.Options and framework.decoder == spec.decoder
+
+
+def test_model_options_and_augmentation_keys_are_the_builders_keywords():
+    """``model.options`` (``SEGMENTOR_OPTIONS``) and ``data.augmentation`` (``TRANSFORM_DEFAULTS``), described without
+    torch, are ``build_segmentor``'s and ``train_transform``'s keywords."""
+    set_by_the_record = {"num_classes", "head", "head_options", "variant", "backbone", "weights", "deep_stem",
+                         "aux_head", "representation_head", "mc_dropout_scope", "align_corners"}
+    assert sorted(SEGMENTOR_OPTIONS) == sorted(set(inspect.signature(build_segmentor).parameters) - set_by_the_record)
+    keywords = {p.name: p.default for p in inspect.signature(train_transform).parameters.values()}
+    assert {k: v for k, v in keywords.items() if k != "crop_size"} == TRANSFORM_DEFAULTS
+
+
+def test_a_plugin_deriving_from_a_built_in_network_builds_itself():
+    """A subclass of a built-in head inherits its spec's ``implementation``; building it builds the subclass."""
+    derived = type("WiderBaselineForTest", (head_class("baseline"),), {"description": "a wider baseline"})
+    HEADS.register("wider_test")(derived)
+    try:
+        assert type(build_head("wider_test", 8, 3)) is derived and check_plugin(derived) == "wider_test"
+    finally:
+        HEADS.remove("wider_test")

@@ -35,10 +35,10 @@ from npsemiseg.config.overrides import apply_overrides
 from npsemiseg.config.schema import CellInputs, RunConfig, ScheduleConfig
 from npsemiseg.constants import sliding_stride
 from npsemiseg.data import dataset_info
-from npsemiseg.data.sets.folder import ensure_registered
-from npsemiseg.data.transforms import paper_augmentation
-from npsemiseg.frameworks import get_framework
-from npsemiseg.heads import head_class
+from npsemiseg.data.info import dataset_root
+from npsemiseg.data.augmentation import paper_augmentation
+from npsemiseg.frameworks import framework_spec
+from npsemiseg.heads import head_spec
 from npsemiseg.presets import PRESETS, Cell
 from npsemiseg.protocol import (
     FRAMEWORK_TARGET,
@@ -123,7 +123,13 @@ def compose(preset: str, *, framework: str, dataset: str, partition: str | int, 
     key or value.
     """
     given = read_renamed(dict(overrides or {}))
-    ensure_registered(dataset, given.get("data.root", (given.get("data") or {}).get("root")))
+    with dataset_root(given.get("data.root", (given.get("data") or {}).get("root"))):
+        return _compose(preset, framework, dataset, partition, head, protocol, given)
+
+
+def _compose(preset: str, framework: str, dataset: str, partition: str | int, head: str, protocol: str,
+             given: dict[str, Any]) -> Composition:
+    """:func:`compose`'s steps (``given``: the overrides, renamed keys read)."""
     cell_changes, rest = _split_cell_keys(given)
     coordinates = {"framework": framework, "dataset": dataset, "partition": str(partition), "head": head,
                    "protocol": protocol, **cell_changes}
@@ -174,7 +180,12 @@ def recompose(config: RunConfig, overrides: Mapping[str, Any] | None = None, *,
 
 def compose_record(config: RunConfig, overrides: Mapping[str, Any] | None = None) -> Composition:
     """A record composed again as it is (step ``record``), its unset derived fields, then ``overrides``."""
-    values = _Values(_targets(read_renamed(dict(overrides or {}))))
+    with dataset_root(config.data.root):
+        return _compose_record(config, _targets(read_renamed(dict(overrides or {}))))
+
+
+def _compose_record(config: RunConfig, overrides: dict[str, Any]) -> Composition:
+    values = _Values(overrides)
     record = config.model_dump(mode="json", exclude={"inputs"})
     values.set_all(record, "record", "the record as given")
     cell = Cell(preset="", framework=config.framework, dataset=config.dataset, partition=config.partition,
@@ -246,7 +257,7 @@ def _preset_step(values: _Values, cell: Cell) -> None:
 def _defaults_step(values: _Values, cell: Cell) -> None:
     """The framework's paper options, decoder, schedule changes and augmentation pipeline; the head's paper
     options and gradient clipping."""
-    framework, head, info = get_framework(cell.framework), head_class(cell.head), cell.info
+    framework, head, info = framework_spec(cell.framework), head_spec(cell.head), cell.info
     settings, name = info.settings, cell.framework
     recipe = settings.recipe
     options = {**framework.paper_options(info.paper_dataset, cell.partition),
@@ -328,7 +339,7 @@ def _evaluation(view: Mapping[str, Any], info: Any) -> list[tuple[str, Any, str]
 def _framework_needs(view: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """The representation head where the framework needs one (U2PL), the labeled strong view where its options
     ask for one (PS-MT's ``strong_labeled``); scale ranges as floats."""
-    framework = get_framework(view["framework"])
+    framework = framework_spec(view["framework"])
     out = []
     if view["model"].get("representation_head") is None:
         out.append(("model.representation_head", framework.representation_head, f"{framework.name}'s needs"))

@@ -19,9 +19,9 @@ from typing import Any
 
 from npsemiseg.config.schema import RunConfig
 from npsemiseg.constants import NOT_APPLICABLE
-from npsemiseg.data.transforms import train_transform
-from npsemiseg.frameworks import framework_names, get_framework
-from npsemiseg.heads import head_class, head_names
+from npsemiseg.data.augmentation import TRANSFORM_DEFAULTS
+from npsemiseg.frameworks import framework_names, framework_spec
+from npsemiseg.heads import head_names, head_spec
 from npsemiseg.protocol import SWITCH_PREFIX, switch_values
 
 
@@ -51,22 +51,21 @@ def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
 @functools.cache
 def _framework_option_keys() -> tuple[str, ...]:
     """Every option name of every registered framework (sorted)."""
-    return tuple(sorted({key for name in framework_names() for key in get_framework(name).Options.model_fields}))
+    return tuple(sorted({key for name in framework_names() for key in framework_spec(name).Options.model_fields}))
 
 
 @functools.cache
 def _head_option_defaults(name: str) -> dict[str, Any]:
     """Every option name of every registered head -> head ``name``'s default (JSON types), or ``NOT_APPLICABLE``."""
-    keys = sorted({key for head in head_names() for key in head_class(head).option_defaults()})
-    own = {k: v for k, v in head_class(name).option_defaults().items() if v is not inspect.Parameter.empty}
+    keys = sorted({key for head in head_names() for key in head_spec(head).option_defaults()})
+    own = {k: v for k, v in head_spec(name).option_defaults().items() if v is not inspect.Parameter.empty}
     return {key: _json_value(own[key]) if key in own else NOT_APPLICABLE for key in keys}
 
 
 @functools.cache
 def _augmentation_defaults() -> dict[str, Any]:
     """``train_transform``'s keywords besides the crop -> their defaults (JSON types)."""
-    parameters = inspect.signature(train_transform).parameters.values()
-    return {p.name: _json_value(p.default) for p in parameters if p.name != "crop_size"}
+    return {key: _json_value(value) for key, value in TRANSFORM_DEFAULTS.items()}
 
 
 def _json_value(value: Any) -> Any:

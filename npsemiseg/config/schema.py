@@ -8,7 +8,6 @@ the head schedule, fields that follow others, the user's overrides) is :mod:`nps
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -29,12 +29,11 @@ from pydantic import (
 
 from npsemiseg.constants import CORRUPTION_SEVERITIES, CORRUPTIONS, SampleCE
 from npsemiseg.data import augmentation_keys, dataset_info
-from npsemiseg.data.info import DATASETS
-from npsemiseg.data.sets.folder import ensure_registered
+from npsemiseg.data.info import DATASETS, dataset_root
 from npsemiseg.frameworks import FRAMEWORKS
-from npsemiseg.heads import HEADS, head_class
+from npsemiseg.heads import HEADS, head_spec
 from npsemiseg.config.overrides import FREE_FORM
-from npsemiseg.models import BACKBONES, DECODERS, build_segmentor
+from npsemiseg.models import BACKBONES, DECODERS, SEGMENTOR_OPTIONS
 from npsemiseg.renames import earlier_names, read_renamed
 from npsemiseg.untrusted import load_yaml
 
@@ -122,15 +121,10 @@ CELL_ID_LENGTH = 12
 _YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-#: ``build_segmentor`` arguments that the configuration sets itself (``model``'s fields, the head, the dataset)
-_SET_BY_THE_CONFIGURATION = frozenset({"num_classes", "head", "head_options", "variant", "backbone", "weights",
-                                       "deep_stem", "aux_head", "representation_head", "mc_dropout_scope",
-                                       "align_corners"})
-
-
 def segmentor_options() -> list[str]:
-    """The keys ``model.options`` takes: ``build_segmentor``'s other keyword arguments."""
-    return sorted(set(inspect.signature(build_segmentor).parameters) - _SET_BY_THE_CONFIGURATION)
+    """The keys ``model.options`` takes: ``build_segmentor``'s other keyword arguments
+    (:data:`npsemiseg.models.SEGMENTOR_OPTIONS`)."""
+    return sorted(SEGMENTOR_OPTIONS)
 
 
 def _free_form_names(values: dict[str, Any]) -> None:
@@ -518,14 +512,14 @@ class RunConfig(Section):
             _free_form_names(values)
         return values
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _folder_dataset(cls, values: Any) -> Any:
-        """A folder dataset of one's own named by the record and found at its ``data.root``: registered first."""
-        if isinstance(values, dict):
-            data = values.get("data")
-            ensure_registered(values.get("dataset"), data.get("root") if isinstance(data, dict) else None)
-        return values
+    def _under_its_data_root(cls, values: Any, handler: ModelWrapValidatorHandler[RunConfig]) -> RunConfig:
+        """Checked under the record's ``data.root``: a folder dataset of one's own found there is known to the
+        checks, and registered nowhere (:func:`npsemiseg.data.info.dataset_root`)."""
+        data = values.get("data") if isinstance(values, dict) else None
+        with dataset_root(data.get("root") if isinstance(data, dict) else None):
+            return handler(values)
 
     @field_validator("dataset", mode="after")
     @classmethod
@@ -556,7 +550,7 @@ class RunConfig(Section):
             raise ValueError(f"partition_lists: {self.dataset} has lists {list(info.partition_list_sources)}, "
                              f"got {self.partition_lists!r}")
         try:
-            head_class(self.head.name).check_options(self.head.options)
+            head_spec(self.head.name).check_options(self.head.options)
         except (TypeError, ValueError) as error:
             raise ValueError(f"head.options for head {self.head.name!r}: {error}") from None
         return self
@@ -572,8 +566,10 @@ class RunConfig(Section):
     # ----------------------------------------------------------------- derived values
     @property
     def dataset_info(self):
-        """``npsemiseg.data.dataset_info`` of this run's dataset (with its data options)."""
-        return dataset_info(self.dataset, **dict(self.data.options))
+        """``npsemiseg.data.dataset_info`` of this run's dataset (with its data options; a folder dataset found
+        under ``data.root``)."""
+        with dataset_root(self.data.root):
+            return dataset_info(self.dataset, **dict(self.data.options))
 
     @property
     def num_classes(self) -> int:

@@ -33,6 +33,7 @@ from npsemiseg.data.info import (
     dataset_names,
     protocol_partitions,
 )
+from npsemiseg.data.augmentation import augmentation_keys
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.data import sets  # noqa: F401  (registers the built-in datasets)
@@ -41,10 +42,9 @@ from npsemiseg.data.partitions import PARTITION_LIST_SOURCES, partition_ids
 if TYPE_CHECKING:
     from npsemiseg.data.files_dataset import FilesDataset
     from npsemiseg.data.synthetic import SyntheticConfig, SyntheticSegmentation
-    from npsemiseg.data.transforms import augmentation_keys
 
 _ON_FIRST_USE = {"FilesDataset": "npsemiseg.data.files_dataset", "SyntheticConfig": "npsemiseg.data.synthetic",
-                 "SyntheticSegmentation": "npsemiseg.data.synthetic", "augmentation_keys": "npsemiseg.data.transforms"}
+                 "SyntheticSegmentation": "npsemiseg.data.synthetic"}
 
 
 def __getattr__(name: str) -> Any:

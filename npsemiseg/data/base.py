@@ -28,8 +28,6 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
 from npsemiseg.data.info import DatasetInfo
@@ -37,6 +35,7 @@ from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS, PaperSettings
 
 if TYPE_CHECKING:
+    import numpy as np
     from torch.utils.data import Dataset
 
 SPLITS = ("labeled", "unlabeled", "val")

@@ -22,18 +22,20 @@ values, matching sizes) is checked when the item is loaded.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 from PIL import UnidentifiedImageError
 
-from npsemiseg.data.info import DATASETS, IGNORE_INDEX
+from npsemiseg.data.info import DATASETS, IGNORE_INDEX, dataset_root
 from npsemiseg.untrusted import IMAGE_FORMATS, LABEL_FORMATS, decode_image
 
-if TYPE_CHECKING:  # torch is imported when an image is loaded: checking a dataset's files does without it
+if TYPE_CHECKING:  # torch is imported when an image is loaded, numpy when pixels are read: checking a dataset's
+    # files does without torch, listing the datasets (the command line's help) without either
+    import numpy as np
     import torch
     from torch.utils.data import Dataset
 
@@ -47,21 +49,22 @@ CITYSCAPES_ID_TO_TRAINID: dict[int, int] = {
 CITYSCAPES_NUM_LABEL_IDS = 34  # labelIds images hold 0..33
 
 
+@functools.cache
 def _id_to_trainid_table() -> np.ndarray:
+    import numpy as np  # numpy where pixels are read: the registries' import (the CLI's help) does without it
+
     table = np.full(256, IGNORE_INDEX, dtype=np.uint8)
     for label_id, train_id in CITYSCAPES_ID_TO_TRAINID.items():
         table[label_id] = train_id
     return table
 
 
-_ID_TO_TRAINID = _id_to_trainid_table()
-
 Transform = Callable[[dict], dict]
 
 
 def cityscapes_labelids_to_trainids(label_ids: np.ndarray) -> np.ndarray:
     """Map a Cityscapes ``labelIds`` array (values 0..33) to train ids (0..18, 255)."""
-    return _ID_TO_TRAINID[label_ids]
+    return _id_to_trainid_table()[label_ids]
 
 
 #: PIL modes of grey images of more than 8 bits: read as ``value / 65535`` (never clipped to 255), the same grey
@@ -83,6 +86,8 @@ def image_depth(mode: str) -> str:
 def _image_pixels(img, path: Path) -> np.ndarray:
     """A loaded PIL image -> uint8 ``[H, W, 3]`` RGB, or ``[H, W]`` int32 grey of 0..65535 for the wide grey modes
     (:data:`WIDE_GREY_MODES`); ``ValueError`` for a float image or values beyond 16 bits."""
+    import numpy as np
+
     if img.mode in WIDE_GREY_MODES:
         grey = np.asarray(img).astype(np.int32)
         if grey.size and (grey.min() < 0 or grey.max() > _WIDE_MAX):
@@ -112,6 +117,7 @@ def read_pixels(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> tuple[
 def load_image(path: Path, *, formats: Sequence[str] = IMAGE_FORMATS) -> torch.Tensor:
     """Image file of ``formats`` -> float32 ``[3, H, W]`` in [0, 1] (:func:`read_pixels`): 8-bit values / 255,
     16-bit grey values / 65535 in the three channels."""
+    import numpy as np
     import torch
 
     pixels, _ = read_pixels(path, formats=formats)
@@ -125,6 +131,8 @@ def load_index_png(path: Path, *, max_value: int, what: str) -> np.ndarray:
 
     Values must be in ``0..max_value`` or 255; ``what`` says in the error what they are.
     """
+    import numpy as np
+
     try:
         img = decode_image(path, formats=LABEL_FORMATS)
         mode = img.mode
@@ -161,7 +169,8 @@ def root_subfolders(name: str) -> list[str]:
 
 def resolve_root(name: str, root: str | os.PathLike | None = None) -> Path:
     """The folder of dataset ``name``: ``root`` (or ``$NPSEMISEG_DATA``) itself or its conventional subfolder."""
-    return DATASETS.get(name).resolve_root(root)
+    with dataset_root(root):
+        return DATASETS.get(name).resolve_root(root)
 
 
 def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
@@ -179,7 +188,8 @@ def build_dataset(name: str, split: str, root: str | os.PathLike | None = None,
     diagnostics of ``data.unlabeled_truth``), ``id`` str, passed through ``transform``.
     The returned dataset has ``info``, ``split``, ``partition`` and ``partition_lists`` attributes.
     """
-    definition = DATASETS.get(name)
+    with dataset_root(root):
+        definition = DATASETS.get(name)
     if partition_lists not in ("u2pl", "cps"):
         raise ValueError(f"partition_lists must be 'u2pl' or 'cps', got {partition_lists!r}")
     max_items = options.pop("max_items", None)

@@ -11,7 +11,9 @@ partition *names* of the real dataset they mimic, with labeled counts scaled to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -92,6 +94,31 @@ class DatasetInfo:
 
 #: every dataset by name: its ``DatasetDef`` subclass (``npsemiseg.data.base``), registered where it is defined
 DATASETS: Registry[Any] = Registry("dataset")
+
+
+@dataclass(frozen=True)
+class DataRoot:
+    """The data root of a record being read or built (``data.root``) and the folder datasets found under it."""
+
+    root: object
+    found: dict[str, Any] = field(default_factory=dict)
+
+
+#: the data root in use (:func:`dataset_root`); None outside one
+DATA_ROOT_IN_USE: ContextVar[DataRoot | None] = ContextVar("data_root_in_use", default=None)
+
+
+@contextmanager
+def dataset_root(root: object) -> Iterator[None]:
+    """While a record whose ``data.root`` is ``root`` is read or built: a dataset name no registered class holds is
+    looked for as a folder dataset at ``root``, ``root/<name>`` or ``$NPSEMISEG_DATA/<name>``
+    (``npsemiseg.data.sets.folder``), found for the lookups inside this block and registered nowhere (reading a
+    configuration changes no registry; a Ray worker reading a run's configuration finds the run's folder)."""
+    token = DATA_ROOT_IN_USE.set(DataRoot(root))
+    try:
+        yield
+    finally:
+        DATA_ROOT_IN_USE.reset(token)
 
 
 def dataset_names() -> tuple[str, ...]:

@@ -30,7 +30,6 @@ generator / worker seeds) makes the pipelines reproducible.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +42,14 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import query_size
 
 from npsemiseg.constants import IGNORE_INDEX, PAPER_BLUR_SIGMA
+from npsemiseg.data.augmentation import (  # noqa: F401  (described without torch, read from here too)
+    AUGMENTATION_KEYS,
+    PAPER_AUGMENTATIONS,
+    TRANSFORM_DEFAULTS,
+    VIEW_KEYS,
+    augmentation_keys,
+    paper_augmentation,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
@@ -318,7 +325,6 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
 
 
 #: keywords of :func:`train_transform` that a framework asks for (``Framework.unlabeled_views``), not configuration keys
-VIEW_KEYS: tuple[str, ...] = ("strong_views", "padding_mask", "draws")
 #: suffix of the keys of an item's second augmentation draw (``image_mix``, ``image_strong_mix``, ...)
 DRAW_SUFFIX = "_mix"
 
@@ -397,31 +403,3 @@ def val_transform(crop_size: int | Sequence[int] | None = None, *,
     """Evaluation transform: the whole image (``crop_size=None``) or its padded center crop."""
     weak = None if crop_size is None else PadCrop(crop_size, random=False, label_pad_value=label_pad_value)
     return SegmentationTransform(weak)
-
-
-#: the training pipelines a framework names (``Framework.augmentation``): weak/strong settings per dataset family
-PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
-
-
-def augmentation_keys() -> tuple[str, ...]:
-    """The settings of the training augmentation: ``train_transform``'s keywords besides the crop (the keys of a
-    configuration's ``data.augmentation``)."""
-    return tuple(name for name in inspect.signature(train_transform).parameters
-                 if name != "crop_size" and name not in VIEW_KEYS)
-
-
-def paper_augmentation(pipeline: str, dataset_kind: str) -> dict[str, Any]:
-    """The weak/strong settings of training pipeline ``pipeline`` (``u2pl``: U2PL's, also MT's and the
-    supervised reference's; ``augseg``; ``psmt``) on ``"voc"`` or ``"cityscapes"`` (kwargs of
-    ``train_transform`` except ``crop_size``); ``strong`` is the view given to unlabeled images.
-    """
-    if dataset_kind not in ("voc", "cityscapes"):
-        raise ValueError(f"dataset_kind must be 'voc' or 'cityscapes', got {dataset_kind!r}")
-    if pipeline == "u2pl":
-        return {"resize": "rescale_balanced", "strong": None}
-    if pipeline in ("augseg", "psmt"):
-        if dataset_kind == "voc":
-            return {"resize": "long_side", "base_size": 500 if pipeline == "augseg" else 600, "strong": pipeline}
-        return {"resize": "rescale", "strong": pipeline}
-    raise ValueError(f"augmentation: unknown name {pipeline!r} (a framework's training pipeline), "
-                     f"expected one of {list(PAPER_AUGMENTATIONS)}")

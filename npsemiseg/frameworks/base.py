@@ -11,24 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
-from npsemiseg._registry import Registry
-from npsemiseg.data.info import DatasetInfo
-from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import LossSettings
+from npsemiseg.frameworks.specs.base import FRAMEWORKS, FrameworkOptions, FrameworkSpec  # noqa: F401  (here too)
 from npsemiseg.models import logit_align_corners
-
-
-class FrameworkOptions(BaseModel):
-    """Base of each framework's own options (validated, unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass
@@ -72,41 +63,23 @@ class StepResult:
         return sum(self.losses.values())  # type: ignore[return-value]
 
 
-#: every framework class by name; a framework registers itself where it is defined
-FRAMEWORKS: Registry[type[Framework]] = Registry("framework")
-
-
 def head_logs(stats: dict[str, float | Tensor]) -> dict[str, float | Tensor]:
     """The head's diagnostics (``HeadOutput.stats``) as step logs ``head/<name>``: apart from the
     loss terms (the NP head's raw ``kl`` is ``train/head/kl``; ``train/kl`` is the lambda_kl x KL term)."""
     return {f"head/{k}": v for k, v in stats.items()}
 
 
-class Framework:
-    """Base class: subclasses register themselves (``@FRAMEWORKS.register(name)``), set ``Options``
-    and implement ``train_step``; the class attributes declare what a run of the framework needs.
+class Framework(FrameworkSpec):
+    """Base class: a framework's training step. Built-in subclasses inherit their spec (``class U2PL(U2PLSpec,
+    SemiSupervisedFramework)``: name, ``Options``, what a run of the framework needs, see
+    :class:`~npsemiseg.frameworks.specs.base.FrameworkSpec`); a plug-in registers itself
+    (``@FRAMEWORKS.register(name)``), sets ``name`` and ``Options`` and implements ``train_step``.
 
     Collaborators: ``build_model`` builds one fresh segmentor (student or teacher) per call, as many
     times as the framework needs models; ``num_classes`` K; ``loss`` the supervised-loss settings;
     ``unlabeled_truth`` what the unlabeled images' ground truth is used for (``data.unlabeled_truth``: ``hidden``,
     ``measured``, ``oracle``; see :meth:`~npsemiseg.frameworks.semi.SemiSupervisedFramework.predict_unlabeled`).
     """
-
-    name: ClassVar[str] = ""
-    Options: ClassVar[type[FrameworkOptions]] = FrameworkOptions
-    #: False for the supervised reference: the loop then loads no unlabeled data
-    uses_unlabeled: ClassVar[bool] = True
-    #: the DeepLabv3+ decoder of the framework's paper (``npsemiseg.models.DECODERS``; the record's ``model.decoder``)
-    decoder: ClassVar[str] = "u2pl"
-    #: the training augmentation pipeline (``npsemiseg.data.transforms.paper_augmentation``)
-    augmentation: ClassVar[str] = "u2pl"
-    #: whether the segmentor needs its representation head (U2PL's contrastive loss)
-    representation_head: ClassVar[bool] = False
-    #: framework options of the ``smoke`` preset (beyond its shared shrinking)
-    smoke_options: ClassVar[Mapping[str, Any]] = {}
-    # what a dataset's publications set for a framework (crop, batch, LR, epochs, options) lives in the dataset's
-    # ``PaperSettings`` (``npsemiseg.data.sets``), which the framework asks (:meth:`publication_on`,
-    # :meth:`own_epochs`, :meth:`shared_epochs`, :meth:`publication_values`), never naming a dataset
 
     def __init__(self, options: FrameworkOptions, build_model: Callable[[], nn.Module], *, num_classes: int,
                  loss: LossSettings | None = None,
@@ -124,37 +97,6 @@ class Framework:
         self.student = build_model()
         #: the student's logit upsampling to label size (losses and teacher predictions use the same)
         self.align_corners = logit_align_corners(self.student)
-
-    @classmethod
-    def publication_values(cls, settings: PaperSettings) -> list[tuple[str, Any, str]]:
-        """A publication of the framework's own on a dataset with ``settings`` that the ``paper`` preset sets for
-        every head, as ``(key, value, why)`` (UniMatch V2's DINOv2 configs); none by default."""
-        return []
-
-    @classmethod
-    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """The framework's own paper options (its defaults); what a dataset's publications change for it
-        (``PaperSettings.options_for``) is laid over them at composition."""
-        return {}
-
-    @classmethod
-    def publication_on(cls, settings: PaperSettings) -> Publication | None:
-        """The framework's own publication on a dataset with ``settings`` (crop, global batch, LR, epochs; None:
-        none): the dataset's entry for it."""
-        return settings.publication(cls.name)
-
-    @classmethod
-    def own_epochs(cls, info: DatasetInfo, partition: str) -> int | None:
-        """The epochs of the framework's own publication on ``info``'s canonical ``partition`` (None: none of its
-        own, the shared schedule's)."""
-        publication = cls.publication_on(info.settings)
-        return publication.epochs_for(partition) if publication is not None else None
-
-    @classmethod
-    def shared_epochs(cls, settings: PaperSettings) -> int:
-        """The shared schedule's epochs on a dataset with ``settings`` for this framework (the dataset's, or its
-        ``framework_epochs`` entry for the framework)."""
-        return settings.shared_epochs(cls.name)
 
     @classmethod
     def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,17 +35,17 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
 from torch import Tensor, nn
 
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.transforms import DRAW_SUFFIX, strong_key
-from npsemiseg.frameworks.base import FRAMEWORKS, Batch, FrameworkOptions, StepContext, StepResult
+from npsemiseg.frameworks.base import Batch, StepContext, StepResult
 from npsemiseg.frameworks.losses import mean_probabilities
 from npsemiseg.frameworks.pseudo_labels import TeacherPrediction, oracle_prediction, prediction_from_logits
+from npsemiseg.frameworks.specs.fixmatch import FixMatchOptions, FixMatchSpec  # noqa: F401
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, ignore_where, require_unlabeled
 from npsemiseg.models import upsample_logits
 
@@ -111,18 +111,6 @@ def mask_ratio(confidence: Tensor, valid: Tensor, threshold: float) -> Tensor:
     return ((confidence >= threshold) & valid).float().sum() / valid.sum().clamp_min(1)
 
 
-class FixMatchOptions(FrameworkOptions):
-    """FixMatch options; defaults = the VOC settings (UniMatch@0324f3d configs/pascal.yaml 16)."""
-
-    confidence_threshold: float = Field(0.95, ge=0.0, le=1.0)
-    cutmix_p: float = Field(0.5, ge=0.0, le=1.0)
-    #: where each unlabeled image's CutMix box comes from (switch ``unimatch_cutmix_source``): ``second_draw`` =
-    #: another augmentation draw of the same image (the official second iterator over the unlabeled set, unimatch.py
-    #: 121; the maintainer, UniMatch issue #51), ``batch_shift`` = another image of the batch (issue #34: not
-    #: intentional, a shuffled batch does as well)
-    cutmix_source: Literal["second_draw", "batch_shift"] = "batch_shift"
-
-
 @dataclass
 class PseudoLabels:
     """Hard pseudo-labels ``label [B, H, W]`` int64 and their confidences ``confidence [B, H, W]`` (max probability):
@@ -177,31 +165,13 @@ class CutMixSource:
     weak: PseudoLabels | None
 
 
-@FRAMEWORKS.register("fixmatch")
-class FixMatch(SemiSupervisedFramework):
+class FixMatch(FixMatchSpec, SemiSupervisedFramework):
     """One network, eval-mode CutMix-source pseudo-labels, train-mode weak-view pseudo-labels, one strong view."""
 
-    name = "fixmatch"
-    Options = FixMatchOptions
     teacher_names = ()
-    #: UniMatch's DeepLabv3+ (model/semseg/deeplabv3plus.py 9-68: output stride 16, ASPP 6/12/18 with image pooling,
-    #: 1x1 projection without dropout, 48-channel low-level reduction) is AugSeg's variant
-    decoder = "augseg"
-    #: dataset/semi.py 41-60: rescale by U[0.5, 2] of the image's own long side, crop, flip; strong view ColorJitter
-    #: (0.5, 0.5, 0.5, 0.25) p 0.8, grayscale p 0.2, blur sigma U[0.1, 2] p 0.5: PS-MT's strong view; see the docs for
-    #: where the weak pipeline differs
-    augmentation = "psmt"
-    # its publications (crop, batch, LR, epochs) and thresholds per dataset: the datasets' settings (pascal.py,
-    # cityscapes.py: UniMatch@0324f3d configs/pascal.yaml, configs/cityscapes.yaml)
     #: fixmatch.py 166: loss = (loss_x + loss_s) / 2
     sup_weight: ClassVar[float] = 0.5
     strong_weights: ClassVar[tuple[float, ...]] = (0.5,)
-    smoke_options = {}
-
-    @classmethod
-    def paper_options(cls, dataset: str, partition: str) -> dict[str, Any]:
-        """The options' defaults (threshold 0.95); a dataset's settings set its own threshold (Cityscapes: 0)."""
-        return cls.Options().model_dump()
 
     @classmethod
     def unlabeled_views(cls, options: Mapping[str, Any]) -> dict[str, Any]:

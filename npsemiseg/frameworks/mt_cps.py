@@ -24,45 +24,23 @@ teacher, ``mt.py``, under ``corrected``); asked for by name (``mt_cps``) it runs
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
-from npsemiseg.frameworks.base import FRAMEWORKS, Batch, StepContext, StepResult
+from npsemiseg.frameworks.base import Batch, StepContext, StepResult
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.frameworks.losses import mean_softmax
-from npsemiseg.frameworks.mt import MeanTeacherOptions
+from npsemiseg.frameworks.specs.mt_cps import CPSMeanTeacherOptions, CPSMeanTeacherSpec  # noqa: F401
 from npsemiseg.frameworks.semi import SemiSupervisedFramework, StudentPass, require_unlabeled
 from npsemiseg.heads.base import HeadOutput
 from npsemiseg.models import SegmentorOutput
 
 
-class CPSMeanTeacherOptions(MeanTeacherOptions):
-    """CPS's MeanTeacher options (TorchSemiSeg MeanTeacher config.py: ``ema_decay`` 0.99, ``unsup_weight`` 100)."""
-
-    mse_weight: float = Field(100.0, ge=0.0)
-    #: ``split``: the labeled and the unlabeled half in two forwards (BN statistics per half, TorchSemiSeg train.py
-    #: 180-181); ``joint``: one forward over both
-    passes: Literal["joint", "split"] = "joint"
-    #: ``before_unlabeled``: the EMA from the student before this step's optimiser step, before the teacher predicts
-    #: the unlabeled half (network.py 39-41: between the two passes; with ``passes="joint"`` before the one
-    #: pass); ``after_step``: after the optimiser step
-    ema_timing: Literal["after_step", "before_unlabeled"] = "after_step"
-    #: False: every train-only ``Dropout2d`` of the models becomes an identity (CPS's network has none)
-    train_dropout: bool = True
-
-
-@FRAMEWORKS.register("mt_cps")
-class CPSMeanTeacher(SemiSupervisedFramework):
+class CPSMeanTeacher(CPSMeanTeacherSpec, SemiSupervisedFramework):
     """Student + one train-mode EMA teacher; MSE between their softmaxes on the same weak batch."""
-
-    name = "mt_cps"
-    Options = CPSMeanTeacherOptions
-    # decoder and augmentation pipeline: the Framework defaults (U2PL's), as ``mt``; its publication (crop 512,
-    # batch 8, LR 0.01, 34 epochs on VOC; none on Cityscapes): the datasets' settings (pascal.py, cityscapes.py)
 
     def __init__(self, options, build_model, **collaborators: Any) -> None:
         super().__init__(options, build_model, **collaborators)

@@ -13,21 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from npsemiseg.frameworks.base import FRAMEWORKS, Batch, Framework, FrameworkOptions, StepContext, StepResult, head_logs
+from npsemiseg.frameworks.base import Batch, Framework, StepContext, StepResult, head_logs
 from npsemiseg.frameworks.losses import LossSettings, supervised_loss
+from npsemiseg.frameworks.specs.supervised import SupervisedOptions, SupervisedSpec  # noqa: F401
 
 
-class SupervisedOptions(FrameworkOptions):
-    """The supervised reference has no options of its own."""
-
-
-@FRAMEWORKS.register("supervised")
-class Supervised(Framework):
+class Supervised(SupervisedSpec, Framework):
     """Labeled images only; the student is also the evaluation model."""
-
-    name = "supervised"
-    Options = SupervisedOptions
-    uses_unlabeled = False
 
     def train_step(self, batch: Batch, ctx: StepContext) -> StepResult:
         """``batch.labeled``: ``image [B, 3, H, W]``, ``label [B, H, W]`` -> ``sup`` (+ ``aux``, ``kl``)."""

@@ -27,27 +27,17 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from npsemiseg.frameworks.base import FRAMEWORKS
 from npsemiseg.frameworks.ema import unwrap
-from npsemiseg.frameworks.fixmatch import FixMatch, FixMatchOptions, PseudoLabels, thresholded_loss
+from npsemiseg.frameworks.fixmatch import FixMatch, PseudoLabels, thresholded_loss
 from npsemiseg.frameworks.semi import StudentPass
+from npsemiseg.frameworks.specs.unimatch import UniMatchOptions, UniMatchSpec  # noqa: F401
 
 
-class UniMatchOptions(FixMatchOptions):
-    """UniMatch options; defaults = the VOC settings (configs/pascal.yaml 16; deeplabv3plus.py 45-46)."""
-
-    feature_dropout: float = Field(0.5, ge=0.0, lt=1.0)
-
-
-@FRAMEWORKS.register("unimatch")
-class UniMatch(FixMatch):
+class UniMatch(UniMatchSpec, FixMatch):
     """FixMatch + a second strong view with its own box + the Dropout2d-perturbed weak stream."""
 
-    name = "unimatch"
-    Options = UniMatchOptions
     #: unimatch.py 188: (loss_x + 0.25 loss_s1 + 0.25 loss_s2 + 0.5 loss_fp) / 2
     sup_weight: ClassVar[float] = 0.5
     strong_weights: ClassVar[tuple[float, ...]] = (0.125, 0.125)

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from npsemiseg._registry import Registry
 from npsemiseg.constants import IGNORE_INDEX
-
-#: every head class by name; a head registers itself where it is defined (``@HEADS.register("np")``)
-HEADS: Registry[type[ClassifierHead]] = Registry("head")
+from npsemiseg.heads.specs import HEADS, HeadSpec, check_choice  # noqa: F401  (the registry, here for the heads)
 
 
 @dataclass
@@ -83,8 +78,9 @@ def gaussian_kl(mean_t: Tensor, sigma_t: Tensor, mean_c: Tensor, sigma_c: Tensor
     ).sum(dim=-1)
 
 
-class ClassifierHead(nn.Module):
-    """Base class of the three heads: fixes the call signature of the contract.
+class ClassifierHead(HeadSpec, nn.Module):
+    """Base class of the three heads: fixes the call signature of the contract; what a configuration reads of a
+    head (label, options, paper settings) is its :class:`~npsemiseg.heads.specs.HeadSpec`.
 
     Subclasses implement ``forward(features, *, labels=None, context_features=None,
     context_labels=None, num_samples=None) -> HeadOutput``.
@@ -92,43 +88,9 @@ class ClassifierHead(nn.Module):
 
     #: number of predictions a forward pass makes by default (S of the logits)
     default_num_samples: int = 1
-    #: how tables name the head beside the framework ("" for the baseline: the framework alone)
-    label: ClassVar[str] = ""
-    #: one line for the MLflow UI and the CLI's help
-    description: ClassVar[str] = ""
-    #: True when repeated calls on the same input give different logits (MC dropout, NP)
-    stochastic: bool = False
-    #: True when the head's buffers are memories a teacher copies from the student rather than averages (NP)
-    has_memories: ClassVar[bool] = False
-    #: name of the loss term ``HeadOutput.aux_loss`` is optimised as (NP: ``kl``); None: the head has none
-    aux_loss_term: ClassVar[str | None] = None
-    #: the ``paper`` preset's options of this head (``build_head`` keywords) and its max gradient norm
-    paper_options: ClassVar[Mapping[str, Any]] = {}
-    paper_grad_clip: ClassVar[float | None] = None
-    #: the ``smoke`` preset's options (small memories so that a few steps fill them)
-    smoke_options: ClassVar[Mapping[str, Any]] = {}
     #: the training calls of one optimiser step (gradient accumulation, :func:`micro_batched_heads`): what a head
     #: takes in per step (the NP head's memory rows) it shares among them
     micro_batches: int = 1
-
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        """The head's options with their defaults: constructor keywords after the two sizes."""
-        params = list(inspect.signature(cls.__init__).parameters.values())[3:]  # self, in_channels, num_classes
-        return {p.name: p.default for p in params}
-
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> None:
-        """``ValueError`` naming an unknown option or a bad value, without building the head."""
-        allowed = cls.option_defaults()
-        unknown = sorted(set(options) - set(allowed))
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown} for head {cls.__name__}, expected some of {sorted(allowed)}")
-        cls.check_values(**{**allowed, **dict(options)})
-
-    @classmethod
-    def check_values(cls, **options: Any) -> None:
-        """Value checks of the options (every option given); subclasses with constraints override it."""
 
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
@@ -189,13 +151,6 @@ class ClassifierHead(nn.Module):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples: expected a positive int, got {num_samples!r}")
         return num_samples
-
-
-def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``, else a ValueError naming the option and the accepted values."""
-    if value not in allowed:
-        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .base import HEADS, ClassifierHead, HeadOutput
+from .base import ClassifierHead, HeadOutput
+from .specs import BaselineHeadSpec, MCDropoutHeadSpec
 
 
 class MCDropout2d(nn.Dropout2d):
@@ -53,21 +54,12 @@ class ClassifierBlock(nn.Sequential):
         )
 
 
-#: the baseline head's layers (option ``block``): U2PL's classifier block (:class:`ClassifierBlock`), or one 1x1
-#: convolution to the classes, UniMatch V2's DPT's class projection (``model/semseg/dpt.py`` 115-121,
-#: ``output_conv.2``; switch ``unimatch_v2_projection_head``)
-BASELINE_BLOCKS = ("u2pl", "projection")
-
-
-@HEADS.register("baseline")
-class BaselineHead(ClassifierHead):
+class BaselineHead(BaselineHeadSpec, ClassifierHead):
     """The plain (deterministic in eval) classifier head: one prediction, ``logits [1, B, K, h, w]``.
 
     ``block``: :data:`BASELINE_BLOCKS` (``projection`` has no hidden layer: ``dropout`` and ``hidden_channels`` do
     not apply). Labels and context are accepted for the common contract and not used (shape-checked only).
     """
-
-    description = "the deterministic baseline classifier (one prediction)"
 
     #: whether the block's dropout stays active in eval()
     mc_dropout: bool = False
@@ -80,13 +72,6 @@ class BaselineHead(ClassifierHead):
         self.classifier: nn.Module = (nn.Conv2d(in_channels, num_classes, 1) if block == "projection" else
                                       ClassifierBlock(in_channels, num_classes, dropout, hidden_channels=hidden_channels,
                                                       mc_dropout=self.mc_dropout))
-
-    @classmethod
-    def check_values(cls, *, dropout: float, hidden_channels: int, block: str = "u2pl", **_: object) -> None:
-        if isinstance(hidden_channels, bool) or not isinstance(hidden_channels, int) or hidden_channels < 1:
-            raise ValueError(f"hidden_channels: expected a positive int, got {hidden_channels!r}")
-        if block not in BASELINE_BLOCKS:
-            raise ValueError(f"block: expected one of {list(BASELINE_BLOCKS)}, got {block!r}")
 
     def forward(
         self,
@@ -104,8 +89,7 @@ class BaselineHead(ClassifierHead):
         return HeadOutput(self.classifier(features)[None], self.zero_aux(features))
 
 
-@HEADS.register("mc_dropout")
-class MCDropoutHead(BaselineHead):
+class MCDropoutHead(MCDropoutHeadSpec, BaselineHead):
     """The classifier block with dropout active in ``eval()``: T stochastic passes, ``logits [T, B, K, h, w]``.
 
     The T passes run one after the other on the B images (every layer, the first conv included,
@@ -115,11 +99,7 @@ class MCDropoutHead(BaselineHead):
     reported metric is the caller's (``evaluation.num_samples``).
     """
 
-    stochastic = True
-    label = "MC dropout"
-    description = "MC dropout (uncertainty from T dropout samples)"
     mc_dropout = True
-    smoke_options = {"training_samples": 2}
 
     def __init__(self, in_channels: int, num_classes: int, dropout: float = 0.1, training_samples: int = 5,
                  train_mode_passes: int = 1, hidden_channels: int = 256) -> None:
@@ -128,16 +108,6 @@ class MCDropoutHead(BaselineHead):
         super().__init__(in_channels, num_classes, dropout, hidden_channels)
         self.training_samples = training_samples
         self.train_mode_passes = train_mode_passes
-
-    @classmethod
-    def check_values(cls, *, dropout: float, hidden_channels: int,  # type: ignore[override]
-                     training_samples: int = 5, train_mode_passes: int = 1, **_: object) -> None:
-        super().check_values(dropout=dropout, hidden_channels=hidden_channels)
-        if not dropout > 0.0:
-            raise ValueError(f"dropout: MC dropout needs a probability in (0, 1), got {dropout}")
-        for name, value in (("training_samples", training_samples), ("train_mode_passes", train_mode_passes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
 
     @property
     def default_num_samples(self) -> int:  # type: ignore[override]

@@ -1,10 +1,13 @@
-"""``build_head``: a head by name from the head registry, with its options checked against the constructor."""
+"""Heads by name: their specs (torch-free, what a configuration reads) and ``build_head``, which builds one."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import HEADS, ClassifierHead
+from .specs import HEADS, HeadSpec
+
+if TYPE_CHECKING:
+    from .base import ClassifierHead
 
 
 def head_names() -> tuple[str, ...]:
@@ -12,9 +15,15 @@ def head_names() -> tuple[str, ...]:
     return HEADS.names()
 
 
-def head_class(name: str) -> type[ClassifierHead]:
-    """The head class registered as ``name``; its ``label`` and ``description`` name it in tables and the UI."""
+def head_spec(name: str) -> type[HeadSpec]:
+    """What a configuration reads of head ``name`` (label, description, options, paper settings), without
+    importing its network."""
     return HEADS.get(name)
+
+
+def head_class(name: str) -> type[ClassifierHead]:
+    """The network class of head ``name`` (its module imported on first use)."""
+    return HEADS.get(name).load()
 
 
 def head_options(name: str) -> dict[str, Any]:
@@ -27,9 +36,9 @@ def build_head(name: str, in_channels: int, num_classes: int, **options: Any) ->
 
     Unknown names and options raise a ValueError naming them (and the accepted ones).
     """
-    cls = HEADS.get(name)
-    allowed = cls.option_defaults()
+    spec = HEADS.get(name)
+    allowed = spec.option_defaults()
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"head options: unknown option(s) {unknown} for head {name!r}, expected some of {sorted(allowed)}")
-    return cls(in_channels, num_classes, **options)
+    return spec.load()(in_channels, num_classes, **options)

@@ -45,33 +45,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .base import (
-    HEADS,
-    IGNORE_INDEX,
-    ClassifierHead,
-    HeadOutput,
-    check_choice,
-    check_label_values,
-    downsample_labels,
-    gaussian_kl,
+from .base import IGNORE_INDEX, ClassifierHead, HeadOutput, check_label_values, downsample_labels, gaussian_kl
+from .np_kernels import attention_aggregates
+from .np_layers import LatentEncoder, NPDecoder, SmallConvNet
+from .specs import (  # noqa: F401  (the option choices, also read from here)
+    COARSE_POOL,
+    ENQUEUE_ORDERS,
+    KL_FORMS,
+    MEMORY_RESOLUTIONS,
+    MEMORY_ROWS,
+    PAPER_LAMBDA_KL,
+    PAPER_MEMORY_SIZE,
+    NPHeadSpec,
 )
-from .np_kernels import ATTENTIONS, attention_aggregates
-from .np_layers import DECODER_IMPLS, DECODER_NORMS, LatentEncoder, NPDecoder, SmallConvNet
 
-MEMORY_ROWS = ("pixel", "scrambled")
-ENQUEUE_ORDERS = ("random", "stream")
-MEMORY_RESOLUTIONS = ("features", "labels")
-KL_FORMS = ("paper", "authors")
 MEMORIES = ("target", "context")
-#: ``feature_pool`` that the segmentor resolves from its decoder (``Segmentor``'s builder: 4 on the DPT, 1 on
-#: DeepLabv3+), the ``corrected`` protocol's value (switch ``np_feature_pool``)
-COARSE_POOL = "coarse"
 
 
 #: ``enqueue_per_class="auto"``: this many pixels per class and step, at most the memory length Q
 AUTO_ENQUEUE_PER_CLASS = 256
-#: the paper's memory length Q and KL weight lambda_kl (its hyper-parameter study's chosen values)
-PAPER_MEMORY_SIZE, PAPER_LAMBDA_KL = 2560, 0.005
 
 
 def enqueue_limit(enqueue_per_class: int | str | None, memory_size: int) -> int:
@@ -80,12 +72,6 @@ def enqueue_limit(enqueue_per_class: int | str | None, memory_size: int) -> int:
     if enqueue_per_class == "auto":
         return min(AUTO_ENQUEUE_PER_CLASS, memory_size)
     return memory_size if enqueue_per_class is None else int(enqueue_per_class)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    return value
 
 
 @dataclass
@@ -103,8 +89,7 @@ class NPLatent:
         return self.z.shape[0]
 
 
-@HEADS.register("np")
-class NPHead(ClassifierHead):
+class NPHead(NPHeadSpec, ClassifierHead):
     """NP-SemiSeg's head: per-class memories, attention aggregator, latent and deterministic paths.
 
     Call contract (``ClassifierHead``): ``features [B, C, h, w]`` -> ``logits [T, B, K, h, w]``.
@@ -137,23 +122,6 @@ class NPHead(ClassifierHead):
     accumulation each of an optimiser step's ``micro_batches`` training calls takes its share
     (:attr:`call_enqueue_limit`), so a memory takes the same rows per optimiser step.
     """
-
-    stochastic = True
-    label = "NP-SemiSeg"
-    description = "the NP-SemiSeg neural-process head (uncertainty from T latent samples)"
-    aux_loss_term = "kl"
-    has_memories = True
-    #: lambda_kl, memory length Q and T of the paper, gradient norm clipped at 5.0 (``docs/np_head.md``, "Hyper-parameters")
-    paper_options = {"lambda_kl": PAPER_LAMBDA_KL, "memory_size": PAPER_MEMORY_SIZE, "training_samples": 5}
-    paper_grad_clip = 5.0
-    smoke_options = {
-        "lambda_kl": PAPER_LAMBDA_KL,
-        "memory_size": 64,
-        "training_samples": 2,
-        "latent_dim": 8,
-        "hidden_channels": 16,
-        "enqueue_per_class": 16,
-    }
 
     def __init__(
         self,
@@ -218,47 +186,6 @@ class NPHead(ClassifierHead):
             self.register_buffer(f"{name}_pointer", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_count", torch.zeros(num_classes, dtype=torch.long))
             self.register_buffer(f"{name}_centers", torch.zeros(num_classes, latent_dim))
-
-    @classmethod
-    def check_values(
-        cls,
-        *,
-        latent_dim: int,
-        memory_size: int,
-        training_samples: int,
-        attention: str,
-        kl: str,
-        decoder_impl: str,
-        enqueue_per_class: int | str | None,
-        lambda_kl: float,
-        decoder_norm: str,
-        hidden_channels: int,
-        memory_rows: str = "pixel",
-        enqueue_order: str = "random",
-        memory_resolution: str = "features",
-        feature_pool: int | str = 1,
-        **flags: bool,
-    ) -> None:
-        if feature_pool != COARSE_POOL:
-            _positive_int("feature_pool", feature_pool)
-        for name, value in (
-            ("latent_dim", latent_dim),
-            ("memory_size", memory_size),
-            ("training_samples", training_samples),
-            ("hidden_channels", hidden_channels),
-        ):
-            _positive_int(name, value)
-        check_choice("attention", attention, ATTENTIONS)
-        check_choice("kl", kl, KL_FORMS)
-        check_choice("decoder_impl", decoder_impl, DECODER_IMPLS)
-        check_choice("decoder_norm", decoder_norm, DECODER_NORMS)
-        check_choice("memory_rows", memory_rows, MEMORY_ROWS)
-        check_choice("enqueue_order", enqueue_order, ENQUEUE_ORDERS)
-        check_choice("memory_resolution", memory_resolution, MEMORY_RESOLUTIONS)
-        if enqueue_per_class not in (None, "auto") and _positive_int("enqueue_per_class", enqueue_per_class) > memory_size:
-            raise ValueError(f"enqueue_per_class: expected at most memory_size={memory_size}, got {enqueue_per_class}")
-        if not (isinstance(lambda_kl, (int, float)) and lambda_kl >= 0.0):
-            raise ValueError(f"lambda_kl: expected a number >= 0, got {lambda_kl!r}")
 
     def reset_parameters(self) -> None:
         """Xavier-normal weights and zero biases everywhere (as the authors' head)."""

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-ATTENTIONS = ("euclidean", "squared", "per_channel", "mean")
+from .specs import ATTENTIONS  # noqa: E402,F401  (the choices, described without torch)
 
 
 def _per_channel_mean(query: Tensor, centers: Tensor, filled: Tensor) -> Tensor:

@@ -22,8 +22,7 @@ from .np_kernels import (
     records_grad,
 )
 
-DECODER_IMPLS = ("split", "concat")
-DECODER_NORMS = ("instance", "group", "batch")
+from .specs import DECODER_IMPLS, DECODER_NORMS  # noqa: E402,F401  (the choices, described without torch)
 
 
 class SmallConvNet(nn.Sequential):

@@ -18,39 +18,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torchvision.models import ResNet50_Weights, ResNet101_Weights, WeightsEnum
+import torchvision.models
 from torchvision.models.resnet import Bottleneck, conv1x1
 
-from npsemiseg._registry import Registry
 from npsemiseg.models.atrous import AtrousConv2d
 from npsemiseg.models.checkpointing import run_segment
+from npsemiseg.models.specs import BACKBONES, ResNetSpec
 from npsemiseg.untrusted import UnsafeFileError, load_torch_file
 
 NormLayer = Callable[[int], nn.Module]
-
-
-@dataclass(frozen=True)
-class ResNetSpec:
-    """Depth and widths of one ResNet: bottleneck ``planes`` per layer (outputs ``4 x planes``)."""
-
-    blocks: tuple[int, int, int, int]
-    planes: tuple[int, int, int, int]
-    stem_width: int
-    imagenet_weights: WeightsEnum | None
-
-
-#: every backbone by name: the ResNets here, the DINOv2 ViTs (``ViTSpec``) in ``npsemiseg.models.vit``
-BACKBONES: Registry[Any] = Registry("backbone")
-BACKBONES.add("resnet50", ResNetSpec((3, 4, 6, 3), (64, 128, 256, 512), 64, ResNet50_Weights.IMAGENET1K_V1))
-BACKBONES.add("resnet101", ResNetSpec((3, 4, 23, 3), (64, 128, 256, 512), 64, ResNet101_Weights.IMAGENET1K_V1))
-# CPU smoke runs: same block type, strides and dilations, ~1/8 of the widths.
-BACKBONES.add("resnet_small", ResNetSpec((1, 1, 1, 3), (8, 16, 32, 64), 16, None))
 
 
 class BackboneFeatures(NamedTuple):
@@ -236,14 +217,16 @@ def imagenet_state_dict(name: str, *, deep_stem: bool = False, allow_download: b
     Raises ``ValueError`` where none fit (``resnet_small``, deep stem) and ``FileNotFoundError``
     naming the cache path when the file is not cached and cannot be downloaded.
     """
-    weights = BACKBONES.get(name).imagenet_weights
-    if weights is None:
+    weights_name = BACKBONES.get(name).imagenet_weights
+    if weights_name is None:
         raise ValueError(f"weights='imagenet': no ImageNet weights exist for backbone {name!r}; use weights=None")
     if deep_stem:
         raise ValueError(
             "weights='imagenet' with deep_stem=True: torchvision's weights have the 7x7 stem; "
             "pass the deep-stem resnet50.pth of the SSL repositories as weights=<path>, or deep_stem=False"
         )
+    enum_name, _, member = weights_name.partition(".")
+    weights = getattr(getattr(torchvision.models, enum_name), member)
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
     if cached.is_file():
         return read_state_dict(cached)

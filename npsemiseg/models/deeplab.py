@@ -23,38 +23,14 @@ ASPP projection) the MC dropout replaces it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from npsemiseg._registry import Registry
 from npsemiseg.heads.classifier import MCDropout2d
 from npsemiseg.models.atrous import AtrousConv2d
-
-
-@dataclass(frozen=True)
-class DecoderVariant:
-    """Architecture of one framework's DeepLabv3+ decoder (see the module table)."""
-
-    name: str
-    output_stride: int
-    aspp_rates: tuple[int, ...]
-    low_level_channels: int
-    aspp_channels: int = 256
-    aspp_dropout: float = 0.0  # train-only dropout after the ASPP projection
-
-
-#: every DeepLabv3+ decoder variant by name (a framework names the one it uses: ``Framework.decoder``; a record its
-#: ``model.decoder``)
-DECODERS: Registry[DecoderVariant] = Registry("decoder")
-for _variant in (
-    DecoderVariant("u2pl", 8, (12, 24, 36), low_level_channels=256, aspp_dropout=0.1),
-    DecoderVariant("augseg", 16, (6, 12, 18), low_level_channels=48),
-    DecoderVariant("psmt", 16, (6, 12, 18), low_level_channels=48),
-):
-    DECODERS.add(_variant.name, _variant)
+from npsemiseg.models.specs import DECODERS, DecoderVariant
 
 
 def get_variant(variant: str) -> DecoderVariant:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.heads.base import ClassifierHead, HeadOutput
 from npsemiseg.heads.factory import build_head
-from npsemiseg.heads.np_head import COARSE_POOL
+from npsemiseg.heads.specs import COARSE_POOL
 
 from .backbones import BackboneFeatures, ResNetBackbone, build_backbone
 from .deeplab import AuxiliaryHead, DeepLabV3PlusDecoder, RepresentationHead, feature_channels, get_variant

@@ -40,53 +40,19 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from npsemiseg.models.backbones import BACKBONES, BackboneFeatures, read_state_dict
+from npsemiseg.models.backbones import BackboneFeatures, read_state_dict
 from npsemiseg.models.checkpointing import run_segment
+from npsemiseg.models.specs import BACKBONES, ViTSpec
 
 #: ``model.weights`` value that asks timm for the hub's pretrained DINOv2 weights
 HUB_WEIGHTS = "timm"
 #: the official position-embedding resize offset (``DINOv2(...)`` ``interpolate_offset=0.1``)
 INTERPOLATE_OFFSET = 0.1
-
-
-@dataclass(frozen=True)
-class ViTSpec:
-    """One DINOv2 ViT and the DPT decoder UniMatch V2 pairs with it (module table)."""
-
-    embed_dim: int
-    depth: int
-    num_heads: int
-    #: the blocks whose outputs the DPT reads (0-based)
-    layers: tuple[int, int, int, int]
-    dpt_features: int
-    dpt_channels: tuple[int, int, int, int]
-    patch_size: int = 14
-    #: the pretraining resolution: the position embedding has ``(img_size / patch_size) ** 2 + 1`` tokens
-    img_size: int = 518
-    swiglu: bool = False
-    #: timm's architecture name (``<name>.lvd142m`` on the hub), None where there is no pretrained model
-    timm_name: str | None = None
-
-
-for _name, _spec in {
-    "dinov2_s": ViTSpec(384, 12, 6, (2, 5, 8, 11), 64, (48, 96, 192, 384), timm_name="vit_small_patch14_dinov2"),
-    "dinov2_b": ViTSpec(768, 12, 12, (2, 5, 8, 11), 128, (96, 192, 384, 768), timm_name="vit_base_patch14_dinov2"),
-    "dinov2_l": ViTSpec(1024, 24, 16, (4, 11, 17, 23), 256, (256, 512, 1024, 1024),
-                        timm_name="vit_large_patch14_dinov2"),
-    "dinov2_g": ViTSpec(1536, 40, 24, (9, 19, 29, 39), 384, (1536,) * 4, swiglu=True,
-                        timm_name="vit_giant_patch14_dinov2"),
-    # CPU smoke runs and tests: the same network at a few blocks and a narrow width, random init only
-    "vit_tiny": ViTSpec(32, 4, 2, (0, 1, 2, 3), 16, (8, 16, 32, 32), img_size=56),
-    # the CPU mini-study's ViT: pretrained on the procedural corpus at 56 px (npsemiseg.pretrain, pretrained:vit_mini)
-    "vit_mini": ViTSpec(64, 4, 2, (0, 1, 2, 3), 16, (8, 16, 32, 64), img_size=56),
-}.items():
-    BACKBONES.add(_name, _spec)
 
 
 def is_vit_backbone(name: str) -> bool:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import typer
 from tqdm import tqdm
 
-from npsemiseg.catalog import DATASET_NAMES
+from npsemiseg.data import dataset_names
 from semiseg_platform.cli.app import app, fail, one_line
 
 if TYPE_CHECKING:  # each command imports what it reads with when it runs: the --help answers at once
@@ -57,7 +57,7 @@ def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int
 
 @data_app.command("check")
 def check(
-    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " (or --folder)"),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " (or --folder)"),
     folder: Path | None = typer.Option(None, help="a folder dataset of one's own (classes.yaml, images/, masks/, "
                                                   "lists/), registered under its folder's name"),
     root: str | None = typer.Option(None, help="the data root, a folder or s3://bucket/prefix (default: $NPSEMISEG_DATA)"),

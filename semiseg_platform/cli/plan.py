@@ -8,7 +8,10 @@ from pathlib import Path
 
 import typer
 
-from npsemiseg.catalog import DATASET_NAMES, FRAMEWORK_NAMES, HEAD_NAMES, PRESET_NAMES
+from npsemiseg.data import dataset_names
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+from npsemiseg.presets import preset_names
 from semiseg_platform.cli.app import app, fail, one_line, parse_assignments
 from semiseg_platform.cli.run import build_composition
 
@@ -16,11 +19,11 @@ from semiseg_platform.cli.run import build_composition
 @app.command()
 def plan(
     gpus: str = typer.Option(..., "--gpus", help="the GPUs the run gets: COUNTxMEMORY, e.g. 2x24GB or 8x80GB"),
-    framework: str | None = typer.Option(None, help=" | ".join(FRAMEWORK_NAMES)),
-    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " | a folder dataset (docs/datasets.md)"),
+    framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
-    head: str | None = typer.Option(None, help=" | ".join(HEAD_NAMES)),
-    preset: str = typer.Option("paper", help=" | ".join(PRESET_NAMES)),
+    head: str | None = typer.Option(None, help=" | ".join(head_names())),
+    preset: str = typer.Option("paper", help=" | ".join(preset_names())),
     protocol: str | None = typer.Option(None, help="released | corrected (default corrected)"),
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),

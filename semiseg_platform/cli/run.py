@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from npsemiseg.catalog import DATASET_NAMES, FRAMEWORK_NAMES, HEAD_NAMES, PRESET_NAMES
+from npsemiseg.data import dataset_names
+from npsemiseg.frameworks import framework_names
+from npsemiseg.heads import head_names
+from npsemiseg.presets import preset_names
 from semiseg_platform.cli.app import (
     CELL_FAILED,
     INTERRUPTED,
@@ -75,11 +78,11 @@ _SUMMARY_METRICS = ("miou", "pixel_acc", "pavpu", "ece", "nll", "brier", "auroc"
 
 @app.command()
 def run(
-    framework: str | None = typer.Option(None, help=" | ".join(FRAMEWORK_NAMES)),
-    dataset: str | None = typer.Option(None, help=" | ".join(DATASET_NAMES) + " | a folder dataset (docs/datasets.md)"),
+    framework: str | None = typer.Option(None, help=" | ".join(framework_names())),
+    dataset: str | None = typer.Option(None, help=" | ".join(dataset_names()) + " | a folder dataset (docs/datasets.md)"),
     partition: str | None = typer.Option(None, help="labeled-image count or protocol, e.g. 92 or 1/16"),
-    head: str | None = typer.Option(None, help=" | ".join(HEAD_NAMES)),
-    preset: str = typer.Option("smoke", help=" | ".join(PRESET_NAMES) + " (smoke: tiny, CPU, seconds)"),
+    head: str | None = typer.Option(None, help=" | ".join(head_names())),
+    preset: str = typer.Option("smoke", help=" | ".join(preset_names()) + " (smoke: tiny, CPU, seconds)"),
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
     workers: int = typer.Option(1, help="DDP workers on Ray Train; 0 = Ray Train's local mode (in this process)"),
@@ -101,13 +104,16 @@ def run(
     input is one ``error:`` line and exit status 2, with nothing written. A lineage whose newest checkpoint asks to
     run code (``npsemiseg.untrusted``) is refused with one line and exit status 2 too, its MLflow run ended FAILED.
     """
+    try:  # the configuration first: a bad one is named before torch, Ray and MLflow are imported
+        cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
+                            config_file=config, assignments=parse_assignments(set_))
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        fail(one_line(error))
     from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, run_cell_in_process, validate_resources
     from semiseg_platform.preflight import Needed, preflight
     from semiseg_platform.tracking import CellKilled
 
     try:
-        cell = build_config(framework=framework, dataset=dataset, partition=partition, head=head, preset=preset,
-                            config_file=config, assignments=parse_assignments(set_))
         validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
         in_process = in_process_launch(launcher, workers=workers, gpus_per_worker=gpus_per_worker,
                                        max_failures=max_failures)

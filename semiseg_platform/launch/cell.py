@@ -36,7 +36,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig, with_overrides
-from npsemiseg.data import DATA_ROOT_ENV, dataset_info
+from npsemiseg.data import DATA_ROOT_ENV
 from npsemiseg.hardware_plan import run_record
 from npsemiseg.training import batch_scaling, train
 from semiseg_platform.data_staging import is_remote, resolve_data_root
@@ -137,7 +137,7 @@ def staged_config(config: RunConfig) -> RunConfig:
     """``config`` with an S3 ``data.root`` (or ``$NPSEMISEG_DATA``) replaced by its copy staged on this node
     (:func:`semiseg_platform.data_staging.stage`: downloaded once per node, verified, shared by its cells)."""
     root = config.data.root if config.data.root is not None else os.environ.get(DATA_ROOT_ENV)
-    if not is_remote(root) or dataset_info(config.dataset).synthetic:  # generated data reads no root
+    if not is_remote(root) or config.dataset_info.synthetic:  # generated data reads no root
         return config
     ensure_visible()
     return with_overrides(config, {"data.root": resolve_data_root(root, config.dataset)})

@@ -16,36 +16,63 @@ The tracking schema (run name, tags, params, metric and artifact names) is :mod:
   saved view of its cells), written by :func:`prepare_experiment`.
 """
 
-from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path
-from semiseg_platform.tracking.cell_run import (
-                                                CellKilled,
-                                                CellRun,
-                                                RunEnd,
-                                                ending_run,
-                                                error_reason,
-                                                format_error,
-                                                sigterm_as_killed,
-)
-from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
-from semiseg_platform.tracking.tags import cell_tags, git_commit, package_version
-from semiseg_platform.tracking.store import (
-                                                DEFAULT_ARTIFACT_DIR,
-                                                DEFAULT_EXPERIMENT,
-                                                DEFAULT_STORE_FILE,
-                                                existing_experiment,
-                                                Heartbeat,
-                                                experiment_id,
-                                                find_cell_run,
-                                                owner_tags,
-                                                prepare_experiment,
-                                                reconcile_submission,
-                                                resolve_tracking_uri,
-                                                run_url,
-                                                search_all_runs,
-                                                submission_runs,
-                                                sweep_orphaned_runs,
-                                                ui_hint,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from semiseg_platform.tracking.callbacks import MLflowCallbacks, artifact_path
+    from semiseg_platform.tracking.cell_run import (
+        CellKilled,
+        CellRun,
+        RunEnd,
+        ending_run,
+        error_reason,
+        format_error,
+        sigterm_as_killed,
+    )
+    from semiseg_platform.tracking.describe import cell_description, per_class_iou_figure
+    from semiseg_platform.tracking.store import (
+        DEFAULT_ARTIFACT_DIR,
+        DEFAULT_EXPERIMENT,
+        DEFAULT_STORE_FILE,
+        Heartbeat,
+        existing_experiment,
+        experiment_id,
+        find_cell_run,
+        owner_tags,
+        prepare_experiment,
+        reconcile_submission,
+        resolve_tracking_uri,
+        run_url,
+        search_all_runs,
+        submission_runs,
+        sweep_orphaned_runs,
+        ui_hint,
+    )
+    from semiseg_platform.tracking.tags import cell_tags, git_commit, package_version
+
+#: the names below, imported from their module on first use (PEP 562): MLflow and matplotlib load when tracking is
+#: used, not when a spec reads the tracking schema (``mlflow_names``: ``grid --dry-run``, ``search --dry-run``)
+_ON_FIRST_USE = {
+    **dict.fromkeys(("MLflowCallbacks", "artifact_path"), "callbacks"),
+    **dict.fromkeys(("CellKilled", "CellRun", "RunEnd", "ending_run", "error_reason", "format_error",
+                     "sigterm_as_killed"), "cell_run"),
+    **dict.fromkeys(("cell_description", "per_class_iou_figure"), "describe"),
+    **dict.fromkeys(("cell_tags", "git_commit", "package_version"), "tags"),
+    **dict.fromkeys(("DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "Heartbeat",
+                     "existing_experiment", "experiment_id", "find_cell_run", "owner_tags", "prepare_experiment",
+                     "reconcile_submission", "resolve_tracking_uri", "run_url", "search_all_runs", "submission_runs",
+                     "sweep_orphaned_runs", "ui_hint"), "store"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        return getattr(importlib.import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_ARTIFACT_DIR", "DEFAULT_EXPERIMENT", "DEFAULT_STORE_FILE", "CellKilled", "CellRun", "Heartbeat",

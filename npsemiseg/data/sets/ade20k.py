@@ -19,12 +19,14 @@ Classes: UniMatch V2's ``util/classes.py`` 33-56.
 from __future__ import annotations
 
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from npsemiseg.data.base import ItemFiles, PairedLines
 from npsemiseg.data.info import DATASETS
 from npsemiseg.data.settings import VOC_SETTINGS, Publication, unimatch_v2_config
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ADE20K_CLASSES: tuple[str, ...] = (
     "wall", "building", "sky", "floor", "tree", "ceiling", "road", "bed", "windowpane", "grass", "cabinet",
@@ -93,4 +95,6 @@ class ADE20K(PairedLines):
     @classmethod
     def convert_label(cls, array: np.ndarray, files: ItemFiles) -> np.ndarray:
         """0 -> 255, k -> k - 1 (255 stays 255)."""
+        import numpy as np
+
         return np.where((array == 0) | (array == 255), 255, array.astype(np.int16) - 1).astype(np.uint8)

@@ -11,13 +11,15 @@ List entries are the image paths. Lists: U2PL's (``splits/cityscapes``) and CPS'
 from __future__ import annotations
 
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.datasets import CITYSCAPES_NUM_LABEL_IDS, cityscapes_label_paths, cityscapes_labelids_to_trainids
 from npsemiseg.data.info import CITYSCAPES_CLASSES, DATASETS, fraction_partitions
 from npsemiseg.data.settings import CITYSCAPES_SETTINGS, Publication, unimatch_v2_config
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CITYSCAPES_TRAIN_SIZE = 2975
 _PARTITIONS, _ALIASES = fraction_partitions((186, 372, 744, 1488))

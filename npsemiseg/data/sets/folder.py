@@ -17,8 +17,9 @@ every image and mask must lie inside the folder, symlinks resolved (:func:`~npse
 ``register_folder(path)`` registers the folder as a dataset
 named after it (``FolderDataset.define``); every folder under ``$NPSEMISEG_DATA`` holding a ``classes.yaml`` is
 registered when ``npsemiseg.data`` is imported (a folder that does not parse is skipped there;
-``npsemiseg data check --folder`` names its problem). The paper preset trains it at
-:data:`FOLDER_SETTINGS` (VOC's, evaluated on whole images).
+``npsemiseg data check --folder`` names its problem). A record whose ``data.root`` is the folder (or holds it) finds
+it while it is read or built (:func:`find_folder`, ``npsemiseg.data.info.dataset_root``), registering nothing. The
+paper preset trains it at :data:`FOLDER_SETTINGS` (VOC's, evaluated on whole images).
 """
 
 from __future__ import annotations
@@ -26,18 +27,20 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import yaml
 
 from npsemiseg.constants import IGNORE_INDEX
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.datasets import DATA_ROOT_ENV, load_index_png
-from npsemiseg.data.info import DATASETS, DatasetInfo
+from npsemiseg.data.info import DATA_ROOT_IN_USE, DATASETS, DatasetInfo
 from npsemiseg.data.paths import inside_root
 from npsemiseg.data.settings import VOC_SETTINGS
 from npsemiseg.untrusted import load_yaml
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CLASSES_FILE = "classes.yaml"
 PARTITIONS_FILE = "partitions.yaml"
@@ -212,6 +215,8 @@ class FolderDataset(DatasetDef):
     @classmethod
     def read_label(cls, files: ItemFiles) -> np.ndarray:
         """The mask with its ignore value mapped to 255; values that are no class index nor ignore are an error."""
+        import numpy as np
+
         assert files.label is not None
         array = load_index_png(files.label, max_value=IGNORE_INDEX - 1, what=files.what)
         bad = np.unique(array[(array > files.max_value) & (array != cls.ignore_index) & (array != IGNORE_INDEX)])
@@ -222,6 +227,8 @@ class FolderDataset(DatasetDef):
 
     @classmethod
     def convert_label(cls, array: np.ndarray, files: ItemFiles) -> np.ndarray:
+        import numpy as np
+
         return np.where(array == cls.ignore_index, IGNORE_INDEX, array).astype(np.uint8) if files.converted else array
 
     @classmethod
@@ -269,6 +276,8 @@ def class_cover_first(folder: Path, pool: list[str], num_classes: int) -> list[s
     """``pool`` reordered so that its first images cover every class its masks hold: for each class, rarest
     first (fewest images), the first image of ``pool`` holding it unless an earlier pick covers it; then the rest
     in ``pool``'s order. A labeled list cut from the front holds every class it can (stratification by coverage)."""
+    import numpy as np
+
     classes = {i: {int(v) for v in np.unique(load_index_png(mask_file(folder, i), max_value=IGNORE_INDEX - 1,
                                                              what="class indices")) if v < num_classes}
                for i in pool}
@@ -328,20 +337,30 @@ def write_partitions(folder: str | os.PathLike, labeled: list[str], *, seed: int
     return lists
 
 
-def ensure_registered(name: object, root: object = None) -> None:
-    """Register dataset ``name`` from its folder when it is not registered yet and a folder holding a
-    ``classes.yaml`` is at ``root``, ``root/name`` or ``$NPSEMISEG_DATA/name`` (a run's ``data.root`` names it,
-    so a worker process that reads the run's configuration finds the dataset). Anything else: left to the
-    registry's unknown-name error."""
-    if not isinstance(name, str) or not name or name in DATASETS:
-        return
+def find_folder(name: str, root: object = None) -> type[FolderDataset] | None:
+    """The folder dataset ``name`` defined from a folder holding a ``classes.yaml`` at ``root``, ``root/name`` or
+    ``$NPSEMISEG_DATA/name`` (a run's ``data.root`` names it), not registered; None where none is."""
     bases = [Path(str(root)).expanduser()] if root and "://" not in str(root) else []
     if os.environ.get(DATA_ROOT_ENV):
         bases.append(Path(os.environ[DATA_ROOT_ENV]).expanduser())
     for candidate in [b for base in bases for b in (base, base / name)]:
         if (candidate / CLASSES_FILE).is_file() and candidate.name == name:
-            register_folder(candidate, name)
-            return
+            return FolderDataset.define(candidate, name)
+    return None
+
+
+def _find_in_the_data_root(name: str) -> type[FolderDataset] | None:
+    """``DATASETS``' finder: :func:`find_folder` under the data root in use (``npsemiseg.data.info.dataset_root``),
+    each name looked for once in it."""
+    in_use = DATA_ROOT_IN_USE.get()
+    if in_use is None:
+        return find_folder(name)
+    if name not in in_use.found:
+        in_use.found[name] = find_folder(name, in_use.root)
+    return in_use.found[name]
+
+
+DATASETS.finder = _find_in_the_data_root
 
 
 def register_data_root() -> list[str]:

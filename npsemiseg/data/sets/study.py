@@ -22,7 +22,7 @@ class Study(DatasetDef):
 
     @classmethod
     def info(cls, **options: object) -> DatasetInfo:
-        from npsemiseg.data.study import study_info  # the generator (torch), when the study set is asked for
+        from npsemiseg.data.study_settings import study_info
 
         return study_info(cls.name, **options)
 

@@ -32,7 +32,7 @@ class Synthetic(DatasetDef):
     def info(cls, *, num_classes: int | None = None, train_size: int = 1024, val_size: int = 128,
              image_size: int | tuple[int, int] = 64, **options: object) -> DatasetInfo:
         """DatasetInfo with the given generator settings (validated; unknown options are a ``ValueError``)."""
-        from npsemiseg.data.synthetic import SyntheticConfig  # the generator (torch), when a synthetic set is asked for
+        from npsemiseg.data.synthetic_settings import SyntheticConfig
 
         if train_size < 4 or val_size < 1:
             raise ValueError(f"train_size must be >= 4 and val_size >= 1, got {train_size}, {val_size}")
