@@ -33,7 +33,7 @@ from npsemiseg.data.info import DATASETS, dataset_root
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_spec
 from npsemiseg.config.overrides import FREE_FORM
-from npsemiseg.models import BACKBONES, DECODERS, SEGMENTOR_OPTIONS
+from npsemiseg.models import BACKBONES, DECODERS, SEGMENTOR_OPTIONS, ViTSpec
 from npsemiseg.renames import earlier_names, read_renamed
 from npsemiseg.untrusted import load_yaml
 
@@ -50,6 +50,11 @@ IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers"
                                       # the evaluation under shift: metrics added after training, which it never changes
                                       "evaluation.corruptions", "evaluation.corruption_severities",
                                       "evaluation.corruption_images")
+def _pools_nothing(feature_pool: object, model: dict[str, Any]) -> bool:
+    """Whether the NP head's ``feature_pool`` leaves its map as it is: 1, or ``coarse`` on a ResNet (resolved to 1)."""
+    return feature_pool == 1 or (feature_pool == "coarse" and not isinstance(BACKBONES.get(model["backbone"]), ViTSpec))
+
+
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
 IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
@@ -102,6 +107,14 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("model.freeze_backbone", lambda v: v["model"].get("freeze_backbone") is False),
     # gradient accumulation off: one micro-batch per optimiser step, as every earlier cell ran
     ("schedule.accumulation_steps", lambda v: v["schedule"].get("accumulation_steps") == 1),
+    # U2PL's and AugSeg's entropy log at the value every earlier cell ran with (released cells now run the authors'
+    # offset and have new ids)
+    ("framework_options.entropy_log", lambda v: v["framework_options"].get("entropy_log") == "clamp"),
+    # the baseline head's block at the value every earlier cell ran with (released UniMatch V2 cells: the projection)
+    ("head.options.block", lambda v: v["head"]["options"].get("block") == "u2pl"),
+    # the NP head on the whole map, as every earlier cell ran; ``coarse`` is that too on DeepLabv3+ (pool 1), so only
+    # the ViT cells it pools have new ids
+    ("head.options.feature_pool", lambda v: _pools_nothing(v["head"]["options"].get("feature_pool"), v["model"])),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS
