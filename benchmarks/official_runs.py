@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI_SPEC = ROOT / "jobs" / "specs" / "mini.yaml"
 PARTITION = "1/16"
 DATASET = "study"
+SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
             "unimatch": ("LiheYoung/UniMatch", "unimatch.py")}
@@ -315,28 +316,34 @@ def project_run(config: RunConfig) -> dict[str, Any]:
 
 
 def one_framework(folder: Path, framework: str, data_seed: int, seed: int, lists: dict[str, Path],
-                  work: Path, steps: int | None = None) -> dict[str, Any]:
-    """Official and project runs of ``framework`` at ``seed`` (``steps``: the iterations, default the mini
-    study's), each timed."""
+                  work: Path, steps: int | None = None, sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
+    """The ``sides`` (official, project) of ``framework`` at ``seed`` (``steps``: the iterations, default the mini
+    study's), each timed; a side not run has None."""
     config = project_config(framework, data_seed, seed, steps)
-    epochs = config.schedule.max_steps // (len(lists["unlabeled"].read_text().splitlines()) // config.schedule.batch_size)
-    run_lists = dict(lists)
-    if framework == "supervised":
+    results: dict[str, dict[str, Any] | None] = dict.fromkeys(SIDES)
+    if "official" in sides:
         unlabeled = len(lists["unlabeled"].read_text().splitlines())
-        run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, work / "labeled_repeated.txt")
-    started = time.perf_counter()
-    official = run_official(folder, OFFICIAL[framework][1], official_cfg(config, lists["val"].parents[2], epochs),
-                            OfficialInterface(initial_network(config)), run_lists, work / f"{framework}_{seed}", seed,
-                            study_config(data_seed).family_spec.class_names)
-    official_seconds = time.perf_counter() - started
-    project = project_run(config)
-    print(f"{framework} seed {seed}: official {official['best']:.2f} (last {official['last']:.2f}, "
-          f"{official_seconds:.0f} s), project {project['best']:.2f} (last {project['last']:.2f}, "
-          f"{project['seconds']:.0f} s)", flush=True)
-    return {"seed": seed, "official_miou": official["best"], "project_miou": project["best"],
-            "official_last_miou": official["last"], "project_last_miou": project["last"],
-            "official_curve": official["curve"], "project_curve": project["curve"],
-            "official_seconds": round(official_seconds, 1), "project_seconds": round(project["seconds"], 1)}
+        run_lists = dict(lists)
+        if framework == "supervised":
+            run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, work / "labeled_repeated.txt")
+        epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
+        cfg = official_cfg(config, lists["val"].parents[2], epochs)
+        started = time.perf_counter()
+        results["official"] = run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)),
+                                           run_lists, work / f"{framework}_{seed}", seed,
+                                           study_config(data_seed).family_spec.class_names)
+        results["official"]["seconds"] = time.perf_counter() - started
+    if "project" in sides:
+        results["project"] = project_run(config)
+    row: dict[str, Any] = {"seed": seed}
+    for side, result in results.items():
+        row.update({f"{side}_miou": result and result["best"], f"{side}_last_miou": result and result["last"],
+                    f"{side}_curve": result and result["curve"],
+                    f"{side}_seconds": result and round(result["seconds"], 1)})
+    print(f"{framework} seed {seed}: " + ", ".join(
+        f"{side} {r['best']:.2f} (last {r['last']:.2f}, {r['seconds']:.0f} s)" for side, r in results.items() if r),
+        flush=True)
+    return row
 
 
 # ----------------------------------------------------------------------------------------- verdict
@@ -369,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-supervised", action="store_true", help="leave the supervised reference out")
     parser.add_argument("--steps", type=int, default=None,
                         help="iterations per run, a multiple of the epoch's (default: the mini study's 960)")
+    parser.add_argument("--side", choices=SIDES, default=None,
+                        help="run one side only (the sides of a seed in parallel processes; --combine joins them)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the mini study runs on 1)")
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
                         help="no runs: combine these official_runs.json (seeds run in parallel processes) into --out")
@@ -421,8 +430,10 @@ def with_verdict(report: dict[str, Any]) -> dict[str, Any]:
     """``report`` with ``equivalence`` (:func:`equivalence` of the framework's runs and of the supervised ones, where
     each has two seeds or more)."""
     rows = {"framework": report["runs"], "supervised": report["supervised"]}
+    both = {name: [r for r in runs if r.get("official_miou") is not None and r.get("project_miou") is not None]
+            for name, runs in rows.items()}
     report["equivalence"] = {name: equivalence([r["official_miou"] for r in runs], [r["project_miou"] for r in runs])
-                             for name, runs in rows.items() if len(runs) >= 2}
+                             for name, runs in both.items() if len(runs) >= 2}
     return report
 
 
@@ -435,12 +446,17 @@ def combine(paths: list[Path]) -> dict[str, Any]:
         raise ValueError(f"--combine: the reports are of different data seeds: {[r['data_seed'] for r in reports]}")
     runs: dict[int, dict] = {}
     supervised: dict[int, dict] = {}
+
+    def add(target: dict[int, dict], row: dict) -> None:  # the sides of a seed may come from different reports
+        target.setdefault(row["seed"], {}).update({k: v for k, v in row.items()
+                                                   if v is not None and target[row["seed"]].get(k) is None})
+
     for r in reports:
-        target = runs if r["framework"] == framework else supervised
         for row in r["runs"]:
-            target.setdefault(row["seed"], row)
-        for row in r["supervised"]:
-            supervised.setdefault(row["seed"], row)
+            add(runs if r["framework"] == framework else supervised, row)
+        if r["framework"] != "supervised":
+            for row in r["supervised"]:
+                add(supervised, row)
     combined = {**reports[0], "framework": framework, "runs": [runs[k] for k in sorted(runs)],
                 "supervised": [supervised[k] for k in sorted(supervised)],
                 "parts": [{k: r[k] for k in ("command", "date", "machine", "seconds")} for r in reports]}
@@ -490,7 +506,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     print("patches of the official run:\n" + "\n".join(f"  {p[0]} -> {p[1]} ({p[2]})" for p in PATCHES), flush=True)
     for fw in frameworks:
         for seed in args.seeds:
-            results[fw].append(one_framework(folder, fw, args.data_seed, seed, lists, work, args.steps))
+            results[fw].append(one_framework(folder, fw, args.data_seed, seed, lists, work, args.steps,
+                                             (args.side,) if args.side else SIDES))
             report = report_of(args, folder, results, time.perf_counter() - started)
             (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
     return report

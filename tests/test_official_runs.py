@@ -162,3 +162,20 @@ def test_combine_refuses_reports_of_different_data_seeds(tmp_path: Path):
     second.write_text(json.dumps({**part("unimatch", [1], 0.0), "data_seed": 3}))
     with pytest.raises(ValueError, match=r"different data seeds: \[0, 3\]"):
         runs.main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
+
+
+def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
+    """``--side official`` and ``--side project`` reports of the same seeds (None for the side not run) join into
+    rows with both sides."""
+    official, project = part("unimatch", [0, 1], 0.5), part("unimatch", [0, 1], 0.5)
+    for row in official["runs"]:
+        row.update(project_miou=None, project_curve=None)
+    for row in project["runs"]:
+        row.update(official_miou=None, official_curve=None)
+    paths = [tmp_path / "official.json", tmp_path / "project.json"]
+    for path, report in zip(paths, (official, project)):
+        path.write_text(json.dumps(report))
+    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    assert [(r["official_miou"], r["project_miou"]) for r in combined["runs"]] == [(50.0, 50.5), (51.0, 51.5)]
+    assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
+    assert "supervised" not in combined["equivalence"]
