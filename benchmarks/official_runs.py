@@ -426,6 +426,35 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
+def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The figure's numbers, one JSON object each (the docs cite them): every run's best mIoU (``framework``,
+    ``side``, ``seed``, ``miou``), each side's mean difference of a framework from supervised
+    (``minus_supervised``, seeds the two have in common) and each framework's project minus official
+    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU, where two seeds have both sides)."""
+    panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
+    panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
+    out: list[dict[str, Any]] = []
+    for name, rows in panels.items():
+        for row in rows:
+            out += [{"framework": name, "side": side, "seed": row["seed"], "miou": round(row[f"{side}_miou"], 2)}
+                    for side in SIDES if row.get(f"{side}_miou") is not None]
+        both = [r for r in rows if r.get("official_miou") is not None and r.get("project_miou") is not None]
+        if len(both) >= 2:
+            test = equivalence([r["official_miou"] for r in both], [r["project_miou"] for r in both])
+            out.append({"framework": name, "project_minus_official": round(test["difference"], 2),
+                        "p_tost": round(test["p"], 3), "seeds": len(both)})
+        if name == "supervised":
+            continue
+        for side in SIDES:
+            mine = {r["seed"]: r[f"{side}_miou"] for r in rows if r.get(f"{side}_miou") is not None}
+            reference = {r["seed"]: r[f"{side}_miou"] for r in panels["supervised"] if r.get(f"{side}_miou") is not None}
+            common = sorted(set(mine) & set(reference))
+            if common:
+                out.append({"framework": name, "side": side, "seeds": len(common), "minus_supervised": round(
+                    float(np.mean([mine[k] - reference[k] for k in common])), 2)})
+    return out
+
+
 def with_verdict(report: dict[str, Any]) -> dict[str, Any]:
     """``report`` with ``equivalence`` (:func:`equivalence` of the framework's runs and of the supervised ones, where
     each has two seeds or more)."""
@@ -481,8 +510,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     if args.figure is not None:
-        plot_curves([json.loads(p.read_text()) for p in args.combine], args.figure)
-        return {}
+        reports = [json.loads(p.read_text()) for p in args.combine]
+        plot_curves(reports, args.figure)
+        rows = records(reports)
+        args.figure.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {"records": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     if args.combine is not None:
         report = combine(args.combine)

@@ -152,8 +152,16 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.15)
     assert combined["equivalence"]["supervised"]["difference"] == pytest.approx(-0.1)
     assert len(combined["parts"]) == 3
-    runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
     assert Image.open(tmp_path / "curves.png").size[0] > 400
+    lines = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
+    assert lines == drawn["records"]
+    assert {"framework": "unimatch", "side": "project", "seed": 1, "miou": 51.2} in lines
+    # unimatch and supervised share seeds 0 and 1: official (50 + 51) / 2 - (50 + 51) / 2 = 0
+    assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 0.0} in lines
+    assert {"framework": "unimatch", "side": "project", "seeds": 2, "minus_supervised": 0.25} in lines
+    tost = next(r for r in lines if r["framework"] == "unimatch" and "project_minus_official" in r)
+    assert tost["project_minus_official"] == 0.15 and tost["seeds"] == 2
 
 
 def test_combine_refuses_reports_of_different_data_seeds(tmp_path: Path):
