@@ -409,12 +409,14 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     for axis, (name, rows) in zip(axes[0], panels.items()):
         for side, colour, style in (("official", "tab:blue", "-"), ("project", "tab:orange", "--")):
             curves = [r[f"{side}_curve"] for r in rows if r.get(f"{side}_curve")]
+            if not curves:
+                continue
             for curve in curves:
                 axis.plot(range(1, len(curve) + 1), curve, style, color=colour, alpha=0.35, linewidth=0.8)
             length = min(len(c) for c in curves)
             mean = np.mean([c[:length] for c in curves], axis=0)
             axis.plot(range(1, length + 1), mean, style, color=colour, linewidth=2.0,
-                      label=f"{side} (mean of {len(curves)}: best {np.mean([r[f'{side}_miou'] for r in rows]):.1f})")
+                      label=f"{side} ({len(curves)} seed{'s' * (len(curves) > 1)}: best {np.mean([max(c) for c in curves]):.1f})")
         axis.set_title(name)
         axis.set_xlabel("epoch (120 iterations)")
         axis.grid(alpha=0.3)
