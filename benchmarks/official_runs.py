@@ -479,8 +479,8 @@ def combine(paths: list[Path]) -> dict[str, Any]:
     supervised: dict[int, dict] = {}
 
     def add(target: dict[int, dict], row: dict) -> None:  # the sides of a seed may come from different reports
-        target.setdefault(row["seed"], {}).update({k: v for k, v in row.items()
-                                                   if v is not None and target[row["seed"]].get(k) is None})
+        joined = target.setdefault(row["seed"], {})
+        joined.update({k: v for k, v in row.items() if joined.get(k) is None})
 
     for r in reports:
         for row in r["runs"]:

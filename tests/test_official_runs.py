@@ -186,4 +186,6 @@ def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
     combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert [(r["official_miou"], r["project_miou"]) for r in combined["runs"]] == [(50.0, 50.5), (51.0, 51.5)]
     assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
+    one_side = runs.main(["--combine", str(paths[0]), "--out", str(tmp_path / "one")])
+    assert one_side["runs"][0]["project_miou"] is None and one_side["equivalence"] == {}
     assert "supervised" not in combined["equivalence"]
