@@ -25,6 +25,16 @@ Output ``--out/official_runs.json``: ``{"framework", "data_seed", "runs": [{"see
 beside it). :func:`equivalence` is the two one-sided tests of official against project.
 
     python benchmarks/official_runs.py --official-root ROOT --framework unimatch --data-seed 7919 --seeds 0 1 --out DIR
+    # the sides of a seed in parallel processes, then joined, and the curves drawn (with the supervised reference's):
+    python benchmarks/official_runs.py ... --framework unimatch --seeds 0 --no-supervised --side official --out A
+    python benchmarks/official_runs.py ... --framework unimatch --seeds 0 --no-supervised --side project --out B
+    python benchmarks/official_runs.py ... --framework supervised --seeds 0 --out C
+    python benchmarks/official_runs.py --combine A/official_runs.json B/official_runs.json C/official_runs.json --out D
+    python benchmarks/official_runs.py --figure curves.png --combine D/official_runs.json   # also curves.jsonl
+
+A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38
+(``docs/learning.md``, "Whole runs: official vs project"). Supervised here is UniMatch's ``supervised.py`` (the
+network and pipeline of ``unimatch.py``), not U2PL's ``train_sup.py``.
 """
 
 from __future__ import annotations

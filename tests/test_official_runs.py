@@ -189,3 +189,27 @@ def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
     one_side = runs.main(["--combine", str(paths[0]), "--out", str(tmp_path / "one")])
     assert one_side["runs"][0]["project_miou"] is None and one_side["equivalence"] == {}
     assert "supervised" not in combined["equivalence"]
+
+
+@pytest.mark.integration
+def test_the_official_semidataset_reads_the_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """UniMatch's own ``SemiDataset`` (from a checkout under ``NPSEMISEG_OFFICIAL_ROOT``; skipped without one) reads
+    the export: a labeled crop, an unlabeled item's three views, ignore mask and boxes, and a validation image from
+    ``splits/study/val.txt`` in the working directory."""
+    from test_official_side_by_side import official_root
+
+    folder = runs.checkout(official_root("LiheYoung/UniMatch"), "LiheYoung/UniMatch")
+    lists = runs.export_official_layout(small_study(), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with runs.official_imports(folder):
+        semi = __import__("dataset.semi", fromlist=["SemiDataset"])
+        labeled = semi.SemiDataset("study", str(tmp_path), "train_l", 16, str(lists["labeled"]), nsample=30)
+        unlabeled = semi.SemiDataset("study", str(tmp_path), "train_u", 16, str(lists["unlabeled"]))
+        val = semi.SemiDataset("study", str(tmp_path), "val")
+        image, label = labeled[0]
+        weak, strong1, strong2, ignore, box1, box2 = unlabeled[0]
+        val_image, val_label, _ = val[2]
+    assert len(labeled) == 30 and len(unlabeled) == 30 and len(val) == 3
+    assert image.shape == weak.shape == strong1.shape == strong2.shape == (3, 16, 16)
+    assert set(label.unique().tolist()) <= set(range(5)) | {255} and ignore.shape == box1.shape == box2.shape == (16, 16)
+    assert val_image.shape == (3, 16, 16) and val_label.shape == (16, 16)
