@@ -1,0 +1,561 @@
+"""Whole official training runs on the mini-study's data, beside the project's cell with the same settings.
+
+For each seed, four runs of 960 iterations on the study dataset (``jobs/specs/mini.yaml``'s data, network and
+schedule; data seed ``--data-seed``, partition 1/16):
+
+- **official**: the official training script (``--framework``'s, :data:`OFFICIAL`) run end to end, its ``main()``
+  imported from the checkout under ``--official-root`` (``<owner>+<repo>`` or ``<repo>`` folders, as
+  ``official_side_by_side.py``; nothing of it is copied into the project): its data pipeline (``SemiDataset``:
+  resize, crop and its padding, flip, the strong views, CutMix boxes), samplers, loss, optimiser, poly schedule,
+  per-epoch evaluation and best-checkpoint report. It reads the study data exported in its layout
+  (:func:`export_official_layout`: JPEG images, PNG labels, the official list files). What a CPU run needs is
+  patched, and nothing else: every patch is a monkeypatch listed in :data:`PATCHES`, printed with the result and
+  written into it. The network is the project's (:class:`OfficialInterface`), built with the project's initial
+  weights of the seed, the pretrained backbone included, behind the official model's interface.
+- **project**: the project's cell with the same settings (:func:`project_config`: protocol ``released``, the mini
+  study's overrides, the official pipeline's resize and blur, epochs of the official length, an evaluation per
+  epoch and the best one reported, as the official script does).
+- **supervised**, both ways: UniMatch's ``supervised.py`` on the same network and data pipeline (the labeled list
+  repeated to the unlabeled pool's length, as ``unimatch.py`` repeats it, so that an epoch has the same iterations),
+  and the project's ``supervised`` cell with the same settings.
+
+Output ``--out/official_runs.json``: ``{"framework", "data_seed", "runs": [{"seed", "official_miou", "project_miou",
+"official_curve", "project_curve", ...}], "supervised": [{"seed", "official_miou", "project_miou", ...}], "patches",
+...}``, mIoU x 100 on the validation split (the best of the per-epoch evaluations, as both report; the last one
+beside it). :func:`equivalence` is the two one-sided tests of official against project.
+
+    python benchmarks/official_runs.py --official-root ROOT --framework unimatch --data-seed 7919 --seeds 0 1 --out DIR
+    # the sides of a seed in parallel processes, then joined, and the curves drawn (with the supervised reference's):
+    python benchmarks/official_runs.py ... --framework unimatch --seeds 0 --no-supervised --side official --out A
+    python benchmarks/official_runs.py ... --framework unimatch --seeds 0 --no-supervised --side project --out B
+    python benchmarks/official_runs.py ... --framework supervised --seeds 0 --out C
+    python benchmarks/official_runs.py --combine A/official_runs.json B/official_runs.json C/official_runs.json --out D
+    python benchmarks/official_runs.py --figure curves.png --combine D/official_runs.json   # also curves.jsonl
+
+A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38
+(``docs/learning.md``, "Whole runs: official vs project"). Supervised here is UniMatch's ``supervised.py`` (the
+network and pipeline of ``unimatch.py``), not U2PL's ``train_sup.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import os
+import platform
+import random
+import shlex
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from PIL import Image
+from scipy import stats
+from torch import Tensor, nn
+
+from npsemiseg.config import RunConfig, compose
+from npsemiseg.data.study import StudyConfig, generate, labeled_indices, partition_counts
+from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.models import upsample_logits
+from npsemiseg.training import train
+from npsemiseg.training.data_order import derive_seed
+from npsemiseg.training.factories import build_framework
+
+from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, checkout, official_imports, one_process_group
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI_SPEC = ROOT / "jobs" / "specs" / "mini.yaml"
+PARTITION = "1/16"
+DATASET = "study"
+SIDES = ("official", "project")
+#: framework -> (official repository, training script)
+OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
+            "unimatch": ("LiheYoung/UniMatch", "unimatch.py")}
+#: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
+#: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2])
+OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation.base_size": 64,
+                     "data.augmentation.blur_sigma": [0.1, 2.0], "data.augmentation.crop_padding": "bottom_right"}
+#: every change made to the official code's run, the only ones: (what is replaced, by what, why)
+PATCHES = (
+    ("util.dist_helper.setup_distributed (as the script imported it)", "a one-rank gloo process group, rank 0",
+     "no GPU, no launcher: the script's collectives (DDP, evaluate's all_reduce) run in one CPU process"),
+    ("torch.Tensor.cuda, torch.nn.Module.cuda", "return the object unchanged", "a CPU run"),
+    ("torch.nn.parallel.DistributedDataParallel", "the same class with device_ids and output_device None",
+     "DDP of a CPU module takes no device ids"),
+    ("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "return the module unchanged",
+     "SyncBatchNorm needs CUDA; with one process it is BatchNorm over the same batch"),
+    ("DeepLabV3Plus (as the script imported it)", "OfficialInterface: the project's network of the cell",
+     "the study's small network with the project's initial weights of the seed, pretrained backbone included"),
+    ("torch.utils.tensorboard", "a SummaryWriter that discards", "tensorboard is not installed; logging only"),
+    ("util.classes.CLASSES", "an entry 'study' with the study's class names", "the per-class log lines"),
+    ("evaluate (as the script imported it)", "the same function, its result also recorded",
+     "the per-epoch curve; nothing changed"),
+)
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def study_config(data_seed: int) -> StudyConfig:
+    """The mini study's dataset instance of ``data_seed`` (``jobs/specs/mini.yaml``'s ``data.options``)."""
+    options = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"]["data.options"])
+    return StudyConfig.from_options(DATASET, **{**options, "seed": data_seed})
+
+
+def to_uint8(image: Tensor) -> np.ndarray:
+    """``[3, H, W]`` in [0, 1] -> ``[H, W, 3]`` uint8 (rounded)."""
+    return (image.permute(1, 2, 0).numpy() * 255.0 + 0.5).clip(0, 255).astype(np.uint8)
+
+
+def export_official_layout(config: StudyConfig, out: Path, partition: str = PARTITION) -> dict[str, Path]:
+    """The study data as the official ``SemiDataset`` reads it, under ``out``: ``JPEGImages/<id>.jpg`` (quality 100,
+    no chroma subsampling), ``SegmentationClass/<id>.png`` (mode ``L``: class indices, 255 ignored), the list files
+    ``splits/study/<partition>/labeled.txt`` and ``unlabeled.txt`` and ``splits/study/val.txt`` (one line per item,
+    ``JPEGImages/<id>.jpg SegmentationClass/<id>.png``, paths relative to ``out``; the official code reads
+    ``splits/<dataset>/val.txt`` from the working directory, so a run works in ``out``). The unlabeled images'
+    labels are written too (the official dataset opens the mask of every item, unlabeled ones included, and uses
+    it only for the padding); they enter no loss. Returns the three list files."""
+    for folder in ("JPEGImages", "SegmentationClass"):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    labeled, unlabeled = labeled_indices(config, partition_counts(config.train_size)[partition])
+    streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": ("val", range(config.val_size))}
+    lists = {"labeled": out / "splits" / DATASET / partition.replace("/", "_") / "labeled.txt",
+             "unlabeled": out / "splits" / DATASET / partition.replace("/", "_") / "unlabeled.txt",
+             "val": out / "splits" / DATASET / "val.txt"}
+    for split, (stream, indices) in streams.items():
+        lines = []
+        for index in indices:
+            name = f"{stream}_{index:06d}"
+            image, label = generate(config, stream, index)
+            Image.fromarray(to_uint8(image)).save(out / "JPEGImages" / f"{name}.jpg", quality=100, subsampling=0)
+            Image.fromarray(label.numpy().astype(np.uint8), mode="L").save(out / "SegmentationClass" / f"{name}.png")
+            lines.append(f"JPEGImages/{name}.jpg SegmentationClass/{name}.png")
+        lists[split].parent.mkdir(parents=True, exist_ok=True)
+        lists[split].write_text("\n".join(lines) + "\n")
+    return lists
+
+
+def repeated_list(source: Path, length: int, out: Path) -> Path:
+    """``source``'s lines repeated and cut to ``length`` into ``out`` (``unimatch.py``'s labeled set, ``ids *=
+    ceil(nsample / len(ids))``, for ``supervised.py``: epochs of the same iterations)."""
+    lines = source.read_text().splitlines()
+    out.write_text("\n".join((lines * -(-length // len(lines)))[:length]) + "\n")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- configuration
+
+
+def project_config(framework: str, data_seed: int, seed: int, steps: int | None = None) -> RunConfig:
+    """The project's cell: protocol ``released``, the mini study's overrides, the official pipeline's resize and blur
+    (:data:`OFFICIAL_PIPELINE`), epochs of ``N_u / B_u`` iterations (the official ``len(trainloader_u)``), an
+    evaluation every epoch and the best reported; supervised on UniMatch's network and weak pipeline (the AugSeg
+    decoder variant, no classifier dropout, no strong view, the LR set after the step as ``supervised.py``)."""
+    overrides = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"])
+    overrides.update(OFFICIAL_PIPELINE)
+    overrides.update({"data.options": {**overrides["data.options"], "seed": data_seed}, "seed": seed,
+                      "schedule.epoch_length": "unlabeled", "schedule.eval_every_epochs": 1,
+                      "schedule.checkpoint_every_steps": 0, "evaluation.select": "best",
+                      "schedule.max_steps": steps or overrides["schedule.max_steps"]})
+    if framework == "supervised":
+        overrides.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
+                          "schedule.lr_timing": "after_step"})
+    return compose("paper", framework=framework, dataset=DATASET, partition=PARTITION, head="baseline",
+                   protocol="released", overrides=overrides).config
+
+
+def official_cfg(config: RunConfig, data_root: Path, epochs: int) -> dict[str, Any]:
+    """The official script's config (``configs/pascal.yaml``'s keys) with the cell's values."""
+    return {"dataset": DATASET, "nclass": config.num_classes, "crop_size": config.schedule.crop_size,
+            "data_root": str(data_root), "epochs": epochs, "batch_size": config.schedule.batch_size,
+            "lr": config.optim.lr, "lr_multi": config.optim.head_lr_mult,
+            "criterion": {"name": "CELoss", "kwargs": {"ignore_index": 255}},
+            "conf_thresh": float(config.framework_options.get("confidence_threshold", 0.95)),
+            "model": "deeplabv3plus", "backbone": config.model.backbone}
+
+
+# ----------------------------------------------------------------------------------------- the official run
+
+
+class OfficialInterface(nn.Module):
+    """The project's segmentor behind the official ``DeepLabV3Plus`` interface: ``backbone`` (its encoder, for the
+    optimiser's groups), ``forward(x)`` -> logits ``[B, K, H, W]`` and ``forward(x, need_fp=True)`` -> (clean,
+    feature-perturbed) logits (:meth:`npsemiseg.models.Segmentor.forward_feature_perturbed`, UniMatch's
+    ``model/semseg/deeplabv3plus.py`` 38-50, golden-checked), upsampled bilinearly with ``align_corners=True`` as the
+    official model. Its input is normalised with ImageNet's mean and std (the official loader's); the project's model
+    normalises inside, so it gets the image back in [0, 1]."""
+
+    def __init__(self, student: nn.Module, feature_dropout: float = 0.5) -> None:
+        super().__init__()
+        self.student, self.feature_dropout = student, feature_dropout
+        self.backbone = student.backbone
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, x: Tensor, need_fp: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        images, size = x * self.std + self.mean, x.shape[-2:]
+        if need_fp:
+            clean, perturbed = self.student.forward_feature_perturbed(images, dropout=self.feature_dropout)
+            return (upsample_logits(clean.head.logits, size, align_corners=True)[0],
+                    upsample_logits(perturbed.head.logits, size, align_corners=True)[0])
+        return upsample_logits(self.student(images).head.logits, size, align_corners=True)[0]
+
+
+def initial_network(config: RunConfig) -> nn.Module:
+    """The project's student of ``config`` with the initial weights its run starts from (seeded as
+    ``npsemiseg.training.setup`` seeds it; the pretrained backbone loaded by the model's construction)."""
+    torch.manual_seed(derive_seed(config.seed, "model"))
+    return unwrap(build_framework(config).student)
+
+
+class _DiscardingWriter:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _cpu_ddp(ddp: type) -> Callable[..., nn.Module]:
+    def wrap(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        kwargs.update(device_ids=None, output_device=None)
+        return ddp(module, *args, **kwargs)
+    return wrap
+
+
+@contextlib.contextmanager
+def patched(attributes: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """``setattr(owner, name, value)`` for each, restored after (the names that were missing removed)."""
+    missing = object()
+    saved = [(owner, name, getattr(owner, name, missing)) for owner, name, _ in attributes]
+    for owner, name, value in attributes:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    previous = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Module, lists: dict[str, Path],
+                 save_path: Path, seed: int, class_names: tuple[str, ...]) -> dict[str, Any]:
+    """``main()`` of ``folder/script`` on the exported data (``cfg``, ``lists``) with :data:`PATCHES`: its
+    per-epoch mIoU (``curve``), the best (what it reports, ``previous_best``) and the last. The official code seeds
+    nothing; ``random``, numpy and torch are seeded with ``seed`` before it starts."""
+    config_file = save_path / "config.yaml"
+    save_path.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(cfg))
+    argv = [script, "--config", str(config_file), "--labeled-id-path", str(lists["labeled"]),
+            "--unlabeled-id-path", str(lists["unlabeled"]), "--save-path", str(save_path)]
+    curve: list[float] = []
+    board = types.ModuleType("torch.utils.tensorboard")
+    board.SummaryWriter = _DiscardingWriter  # type: ignore[attr-defined]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched([(sys.modules["torch.utils"], "tensorboard", board), (sys, "argv", argv),
+                                     (torch.Tensor, "cuda", lambda self, *a, **k: self),
+                                     (nn.Module, "cuda", lambda self, *a, **k: self),
+                                     (nn.SyncBatchNorm, "convert_sync_batchnorm", staticmethod(lambda m, *a, **k: m)),
+                                     (nn.parallel, "DistributedDataParallel",
+                                      _cpu_ddp(nn.parallel.DistributedDataParallel))]))
+        sys.modules["torch.utils.tensorboard"] = board
+        stack.callback(sys.modules.pop, "torch.utils.tensorboard", None)
+        stack.enter_context(official_imports(folder))
+        stack.enter_context(working_directory(lists["val"].parents[2]))
+        module = importlib.import_module(script.removesuffix(".py"))
+        evaluate = module.evaluate
+
+        def recorded_evaluate(*args: Any, **kwargs: Any) -> Any:
+            miou, per_class = evaluate(*args, **kwargs)
+            curve.append(float(miou))
+            return miou, per_class
+
+        def setup_distributed(*args: Any, **kwargs: Any) -> tuple[int, int]:
+            one_process_group(torch.device("cpu"))
+            return 0, 1
+
+        classes = importlib.import_module("util.classes").CLASSES
+        stack.enter_context(patched([(module, "setup_distributed", setup_distributed),
+                                     (module, "DeepLabV3Plus", lambda cfg: network),
+                                     (module, "evaluate", recorded_evaluate)]))
+        stack.callback(classes.pop, DATASET, None)
+        classes[DATASET] = list(class_names)
+        stack.callback(os.environ.pop, "LOCAL_RANK", None)
+        os.environ["LOCAL_RANK"] = "0"
+        stack.callback(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        module.main()
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
+# ----------------------------------------------------------------------------------------- one seed
+
+
+def project_run(config: RunConfig) -> dict[str, Any]:
+    """The project's cell: its per-epoch mIoU x 100 (``curve``), the reported (best) and the last."""
+    result = train(config)
+    per_step: dict[float, float] = {}
+    for evaluation in result.history:  # the last epoch's evaluation and the final one are of the same weights
+        per_step.setdefault(evaluation["step"], 100.0 * evaluation["miou"])
+    return {"curve": list(per_step.values()),
+            "best": 100.0 * result.metrics["best/miou"], "last": 100.0 * result.metrics["last/miou"],
+            "seconds": result.seconds}
+
+
+def one_framework(folder: Path, framework: str, data_seed: int, seed: int, lists: dict[str, Path],
+                  work: Path, steps: int | None = None, sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
+    """The ``sides`` (official, project) of ``framework`` at ``seed`` (``steps``: the iterations, default the mini
+    study's), each timed; a side not run has None."""
+    config = project_config(framework, data_seed, seed, steps)
+    results: dict[str, dict[str, Any] | None] = dict.fromkeys(SIDES)
+    if "official" in sides:
+        unlabeled = len(lists["unlabeled"].read_text().splitlines())
+        run_lists = dict(lists)
+        if framework == "supervised":
+            run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, work / "labeled_repeated.txt")
+        epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
+        cfg = official_cfg(config, lists["val"].parents[2], epochs)
+        started = time.perf_counter()
+        results["official"] = run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)),
+                                           run_lists, work / f"{framework}_{seed}", seed,
+                                           study_config(data_seed).family_spec.class_names)
+        results["official"]["seconds"] = time.perf_counter() - started
+    if "project" in sides:
+        results["project"] = project_run(config)
+    row: dict[str, Any] = {"seed": seed}
+    for side, result in results.items():
+        row.update({f"{side}_miou": result and result["best"], f"{side}_last_miou": result and result["last"],
+                    f"{side}_curve": result and result["curve"],
+                    f"{side}_seconds": result and round(result["seconds"], 1)})
+    print(f"{framework} seed {seed}: " + ", ".join(
+        f"{side} {r['best']:.2f} (last {r['last']:.2f}, {r['seconds']:.0f} s)" for side, r in results.items() if r),
+        flush=True)
+    return row
+
+
+# ----------------------------------------------------------------------------------------- verdict
+
+
+def equivalence(official: list[float], project: list[float], margin: float = 1.0) -> dict[str, float]:
+    """Two one-sided tests (Welch) that the mean mIoU of ``project`` minus ``official`` lies within ``±margin``:
+    ``p`` the larger of the two one-sided p-values (equivalent at level alpha when ``p < alpha``), with the mean
+    difference and its 90 % confidence interval (Welch). Needs two values per side."""
+    a, b = np.asarray(project, dtype=float), np.asarray(official, dtype=float)
+    if min(a.size, b.size) < 2:
+        raise ValueError(f"equivalence: expected at least 2 runs per side, got {b.size} official and {a.size} project")
+    lower = stats.ttest_ind(a + margin, b, equal_var=False, alternative="greater")
+    upper = stats.ttest_ind(a - margin, b, equal_var=False, alternative="less")
+    diff = stats.ttest_ind(a, b, equal_var=False)
+    interval = diff.confidence_interval(0.90)
+    return {"margin": margin, "difference": float(a.mean() - b.mean()), "p": float(max(lower.pvalue, upper.pvalue)),
+            "ci90_low": float(interval.low), "ci90_high": float(interval.high)}
+
+
+# ----------------------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--official-root", type=Path, help="folder of <owner>+<repo> checkouts")
+    parser.add_argument("--framework", choices=sorted(OFFICIAL))
+    parser.add_argument("--data-seed", type=int, default=0, help="the study dataset's instance")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--no-supervised", action="store_true", help="leave the supervised reference out")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="iterations per run, a multiple of the epoch's (default: the mini study's 960)")
+    parser.add_argument("--side", choices=SIDES, default=None,
+                        help="run one side only (the sides of a seed in parallel processes; --combine joins them)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the mini study runs on 1)")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="no runs: combine these official_runs.json (seeds run in parallel processes) into --out")
+    parser.add_argument("--figure", type=Path, default=None, metavar="PNG",
+                        help="no runs: draw the curves of the --combine reports (one per framework) into PNG")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.figure is None and args.out is None:
+        parser.error("--out is required (unless --figure)")
+    if args.figure is not None and args.combine is None:
+        parser.error("--figure needs the reports to draw: --combine JSON [JSON ...]")
+    if args.combine is None and (args.official_root is None or args.framework is None):
+        parser.error("--official-root and --framework are required (unless --combine)")
+    return args
+
+
+def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
+    """One panel per framework (the supervised reference first, from the first report holding it): the per-epoch
+    validation mIoU of each seed, official solid, project dashed, with the seeds' mean curves bold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
+    panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
+    panels = {name: rows for name, rows in panels.items() if rows}
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), sharey=True, squeeze=False)
+    for axis, (name, rows) in zip(axes[0], panels.items()):
+        for side, colour, style in (("official", "tab:blue", "-"), ("project", "tab:orange", "--")):
+            curves = [r[f"{side}_curve"] for r in rows if r.get(f"{side}_curve")]
+            if not curves:
+                continue
+            for curve in curves:
+                axis.plot(range(1, len(curve) + 1), curve, style, color=colour, alpha=0.35, linewidth=0.8)
+            length = min(len(c) for c in curves)
+            mean = np.mean([c[:length] for c in curves], axis=0)
+            axis.plot(range(1, length + 1), mean, style, color=colour, linewidth=2.0,
+                      label=f"{side} ({len(curves)} seed{'s' * (len(curves) > 1)}: best {np.mean([max(c) for c in curves]):.1f})")
+        axis.set_title(name)
+        axis.set_xlabel("epoch (120 iterations)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8, loc="lower right")
+    axes[0][0].set_ylabel("validation mIoU x 100")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The figure's numbers, one JSON object each (the docs cite them): every run's best mIoU (``framework``,
+    ``side``, ``seed``, ``miou``), each side's mean difference of a framework from supervised
+    (``minus_supervised``, seeds the two have in common) and each framework's project minus official
+    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU, where two seeds have both sides)."""
+    panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
+    panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
+    out: list[dict[str, Any]] = []
+    for name, rows in panels.items():
+        for row in rows:
+            out += [{"framework": name, "side": side, "seed": row["seed"], "miou": round(row[f"{side}_miou"], 2)}
+                    for side in SIDES if row.get(f"{side}_miou") is not None]
+        both = [r for r in rows if r.get("official_miou") is not None and r.get("project_miou") is not None]
+        if len(both) >= 2:
+            test = equivalence([r["official_miou"] for r in both], [r["project_miou"] for r in both])
+            out.append({"framework": name, "project_minus_official": round(test["difference"], 2),
+                        "p_tost": round(test["p"], 3), "seeds": len(both)})
+        if name == "supervised":
+            continue
+        for side in SIDES:
+            mine = {r["seed"]: r[f"{side}_miou"] for r in rows if r.get(f"{side}_miou") is not None}
+            reference = {r["seed"]: r[f"{side}_miou"] for r in panels["supervised"] if r.get(f"{side}_miou") is not None}
+            common = sorted(set(mine) & set(reference))
+            if common:
+                out.append({"framework": name, "side": side, "seeds": len(common), "minus_supervised": round(
+                    float(np.mean([mine[k] - reference[k] for k in common])), 2)})
+    return out
+
+
+def with_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with ``equivalence`` (:func:`equivalence` of the framework's runs and of the supervised ones, where
+    each has two seeds or more)."""
+    rows = {"framework": report["runs"], "supervised": report["supervised"]}
+    both = {name: [r for r in runs if r.get("official_miou") is not None and r.get("project_miou") is not None]
+            for name, runs in rows.items()}
+    report["equivalence"] = {name: equivalence([r["official_miou"] for r in runs], [r["project_miou"] for r in runs])
+                             for name, runs in both.items() if len(runs) >= 2}
+    return report
+
+
+def combine(paths: list[Path]) -> dict[str, Any]:
+    """One report of several (one framework and data seed; their runs and supervised runs by seed, the first
+    report's of a seed kept; commands and machines listed)."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    framework = next((r["framework"] for r in reports if r["framework"] != "supervised"), reports[0]["framework"])
+    if {r["data_seed"] for r in reports} != {reports[0]["data_seed"]}:
+        raise ValueError(f"--combine: the reports are of different data seeds: {[r['data_seed'] for r in reports]}")
+    runs: dict[int, dict] = {}
+    supervised: dict[int, dict] = {}
+
+    def add(target: dict[int, dict], row: dict) -> None:  # the sides of a seed may come from different reports
+        joined = target.setdefault(row["seed"], {})
+        joined.update({k: v for k, v in row.items() if joined.get(k) is None})
+
+    for r in reports:
+        for row in r["runs"]:
+            add(runs if r["framework"] == framework else supervised, row)
+        if r["framework"] != "supervised":
+            for row in r["supervised"]:
+                add(supervised, row)
+    combined = {**reports[0], "framework": framework, "runs": [runs[k] for k in sorted(runs)],
+                "supervised": [supervised[k] for k in sorted(supervised)],
+                "parts": [{k: r[k] for k in ("command", "date", "machine", "seconds")} for r in reports]}
+    return with_verdict(combined)
+
+
+def report_of(args: argparse.Namespace, folder: Path, results: dict[str, list[dict]], seconds: float) -> dict[str, Any]:
+    supervised = results.get("supervised", [])
+    report = {"framework": args.framework, "data_seed": args.data_seed, "runs": results.get(args.framework, []),
+              "supervised": supervised,
+              "official": {"repository": OFFICIAL[args.framework][0], "script": OFFICIAL[args.framework][1],
+                           "folder": str(folder)},
+              "patches": [dict(zip(("replaced", "by", "why"), p)) for p in PATCHES],
+              "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+              "command": "python benchmarks/official_runs.py " + shlex.join(args.argv),
+              "seconds": round(seconds, 1)}
+    return with_verdict(report)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    if args.figure is not None:
+        reports = [json.loads(p.read_text()) for p in args.combine]
+        plot_curves(reports, args.figure)
+        rows = records(reports)
+        args.figure.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {"records": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.combine is not None:
+        report = combine(args.combine)
+    else:
+        report = run_all(args)
+    (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("framework", "data_seed", "equivalence")}))
+    return report
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run of ``args`` (the framework's seeds, then the supervised reference's), the report rewritten after
+    each so that a stopped job keeps what it finished."""
+    folder = checkout(args.official_root, OFFICIAL[args.framework][0])
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    work = args.out / "work"
+    lists = export_official_layout(study_config(args.data_seed), work / "data")
+    frameworks = [args.framework] + ([] if args.no_supervised or args.framework == "supervised" else ["supervised"])
+    results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
+    print("patches of the official run:\n" + "\n".join(f"  {p[0]} -> {p[1]} ({p[2]})" for p in PATCHES), flush=True)
+    for fw in frameworks:
+        for seed in args.seeds:
+            results[fw].append(one_framework(folder, fw, args.data_seed, seed, lists, work, args.steps,
+                                             (args.side,) if args.side else SIDES))
+            report = report_of(args, folder, results, time.perf_counter() - started)
+            (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

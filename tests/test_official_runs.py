@@ -1,0 +1,215 @@
+"""``benchmarks/official_runs.py``: what runs without the official checkouts (CI has none): the export of the study
+data in the official layout, the project's side of the comparison, the official interface of the project's network
+and the equivalence test. The whole runs themselves need a checkout of LiheYoung/UniMatch (``--official-root``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from benchmark_scripts import load_benchmark
+from PIL import Image
+from scipy import stats
+
+from npsemiseg.data.study import StudyConfig, generate, labeled_indices
+
+runs = load_benchmark("official_runs")
+
+
+def small_study() -> StudyConfig:
+    return StudyConfig(seed=3, family="study_textures", train_size=32, val_size=3, tune_size=1, image_size=16)
+
+
+def test_export_writes_the_official_layout_the_semidataset_reads(tmp_path: Path):
+    """List files of ``image label`` lines relative to the root; images open as RGB JPEGs and labels as PNG class
+    indices, read as UniMatch's ``SemiDataset.__getitem__`` reads them (dataset/semi.py 33-34); the labeled and
+    unlabeled lists are the project's partition; ``splits/study/val.txt`` sits where the official code looks for it
+    (its working directory is the root)."""
+    config = small_study()
+    lists = runs.export_official_layout(config, tmp_path)
+    assert lists["val"] == tmp_path / "splits" / "study" / "val.txt"
+    assert lists["labeled"].parent == tmp_path / "splits" / "study" / "1_16"
+    labeled, unlabeled = labeled_indices(config, 2)
+    expected = {"labeled": [("train", i) for i in labeled], "unlabeled": [("train", i) for i in unlabeled],
+                "val": [("val", i) for i in range(3)]}
+    for split, items in expected.items():
+        lines = lists[split].read_text().splitlines()
+        assert len(lines) == len(items)
+        for line, (stream, index) in zip(lines, items):
+            image_path, label_path = line.split(" ")
+            assert image_path == f"JPEGImages/{stream}_{index:06d}.jpg"
+            image = Image.open(tmp_path / image_path)
+            assert image.format == "JPEG"
+            rgb = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
+            label = np.array(Image.open(tmp_path / label_path))
+            truth_image, truth_label = generate(config, stream, index)
+            assert label.dtype == np.uint8 and label.shape == (16, 16)
+            np.testing.assert_array_equal(label, truth_label.numpy())
+            # quality 100 without chroma subsampling: within a few levels of the generated image
+            assert np.abs(rgb - truth_image.permute(1, 2, 0).numpy()).mean() < 3 / 255
+
+
+def test_repeated_list_repeats_the_labeled_list_as_unimatch_repeats_its_labeled_set(tmp_path: Path):
+    source = tmp_path / "labeled.txt"
+    source.write_text("a x\nb y\nc z\n")
+    out = runs.repeated_list(source, 7, tmp_path / "repeated.txt")
+    ids = ["a x", "b y", "c z"]
+    assert out.read_text().splitlines() == (ids * math.ceil(7 / len(ids)))[:7]
+
+
+@pytest.mark.parametrize("framework", ["supervised", "unimatch", "fixmatch"])
+def test_project_side_runs_the_official_settings(framework: str):
+    """The project's cell: released, the official resize and blur, epochs of N_u / B_u iterations evaluated each,
+    the best reported; supervised on UniMatch's network (AugSeg decoder variant, no dropout) and LR timing."""
+    config = runs.project_config(framework, data_seed=5, seed=2)
+    assert config.protocol == "released" and config.seed == 2 and config.data.options["seed"] == 5
+    assert config.data.augmentation["resize"] == "long_side" and config.data.augmentation["base_size"] == 64
+    assert list(config.data.augmentation["blur_sigma"]) == [0.1, 2.0]
+    assert config.schedule.epoch_length == "unlabeled" and config.schedule.eval_every_epochs == 1
+    assert config.evaluation.select == "best" and config.schedule.max_steps == 960
+    assert config.model.decoder == "augseg" and config.head.options.get("dropout", 0.0) == 0.0
+    assert config.schedule.lr_timing == "after_step"
+    cfg = runs.official_cfg(config, Path("/data"), epochs=8)
+    assert (cfg["lr"], cfg["lr_multi"], cfg["batch_size"], cfg["crop_size"], cfg["nclass"]) == (
+        config.optim.lr, config.optim.head_lr_mult, 8, 64, config.num_classes)
+
+
+def test_official_interface_gives_the_project_networks_logits():
+    """``forward(normalised x)`` is the project's model on ``x`` upsampled to the input (align_corners=True as
+    the official model); ``need_fp`` returns the clean and the feature-perturbed logits of the same shape."""
+    config = runs.project_config("unimatch", data_seed=0, seed=0)
+    student = runs.initial_network(config).eval()
+    interface = runs.OfficialInterface(student).eval()
+    images = torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        logits = interface((images - mean) / std)
+        expected = torch.nn.functional.interpolate(student(images).head.logits[0], size=(32, 32), mode="bilinear",
+                                                   align_corners=True)
+        clean, perturbed = interface((images - mean) / std, True)
+    assert logits.shape == (2, config.num_classes, 32, 32)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert clean.shape == perturbed.shape == logits.shape and not torch.allclose(clean, perturbed)
+
+
+def test_initial_network_is_the_weights_the_projects_run_starts_from():
+    config = runs.project_config("supervised", data_seed=0, seed=4)
+    first, second = runs.initial_network(config), runs.initial_network(config)
+    other = runs.initial_network(runs.project_config("supervised", data_seed=0, seed=5))
+    head = "head.classifier.8.weight"
+    assert torch.equal(first.state_dict()[head], second.state_dict()[head])
+    assert not torch.equal(first.state_dict()[head], other.state_dict()[head])
+
+
+def test_equivalence_is_welchs_two_one_sided_tests():
+    official, project = [50.0, 51.0, 52.0], [50.2, 51.2, 52.2]
+    result = runs.equivalence(official, project, margin=1.0)
+    se = math.sqrt(1.0 / 3 + 1.0 / 3)  # both sample variances 1
+    p_lower = stats.t.sf((0.2 + 1.0) / se, df=4)
+    p_upper = stats.t.cdf((0.2 - 1.0) / se, df=4)
+    assert result["difference"] == pytest.approx(0.2)
+    assert result["p"] == pytest.approx(max(p_lower, p_upper))
+    assert result["ci90_low"] < 0.2 < result["ci90_high"]
+    tight = runs.equivalence([50.0, 50.1, 49.9, 50.05], [50.02, 50.08, 49.95, 50.0], margin=1.0)
+    assert tight["p"] < 0.001
+    apart = runs.equivalence([50.0, 50.1, 49.9], [55.0, 55.1, 54.9], margin=1.0)
+    assert apart["p"] > 0.99
+
+
+def test_equivalence_needs_two_runs_a_side():
+    with pytest.raises(ValueError, match="at least 2 runs per side, got 1 official and 2 project"):
+        runs.equivalence([50.0], [50.0, 51.0])
+
+
+def part(framework: str, seeds: list[int], offset: float, supervised: bool = False) -> dict:
+    """An ``official_runs.json`` as a run writes it (the schema of the interface), values made up."""
+    def row(seed: int) -> dict:
+        return {"seed": seed, "official_miou": 50.0 + seed, "project_miou": 50.0 + seed + offset,
+                "official_curve": [40.0, 50.0 + seed], "project_curve": [41.0, 50.0 + seed + offset]}
+    rows = [row(s) for s in seeds]
+    return {"framework": framework, "data_seed": 0, "runs": rows, "supervised": rows if supervised else [],
+            "command": f"python benchmarks/official_runs.py --framework {framework}", "date": "2026-11-29 07:00 UTC",
+            "machine": "here", "seconds": 1.0}
+
+
+def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
+    paths = []
+    for name, report in (("a", part("unimatch", [0], 0.1)), ("b", part("unimatch", [1], 0.2)),
+                         ("c", part("supervised", [0, 1], -0.1, supervised=True))):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(report))
+    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "official_runs.json").read_text())
+    assert written == combined
+    assert combined["framework"] == "unimatch" and combined["data_seed"] == 0
+    assert [r["seed"] for r in combined["runs"]] == [0, 1] and [r["seed"] for r in combined["supervised"]] == [0, 1]
+    for row in combined["runs"]:
+        assert {"seed", "official_miou", "project_miou", "official_curve", "project_curve"} <= set(row)
+    assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.15)
+    assert combined["equivalence"]["supervised"]["difference"] == pytest.approx(-0.1)
+    assert len(combined["parts"]) == 3
+    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    assert Image.open(tmp_path / "curves.png").size[0] > 400
+    lines = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
+    assert lines == drawn["records"]
+    assert {"framework": "unimatch", "side": "project", "seed": 1, "miou": 51.2} in lines
+    # unimatch and supervised share seeds 0 and 1: official (50 + 51) / 2 - (50 + 51) / 2 = 0
+    assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 0.0} in lines
+    assert {"framework": "unimatch", "side": "project", "seeds": 2, "minus_supervised": 0.25} in lines
+    tost = next(r for r in lines if r["framework"] == "unimatch" and "project_minus_official" in r)
+    assert tost["project_minus_official"] == 0.15 and tost["seeds"] == 2
+
+
+def test_combine_refuses_reports_of_different_data_seeds(tmp_path: Path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(part("unimatch", [0], 0.0)))
+    second.write_text(json.dumps({**part("unimatch", [1], 0.0), "data_seed": 3}))
+    with pytest.raises(ValueError, match=r"different data seeds: \[0, 3\]"):
+        runs.main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
+
+
+def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
+    """``--side official`` and ``--side project`` reports of the same seeds (None for the side not run) join into
+    rows with both sides."""
+    official, project = part("unimatch", [0, 1], 0.5), part("unimatch", [0, 1], 0.5)
+    for row in official["runs"]:
+        row.update(project_miou=None, project_curve=None)
+    for row in project["runs"]:
+        row.update(official_miou=None, official_curve=None)
+    paths = [tmp_path / "official.json", tmp_path / "project.json"]
+    for path, report in zip(paths, (official, project)):
+        path.write_text(json.dumps(report))
+    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    assert [(r["official_miou"], r["project_miou"]) for r in combined["runs"]] == [(50.0, 50.5), (51.0, 51.5)]
+    assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
+    one_side = runs.main(["--combine", str(paths[0]), "--out", str(tmp_path / "one")])
+    assert one_side["runs"][0]["project_miou"] is None and one_side["equivalence"] == {}
+    assert "supervised" not in combined["equivalence"]
+
+
+@pytest.mark.integration
+def test_the_official_semidataset_reads_the_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """UniMatch's own ``SemiDataset`` (from a checkout under ``NPSEMISEG_OFFICIAL_ROOT``; skipped without one) reads
+    the export: a labeled crop, an unlabeled item's three views, ignore mask and boxes, and a validation image from
+    ``splits/study/val.txt`` in the working directory."""
+    from test_official_side_by_side import official_root
+
+    folder = runs.checkout(official_root("LiheYoung/UniMatch"), "LiheYoung/UniMatch")
+    lists = runs.export_official_layout(small_study(), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with runs.official_imports(folder):
+        semi = __import__("dataset.semi", fromlist=["SemiDataset"])
+        labeled = semi.SemiDataset("study", str(tmp_path), "train_l", 16, str(lists["labeled"]), nsample=30)
+        unlabeled = semi.SemiDataset("study", str(tmp_path), "train_u", 16, str(lists["unlabeled"]))
+        val = semi.SemiDataset("study", str(tmp_path), "val")
+        image, label = labeled[0]
+        weak, strong1, strong2, ignore, box1, box2 = unlabeled[0]
+        val_image, val_label, _ = val[2]
+    assert len(labeled) == 30 and len(unlabeled) == 30 and len(val) == 3
+    assert image.shape == weak.shape == strong1.shape == strong2.shape == (3, 16, 16)
+    assert set(label.unique().tolist()) <= set(range(5)) | {255} and ignore.shape == box1.shape == box2.shape == (16, 16)
+    assert val_image.shape == (3, 16, 16) and val_label.shape == (16, 16)
