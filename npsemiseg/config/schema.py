@@ -49,7 +49,9 @@ IDENTITY_VERSION = 1
 IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs",
                                       # the evaluation under shift: metrics added after training, which it never changes
                                       "evaluation.corruptions", "evaluation.corruption_severities",
-                                      "evaluation.corruption_images")
+                                      "evaluation.corruption_images",
+                                      # the student's evaluation beside the teacher's: metrics only, never training
+                                      "evaluation.also_student")
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
 IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
@@ -310,6 +312,10 @@ class EvaluationConfig(Section):
     ``corruptions``: the evaluation under shift (``docs/shift.md``) also evaluates the final weights on a corrupted
     copy of the evaluated images per corruption (``npsemiseg.constants.CORRUPTIONS``; empty: none) and severity
     (``corruption_severities``), on the first ``corruption_images`` images (None: those ``max_images`` says).
+    ``also_student``: every evaluation also evaluates the student where the framework reports a teacher (one more
+    evaluation each; where the student is the evaluated model its metrics are reused), logged as
+    ``student/<metric>`` (``eval/student/<metric>`` per evaluation) with ``best_student/<metric>``,
+    ``best_student/step`` and ``best_student/epoch`` (``npsemiseg.training.selection``).
     """
 
     split: Literal["val", "tune"] = "val"
@@ -334,6 +340,7 @@ class EvaluationConfig(Section):
     corruptions: tuple[str, ...] = ()
     corruption_severities: tuple[PositiveInt, ...] = CORRUPTION_SEVERITIES
     corruption_images: PositiveInt | None = None
+    also_student: bool = False
 
     @field_validator("corruptions", mode="after")
     @classmethod
