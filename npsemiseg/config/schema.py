@@ -437,6 +437,9 @@ class RuntimeConfig(Section):
     ``activation_checkpointing``: each ResNet stage / ViT block of the encoder keeps only its input and runs again in
     the backward pass (``npsemiseg.models.checkpointing``): less activation memory for about one more encoder
     forward per training pass, the same gradients and BN statistics.
+    ``system_metrics``: MLflow's system metrics (CPU, memory, disk, network, GPU) of every node into the cell's run
+    (``semiseg_platform.tracking.system_metrics``): ``auto`` = when the tracking URI is an MLflow server (http/https,
+    a cluster's), not for a local file or SQLite store; ``on``; ``off``.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -451,6 +454,7 @@ class RuntimeConfig(Section):
     compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
     channels_last: bool = False
     activation_checkpointing: bool = False
+    system_metrics: Literal["auto", "on", "off"] = "auto"
 
 
 class CellInputs(Section):
