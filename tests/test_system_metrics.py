@@ -8,7 +8,7 @@ from platform_fixtures import fresh_store
 
 from npsemiseg.config import cell_config
 from semiseg_platform.launch.cell import run_cell_in_process
-from semiseg_platform.tracking.system_metrics import node_tag, system_metrics_wanted
+from semiseg_platform.tracking.system_metrics import node_tag, start_node_monitor, system_metrics_wanted
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +27,8 @@ def test_the_node_is_named_only_when_the_workers_span_nodes(monkeypatch):
     assert node_tag(1) is None
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert node_tag(4) is None and node_tag(8)  # 8 workers, 4 on this node: this host's name
+    monkeypatch.setenv("LOCAL_RANK", "1")  # not the node's first worker: no monitor (nor a store opened)
+    assert start_node_monitor("on", "sqlite:////nonexistent/mlruns.db", "run", world_size=8) is None
 
 
 @pytest.mark.parametrize("mode", ["on", "auto"])
