@@ -9,7 +9,8 @@ A preset gives two steps of :func:`npsemiseg.config.compose` (which lists the wh
 ``paper``, VOC's settings (``pascal_classic``, ``pascal_blender``, their synthetic stand-ins, ``synthetic``,
 the study datasets): crop 480, 3 labeled + 3 unlabeled images per process (x 4 GPUs = the paper's batch
 of 12), lr 1e-3 with the head at 10x, momentum 0.9, weight decay 1e-4, 80 epochs; evaluation on a
-513 px center crop (U2PL's), and under shift on every corruption (``evaluation.corruptions``).
+513 px center crop (U2PL's), and under shift on every corruption (``evaluation.corruptions``); a teacher's student is
+evaluated too at every evaluation (``evaluation.also_student``).
 Cityscapes' settings: crop 580, 2 + 2 per process (x 4 = 8), lr 5e-3, head at
 1x, weight decay 5e-4, 200 epochs (AugSeg 240), OHEM (0.7, at least 100,000 pixels) plus 0.4 x the
 auxiliary layer-3 head's loss, sliding-window evaluation at 769 px. These are the NP-SemiSeg authors'
@@ -24,7 +25,7 @@ and the MC-dropout and NP heads at the NP configurations' (AugSeg VOC: 8 images 
 
 ``smoke``: the paper preset shrunk to seconds on one CPU core: the ``resnet_small`` backbone with narrow
 decoder widths and random init, 32 px crops of a small synthetic dataset, 2 + 2 images per step, 3 steps,
-T = 2 at evaluation on 2 whole images (none corrupted), no supervised-only or warm-up phase (so the few steps run the
+T = 2 at evaluation on 2 whole images (none corrupted, no student), no supervised-only or warm-up phase (so the few steps run the
 semi-supervised path), the frameworks' and heads' ``smoke_options`` (small memories and queues). Its
 scale wins over the protocol's switches where they meet (T at evaluation, PS-MT's warm-up and epochs).
 """
@@ -155,6 +156,8 @@ def _paper_values(cell: Cell) -> dict[str, Any]:
     values["model"].update(backbone="resnet50", weights="imagenet")
     values["data"] = {"num_workers": 4}
     values["evaluation"]["corruptions"] = list(CORRUPTIONS)  # the evaluation under shift (docs/shift.md)
+    # the student beside the teacher at every evaluation (docs/uncertainty.md): best EMA, best student, last epoch
+    values["evaluation"]["also_student"] = True
     return values
 
 
@@ -176,6 +179,7 @@ def _smoke_values(cell: Cell) -> dict[str, Any]:
                            options={"aspp_channels": 16, "low_level_channels": 8, "representation_dim": 16})
     values["loss"]["ohem_min_kept"] = 64
     values["evaluation"]["corruptions"] = []  # no evaluation under shift: seconds
+    values["evaluation"]["also_student"] = False  # one evaluation per evaluation: seconds
     values["data"] = {"num_workers": 0, "options": dict(SMOKE_DATA_OPTIONS) if cell.info.synthetic else {}}
     return values
 

@@ -351,7 +351,8 @@ def test_reliability_table_per_partition_with_every_metric_and_its_values(uri, t
     logged = {}
     for index, (head, seed) in enumerate((("baseline", 0), ("np", 0), ("np", 1))):
         values = {m: 0.1 + 0.01 * k + 0.1 * index for k, m in enumerate(metric_names)}
-        values.update({f"best/{m}": v + 0.05 for m, v in values.items()}, **{f"last/{m}": v for m, v in values.items()})
+        values.update({f"best/{m}": v + 0.05 for m, v in values.items()}, **{f"last/{m}": v for m, v in values.items()},
+                      **{f"best_student/{m}": v - 0.03 for m, v in values.items()})
         _cell_run(client, experiment_id, framework="u2pl", head=head, partition="92", seed=seed,
                   metrics=values, grid_id="rel")
         logged[(head, seed)] = values
@@ -372,6 +373,10 @@ def test_reliability_table_per_partition_with_every_metric_and_its_values(uri, t
     aurc = best[(best["head"] == "baseline") & (best["metric"] == "aurc")].iloc[0]
     assert aurc["mean"] == pytest.approx(100 * logged[("baseline", 0)]["best/aurc"])
     assert "best values" in best.attrs["title"] and "final values" in table.attrs["title"]
+    student = T.reliability_tables(tables["cells"], values="best_student")["reliability_pascal_classic_92_best_student"]
+    ece = student[(student["head"] == "baseline") & (student["metric"] == "ece")].iloc[0]
+    assert ece["mean"] == pytest.approx(100 * logged[("baseline", 0)]["best_student/ece"])
+    assert "best_student values" in student.attrs["title"] and "student" in student.attrs["caption"]
     markdown = T.to_markdown(table)
     assert "| U2PL | baseline |" in markdown and "|  | NP-SemiSeg |" in markdown
     assert "x 100 except NLL (nats)" in markdown

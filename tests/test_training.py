@@ -510,6 +510,53 @@ def test_checkpoint_selection_reports_and_restores_the_best_epoch(smoke_config, 
     assert again["miou"] == pytest.approx(mious[selected], abs=1e-9)
 
 
+def test_also_student_logs_the_students_evaluations_apart_from_the_teachers(smoke_config):
+    """``evaluation.also_student`` on Mean Teacher (the EMA teacher reported): every evaluation also holds the
+    student's metrics, which differ from the teacher's; the run reports the last student's and the best student's
+    apart from ``last/*`` and ``best/*``; training and the teacher's metrics are those of a run without it."""
+    config = smoke_config("mt", **{"schedule.epoch_length": "labeled", "data.options.train_size": 32,
+                                   "schedule.eval_every_epochs": 1})  # 1 step per epoch: 3 evaluations
+    plain, both = Recorder(), Recorder()
+    train(config, plain)
+    result = train(with_overrides(config, {"evaluation.also_student": True}), both)
+    assert config.cell_id == with_overrides(config, {"evaluation.also_student": True}).cell_id
+    assert [logs["train/loss"] for _, logs in plain.steps] == [logs["train/loss"] for _, logs in both.steps]
+    assert [s for s, _ in both.evaluations] == [1, 2, 3]
+    for (_, teacher_only), (_, metrics) in zip(plain.evaluations, both.evaluations):
+        teacher = {k: v for k, v in metrics.items() if not k.startswith("student/") and k != "seconds_per_image"}
+        assert teacher == pytest.approx({k: v for k, v in teacher_only.items() if k != "seconds_per_image"},
+                                        rel=0, abs=0, nan_ok=True)
+        assert metrics["student/nll"] != metrics["nll"]  # the student, not the EMA teacher again
+        assert not any(k.startswith("student/iou/") for k in metrics)  # scalars only
+    students = {step: m["student/miou"] for step, m in both.evaluations}
+    best_step = max(students, key=lambda s: (students[s], -s))
+    final = result.metrics
+    assert final["student/miou"] == students[3] and final["student/nll"] == both.evaluations[-1][1]["student/nll"]
+    assert final["best_student/miou"] == students[best_step] and final["best_student/step"] == best_step
+    assert final["student/nll"] != final["last/nll"] and "student/miou" not in plain.evaluations[-1][1]
+
+
+def test_also_student_reuses_the_evaluation_where_the_student_is_evaluated(smoke_config):
+    """A framework without a teacher: the student's metrics are the evaluation's own (no second evaluation)."""
+    result = train(smoke_config(**{"evaluation.also_student": True}))
+    assert result.metrics["student/miou"] == result.metrics["miou"] == result.metrics["best_student/miou"]
+    assert result.metrics["student/nll"] == result.metrics["last/nll"]
+
+
+def test_best_student_candidates_start_at_select_from_epoch():
+    """``best_student/*`` honours ``evaluation.select_from_epoch`` as ``best/*`` does; the last evaluation stands in
+    when none is a candidate, and a history without the student's metrics reports none."""
+    from npsemiseg.training.selection import student_summary
+
+    history = [{"step": 10.0, "epoch": 1.0, "student/miou": 0.9}, {"step": 20.0, "epoch": 2.0, "student/miou": 0.5},
+               {"step": 30.0, "epoch": 3.0, "student/miou": 0.4, "miou": 0.6}]
+    summary = student_summary(history, from_epoch=2)
+    assert (summary["best_student/miou"], summary["best_student/step"], summary["student/miou"]) == (0.5, 20.0, 0.4)
+    assert student_summary(history)["best_student/epoch"] == 1.0
+    assert student_summary(history, from_epoch=5)["best_student/step"] == 30.0
+    assert student_summary([{"step": 3.0, "epoch": 1.0, "miou": 0.2}]) == {}
+
+
 def test_linear_lr_scaling_follows_the_global_batch(smoke_config, tmp_path, caplog):
     """optim.lr_scaling=linear: base lr = lr x global batch / reference; the start line and the warning say so."""
     from npsemiseg.training import batch_scaling, load_checkpoint, resolve_checkpoint

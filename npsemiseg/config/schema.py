@@ -49,7 +49,11 @@ IDENTITY_VERSION = 1
 IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers", "inputs",
                                       # the evaluation under shift: metrics added after training, which it never changes
                                       "evaluation.corruptions", "evaluation.corruption_severities",
-                                      "evaluation.corruption_images")
+                                      "evaluation.corruption_images",
+                                      # the student's evaluation beside the teacher's: metrics only, never training
+                                      "evaluation.also_student")
+
+
 def _pools_nothing(feature_pool: object, model: dict[str, Any]) -> bool:
     """Whether the NP head's ``feature_pool`` leaves its map as it is: 1, or ``coarse`` on a ResNet (resolved to 1)."""
     return feature_pool == 1 or (feature_pool == "coarse" and not isinstance(BACKBONES.get(model["backbone"]), ViTSpec))
@@ -323,6 +327,10 @@ class EvaluationConfig(Section):
     ``corruptions``: the evaluation under shift (``docs/shift.md``) also evaluates the final weights on a corrupted
     copy of the evaluated images per corruption (``npsemiseg.constants.CORRUPTIONS``; empty: none) and severity
     (``corruption_severities``), on the first ``corruption_images`` images (None: those ``max_images`` says).
+    ``also_student``: every evaluation also evaluates the student where the framework reports a teacher (one more
+    evaluation each; where the student is the evaluated model its metrics are reused), logged as
+    ``student/<metric>`` (``eval/student/<metric>`` per evaluation) with ``best_student/<metric>``,
+    ``best_student/step`` and ``best_student/epoch`` (``npsemiseg.training.selection``).
     """
 
     split: Literal["val", "tune"] = "val"
@@ -347,6 +355,7 @@ class EvaluationConfig(Section):
     corruptions: tuple[str, ...] = ()
     corruption_severities: tuple[PositiveInt, ...] = CORRUPTION_SEVERITIES
     corruption_images: PositiveInt | None = None
+    also_student: bool = False
 
     @field_validator("corruptions", mode="after")
     @classmethod
@@ -443,6 +452,9 @@ class RuntimeConfig(Section):
     ``activation_checkpointing``: each ResNet stage / ViT block of the encoder keeps only its input and runs again in
     the backward pass (``npsemiseg.models.checkpointing``): less activation memory for about one more encoder
     forward per training pass, the same gradients and BN statistics.
+    ``system_metrics``: MLflow's system metrics (CPU, memory, disk, network, GPU) of every node into the cell's run
+    (``semiseg_platform.tracking.system_metrics``): ``auto`` = when the tracking URI is an MLflow server (http/https,
+    a cluster's), not for a local file or SQLite store; ``on``; ``off``.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -457,6 +469,7 @@ class RuntimeConfig(Section):
     compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
     channels_last: bool = False
     activation_checkpointing: bool = False
+    system_metrics: Literal["auto", "on", "off"] = "auto"
 
 
 class CellInputs(Section):

@@ -19,6 +19,7 @@ from npsemiseg.evaluation.evaluator import CURVES_FILE, evaluate
 from npsemiseg.frameworks import Framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.training.data_order import derive_seed
+from npsemiseg.training.selection import STUDENT_PREFIX, scalar_metrics
 from npsemiseg.training.step import autocast
 
 #: figures the final evaluation reports through ``Callbacks.on_artifact`` (stable artifact names)
@@ -34,9 +35,17 @@ FIGURE_IMAGES = 4
 def evaluate_run(framework: Framework, datasets: dict[str, Dataset], config: RunConfig, *, step: int,
                  device: torch.device, figure_dir: Path | None = None,
                  curves_file: Path | None = None) -> dict[str, float]:
-    """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG."""
-    return evaluate_model(framework.eval_model(), datasets["val"], config, step=step, device=device,
-                          figure_dir=figure_dir, curves_file=curves_file)
+    """Evaluate ``framework.eval_model()`` on the validation split under a forked, seeded RNG; with
+    ``evaluation.also_student``, the student's scalar metrics too, as ``student/<metric>``."""
+    evaluated = framework.eval_model()
+    metrics = evaluate_model(evaluated, datasets["val"], config, step=step, device=device,
+                             figure_dir=figure_dir, curves_file=curves_file)
+    if config.evaluation.also_student:
+        student = unwrap(framework.student)
+        own = metrics if student is unwrap(evaluated) else evaluate_model(student, datasets["val"], config, step=step,
+                                                                          device=device)
+        metrics.update({f"{STUDENT_PREFIX}{k}": v for k, v in scalar_metrics(own).items()})
+    return metrics
 
 
 def evaluate_model(model: torch.nn.Module, val: Dataset, config: RunConfig, *, step: int, device: torch.device,

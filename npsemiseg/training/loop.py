@@ -33,7 +33,7 @@ from npsemiseg.frameworks import Batch, Framework, StepContext
 from npsemiseg.training.artifacts import evaluate_run, final_evaluation, per_class_artifacts
 from npsemiseg.training.checkpoint import Checkpointer, resolve_checkpoint, restore
 from npsemiseg.training.data_wait import DATA_WAIT_FRACTION, DataWait
-from npsemiseg.training.selection import BestWeights
+from npsemiseg.training.selection import BestWeights, student_summary
 from npsemiseg.training.plan import batch_scaling
 from npsemiseg.training.shift import evaluate_under_shift
 from npsemiseg.training.setup import Run, backend_flags, progress_bar, resolve_device, setup_run
@@ -51,7 +51,9 @@ class RunResult:
 
     metrics: the final evaluation of the selected weights (``miou``, ``pavpu``, ``ece``, ``nll``, ``brier``,
     ``auroc``, ``pixel_acc``, ``iou/<class>``, ...) with ``last/<metric>``, ``best/<metric>``, ``best/step``,
-    ``best/epoch`` (``evaluation.select``); empty when the run stopped at ``runtime.stop_at_step``.
+    ``best/epoch`` (``evaluation.select``), and with ``evaluation.also_student`` ``student/<metric>`` (the last
+    evaluation's student), ``best_student/<metric>``, ``best_student/step``, ``best_student/epoch``; empty when the
+    run stopped at ``runtime.stop_at_step``.
     history: one dict per evaluation (``step``, ``epoch`` and the metrics).
     checkpoint: the last checkpoint directory written (None when ``runtime.output_dir`` is unset).
     seconds: wall time of ``train``; train_seconds: time spent in training steps only.
@@ -115,15 +117,16 @@ def _run(config: RunConfig, callbacks: Callbacks, resume_from: str | os.PathLike
 
 def _finish(run: Run, callbacks: Callbacks, checkpointer: Checkpointer, loop: EpochLoop) -> dict[str, float]:
     """The final evaluation (of the last weights), the selection (``evaluation.select``: restores the best
-    evaluation's weights when asked), the evaluation under shift of the selected weights
-    (``evaluation.corruptions``), its artifacts and the last checkpoint."""
+    evaluation's weights when asked; the student's last and best with ``evaluation.also_student``), the evaluation
+    under shift of the selected weights (``evaluation.corruptions``), its artifacts and the last checkpoint."""
     config, step = run.config, loop.step
     output_dir = Path(config.runtime.output_dir) if config.runtime.output_dir else None
     last = final_evaluation(run.framework, run.datasets, config, step=step, device=run.device, rank=run.rank,
                             output_dir=output_dir, callbacks=callbacks)
     epoch = float(math.ceil(step / run.plan.iters_per_epoch))
     loop.history.append({"step": float(step), "epoch": epoch, **last})
-    final = loop.best.select(last, step=step, epoch=epoch)
+    final = {**loop.best.select(last, step=step, epoch=epoch),
+             **student_summary(loop.history, from_epoch=config.evaluation.select_from_epoch)}
     final = {**final, **evaluate_under_shift(run.framework.eval_model(), run.datasets["val"], config, step=step,
                                              device=run.device)}
     if run.rank == 0:

@@ -4,6 +4,11 @@ U2PL, AugSeg and NP-SemiSeg report the epoch with the best validation mIoU (``ck
 paper done right reports the last epoch. Whatever the selection, a run logs both: ``last/<metric>`` and
 ``best/<metric>`` beside the selected metrics, plus ``best/step`` and ``best/epoch``, so a table can say
 how much selecting on the validation set adds.
+
+With ``evaluation.also_student`` every evaluation holds the student's metrics too (``student/<metric>``, where the
+framework reports a teacher); the run then logs the last evaluation's as ``student/<metric>`` and the one with the
+student's best validation mIoU as ``best_student/<metric>`` (with ``best_student/step`` and ``best_student/epoch``),
+chosen from the evaluation history, so a resumed run finds it too.
 """
 
 from __future__ import annotations
@@ -19,11 +24,34 @@ from npsemiseg.frameworks.ema import unwrap
 SELECT_METRIC = "miou"
 #: evaluation entries that time the evaluation rather than measure the weights (not repeated as last/best)
 TIMING_METRICS = frozenset({"seconds_per_image"})
+#: the student's metrics in an evaluation (``evaluation.also_student``), and its best evaluation's in a run's
+STUDENT_PREFIX, BEST_STUDENT_PREFIX = "student/", "best_student/"
 
 
-def _scalars(metrics: dict[str, float]) -> dict[str, float]:
+def scalar_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The run-level metrics (``miou``, ``pavpu``, ...) without per-class entries (``iou/<class>``) and timings."""
     return {k: v for k, v in metrics.items() if "/" not in k and k not in TIMING_METRICS}
+
+
+def student_summary(history: list[dict[str, float]], *, from_epoch: int = 0) -> dict[str, float]:
+    """``student/<metric>`` of the last evaluation in ``history`` and ``best_student/<metric>``, ``best_student/step``,
+    ``best_student/epoch`` of the one whose student has the best mIoU (among those after ``from_epoch`` completed
+    epochs, as :class:`BestWeights`; the last one if none is a candidate); empty when no evaluation holds the
+    student's."""
+    key = STUDENT_PREFIX + SELECT_METRIC
+    evaluated = [entry for entry in history if key in entry]
+    if not evaluated:
+        return {}
+    candidates = [entry for entry in evaluated if entry.get("epoch", 0.0) >= from_epoch] or evaluated[-1:]
+    best = max(candidates, key=lambda entry: entry[key])  # the first of equals, as BestWeights keeps it
+
+    def student(entry: dict[str, float]) -> dict[str, float]:
+        return {k[len(STUDENT_PREFIX):]: v for k, v in entry.items() if k.startswith(STUDENT_PREFIX)}
+
+    summary = {f"{STUDENT_PREFIX}{k}": v for k, v in student(evaluated[-1]).items()}
+    summary.update({f"{BEST_STUDENT_PREFIX}{k}": v for k, v in student(best).items()})
+    summary.update({f"{BEST_STUDENT_PREFIX}step": best["step"], f"{BEST_STUDENT_PREFIX}epoch": best["epoch"]})
+    return summary
 
 
 class BestWeights:
@@ -69,8 +97,8 @@ class BestWeights:
         if self.keep_weights and not is_best:
             self.restore()
             chosen = self.metrics
-        summary = {f"last/{k}": v for k, v in _scalars(last).items()}
-        summary.update({f"best/{k}": v for k, v in _scalars(self.metrics or last).items()})
+        summary = {f"last/{k}": v for k, v in scalar_metrics(last).items()}
+        summary.update({f"best/{k}": v for k, v in scalar_metrics(self.metrics or last).items()})
         summary.update({"best/step": float(self.step if self.step is not None else step),
                         "best/epoch": float(self.epoch if self.step is not None else epoch)})
         return {**chosen, **summary}

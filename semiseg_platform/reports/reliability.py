@@ -6,8 +6,9 @@ wrong" against the head's uncertainty, AURC, PAvPU and its class-balanced varian
 seeds, as Tables 1-6. Every value is x 100 except NLL (nats). The values are a run's final metrics: those of
 the model its framework evaluates (``Framework.eval_model``: the EMA teacher where the framework has one)
 at the checkpoint ``evaluation.select`` chose (the last epoch by default); the runs log the last epoch's and
-the best evaluation's apart (``last/<metric>``, ``best/<metric>``), and :func:`reliability_tables` builds the
-table from either (``values``), its title saying which.
+the best evaluation's apart (``last/<metric>``, ``best/<metric>``), with ``evaluation.also_student`` the
+student's last and best evaluations too (``student/<metric>``, ``best_student/<metric>``), and
+:func:`reliability_tables` builds the table from any of them (``values``), its title saying which.
 
 The tables are long frames in the format of :mod:`.tables` (``block`` = framework, ``row`` = head, ``column``
 = metric; ``paper`` / ``diff`` NaN: the paper prints none of these), so the writers of :mod:`.rendering` print
@@ -52,11 +53,13 @@ RELIABILITY_COLUMNS = (
 )
 RELIABILITY_METRICS = tuple(metric for metric, _, _ in RELIABILITY_COLUMNS)
 #: which of a run's values a table shows: its final (selected) metrics, or those logged apart
-VALUES = {"final": "", "best": "best/", "last": "last/"}
+VALUES = {"final": "", "best": "best/", "last": "last/", "student": "student/", "best_student": "best_student/"}
 VALUES_WORDS = {
     "final": "the run's final metrics (the checkpoint evaluation.select chose: the last epoch unless select=best)",
     "best": "the best validation-mIoU evaluation of the run (best/<metric>)",
     "last": "the last epoch's evaluation (last/<metric>)",
+    "student": "the student's last-epoch evaluation (student/<metric>, evaluation.also_student)",
+    "best_student": "the student's best validation-mIoU evaluation (best_student/<metric>, evaluation.also_student)",
 }
 
 
@@ -119,7 +122,9 @@ def reliability_table(runs: pd.DataFrame, dataset: str, partition: str, partitio
         "title": f"Reliability: {where} ({values} values)",
         "caption": (f"Uncertainty quality on {where}: calibration, error detection from the head's own uncertainty "
                     f"(the entropy of its predictive), selective risk and PAvPU; values: {VALUES_WORDS[values]}, "
-                    "of the model each framework evaluates (its EMA teacher where it has one)."),
+                    + ("of each framework's student (the model it evaluates where it has no teacher)."
+                       if values in ("student", "best_student")
+                       else "of the model each framework evaluates (its EMA teacher where it has one).")),
         "metric": "reliability", "scale": 100.0, "values": values,
         "note": "x 100 except NLL (nats); ↑ / ↓: higher / lower is better",
         "row_header": ["Framework", "Head"], "columns": columns, "latex_columns": [c.replace("↑", "$\\uparrow$")

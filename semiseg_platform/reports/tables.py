@@ -79,8 +79,9 @@ MISSING_MARK = "—"
 CELL_KEYS = mlflow_names.CELL_KEYS
 #: the final metrics a cell row holds (NaN when not logged): Tables 1-6's and the reliability table's
 RUN_METRICS = ("miou", "pavpu", "ece", "ece_adaptive", "nll", "brier", "auroc", "aupr", "aurc", "pavpu_balanced")
-#: the prefixes of the same metrics logged apart: the best evaluation's and the last epoch's (``evaluation.select``)
-LOGGED_APART = ("best/", "last/")
+#: the prefixes of the same metrics logged apart: the best evaluation's and the last epoch's (``evaluation.select``),
+#: the student's last and best where a framework reports a teacher (``evaluation.also_student``)
+LOGGED_APART = ("best/", "last/", "student/", "best_student/")
 #: The order of the protocol groups (runs without the tag last)
 PROTOCOL_ORDER = ("released", "corrected")
 

@@ -19,6 +19,7 @@ from semiseg_platform.tracking.cell_run import format_error
 from semiseg_platform.tracking.describe import per_class_iou_figure
 from semiseg_platform.tracking.logged_models import log_checkpoint_model, register_best, registered_name
 from semiseg_platform.tracking.metric_logging import MLFLOW_BATCH, finite, log_metrics, prefixed, write_batches
+from semiseg_platform.tracking.system_metrics import NodeMonitor, start_node_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class MLflowCallbacks(Callbacks):
 
     Step metrics are buffered and written in batches (every ``flush_every_s`` seconds, and at
     every evaluation, checkpoint and the end) so a long run does not write the store at each
-    step. Only rank 0 logs: on other ranks every hook returns at once.
+    step. Only rank 0 logs: on other ranks every hook returns at once, except that each node's first worker
+    samples the node's system metrics into the run (``runtime.system_metrics``, :mod:`.system_metrics`) from
+    :meth:`on_start` to :meth:`on_end` or :meth:`close`.
     """
 
     def __init__(self, tracking_uri: str, run_id: str, *, flush_every_s: float = 10.0) -> None:
@@ -54,6 +57,7 @@ class MLflowCallbacks(Callbacks):
         self._pending: list[Metric] = []
         self._last_flush = time.monotonic()
         self._cell_id: str | None = None
+        self._node_monitor: NodeMonitor | None = None
 
     @property
     def active(self) -> bool:
@@ -61,6 +65,8 @@ class MLflowCallbacks(Callbacks):
 
     def on_start(self, config: Any, *, total_steps: int, start_step: int, rank: int, world_size: int) -> None:
         self.rank = rank
+        mode = getattr(getattr(config, "runtime", None), "system_metrics", "off")
+        self._node_monitor = start_node_monitor(mode, self.tracking_uri, self.run_id, world_size=world_size)
         if not self.active:
             return
         self._cell_id = getattr(config, "cell_id", None)
@@ -123,7 +129,9 @@ class MLflowCallbacks(Callbacks):
             self.client.log_figure(self.run_id, per_class_iou_figure(iou, title=name), mlflow_names.PER_CLASS_IOU_FIGURE)
 
     def on_end(self, result: Any) -> None:
-        """Final metrics (unprefixed, at the last step) and the loop's timing (``time/...``)."""
+        """Final metrics (unprefixed, at the last step) and the loop's timing (``time/...``); the node's system
+        metrics end."""
+        self._stop_node_monitor()
         if not self.active:
             return
         self.flush()
@@ -140,8 +148,18 @@ class MLflowCallbacks(Callbacks):
             if version is not None:
                 logger.info("registered %s version %s (the best checkpoint) as @best", version.name, version.version)
 
+    def _stop_node_monitor(self) -> None:
+        monitor, self._node_monitor = self._node_monitor, None
+        if monitor is not None:
+            try:
+                monitor.stop()
+            except Exception:  # noqa: BLE001 - monitoring must not fail the run
+                logger.exception("could not write the last system metrics of run %s", self.run_id)
+
     def close(self) -> None:
-        """Write what is still buffered (call in a ``finally``: a failing run keeps its last steps)."""
+        """End the node's system metrics and write what is still buffered (call in a ``finally``: a failing run keeps
+        its last steps)."""
+        self._stop_node_monitor()
         if self.active and self._pending:
             try:
                 self.flush()
