@@ -223,7 +223,7 @@ class Replan:
                 "schedule.accumulation_steps": self.accumulation_steps}
 
     def record(self) -> dict[str, str]:
-        """As the cell's record (``plan.*`` tags: a world size obtained after the run opened)."""
+        """As the cell's record (``plan.obtained.*`` tags: a world size obtained after the run opened)."""
         return {"world_size": str(self.processes), "batch": str(self.batch),
                 "unlabeled_batch": str(self.unlabeled_batch), "accumulation_steps": str(self.accumulation_steps),
                 "global_batch": str(self.global_batch), "global_batch_kept": str(self.kept)}
