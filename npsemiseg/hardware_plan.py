@@ -19,7 +19,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from npsemiseg.config import RunConfig
+from npsemiseg.config import RunConfig, with_overrides
 
 #: the CUDA context and libraries, outside the allocator's count (MiB), and the allocator's share lost to
 #: rounding and fragmentation: a plan fits when its predicted peak <= memory x (1 - share) - context
@@ -223,7 +223,7 @@ class Replan:
                 "schedule.accumulation_steps": self.accumulation_steps}
 
     def record(self) -> dict[str, str]:
-        """As the cell's record (``plan.*`` tags: a world size obtained after the run opened)."""
+        """As the cell's record (``plan.obtained.*`` tags: a world size obtained after the run opened)."""
         return {"world_size": str(self.processes), "batch": str(self.batch),
                 "unlabeled_batch": str(self.unlabeled_batch), "accumulation_steps": str(self.accumulation_steps),
                 "global_batch": str(self.global_batch), "global_batch_kept": str(self.kept)}
@@ -244,3 +244,30 @@ def replan_for_world_size(config: RunConfig, planned_processes: int, world_size:
     steps = max(1, round(planned / (world_size * schedule.batch_size)))
     return Replan(world_size, schedule.batch_size, unlabeled, steps, world_size * schedule.batch_size * steps,
                   planned)
+
+
+def replanned_config(config: RunConfig, planned_processes: int, world_size: int) -> tuple[RunConfig, Replan]:
+    """``config`` (planned for ``planned_processes``) re-planned for the ``world_size`` a run got, and the re-plan:
+    its per-process batches and accumulation steps from :func:`replan_for_world_size`, the planned ones kept in
+    ``runtime.planned_schedule`` so that the cell id, and with it the checkpoints the run resumes, stay the cell's."""
+    replan = replan_for_world_size(config, planned_processes, world_size)
+    schedule = config.schedule
+    if (replan.batch, replan.accumulation_steps) == (schedule.batch_size, schedule.accumulation_steps):
+        return config, replan
+    planned = config.runtime.planned_schedule or {
+        "batch_size": schedule.batch_size, "unlabeled_batch_size": schedule.unlabeled_batch_size,
+        "accumulation_steps": schedule.accumulation_steps}
+    return with_overrides(config, {**replan.overrides(), "runtime.planned_schedule": planned}), replan
+
+
+def elastic_world_size_problem(config: RunConfig, min_processes: int, max_processes: int) -> str | None:
+    """Why ``config``, planned for ``max_processes``, cannot keep its global batch on some world size down to
+    ``min_processes`` (one line naming it and the sizes that would), or None when every one keeps it."""
+    keeping = [size for size in range(1, max_processes + 1) if replan_for_world_size(config, max_processes, size).kept]
+    lost = [size for size in range(min_processes, max_processes + 1) if size not in keeping]
+    if not lost:
+        return None
+    planned = config.schedule.batch_size * max_processes * config.schedule.accumulation_steps
+    return (f"the global batch {planned} (batch {config.schedule.batch_size} x {max_processes} workers x "
+            f"{config.schedule.accumulation_steps} accumulation steps) cannot be kept on {lost[0]} worker(s); "
+            f"world sizes that keep it: {keeping}")

@@ -56,7 +56,7 @@ def test_ui_serves_the_local_store_and_refuses_a_tracking_server(workdir):
 def test_run_help_lists_the_options():
     text = runner.invoke(app, ["run", "--help"], terminal_width=200).output
     for option in ("--framework", "--dataset", "--partition", "--head", "--preset", "--config", "--set", "--workers",
-                   "--gpus-per-worker", "--cpus-per-worker", "--storage", "--max-failures", "--experiment"):
+                   "--gpus-per-worker", "--cpus-per-worker", "--storage", "--max-failures", "--min-workers", "--experiment"):
         assert option in text, option
 
 
@@ -68,6 +68,7 @@ def test_run_help_lists_the_options():
     (["--set", "optim.lr=-1"], "optim.lr"),
     (["--preset", "huge"], "huge"),
     (["--workers", "-1"], "workers: expected an integer >= 0"),
+    (["--workers", "2", "--min-workers", "3"], "min_workers: expected an integer from 1 to workers (2"),
     (["--config", "missing.yaml"], "--config: file missing.yaml does not exist"),
     (["--storage", "gs://bucket/x"], "scheme 'gs'"),
 ])

@@ -43,6 +43,8 @@ def trees(tmp_path_factory) -> dict[str, Path]:
     (base / "grid_unreadable.yaml").write_text(yaml.safe_dump(grid))
     grid_gpu = {**grid, "datasets": {"synthetic_voc": ["1/16"]}, "resources": {"gpus_per_worker": 64}}
     (base / "grid_gpu.yaml").write_text(yaml.safe_dump(grid_gpu))
+    grid_elastic = {**grid, "datasets": {"synthetic_voc": ["1/16"]}, "resources": {"workers": 5, "min_workers": 3}}
+    (base / "grid_elastic.yaml").write_text(yaml.safe_dump(grid_elastic))
     grid_ok = {**grid, "datasets": {"synthetic_voc": ["1/16"]}}
     (base / "grid_ok.yaml").write_text(yaml.safe_dump(grid_ok))
     shutil.copy(Path(__file__).parents[1] / "jobs" / "specs" / "search_smoke.yaml", base / "search.yaml")
@@ -98,6 +100,8 @@ CASES = [
     _case(["grid", "{broken.yaml}"], "not valid YAML at {broken.yaml}:3:6"),
     _case(["grid", "{grid_unreadable.yaml}"], "data: dataset pascal_classic: no data root"),
     _case(["grid", "{grid_gpu.yaml}"], "resources: one cell asks for 1 CPU(s) and 64 GPU(s)"),
+    _case(["grid", "{grid_elastic.yaml}"], "min_workers: the global batch 10 (batch 2 x 5 workers x 1 accumulation "
+           "steps) cannot be kept on 3 worker(s)"),
     _case(["grid", "{grid_ok.yaml}", "--tracking", "http://127.0.0.1:{port}"], "tracking: MLflow server"),
     _case(["search", "{broken.yaml}"], "search spec {broken.yaml}: not valid YAML at {broken.yaml}:3:6"),
     _case(["search", "{search.yaml}", "--dataset", "pascal_classic"], "data: dataset pascal_classic: no data root"),

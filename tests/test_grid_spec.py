@@ -85,6 +85,8 @@ def test_rule_without_only_excludes_cells():
     ({"rules": [{"when": {"heads": ["np_max"]}, "only": {"frameworks": ["u2pl"]}}]}, "np_max"),
     ({"rules": [{"when": {"heads": ["np"]}, "only": {"frameworks": ["augseg"]}}]}, "augseg"),
     ({"resources": {"workers": 2, "launcher": "in_process"}}, "in_process"),
+    ({"resources": {"workers": 2, "min_workers": 3}}, "resources.min_workers: expected at most workers"),
+    ({"resources": {"workers": 1, "min_workers": 0}}, "min_workers"),
     ({"seeds": []}, "seeds"),
 ])
 def test_invalid_specs_fail_with_the_offending_key(changes, message):

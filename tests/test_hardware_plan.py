@@ -21,7 +21,9 @@ from npsemiseg.hardware_plan import (
     plan_cell,
     predict_peak_mib,
     publication_batches,
+    elastic_world_size_problem,
     replan_for_world_size,
+    replanned_config,
 )
 from semiseg_platform.cli.main import app
 from semiseg_platform.sweeps.grid_spec import expand, load_spec
@@ -152,6 +154,33 @@ def test_a_world_size_that_cannot_keep_the_global_batch_says_so():
     replanned = replan_for_world_size(config, 4, 5)  # 12 images over 5 processes
     assert not replanned.kept and replanned.record()["global_batch_kept"] == "False"
     assert replanned.global_batch == 15 and replanned.accumulation_steps == 1
+
+
+def test_a_config_replanned_for_fewer_workers_is_the_same_cell_at_the_same_global_batch():
+    """An elastic run's execution details change (per-process batch, accumulation), not its cell: the checkpoints it
+    resumes carry the planned cell's id."""
+    config = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np")
+    replanned, replan = replanned_config(config, 4, 2)
+    assert (replanned.schedule.batch_size, replanned.schedule.unlabeled_batch_size,
+            replanned.schedule.accumulation_steps) == (3, 3, 2) == (replan.batch, replan.unlabeled_batch,
+                                                                    replan.accumulation_steps)
+    assert replanned.cell_id == config.cell_id
+    assert replanned.runtime.planned_schedule == {"batch_size": 3, "unlabeled_batch_size": 3, "accumulation_steps": 1}
+    assert replanned_config(replanned, 4, 2)[0].cell_id == config.cell_id  # re-planning again keeps the plan
+    assert replanned_config(config, 4, 4) == (config, replan_for_world_size(config, 4, 4))  # as planned: as it is
+    # the same batches set by hand are another cell (batch statistics over fewer images)
+    by_hand = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np",
+                          **replan.overrides())
+    assert by_hand.cell_id != config.cell_id
+
+
+def test_an_elastic_range_that_cannot_keep_the_global_batch_names_the_world_size():
+    config = cell_config("paper", framework="u2pl", dataset="pascal_classic", partition="92", head="np")
+    assert elastic_world_size_problem(config, 1, 4) is None  # 12 images on 1, 2, 3 or 4 processes
+    assert elastic_world_size_problem(config, 3, 4) is None
+    problem = elastic_world_size_problem(config, 1, 5)  # planned 15 = 3 x 5: 4 processes cannot share it
+    assert problem is not None and "global batch 15" in problem and "cannot be kept on 2 worker(s)" in problem
+    assert "[1, 3, 5]" in problem
 
 
 def test_gpu_check_compares_a_reports_cuda_steps_and_marks_misses(tmp_path):

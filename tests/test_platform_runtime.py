@@ -8,7 +8,7 @@ import pytest
 from platform_fixtures import FAULT_ENV, FaultInjection
 
 from npsemiseg.config import cell_config, with_overrides
-from semiseg_platform.launch import cell_run_name, validate_resources
+from semiseg_platform.launch import cell_run_name, run_cell, validate_min_workers, validate_resources
 from semiseg_platform.launch.ray_runtime import embedded_env, in_existing_cluster, worker_env
 
 HAS_LO = "lo" in {name for _, name in socket.if_nameindex()}
@@ -52,6 +52,24 @@ def test_bad_resources_are_named(kwargs, message):
     args = {"workers": 2, "gpus_per_worker": 0, "cpus_per_worker": 1.0, "max_failures": 0, **kwargs}
     with pytest.raises(ValueError, match=message):
         validate_resources(**args)
+
+
+@pytest.mark.parametrize(("min_workers", "workers", "message"), [
+    (0, 2, "min_workers: expected an integer from 1 to workers"),
+    (3, 2, "min_workers: expected an integer from 1 to workers"),
+    (1, 0, "local mode has no elastic workers"),
+    (3, 5, r"min_workers: the global batch 10 .* cannot be kept on 3 worker\(s\); world sizes that keep it: \[1, 2, 5\]"),
+])
+def test_bad_min_workers_are_named(min_workers, workers, message):
+    config = cell_config("smoke", framework="supervised", dataset="synthetic", partition="1/16", head="baseline")
+    assert config.schedule.batch_size == 2 and config.schedule.accumulation_steps == 1
+    with pytest.raises(ValueError, match=message):
+        validate_min_workers(config, min_workers, workers)
+    with pytest.raises(ValueError, match=message):  # before anything starts: no storage, no MLflow run
+        run_cell(config, workers=workers, min_workers=min_workers, storage="/nonexistent/never-created",
+                 tracking="sqlite:////nonexistent/never.db")
+    validate_min_workers(config, None, workers)
+    validate_min_workers(config, 1, 2)  # 4 images on 1 or 2 workers
 
 
 def test_fault_injection_spec(monkeypatch):

@@ -455,6 +455,10 @@ class RuntimeConfig(Section):
     ``system_metrics``: MLflow's system metrics (CPU, memory, disk, network, GPU) of every node into the cell's run
     (``semiseg_platform.tracking.system_metrics``): ``auto`` = when the tracking URI is an MLflow server (http/https,
     a cluster's), not for a local file or SQLite store; ``on``; ``off``.
+    ``planned_schedule``: ``schedule.batch_size``, ``unlabeled_batch_size`` and ``accumulation_steps`` as the cell
+    was planned, set when a run re-plans them for the world size it got (an elastic run that lost workers:
+    ``npsemiseg.hardware_plan.replan_for_world_size`` keeps the global batch); the cell id covers these, so a
+    re-planned run is the same cell and resumes its checkpoints.
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -470,6 +474,8 @@ class RuntimeConfig(Section):
     channels_last: bool = False
     activation_checkpointing: bool = False
     system_metrics: Literal["auto", "on", "off"] = "auto"
+    planned_schedule: dict[Literal["batch_size", "unlabeled_batch_size", "accumulation_steps"],
+                           PositiveInt | None] | None = None
 
 
 class CellInputs(Section):
@@ -619,6 +625,7 @@ class RunConfig(Section):
         :data:`IDENTITY_RESTORED` fields where they apply, renamed keys under their version-1 names and values
         (:data:`npsemiseg.renames.RENAMED_KEYS`) (JSON types)."""
         data = self.model_dump(mode="json")
+        data["schedule"].update(data["runtime"]["planned_schedule"] or {})  # an execution's re-plan: the cell's own
         omitted = [dotted for dotted, unused in IDENTITY_OMITTED if unused(data)]
         restored = [(dotted, value) for dotted, value, where in IDENTITY_RESTORED if where(data)]
         for dotted in (*omitted, *IDENTITY_EXCLUDED):

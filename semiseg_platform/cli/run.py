@@ -86,6 +86,8 @@ def run(
     config: Path | None = typer.Option(None, "--config", help="a configuration YAML (replaces --preset)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a setting: key=value (repeatable)"),
     workers: int = typer.Option(1, help="DDP workers on Ray Train; 0 = Ray Train's local mode (in this process)"),
+    min_workers: int | None = typer.Option(None, help="elastic: the fewest workers to go on with (from a lost node), "
+                                                      "the global batch kept by accumulation steps"),
     gpus_per_worker: float = typer.Option(0, help="GPUs per worker (NCCL); 0 = CPU (gloo)"),
     cpus_per_worker: float = typer.Option(1.0, help="CPUs per worker (fractions allowed)"),
     launcher: str = typer.Option("auto", help="auto: a one-device cell on the embedded default trains in this "
@@ -109,15 +111,17 @@ def run(
                             config_file=config, assignments=parse_assignments(set_))
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         fail(one_line(error))
-    from semiseg_platform.launch import CellFailedError, cell_run_name, run_cell, run_cell_in_process, validate_resources
+    from semiseg_platform.launch import (CellFailedError, cell_run_name, run_cell, run_cell_in_process,
+                                        validate_min_workers, validate_resources)
     from semiseg_platform.preflight import Needed, preflight
     from semiseg_platform.tracking import CellKilled
 
     try:
         validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
+        validate_min_workers(cell, min_workers, workers)
         in_process = in_process_launch(launcher, workers=workers, gpus_per_worker=gpus_per_worker,
                                        max_failures=max_failures)
-        needed = Needed.of(workers, gpus_per_worker, cpus_per_worker, in_process=in_process)
+        needed = Needed.of(min_workers or workers, gpus_per_worker, cpus_per_worker, in_process=in_process)
         tracking_uri, location = preflight([cell], needed, tracking=tracking, storage=storage,
                                            resource_timeout=resource_timeout, shared_filesystem=shared_filesystem)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
@@ -132,7 +136,7 @@ def run(
             result = run_cell_in_process(cell, **launch)
         else:
             result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
-                              max_failures=max_failures, **launch)
+                              max_failures=max_failures, min_workers=min_workers, **launch)
     except CellFailedError as error:
         _exit_failed(error)
     except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED

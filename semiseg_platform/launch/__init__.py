@@ -14,6 +14,7 @@ from semiseg_platform.launch.cell import (
                                           run_cell,
                                           run_cell_in_process,
                                           train_worker,
+                                          validate_min_workers,
                                           validate_resources,
 )
 from semiseg_platform.launch.ray_runtime import embedded_env, ensure_ray, in_existing_cluster, worker_env
@@ -23,5 +24,5 @@ __all__ = [
     "CellFailedError", "CellResult", "CellSpec", "CheckpointReporter", "ProgressLogger", "StoreReporter",
     "TrainReporter", "TuneReporter", "cell_run_name", "embedded_env", "ensure_ray", "execute", "in_existing_cluster",
     "worker_env",
-    "run_cell", "run_cell_in_process", "train_worker", "validate_resources",
+    "run_cell", "run_cell_in_process", "train_worker", "validate_min_workers", "validate_resources",
 ]

@@ -21,6 +21,7 @@ to every worker, e.g. a test's fault injection).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -30,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ray.train
+from mlflow import MlflowClient
+from mlflow.entities import Metric, RunTag
 from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
 from ray.train import RunConfig as TrainRunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
@@ -37,7 +41,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from npsemiseg.callbacks import CallbackList, Callbacks
 from npsemiseg.config import RunConfig, with_overrides
 from npsemiseg.data import DATA_ROOT_ENV
-from npsemiseg.hardware_plan import run_record
+from npsemiseg.hardware_plan import Replan, elastic_world_size_problem, replanned_config, run_record
 from npsemiseg.training import batch_scaling, train
 from semiseg_platform.data_staging import is_remote, resolve_data_root
 from semiseg_platform.launch.ray_runtime import ensure_ray, worker_env
@@ -128,6 +132,9 @@ class CellSpec:
     local_mode: bool = False
     #: the caller's own loop callbacks (picklable), run on every rank after the platform's
     callbacks: tuple[Callbacks, ...] = ()
+    #: ``(min, max)`` workers of an elastic cell: its batches are planned for ``max``; each worker group
+    #: re-plans them for the world size it got (:func:`npsemiseg.hardware_plan.replanned_config`)
+    elastic_workers: tuple[int, int] | None = None
 
     def store(self) -> CheckpointStore:
         return CheckpointStore(parse_storage(self.storage_uri, endpoint_url=self.storage_endpoint), self.name)
@@ -175,10 +182,35 @@ def execute(spec: CellSpec, reporter: CheckpointReporter, extra: list[Callbacks]
             reporter.close()
 
 
+@dataclass
+class ObtainedPlanRecord(Callbacks):
+    """Rank 0 records, at each attempt's start, the world size an elastic cell got (metric
+    :data:`~mlflow_names.PLAN_WORLD_SIZE` at the start step) and the plan re-made for it (``plan.obtained.*`` tags:
+    params cannot change once logged, and a restart after a lost node changes them)."""
+
+    tracking_uri: str
+    run_id: str
+    replan: Replan
+
+    def on_start(self, config: Any, *, total_steps: int, start_step: int, rank: int, world_size: int) -> None:
+        if rank != 0:
+            return
+        tags = [RunTag(f"{mlflow_names.PLAN_OBTAINED_PREFIX}{key}", value) for key, value in self.replan.record().items()]
+        metric = Metric(mlflow_names.PLAN_WORLD_SIZE, float(world_size), int(time.time() * 1000), start_step)
+        MlflowClient(self.tracking_uri).log_batch(self.run_id, metrics=[metric], tags=tags)
+
+
 def train_worker(spec: CellSpec) -> None:
-    """The Ray Train worker loop (also Ray Train's local mode, in the driver)."""
+    """The Ray Train worker loop (also Ray Train's local mode, in the driver). An elastic cell's loop runs its
+    configuration re-planned for the world size this worker group got (the same global batch and cell id)."""
     reporter = StoreReporter(spec.store(), also_ray_train=True) if spec.local_mode else TrainReporter(spec.store())
-    execute(spec, reporter)
+    extra: list[Callbacks] = []
+    if spec.elastic_workers is not None:
+        world_size = ray.train.get_context().get_world_size()
+        config, replan = replanned_config(spec.config, spec.elastic_workers[1], world_size)
+        spec = dataclasses.replace(spec, config=config)
+        extra.append(ObtainedPlanRecord(spec.tracking_uri, spec.run_id, replan))
+    execute(spec, reporter, extra)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -196,6 +228,19 @@ def validate_resources(workers: int, gpus_per_worker: float, cpus_per_worker: fl
         raise ValueError("gpus_per_worker: local mode (workers=0) trains in this process; ask for workers >= 1 to get GPUs")
     if workers == 0 and max_failures:
         raise ValueError("max_failures: local mode (workers=0) cannot restart workers; re-run the cell to resume it")
+
+
+def validate_min_workers(config: RunConfig, min_workers: int | None, workers: int) -> None:
+    """``ValueError`` when an elastic cell's ``min_workers`` is out of ``1..workers`` or some world size in
+    between cannot keep the cell's global batch (checked before anything starts)."""
+    if min_workers is None:
+        return
+    if not isinstance(min_workers, int) or not 1 <= min_workers <= max(workers, 1) or workers == 0:
+        raise ValueError(f"min_workers: expected an integer from 1 to workers ({workers}; local mode has no "
+                         f"elastic workers), got {min_workers!r}")
+    problem = elastic_world_size_problem(config, min_workers, workers)
+    if problem:
+        raise ValueError(f"min_workers: {problem}")
 
 
 @dataclass
@@ -225,7 +270,8 @@ def _record(run: CellRun, result: CellResult, outcome: _LoopOutcome, started: fl
 
 def _tracked(config: RunConfig, *, storage: Storage, name: str, tracking: str | None, experiment: str,
              member: Membership, progress: bool, local_mode: bool, callbacks: list[Callbacks] | None,
-             launch: Callable[[CellSpec], _LoopOutcome], world_size: int = 1) -> CellResult:
+             launch: Callable[[CellSpec], _LoopOutcome], world_size: int = 1,
+             elastic_workers: tuple[int, int] | None = None) -> CellResult:
     """Open the cell's MLflow run (with the global batch and learning rate of ``world_size`` processes),
     ``launch`` the loop, record the outcome; shared by every launcher."""
     started = time.perf_counter()
@@ -233,11 +279,12 @@ def _tracked(config: RunConfig, *, storage: Storage, name: str, tracking: str | 
     run = CellRun.open(config, tracking=tracking, experiment=experiment, grid_id=member.grid_id,
                        search_id=member.search_id, parent_run_id=member.parent_run_id,
                        params={**mlflow_names.effective_params(batch_scaling(config, world_size)),
-                               **mlflow_names.plan_params(run_record(config, world_size))})
+                               **mlflow_names.plan_params(run_record(config, world_size)),
+                               **({mlflow_names.PLAN_MIN_PROCESSES: str(elastic_workers[0])} if elastic_workers else {})})
     result.run_id, result.run_url = run.run_id, run.url
     spec = CellSpec(config=config, name=name, storage_uri=storage.uri, storage_endpoint=storage.endpoint_url,
                     tracking_uri=run.tracking_uri, run_id=run.run_id, progress=progress, local_mode=local_mode,
-                    callbacks=tuple(callbacks or ()))
+                    callbacks=tuple(callbacks or ()), elastic_workers=elastic_workers)
     try:
         with run:
             _record(run, result, launch(spec), started)
@@ -255,7 +302,7 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
              experiment: str = DEFAULT_EXPERIMENT, max_failures: int = 0, grid_id: str | None = None,
              search_id: str | None = None, parent_run_id: str | None = None, name: str | None = None,
              progress: bool = False, train_callbacks: list[Any] | None = None,
-             callbacks: list[Callbacks] | None = None) -> CellResult:
+             callbacks: list[Callbacks] | None = None, min_workers: int | None = None) -> CellResult:
     """Train one cell with Ray Train (V2): ``workers`` DDP workers, or ``workers=0`` for local mode.
 
     ``storage``: local directory or ``s3://bucket/prefix[?endpoint_override=...]`` (default
@@ -275,15 +322,22 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
     end the run KILLED and propagate (``KeyboardInterrupt``, ``tracking.CellKilled``).
     ``train_callbacks``: Ray Train ``UserCallback``s for the trainer's ``ray.train.RunConfig`` (a search passes
     the workers' evaluations on to Tune with one). ``callbacks``: loop callbacks run on every worker.
+    ``min_workers`` (< ``workers``): an elastic cell (Ray Train's ``ScalingConfig(num_workers=(min, max))``): it
+    starts on as many workers as the cluster has room for, from ``min_workers`` to ``workers``, and a worker group
+    restarted after a lost node (``max_failures``) goes on with fewer; each group re-plans the per-process batch and
+    accumulation steps for its world size at the global batch planned for ``workers`` (same cell id, same
+    checkpoints), recorded on the run (``plan.min_processes``, ``plan/world_size``, ``plan.obtained.*``).
     """
     validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
+    validate_min_workers(config, min_workers, workers)
+    elastic = (min_workers, workers) if min_workers is not None and min_workers < workers else None
     storage = parse_storage(storage)
     storage.check()
     member = Membership(grid_id, search_id, parent_run_id)
     name = name or cell_run_name(config, member.submission, experiment)
 
     def launch(spec: CellSpec) -> _LoopOutcome:
-        fit = _fit(spec, storage, workers=workers, gpus_per_worker=gpus_per_worker,
+        fit = _fit(spec, storage, workers=elastic or workers, gpus_per_worker=gpus_per_worker,
                    cpus_per_worker=cpus_per_worker, custom_per_worker=custom_per_worker, max_failures=max_failures,
                    train_callbacks=train_callbacks)
         reported = dict(fit.metrics or {})
@@ -299,24 +353,26 @@ def run_cell(config: RunConfig, *, workers: int = 1, gpus_per_worker: float = 0,
 
     return _tracked(config, storage=storage, name=name, tracking=tracking, experiment=experiment, member=member,
                     progress=progress, local_mode=workers == 0, callbacks=callbacks, launch=launch,
-                    world_size=max(1, workers))
+                    world_size=max(1, workers), elastic_workers=elastic)
 
 
-def _fit(spec: CellSpec, storage: Storage, *, workers: int, gpus_per_worker: float, cpus_per_worker: float,
+def _fit(spec: CellSpec, storage: Storage, *, workers: int | tuple[int, int], gpus_per_worker: float, cpus_per_worker: float,
          max_failures: int, train_callbacks: list[Any] | None = None,
          custom_per_worker: Mapping[str, float] | None = None) -> Any:
-    """Build and fit the ``TorchTrainer``; returns its ``Result`` (raises ``TrainingFailedError``)."""
-    if workers > 0:
+    """Build and fit the ``TorchTrainer`` (``workers``: a count, or ``(min, max)`` elastic); returns its ``Result``
+    (raises ``TrainingFailedError``)."""
+    most = workers if isinstance(workers, int) else workers[1]
+    if most > 0:
         ensure_ray()
     resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {}),
                  **dict(custom_per_worker or {})}
     scaling = ScalingConfig(num_workers=workers, use_gpu=gpus_per_worker > 0,
-                            resources_per_worker=resources if workers else None)
+                            resources_per_worker=resources if most else None)
     run_config = TrainRunConfig(
         name=spec.name,
         failure_config=FailureConfig(max_failures=max_failures),
         checkpoint_config=CheckpointConfig(num_to_keep=2),
-        worker_runtime_env={"env_vars": worker_env()} if workers else None,
+        worker_runtime_env={"env_vars": worker_env()} if most else None,
         callbacks=list(train_callbacks or []),
         **storage.ray_arguments(),
     )

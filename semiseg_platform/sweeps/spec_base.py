@@ -82,10 +82,13 @@ class Resources(Strict):
     ``{one_per_node: 1}`` on nodes started with ``--resources '{"one_per_node": 1}'`` puts every worker on
     a node of its own; a node type's stand-in resource on a fake autoscaling cluster). They do not cap how
     many cells run at once: Tune queues a cell that does not fit, and on an autoscaling cluster that queued
-    demand is what adds nodes.
+    demand is what adds nodes. ``min_workers`` (< ``workers``): elastic cells that start on as many workers as
+    there is room for, down to ``min_workers``, and go on with fewer after losing a node, re-planned to the
+    same global batch (``semiseg_platform.launch.run_cell``).
     """
 
     workers: PositiveInt = 1
+    min_workers: PositiveInt | None = None
     gpus_per_worker: float = Field(0.0, ge=0.0)
     cpus_per_worker: PositiveFloat = 1.0
     custom_per_worker: dict[str, PositiveFloat] = Field(default_factory=dict)
@@ -104,6 +107,14 @@ class Resources(Strict):
         if self.launcher == "in_process" and (self.workers > 1 or self.gpus_per_worker > 1):
             raise ValueError(f"resources.launcher: in_process runs one worker on at most one GPU, "
                              f"got workers={self.workers}, gpus_per_worker={self.gpus_per_worker:g}")
+        return self
+
+    @model_validator(mode="after")
+    def _min_workers_at_most_workers(self) -> Resources:
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise ValueError(f"resources.min_workers: expected at most workers ({self.workers}), got {self.min_workers}")
+        if self.min_workers is not None and self.min_workers < self.workers and self.launcher == "in_process":
+            raise ValueError("resources.min_workers: elastic workers need the trainer launcher, not in_process")
         return self
 
     @property

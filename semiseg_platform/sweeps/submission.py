@@ -31,7 +31,7 @@ from ray.tune import Callback
 
 from npsemiseg.callbacks import Callbacks
 from npsemiseg.config import RunConfig
-from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process
+from semiseg_platform.launch import CellResult, ensure_ray, run_cell, run_cell_in_process, validate_min_workers
 from semiseg_platform.logs import PROGRESS
 from semiseg_platform.preflight import RESOURCE_TIMEOUT_S, Needed, preflight
 from semiseg_platform.storage import Storage
@@ -110,7 +110,10 @@ def open_submission(storage: str | None, tracking_uri: str | None, experiment: s
     several hosts, local paths only with ``shared_filesystem``), then create the experiment if needed and
     draw the submission's id."""
     resources = resources or Resources()
-    needed = Needed.of(resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
+    if resources.min_workers is not None and resources.min_workers < resources.workers:
+        for config in configs:  # an elastic cell keeps its global batch on every world size it may get
+            validate_min_workers(config, resources.min_workers, resources.workers)
+    needed = Needed.of(resources.min_workers or resources.workers, resources.gpus_per_worker, resources.cpus_per_worker,
                        in_process=resources.in_process, custom_per_worker=resources.custom_per_worker)
     uri, store = preflight(configs, needed, tracking=tracking_uri, storage=storage, resource_timeout=resource_timeout,
                            ray_init=ray_init, storage_wait_s=STORAGE_WAIT_S, shared_filesystem=shared_filesystem)
@@ -172,7 +175,7 @@ class SweepContext:
         resources = self.resources
         return run_cell(config, workers=resources.workers, gpus_per_worker=resources.gpus_per_worker,
                         cpus_per_worker=resources.cpus_per_worker, custom_per_worker=resources.custom_per_worker,
-                        max_failures=self.max_failures,
+                        max_failures=self.max_failures, min_workers=resources.min_workers,
                         train_callbacks=list(train_callbacks), callbacks=list(self.cell_callbacks), **launch)
 
 

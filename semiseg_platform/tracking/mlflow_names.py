@@ -152,6 +152,11 @@ def param_value(params: dict[str, str], key: str) -> str | None:
 #: the prefix of a cell's plan params (``npsemiseg.hardware_plan.run_record``: processes, batches, accumulation
 #: steps, global batch against the publication's, predicted peak memory per GPU)
 PLAN_PREFIX = "plan."
+#: an elastic cell: the fewest workers it runs on (a param), each attempt's world size (a metric at the attempt's
+#: start step) and the plan re-made for it (tags, the latest attempt's: ``npsemiseg.hardware_plan.Replan.record``)
+PLAN_MIN_PROCESSES = "plan.min_processes"
+PLAN_WORLD_SIZE = "plan/world_size"
+PLAN_OBTAINED_PREFIX = "plan.obtained."
 
 
 def plan_params(record: dict[str, str]) -> dict[str, str]:
