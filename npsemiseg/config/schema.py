@@ -56,7 +56,9 @@ IDENTITY_EXCLUDED: tuple[str, ...] = ("runtime", "data.root", "data.num_workers"
 
 def _pools_nothing(feature_pool: object, model: dict[str, Any]) -> bool:
     """Whether the NP head's ``feature_pool`` leaves its map as it is: 1, or ``coarse`` on a ResNet (resolved to 1)."""
-    return feature_pool == 1 or (feature_pool == "coarse" and not isinstance(BACKBONES.get(model["backbone"]), ViTSpec))
+    backbone = model["backbone"]
+    return feature_pool == 1 or (feature_pool == "coarse" and backbone in BACKBONES
+                                 and not isinstance(BACKBONES.get(backbone), ViTSpec))
 
 
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
