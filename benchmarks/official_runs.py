@@ -249,16 +249,6 @@ def patched(attributes: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 setattr(owner, name, value)
 
 
-@contextlib.contextmanager
-def working_directory(path: Path) -> Iterator[None]:
-    previous = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
 def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Module, lists: dict[str, Path],
                  save_path: Path, seed: int, class_names: tuple[str, ...]) -> dict[str, Any]:
     """``main()`` of ``folder/script`` on the exported data (``cfg``, ``lists``) with :data:`PATCHES`: its
@@ -282,7 +272,7 @@ def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Mod
         sys.modules["torch.utils.tensorboard"] = board
         stack.callback(sys.modules.pop, "torch.utils.tensorboard", None)
         stack.enter_context(official_imports(folder))
-        stack.enter_context(working_directory(lists["val"].parents[2]))
+        stack.enter_context(contextlib.chdir(lists["val"].parents[2]))
         module = importlib.import_module(script.removesuffix(".py"))
         evaluate = module.evaluate
 
