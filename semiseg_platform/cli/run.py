@@ -111,10 +111,8 @@ def run(
                             config_file=config, assignments=parse_assignments(set_))
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         fail(one_line(error))
-    from semiseg_platform.launch import (CellFailedError, cell_run_name, run_cell, run_cell_in_process,
-                                        validate_min_workers, validate_resources)
+    from semiseg_platform.launch import cell_run_name, validate_min_workers, validate_resources
     from semiseg_platform.preflight import Needed, preflight
-    from semiseg_platform.tracking import CellKilled
 
     try:
         validate_resources(workers, gpus_per_worker, cpus_per_worker, max_failures)
@@ -131,18 +129,23 @@ def run(
     typer.echo(f"cell {cell.cell_name} ({cell.cell_id}): {how}, checkpoints {location.uri_of(name)}, "
                f"tracking {tracking_uri}")
     launch = dict(storage=location, tracking=tracking_uri, experiment=experiment, name=name, progress=True)
+    trainer = dict(workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                   max_failures=max_failures, min_workers=min_workers)
+    _print_result(_train(cell, in_process, launch, trainer), tracking_uri)
+
+
+def _train(cell: Any, in_process: bool, launch: dict[str, Any], trainer: dict[str, Any]) -> Any:
+    """Train ``cell`` in this process or on Ray Train (``trainer``: the workers); a failed or killed cell exits."""
+    from semiseg_platform.launch import CellFailedError, run_cell, run_cell_in_process
+    from semiseg_platform.tracking import CellKilled
+
     try:
-        if in_process:
-            result = run_cell_in_process(cell, **launch)
-        else:
-            result = run_cell(cell, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
-                              max_failures=max_failures, min_workers=min_workers, **launch)
+        return run_cell_in_process(cell, **launch) if in_process else run_cell(cell, **trainer, **launch)
     except CellFailedError as error:
         _exit_failed(error)
     except (KeyboardInterrupt, CellKilled) as error:  # the MLflow run has been ended KILLED
         typer.echo(f"cell {cell.cell_name} KILLED ({error or 'interrupted'})", err=True)
         raise typer.Exit(INTERRUPTED) from None
-    _print_result(result, tracking_uri)
 
 
 def _exit_failed(error: CellFailedError) -> NoReturn:
