@@ -30,13 +30,15 @@ KEYS = ("miou", "pixel_acc", "ece", "nll")
 
 def mini_cell(framework: str = "supervised", head: str = "baseline", *, weights: str, steps: int,
               images: int) -> RunConfig:
-    """The mini spec's ``framework``/``study``/``1/16``/``head`` cell, seed 0, shortened."""
+    """The mini spec's ``framework``/``study``/``1/16``/``head`` cell, seed 0, shortened, without its evaluation under
+    shift (what is compared is the training)."""
     from semiseg_platform.sweeps.grid_spec import expand, load_spec
 
     config = next(c for c in expand(load_spec(MINI)) if c.framework == framework and c.head.label == head
                   and c.partition == "1/16" and c.seed == 0)
     return with_overrides(config, {"model.weights": weights, "schedule.max_steps": steps,
-                                   "schedule.checkpoint_every_steps": 0, "evaluation.max_images": images})
+                                   "schedule.checkpoint_every_steps": 0, "evaluation.max_images": images,
+                                   "evaluation.corruptions": []})
 
 
 def run_with_threads(config: RunConfig, threads: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from semiseg_platform.reports.reliability import RELIABILITY_COLUMNS
 from semiseg_platform.sweeps.grid_runner import run_grid
 from semiseg_platform.sweeps.grid_spec import load_spec
 
@@ -138,7 +139,10 @@ def test_resubmission_skips_finished_cells_and_trains_nothing_twice(grid):
     assert after.loc[failing_run, "parent"] == second.parent_run_id
     assert sum("started" in line for line in lines) == 1
     # the tables of the second submission still hold every finished cell (same grid_id): the one
-    # failed cell is marked in each table it belongs to (Tables 1, 4, 5, 6), the rest are numbers
-    assert second.tables_markdown.count(" — (failed)") == 4
+    # failed cell is marked in each table it belongs to (Tables 1, 4, 5, 6), the rest are numbers; in the
+    # reliability table its row is marked too
+    paper_tables, _, reliability = second.tables_markdown.partition("Reliability: ")
+    assert paper_tables.count(" — (failed)") == 4
+    assert reliability.count(" — (failed)") >= len(RELIABILITY_COLUMNS)
     table1 = second.tables_markdown.split("### Table 4")[0]
     assert sum(line.count(".") for line in table1.splitlines() if line.startswith("| ")) == 11

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -304,7 +305,8 @@ def test_kept_checkpoints_are_logged_models_and_the_best_is_registered_as_best(t
     by_step = {int(m.tags[CHECKPOINT_STEP_TAG]): m for m in models}
     assert sorted(by_step) == [1, 2, 3]
     assert all(str(m.status) == "READY" for m in models)
-    assert {m.key: m.value for m in by_step[2].metrics} == {"checkpoint/miou": 0.4}  # NaN left out
+    assert {m.key: m.value for m in by_step[2].metrics} == {"checkpoint/miou": 0.4}  # NaN left out of the model
+    assert math.isnan(client.get_run(run.run_id).data.metrics["checkpoint/nll"])  # but on the run, as evaluations
     best = client.get_model_version_by_alias(registered_name(config.cell_id), BEST_ALIAS)
     assert best.tags[MODEL_ID_TAG] == by_step[2].model_id and best.source == by_step[2].artifact_location
     assert best.run_id == run.run_id

@@ -101,7 +101,8 @@ def test_cells_are_children_of_the_submission_with_one_key_set(study):
     assert all(keys == params[0] for keys in params), "cells differ in their parameter keys"
     # the metrics the study compares: final, evaluation and timing keys are the same in every cell
     compared = [{k for k in run.data.metrics if not k.startswith("train/")} for run in runs.values()]
-    assert all(keys == compared[0] for keys in compared), "cells differ in their metric keys"
+    differing = [sorted(keys ^ compared[0]) for keys in compared]
+    assert not any(differing), f"cells differ in their metric keys: {differing}"
     assert set(FINAL_METRICS) <= compared[0] and "eval/miou" in compared[0]
     assert runs[SUPERVISED_NP].data.params["framework_options.ema_decay"] == NOT_APPLICABLE
     assert runs[U2PL["np_mean"]].data.params["framework_options.ema_decay"] != NOT_APPLICABLE
@@ -117,7 +118,8 @@ def test_every_cell_describes_itself_and_carries_its_figures(study):
         note = run.data.tags[NOTE_TAG]
         assert note.startswith(f"**{name}**") and run.data.tags["cell_id"] in note
         figures = {item.path for item in client.list_artifacts(run.info.run_id, "figures")}
-        assert figures == {"figures/uncertainty_maps.png", "figures/reliability.png", PER_CLASS_IOU_FIGURE}, name
+        assert figures == {"figures/uncertainty_maps.png", "figures/reliability.png", "figures/risk_coverage.png",
+                           "figures/reliability_curves.json", PER_CLASS_IOU_FIGURE}, name
     assert "attention = mean" in runs[U2PL["np_mean"]].data.tags[NOTE_TAG]
 
 

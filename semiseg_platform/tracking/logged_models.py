@@ -28,17 +28,19 @@ def registered_name(cell_id: str) -> str:
 
 def log_checkpoint_model(client: MlflowClient, run_id: str, step: int, metrics: dict[str, float],
                          checkpoint_uri: str | None = None) -> str:
-    """A READY LoggedModel ``checkpoint-<step>`` of ``run_id`` with ``metrics`` (finite ones) linked to it;
-    returns its id."""
+    """A READY LoggedModel ``checkpoint-<step>`` of ``run_id`` with ``metrics`` on the run, the finite ones linked to
+    the model; returns its id. Undefined metrics go to the run as NaN, as the evaluation logs them, so that every
+    cell has the same keys, but not to the model: MLflow's model metrics would store NaN as 0."""
     run = client.get_run(run_id)
     tags = {CHECKPOINT_STEP_TAG: str(step), **({"checkpoint_uri": checkpoint_uri} if checkpoint_uri else {})}
     model = client.create_logged_model(run.info.experiment_id, name=f"checkpoint-{step:08d}", source_run_id=run_id,
                                        tags=tags)
     now = int(time.time() * 1000)
-    linked = [Metric(f"{CHECKPOINT_METRIC_PREFIX}{key}", float(value), now, step, model_id=model.model_id)
-              for key, value in metrics.items() if math.isfinite(float(value))]
-    if linked:
-        client.log_batch(run_id, metrics=linked)
+    logged = [Metric(f"{CHECKPOINT_METRIC_PREFIX}{key}", float(value), now, step,
+                     model_id=model.model_id if math.isfinite(float(value)) else None)
+              for key, value in metrics.items()]
+    if logged:
+        client.log_batch(run_id, metrics=logged)
     client.finalize_logged_model(model.model_id, "READY")
     return model.model_id
 
