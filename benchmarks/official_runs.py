@@ -32,9 +32,10 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
     python benchmarks/official_runs.py --combine A/official_runs.json B/official_runs.json C/official_runs.json --out D
     python benchmarks/official_runs.py --figure curves.png --combine D/official_runs.json   # also curves.jsonl
 
-A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38
-(``docs/learning.md``, "Whole runs: official vs project"). Supervised here is UniMatch's ``supervised.py`` (the
-network and pipeline of ``unimatch.py``), not U2PL's ``train_sup.py``.
+A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
+9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
+Supervised here is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``), not U2PL's
+``train_sup.py``.
 """
 
 from __future__ import annotations
