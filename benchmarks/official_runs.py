@@ -32,9 +32,10 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
     python benchmarks/official_runs.py --combine A/official_runs.json B/official_runs.json C/official_runs.json --out D
     python benchmarks/official_runs.py --figure curves.png --combine D/official_runs.json   # also curves.jsonl
 
-A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38
-(``docs/learning.md``, "Whole runs: official vs project"). Supervised here is UniMatch's ``supervised.py`` (the
-network and pipeline of ``unimatch.py``), not U2PL's ``train_sup.py``.
+A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
+9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
+Supervised here is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``), not U2PL's
+``train_sup.py``.
 """
 
 from __future__ import annotations
@@ -432,7 +433,8 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The figure's numbers, one JSON object each (the docs cite them): every run's best mIoU (``framework``,
     ``side``, ``seed``, ``miou``), each side's mean difference of a framework from supervised
     (``minus_supervised``, seeds the two have in common) and each framework's project minus official
-    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU, where two seeds have both sides)."""
+    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU and each side's mean and sample standard deviation
+    over the seeds, where two seeds have both sides)."""
     panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
     panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
     out: list[dict[str, Any]] = []
@@ -442,9 +444,12 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     for side in SIDES if row.get(f"{side}_miou") is not None]
         both = [r for r in rows if r.get("official_miou") is not None and r.get("project_miou") is not None]
         if len(both) >= 2:
-            test = equivalence([r["official_miou"] for r in both], [r["project_miou"] for r in both])
+            sides = {side: [r[f"{side}_miou"] for r in both] for side in SIDES}
+            test = equivalence(sides["official"], sides["project"])
             out.append({"framework": name, "project_minus_official": round(test["difference"], 2),
-                        "p_tost": round(test["p"], 3), "seeds": len(both)})
+                        "p_tost": round(test["p"], 3), "seeds": len(both),
+                        **{f"{side}_{stat}": round(float(fn(values)), 2) for side, values in sides.items()
+                           for stat, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1)))}})
         if name == "supervised":
             continue
         for side in SIDES:

@@ -162,6 +162,8 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     assert {"framework": "unimatch", "side": "project", "seeds": 2, "minus_supervised": 0.25} in lines
     tost = next(r for r in lines if r["framework"] == "unimatch" and "project_minus_official" in r)
     assert tost["project_minus_official"] == 0.15 and tost["seeds"] == 2
+    assert tost["project_mean"] - tost["official_mean"] == pytest.approx(0.15)
+    assert tost["official_sd"] == pytest.approx(float(np.std([r["official_miou"] for r in combined["runs"]], ddof=1)), abs=0.005)
 
 
 def test_combine_refuses_reports_of_different_data_seeds(tmp_path: Path):
