@@ -10,7 +10,8 @@ semiseg_platform`` (and ``npsemiseg --help``) does not pay for importing Ray or 
 Where things live: ``cli/`` (one module per command), ``sweeps/`` (grids and searches: their specs,
 the spec base, what running them shares, the runners), ``preflight``, ``launch/``, ``reports/``, ``ui``,
 ``pretrain_runs`` (the pretraining's MLflow runs), ``checkpoint_lookup`` (a trained cell's checkpoint
-from its run or URI), ``image_predictions`` (``predict``'s PNGs of one's own images), ``tracking/`` (``tracking/mlflow_names``: every MLflow name), ``storage``,
+from its run or URI), ``image_predictions`` (``predict``'s PNGs of one's own images), ``tracking/``
+(``tracking/mlflow_names``: every MLflow name), ``storage``,
 ``reservations`` (what a cell reserves), ``devstack/``.
 """
 
