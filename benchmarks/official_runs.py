@@ -295,9 +295,7 @@ def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Mod
         stack.callback(os.environ.pop, "LOCAL_RANK", None)
         os.environ["LOCAL_RANK"] = "0"
         stack.callback(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        seed_everything(seed)
         module.main()
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
 
@@ -429,6 +427,20 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
+def seed_everything(seed: int) -> None:
+    """Seed ``random``, numpy and torch (the official scripts seed nothing themselves)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def provenance(script: str, argv: list[str]) -> dict[str, str]:
+    """A report's date, machine (host, CPUs, load average) and the command that made it."""
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+            "command": f"python benchmarks/{script} " + shlex.join(argv)}
+
+
 def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The figure's numbers, one JSON object each (the docs cite them): every run's best mIoU (``framework``,
     ``side``, ``seed``, ``miou``), each side's mean difference of a framework from supervised
@@ -506,10 +518,7 @@ def report_of(args: argparse.Namespace, folder: Path, results: dict[str, list[di
               "official": {"repository": OFFICIAL[args.framework][0], "script": OFFICIAL[args.framework][1],
                            "folder": str(folder)},
               "patches": [dict(zip(("replaced", "by", "why"), p)) for p in PATCHES],
-              "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-              "command": "python benchmarks/official_runs.py " + shlex.join(args.argv),
-              "seconds": round(seconds, 1)}
+              **provenance("official_runs.py", args.argv), "seconds": round(seconds, 1)}
     return with_verdict(report)
 
 

@@ -29,12 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
-import os
-import platform
-import random
-import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,7 +43,7 @@ from torch.nn import functional as nnf
 from npsemiseg.data.transforms import PadCrop
 from npsemiseg.training.factories import build_datasets, train_transforms
 
-from official_runs import OFFICIAL, export_official_layout, project_config, study_config
+from official_runs import OFFICIAL, export_official_layout, project_config, provenance, seed_everything, study_config
 from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, checkout, official_imports
 
 PIPELINES = ("official", "project", "project_fill0")
@@ -142,12 +137,6 @@ def region_summary(sums: Tensor, count: int, per_item: list[float]) -> dict[str,
             "abs_change_item_mean": float(np.mean(per_item)) if per_item else float("nan"), "abs_change_item_se": spread}
 
 
-def seeded(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official-root", type=Path, required=True, help="folder of <owner>+<repo> checkouts")
@@ -168,16 +157,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lists = export_official_layout(study_config(args.data_seed), args.out / "work" / "data")
     crop = project_config("unimatch", args.data_seed, args.seed).schedule.crop_size
     results: dict[str, Any] = {}
-    seeded(args.seed)
+    seed_everything(args.seed)
     with official_views(folder, lists["val"].parents[2], lists["unlabeled"], crop) as draw:
         results["official"] = statistics(draw, args.items)
     for name, fill in (("project", None), ("project_fill0", (0.0, 0.0, 0.0))):
-        seeded(args.seed)
+        seed_everything(args.seed)
         results[name] = statistics(project_views(args.data_seed, args.seed, fill), args.items)
     report = {"data_seed": args.data_seed, "seed": args.seed, "pipelines": results,
-              "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-              "command": "python benchmarks/official_views.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
+              **provenance("official_views.py", sys.argv[1:] if argv is None else argv)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "official_views.json").write_text(json.dumps(report, indent=1) + "\n")
     for name, result in results.items():
