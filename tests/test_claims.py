@@ -401,13 +401,34 @@ def test_the_paper_claims_do_not_move_when_fixmatch_and_unimatch_cells_are_added
     assert [p["name"] for p in both["C3"]["parts"]] == ["1/16", "full"]
 
 
-def _reliability_cell(client, experiment_id, framework, head, seed, *, ece, auroc, aurc):
+def _reliability_cell(client, experiment_id, framework, head, seed, *, ece, auroc, aurc, data_seed=None):
+    options = {} if data_seed is None else {"data.options.seed": str(data_seed), "data.options.family": "study_textures"}
     run = client.create_run(experiment_id, tags={
         "npsemiseg.kind": "cell", "framework": framework, "dataset": "study", "partition": "1/16", "head": head,
-        "seed": str(seed), "cell_id": f"{framework}-{head}-{seed}"})
+        "seed": str(seed), "cell_id": f"{framework}-{head}-{seed}-{data_seed}"})
     client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 0) for k, v in (
-        ("miou", 0.5), ("pavpu", 0.5), ("ece", ece), ("auroc", auroc), ("aurc", aurc))])
+        ("miou", 0.5), ("pavpu", 0.5), ("ece", ece), ("auroc", auroc), ("aurc", aurc))],
+        params=[Param(k, v) for k, v in options.items()])
     client.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_a_study_run_again_at_another_data_seed_into_one_experiment_pools_both_instances(tmp_path_factory):
+    """The mini study at data seeds 0 and 1 logged into one experiment: each data seed's cells are a dataset instance
+    of their own (pairs within each, both pooled), not newer runs of the first's cells (which would leave only the
+    second instance's three pairs, mean 3)."""
+    uri = fresh_store(tmp_path_factory, "claims-instances")
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("mini")
+    for data_seed, gap in ((0, 0.01), (1, 0.03)):
+        for seed in SEEDS:
+            jitter = seed / 1000
+            for head, ece in (("np", 0.04 + jitter), ("baseline", 0.04 + gap + jitter), ("mc_dropout", 0.06 + jitter)):
+                _reliability_cell(client, experiment, "u2pl", head, seed, ece=ece, auroc=0.8, aurc=0.05,
+                                  data_seed=data_seed)
+    r1 = {c.id: c for c in check_claims(uri, "mini")}["R1"]
+    ece_vs_baseline = {p.name: p for p in r1.parts}["u2pl: ece vs baseline"]
+    assert ece_vs_baseline.pairs == 6
+    assert sorted(ece_vs_baseline.diffs) == pytest.approx([1.0] * 3 + [3.0] * 3)
 
 
 def test_r1_judges_ece_auroc_and_aurc_per_framework_against_both_heads(tmp_path_factory, tmp_path):

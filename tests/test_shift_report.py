@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric
@@ -56,6 +57,21 @@ def test_mce_is_the_mean_corruption_error_over_the_baseline_heads(store):
     # fog: (1 - 0.44) / (1 - 0.30); snow: (1 - 0.46) / (1 - 0.40)
     assert np_cell["mce"] == pytest.approx(((0.56 / 0.70) + (0.54 / 0.60)) / 2)
     assert (cells.loc[cells["head"] == "baseline", "mce"] == 1.0).all()
+
+
+def test_mce_takes_the_baseline_of_the_same_dataset_instance(store):
+    """Two dataset instances in one frame (the study at data seeds 0 and 1): each cell's reference is its own
+    instance's baseline, so an NP cell as robust as its instance's baseline has an mCE of 1."""
+    cells = _shift_cells(store, "shifted")
+    cells = cells[cells["framework"] == "mt"]
+    harder = cells.assign(data_instance="seed=1")
+    for column in [c for c in cells.columns if c.startswith("shift/") and c.endswith("/miou")]:
+        harder[column] = harder[column] - 0.2
+    both = with_mce(pd.concat([cells.assign(data_instance="seed=0"), harder], ignore_index=True))
+    baseline = both[both["head"] == "baseline"]
+    assert (baseline["mce"] == 1.0).all()
+    np_harder = both[(both["head"] == "np") & (both["data_instance"] == "seed=1")].iloc[0]
+    assert np_harder["mce"] == pytest.approx(((0.76 / 0.90) + (0.74 / 0.80)) / 2)
 
 
 def _shift_cells(uri, experiment):

@@ -1,7 +1,7 @@
 """The statistics and pairing of the claims report (:mod:`.claims` defines the claims).
 
-A *pair* is two finished cell runs that differ only in what a claim compares (same replicate, dataset, partition
-and seed, and the same framework unless the framework is what is compared): :func:`paired_diffs`. Over the
+A *pair* is two finished cell runs that differ only in what a claim compares (same replicate, dataset instance,
+dataset, partition and seed, and the same framework unless the framework is what is compared): :func:`paired_diffs`. Over the
 differences of the pairs: the mean, a 95 % percentile bootstrap interval (seeded; the differences are sorted
 first, so that the same runs give the same interval whatever order MLflow returns them in) and a verdict
 (:func:`verdict_of`); a claim made of parts combines the parts' verdicts (:func:`combine_verdicts`). S0's
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from semiseg_platform.reports.tables import latest_per_cell
+from semiseg_platform.reports.tables import DATA_INSTANCE, latest_per_cell
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
 BOOTSTRAP_RESAMPLES = 10_000
@@ -138,10 +138,12 @@ def pool_parts(claim: Claim) -> Claim:
 
 
 def finished_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest finished run per (framework, dataset, partition, head, seed) (ties in time: the larger run id)."""
+    """The latest finished run per (dataset instance, framework, dataset, partition, head, seed) (ties in time: the
+    larger run id): a cell run again at another data seed is a cell of its own, not a newer run of the first."""
     cells = latest_per_cell(runs)
     cells = cells.sort_values(["end_time", "start_time", "run_id"], na_position="first", kind="stable")
-    return cells.drop_duplicates(["framework", "dataset", "partition", "head", "seed"], keep="last")
+    keys = [k for k in (DATA_INSTANCE, "framework", "dataset", "partition", "head", "seed") if k in cells.columns]
+    return cells.drop_duplicates(keys, keep="last")
 
 
 def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *, scale: float = 100.0,
@@ -151,9 +153,10 @@ def paired_diffs(cells: pd.DataFrame, metric: str, better: dict, worse: dict, *,
     ``better`` / ``worse`` select each side (e.g. ``{"head": "np"}`` / ``{"head": "baseline"}``);
     ``where`` restricts both sides (e.g. ``{"partition": "1/16"}``). The differences come in the order of the
     pairs' key (replicate, framework, dataset, partition, head, seed, less what the sides select), not in the
-    order of ``cells`` (MLflow's search order): the same runs give the same list.
+    order of ``cells`` (MLflow's search order): the same runs give the same list. Pairs never cross replicates or
+    dataset instances (:data:`~.tables.DATA_INSTANCE`).
     """
-    keys = [k for k in (REPLICATE, "framework", "dataset", "partition", "head", "seed")
+    keys = [k for k in (REPLICATE, DATA_INSTANCE, "framework", "dataset", "partition", "head", "seed")
             if k not in better and k in cells.columns]
 
     def side(selection: dict) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from semiseg_platform.reports.claim_evidence import Claim, Evidence, evidence, p
 from semiseg_platform.reports.tables import (
     COMPANION_FRAMEWORKS,
     PAPER_FRAMEWORKS,
+    DATA_INSTANCE,
     CellKey,
     TableRow,
     head_label,
@@ -62,8 +63,9 @@ def corruption_errors(row: pd.Series) -> dict[str, float]:
 
 def with_mce(cells: pd.DataFrame) -> pd.DataFrame:
     """``cells`` with ``mce``: the mean over corruptions of the cell's error over the reference's (the baseline head's
-    cell of the same framework, dataset, partition, seed and protocol); NaN without that cell or a corruption."""
-    keys = [k for k in ("protocol", "framework", "dataset", "partition", "seed") if k in cells.columns]
+    cell of the same framework, dataset instance, dataset, partition, seed and protocol); NaN without that cell or a
+    corruption."""
+    keys = [k for k in ("protocol", DATA_INSTANCE, "framework", "dataset", "partition", "seed") if k in cells.columns]
     reference = {tuple(row[k] for k in keys): corruption_errors(row)
                  for _, row in cells[cells["head"] == REFERENCE_HEAD].iterrows()}
     values = []

@@ -82,6 +82,9 @@ RUN_METRICS = ("miou", "pavpu", "ece", "ece_adaptive", "nll", "brier", "auroc", 
 #: the prefixes of the same metrics logged apart: the best evaluation's and the last epoch's (``evaluation.select``),
 #: the student's last and best where a framework reports a teacher (``evaluation.also_student``)
 LOGGED_APART = ("best/", "last/", "student/", "best_student/")
+#: the column naming a cell's dataset instance (its ``data.options``, e.g. the study dataset's ``seed``): the mini
+#: study run again at another data seed into the same experiment is a second instance, never a newer run of a cell
+DATA_INSTANCE = "data_instance"
 #: The order of the protocol groups (runs without the tag last)
 PROTOCOL_ORDER = ("released", "corrected")
 
@@ -95,15 +98,15 @@ def _escape(value: str) -> str:
 def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = None) -> pd.DataFrame:
     """One row per cell run of ``experiment`` (optionally only those of one grid or search, ``grid_id``).
 
-    Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``,
-    the cell keys ``dataset``, ``framework`` (the framework's label), ``head`` (the head's label), ``partition``,
-    ``protocol`` ("" when untagged), ``framework_name`` (the framework class; the label on runs that predate the tag),
-    ``decoder`` (the ``model.decoder`` parameter, ``model.variant`` on runs logged before the rename; "" when not
-    logged), the final metrics :data:`RUN_METRICS` and the same prefixed by :data:`LOGGED_APART` (NaN when not
-    logged). An unknown experiment gives an empty frame.
+    Columns: ``run_id``, ``status``, ``start_time``, ``end_time``, ``cell_id``, ``seed``, ``data_instance``
+    (:func:`data_instance`), the cell keys ``dataset``, ``framework`` (the framework's label), ``head`` (the head's
+    label), ``partition``, ``protocol`` ("" when untagged), ``framework_name`` (the framework class; the label on
+    runs that predate the tag), ``decoder`` (the ``model.decoder`` parameter, ``model.variant`` on runs logged
+    before the rename; "" when not logged), the final metrics :data:`RUN_METRICS` and the same prefixed by
+    :data:`LOGGED_APART` (NaN when not logged). An unknown experiment gives an empty frame.
     """
     metric_columns = [*RUN_METRICS, *(prefix + m for prefix in LOGGED_APART for m in RUN_METRICS)]
-    columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", *CELL_KEYS, "protocol",
+    columns = ["run_id", "status", "start_time", "end_time", "cell_id", "seed", DATA_INSTANCE, *CELL_KEYS, "protocol",
                "framework_name", "decoder", *metric_columns]
     client = MlflowClient(tracking_uri)
     found = experiment_id(client, experiment)
@@ -124,6 +127,7 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             "end_time": run.info.end_time,
             "cell_id": tags.get(mlflow_names.CELL_ID, run.info.run_id),
             "seed": tags.get(mlflow_names.SEED, ""),
+            DATA_INSTANCE: data_instance(run.data.params),
             **{key: tags.get(key, "") for key in CELL_KEYS},
             "protocol": tags.get(mlflow_names.PROTOCOL, ""),
             "framework_name": tags.get(mlflow_names.FRAMEWORK_NAME, tags.get(mlflow_names.FRAMEWORK, "")),
@@ -131,6 +135,13 @@ def load_cell_runs(tracking_uri: str, experiment: str, *, grid_id: str | None = 
             **{metric: metrics.get(metric, math.nan) for metric in metric_columns},
         })
     return pd.DataFrame(rows, columns=columns)
+
+
+def data_instance(params: dict[str, str]) -> str:
+    """A run's dataset instance: its ``data.options.*`` parameters as ``key=value`` joined by commas in key order
+    (``family=study_textures,seed=0``); "" for a dataset without options."""
+    prefix = "data.options."
+    return ",".join(f"{key.removeprefix(prefix)}={params[key]}" for key in sorted(params) if key.startswith(prefix))
 
 
 def latest_per_cell(runs: pd.DataFrame) -> pd.DataFrame:
