@@ -412,7 +412,8 @@ def _reliability_cell(client, experiment_id, framework, head, seed, *, ece, auro
     client.set_terminated(run.info.run_id, "FINISHED")
 
 
-def test_a_study_run_again_at_another_data_seed_into_one_experiment_pools_both_instances(tmp_path_factory):
+def test_a_study_run_again_at_another_data_seed_into_one_experiment_pools_both_instances(tmp_path_factory,
+                                                                                                  tmp_path):
     """The mini study at data seeds 0 and 1 logged into one experiment: each data seed's cells are a dataset instance
     of their own (pairs within each, both pooled), not newer runs of the first's cells (which would leave only the
     second instance's three pairs, mean 3)."""
@@ -429,6 +430,9 @@ def test_a_study_run_again_at_another_data_seed_into_one_experiment_pools_both_i
     ece_vs_baseline = {p.name: p for p in r1.parts}["u2pl: ece vs baseline"]
     assert ece_vs_baseline.pairs == 6
     assert sorted(ece_vs_baseline.diffs) == pytest.approx([1.0] * 3 + [3.0] * 3)
+    claims_command("mini", tracking=uri, out=tmp_path, emit=lambda text: None)
+    assert ("Runs: experiment `mini`. Dataset instances `family=study_textures,seed=0`, "
+            "`family=study_textures,seed=1`: the two cells of a pair share one") in (tmp_path / "claims.md").read_text()
 
 
 def test_r1_judges_ece_auroc_and_aurc_per_framework_against_both_heads(tmp_path_factory, tmp_path):

@@ -67,6 +67,7 @@ from semiseg_platform.reports.rendering import to_markdown
 from semiseg_platform.reports.tables import (
     ABLATION_FRAMEWORK,
     COMPANION_FRAMEWORKS,
+    DATA_INSTANCE,
     FRAMEWORK_LABELS,
     PAPER_FRAMEWORKS,
     load_cell_runs,
@@ -302,12 +303,12 @@ def _row(label: str, e: Evidence, digits: int) -> str:
 
 
 def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims, checked",
-                    experiments: Sequence[str] = (), figure: str | None = None) -> str:
+                    experiments: Sequence[str] = (), instances: Sequence[str] = (), figure: str | None = None) -> str:
     """The report for people: one summary table, then each claim's parts and details (``experiments``: the
-    experiments the runs came from, named under the title; ``figure``: the forest plot's file, shown under
-    the summary table)."""
+    experiments the runs came from, and ``instances`` the dataset instances, named under the title; ``figure``: the
+    forest plot's file, shown under the summary table)."""
     head = "| claim | verdict | mean difference | 95 % interval | pairs |\n| --- | --- | --- | --- | --- |"
-    runs = [_sources_line(experiments), ""] if experiments else []
+    runs = [_sources_line(experiments, instances), ""] if experiments else []
     lines = [f"# {title}", "", *runs, "Differences are oriented so that a positive value is what the paper claims; "
              "intervals: 95 % percentile bootstrap over the pairs (seeded). Supported = interval above 0, "
              "contradicted = below 0, inconclusive = contains 0 or fewer than 2 pairs, no data = no pair.", "", head]
@@ -327,13 +328,26 @@ def claims_markdown(claims: Sequence[Claim], *, title: str = "The paper's claims
     return "\n".join(lines) + "\n"
 
 
-def _sources_line(experiments: Sequence[str]) -> str:
-    """The report's line naming the experiments its runs came from."""
+def _sources_line(experiments: Sequence[str], instances: Sequence[str] = ()) -> str:
+    """The report's line naming the experiments its runs came from, and their dataset instances when several."""
     sources = ", ".join(f"`{name}`" for name in experiments)
-    if len(experiments) == 1:
-        return f"Runs: experiment {sources}."
-    return (f"Runs: experiments {sources}, replicates of one study: pairs are formed within each, and every claim "
+    line = (f"Runs: experiment {sources}." if len(experiments) == 1 else
+            f"Runs: experiments {sources}, replicates of one study: pairs are formed within each, and every claim "
             "pools the pairs of all.")
+    if len(instances) > 1:
+        line += (f" Dataset instances {', '.join(f'`{name}`' for name in instances)}: the two cells of a pair share "
+                 "one, and every claim pools the pairs of all.")
+    return line
+
+
+def dataset_instances(tracking_uri: str | None, experiments: Sequence[str], *, grid_id: str | None = None) -> list[str]:
+    """The dataset instances (``data.options``, :func:`~.tables.data_instance`) of the finished cell runs of
+    ``experiments``, sorted; "" (a dataset without options) left out."""
+    uri = resolve_tracking_uri(tracking_uri)
+    found = set()
+    for name in experiments:
+        found |= set(finished_cells(load_cell_runs(uri, name, grid_id=grid_id))[DATA_INSTANCE])
+    return sorted(found - {""})
 
 
 def reliability_markdown(tables: Mapping[str, pd.DataFrame]) -> str:
@@ -351,7 +365,7 @@ def experiment_reliability_markdown(tracking_uri: str | None, experiments: Seque
 
 
 def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = (),
-                 appendix: str = "") -> list[Path]:
+                 instances: Sequence[str] = (), appendix: str = "") -> list[Path]:
     """``out_dir/claims.md`` (``appendix``, e.g. :func:`reliability_markdown`, after the claims),
     ``out_dir/claims.json`` (a list with one object per claim) and, when a claim has a difference, the forest plot
     ``out_dir/claims_forest.png`` (:mod:`.claims_figure`); returns the files written."""
@@ -364,19 +378,19 @@ def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: S
         write_forest_plot(objects, figure)
     else:
         figure.unlink(missing_ok=True)  # a report without differences keeps no older report's picture
-    text = claims_markdown(claims, experiments=experiments, figure=FOREST_PLOT if drawn else None)
+    text = claims_markdown(claims, experiments=experiments, instances=instances, figure=FOREST_PLOT if drawn else None)
     markdown.write_text(text + ("\n" + appendix if appendix else ""))
     data.write_text(json.dumps(objects, indent=2) + "\n")
     return [markdown, data, figure] if drawn else [markdown, data]
 
 
 def log_claims(tracking_uri: str | None, run_id: str, claims: Sequence[Claim], *,
-               experiments: Sequence[str] = (), appendix: str = "") -> None:
+               experiments: Sequence[str] = (), instances: Sequence[str] = (), appendix: str = "") -> None:
     """Log ``claims.md``, ``claims.json`` and the forest plot as artifacts (``claims/``) of ``run_id`` (a grid's
     parent run)."""
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
     with tempfile.TemporaryDirectory() as scratch:
-        for path in write_claims(claims, scratch, experiments=experiments, appendix=appendix):
+        for path in write_claims(claims, scratch, experiments=experiments, instances=instances, appendix=appendix):
             client.log_artifact(run_id, str(path), artifact_path=GRID_CLAIMS_DIR)
 
 
@@ -389,8 +403,9 @@ def claims_command(experiment: str | Sequence[str], *, tracking: str | None = No
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
     appendix = experiment_reliability_markdown(tracking, names, grid_id=grid_id)
-    markdown = write_claims(claims, out, experiments=names, appendix=appendix)[0]
+    instances = dataset_instances(tracking, names, grid_id=grid_id)
+    markdown = write_claims(claims, out, experiments=names, instances=instances, appendix=appendix)[0]
     if parent_run_id:
-        log_claims(tracking, parent_run_id, claims, experiments=names, appendix=appendix)
+        log_claims(tracking, parent_run_id, claims, experiments=names, instances=instances, appendix=appendix)
     emit(markdown.read_text())
     return claims
