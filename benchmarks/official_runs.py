@@ -56,6 +56,20 @@ wide, its heads 64, its representation 16; U2PL's decoder hard-codes 256, so it 
 ``ModelBuilder``'s interface (:class:`U2PLInterface`); ``main`` hard-codes memory banks 256 wide and queues of
 30000 / 50000, replaced by the representation's width and the cell's queues; no aux head (the mini study has
 none); data loading in the main process (``workers: 0``, as the project's cell).
+
+AugSeg (``--framework augseg``: zhenzhao/AugSeg's ``train_semi.py``, :func:`run_official_augseg`) the same way: its
+``main(args)`` on the same layout, with its transforms (the long side a random integer in [0.5, 2] x the base size,
+the image's 64 here as VOC's 500, flip, a random crop padded at the bottom and right with the mean and 255, its
+strong views with their blur sigma in [0.1, 2]), adaptive CutMix, thresholded unsupervised loss, EMA of parameters
+and buffers, poly LR and per-epoch validation of the whole image, the teacher's best reported; its config
+``exps/zrun_vocs/r50_voc_semi662/config_semi.yaml`` (VOC 1/16) with the cell's data, crop, batch, LR, weight decay,
+EMA decay (0.927167: the mini study's, by the same rule), threshold, unsupervised weight and epochs; only the teacher
+evaluated (``evaluate_student: False``, the project's side alike). Its patches (:data:`AUGSEG_PATCHES`): the CPU
+ones, the network (the project's AugSeg network behind ``ModelBuilder``, :class:`AugSegInterface`), a discarding
+tensorboard, ``skimage`` stand-ins, the iterator's ``next()`` and NumPy 1's ``uint8`` cast in its strong views' hue
+operation (:class:`Numpy1Uint8`). The project's side: its ``augseg`` cell under
+``released`` with UniMatch's pipeline settings (:data:`OFFICIAL_PIPELINES`: AugSeg's resize, padding and blur are
+UniMatch's).
 """
 
 from __future__ import annotations
@@ -68,6 +82,7 @@ import copy
 import datetime
 import importlib
 import json
+import logging
 import os
 import platform
 import random
@@ -114,7 +129,8 @@ DATASET = "study"
 SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
-            "unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py")}
+            "unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py"),
+            "augseg": ("zhenzhao/AugSeg", "train_semi.py")}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2])
 OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation.base_size": 64,
@@ -123,13 +139,15 @@ OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation
 #: label padding with 0 is the project's ``released``; no blur: U2PL has no strong view)
 U2PL_PIPELINE = {"data.augmentation.resize": "rescale_balanced", "data.augmentation.scale_range": [0.5, 2.0],
                  "data.augmentation.crop_padding": "centered"}
+#: AugSeg's is UniMatch's (``Resize``: the long side a random integer in [0.5, 2] x ``resize_base_size``, the image's
+#: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2])
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
-                      "u2pl": U2PL_PIPELINE}
-#: the export's layout per official repository: label folder, list folder, one list line of item ``name``
+                      "u2pl": U2PL_PIPELINE, "augseg": OFFICIAL_PIPELINE}
+#: the export's layouts: label folder, list folder, one list line of item ``name`` (``u2pl``: also AugSeg's)
 LAYOUTS = {"unimatch": ("SegmentationClass", f"splits/{DATASET}", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
            "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}")}
 #: framework -> the layout its official script reads
-LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl"}
+LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl"}
 #: the patches of a CPU run of any official script: (what is replaced, by what, why)
 CPU_PATCHES = (
     ("torch.Tensor.cuda, torch.nn.Module.cuda", "return the object unchanged", "a CPU run"),
@@ -174,7 +192,30 @@ U2PL_PATCHES = (
     ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
      "the per-epoch curve; nothing changed"),
 )
-PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES}
+#: every change made to AugSeg's ``train_semi.py`` run, the only ones
+AUGSEG_PATCHES = (
+    ("augseg.utils.dist_helper.setup_distributed (as train_semi imported it)",
+     "a one-rank gloo process group, rank 0, world size 1",
+     "no GPU, no launcher: the script's collectives (DDP, barrier, samplers, all_reduce) run in one CPU process"),
+    *CPU_PATCHES,
+    ("ModelBuilder (as train_semi imported it: the student and the teacher)",
+     "AugSegInterface: the project's AugSeg network of the cell, outputs (logits at image size, None)",
+     "the study's small network with the project's initial weights of the seed, pretrained backbone included (AugSeg's "
+     "decoder hard-codes 256 channels); the teacher built the same way, as AugSeg builds both pretrained"),
+    ("torch.utils.tensorboard", "a SummaryWriter that discards", "tensorboard is not installed; logging only"),
+    ("skimage, skimage.measure (where not installed)", "stand-ins whose functions raise",
+     "augseg.utils.utils imports them at its top; the run never calls them"),
+    ("the DataLoader iterator's next()", "its __next__", "train calls the name torch's iterator no longer has"),
+    ("numpy.uint8 as augseg.dataset.augs_TIBA calls it", "NumPy 1's cast of a Python number: wrapped modulo 256",
+     "NumPy 2 raises on the hue operation's negative shift, np.uint8(hue_factor * 255), which AugSeg's NumPy 1 "
+     "wrapped, as its comment says ('uint8 addition take cares of rotation across boundaries')"),
+    ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
+     "the per-epoch curve; nothing changed"),
+)
+PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES,
+              "augseg": AUGSEG_PATCHES}
+#: AugSeg's VOC 1/16 configuration (662 labeled images)
+AUGSEG_CONFIG = "exps/zrun_vocs/r50_voc_semi662/config_semi.yaml"
 #: U2PL's ``voc_dset`` draws ``10582 - n_sup`` items of each training list (VOC's train_aug has 10582 images)
 U2PL_VOC_TRAIN_SIZE = 10582
 
@@ -289,31 +330,60 @@ def official_cfg(config: RunConfig, data_root: Path, epochs: int) -> dict[str, A
             "model": "deeplabv3plus", "backbone": config.model.backbone}
 
 
+def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epochs: int,
+                 save_path: Path) -> dict[str, Any]:
+    """The config file ``official`` (U2PL's or AugSeg's VOC ``pascal_semi`` config, from the checkout) with what the
+    two share of the cell: its data (the U2PL layout of :func:`export_official_layout`; ``n_sup`` such that both
+    training sets are drawn to the unlabeled pool's size, so that an epoch is ``N_u / B`` iterations as on VOC), the
+    training crop, epochs, LR, momentum, weight decay, classes and EMA decay; data loaded in the process
+    (``workers: 0``, as the project's cell); checkpoints under ``save_path``. Both scripts draw their labeled and
+    unlabeled batches of one ``batch_size``."""
+    schedule = config.schedule
+    if schedule.batch_size != schedule.unlabeled_batch_size:
+        raise ValueError(f"{config.framework}: the official loaders share one batch_size; the cell has "
+                         f"schedule.batch_size {schedule.batch_size} and schedule.unlabeled_batch_size "
+                         f"{schedule.unlabeled_batch_size}")
+    cfg = yaml.safe_load(official.read_text())
+    dataset, root = cfg["dataset"], str(lists["val"].parents[2])
+    for split, data_list in (("train", lists["labeled"]), ("val", lists["val"])):
+        dataset[split].update(data_root=root, data_list=str(data_list))
+    dataset["train"]["crop"]["size"] = [schedule.crop_size, schedule.crop_size]
+    unlabeled = len(lists["unlabeled"].read_text().splitlines())
+    dataset.update(n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled, workers=0)
+    cfg["trainer"]["epochs"] = epochs
+    cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
+                                                 weight_decay=config.optim.weight_decay)
+    cfg["net"].update(num_classes=config.num_classes, ema_decay=config.framework_options["ema_decay"])
+    cfg["saver"]["snapshot_dir"] = str(save_path / "checkpoints")
+    return cfg
+
+
 def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int, save_path: Path) -> dict[str, Any]:
     """U2PL's config for ``train_semi.py``: its VOC 1464 ``experiments/pascal/1464/ours/config.yaml`` from the checkout
     (what the cell shares with it: the transforms, drop_percent, CutMix, the contrastive loss's thresholds, ranks,
-    temperature, queries and negatives, loss weights 1, poly power, the criterion) with the cell's data (the U2PL
-    layout of :func:`export_official_layout`; ``n_sup`` such that both sets are drawn to the unlabeled pool's size,
-    so that an epoch is ``N_u / B`` iterations as on VOC), crop (train ``rand``, validation ``center``), batch, LR,
-    momentum, weight decay, EMA decay, epochs and ``sup_only_epoch``; data loaded in the process (``workers: 0``);
-    checkpoints under ``save_path``. U2PL's labeled and unlabeled batches are one ``batch_size``."""
-    schedule, options = config.schedule, config.framework_options
-    if schedule.batch_size != schedule.unlabeled_batch_size:
-        raise ValueError(f"u2pl: U2PL's loaders share one batch_size; the cell has schedule.batch_size "
-                         f"{schedule.batch_size} and schedule.unlabeled_batch_size {schedule.unlabeled_batch_size}")
-    cfg = yaml.safe_load((folder / U2PL_CONFIG).read_text())
-    root, crop = str(lists["val"].parents[2]), [schedule.crop_size, schedule.crop_size]
-    dataset = cfg["dataset"]
-    for split, data_list in (("train", lists["labeled"]), ("val", lists["val"])):
-        dataset[split].update(data_root=root, data_list=str(data_list))
-        dataset[split]["crop"]["size"] = crop
-    unlabeled = len(lists["unlabeled"].read_text().splitlines())
-    dataset.update(batch_size=schedule.batch_size, n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled, workers=0)
-    cfg["trainer"].update(epochs=epochs, sup_only_epoch=options["sup_only_epochs"])
-    cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
-                                                 weight_decay=config.optim.weight_decay)
-    cfg["net"].update(num_classes=config.num_classes, ema_decay=options["ema_decay"])
-    cfg["saver"]["snapshot_dir"] = str(save_path / "checkpoints")
+    temperature, queries and negatives, loss weights 1, poly power, the criterion) with the cell's settings
+    (:func:`voc_semi_cfg`), its batch, the validation's ``center`` crop of the crop size and ``sup_only_epoch``."""
+    cfg = voc_semi_cfg(config, folder / U2PL_CONFIG, lists, epochs, save_path)
+    cfg["dataset"]["batch_size"] = config.schedule.batch_size
+    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
+    cfg["trainer"]["sup_only_epoch"] = config.framework_options["sup_only_epochs"]
+    return cfg
+
+
+def augseg_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int,
+               save_path: Path) -> dict[str, Any]:
+    """AugSeg's config for ``train_semi.py``: its VOC 1/16 ``exps/zrun_vocs/r50_voc_semi662/config_semi.yaml`` from
+    the checkout (the resize range, flip, its strong views' settings, adaptive CutMix, no supervised-only epoch, poly
+    power, the criterion) with the cell's settings (:func:`voc_semi_cfg`), its batch, the resize's base size (the
+    cell's ``base_size``, the study's image size, as VOC's 500), the confidence threshold and the unsupervised
+    weight; the teacher alone evaluated (``evaluate_student: False``, as the project's side: what both report)."""
+    cfg = voc_semi_cfg(config, folder / AUGSEG_CONFIG, lists, epochs, save_path)
+    cfg["dataset"]["train"].update(batch_size=config.schedule.batch_size,
+                                   resize_base_size=config.data.augmentation["base_size"])
+    options = config.framework_options
+    cfg["trainer"]["evaluate_student"] = False
+    cfg["trainer"]["unsupervised"].update(threshold=options["confidence_threshold"], loss_weight=options["unsup_weight"])
+    cfg["saver"]["use_tb"] = False
     return cfg
 
 
@@ -360,6 +430,23 @@ class U2PLInterface(OfficialInterface):
     def forward(self, x: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
         output = self.student(x * self.std + self.mean)
         return {"pred": output.head.logits[0], "rep": output.representation}
+
+
+class AugSegInterface(OfficialInterface):
+    """The project's AugSeg segmentor behind AugSeg's ``ModelBuilder``: ``encoder`` (its backbone: the optimiser's
+    group at ``lr``), ``decoder`` (its decoder and classifier head: at ``lr x 10``) and ``forward(x)`` -> (logits
+    upsampled to the input with ``align_corners=True``, None: no aux head), as AugSeg's model returns them. Its
+    feature dropout (``flag_use_fdrop``) is never asked for by ``train_semi.py``; asked, it raises."""
+
+    def __init__(self, student: nn.Module) -> None:
+        super().__init__(student)
+        self.encoder = student.backbone
+        self.decoder = nn.ModuleList([student.decoder, student.head])
+
+    def forward(self, x: Tensor, flag_use_fdrop: bool = False) -> tuple[Tensor, None]:  # type: ignore[override]
+        if flag_use_fdrop:
+            raise NotImplementedError("AugSegInterface: flag_use_fdrop (AugSeg's feature dropout) is not mapped")
+        return super().forward(x), None
 
 
 def initial_network(config: RunConfig) -> nn.Module:
@@ -480,22 +567,38 @@ def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list
     return train
 
 
+def written_config(cfg: dict[str, Any], save_path: Path) -> Path:
+    """``cfg`` as ``save_path/config.yaml`` (the folder made), the file the official script reads."""
+    save_path.mkdir(parents=True, exist_ok=True)
+    config_file = save_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    return config_file
+
+
+@contextlib.contextmanager
+def voc_semi_process(folder: Path, argv: list[str], writer: str, save_path: Path) -> Iterator[contextlib.ExitStack]:
+    """:func:`official_process` for U2PL's and AugSeg's ``train_semi.py`` (whose helpers import ``skimage`` and whose
+    ``train`` calls the DataLoader iterator's ``next()``), the root logger's handlers left as they were (AugSeg's
+    logging adds a file handler to it)."""
+    iterator = torch.utils.data.dataloader._BaseDataLoaderIter
+    handlers = list(logging.root.handlers)
+    with official_process(folder, argv, writer, save_path) as stack:
+        stack.callback(lambda: [logging.root.removeHandler(h) for h in list(logging.root.handlers) if h not in handlers])
+        stack.enter_context(stand_ins(U2PL_UNUSED_MODULES))
+        stack.enter_context(patched([(iterator, "next", iterator.__next__)]))
+        yield stack
+
+
 def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, queue_sizes: list[int], width: int,
                       save_path: Path, seed: int) -> dict[str, Any]:
     """``main()`` of U2PL's ``train_semi.py`` with ``cfg`` (:func:`u2pl_cfg`) and :data:`U2PL_PATCHES`: the student
     and the teacher :class:`U2PLInterface` of copies of ``student``, the memory banks ``width`` wide with
     ``queue_sizes``; its per-epoch mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is
     ``seed`` (``main`` seeds ``random``, numpy and torch with it, and its datasets draw their items with it)."""
-    config_file = save_path / "config.yaml"
-    save_path.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(cfg))
+    argv = ["train_semi.py", "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
     curve: list[float] = []
-    iterator = torch.utils.data.dataloader._BaseDataLoaderIter
-    with official_process(folder, ["train_semi.py", "--config", str(config_file), "--seed", str(seed)],
-                          "tensorboardX", save_path) as stack:
-        stack.enter_context(stand_ins(U2PL_UNUSED_MODULES))
-        stack.enter_context(patched([(collections, "Iterable", collections.abc.Iterable),
-                                     (iterator, "next", iterator.__next__)]))
+    with voc_semi_process(folder, argv, "tensorboardX", save_path) as stack:
+        stack.enter_context(patched([(collections, "Iterable", collections.abc.Iterable)]))
         module = importlib.import_module("train_semi")
         stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
                                      (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
@@ -503,6 +606,43 @@ def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, que
                                      (module, "validate", recorded(module.validate, curve, 100.0))]))
         seed_everything(seed)
         module.main()
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
+class Numpy1Uint8(np.uint8):
+    """``np.uint8(x)`` as NumPy 1 computes it for a Python number out of range: wrapped modulo 256 (a C cast of its
+    integer part), where NumPy 2 raises; anything else as ``np.uint8``."""
+
+    def __new__(cls, value: Any = 0) -> np.uint8:
+        if isinstance(value, int | float):
+            value = int(value) % 256
+        return np.uint8(value)
+
+
+def numpy1_uint8() -> types.ModuleType:
+    """numpy with :class:`Numpy1Uint8` as ``uint8`` (what AugSeg's ``augs_TIBA`` gets as ``np``)."""
+    compat = types.ModuleType("numpy")
+    compat.__dict__.update(np.__dict__)
+    compat.uint8 = Numpy1Uint8  # type: ignore[attr-defined]
+    return compat
+
+
+def run_official_augseg(folder: Path, cfg: dict[str, Any], student: nn.Module, save_path: Path,
+                        seed: int) -> dict[str, Any]:
+    """``main(args)`` of AugSeg's ``train_semi.py`` with ``cfg`` (:func:`augseg_cfg`), ``--seed`` ``seed`` (``main``
+    seeds ``random``, numpy and torch with it) and :data:`AUGSEG_PATCHES`: the student and the teacher
+    :class:`AugSegInterface` of copies of ``student``; its per-epoch teacher mIoU x 100 (``curve``), the best (what it
+    reports, ``Best-EMA``) and the last."""
+    args = argparse.Namespace(config=str(written_config(cfg, save_path)), local_rank=0, seed=seed, port=None)
+    curve: list[float] = []
+    with voc_semi_process(folder, ["train_semi.py"], "torch.utils.tensorboard", save_path) as stack:
+        module = importlib.import_module("train_semi")
+        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
+                                     (sys.modules["augseg.dataset.augs_TIBA"], "np", numpy1_uint8()),
+                                     (module, "ModelBuilder", lambda net_cfg: AugSegInterface(copy.deepcopy(student))),
+                                     (module, "validate", recorded(module.validate, curve, 100.0))]))
+        seed_everything(seed)
+        module.main(args)
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
 
 
@@ -527,7 +667,8 @@ def study_of(config: RunConfig) -> StudyConfig:
 
 def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
     """``framework``'s official script on the export ``lists`` (its layout, :data:`LAYOUT`) with ``config``'s settings
-    and initial network, epochs of ``N_u / B`` iterations (:func:`run_official`, :func:`run_official_u2pl`)."""
+    and initial network, epochs of ``N_u / B`` iterations (:func:`run_official`, :func:`run_official_u2pl`,
+    :func:`run_official_augseg`)."""
     unlabeled = len(lists["unlabeled"].read_text().splitlines())
     epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
     if framework == "u2pl":
@@ -535,6 +676,9 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
         queues = [options["background_queue_size"]] + [options["queue_size"]] * (config.num_classes - 1)
         return run_official_u2pl(folder, u2pl_cfg(config, folder, lists, epochs, save_path), initial_network(config),
                                  queues, config.model.options.get("representation_dim", 256), save_path, config.seed)
+    if framework == "augseg":
+        return run_official_augseg(folder, augseg_cfg(config, folder, lists, epochs, save_path),
+                                   initial_network(config), save_path, config.seed)
     run_lists = dict(lists)
     if framework == "supervised":
         run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, save_path.parent / "labeled_repeated.txt")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -345,21 +346,96 @@ def test_u2pl_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: P
 
 
 @pytest.mark.integration
-def test_u2pl_runs_both_sides_for_a_few_iterations(tmp_path: Path):
-    """U2PL's ``train_semi.py`` ``main()`` from the checkout (skipped without one) and the project's cell, two epochs
-    of 15 iterations each at a tiny size (the first supervised-only, the second with the teacher, the unsupervised and
-    contrastive losses): each side reports one evaluation per epoch, its best and its last."""
+def test_augseg_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: Path):
+    """AugSeg's own 1/16 config of the checkout with the cell's data, crop, batch, resize base, optimiser, EMA,
+    threshold and epochs; only the teacher evaluated; AugSeg's ``voc_dset`` reads the export: the unlabeled set drawn
+    to its own size, a weak and a strong view of the crop size."""
     from test_official_side_by_side import official_root
 
-    folder = runs.checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    folder = runs.checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg")
+    config = runs.project_config("augseg", 0, 0, 30, tiny_u2pl_overrides())
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT["augseg"])
+    cfg = runs.augseg_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
+    train, trainer = cfg["dataset"]["train"], cfg["trainer"]
+    assert (train["batch_size"], train["crop"]["size"], train["resize_base_size"], train["rand_resize"]) == (
+        4, [64, 64], 64, [0.5, 2.0])
+    assert (trainer["epochs"], trainer["sup_only_epoch"], trainer["evaluate_student"]) == (2, 0, False)
+    assert cfg["net"]["ema_decay"] == config.framework_options["ema_decay"] and cfg["net"]["num_classes"] == 5
+    assert trainer["unsupervised"]["threshold"] == 0.95 and trainer["unsupervised"]["use_cutmix_adaptive"]
+    with runs.official_imports(folder), runs.stand_ins(runs.U2PL_UNUSED_MODULES):
+        voc = importlib.import_module("augseg.dataset.pascal_voc")
+        merged = {**cfg["dataset"], **train}  # as build_voc_semi_loader merges them
+        unlabeled = voc.voc_dset(merged["data_root"], merged["data_list"].replace("labeled.txt", "unlabeled.txt"),
+                                 voc.build_basic_transfrom(merged, split="train"),
+                                 voc.build_additional_strong_transform(merged), 0,
+                                 runs.U2PL_VOC_TRAIN_SIZE - merged["n_sup"], "train", flag_semi=True)
+        _, weak, strong, label = unlabeled[0]
+    assert len(unlabeled) == 60 and weak.shape == strong.shape == (3, 64, 64) and label.shape == (64, 64)
+
+
+def test_augseg_interface_gives_the_projects_logits_at_image_size_and_no_aux():
+    config = runs.project_config("augseg", data_seed=0, seed=0)
+    student = runs.initial_network(config).eval()
+    interface = runs.AugSegInterface(student).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        pred, aux = interface(x)
+        expected = runs.OfficialInterface(student).eval()(x)
+    assert aux is None and pred.shape == (2, config.num_classes, 32, 32)
+    torch.testing.assert_close(pred, expected)
+    ids = [id(p) for module in (interface.encoder, interface.decoder) for p in module.parameters()]
+    assert sorted(ids) == sorted(id(p) for p in student.parameters()) and len(set(ids)) == len(ids)
+    with pytest.raises(NotImplementedError, match="flag_use_fdrop"):
+        interface(x, True)
+
+
+def test_numpy1_uint8_wraps_python_numbers_as_numpy_1_did():
+    """AugSeg's hue operation adds ``np.uint8(hue_factor * 255)`` to a hue channel, a negative factor meaning a turn
+    backwards: NumPy 1 wrapped the number modulo 256, NumPy 2 raises; arrays and in-range numbers are cast as before,
+    and it stays a dtype."""
+    compat = runs.numpy1_uint8()
+    assert compat.uint8(-40.8) == 216 and compat.uint8(300) == 44 and compat.uint8(7) == np.uint8(7)
+    np.testing.assert_array_equal(compat.uint8(np.array([1.7, 255.0])), np.uint8(np.array([1.7, 255.0])))
+    assert np.array([1, 2], dtype=compat.uint8).dtype == np.uint8 and compat.float32 is np.float32
+    hue = np.array([10, 250], dtype=compat.uint8)
+    hue += compat.uint8(-0.1 * 255)  # AugSeg's shift of -0.1 of a turn
+    np.testing.assert_array_equal(hue, [241, 225])
+
+
+def test_augseg_project_side_has_the_official_pipeline_and_the_mini_studys_ema():
+    import yaml
+
+    config = runs.project_config("augseg", data_seed=0, seed=1)
+    augmentation = config.data.augmentation
+    assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"]) == (
+        "long_side", 64, "bottom_right")
+    assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "augseg"
+    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["augseg"]})
+    assert config.framework_options["ema_decay"] == scaled["framework_options.ema_decay"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("framework", ["u2pl", "augseg"])
+def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp_path: Path):
+    """The official ``train_semi.py`` ``main()`` from the checkout (skipped without one) and the project's cell, two
+    epochs of 15 iterations each at a tiny size (U2PL: the first supervised-only, the second with the teacher, the
+    unsupervised and contrastive losses; AugSeg: both semi-supervised): each side reports one evaluation per epoch,
+    its best and its last; nothing of the official run is left in the process."""
+    from test_official_side_by_side import official_root
+
+    repository = runs.OFFICIAL[framework][0]
+    folder = runs.checkout(official_root(repository), repository)
     overrides = tiny_u2pl_overrides()
-    config = runs.project_config("u2pl", 0, 0, 30, overrides)
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout="u2pl")
+    config = runs.project_config(framework, 0, 0, 30, overrides)
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT[framework])
     torch.set_num_threads(1)
-    row = runs.one_framework(folder, "u2pl", 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    handlers = list(logging.root.handlers)
+    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
     for side in runs.SIDES:
         curve = row[f"{side}_curve"]
         assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
-    assert (tmp_path / "u2pl_0" / "checkpoints" / "ckpt_best.pth").is_file()
-    assert "tensorboardX" not in sys.modules and not torch.distributed.is_initialized()
+    assert (tmp_path / f"{framework}_0" / "checkpoints" / "ckpt_best.pth").is_file()
+    assert not {"tensorboardX", "train_semi", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()
+    assert logging.root.handlers == handlers
