@@ -35,16 +35,54 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
 A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
 9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
 Supervised here is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``), not U2PL's
-``train_sup.py``.
+``train_sup.py``, also beside ``--framework u2pl`` (``--no-supervised`` leaves it out).
+
+U2PL (``--framework u2pl``: Haochen-Wang409/U2PL's ``train_semi.py``, :func:`run_official_u2pl`): its ``main()``
+with its ``get_loader`` (``voc_dset`` on the export in U2PL's layout, :data:`LAYOUTS`: list files of ids under a
+``pascal`` folder, labels in ``SegmentationClassAug``; ``n_sup`` set so that both sets are drawn to the unlabeled
+pool's size, as on VOC, so an epoch is ``N_u / B`` iterations), its transforms (``rand_resize`` [0.5, 2], flip,
+``rand`` crop padding the image with 0 and the label with 0, no blur; validation ``center`` crop of the crop size:
+the whole 64 px image), ``DistributedSampler``, ``Criterion``, CutMix, unsupervised and contrastive losses, memory
+bank, EMA teacher, poly LR, per-epoch ``validate`` (student before ``sup_only_epoch``, teacher after) and the best.
+Its config (:func:`u2pl_cfg`) is ``experiments/pascal/1464/ours/config.yaml`` of the checkout (drop_percent,
+thresholds, ranks, temperature, queries, negatives, loss weights 1) with the cell's crop, batches, LR, weight
+decay, EMA decay, epochs and ``sup_only_epoch``. The project's side takes the same (:func:`project_config`): the
+official pipeline (:data:`OFFICIAL_PIPELINES`), and the mini study's time rule (``npsemiseg.short_run``, the rule
+of ``jobs/specs/mini.yaml``'s ``cell_overrides``) applied to epochs of the official length: EMA decay 0.9 and
+queues of 356 / 593 keys as in the mini study (they scale with steps and pixels), ``sup_only_epochs`` 1 (one
+epoch of 120 iterations; the mini study's 2 are of 8 iterations). What differs from U2PL's own run, and why
+(:data:`U2PL_PATCHES`): the network is the project's U2PL network of the cell (its decoder is 16 / 8 channels
+wide, its heads 64, its representation 16; U2PL's decoder hard-codes 256, so it cannot hold it) behind
+``ModelBuilder``'s interface (:class:`U2PLInterface`); ``main`` hard-codes memory banks 256 wide and queues of
+30000 / 50000, replaced by the representation's width and the cell's queues; no aux head (the mini study has
+none); data loading in the main process (``workers: 0``, as the project's cell).
+
+AugSeg (``--framework augseg``: zhenzhao/AugSeg's ``train_semi.py``, :func:`run_official_augseg`) the same way: its
+``main(args)`` on the same layout, with its transforms (the long side a random integer in [0.5, 2] x the base size,
+the image's 64 here as VOC's 500, flip, a random crop padded at the bottom and right with the mean and 255, its
+strong views with their blur sigma in [0.1, 2]), adaptive CutMix, thresholded unsupervised loss, EMA of parameters
+and buffers, poly LR and per-epoch validation of the whole image, the teacher's best reported; its config
+``exps/zrun_vocs/r50_voc_semi662/config_semi.yaml`` (VOC 1/16) with the cell's data, crop, batch, LR, weight decay,
+EMA decay (0.927167: the mini study's, by the same rule), threshold, unsupervised weight and epochs; only the teacher
+evaluated (``evaluate_student: False``, the project's side alike). Its patches (:data:`AUGSEG_PATCHES`): the CPU
+ones, the network (the project's AugSeg network behind ``ModelBuilder``, :class:`AugSegInterface`), a discarding
+tensorboard, ``skimage`` stand-ins, the iterator's ``next()`` and NumPy 1's ``uint8`` cast in its strong views' hue
+operation (:class:`Numpy1Uint8`). The project's side: its ``augseg`` cell under
+``released`` with UniMatch's pipeline settings (:data:`OFFICIAL_PIPELINES`: AugSeg's resize, padding and blur are
+UniMatch's).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import collections.abc
 import contextlib
+import copy
 import datetime
 import importlib
 import json
+import logging
 import os
 import platform
 import random
@@ -65,13 +103,24 @@ from torch import Tensor, nn
 
 from npsemiseg.config import RunConfig, compose
 from npsemiseg.data.study import StudyConfig, generate, labeled_indices, partition_counts
+from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.ema import unwrap
 from npsemiseg.models import upsample_logits
+from npsemiseg.short_run import RunLength, scale_time_settings
 from npsemiseg.training import train
 from npsemiseg.training.data_order import derive_seed
 from npsemiseg.training.factories import build_framework
 
-from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, checkout, official_imports, one_process_group
+from official_side_by_side import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    U2PL_CONFIG,
+    U2PL_UNUSED_MODULES,
+    checkout,
+    official_imports,
+    one_process_group,
+    stand_ins,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI_SPEC = ROOT / "jobs" / "specs" / "mini.yaml"
@@ -80,20 +129,38 @@ DATASET = "study"
 SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
-            "unimatch": ("LiheYoung/UniMatch", "unimatch.py")}
+            "unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py"),
+            "augseg": ("zhenzhao/AugSeg", "train_semi.py")}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2])
 OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation.base_size": 64,
                      "data.augmentation.blur_sigma": [0.1, 2.0], "data.augmentation.crop_padding": "bottom_right"}
-#: every change made to the official code's run, the only ones: (what is replaced, by what, why)
-PATCHES = (
-    ("util.dist_helper.setup_distributed (as the script imported it)", "a one-rank gloo process group, rank 0",
-     "no GPU, no launcher: the script's collectives (DDP, evaluate's all_reduce) run in one CPU process"),
+#: U2PL's (``rand_resize: [0.5, 2.0]``: a scale of the image, nothing to scale to 64 px; padded on both sides; its
+#: label padding with 0 is the project's ``released``; no blur: U2PL has no strong view)
+U2PL_PIPELINE = {"data.augmentation.resize": "rescale_balanced", "data.augmentation.scale_range": [0.5, 2.0],
+                 "data.augmentation.crop_padding": "centered"}
+#: AugSeg's is UniMatch's (``Resize``: the long side a random integer in [0.5, 2] x ``resize_base_size``, the image's
+#: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2])
+OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
+                      "u2pl": U2PL_PIPELINE, "augseg": OFFICIAL_PIPELINE}
+#: the export's layouts: label folder, list folder, one list line of item ``name`` (``u2pl``: also AugSeg's)
+LAYOUTS = {"unimatch": ("SegmentationClass", f"splits/{DATASET}", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
+           "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}")}
+#: framework -> the layout its official script reads
+LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl"}
+#: the patches of a CPU run of any official script: (what is replaced, by what, why)
+CPU_PATCHES = (
     ("torch.Tensor.cuda, torch.nn.Module.cuda", "return the object unchanged", "a CPU run"),
     ("torch.nn.parallel.DistributedDataParallel", "the same class with device_ids and output_device None",
      "DDP of a CPU module takes no device ids"),
     ("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "return the module unchanged",
      "SyncBatchNorm needs CUDA; with one process it is BatchNorm over the same batch"),
+)
+#: every change made to the official UniMatch scripts' runs, the only ones
+PATCHES = (
+    ("util.dist_helper.setup_distributed (as the script imported it)", "a one-rank gloo process group, rank 0",
+     "no GPU, no launcher: the script's collectives (DDP, evaluate's all_reduce) run in one CPU process"),
+    *CPU_PATCHES,
     ("DeepLabV3Plus (as the script imported it)", "OfficialInterface: the project's network of the cell",
      "the study's small network with the project's initial weights of the seed, pretrained backbone included"),
     ("torch.utils.tensorboard", "a SummaryWriter that discards", "tensorboard is not installed; logging only"),
@@ -101,6 +168,56 @@ PATCHES = (
     ("evaluate (as the script imported it)", "the same function, its result also recorded",
      "the per-epoch curve; nothing changed"),
 )
+#: every change made to U2PL's ``train_semi.py`` run, the only ones
+U2PL_PATCHES = (
+    ("u2pl.utils.dist_helper.setup_distributed (as train_semi imported it)",
+     "a one-rank gloo process group, rank 0, world size 1",
+     "no GPU, no launcher: the script's collectives (DDP, samplers, all_reduce, the memory bank's all_gather) run in "
+     "one CPU process"),
+    *CPU_PATCHES,
+    ("ModelBuilder (as train_semi imported it: the student and the teacher)",
+     "U2PLInterface: the project's U2PL network of the cell, outputs {'pred', 'rep'} at feature resolution",
+     "the study's small network with the project's initial weights of the seed, pretrained backbone included (U2PL's "
+     "decoder hard-codes 256 channels); the teacher built the same way, as U2PL builds both pretrained"),
+    ("train (as main calls it): its memobank and queue_size",
+     "memory banks of the representation's width and the cell's queue lengths (background first)",
+     "main hard-codes banks 256 wide (the project's representation is narrower) and queues of 50000 / 30000 (the mini "
+     "study's are scaled to the short run)"),
+    ("tensorboardX", "a module whose SummaryWriter discards", "tensorboardX is not installed; logging only"),
+    ("skimage, skimage.measure (where not installed)", "stand-ins whose functions raise",
+     "u2pl.utils.utils imports them at its top; the run never calls them"),
+    ("collections.Iterable", "collections.abc.Iterable", "gone from collections since Python 3.10; the transforms' "
+     "isinstance checks"),
+    ("the DataLoader iterator's next()", "its __next__", "train calls the name torch's iterator no longer has"),
+    ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
+     "the per-epoch curve; nothing changed"),
+)
+#: every change made to AugSeg's ``train_semi.py`` run, the only ones
+AUGSEG_PATCHES = (
+    ("augseg.utils.dist_helper.setup_distributed (as train_semi imported it)",
+     "a one-rank gloo process group, rank 0, world size 1",
+     "no GPU, no launcher: the script's collectives (DDP, barrier, samplers, all_reduce) run in one CPU process"),
+    *CPU_PATCHES,
+    ("ModelBuilder (as train_semi imported it: the student and the teacher)",
+     "AugSegInterface: the project's AugSeg network of the cell, outputs (logits at image size, None)",
+     "the study's small network with the project's initial weights of the seed, pretrained backbone included (AugSeg's "
+     "decoder hard-codes 256 channels); the teacher built the same way, as AugSeg builds both pretrained"),
+    ("torch.utils.tensorboard", "a SummaryWriter that discards", "tensorboard is not installed; logging only"),
+    ("skimage, skimage.measure (where not installed)", "stand-ins whose functions raise",
+     "augseg.utils.utils imports them at its top; the run never calls them"),
+    ("the DataLoader iterator's next()", "its __next__", "train calls the name torch's iterator no longer has"),
+    ("numpy.uint8 as augseg.dataset.augs_TIBA calls it", "NumPy 1's cast of a Python number: wrapped modulo 256",
+     "NumPy 2 raises on the hue operation's negative shift, np.uint8(hue_factor * 255), which AugSeg's NumPy 1 "
+     "wrapped, as its comment says ('uint8 addition take cares of rotation across boundaries')"),
+    ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
+     "the per-epoch curve; nothing changed"),
+)
+PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES,
+              "augseg": AUGSEG_PATCHES}
+#: AugSeg's VOC 1/16 configuration (662 labeled images)
+AUGSEG_CONFIG = "exps/zrun_vocs/r50_voc_semi662/config_semi.yaml"
+#: U2PL's ``voc_dset`` draws ``10582 - n_sup`` items of each training list (VOC's train_aug has 10582 images)
+U2PL_VOC_TRAIN_SIZE = 10582
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -117,29 +234,33 @@ def to_uint8(image: Tensor) -> np.ndarray:
     return (image.permute(1, 2, 0).numpy() * 255.0 + 0.5).clip(0, 255).astype(np.uint8)
 
 
-def export_official_layout(config: StudyConfig, out: Path, partition: str = PARTITION) -> dict[str, Path]:
-    """The study data as the official ``SemiDataset`` reads it, under ``out``: ``JPEGImages/<id>.jpg`` (quality 100,
-    no chroma subsampling), ``SegmentationClass/<id>.png`` (mode ``L``: class indices, 255 ignored), the list files
-    ``splits/study/<partition>/labeled.txt`` and ``unlabeled.txt`` and ``splits/study/val.txt`` (one line per item,
-    ``JPEGImages/<id>.jpg SegmentationClass/<id>.png``, paths relative to ``out``; the official code reads
-    ``splits/<dataset>/val.txt`` from the working directory, so a run works in ``out``). The unlabeled images'
-    labels are written too (the official dataset opens the mask of every item, unlabeled ones included, and uses
-    it only for the padding); they enter no loss. Returns the three list files."""
-    for folder in ("JPEGImages", "SegmentationClass"):
+def export_official_layout(config: StudyConfig, out: Path, partition: str = PARTITION,
+                           layout: str = "unimatch") -> dict[str, Path]:
+    """The study data as the official dataset of ``layout`` (:data:`LAYOUTS`) reads it, under ``out``:
+    ``JPEGImages/<id>.jpg`` (quality 100, no chroma subsampling), labels as PNG (mode ``L``: class indices, 255
+    ignored; UniMatch ``SegmentationClass/<id>.png``, U2PL ``SegmentationClassAug/<id>.png``), the list files
+    ``<lists>/<partition>/labeled.txt`` and ``unlabeled.txt`` and ``<lists>/val.txt``. UniMatch: ``splits/study``,
+    one line ``JPEGImages/<id>.jpg SegmentationClass/<id>.png`` per item, paths relative to ``out`` (the official
+    code reads ``splits/<dataset>/val.txt`` from the working directory, so a run works in ``out``). U2PL:
+    ``splits/pascal_study`` (its ``BaseDataset`` takes a list whose path names ``pascal`` as VOC's), one ``<id>`` per
+    line. The unlabeled images' labels are written too (both official datasets open the mask of every item,
+    unlabeled ones included; it enters no loss). Returns the three list files."""
+    label_folder, list_folder, line = LAYOUTS[layout]
+    for folder in ("JPEGImages", label_folder):
         (out / folder).mkdir(parents=True, exist_ok=True)
     labeled, unlabeled = labeled_indices(config, partition_counts(config.train_size)[partition])
     streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": ("val", range(config.val_size))}
-    lists = {"labeled": out / "splits" / DATASET / partition.replace("/", "_") / "labeled.txt",
-             "unlabeled": out / "splits" / DATASET / partition.replace("/", "_") / "unlabeled.txt",
-             "val": out / "splits" / DATASET / "val.txt"}
+    lists = {"labeled": out / list_folder / partition.replace("/", "_") / "labeled.txt",
+             "unlabeled": out / list_folder / partition.replace("/", "_") / "unlabeled.txt",
+             "val": out / list_folder / "val.txt"}
     for split, (stream, indices) in streams.items():
         lines = []
         for index in indices:
             name = f"{stream}_{index:06d}"
             image, label = generate(config, stream, index)
             Image.fromarray(to_uint8(image)).save(out / "JPEGImages" / f"{name}.jpg", quality=100, subsampling=0)
-            Image.fromarray(label.numpy().astype(np.uint8), mode="L").save(out / "SegmentationClass" / f"{name}.png")
-            lines.append(f"JPEGImages/{name}.jpg SegmentationClass/{name}.png")
+            Image.fromarray(label.numpy().astype(np.uint8), mode="L").save(out / label_folder / f"{name}.png")
+            lines.append(line.format(name=name))
         lists[split].parent.mkdir(parents=True, exist_ok=True)
         lists[split].write_text("\n".join(lines) + "\n")
     return lists
@@ -156,22 +277,47 @@ def repeated_list(source: Path, length: int, out: Path) -> Path:
 # ----------------------------------------------------------------------------------------- configuration
 
 
-def project_config(framework: str, data_seed: int, seed: int, steps: int | None = None) -> RunConfig:
+def project_config(framework: str, data_seed: int, seed: int, steps: int | None = None,
+                   overrides: dict[str, Any] | None = None) -> RunConfig:
     """The project's cell: protocol ``released``, the mini study's overrides, the official pipeline's resize and blur
-    (:data:`OFFICIAL_PIPELINE`), epochs of ``N_u / B_u`` iterations (the official ``len(trainloader_u)``), an
-    evaluation every epoch and the best reported; supervised on UniMatch's network and weak pipeline (the AugSeg
-    decoder variant, no classifier dropout, no strong view, the LR set after the step as ``supervised.py``)."""
-    overrides = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"])
-    overrides.update(OFFICIAL_PIPELINE)
-    overrides.update({"data.options": {**overrides["data.options"], "seed": data_seed}, "seed": seed,
-                      "schedule.epoch_length": "unlabeled", "schedule.eval_every_epochs": 1,
-                      "schedule.checkpoint_every_steps": 0, "evaluation.select": "best",
-                      "schedule.max_steps": steps or overrides["schedule.max_steps"]})
+    (:data:`OFFICIAL_PIPELINES`), epochs of ``N_u / B_u`` iterations (the official ``len(trainloader_u)``), an
+    evaluation every epoch and the best reported (the clean one only: no evaluation under shift, no student
+    evaluation beside the teacher's; neither touches the training); supervised on UniMatch's network and weak
+    pipeline (the AugSeg decoder variant, no classifier dropout, no strong view, the LR set after the step as
+    ``supervised.py``); the time-dependent framework settings by the mini study's rule for epochs of that length
+    (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (the tests' smaller
+    data and batches)."""
+    settings = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"])
+    settings.update(OFFICIAL_PIPELINES[framework])
+    settings.update({"data.options": {**settings["data.options"], "seed": data_seed}, "seed": seed,
+                     "schedule.epoch_length": "unlabeled", "schedule.eval_every_epochs": 1,
+                     "schedule.checkpoint_every_steps": 0, "evaluation.select": "best",
+                     "evaluation.corruptions": [], "evaluation.also_student": False,
+                     "schedule.max_steps": steps or settings["schedule.max_steps"]})
     if framework == "supervised":
-        overrides.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
-                          "schedule.lr_timing": "after_step"})
+        settings.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
+                         "schedule.lr_timing": "after_step"})
+    settings.update(overrides or {})
+    settings.update(official_length_time_settings(framework, settings))
     return compose("paper", framework=framework, dataset=DATASET, partition=PARTITION, head="baseline",
-                   protocol="released", overrides=overrides).config
+                   protocol="released", overrides=settings).config
+
+
+def official_length_time_settings(framework: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``framework``'s paper options scaled by the mini study's rule (``npsemiseg.short_run.scale_time_settings``, the
+    rule ``jobs/specs/mini.yaml``'s ``cell_overrides`` follow) to the run ``settings`` describe with epochs of the
+    official length, ``N_u / B_u`` iterations: as overrides (``framework_options.<key>``; none for the UniMatch
+    family, which has no time-dependent settings). U2PL at 960 steps of 120 iterations: EMA decay 0.9 and queues of
+    356 / 593 keys as the mini study's (they follow steps and pixels), ``sup_only_epochs`` 1 (the paper's one epoch
+    of 80 is 0.1 of these, floored at one; the mini study's 2 are of 8-iteration epochs)."""
+    data = StudyConfig.from_options(DATASET, **settings["data.options"])
+    unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
+    run = RunLength.of(steps=settings["schedule.max_steps"],
+                       iters_per_epoch=unlabeled // settings["schedule.unlabeled_batch_size"],
+                       images_per_step=settings["schedule.batch_size"] + settings["schedule.unlabeled_batch_size"],
+                       crop_size=settings["schedule.crop_size"])
+    paper = get_framework(framework).paper_options(DATASET, PARTITION)
+    return {f"framework_options.{key}": value for key, value in scale_time_settings(paper, run).items()}
 
 
 def official_cfg(config: RunConfig, data_root: Path, epochs: int) -> dict[str, Any]:
@@ -182,6 +328,63 @@ def official_cfg(config: RunConfig, data_root: Path, epochs: int) -> dict[str, A
             "criterion": {"name": "CELoss", "kwargs": {"ignore_index": 255}},
             "conf_thresh": float(config.framework_options.get("confidence_threshold", 0.95)),
             "model": "deeplabv3plus", "backbone": config.model.backbone}
+
+
+def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epochs: int,
+                 save_path: Path) -> dict[str, Any]:
+    """The config file ``official`` (U2PL's or AugSeg's VOC ``pascal_semi`` config, from the checkout) with what the
+    two share of the cell: its data (the U2PL layout of :func:`export_official_layout`; ``n_sup`` such that both
+    training sets are drawn to the unlabeled pool's size, so that an epoch is ``N_u / B`` iterations as on VOC), the
+    training crop, epochs, LR, momentum, weight decay, classes and EMA decay; data loaded in the process
+    (``workers: 0``, as the project's cell); checkpoints under ``save_path``. Both scripts draw their labeled and
+    unlabeled batches of one ``batch_size``."""
+    schedule = config.schedule
+    if schedule.batch_size != schedule.unlabeled_batch_size:
+        raise ValueError(f"{config.framework}: the official loaders share one batch_size; the cell has "
+                         f"schedule.batch_size {schedule.batch_size} and schedule.unlabeled_batch_size "
+                         f"{schedule.unlabeled_batch_size}")
+    cfg = yaml.safe_load(official.read_text())
+    dataset, root = cfg["dataset"], str(lists["val"].parents[2])
+    for split, data_list in (("train", lists["labeled"]), ("val", lists["val"])):
+        dataset[split].update(data_root=root, data_list=str(data_list))
+    dataset["train"]["crop"]["size"] = [schedule.crop_size, schedule.crop_size]
+    unlabeled = len(lists["unlabeled"].read_text().splitlines())
+    dataset.update(n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled, workers=0)
+    cfg["trainer"]["epochs"] = epochs
+    cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
+                                                 weight_decay=config.optim.weight_decay)
+    cfg["net"].update(num_classes=config.num_classes, ema_decay=config.framework_options["ema_decay"])
+    cfg["saver"]["snapshot_dir"] = str(save_path / "checkpoints")
+    return cfg
+
+
+def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int, save_path: Path) -> dict[str, Any]:
+    """U2PL's config for ``train_semi.py``: its VOC 1464 ``experiments/pascal/1464/ours/config.yaml`` from the checkout
+    (what the cell shares with it: the transforms, drop_percent, CutMix, the contrastive loss's thresholds, ranks,
+    temperature, queries and negatives, loss weights 1, poly power, the criterion) with the cell's settings
+    (:func:`voc_semi_cfg`), its batch, the validation's ``center`` crop of the crop size and ``sup_only_epoch``."""
+    cfg = voc_semi_cfg(config, folder / U2PL_CONFIG, lists, epochs, save_path)
+    cfg["dataset"]["batch_size"] = config.schedule.batch_size
+    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
+    cfg["trainer"]["sup_only_epoch"] = config.framework_options["sup_only_epochs"]
+    return cfg
+
+
+def augseg_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int,
+               save_path: Path) -> dict[str, Any]:
+    """AugSeg's config for ``train_semi.py``: its VOC 1/16 ``exps/zrun_vocs/r50_voc_semi662/config_semi.yaml`` from
+    the checkout (the resize range, flip, its strong views' settings, adaptive CutMix, no supervised-only epoch, poly
+    power, the criterion) with the cell's settings (:func:`voc_semi_cfg`), its batch, the resize's base size (the
+    cell's ``base_size``, the study's image size, as VOC's 500), the confidence threshold and the unsupervised
+    weight; the teacher alone evaluated (``evaluate_student: False``, as the project's side: what both report)."""
+    cfg = voc_semi_cfg(config, folder / AUGSEG_CONFIG, lists, epochs, save_path)
+    cfg["dataset"]["train"].update(batch_size=config.schedule.batch_size,
+                                   resize_base_size=config.data.augmentation["base_size"])
+    options = config.framework_options
+    cfg["trainer"]["evaluate_student"] = False
+    cfg["trainer"]["unsupervised"].update(threshold=options["confidence_threshold"], loss_weight=options["unsup_weight"])
+    cfg["saver"]["use_tb"] = False
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------- the official run
@@ -209,6 +412,41 @@ class OfficialInterface(nn.Module):
             return (upsample_logits(clean.head.logits, size, align_corners=True)[0],
                     upsample_logits(perturbed.head.logits, size, align_corners=True)[0])
         return upsample_logits(self.student(images).head.logits, size, align_corners=True)[0]
+
+
+class U2PLInterface(OfficialInterface):
+    """The project's U2PL segmentor behind U2PL's ``ModelBuilder``: ``encoder`` (its backbone: the optimiser's group
+    at ``lr``), ``decoder`` (its decoder, classifier head and representation head, what U2PL's decoder holds: the
+    group at ``lr x 10``) and ``forward(x)`` -> ``{"pred": logits [B, K, h, w], "rep": representation [B, E, h, w]}``
+    at feature resolution, as U2PL's decoder returns them (its loop upsamples ``pred`` with ``align_corners=True``).
+    Input normalised with ImageNet's mean and std as :class:`OfficialInterface`'s (U2PL's ``Normalize`` of 0-255
+    images with the same values x 255)."""
+
+    def __init__(self, student: nn.Module) -> None:
+        super().__init__(student)
+        self.encoder = student.backbone
+        self.decoder = nn.ModuleList([student.decoder, student.head, student.representation_head])
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
+        output = self.student(x * self.std + self.mean)
+        return {"pred": output.head.logits[0], "rep": output.representation}
+
+
+class AugSegInterface(OfficialInterface):
+    """The project's AugSeg segmentor behind AugSeg's ``ModelBuilder``: ``encoder`` (its backbone: the optimiser's
+    group at ``lr``), ``decoder`` (its decoder and classifier head: at ``lr x 10``) and ``forward(x)`` -> (logits
+    upsampled to the input with ``align_corners=True``, None: no aux head), as AugSeg's model returns them. Its
+    feature dropout (``flag_use_fdrop``) is never asked for by ``train_semi.py``; asked, it raises."""
+
+    def __init__(self, student: nn.Module) -> None:
+        super().__init__(student)
+        self.encoder = student.backbone
+        self.decoder = nn.ModuleList([student.decoder, student.head])
+
+    def forward(self, x: Tensor, flag_use_fdrop: bool = False) -> tuple[Tensor, None]:  # type: ignore[override]
+        if flag_use_fdrop:
+            raise NotImplementedError("AugSegInterface: flag_use_fdrop (AugSeg's feature dropout) is not mapped")
+        return super().forward(x), None
 
 
 def initial_network(config: RunConfig) -> nn.Module:
@@ -250,9 +488,51 @@ def patched(attributes: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 setattr(owner, name, value)
 
 
+def one_rank_setup(*args: Any, **kwargs: Any) -> tuple[int, int]:
+    """The official ``setup_distributed``'s result in this process: a one-rank gloo group (made here), rank 0 of 1."""
+    one_process_group(torch.device("cpu"))
+    return 0, 1
+
+
+def recorded(function: Callable[..., Any], curve: list[float], scale: float = 1.0) -> Callable[..., Any]:
+    """``function`` (an official evaluation) unchanged, each result's mIoU (a tuple's first item) x ``scale`` also
+    appended to ``curve``."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs)
+        curve.append(float(result[0] if isinstance(result, tuple) else result) * scale)
+        return result
+    return call
+
+
+@contextlib.contextmanager
+def official_process(folder: Path, argv: list[str], writer: str, workdir: Path) -> Iterator[contextlib.ExitStack]:
+    """What every official run needs (:data:`CPU_PATCHES`): ``.cuda()`` a no-op, DDP without device ids, no SyncBN
+    conversion, the module ``writer`` (``torch.utils.tensorboard``, ``tensorboardX``) a discarding ``SummaryWriter``,
+    ``sys.argv`` = ``argv``, ``folder`` imported from, ``workdir`` the working directory, ``LOCAL_RANK`` 0, and the
+    process group the script makes destroyed after; yields the stack for the script's own patches."""
+    board = types.ModuleType(writer)
+    board.SummaryWriter = _DiscardingWriter  # type: ignore[attr-defined]
+    parent, _, leaf = writer.rpartition(".")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched([(sys, "argv", argv), (torch.Tensor, "cuda", lambda self, *a, **k: self),
+                                     (nn.Module, "cuda", lambda self, *a, **k: self),
+                                     (nn.SyncBatchNorm, "convert_sync_batchnorm", staticmethod(lambda m, *a, **k: m)),
+                                     (nn.parallel, "DistributedDataParallel",
+                                      _cpu_ddp(nn.parallel.DistributedDataParallel)),
+                                     *([(sys.modules[parent], leaf, board)] if parent else [])]))
+        sys.modules[writer] = board
+        stack.callback(sys.modules.pop, writer, None)
+        stack.enter_context(official_imports(folder))
+        stack.enter_context(contextlib.chdir(workdir))
+        stack.callback(os.environ.pop, "LOCAL_RANK", None)
+        os.environ["LOCAL_RANK"] = "0"
+        stack.callback(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
+        yield stack
+
+
 def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Module, lists: dict[str, Path],
                  save_path: Path, seed: int, class_names: tuple[str, ...]) -> dict[str, Any]:
-    """``main()`` of ``folder/script`` on the exported data (``cfg``, ``lists``) with :data:`PATCHES`: its
+    """``main()`` of UniMatch's ``folder/script`` on the exported data (``cfg``, ``lists``) with :data:`PATCHES`: its
     per-epoch mIoU (``curve``), the best (what it reports, ``previous_best``) and the last. The official code seeds
     nothing; ``random``, numpy and torch are seeded with ``seed`` before it starts."""
     config_file = save_path / "config.yaml"
@@ -261,42 +541,108 @@ def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Mod
     argv = [script, "--config", str(config_file), "--labeled-id-path", str(lists["labeled"]),
             "--unlabeled-id-path", str(lists["unlabeled"]), "--save-path", str(save_path)]
     curve: list[float] = []
-    board = types.ModuleType("torch.utils.tensorboard")
-    board.SummaryWriter = _DiscardingWriter  # type: ignore[attr-defined]
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(patched([(sys.modules["torch.utils"], "tensorboard", board), (sys, "argv", argv),
-                                     (torch.Tensor, "cuda", lambda self, *a, **k: self),
-                                     (nn.Module, "cuda", lambda self, *a, **k: self),
-                                     (nn.SyncBatchNorm, "convert_sync_batchnorm", staticmethod(lambda m, *a, **k: m)),
-                                     (nn.parallel, "DistributedDataParallel",
-                                      _cpu_ddp(nn.parallel.DistributedDataParallel))]))
-        sys.modules["torch.utils.tensorboard"] = board
-        stack.callback(sys.modules.pop, "torch.utils.tensorboard", None)
-        stack.enter_context(official_imports(folder))
-        stack.enter_context(contextlib.chdir(lists["val"].parents[2]))
+    with official_process(folder, argv, "torch.utils.tensorboard", lists["val"].parents[2]) as stack:
         module = importlib.import_module(script.removesuffix(".py"))
-        evaluate = module.evaluate
-
-        def recorded_evaluate(*args: Any, **kwargs: Any) -> Any:
-            miou, per_class = evaluate(*args, **kwargs)
-            curve.append(float(miou))
-            return miou, per_class
-
-        def setup_distributed(*args: Any, **kwargs: Any) -> tuple[int, int]:
-            one_process_group(torch.device("cpu"))
-            return 0, 1
-
         classes = importlib.import_module("util.classes").CLASSES
-        stack.enter_context(patched([(module, "setup_distributed", setup_distributed),
+        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
                                      (module, "DeepLabV3Plus", lambda cfg: network),
-                                     (module, "evaluate", recorded_evaluate)]))
+                                     (module, "evaluate", recorded(module.evaluate, curve))]))
         stack.callback(classes.pop, DATASET, None)
         classes[DATASET] = list(class_names)
-        stack.callback(os.environ.pop, "LOCAL_RANK", None)
-        os.environ["LOCAL_RANK"] = "0"
-        stack.callback(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
         seed_everything(seed)
         module.main()
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
+def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list[int]) -> Callable[..., Any]:
+    """U2PL's ``train`` given memory banks ``width`` wide (``main`` makes them 256 wide, before any key is queued)
+    and ``queue_sizes`` (per class, background first; ``main``'s 50000 / 30000), in place of ``main``'s own lists,
+    which ``main`` hands to every epoch: the banks are replaced once, the queue lengths set every call."""
+    def train(*args: Any) -> Any:
+        memobank, queue_size = args[-3], args[-1]
+        if memobank[0][0].shape[1] != width:
+            memobank[:] = [[torch.zeros(0, width)] for _ in memobank]
+        queue_size[:] = queue_sizes
+        return train_function(*args)
+    return train
+
+
+def written_config(cfg: dict[str, Any], save_path: Path) -> Path:
+    """``cfg`` as ``save_path/config.yaml`` (the folder made), the file the official script reads."""
+    save_path.mkdir(parents=True, exist_ok=True)
+    config_file = save_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    return config_file
+
+
+@contextlib.contextmanager
+def voc_semi_process(folder: Path, argv: list[str], writer: str, save_path: Path) -> Iterator[contextlib.ExitStack]:
+    """:func:`official_process` for U2PL's and AugSeg's ``train_semi.py`` (whose helpers import ``skimage`` and whose
+    ``train`` calls the DataLoader iterator's ``next()``), the root logger's handlers left as they were (AugSeg's
+    logging adds a file handler to it)."""
+    iterator = torch.utils.data.dataloader._BaseDataLoaderIter
+    handlers = list(logging.root.handlers)
+    with official_process(folder, argv, writer, save_path) as stack:
+        stack.callback(lambda: [logging.root.removeHandler(h) for h in list(logging.root.handlers) if h not in handlers])
+        stack.enter_context(stand_ins(U2PL_UNUSED_MODULES))
+        stack.enter_context(patched([(iterator, "next", iterator.__next__)]))
+        yield stack
+
+
+def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, queue_sizes: list[int], width: int,
+                      save_path: Path, seed: int) -> dict[str, Any]:
+    """``main()`` of U2PL's ``train_semi.py`` with ``cfg`` (:func:`u2pl_cfg`) and :data:`U2PL_PATCHES`: the student
+    and the teacher :class:`U2PLInterface` of copies of ``student``, the memory banks ``width`` wide with
+    ``queue_sizes``; its per-epoch mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is
+    ``seed`` (``main`` seeds ``random``, numpy and torch with it, and its datasets draw their items with it)."""
+    argv = ["train_semi.py", "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
+    curve: list[float] = []
+    with voc_semi_process(folder, argv, "tensorboardX", save_path) as stack:
+        stack.enter_context(patched([(collections, "Iterable", collections.abc.Iterable)]))
+        module = importlib.import_module("train_semi")
+        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
+                                     (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
+                                     (module, "train", with_banks(module.train, width, queue_sizes)),
+                                     (module, "validate", recorded(module.validate, curve, 100.0))]))
+        seed_everything(seed)
+        module.main()
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
+class Numpy1Uint8(np.uint8):
+    """``np.uint8(x)`` as NumPy 1 computes it for a Python number out of range: wrapped modulo 256 (a C cast of its
+    integer part), where NumPy 2 raises; anything else as ``np.uint8``."""
+
+    def __new__(cls, value: Any = 0) -> np.uint8:
+        if isinstance(value, int | float):
+            value = int(value) % 256
+        return np.uint8(value)
+
+
+def numpy1_uint8() -> types.ModuleType:
+    """numpy with :class:`Numpy1Uint8` as ``uint8`` (what AugSeg's ``augs_TIBA`` gets as ``np``)."""
+    compat = types.ModuleType("numpy")
+    compat.__dict__.update(np.__dict__)
+    compat.uint8 = Numpy1Uint8  # type: ignore[attr-defined]
+    return compat
+
+
+def run_official_augseg(folder: Path, cfg: dict[str, Any], student: nn.Module, save_path: Path,
+                        seed: int) -> dict[str, Any]:
+    """``main(args)`` of AugSeg's ``train_semi.py`` with ``cfg`` (:func:`augseg_cfg`), ``--seed`` ``seed`` (``main``
+    seeds ``random``, numpy and torch with it) and :data:`AUGSEG_PATCHES`: the student and the teacher
+    :class:`AugSegInterface` of copies of ``student``; its per-epoch teacher mIoU x 100 (``curve``), the best (what it
+    reports, ``Best-EMA``) and the last."""
+    args = argparse.Namespace(config=str(written_config(cfg, save_path)), local_rank=0, seed=seed, port=None)
+    curve: list[float] = []
+    with voc_semi_process(folder, ["train_semi.py"], "torch.utils.tensorboard", save_path) as stack:
+        module = importlib.import_module("train_semi")
+        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
+                                     (sys.modules["augseg.dataset.augs_TIBA"], "np", numpy1_uint8()),
+                                     (module, "ModelBuilder", lambda net_cfg: AugSegInterface(copy.deepcopy(student))),
+                                     (module, "validate", recorded(module.validate, curve, 100.0))]))
+        seed_everything(seed)
+        module.main(args)
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
 
 
@@ -314,23 +660,44 @@ def project_run(config: RunConfig) -> dict[str, Any]:
             "seconds": result.seconds}
 
 
+def study_of(config: RunConfig) -> StudyConfig:
+    """The dataset instance of ``config`` (its ``data.options``)."""
+    return StudyConfig.from_options(DATASET, **config.data.options)
+
+
+def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
+    """``framework``'s official script on the export ``lists`` (its layout, :data:`LAYOUT`) with ``config``'s settings
+    and initial network, epochs of ``N_u / B`` iterations (:func:`run_official`, :func:`run_official_u2pl`,
+    :func:`run_official_augseg`)."""
+    unlabeled = len(lists["unlabeled"].read_text().splitlines())
+    epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
+    if framework == "u2pl":
+        options = config.framework_options
+        queues = [options["background_queue_size"]] + [options["queue_size"]] * (config.num_classes - 1)
+        return run_official_u2pl(folder, u2pl_cfg(config, folder, lists, epochs, save_path), initial_network(config),
+                                 queues, config.model.options.get("representation_dim", 256), save_path, config.seed)
+    if framework == "augseg":
+        return run_official_augseg(folder, augseg_cfg(config, folder, lists, epochs, save_path),
+                                   initial_network(config), save_path, config.seed)
+    run_lists = dict(lists)
+    if framework == "supervised":
+        run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, save_path.parent / "labeled_repeated.txt")
+    cfg = official_cfg(config, lists["val"].parents[2], epochs)
+    return run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)), run_lists,
+                        save_path, config.seed, study_of(config).family_spec.class_names)
+
+
 def one_framework(folder: Path, framework: str, data_seed: int, seed: int, lists: dict[str, Path],
-                  work: Path, steps: int | None = None, sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
+                  work: Path, steps: int | None = None, sides: tuple[str, ...] = SIDES,
+                  overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``sides`` (official, project) of ``framework`` at ``seed`` (``steps``: the iterations, default the mini
-    study's), each timed; a side not run has None."""
-    config = project_config(framework, data_seed, seed, steps)
+    study's; ``overrides``: :func:`project_config`'s), each timed; a side not run has None. ``lists``: the export in
+    the framework's layout (:data:`LAYOUT`)."""
+    config = project_config(framework, data_seed, seed, steps, overrides)
     results: dict[str, dict[str, Any] | None] = dict.fromkeys(SIDES)
     if "official" in sides:
-        unlabeled = len(lists["unlabeled"].read_text().splitlines())
-        run_lists = dict(lists)
-        if framework == "supervised":
-            run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, work / "labeled_repeated.txt")
-        epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
-        cfg = official_cfg(config, lists["val"].parents[2], epochs)
         started = time.perf_counter()
-        results["official"] = run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)),
-                                           run_lists, work / f"{framework}_{seed}", seed,
-                                           study_config(data_seed).family_spec.class_names)
+        results["official"] = official_run(folder, framework, config, lists, work / f"{framework}_{seed}")
         results["official"]["seconds"] = time.perf_counter() - started
     if "project" in sides:
         results["project"] = project_run(config)
@@ -517,7 +884,7 @@ def report_of(args: argparse.Namespace, folder: Path, results: dict[str, list[di
               "supervised": supervised,
               "official": {"repository": OFFICIAL[args.framework][0], "script": OFFICIAL[args.framework][1],
                            "folder": str(folder)},
-              "patches": [dict(zip(("replaced", "by", "why"), p)) for p in PATCHES],
+              "patches": [dict(zip(("replaced", "by", "why"), p)) for p in patches_of(frameworks_run(args))],
               **provenance("official_runs.py", args.argv), "seconds": round(seconds, 1)}
     return with_verdict(report)
 
@@ -541,22 +908,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
+def frameworks_run(args: argparse.Namespace) -> list[str]:
+    """The frameworks a run of ``args`` trains: ``--framework``, then the supervised reference unless left out."""
+    return [args.framework] + ([] if args.no_supervised or args.framework == "supervised" else ["supervised"])
+
+
+def patches_of(frameworks: list[str]) -> list[tuple[str, str, str]]:
+    """The patches of the official runs of ``frameworks`` (:data:`PATCHES_OF`), each once, in order."""
+    return list(dict.fromkeys(patch for framework in frameworks for patch in PATCHES_OF[framework]))
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every run of ``args`` (the framework's seeds, then the supervised reference's), the report rewritten after
     each so that a stopped job keeps what it finished."""
-    folder = checkout(args.official_root, OFFICIAL[args.framework][0])
+    frameworks = frameworks_run(args)
+    folders = {fw: checkout(args.official_root, OFFICIAL[fw][0]) for fw in frameworks}
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     work = args.out / "work"
-    lists = export_official_layout(study_config(args.data_seed), work / "data")
-    frameworks = [args.framework] + ([] if args.no_supervised or args.framework == "supervised" else ["supervised"])
+    exports = {layout: export_official_layout(study_config(args.data_seed), work / ("data" if layout == "unimatch"
+                                                                                  else f"data_{layout}"), layout=layout)
+               for layout in dict.fromkeys(LAYOUT[fw] for fw in frameworks)}
     results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
-    print("patches of the official run:\n" + "\n".join(f"  {p[0]} -> {p[1]} ({p[2]})" for p in PATCHES), flush=True)
+    print("patches of the official runs:\n" + "\n".join(f"  {p[0]} -> {p[1]} ({p[2]})" for p in patches_of(frameworks)),
+          flush=True)
     for fw in frameworks:
         for seed in args.seeds:
-            results[fw].append(one_framework(folder, fw, args.data_seed, seed, lists, work, args.steps,
-                                             (args.side,) if args.side else SIDES))
-            report = report_of(args, folder, results, time.perf_counter() - started)
+            results[fw].append(one_framework(folders[fw], fw, args.data_seed, seed, exports[LAYOUT[fw]], work,
+                                             args.steps, (args.side,) if args.side else SIDES))
+            report = report_of(args, folders[args.framework], results, time.perf_counter() - started)
             (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 

@@ -1,11 +1,15 @@
 """``benchmarks/official_runs.py``: what runs without the official checkouts (CI has none): the export of the study
-data in the official layout, the project's side of the comparison, the official interface of the project's network
-and the equivalence test. The whole runs themselves need a checkout of LiheYoung/UniMatch (``--official-root``)."""
+data in the official layouts, the project's side of the comparison, the official interfaces of the project's network
+and the equivalence test. The whole runs themselves need checkouts of LiheYoung/UniMatch and Haochen-Wang409/U2PL
+(``--official-root``; ``NPSEMISEG_OFFICIAL_ROOT`` in the tests that use them)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +57,22 @@ def test_export_writes_the_official_layout_the_semidataset_reads(tmp_path: Path)
             assert np.abs(rgb - truth_image.permute(1, 2, 0).numpy()).mean() < 3 / 255
 
 
+def test_export_writes_the_u2pl_layout_its_base_dataset_reads(tmp_path: Path):
+    """U2PL's layout: list files under a folder naming ``pascal`` (U2PL's ``BaseDataset`` reads a list as VOC's only
+    then), one id per line, images ``JPEGImages/<id>.jpg`` and labels ``SegmentationClassAug/<id>.png`` (the paths
+    its parser makes of an id); the labeled and unlabeled lists are the project's partition."""
+    config = small_study()
+    lists = runs.export_official_layout(config, tmp_path, layout="u2pl")
+    assert lists["val"] == tmp_path / "splits" / "pascal_study" / "val.txt"
+    assert lists["unlabeled"] == Path(str(lists["labeled"]).replace("labeled.txt", "unlabeled.txt"))
+    labeled, _ = labeled_indices(config, 2)
+    assert lists["labeled"].read_text().splitlines() == [f"train_{i:06d}" for i in labeled]
+    for name in lists["val"].read_text().splitlines():
+        label = np.array(Image.open(tmp_path / "SegmentationClassAug" / f"{name}.png"))
+        np.testing.assert_array_equal(label, generate(config, "val", int(name[4:]))[1].numpy())
+        assert Image.open(tmp_path / "JPEGImages" / f"{name}.jpg").format == "JPEG"
+
+
 def test_repeated_list_repeats_the_labeled_list_as_unimatch_repeats_its_labeled_set(tmp_path: Path):
     source = tmp_path / "labeled.txt"
     source.write_text("a x\nb y\nc z\n")
@@ -76,6 +96,73 @@ def test_project_side_runs_the_official_settings(framework: str):
     cfg = runs.official_cfg(config, Path("/data"), epochs=8)
     assert (cfg["lr"], cfg["lr_multi"], cfg["batch_size"], cfg["crop_size"], cfg["nclass"]) == (
         config.optim.lr, config.optim.head_lr_mult, 8, 64, config.num_classes)
+
+
+def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_for_official_epochs():
+    """U2PL's cell: released (its label padding with 0), U2PL's resize (a balanced scale in [0.5, 2]) padded evenly,
+    and the time settings by the mini study's rule for epochs of 120 iterations: EMA decay and queue lengths as the
+    mini study's (``jobs/specs/mini.yaml``'s cell_overrides), one supervised-only epoch (the mini study's 2 are of
+    8 iterations); only the clean evaluation (the comparison's)."""
+    import yaml
+
+    config = runs.project_config("u2pl", data_seed=1, seed=3)
+    augmentation, options = config.data.augmentation, config.framework_options
+    assert config.protocol == "released" and augmentation["label_pad_value"] == 0
+    assert augmentation["resize"] == "rescale_balanced" and list(augmentation["scale_range"]) == [0.5, 2.0]
+    assert augmentation["crop_padding"] == "centered" and augmentation["strong"] is None
+    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["u2pl"]})
+    for key in ("ema_decay", "queue_size", "background_queue_size"):
+        assert options[key] == scaled[f"framework_options.{key}"]
+    assert scaled["framework_options.sup_only_epochs"] == 2 and options["sup_only_epochs"] == 1
+    assert config.evaluation.corruptions == () and not config.evaluation.also_student
+    assert config.schedule.epoch_length == "unlabeled" and config.evaluation.select == "best"
+
+
+def test_u2pl_interface_gives_the_projects_logits_and_representation_with_the_official_parameter_groups():
+    """``forward`` returns ``pred`` (the project's logits) and ``rep`` (its representation) at feature resolution,
+    as U2PL's decoder; ``encoder`` and ``decoder`` (the optimiser's groups at lr and lr x 10) hold every parameter
+    of the project's network once, the backbone's in the first."""
+    config = runs.project_config("u2pl", data_seed=0, seed=0)
+    student = runs.initial_network(config).eval()
+    interface = runs.U2PLInterface(student).eval()
+    images = torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        outs = interface((images - mean) / std)
+        expected = student(images)
+    torch.testing.assert_close(outs["pred"], expected.head.logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["rep"], expected.representation, atol=1e-5, rtol=1e-5)
+    assert outs["pred"].shape[-2:] == outs["rep"].shape[-2:] == (8, 8)
+    assert outs["rep"].shape[1] == config.model.options["representation_dim"]
+    groups = [list(interface.encoder.parameters()), list(interface.decoder.parameters())]
+    ids = [id(p) for group in groups for p in group]
+    assert sorted(ids) == sorted(id(p) for p in student.parameters()) and len(set(ids)) == len(ids)
+    assert {id(p) for p in student.backbone.parameters()} == {id(p) for p in groups[0]}
+
+
+def test_with_banks_gives_trains_banks_of_the_representations_width_and_the_cells_queues():
+    """``main`` hands ``train`` banks 256 wide and queues of 50000 / 30000 every epoch: the first call replaces the
+    banks (empty, ``width`` wide), every call sets the queue lengths; keys queued in an epoch stay for the next."""
+    seen = []
+
+    def train(*args):
+        seen.append((args[-3], list(args[-1])))
+        args[-3][1][0] = torch.cat([args[-3][1][0], torch.ones(2, 16)])
+
+    memobank, queue_size = [[torch.zeros(0, 256)] for _ in range(3)], [50000, 30000, 30000]
+    wrapped = runs.with_banks(train, 16, [593, 356, 356])
+    for epoch in range(2):
+        wrapped("model", epoch, memobank, [torch.zeros(1)] * 3, queue_size)
+    assert seen[0][1] == seen[1][1] == [593, 356, 356] and queue_size == [593, 356, 356]
+    assert [bank[0].shape for bank in memobank] == [(0, 16), (4, 16), (0, 16)]
+
+
+def test_patches_of_a_run_list_each_patch_once_the_frameworks_first():
+    patches = runs.patches_of(["u2pl", "supervised"])
+    assert patches[: len(runs.U2PL_PATCHES)] == list(runs.U2PL_PATCHES)
+    assert len(patches) == len(set(patches)) == len(set(runs.U2PL_PATCHES) | set(runs.PATCHES))
+    assert any(p[0] == "tensorboardX" for p in patches) and any(p[0] == "torch.utils.tensorboard" for p in patches)
 
 
 def test_official_interface_gives_the_project_networks_logits():
@@ -215,3 +302,140 @@ def test_the_official_semidataset_reads_the_export(tmp_path: Path, monkeypatch: 
     assert image.shape == weak.shape == strong1.shape == strong2.shape == (3, 16, 16)
     assert set(label.unique().tolist()) <= set(range(5)) | {255} and ignore.shape == box1.shape == box2.shape == (16, 16)
     assert val_image.shape == (3, 16, 16) and val_label.shape == (16, 16)
+
+
+def tiny_u2pl_overrides() -> dict:
+    """A study of 64 training images (4 labeled, 60 unlabeled) and 8 validation images, batches of 4 + 4: epochs of
+    15 iterations."""
+    return {"data.options": {"seed": 0, "family": "study_textures", "train_size": 64, "val_size": 8},
+            "schedule.batch_size": 4, "schedule.unlabeled_batch_size": 4}
+
+
+@pytest.mark.integration
+def test_u2pl_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: Path):
+    """U2PL's own config of the checkout with the cell's data, crop, batch, optimiser, EMA and epochs; what the
+    project's options share with it (the unsupervised and contrastive settings) agree; U2PL's ``voc_dset`` and
+    transforms read the export: both training sets drawn to the unlabeled pool's size, crops of the cell's size."""
+    from test_official_side_by_side import official_root
+
+    folder = runs.checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    config = runs.project_config("u2pl", 0, 0, 30, tiny_u2pl_overrides())
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout="u2pl")
+    cfg = runs.u2pl_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
+    options, trainer = config.framework_options, cfg["trainer"]
+    assert (trainer["epochs"], trainer["sup_only_epoch"], cfg["net"]["ema_decay"]) == (2, 1, options["ema_decay"])
+    assert trainer["optimizer"]["kwargs"] == {"lr": config.optim.lr, "momentum": 0.9, "weight_decay": 1e-4}
+    assert trainer["unsupervised"]["drop_percent"] == options["drop_percent"] and config.optim.head_lr_mult == 10
+    contrastive = trainer["contrastive"]
+    assert (contrastive["low_entropy_threshold"], contrastive["current_class_threshold"], contrastive["low_rank"],
+            contrastive["high_rank"], contrastive["temperature"], contrastive["num_queries"],
+            contrastive["num_negatives"]) == (options["alpha_0"], options["anchor_threshold"], options["low_rank"],
+                                               options["high_rank"], options["temperature"], options["num_queries"],
+                                               options["num_negatives"])
+    assert "aux_loss" not in cfg["net"] and cfg["dataset"]["workers"] == 0
+    with runs.official_imports(folder), runs.stand_ins(runs.U2PL_UNUSED_MODULES), runs.patched(
+            [(runs.collections, "Iterable", runs.collections.abc.Iterable)]):
+        voc = importlib.import_module("u2pl.dataset.pascal_voc")
+        train = {**cfg["dataset"], **cfg["dataset"]["train"]}  # as build_voc_semi_loader merges them
+        labeled = voc.voc_dset(train["data_root"], train["data_list"], voc.build_transfrom(train), 0,
+                               runs.U2PL_VOC_TRAIN_SIZE - train["n_sup"], "train")
+        image, label = labeled[0]
+    assert len(labeled) == 60
+    assert image.shape == (3, 64, 64) and label.shape == (64, 64)
+    assert set(label.unique().tolist()) <= set(range(config.num_classes)) | {255}
+
+
+@pytest.mark.integration
+def test_augseg_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: Path):
+    """AugSeg's own 1/16 config of the checkout with the cell's data, crop, batch, resize base, optimiser, EMA,
+    threshold and epochs; only the teacher evaluated; AugSeg's ``voc_dset`` reads the export: the unlabeled set drawn
+    to its own size, a weak and a strong view of the crop size."""
+    from test_official_side_by_side import official_root
+
+    folder = runs.checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg")
+    config = runs.project_config("augseg", 0, 0, 30, tiny_u2pl_overrides())
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT["augseg"])
+    cfg = runs.augseg_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
+    train, trainer = cfg["dataset"]["train"], cfg["trainer"]
+    assert (train["batch_size"], train["crop"]["size"], train["resize_base_size"], train["rand_resize"]) == (
+        4, [64, 64], 64, [0.5, 2.0])
+    assert (trainer["epochs"], trainer["sup_only_epoch"], trainer["evaluate_student"]) == (2, 0, False)
+    assert cfg["net"]["ema_decay"] == config.framework_options["ema_decay"] and cfg["net"]["num_classes"] == 5
+    assert trainer["unsupervised"]["threshold"] == 0.95 and trainer["unsupervised"]["use_cutmix_adaptive"]
+    with runs.official_imports(folder), runs.stand_ins(runs.U2PL_UNUSED_MODULES):
+        voc = importlib.import_module("augseg.dataset.pascal_voc")
+        merged = {**cfg["dataset"], **train}  # as build_voc_semi_loader merges them
+        unlabeled = voc.voc_dset(merged["data_root"], merged["data_list"].replace("labeled.txt", "unlabeled.txt"),
+                                 voc.build_basic_transfrom(merged, split="train"),
+                                 voc.build_additional_strong_transform(merged), 0,
+                                 runs.U2PL_VOC_TRAIN_SIZE - merged["n_sup"], "train", flag_semi=True)
+        _, weak, strong, label = unlabeled[0]
+    assert len(unlabeled) == 60 and weak.shape == strong.shape == (3, 64, 64) and label.shape == (64, 64)
+
+
+def test_augseg_interface_gives_the_projects_logits_at_image_size_and_no_aux():
+    config = runs.project_config("augseg", data_seed=0, seed=0)
+    student = runs.initial_network(config).eval()
+    interface = runs.AugSegInterface(student).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        pred, aux = interface(x)
+        expected = runs.OfficialInterface(student).eval()(x)
+    assert aux is None and pred.shape == (2, config.num_classes, 32, 32)
+    torch.testing.assert_close(pred, expected)
+    ids = [id(p) for module in (interface.encoder, interface.decoder) for p in module.parameters()]
+    assert sorted(ids) == sorted(id(p) for p in student.parameters()) and len(set(ids)) == len(ids)
+    with pytest.raises(NotImplementedError, match="flag_use_fdrop"):
+        interface(x, True)
+
+
+def test_numpy1_uint8_wraps_python_numbers_as_numpy_1_did():
+    """AugSeg's hue operation adds ``np.uint8(hue_factor * 255)`` to a hue channel, a negative factor meaning a turn
+    backwards: NumPy 1 wrapped the number modulo 256, NumPy 2 raises; arrays and in-range numbers are cast as before,
+    and it stays a dtype."""
+    compat = runs.numpy1_uint8()
+    assert compat.uint8(-40.8) == 216 and compat.uint8(300) == 44 and compat.uint8(7) == np.uint8(7)
+    np.testing.assert_array_equal(compat.uint8(np.array([1.7, 255.0])), np.uint8(np.array([1.7, 255.0])))
+    assert np.array([1, 2], dtype=compat.uint8).dtype == np.uint8 and compat.float32 is np.float32
+    hue = np.array([10, 250], dtype=compat.uint8)
+    hue += compat.uint8(-0.1 * 255)  # AugSeg's shift of -0.1 of a turn
+    np.testing.assert_array_equal(hue, [241, 225])
+
+
+def test_augseg_project_side_has_the_official_pipeline_and_the_mini_studys_ema():
+    import yaml
+
+    config = runs.project_config("augseg", data_seed=0, seed=1)
+    augmentation = config.data.augmentation
+    assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"]) == (
+        "long_side", 64, "bottom_right")
+    assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "augseg"
+    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["augseg"]})
+    assert config.framework_options["ema_decay"] == scaled["framework_options.ema_decay"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("framework", ["u2pl", "augseg"])
+def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp_path: Path):
+    """The official ``train_semi.py`` ``main()`` from the checkout (skipped without one) and the project's cell, two
+    epochs of 15 iterations each at a tiny size (U2PL: the first supervised-only, the second with the teacher, the
+    unsupervised and contrastive losses; AugSeg: both semi-supervised): each side reports one evaluation per epoch,
+    its best and its last; nothing of the official run is left in the process."""
+    from test_official_side_by_side import official_root
+
+    repository = runs.OFFICIAL[framework][0]
+    folder = runs.checkout(official_root(repository), repository)
+    overrides = tiny_u2pl_overrides()
+    config = runs.project_config(framework, 0, 0, 30, overrides)
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT[framework])
+    torch.set_num_threads(1)
+    handlers = list(logging.root.handlers)
+    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in runs.SIDES:
+        curve = row[f"{side}_curve"]
+        assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
+        assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
+    assert (tmp_path / f"{framework}_0" / "checkpoints" / "ckpt_best.pth").is_file()
+    assert not {"tensorboardX", "train_semi", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()
+    assert logging.root.handlers == handlers
