@@ -31,6 +31,10 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
     python benchmarks/official_runs.py ... --framework supervised --seeds 0 --out C
     python benchmarks/official_runs.py --combine A/official_runs.json B/official_runs.json C/official_runs.json --out D
     python benchmarks/official_runs.py --figure curves.png --combine D/official_runs.json   # also curves.jsonl
+    # a regime (a change of the study's scale: does the official code put UniMatch >= FixMatch > supervised there?),
+    # both sides changed alike and evaluated on the tune split, where settings are chosen:
+    python benchmarks/official_runs.py ... --framework unimatch --split tune \
+        --set data.options.image_size=96 --set schedule.crop_size=96 --out E
 
 A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
 9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
@@ -126,6 +130,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI_SPEC = ROOT / "jobs" / "specs" / "mini.yaml"
 PARTITION = "1/16"
 DATASET = "study"
+#: the prefix of a dataset-instance option among the overrides (``data.options.image_size``)
+DATA_OPTION = "data.options."
 SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
@@ -235,7 +241,7 @@ def to_uint8(image: Tensor) -> np.ndarray:
 
 
 def export_official_layout(config: StudyConfig, out: Path, partition: str = PARTITION,
-                           layout: str = "unimatch") -> dict[str, Path]:
+                           layout: str = "unimatch", split: str = "val") -> dict[str, Path]:
     """The study data as the official dataset of ``layout`` (:data:`LAYOUTS`) reads it, under ``out``:
     ``JPEGImages/<id>.jpg`` (quality 100, no chroma subsampling), labels as PNG (mode ``L``: class indices, 255
     ignored; UniMatch ``SegmentationClass/<id>.png``, U2PL ``SegmentationClassAug/<id>.png``), the list files
@@ -244,12 +250,14 @@ def export_official_layout(config: StudyConfig, out: Path, partition: str = PART
     code reads ``splits/<dataset>/val.txt`` from the working directory, so a run works in ``out``). U2PL:
     ``splits/pascal_study`` (its ``BaseDataset`` takes a list whose path names ``pascal`` as VOC's), one ``<id>`` per
     line. The unlabeled images' labels are written too (both official datasets open the mask of every item,
-    unlabeled ones included; it enters no loss). Returns the three list files."""
+    unlabeled ones included; it enters no loss). ``split``: the images of ``val.txt``, the validation split or the
+    ``tune`` split (what settings are chosen on). Returns the three list files."""
     label_folder, list_folder, line = LAYOUTS[layout]
     for folder in ("JPEGImages", label_folder):
         (out / folder).mkdir(parents=True, exist_ok=True)
     labeled, unlabeled = labeled_indices(config, partition_counts(config.train_size)[partition])
-    streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": ("val", range(config.val_size))}
+    evaluated = range(config.val_size if split == "val" else config.tune_size)
+    streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": (split, evaluated)}
     lists = {"labeled": out / list_folder / partition.replace("/", "_") / "labeled.txt",
              "unlabeled": out / list_folder / partition.replace("/", "_") / "unlabeled.txt",
              "val": out / list_folder / "val.txt"}
@@ -285,8 +293,9 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     evaluation beside the teacher's; neither touches the training); supervised on UniMatch's network and weak
     pipeline (the AugSeg decoder variant, no classifier dropout, no strong view, the LR set after the step as
     ``supervised.py``); the time-dependent framework settings by the mini study's rule for epochs of that length
-    (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (the tests' smaller
-    data and batches)."""
+    (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (a regime's,
+    ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
+    the official resize's base size follows the image size unless set."""
     settings = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
     settings.update({"data.options": {**settings["data.options"], "seed": data_seed}, "seed": seed,
@@ -297,7 +306,14 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     if framework == "supervised":
         settings.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
                          "schedule.lr_timing": "after_step"})
-    settings.update(overrides or {})
+    for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
+        if key.startswith(DATA_OPTION):
+            settings["data.options"] = {**settings["data.options"], key.removeprefix(DATA_OPTION): value}
+        else:
+            settings[key] = value
+    if "data.augmentation.base_size" in OFFICIAL_PIPELINES[framework] and \
+            "data.augmentation.base_size" not in (overrides or {}):  # the image's size, as VOC's 500 in the official
+        settings["data.augmentation.base_size"] = StudyConfig.from_options(DATASET, **settings["data.options"]).image_size
     settings.update(official_length_time_settings(framework, settings))
     return compose("paper", framework=framework, dataset=DATASET, partition=PARTITION, head="baseline",
                    protocol="released", overrides=settings).config
@@ -745,6 +761,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--side", choices=SIDES, default=None,
                         help="run one side only (the sides of a seed in parallel processes; --combine joins them)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the mini study runs on 1)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of both sides' runs changed from the mini study's (a regime: e.g. "
+                             "data.options.image_size=96, schedule.crop_size=96, data.options.train_size=2048; "
+                             "VALUE read as YAML); repeat it")
+    parser.add_argument("--split", choices=("val", "tune"), default="val",
+                        help="the split both sides evaluate: val (what is reported) or tune (what regimes are "
+                             "chosen on)")
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
                         help="no runs: combine these official_runs.json (seeds run in parallel processes) into --out")
     parser.add_argument("--figure", type=Path, default=None, metavar="PNG",
@@ -757,7 +780,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--figure needs the reports to draw: --combine JSON [JSON ...]")
     if args.combine is None and (args.official_root is None or args.framework is None):
         parser.error("--official-root and --framework are required (unless --combine)")
+    try:
+        args.regime = regime(args.settings, args.split)
+    except ValueError as error:
+        parser.error(str(error))
     return args
+
+
+def regime(settings: list[str], split: str = "val") -> dict[str, Any]:
+    """The overrides of ``--set KEY=VALUE`` (VALUE as YAML) and ``--split``: what both sides' runs change from the
+    mini study's settings. ValueError naming a malformed or repeated setting."""
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip() or key.strip() != key:
+            raise ValueError(f"--set: expected KEY=VALUE (e.g. schedule.crop_size=96), got {setting!r}")
+        if key in overrides:
+            raise ValueError(f"--set: {key} given twice")
+        overrides[key] = yaml.safe_load(value)
+    if split != "val":
+        overrides["evaluation.split"] = split
+    return overrides
 
 
 def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
@@ -859,6 +902,9 @@ def combine(paths: list[Path]) -> dict[str, Any]:
     framework = next((r["framework"] for r in reports if r["framework"] != "supervised"), reports[0]["framework"])
     if {r["data_seed"] for r in reports} != {reports[0]["data_seed"]}:
         raise ValueError(f"--combine: the reports are of different data seeds: {[r['data_seed'] for r in reports]}")
+    regimes = [r.get("regime", {}) for r in reports]
+    if any(other != regimes[0] for other in regimes):
+        raise ValueError(f"--combine: the reports are of different regimes (--set, --split): {regimes}")
     runs: dict[int, dict] = {}
     supervised: dict[int, dict] = {}
 
@@ -880,8 +926,8 @@ def combine(paths: list[Path]) -> dict[str, Any]:
 
 def report_of(args: argparse.Namespace, folder: Path, results: dict[str, list[dict]], seconds: float) -> dict[str, Any]:
     supervised = results.get("supervised", [])
-    report = {"framework": args.framework, "data_seed": args.data_seed, "runs": results.get(args.framework, []),
-              "supervised": supervised,
+    report = {"framework": args.framework, "data_seed": args.data_seed, "regime": args.regime,
+              "runs": results.get(args.framework, []), "supervised": supervised,
               "official": {"repository": OFFICIAL[args.framework][0], "script": OFFICIAL[args.framework][1],
                            "folder": str(folder)},
               "patches": [dict(zip(("replaced", "by", "why"), p)) for p in patches_of(frameworks_run(args))],
@@ -926,8 +972,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     work = args.out / "work"
-    exports = {layout: export_official_layout(study_config(args.data_seed), work / ("data" if layout == "unimatch"
-                                                                                  else f"data_{layout}"), layout=layout)
+    data = study_of(project_config(args.framework, args.data_seed, args.seeds[0], args.steps, args.regime))
+    exports = {layout: export_official_layout(data, work / ("data" if layout == "unimatch" else f"data_{layout}"),
+                                              layout=layout, split=args.split)
                for layout in dict.fromkeys(LAYOUT[fw] for fw in frameworks)}
     results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
     print("patches of the official runs:\n" + "\n".join(f"  {p[0]} -> {p[1]} ({p[2]})" for p in patches_of(frameworks)),
@@ -935,7 +982,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     for fw in frameworks:
         for seed in args.seeds:
             results[fw].append(one_framework(folders[fw], fw, args.data_seed, seed, exports[LAYOUT[fw]], work,
-                                             args.steps, (args.side,) if args.side else SIDES))
+                                             args.steps, (args.side,) if args.side else SIDES, args.regime))
             report = report_of(args, folders[args.framework], results, time.perf_counter() - started)
             (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
     return report

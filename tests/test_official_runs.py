@@ -98,6 +98,45 @@ def test_project_side_runs_the_official_settings(framework: str):
         config.optim.lr, config.optim.head_lr_mult, 8, 64, config.num_classes)
 
 
+def test_a_regime_changes_both_sides_settings_and_the_data_instance(capsys: pytest.CaptureFixture[str]):
+    """``--set`` and ``--split tune``: a larger image (the official resize's base size follows it, the data seed and
+    family kept), a larger unlabeled pool and the tune split evaluated; malformed or repeated settings are refused
+    before anything runs."""
+    args = runs.parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", "--split", "tune",
+                            "--set", "data.options.image_size=96", "--set", "schedule.crop_size=96"])
+    assert args.regime == {"data.options.image_size": 96, "schedule.crop_size": 96, "evaluation.split": "tune"}
+    config = runs.project_config("unimatch", data_seed=5, seed=0, overrides=args.regime)
+    assert config.data.options == {"seed": 5, "family": "study_textures", "image_size": 96}
+    assert config.data.augmentation["base_size"] == 96 and config.schedule.crop_size == 96
+    assert config.evaluation.split == "tune" and runs.official_cfg(config, Path("/d"), epochs=8)["crop_size"] == 96
+    larger_pool = runs.project_config("u2pl", data_seed=0, seed=0, overrides={"data.options.train_size": 2048})
+    assert larger_pool.data.options == {"seed": 0, "family": "study_textures", "train_size": 2048}
+    for bad, message in ((["--set", "crop"], "expected KEY=VALUE"),
+                         (["--set", "a=1", "--set", "a=2"], "a given twice")):
+        with pytest.raises(SystemExit) as exit_info:
+            runs.parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", *bad])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="given twice"):
+        runs.regime(["a=1", "a=2"])
+    assert runs.regime(["model.options={aspp_channels: 32}"]) == {"model.options": {"aspp_channels": 32}}
+
+
+def test_export_of_the_tune_split_lists_the_tune_images(tmp_path: Path):
+    config = small_study()
+    lists = runs.export_official_layout(config, tmp_path, split="tune")
+    assert lists["val"].read_text().splitlines() == ["JPEGImages/tune_000000.jpg SegmentationClass/tune_000000.png"]
+    label = np.array(Image.open(tmp_path / "SegmentationClass" / "tune_000000.png"))
+    np.testing.assert_array_equal(label, generate(config, "tune", 0)[1].numpy())
+
+
+def test_combine_refuses_reports_of_different_regimes(tmp_path: Path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(part("unimatch", [0], 0.0)))
+    second.write_text(json.dumps({**part("unimatch", [1], 0.0), "regime": {"schedule.crop_size": 96}}))
+    with pytest.raises(ValueError, match="different regimes"):
+        runs.main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
+
+
 def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_for_official_epochs():
     """U2PL's cell: released (its label padding with 0), U2PL's resize (a balanced scale in [0.5, 2]) padded evenly,
     and the time settings by the mini study's rule for epochs of 120 iterations: EMA decay and queue lengths as the
