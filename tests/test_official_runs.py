@@ -28,6 +28,15 @@ def small_study() -> StudyConfig:
     return StudyConfig(seed=3, family="study_textures", train_size=32, val_size=3, tune_size=1, image_size=16)
 
 
+def behind_interface(framework: str, interface: type) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The project's initial network of ``framework``'s cell, behind the official ``interface`` (both in eval mode),
+    two 32 px images in [0, 1] and the same normalised as the official loaders normalise them."""
+    student = runs.initial_network(runs.project_config(framework, data_seed=0, seed=0)).eval()
+    images = torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    return student, interface(student).eval(), images, (images - mean) / std
+
+
 def test_export_writes_the_official_layout_the_semidataset_reads(tmp_path: Path):
     """List files of ``image label`` lines relative to the root; images open as RGB JPEGs and labels as PNG class
     indices, read as UniMatch's ``SemiDataset.__getitem__`` reads them (dataset/semi.py 33-34); the labeled and
@@ -162,18 +171,14 @@ def test_u2pl_interface_gives_the_projects_logits_and_representation_with_the_of
     """``forward`` returns ``pred`` (the project's logits) and ``rep`` (its representation) at feature resolution,
     as U2PL's decoder; ``encoder`` and ``decoder`` (the optimiser's groups at lr and lr x 10) hold every parameter
     of the project's network once, the backbone's in the first."""
-    config = runs.project_config("u2pl", data_seed=0, seed=0)
-    student = runs.initial_network(config).eval()
-    interface = runs.U2PLInterface(student).eval()
-    images = torch.rand(2, 3, 32, 32)
-    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    student, interface, images, normalised = behind_interface("u2pl", runs.U2PLInterface)
     with torch.no_grad():
-        outs = interface((images - mean) / std)
+        outs = interface(normalised)
         expected = student(images)
     torch.testing.assert_close(outs["pred"], expected.head.logits[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs["rep"], expected.representation, atol=1e-5, rtol=1e-5)
     assert outs["pred"].shape[-2:] == outs["rep"].shape[-2:] == (8, 8)
-    assert outs["rep"].shape[1] == config.model.options["representation_dim"]
+    assert outs["rep"].shape[1] == runs.project_config("u2pl", data_seed=0, seed=0).model.options["representation_dim"]
     groups = [list(interface.encoder.parameters()), list(interface.decoder.parameters())]
     ids = [id(p) for group in groups for p in group]
     assert sorted(ids) == sorted(id(p) for p in student.parameters()) and len(set(ids)) == len(ids)
@@ -207,17 +212,13 @@ def test_patches_of_a_run_list_each_patch_once_the_frameworks_first():
 def test_official_interface_gives_the_project_networks_logits():
     """``forward(normalised x)`` is the project's model on ``x`` upsampled to the input (align_corners=True as
     the official model); ``need_fp`` returns the clean and the feature-perturbed logits of the same shape."""
-    config = runs.project_config("unimatch", data_seed=0, seed=0)
-    student = runs.initial_network(config).eval()
-    interface = runs.OfficialInterface(student).eval()
-    images = torch.rand(2, 3, 32, 32)
-    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    student, interface, images, normalised = behind_interface("unimatch", runs.OfficialInterface)
     with torch.no_grad():
-        logits = interface((images - mean) / std)
+        logits = interface(normalised)
         expected = torch.nn.functional.interpolate(student(images).head.logits[0], size=(32, 32), mode="bilinear",
                                                    align_corners=True)
-        clean, perturbed = interface((images - mean) / std, True)
-    assert logits.shape == (2, config.num_classes, 32, 32)
+        clean, perturbed = interface(normalised, True)
+    assert logits.shape == (2, student(images).head.logits[0].shape[1], 32, 32)
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     assert clean.shape == perturbed.shape == logits.shape and not torch.allclose(clean, perturbed)
 
