@@ -340,13 +340,12 @@ def _sources_line(experiments: Sequence[str], instances: Sequence[str] = ()) -> 
     return line
 
 
-def dataset_instances(tracking_uri: str | None, experiments: Sequence[str], *, grid_id: str | None = None) -> list[str]:
-    """The dataset instances (``data.options``, :func:`~.tables.data_instance`) of the finished cell runs of
-    ``experiments``, sorted; "" (a dataset without options) left out."""
-    uri = resolve_tracking_uri(tracking_uri)
-    found = set()
-    for name in experiments:
-        found |= set(finished_cells(load_cell_runs(uri, name, grid_id=grid_id))[DATA_INSTANCE])
+def dataset_instances(cells: Sequence[pd.DataFrame]) -> list[str]:
+    """The dataset instances (``data.options``, :func:`~.tables.data_instance`) of the finished runs among ``cells``
+    (``load_cell_runs`` frames), sorted; "" (a dataset without options) left out."""
+    found: set[str] = set()
+    for frame in cells:
+        found |= set(finished_cells(frame)[DATA_INSTANCE])
     return sorted(found - {""})
 
 
@@ -356,12 +355,9 @@ def reliability_markdown(tables: Mapping[str, pd.DataFrame]) -> str:
     return "\n".join(["## The reliability tables", "", *shown]) if shown else ""
 
 
-def experiment_reliability_markdown(tracking_uri: str | None, experiments: Sequence[str], *,
-                                    grid_id: str | None = None) -> str:
-    """:func:`reliability_markdown` of the cell runs of each of ``experiments``."""
-    uri = resolve_tracking_uri(tracking_uri)
-    return "\n".join(filter(None, (reliability_markdown(reliability_tables(load_cell_runs(uri, name, grid_id=grid_id)))
-                                    for name in experiments)))
+def experiment_reliability_markdown(cells: Sequence[pd.DataFrame]) -> str:
+    """:func:`reliability_markdown` of each experiment's cell runs (``load_cell_runs`` frames)."""
+    return "\n".join(filter(None, (reliability_markdown(reliability_tables(frame)) for frame in cells)))
 
 
 def write_claims(claims: Sequence[Claim], out_dir: str | Path, *, experiments: Sequence[str] = (),
@@ -402,8 +398,9 @@ def claims_command(experiment: str | Sequence[str], *, tracking: str | None = No
     the grid job does at its end)."""
     names = experiment_names(experiment)
     claims = check_claims(tracking, names, grid_id=grid_id, search_experiment=search_experiment)
-    appendix = experiment_reliability_markdown(tracking, names, grid_id=grid_id)
-    instances = dataset_instances(tracking, names, grid_id=grid_id)
+    uri = resolve_tracking_uri(tracking)
+    cells = [load_cell_runs(uri, name, grid_id=grid_id) for name in names]  # read once for the appendix and instances
+    appendix, instances = experiment_reliability_markdown(cells), dataset_instances(cells)
     markdown = write_claims(claims, out, experiments=names, instances=instances, appendix=appendix)[0]
     if parent_run_id:
         log_claims(tracking, parent_run_id, claims, experiments=names, instances=instances, appendix=appendix)
