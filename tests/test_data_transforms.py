@@ -235,3 +235,55 @@ def test_paper_augmentation_settings():
     with pytest.raises(ValueError, match="framework"):
         paper_augmentation("fixmatch", "voc")
     assert isinstance(train_transform(8), SegmentationTransform)
+
+
+#: what AugSeg@7ead870's ``augseg/dataset/augs_TIBA.py`` (163-259) calls for each operation at strength v, on a
+#: PIL image: Pillow's own functions, so that the project's tensor operations are checked against the library the
+#: official views are made with (the hue shift is its HSV round trip, the shift cast to uint8 as NumPy 1 wrapped it)
+def _hue_as_augseg(image, v):
+    import numpy as np
+    from PIL import Image
+
+    h, s, value = image.convert("HSV").split()
+    hue = np.array(h, dtype=np.uint8) + np.uint8(int(v * 255) % 256)
+    return Image.merge("HSV", (Image.fromarray(hue, "L"), s, value)).convert("RGB")
+
+
+def _pillow_operations():
+    from PIL import ImageEnhance, ImageFilter, ImageOps
+
+    return {"autocontrast": lambda im, v: ImageOps.autocontrast(im),
+            "equalize": lambda im, v: ImageOps.equalize(im),
+            "blur": lambda im, v: im.filter(ImageFilter.GaussianBlur(radius=v)),
+            "contrast": lambda im, v: ImageEnhance.Contrast(im).enhance(v),
+            "brightness": lambda im, v: ImageEnhance.Brightness(im).enhance(v),
+            "color": lambda im, v: ImageEnhance.Color(im).enhance(v),
+            "sharpness": lambda im, v: ImageEnhance.Sharpness(im).enhance(v),
+            "posterize": lambda im, v: ImageOps.posterize(im, v),
+            "solarize": lambda im, v: ImageOps.solarize(im, round(v * 255)),
+            "hue": _hue_as_augseg}
+
+
+@pytest.mark.parametrize(("name", "strengths", "mean_levels"), [
+    ("autocontrast", [None], 1.0), ("equalize", [None], 0.0), ("contrast", [0.05, 0.5, 0.95], 1.0),
+    ("brightness", [0.05, 0.5, 0.95], 1.0), ("color", [0.05, 0.5, 0.95], 1.0), ("sharpness", [0.05, 0.5, 0.95], 1.0),
+    ("posterize", [4, 5, 6, 7], 1.0), ("solarize", [1 / 255, 64 / 255, 200 / 255], 0.0),
+    # Pillow's hue is 256 steps of HSV in uint8 (a pixel may move up to ~13 levels), its blur three box filters
+    ("hue", [-0.3, -0.1, 0.1, 0.3, 0.5], 1.5), ("blur", [0.1, 0.5, 1.0, 2.0], 1.5)])
+def test_augseg_operations_equal_the_pillow_operations_augseg_applies(name, strengths, mean_levels):
+    """Each of AugSeg's intensity operations, on the study's images at the same strength, equals what Pillow gives
+    (AugSeg makes its strong views with Pillow on uint8 images): the mean difference within ``mean_levels`` of 255
+    (Pillow rounds to uint8 after every operation, the project stays in float), plus one level of rounding."""
+    import numpy as np
+    from PIL import Image
+
+    from npsemiseg.data.study import StudyConfig, generate
+
+    config = StudyConfig.from_options("study", family="study_textures", seed=0)
+    images = [(generate(config, "train", i)[0] * 255).round().to(torch.uint8) for i in range(6)]
+    pillow = _pillow_operations()[name]
+    for v in strengths:
+        for image in images:
+            expected = np.asarray(pillow(Image.fromarray(image.permute(1, 2, 0).numpy()), v), dtype=np.float64)
+            got = (AUGSEG_OPS[name][1](image.float() / 255, v).clamp(0, 1) * 255).permute(1, 2, 0).double().numpy()
+            assert np.abs(expected - got).mean() <= mean_levels + 1.0, (name, v)
