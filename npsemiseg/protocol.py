@@ -663,9 +663,18 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "dataset/transform.py 9-14",
            "training crops larger than the image padded on the bottom and right only, not evenly",
            "[D18](deviations.md#d18-crop-padding)",
-           frameworks=("augseg", "psmt", *_UNIMATCH),
+           frameworks=("augseg", "psmt", *_UNIMATCH, *_UNIMATCH_V2),
            golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
-                  "(UniMatch's crop; PS-MT's imports cv2, not installed; AugSeg's not run)"),
+                  "(UniMatch's crop, which UniMatch V2's dataset/transform.py 9-23 repeats; PS-MT's imports cv2, not "
+                  "installed; AugSeg's not run)"),
+    Switch("crop_fill", "data", "data.augmentation.crop_fill", "zero", "mean",
+           "UniMatch@0324f3d dataset/transform.py 13 (ImageOps.expand(img, ..., fill=0)), UniMatch-V2@f6afb4d "
+           "dataset/transform.py 13",
+           "the image of a training crop larger than it padded with black (the raw image's 0) instead of the ImageNet "
+           "mean (zero after normalisation, as U2PL, PS-MT and AugSeg pad)",
+           "[D18](deviations.md#d18-crop-padding)", frameworks=(*_UNIMATCH, *_UNIMATCH_V2),
+           golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
+                  "(UniMatch's crop: labels and image, its fill included)"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",
            Derived("the head's (NP 5.0, others none)", lambda values: _head_grad_clip(values)), 5.0,
            "NP-SemiSeg@afd9672 U2PL/train_semi.py 625, AugSeg/train_semi.py 448 (clip_grad_norm_ at 5 in the NP "

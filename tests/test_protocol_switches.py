@@ -17,6 +17,7 @@ import torch
 
 from unlabeled_views import with_unimatch_views
 from npsemiseg.config import cell_config, switches, with_overrides
+from npsemiseg.data.transforms import IMAGENET_MEAN
 from npsemiseg.frameworks.base import Batch, StepContext
 from npsemiseg.frameworks.pseudo_labels import prediction_from_logits
 from npsemiseg.protocol import implemented_switches
@@ -50,6 +51,7 @@ NOT_A_STEP_CHANGE = {
     "u2pl_labeled_negatives": "test_labeled_negatives_bug_enqueues_no_labeled_keys",
     "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
     "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",
+    "crop_fill": "the data pipeline: test_crop_fill_switch_pads_the_image_with_black",
     "psmt_blur_kernel": "the data pipeline: test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5",
     "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",
     "psmt_eval_whole": "evaluation only: the golden test tests/test_psmt_eval_golden.py",
@@ -340,6 +342,29 @@ def test_crop_padding_switch_pads_on_the_bottom_and_right(smoke_config):
         assert label.shape == (32, 32)
         top, left = corner
         assert bool((label[top:top + 16, left:left + 16] == 1).all()) and int((label == 1).sum()) == 256
+
+
+@pytest.mark.parametrize("framework", ["fixmatch", "unimatch", "unimatch_v2", "fixmatch_v2"])
+def test_crop_fill_switch_pads_the_image_with_black(smoke_config, framework):
+    """A 16 x 16 image in a 32 crop: the padded pixels are black under released (UniMatch's 0), the ImageNet mean
+    under corrected; the image's own pixels are the same under both; AugSeg keeps the mean under both."""
+    cell = {"framework": framework, "dataset": "synthetic", "partition": "1/16", "head": "baseline"}
+    item = {"image": torch.rand(3, 16, 16) * 0.5 + 0.25, "label": torch.ones(16, 16, dtype=torch.long), "id": "x"}
+    outside = torch.ones(32, 32, dtype=torch.bool)
+    outside[:16, :16] = False
+    fills = {}
+    for protocol in ("released", "corrected"):
+        config = with_overrides(cell_config("smoke", protocol=protocol, **cell),
+                                {"schedule.crop_size": 32, "data.augmentation.resize": "none",
+                                 "data.augmentation.flip": False, "data.augmentation.crop_padding": "bottom_right"})
+        image = train_transforms(config)["labeled"](item)["image"]
+        assert torch.equal(image[:, :16, :16], item["image"])
+        fills[protocol] = image[:, outside]
+    assert float(fills["released"].abs().max()) == 0.0
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1)
+    assert torch.allclose(fills["corrected"], mean.expand_as(fills["corrected"]))
+    augseg = cell_config("smoke", protocol="released", **dict(cell, framework="augseg"))
+    assert augseg.data.augmentation.get("crop_fill", "mean") == "mean"
 
 
 def _blur(config):

@@ -121,6 +121,11 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # the NP head on the whole map, as every earlier cell ran; ``coarse`` is that too on DeepLabv3+ (pool 1), so only
     # the ViT cells it pools have new ids
     ("head.options.feature_pool", lambda v: _pools_nothing(v["head"]["options"].get("feature_pool"), v["model"])),
+    # the crop's image fill at the value every earlier cell ran with (released UniMatch-family cells: black), and
+    # UniMatch V2's crop padding at the placement every earlier V2 cell ran with (released V2 cells: bottom and right)
+    ("data.augmentation.crop_fill", lambda v: v["data"]["augmentation"].get("crop_fill") == "mean"),
+    ("data.augmentation.crop_padding", lambda v: v["framework"] in ("unimatch_v2", "fixmatch_v2")
+     and v["data"]["augmentation"].get("crop_padding") == "centered"),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS

@@ -22,7 +22,9 @@ Pipelines of the frameworks (``docs/frameworks.md``):
   smaller images keeps the blur's size relative to the image with ``npsemiseg.short_run.scale_pixel_settings``).
 * strong, ``identity``: the weak view itself (a diagnostic: what a framework gains or loses by its strong view).
 * crops larger than the image are padded evenly on both sides (as U2PL), or on the bottom and right only as
-  PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``).
+  PS-MT's and AugSeg's crop code does (``crop_padding="bottom_right"``); the image's padding is the ImageNet mean
+  (zero after normalisation: U2PL, PS-MT, AugSeg) or black (``crop_fill="zero"``: UniMatch's and UniMatch V2's
+  ``crop`` pads the raw image with 0).
 
 Every random draw uses torch's global RNG, so seeding torch (and a DataLoader's
 generator / worker seeds) makes the pipelines reproducible.
@@ -57,6 +59,9 @@ STRONG_KINDS = ("augseg", "psmt", "identity")
 #: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
 #: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
 CROP_PADDINGS = ("centered", "bottom_right")
+#: what the image of a crop larger than it is padded with (switch ``crop_fill``): the ImageNet mean (zero after
+#: normalisation; U2PL, PS-MT, AugSeg) or black (UniMatch's and UniMatch V2's ``crop``: the raw image padded with 0)
+CROP_FILLS: dict[str, tuple[float, float, float]] = {"mean": IMAGENET_MEAN, "zero": (0.0, 0.0, 0.0)}
 #: the blur kernel of PS-MT's strong view: ``sigma`` = 2 ceil(3 sigma) + 1, ``psmt`` = 1, 3 or 5 as PS-MT draws it
 BLUR_KERNELS = ("sigma", "psmt")
 
@@ -302,9 +307,10 @@ def strong_pipeline(kind: str, *, blur_kernel: str = "sigma",
 
 def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                   scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
-                  flip: bool = True, label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered") -> v2.Compose:
-    """Random resize, horizontal flip, random crop (pads image with the mean, label with 255, on the sides
-    ``crop_padding`` names: :func:`crop_pad_sides`).
+                  flip: bool = True, label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
+                  crop_fill: str = "mean") -> v2.Compose:
+    """Random resize, horizontal flip, random crop (pads the image with ``crop_fill``, :data:`CROP_FILLS`, the label
+    with 255, on the sides ``crop_padding`` names: :func:`crop_pad_sides`).
 
     resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]), ``"long_side"``
     (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
@@ -320,7 +326,10 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
         steps.append(RandomLongSideResize(round(scale_range[0] * base_size), round(scale_range[1] * base_size)))
     if flip:
         steps.append(v2.RandomHorizontalFlip(p=0.5))
-    steps.append(PadCrop(crop_size, random=True, label_pad_value=label_pad_value, padding=crop_padding))
+    if crop_fill not in CROP_FILLS:
+        raise ValueError(f"crop_fill: expected one of {list(CROP_FILLS)}, got {crop_fill!r}")
+    steps.append(PadCrop(crop_size, random=True, image_fill=CROP_FILLS[crop_fill], label_pad_value=label_pad_value,
+                         padding=crop_padding))
     return v2.Compose(steps)
 
 
@@ -386,14 +395,14 @@ class SegmentationTransform:
 def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                     scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
-                    label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
+                    label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered", crop_fill: str = "mean",
                     blur_kernel: str = "sigma", blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA,
                     strong_views: int = 1, padding_mask: bool = False, draws: int = 1) -> SegmentationTransform:
     """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
     (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`). ``strong_views``, ``padding_mask`` and
     ``draws`` (:data:`VIEW_KEYS`, :class:`SegmentationTransform`) are what a framework's unlabeled stream asks for."""
     weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
-                         flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding)
+                         flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding, crop_fill=crop_fill)
     view = None if strong is None else strong_pipeline(strong, blur_kernel=blur_kernel, blur_sigma=blur_sigma)
     return SegmentationTransform(weak, view, strong_views=strong_views, padding_mask=padding_mask, draws=draws)
 
