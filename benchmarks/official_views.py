@@ -11,8 +11,11 @@ This draws ``--items`` unlabeled items (the mini study's data of ``--data-seed``
 
 - ``official``: UniMatch@0324f3d ``dataset/semi.py``'s ``SemiDataset(mode="train_u")``, imported from the checkout
   under ``--official-root`` (nothing of it copied), on the exported JPEGs;
-- ``project``: the project's unlabeled transform of the ``official_runs.py`` cell (``train_transforms``);
-- ``project_fill0``: the same with the crop's image padding 0 instead of the mean (D18 undone; nothing else),
+- ``project``: the project's unlabeled transform of the ``official_runs.py`` cell (``train_transforms``) with the crop's
+  image padded with the ImageNet mean (``data.augmentation.crop_fill: mean``, the corrected fill; the released cell
+  pads with black since 2026-11-29, switch ``crop_fill``);
+- ``project_fill0``: the same with the crop's image padded with 0 (``crop_fill: zero``, the official fill, D18;
+  nothing else),
 
 and writes ``--out/official_views.json``: per pipeline, over the strong views' pixels in [0, 1] RGB (each item's two
 strong views), split by where they lie: ``valid`` (not padded), ``valid_unpadded_items`` (items without padding: the
@@ -40,7 +43,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as nnf
 
-from npsemiseg.data.transforms import PadCrop
 from npsemiseg.training.factories import build_datasets, train_transforms
 
 from official_runs import OFFICIAL, export_official_layout, project_config, provenance, seed_everything, study_config
@@ -74,16 +76,12 @@ def official_views(folder: Path, root: Path, unlabeled: Path, crop: int) -> Iter
         yield draw
 
 
-def project_views(data_seed: int, seed: int, fill: tuple[float, float, float] | None = None) -> Callable[[int], Views]:
-    """Item ``i`` of the project's unlabeled stream of the ``official_runs.py`` UniMatch cell as :data:`Views`;
-    ``fill``: the crop's image padding instead of the ImageNet mean."""
-    config = project_config("unimatch", data_seed, seed)
+def project_views(data_seed: int, seed: int, crop_fill: str = "mean") -> Callable[[int], Views]:
+    """Item ``i`` of the project's unlabeled stream of the ``official_runs.py`` UniMatch cell as :data:`Views`, the
+    crop's image padded with ``crop_fill`` (``data.augmentation.crop_fill``: ``mean`` or ``zero``)."""
+    config = project_config("unimatch", data_seed, seed, overrides={"data.augmentation.crop_fill": crop_fill})
     dataset = build_datasets(config)["unlabeled"]
     transform = train_transforms(config)["unlabeled"]
-    if fill is not None:
-        for step in transform.weak.transforms:
-            if isinstance(step, PadCrop):
-                step.image_fill = list(fill)
 
     def draw(i: int) -> Views:
         item = transform(dataset[i % len(dataset)])
@@ -160,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seed_everything(args.seed)
     with official_views(folder, lists["val"].parents[2], lists["unlabeled"], crop) as draw:
         results["official"] = statistics(draw, args.items)
-    for name, fill in (("project", None), ("project_fill0", (0.0, 0.0, 0.0))):
+    for name, fill in (("project", "mean"), ("project_fill0", "zero")):
         seed_everything(args.seed)
         results[name] = statistics(project_views(args.data_seed, args.seed, fill), args.items)
     report = {"data_seed": args.data_seed, "seed": args.seed, "pipelines": results,

@@ -45,9 +45,10 @@ def test_statistics_measure_the_strong_views_against_the_weak_one_by_region():
 
 def test_project_views_fill_the_padding_as_asked_and_draw_the_official_views():
     """The project's unlabeled stream of the official-run cell gives the weak view, UniMatch's two strong views and the
-    padding mask; with ``fill`` 0 the padded pixels of the weak view are black, with the default the ImageNet mean."""
+    padding mask; with ``crop_fill`` zero the padded pixels of the weak view are black, with the default the ImageNet
+    mean."""
     torch.manual_seed(0)
-    mean_fill, black_fill = views.project_views(0, 0), views.project_views(0, 0, (0.0, 0.0, 0.0))
+    mean_fill, black_fill = views.project_views(0, 0), views.project_views(0, 0, "zero")
     for _ in range(40):  # a padded crop comes about one draw in three
         state = torch.get_rng_state()
         weak, strong, padding = mean_fill(0)
