@@ -74,6 +74,31 @@ tensorboard, ``skimage`` stand-ins, the iterator's ``next()`` and NumPy 1's ``ui
 operation (:class:`Numpy1Uint8`). The project's side: its ``augseg`` cell under
 ``released`` with UniMatch's pipeline settings (:data:`OFFICIAL_PIPELINES`: AugSeg's resize, padding and blur are
 UniMatch's).
+
+UniMatch V2 (``--framework unimatch_v2``, ``fixmatch_v2``, ``supervised_v2``: LiheYoung/UniMatch-V2's
+``unimatch_v2.py``, ``fixmatch.py``, ``supervised.py``, :func:`official_v2_run`) on the mini study's ViT
+(``jobs/specs/mini_vit.yaml``: ``vit_mini`` + the DPT at 16 features, ``pretrained:vit_mini``, crop 56, AdamW at 5e-5
+with the head at x40, batch 8 + 8, 960 iterations): each ``main()`` on the export in UniMatch's layout (V2's
+``SemiDataset`` reads V1's; the same transforms: resize of the long side in [0.5, 2] x, crop padded with 0 and 255
+(254 -> ignored in the unlabeled views), flip, colour jitter, grey, blur sigma in [0.1, 2], CutMix boxes), its
+samplers, losses, EMA teacher (ratio ``min(1 - 1 / (iters + 1), 0.996)``, parameters and buffers), poly LR set after
+the step and two evaluations per epoch (the model, then the EMA: ``evaluate(..., multiplier=14)``, the whole image
+resized to multiples of 14 and back). Reported: the EMA's best (``official_miou``, ``official_curve``: what the
+project's cell evaluates and what the published numbers are), the model's beside it (``official_student_miou``,
+``official_student_curve``); ``supervised.py``'s model. Patches (:data:`V2_PATCHES`): the CPU ones, ``DPT`` by
+:class:`DPTInterface` (the project's network of the cell, its complementary dropout the project's
+``complementary_pass``), ``torch.load`` of ``./pretrained/<backbone>.pth`` answered with the project's backbone state
+dict of the seed, the loaders in the process (``num_workers`` 0 for the scripts' 4), a discarding tensorboard, the
+class names, the evaluations recorded. Settings (:func:`v2_cfg`, :func:`v2_settings`): the official EMA decay 0.996
+on the project's side too (``mini_vit.yaml`` scales it to 0.9; nothing in the official loop is patched for it), the
+official pipeline as for UniMatch (:data:`OFFICIAL_PIPELINE`). What differs from the mini study's cells, and why:
+the pipeline (as for every framework here) and the EMA decay (the official's); ``supervised_v2`` is not
+``mini_vit.yaml``'s ``supervised_unimatch_v2`` but the official ``supervised.py`` both ways: the DPT's 1x1 class
+projection as head (not U2PL's block), the LR after the step, the batch doubled to 16 (``supervised.py`` doubles
+``cfg['batch_size']``; the official config gets 8), and epochs of 240 iterations (the script draws
+``n_upsampled[cfg['dataset']]`` items an epoch from a four-dataset table: it runs under the name ``pascal``, whose 3000
+is the smallest, the labeled list repeated to 3840, a multiple of the 960 unlabeled images; the project's side
+evaluates every 60 labeled epochs of 4 iterations): four evaluations in 960 iterations, not eight.
 """
 
 from __future__ import annotations
