@@ -92,7 +92,8 @@ dict of the seed, the loaders in the process (``num_workers`` 0 for the scripts'
 class names, the evaluations recorded. Settings (:func:`v2_cfg`, :func:`v2_settings`): the official EMA decay 0.996
 on the project's side too (``mini_vit.yaml`` scales it to 0.9; nothing in the official loop is patched for it), the
 official pipeline as for UniMatch (:data:`OFFICIAL_PIPELINE`). What differs from the mini study's cells, and why:
-the pipeline (as for every framework here) and the EMA decay (the official's); ``supervised_v2`` is not
+the pipeline (as for every framework here) and the EMA decay (the official's). Left different, as for UniMatch: the
+crop's image padding, the ImageNet mean here, 0 in the official (deviation D18). ``supervised_v2`` is not
 ``mini_vit.yaml``'s ``supervised_unimatch_v2`` but the official ``supervised.py`` both ways: the DPT's 1x1 class
 projection as head (not U2PL's block), the LR after the step, the batch doubled to 16 (``supervised.py`` doubles
 ``cfg['batch_size']``; the official config gets 8), and epochs of 240 iterations (the script draws

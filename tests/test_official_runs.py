@@ -482,27 +482,28 @@ def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp
 
 
 @pytest.mark.integration
-def test_unimatch_v2_runs_both_sides_for_a_few_iterations(tmp_path: Path):
-    """UniMatch V2's ``unimatch_v2.py`` ``main()`` from the checkout (skipped without one) on the project's ViT and the
-    project's cell, two epochs of 15 iterations at a tiny size: each side reports one evaluation per epoch, its best
-    and its last; the official side the EMA's (what it reports and the project's cell evaluates) and the model's
-    beside it; nothing of the official run is left in the process."""
+@pytest.mark.parametrize("framework", ["unimatch_v2", "fixmatch_v2"])
+def test_unimatch_v2_runs_both_sides_for_a_few_iterations(framework: str, tmp_path: Path):
+    """UniMatch V2's ``unimatch_v2.py`` (and ``fixmatch.py``) ``main()`` from the checkout (skipped without one) on the
+    project's ViT and the project's cell, two epochs of 15 iterations at a tiny size: each side reports one evaluation
+    per epoch, its best and its last; the official side the EMA's (what it reports and the project's cell evaluates)
+    and the model's beside it; nothing of the official run is left in the process."""
     from test_official_side_by_side import official_root
 
-    repository = runs.OFFICIAL["unimatch_v2"][0]
+    repository = runs.OFFICIAL[framework][0]
     folder = runs.checkout(official_root(repository), repository)
     overrides = tiny_u2pl_overrides()
-    config = runs.project_config("unimatch_v2", 0, 0, 30, overrides)
+    config = runs.project_config(framework, 0, 0, 30, overrides)
     lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data")
     torch.set_num_threads(1)
-    row = runs.one_framework(folder, "unimatch_v2", 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
     for side in runs.SIDES:
         curve = row[f"{side}_curve"]
         assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
     assert len(row["official_student_curve"]) == 2 and row["official_student_miou"] == max(row["official_student_curve"])
-    assert (tmp_path / "unimatch_v2_0" / "latest.pth").is_file()
-    assert not {"unimatch_v2", "supervised", "dataset.semi"} & set(sys.modules)
+    assert (tmp_path / f"{framework}_0" / "latest.pth").is_file()
+    assert not {runs.OFFICIAL[framework][1].removesuffix(".py"), "supervised", "dataset.semi"} & set(sys.modules)
     assert not torch.distributed.is_initialized() and torch.load is runs.torch.load
 
 
