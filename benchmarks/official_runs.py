@@ -72,8 +72,34 @@ evaluated (``evaluate_student: False``, the project's side alike). Its patches (
 ones, the network (the project's AugSeg network behind ``ModelBuilder``, :class:`AugSegInterface`), a discarding
 tensorboard, ``skimage`` stand-ins, the iterator's ``next()`` and NumPy 1's ``uint8`` cast in its strong views' hue
 operation (:class:`Numpy1Uint8`). The project's side: its ``augseg`` cell under
-``released`` with UniMatch's pipeline settings (:data:`OFFICIAL_PIPELINES`: AugSeg's resize, padding and blur are
-UniMatch's).
+``released`` with UniMatch's pipeline settings (:data:`OFFICIAL_PIPELINES`: AugSeg's resize, padding placement and
+blur are UniMatch's; its crop pads the image with the ImageNet mean where UniMatch's pads it with black).
+
+UniMatch V2 (``--framework unimatch_v2``, ``fixmatch_v2``, ``supervised_v2``: LiheYoung/UniMatch-V2's
+``unimatch_v2.py``, ``fixmatch.py``, ``supervised.py``, :func:`official_v2_run`) on the mini study's ViT
+(``jobs/specs/mini_vit.yaml``: ``vit_mini`` + the DPT at 16 features, ``pretrained:vit_mini``, crop 56, AdamW at 5e-5
+with the head at x40, batch 8 + 8, 960 iterations): each ``main()`` on the export in UniMatch's layout (V2's
+``SemiDataset`` reads V1's; the same transforms: resize of the long side in [0.5, 2] x, crop padded with 0 and 255
+(254 -> ignored in the unlabeled views), flip, colour jitter, grey, blur sigma in [0.1, 2], CutMix boxes), its
+samplers, losses, EMA teacher (ratio ``min(1 - 1 / (iters + 1), 0.996)``, parameters and buffers), poly LR set after
+the step and two evaluations per epoch (the model, then the EMA: ``evaluate(..., multiplier=14)``, the whole image
+resized to multiples of 14 and back). Reported: the EMA's best (``official_miou``, ``official_curve``: what the
+project's cell evaluates and what the published numbers are), the model's beside it (``official_student_miou``,
+``official_student_curve``); ``supervised.py``'s model. Patches (:data:`V2_PATCHES`): the CPU ones, ``DPT`` by
+:class:`DPTInterface` (the project's network of the cell, its complementary dropout the project's
+``complementary_pass``), ``torch.load`` of ``./pretrained/<backbone>.pth`` answered with the project's backbone state
+dict of the seed, the loaders in the process (``num_workers`` 0 for the scripts' 4), a discarding tensorboard, the
+class names, the evaluations recorded. Settings (:func:`v2_cfg`, :func:`v2_settings`): the official EMA decay 0.996
+on the project's side too (``mini_vit.yaml`` scales it to 0.9; nothing in the official loop is patched for it), the
+official pipeline as for UniMatch (:data:`OFFICIAL_PIPELINE`). What differs from the mini study's cells, and why:
+the pipeline (as for every framework here) and the EMA decay (the official's). The crop's image padding is black on
+both sides (switch ``crop_fill``, deviation D18; the ImageNet mean on the project's side before 2026-11-29).
+``supervised_v2`` is not ``mini_vit.yaml``'s ``supervised_unimatch_v2`` but the official ``supervised.py`` both ways:
+the DPT's 1x1 class projection as head (not U2PL's block), the LR after the step, the batch doubled to 16
+(``supervised.py`` doubles ``cfg['batch_size']``; the official config gets 8), and epochs of 240 iterations (the script draws
+``n_upsampled[cfg['dataset']]`` items an epoch from a four-dataset table: it runs under the name ``pascal``, whose 3000
+is the smallest, the labeled list repeated to 3840, a multiple of the 960 unlabeled images; the project's side
+evaluates every 60 labeled epochs of 4 iterations): four evaluations in 960 iterations, not eight.
 """
 
 from __future__ import annotations
@@ -94,6 +120,7 @@ import shlex
 import sys
 import time
 import types
+import unittest.mock
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +136,7 @@ from npsemiseg.config import RunConfig, compose
 from npsemiseg.data.study import StudyConfig, generate, labeled_indices, partition_counts
 from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.ema import unwrap
+from npsemiseg.frameworks.unimatch_v2 import complementary_masks, complementary_pass
 from npsemiseg.models import upsample_logits
 from npsemiseg.short_run import RunLength, scale_time_settings
 from npsemiseg.training import train
@@ -128,6 +156,8 @@ from official_side_by_side import (
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI_SPEC = ROOT / "jobs" / "specs" / "mini.yaml"
+#: the mini study's ViT rows (UniMatch V2 and its supervised reference): the network and settings of the V2 frameworks
+MINI_VIT_SPEC = ROOT / "jobs" / "specs" / "mini_vit.yaml"
 PARTITION = "1/16"
 DATASET = "study"
 #: the prefix of a dataset-instance option among the overrides (``data.options.image_size``)
@@ -136,24 +166,53 @@ SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
             "unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py"),
-            "augseg": ("zhenzhao/AugSeg", "train_semi.py")}
+            "augseg": ("zhenzhao/AugSeg", "train_semi.py"),
+            "unimatch_v2": ("LiheYoung/UniMatch-V2", "unimatch_v2.py"),
+            "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
+            "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py")}
+#: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
+V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
+#: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks'), UniMatch V2's (the ViT's)
+SUPERVISED = {"supervised": "supervised", "unimatch_v2": "supervised_v2", "fixmatch_v2": "supervised_v2",
+              "supervised_v2": "supervised_v2"}
+#: a framework's name in the project's registry where it differs (supervised on the ViT is the project's
+#: ``supervised``, as ``mini_vit.yaml``'s ``supervised_unimatch_v2``)
+PROJECT_FRAMEWORK = {"supervised_v2": "supervised"}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
-#: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2])
+#: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2]),
+#: and UniMatch's crop: padded at the bottom and right with black (the released UniMatch family's switches
+#: ``crop_padding`` and ``crop_fill``, set here for the supervised reference too, whose project framework they do not
+#: cover; the project's side padded with the ImageNet mean before 2026-11-29)
 OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation.base_size": 64,
-                     "data.augmentation.blur_sigma": [0.1, 2.0], "data.augmentation.crop_padding": "bottom_right"}
+                     "data.augmentation.blur_sigma": [0.1, 2.0], "data.augmentation.crop_padding": "bottom_right",
+                     "data.augmentation.crop_fill": "zero"}
 #: U2PL's (``rand_resize: [0.5, 2.0]``: a scale of the image, nothing to scale to 64 px; padded on both sides; its
 #: label padding with 0 is the project's ``released``; no blur: U2PL has no strong view)
 U2PL_PIPELINE = {"data.augmentation.resize": "rescale_balanced", "data.augmentation.scale_range": [0.5, 2.0],
                  "data.augmentation.crop_padding": "centered"}
 #: AugSeg's is UniMatch's (``Resize``: the long side a random integer in [0.5, 2] x ``resize_base_size``, the image's
-#: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2])
+#: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2]) but for the crop's
+#: image fill: the ImageNet mean (``augs_TIBA.py`` ``Crop``)
+AUGSEG_PIPELINE = {**OFFICIAL_PIPELINE, "data.augmentation.crop_fill": "mean"}
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
-                      "u2pl": U2PL_PIPELINE, "augseg": OFFICIAL_PIPELINE}
+                      "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE,
+                      **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
 #: the export's layouts: label folder, list folder, one list line of item ``name`` (``u2pl``: also AugSeg's)
 LAYOUTS = {"unimatch": ("SegmentationClass", f"splits/{DATASET}", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
-           "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}")}
-#: framework -> the layout its official script reads
-LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl"}
+           "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}"),
+           "pascal": ("SegmentationClass", "splits/pascal", "JPEGImages/{name}.jpg SegmentationClass/{name}.png")}
+#: framework -> the layout its official script reads (UniMatch V2's ``supervised.py``: UniMatch's under the dataset
+#: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
+LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
+          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal"}
+#: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
+#: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
+V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
+#: the official ViT configs' entry the replaced DPT's arguments come from (``model_configs[cfg['backbone'].split('_')
+#: [-1]]``, unimatch_v2.py 53-59); the network is the project's whatever the entry
+V2_MODEL_CONFIG = "small"
+#: the EMA ratio's cap UniMatch V2's loops hard-code (unimatch_v2.py 221, fixmatch.py 212)
+V2_EMA_DECAY = 0.996
 #: the patches of a CPU run of any official script: (what is replaced, by what, why)
 CPU_PATCHES = (
     ("torch.Tensor.cuda, torch.nn.Module.cuda", "return the object unchanged", "a CPU run"),
@@ -162,14 +221,18 @@ CPU_PATCHES = (
     ("torch.nn.SyncBatchNorm.convert_sync_batchnorm", "return the module unchanged",
      "SyncBatchNorm needs CUDA; with one process it is BatchNorm over the same batch"),
 )
+#: UniMatch's and UniMatch V2's process group and tensorboard
+ONE_RANK_PATCH = ("util.dist_helper.setup_distributed (as the script imported it)", "a one-rank gloo process group, rank 0",
+                  "no GPU, no launcher: the script's collectives (DDP, evaluate's all_reduce) run in one CPU process")
+TENSORBOARD_PATCH = ("torch.utils.tensorboard", "a SummaryWriter that discards",
+                     "tensorboard is not installed; logging only")
 #: every change made to the official UniMatch scripts' runs, the only ones
 PATCHES = (
-    ("util.dist_helper.setup_distributed (as the script imported it)", "a one-rank gloo process group, rank 0",
-     "no GPU, no launcher: the script's collectives (DDP, evaluate's all_reduce) run in one CPU process"),
+    ONE_RANK_PATCH,
     *CPU_PATCHES,
     ("DeepLabV3Plus (as the script imported it)", "OfficialInterface: the project's network of the cell",
      "the study's small network with the project's initial weights of the seed, pretrained backbone included"),
-    ("torch.utils.tensorboard", "a SummaryWriter that discards", "tensorboard is not installed; logging only"),
+    TENSORBOARD_PATCH,
     ("util.classes.CLASSES", "an entry 'study' with the study's class names", "the per-class log lines"),
     ("evaluate (as the script imported it)", "the same function, its result also recorded",
      "the per-epoch curve; nothing changed"),
@@ -218,8 +281,31 @@ AUGSEG_PATCHES = (
     ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
      "the per-epoch curve; nothing changed"),
 )
+#: every change made to UniMatch V2's scripts' runs (``unimatch_v2.py``, ``fixmatch.py``, ``supervised.py``), the only
+#: ones; the settings that are not patches but the cell's are :func:`v2_cfg`'s
+V2_PATCHES = (
+    ONE_RANK_PATCH,
+    *CPU_PATCHES,
+    ("DPT (as the script imported it)",
+     "DPTInterface: the project's vit_mini + DPT network of the cell behind DPT's interface (backbone, head, "
+     "lock_backbone, forward(x, comp_drop)), complementary dropout by the project's function",
+     "the study's small ViT with the project's initial weights of the seed; cfg['backbone'] 'vit_mini_small' only "
+     "picks model_configs' 'small' entry, whose widths the replaced DPT ignores"),
+    ("torch.load of ./pretrained/<cfg['backbone']>.pth", "the project's backbone state dict of the seed (pretrained:"
+     "vit_mini), which the script loads into model.backbone; any other path: torch.load itself",
+     "the official DINOv2 weights are not the mini study's backbone"),
+    ("DataLoader (as the script imported it)", "the same class with num_workers 0",
+     "the script's 4 (1 for validation) loader processes on a 2-core machine: loading in the process, one thread, as "
+     "the project's cell (data.num_workers 0); the items' draws come from the same seeded generators"),
+    TENSORBOARD_PATCH,
+    ("util.classes.CLASSES", "the entry of the run's dataset name (study; pascal for supervised.py) holding the "
+     "study's class names", "the per-class log lines"),
+    ("evaluate (as the script imported it)", "the same function, its results also recorded",
+     "the per-epoch curves (unimatch_v2.py and fixmatch.py evaluate the model, then its EMA: both recorded); nothing "
+     "changed"),
+)
 PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES,
-              "augseg": AUGSEG_PATCHES}
+              "augseg": AUGSEG_PATCHES, **dict.fromkeys(V2, V2_PATCHES)}
 #: AugSeg's VOC 1/16 configuration (662 labeled images)
 AUGSEG_CONFIG = "exps/zrun_vocs/r50_voc_semi662/config_semi.yaml"
 #: U2PL's ``voc_dset`` draws ``10582 - n_sup`` items of each training list (VOC's train_aug has 10582 images)
@@ -295,8 +381,9 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     ``supervised.py``); the time-dependent framework settings by the mini study's rule for epochs of that length
     (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (a regime's,
     ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
-    the official resize's base size follows the image size unless set."""
-    settings = dict(yaml.safe_load(MINI_SPEC.read_text())["overrides"])
+    the official resize's base size follows the image size unless set. UniMatch V2's frameworks (:data:`V2`) start
+    from ``jobs/specs/mini_vit.yaml``'s overrides instead (:func:`v2_settings`)."""
+    settings = dict(yaml.safe_load((MINI_VIT_SPEC if framework in V2 else MINI_SPEC).read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
     settings.update({"data.options": {**settings["data.options"], "seed": data_seed}, "seed": seed,
                      "schedule.epoch_length": "unlabeled", "schedule.eval_every_epochs": 1,
@@ -306,6 +393,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     if framework == "supervised":
         settings.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
                          "schedule.lr_timing": "after_step"})
+    if framework in V2:
+        settings.update(v2_settings(framework, settings))
     for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
         if key.startswith(DATA_OPTION):
             settings["data.options"] = {**settings["data.options"], key.removeprefix(DATA_OPTION): value}
@@ -314,9 +403,48 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     if "data.augmentation.base_size" in OFFICIAL_PIPELINES[framework] and \
             "data.augmentation.base_size" not in (overrides or {}):  # the image's size, as VOC's 500 in the official
         settings["data.augmentation.base_size"] = StudyConfig.from_options(DATASET, **settings["data.options"]).image_size
-    settings.update(official_length_time_settings(framework, settings))
-    return compose("paper", framework=framework, dataset=DATASET, partition=PARTITION, head="baseline",
-                   protocol="released", overrides=settings).config
+    settings.update(v2_supervised_epochs(settings) if framework == "supervised_v2" else
+                    {} if framework in V2 else official_length_time_settings(framework, settings))
+    return compose("paper", framework=PROJECT_FRAMEWORK.get(framework, framework), dataset=DATASET,
+                   partition=PARTITION, head="baseline", protocol="released", overrides=settings).config
+
+
+def v2_settings(framework: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """What UniMatch V2's scripts do that ``mini_vit.yaml``'s cells do otherwise, as overrides of ``settings`` (its
+    overrides): the EMA decay the official loop hard-codes (``min(1 - 1 / (iters + 1), 0.996)``, unimatch_v2.py 221,
+    fixmatch.py 212), where the mini study scales it to 0.9 by its time rule (``cell_overrides``); nothing is patched
+    in the official loop for it, the project's side takes the official value. Supervised (``supervised.py``): the
+    official network's head, the DPT's one 1x1 class projection (``head.options.block: projection``, what switch
+    ``unimatch_v2_projection_head`` gives UniMatch V2's cells; ``supervised_unimatch_v2`` has U2PL's classifier block),
+    no strong view, the LR set after the step (supervised.py 229-232), and the batch doubled as ``supervised.py``
+    doubles ``cfg['batch_size']`` (115: a supervised step sees as many images as a semi-supervised step's labeled and
+    unlabeled ones; ``supervised_unimatch_v2`` keeps 8)."""
+    if framework != "supervised_v2":
+        return {"framework_options.ema_decay": V2_EMA_DECAY}
+    return {"head.options.block": "projection", "data.augmentation.strong": None, "schedule.lr_timing": "after_step",
+            "schedule.batch_size": 2 * settings["schedule.batch_size"]}
+
+
+def v2_supervised_items(unlabeled: int) -> int:
+    """The labeled list's length in UniMatch V2's ``supervised.py`` run: repeated to the smallest multiple of the
+    unlabeled pool's size ``unlabeled`` not under ``n_upsampled['pascal']`` (:data:`V2_SUPERVISED_UPSAMPLED`: the
+    script repeats a shorter list to 3000 items, supervised.py 167-175, dataset/semi.py 25-27), so that an epoch is a
+    whole number of the semi-supervised runs' and a run of the mini study's steps is whole epochs."""
+    return unlabeled * -(-V2_SUPERVISED_UPSAMPLED // unlabeled)
+
+
+def v2_supervised_epochs(settings: dict[str, Any]) -> dict[str, Any]:
+    """The project's side of UniMatch V2's ``supervised.py``: epochs of the labeled images (``n_l / B``) evaluated
+    every ``eval_every_epochs`` of them, as many iterations as an official epoch (:func:`v2_supervised_items` / B).
+    ValueError where the official epoch is not a whole number of labeled epochs."""
+    data = StudyConfig.from_options(DATASET, **settings["data.options"])
+    labeled = partition_counts(data.train_size)[PARTITION]
+    batch = settings["schedule.batch_size"]
+    official, own = v2_supervised_items(data.train_size - labeled) // batch, labeled // batch
+    if own == 0 or official % own:
+        raise ValueError(f"supervised_v2: an official epoch of {official} iterations (batch {batch}) is not a whole "
+                         f"number of the {labeled} labeled images' epochs of {own} iterations")
+    return {"schedule.epoch_length": "labeled", "schedule.eval_every_epochs": official // own}
 
 
 def official_length_time_settings(framework: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -344,6 +472,27 @@ def official_cfg(config: RunConfig, data_root: Path, epochs: int) -> dict[str, A
             "criterion": {"name": "CELoss", "kwargs": {"ignore_index": 255}},
             "conf_thresh": float(config.framework_options.get("confidence_threshold", 0.95)),
             "model": "deeplabv3plus", "backbone": config.model.backbone}
+
+
+def v2_cfg(framework: str, config: RunConfig, data_root: Path, epochs: int) -> dict[str, Any]:
+    """UniMatch V2's config (``configs/pascal.yaml``'s keys) with the cell's values: :func:`official_cfg`'s, the
+    backbone's name picking ``model_configs``' :data:`V2_MODEL_CONFIG` entry (the network is replaced, its weights
+    read from ``./pretrained/<backbone>.pth``), the backbone trained (``lock_backbone: False``, as the cell); for
+    ``supervised.py`` the dataset name :data:`V2_SUPERVISED_DATASET` and half the cell's batch, which the script
+    doubles. ValueError where the cell's labeled and unlabeled batches differ (both loaders take ``batch_size``)."""
+    schedule = config.schedule
+    if framework != "supervised_v2" and schedule.batch_size != schedule.unlabeled_batch_size:
+        raise ValueError(f"{framework}: the official loaders share one batch_size; the cell has schedule.batch_size "
+                         f"{schedule.batch_size} and schedule.unlabeled_batch_size {schedule.unlabeled_batch_size}")
+    if framework == "supervised_v2" and schedule.batch_size % 2:
+        raise ValueError(f"supervised_v2: supervised.py doubles cfg['batch_size']; the cell's schedule.batch_size "
+                         f"{schedule.batch_size} is odd")
+    cfg = official_cfg(config, data_root, epochs)
+    cfg.update(model="dpt", backbone=f"{config.model.backbone}_{V2_MODEL_CONFIG}",
+               lock_backbone=config.model.freeze_backbone)
+    if framework == "supervised_v2":
+        cfg.update(dataset=V2_SUPERVISED_DATASET, batch_size=schedule.batch_size // 2)
+    return cfg
 
 
 def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epochs: int,
@@ -465,6 +614,35 @@ class AugSegInterface(OfficialInterface):
         return super().forward(x), None
 
 
+class DPTInterface(OfficialInterface):
+    """The project's ViT + DPT segmentor behind UniMatch V2's ``DPT`` (``model/semseg/dpt.py``): ``backbone`` (its ViT:
+    the optimiser's group at ``lr``, what ``./pretrained/<backbone>.pth`` is loaded into), ``head`` (its DPT decoder and
+    class head: the parameters named without ``backbone``, at ``lr x lr_multi``), :meth:`lock_backbone` and
+    ``forward(x, comp_drop=False)`` -> logits at the input's size (``align_corners=True``, as the official upsampling to
+    the patch grid x 14 of an input whose sides are multiples of 14); ``comp_drop=True``: complementary channel dropout
+    over the pairs ``(i, B / 2 + i)`` with ``kept_fraction`` of them whole (the official ``dropout_prob`` 0.5), by
+    :func:`npsemiseg.frameworks.unimatch_v2.complementary_pass`, the project's strong pass (golden-checked against the
+    official ``DPT.forward``)."""
+
+    def __init__(self, student: nn.Module, kept_fraction: float = 0.5) -> None:
+        super().__init__(student)
+        self.kept_fraction = kept_fraction
+        self.head = nn.ModuleList([student.decoder, student.head])
+
+    def lock_backbone(self) -> None:
+        for parameter in self.backbone.parameters():
+            parameter.requires_grad = False
+
+    def draw_masks(self, pairs: int, widths: list[int], device: torch.device) -> list[Tensor]:
+        return complementary_masks(pairs, widths, kept_fraction=self.kept_fraction, device=device)
+
+    def forward(self, x: Tensor, comp_drop: bool = False) -> Tensor:  # type: ignore[override]
+        if not comp_drop:
+            return super().forward(x)
+        output = complementary_pass(self.student, x * self.std + self.mean, self.draw_masks)
+        return upsample_logits(output.logits, x.shape[-2:], align_corners=True)[0]
+
+
 def initial_network(config: RunConfig) -> nn.Module:
     """The project's student of ``config`` with the initial weights its run starts from (seeded as
     ``npsemiseg.training.setup`` seeds it; the pretrained backbone loaded by the model's construction)."""
@@ -510,14 +688,29 @@ def one_rank_setup(*args: Any, **kwargs: Any) -> tuple[int, int]:
     return 0, 1
 
 
-def recorded(function: Callable[..., Any], curve: list[float], scale: float = 1.0) -> Callable[..., Any]:
+def recorded(function: Callable[..., Any], *curves: list[float], scale: float = 1.0) -> Callable[..., Any]:
     """``function`` (an official evaluation) unchanged, each result's mIoU (a tuple's first item) x ``scale`` also
-    appended to ``curve``."""
+    appended to ``curves`` in turn (call ``i`` to ``curves[i % len(curves)]``: a loop that evaluates the model, then
+    its EMA, every epoch)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
-        curve.append(float(result[0] if isinstance(result, tuple) else result) * scale)
+        curves[sum(map(len, curves)) % len(curves)].append(float(result[0] if isinstance(result, tuple) else result) * scale)
         return result
     return call
+
+
+def answered_load(path: str, state: dict[str, Tensor]) -> Callable[..., Any]:
+    """``torch.load`` answering ``path`` (as the script spells it) with ``state``, any other file as itself."""
+    load = torch.load
+
+    def call(f: Any, *args: Any, **kwargs: Any) -> Any:
+        return state if isinstance(f, str) and os.path.normpath(f) == os.path.normpath(path) else load(f, *args, **kwargs)
+    return call
+
+
+def in_process_loader(*args: Any, **kwargs: Any) -> torch.utils.data.DataLoader:
+    """``DataLoader`` with ``num_workers`` 0, whatever the caller asks."""
+    return torch.utils.data.DataLoader(*args, **{**kwargs, "num_workers": 0})
 
 
 @contextlib.contextmanager
@@ -547,27 +740,30 @@ def official_process(folder: Path, argv: list[str], writer: str, workdir: Path) 
 
 
 def run_official(folder: Path, script: str, cfg: dict[str, Any], network: nn.Module, lists: dict[str, Path],
-                 save_path: Path, seed: int, class_names: tuple[str, ...]) -> dict[str, Any]:
-    """``main()`` of UniMatch's ``folder/script`` on the exported data (``cfg``, ``lists``) with :data:`PATCHES`: its
-    per-epoch mIoU (``curve``), the best (what it reports, ``previous_best``) and the last. The official code seeds
-    nothing; ``random``, numpy and torch are seeded with ``seed`` before it starts."""
-    config_file = save_path / "config.yaml"
-    save_path.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(cfg))
-    argv = [script, "--config", str(config_file), "--labeled-id-path", str(lists["labeled"]),
+                 save_path: Path, seed: int, class_names: tuple[str, ...], model_class: str = "DeepLabV3Plus",
+                 evaluations: int = 1, patches: tuple[tuple[Any, str, Any], ...] = (),
+                 module_patches: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``main()`` of UniMatch's or UniMatch V2's ``folder/script`` on the exported data (``cfg``, ``lists``) with
+    :data:`PATCHES` (``model_class`` the network's class name in the script; V2: :data:`V2_PATCHES`, its ``patches``
+    and the script's ``module_patches``): its per-epoch mIoU (``curve``), the best (what it reports,
+    ``previous_best``) and the last; with ``evaluations`` 2 per epoch (the model, then its EMA), the EMA's and the
+    model's curve (``student_curve``). The official code seeds nothing; ``random``, numpy and torch are seeded with
+    ``seed`` before it starts."""
+    argv = [script, "--config", str(written_config(cfg, save_path)), "--labeled-id-path", str(lists["labeled"]),
             "--unlabeled-id-path", str(lists["unlabeled"]), "--save-path", str(save_path)]
-    curve: list[float] = []
+    curves: list[list[float]] = [[] for _ in range(evaluations)]
     with official_process(folder, argv, "torch.utils.tensorboard", lists["val"].parents[2]) as stack:
         module = importlib.import_module(script.removesuffix(".py"))
         classes = importlib.import_module("util.classes").CLASSES
         stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
-                                     (module, "DeepLabV3Plus", lambda cfg: network),
-                                     (module, "evaluate", recorded(module.evaluate, curve))]))
-        stack.callback(classes.pop, DATASET, None)
-        classes[DATASET] = list(class_names)
+                                     (module, model_class, lambda *args, **kwargs: network),
+                                     (module, "evaluate", recorded(module.evaluate, *curves)), *patches,
+                                     *[(module, name, value) for name, value in (module_patches or {}).items()]]))
+        stack.enter_context(unittest.mock.patch.dict(classes, {cfg["dataset"]: list(class_names)}))
         seed_everything(seed)
         module.main()
-    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+    result = {"curve": curves[-1], "best": max(curves[-1]), "last": curves[-1][-1]}
+    return result if evaluations == 1 else {**result, "student_curve": curves[0]}
 
 
 def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list[int]) -> Callable[..., Any]:
@@ -619,7 +815,7 @@ def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, que
         stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
                                      (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
                                      (module, "train", with_banks(module.train, width, queue_sizes)),
-                                     (module, "validate", recorded(module.validate, curve, 100.0))]))
+                                     (module, "validate", recorded(module.validate, curve, scale=100.0))]))
         seed_everything(seed)
         module.main()
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
@@ -656,7 +852,7 @@ def run_official_augseg(folder: Path, cfg: dict[str, Any], student: nn.Module, s
         stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
                                      (sys.modules["augseg.dataset.augs_TIBA"], "np", numpy1_uint8()),
                                      (module, "ModelBuilder", lambda net_cfg: AugSegInterface(copy.deepcopy(student))),
-                                     (module, "validate", recorded(module.validate, curve, 100.0))]))
+                                     (module, "validate", recorded(module.validate, curve, scale=100.0))]))
         seed_everything(seed)
         module.main(args)
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
@@ -684,7 +880,9 @@ def study_of(config: RunConfig) -> StudyConfig:
 def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
     """``framework``'s official script on the export ``lists`` (its layout, :data:`LAYOUT`) with ``config``'s settings
     and initial network, epochs of ``N_u / B`` iterations (:func:`run_official`, :func:`run_official_u2pl`,
-    :func:`run_official_augseg`)."""
+    :func:`run_official_augseg`, :func:`official_v2_run`)."""
+    if framework in V2:
+        return official_v2_run(folder, framework, config, lists, save_path)
     unlabeled = len(lists["unlabeled"].read_text().splitlines())
     epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
     if framework == "u2pl":
@@ -701,6 +899,29 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
     cfg = official_cfg(config, lists["val"].parents[2], epochs)
     return run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)), run_lists,
                         save_path, config.seed, study_of(config).family_spec.class_names)
+
+
+def official_v2_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path],
+                    save_path: Path) -> dict[str, Any]:
+    """UniMatch V2's ``framework`` script (:func:`run_official` with :data:`V2_PATCHES`) on the export ``lists`` with
+    ``config``'s settings (:func:`v2_cfg`) and initial network (:class:`DPTInterface`), its backbone's state dict
+    what ``./pretrained/<backbone>.pth`` gives: epochs of ``N_u / B`` iterations (``supervised.py``: of
+    :func:`v2_supervised_items` / B, the labeled list repeated to that length beforehand). Reported: the EMA's curve
+    and best (``unimatch_v2.py``, ``fixmatch.py``: the EMA is what the project's cell evaluates and what the
+    published numbers are), the model's beside it (``student_curve``); ``supervised.py``'s model."""
+    unlabeled = len(lists["unlabeled"].read_text().splitlines())
+    run_lists, items = dict(lists), unlabeled
+    if framework == "supervised_v2":
+        items = v2_supervised_items(unlabeled)
+        run_lists["labeled"] = repeated_list(lists["labeled"], items, save_path.parent / "labeled_repeated_v2.txt")
+    cfg = v2_cfg(framework, config, lists["val"].parents[2],
+                 epochs=config.schedule.max_steps // (items // config.schedule.batch_size))
+    network = DPTInterface(initial_network(config), config.framework_options.get("comp_drop_kept", 0.5))
+    pretrained = answered_load(f"./pretrained/{cfg['backbone']}.pth", copy.deepcopy(network.backbone.state_dict()))
+    return run_official(folder, OFFICIAL[framework][1], cfg, network, run_lists, save_path, config.seed,
+                        study_of(config).family_spec.class_names, model_class="DPT",
+                        evaluations=1 if framework == "supervised_v2" else 2, patches=((torch, "load", pretrained),),
+                        module_patches={"DataLoader": in_process_loader})
 
 
 def one_framework(folder: Path, framework: str, data_seed: int, seed: int, lists: dict[str, Path],
@@ -722,6 +943,9 @@ def one_framework(folder: Path, framework: str, data_seed: int, seed: int, lists
         row.update({f"{side}_miou": result and result["best"], f"{side}_last_miou": result and result["last"],
                     f"{side}_curve": result and result["curve"],
                     f"{side}_seconds": result and round(result["seconds"], 1)})
+        if result and "student_curve" in result:  # UniMatch V2's loops evaluate the model beside its EMA
+            row.update({f"{side}_student_curve": result["student_curve"],
+                        f"{side}_student_miou": max(result["student_curve"])})
     print(f"{framework} seed {seed}: " + ", ".join(
         f"{side} {r['best']:.2f} (last {r['last']:.2f}, {r['seconds']:.0f} s)" for side, r in results.items() if r),
         flush=True)
@@ -803,6 +1027,25 @@ def regime(settings: list[str], split: str = "val") -> dict[str, Any]:
     return overrides
 
 
+def is_supervised(framework: str) -> bool:
+    """Whether ``framework`` is a supervised reference (:data:`SUPERVISED`'s values)."""
+    return framework in SUPERVISED.values()
+
+
+def panels_of(reports: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each framework in ``reports`` (``--combine``'s, one per framework), the supervised references
+    first (each from the first report holding it: a reference's own, or a framework's ``supervised``), those with
+    rows only."""
+    panels: dict[str, list[dict[str, Any]]] = {}
+    for r in reports:
+        reference = r["framework"] if is_supervised(r["framework"]) else SUPERVISED.get(r["framework"], "supervised")
+        if not panels.get(reference):
+            panels[reference] = r["runs"] if is_supervised(r["framework"]) else r["supervised"]
+    panels = dict(sorted(panels.items(), key=lambda item: list(SUPERVISED.values()).index(item[0])))
+    panels.update({r["framework"]: r["runs"] for r in reports if not is_supervised(r["framework"])})
+    return {name: rows for name, rows in panels.items() if rows}
+
+
 def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     """One panel per framework (the supervised reference first, from the first report holding it): the per-epoch
     validation mIoU of each seed, official solid, project dashed, with the seeds' mean curves bold."""
@@ -811,9 +1054,7 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
-    panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
-    panels = {name: rows for name, rows in panels.items() if rows}
+    panels = panels_of(reports)
     figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), sharey=True, squeeze=False)
     for axis, (name, rows) in zip(axes[0], panels.items()):
         for side, colour, style in (("official", "tab:blue", "-"), ("project", "tab:orange", "--")):
@@ -827,7 +1068,7 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
             axis.plot(range(1, length + 1), mean, style, color=colour, linewidth=2.0,
                       label=f"{side} ({len(curves)} seed{'s' * (len(curves) > 1)}: best {np.mean([max(c) for c in curves]):.1f})")
         axis.set_title(name)
-        axis.set_xlabel("epoch (120 iterations)")
+        axis.set_xlabel("epoch (official length)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("validation mIoU x 100")
@@ -857,8 +1098,7 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (``minus_supervised``, seeds the two have in common) and each framework's project minus official
     (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU and each side's mean and sample standard deviation
     over the seeds, where two seeds have both sides)."""
-    panels = {"supervised": next((r["supervised"] for r in reports if r["supervised"]), [])}
-    panels.update({r["framework"]: r["runs"] for r in reports if r["framework"] != "supervised"})
+    panels = panels_of(reports)
     out: list[dict[str, Any]] = []
     for name, rows in panels.items():
         for row in rows:
@@ -872,11 +1112,12 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "p_tost": round(test["p"], 3), "seeds": len(both),
                         **{f"{side}_{stat}": round(float(fn(values)), 2) for side, values in sides.items()
                            for stat, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1)))}})
-        if name == "supervised":
+        if is_supervised(name):
             continue
         for side in SIDES:
             mine = {r["seed"]: r[f"{side}_miou"] for r in rows if r.get(f"{side}_miou") is not None}
-            reference = {r["seed"]: r[f"{side}_miou"] for r in panels["supervised"] if r.get(f"{side}_miou") is not None}
+            reference = {r["seed"]: r[f"{side}_miou"] for r in panels.get(SUPERVISED.get(name, "supervised"), [])
+                         if r.get(f"{side}_miou") is not None}
             common = sorted(set(mine) & set(reference))
             if common:
                 out.append({"framework": name, "side": side, "seeds": len(common), "minus_supervised": round(
@@ -899,7 +1140,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
     """One report of several (one framework and data seed; their runs and supervised runs by seed, the first
     report's of a seed kept; commands and machines listed)."""
     reports = [json.loads(p.read_text()) for p in paths]
-    framework = next((r["framework"] for r in reports if r["framework"] != "supervised"), reports[0]["framework"])
+    framework = next((r["framework"] for r in reports if not is_supervised(r["framework"])), reports[0]["framework"])
     if {r["data_seed"] for r in reports} != {reports[0]["data_seed"]}:
         raise ValueError(f"--combine: the reports are of different data seeds: {[r['data_seed'] for r in reports]}")
     regimes = [r.get("regime", {}) for r in reports]
@@ -915,7 +1156,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
     for r in reports:
         for row in r["runs"]:
             add(runs if r["framework"] == framework else supervised, row)
-        if r["framework"] != "supervised":
+        if not is_supervised(r["framework"]):
             for row in r["supervised"]:
                 add(supervised, row)
     combined = {**reports[0], "framework": framework, "runs": [runs[k] for k in sorted(runs)],
@@ -925,7 +1166,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
 
 
 def report_of(args: argparse.Namespace, folder: Path, results: dict[str, list[dict]], seconds: float) -> dict[str, Any]:
-    supervised = results.get("supervised", [])
+    supervised = results.get(SUPERVISED.get(args.framework, "supervised"), [])
     report = {"framework": args.framework, "data_seed": args.data_seed, "regime": args.regime,
               "runs": results.get(args.framework, []), "supervised": supervised,
               "official": {"repository": OFFICIAL[args.framework][0], "script": OFFICIAL[args.framework][1],
@@ -955,8 +1196,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def frameworks_run(args: argparse.Namespace) -> list[str]:
-    """The frameworks a run of ``args`` trains: ``--framework``, then the supervised reference unless left out."""
-    return [args.framework] + ([] if args.no_supervised or args.framework == "supervised" else ["supervised"])
+    """The frameworks a run of ``args`` trains: ``--framework``, then its supervised reference (:data:`SUPERVISED`)
+    unless left out."""
+    reference = SUPERVISED.get(args.framework, "supervised")
+    return [args.framework] + ([] if args.no_supervised or args.framework == reference else [reference])
 
 
 def patches_of(frameworks: list[str]) -> list[tuple[str, str, str]]:

@@ -447,9 +447,11 @@ def test_augseg_project_side_has_the_official_pipeline_and_the_mini_studys_ema()
 
     config = runs.project_config("augseg", data_seed=0, seed=1)
     augmentation = config.data.augmentation
-    assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"]) == (
-        "long_side", 64, "bottom_right")
+    assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"], augmentation["crop_fill"]) \
+        == ("long_side", 64, "bottom_right", "mean")
     assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "augseg"
+    for framework in ("supervised", "fixmatch", "unimatch", "unimatch_v2", "supervised_v2"):  # UniMatch's black fill
+        assert runs.project_config(framework, data_seed=0, seed=1).data.augmentation["crop_fill"] == "zero", framework
     mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["augseg"]})
     assert config.framework_options["ema_decay"] == scaled["framework_options.ema_decay"]
@@ -479,3 +481,155 @@ def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp
     assert (tmp_path / f"{framework}_0" / "checkpoints" / "ckpt_best.pth").is_file()
     assert not {"tensorboardX", "train_semi", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()
     assert logging.root.handlers == handlers
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("framework", ["unimatch_v2", "fixmatch_v2"])
+def test_unimatch_v2_runs_both_sides_for_a_few_iterations(framework: str, tmp_path: Path):
+    """UniMatch V2's ``unimatch_v2.py`` (and ``fixmatch.py``) ``main()`` from the checkout (skipped without one) on the
+    project's ViT and the project's cell, two epochs of 15 iterations at a tiny size: each side reports one evaluation
+    per epoch, its best and its last; the official side the EMA's (what it reports and the project's cell evaluates)
+    and the model's beside it; nothing of the official run is left in the process."""
+    from test_official_side_by_side import official_root
+
+    repository = runs.OFFICIAL[framework][0]
+    folder = runs.checkout(official_root(repository), repository)
+    overrides = tiny_u2pl_overrides()
+    config = runs.project_config(framework, 0, 0, 30, overrides)
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data")
+    torch.set_num_threads(1)
+    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in runs.SIDES:
+        curve = row[f"{side}_curve"]
+        assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
+        assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
+    assert len(row["official_student_curve"]) == 2 and row["official_student_miou"] == max(row["official_student_curve"])
+    assert (tmp_path / f"{framework}_0" / "latest.pth").is_file()
+    assert not {runs.OFFICIAL[framework][1].removesuffix(".py"), "supervised", "dataset.semi"} & set(sys.modules)
+    assert not torch.distributed.is_initialized() and torch.load is runs.torch.load
+
+
+@pytest.mark.parametrize("framework", ["unimatch_v2", "fixmatch_v2"])
+def test_v2_project_side_is_the_mini_vit_cell_with_the_official_pipeline_and_ema(framework: str):
+    """UniMatch V2's cells: ``mini_vit.yaml``'s network (vit_mini + DPT, the shipped pretrained ViT), crop 56, AdamW
+    with the head at x40, released (the official class projection, the LR after the step), the official resize and
+    blur, and the EMA decay the official loop hard-codes (0.996; the mini study's time rule makes it 0.9); the
+    official config: the cell's values, a backbone name picking ``model_configs``' entry."""
+    import yaml
+
+    config = runs.project_config(framework, data_seed=2, seed=1)
+    mini_vit = yaml.safe_load(runs.MINI_VIT_SPEC.read_text())
+    assert (config.model.backbone, config.model.weights) == ("vit_mini", "pretrained:vit_mini")
+    assert config.framework_options["ema_decay"] == 0.996 == runs.V2_EMA_DECAY
+    scaled = next(rule["overrides"] for rule in mini_vit["cell_overrides"] if rule["when"] == {"frameworks": ["unimatch_v2"]})
+    assert scaled["framework_options.ema_decay"] != config.framework_options["ema_decay"]
+    assert config.head.options["block"] == "projection" and config.schedule.lr_timing == "after_step"
+    assert (config.optim.name, config.optim.lr, config.optim.head_lr_mult) == ("adamw", 5e-5, 40)
+    assert config.data.augmentation["resize"] == "long_side" and list(config.data.augmentation["blur_sigma"]) == [0.1, 2.0]
+    assert config.schedule.epoch_length == "unlabeled" and config.schedule.eval_every_epochs == 1
+    assert config.evaluation.resize_multiple == 14 and config.evaluation.select == "best"
+    cfg = runs.v2_cfg(framework, config, Path("/data"), epochs=8)
+    assert (cfg["dataset"], cfg["crop_size"], cfg["batch_size"], cfg["lr"], cfg["lr_multi"], cfg["epochs"]) == (
+        "study", 56, 8, 5e-5, 40.0, 8)
+    assert cfg["backbone"].split("_")[-1] == runs.V2_MODEL_CONFIG and cfg["lock_backbone"] is False
+    with pytest.raises(ValueError, match="share one batch_size"):
+        runs.v2_cfg(framework, runs.project_config(framework, 0, 0, overrides={"schedule.unlabeled_batch_size": 4}),
+                    Path("/data"), epochs=8)
+
+
+def test_supervised_v2_is_the_official_supervised_run_on_the_vit_both_ways():
+    """UniMatch V2's ``supervised.py`` doubles the batch and draws at least 3000 labeled items an epoch
+    (``pascal``'s entry): the project's ``supervised`` cell on the ViT with the official head, batch 16 and an
+    evaluation every 240 iterations, the official config at half the batch under the dataset name ``pascal``."""
+    config = runs.project_config("supervised_v2", data_seed=0, seed=0)
+    assert config.framework == "supervised" and config.model.backbone == "vit_mini"
+    assert config.head.options["block"] == "projection" and config.data.augmentation["strong"] is None
+    assert config.schedule.batch_size == 16 and config.schedule.lr_timing == "after_step"
+    assert runs.v2_supervised_items(960) == 3840
+    assert config.schedule.epoch_length == "labeled" and config.schedule.eval_every_epochs * 64 // 16 == 3840 // 16
+    cfg = runs.v2_cfg("supervised_v2", config, Path("/data"), epochs=4)
+    assert (cfg["dataset"], cfg["batch_size"]) == ("pascal", 8)
+    with pytest.raises(ValueError, match="not a whole number"):
+        runs.project_config("supervised_v2", 0, 0, overrides={"schedule.batch_size": 28})
+
+
+def test_dpt_interface_gives_the_projects_logits_groups_and_complementary_dropout():
+    """``forward(normalised x)`` is the project's model on ``x``; ``comp_drop`` with every pair kept whole is the same,
+    with none kept it is not; the parameters named with ``backbone`` are the ViT's (the official first group), the
+    others the decoder's and head's, each once; ``lock_backbone`` freezes the ViT only."""
+    student = runs.initial_network(runs.project_config("unimatch_v2", data_seed=0, seed=0)).eval()
+    images = torch.rand(4, 3, 56, 56)
+    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    normalised = (images - mean) / std
+    with torch.no_grad():
+        expected = runs.upsample_logits(student(images).head.logits, (56, 56), align_corners=True)[0]
+        whole = runs.DPTInterface(student, kept_fraction=1.0).eval()
+        torch.testing.assert_close(whole(normalised), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(whole(normalised, comp_drop=True), expected, atol=1e-5, rtol=1e-5)
+        dropped = runs.DPTInterface(student, kept_fraction=0.0).eval()(normalised, comp_drop=True)
+    assert dropped.shape == expected.shape and not torch.allclose(dropped, expected, atol=1e-3)
+    interface = runs.DPTInterface(student)
+    named = dict(interface.named_parameters())
+    backbone = [p for name, p in named.items() if "backbone" in name]
+    assert {id(p) for p in backbone} == {id(p) for p in interface.backbone.parameters()}
+    assert {id(p) for name, p in named.items() if "backbone" not in name} == {id(p) for p in interface.head.parameters()}
+    assert len(named) == len(list(student.parameters()))
+    interface.lock_backbone()
+    assert not any(p.requires_grad for p in backbone) and all(p.requires_grad for p in interface.head.parameters())
+
+
+def test_answered_load_gives_the_state_for_its_path_and_loads_any_other(tmp_path: Path):
+    state = {"w": torch.ones(2)}
+    torch.save({"other": torch.zeros(1)}, tmp_path / "other.pth")
+    load = runs.answered_load("./pretrained/vit_mini_small.pth", state)
+    assert load("pretrained/vit_mini_small.pth") is state
+    assert torch.equal(load(str(tmp_path / "other.pth"))["other"], torch.zeros(1))
+
+
+def test_recorded_hands_the_results_to_the_curves_in_turn():
+    """UniMatch V2's loops evaluate the model, then its EMA, every epoch: results alternate between the curves."""
+    model, ema = [], []
+    evaluate = runs.recorded(lambda value: (value, "per class"), model, ema)
+    for value in (0.1, 0.2, 0.3, 0.4):
+        assert evaluate(value) == (value, "per class")
+    assert (model, ema) == ([0.1, 0.3], [0.2, 0.4])
+
+
+def test_in_process_loader_loads_in_the_process():
+    loader = runs.in_process_loader(list(range(6)), batch_size=2, num_workers=4, drop_last=True)
+    assert loader.num_workers == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_v2_frameworks_run_with_their_supervised_reference_and_its_patches():
+    args = runs.parse_args(["--official-root", "R", "--framework", "fixmatch_v2", "--out", "O"])
+    assert runs.frameworks_run(args) == ["fixmatch_v2", "supervised_v2"]
+    assert runs.LAYOUT["supervised_v2"] == "pascal" and runs.PROJECT_FRAMEWORK["supervised_v2"] == "supervised"
+    patched = [p[0] for p in runs.patches_of(runs.frameworks_run(args))]
+    assert patched == [p[0] for p in runs.V2_PATCHES] and "DPT (as the script imported it)" in patched
+
+
+def test_export_of_the_pascal_layout_lists_the_images_where_supervised_v2_reads_them(tmp_path: Path):
+    lists = runs.export_official_layout(small_study(), tmp_path, layout="pascal")
+    assert lists["val"] == tmp_path / "splits" / "pascal" / "val.txt"
+    first = lists["labeled"].read_text().splitlines()[0].split(" ")
+    assert (tmp_path / first[0]).is_file() and (tmp_path / first[1]).is_file()
+
+
+def test_combine_and_figure_take_v2_reports_beside_the_deeplab_ones(tmp_path: Path):
+    """A UniMatch V2 run and its supervised reference's run join; a figure of V1 and V2 reports draws each
+    reference's panel and measures each framework against its own reference."""
+    paths = {name: tmp_path / f"{name}.json" for name in ("v2", "sup_v2", "v1")}
+    paths["v2"].write_text(json.dumps(part("unimatch_v2", [0, 1], 0.5)))
+    paths["sup_v2"].write_text(json.dumps(part("supervised_v2", [0, 1], 0.0, supervised=True)))
+    v1 = part("unimatch", [0, 1], 0.0, supervised=True)
+    v1["supervised"] = [{**r, "official_miou": r["official_miou"] - 3.0} for r in v1["runs"]]
+    paths["v1"].write_text(json.dumps(v1))
+    combined = runs.main(["--combine", str(paths["v2"]), str(paths["sup_v2"]), "--out", str(tmp_path / "out")])
+    assert combined["framework"] == "unimatch_v2" and [r["seed"] for r in combined["supervised"]] == [0, 1]
+    assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
+    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json"),
+                       str(paths["v1"])])
+    assert list(runs.panels_of([combined, v1])) == ["supervised", "supervised_v2", "unimatch_v2", "unimatch"]
+    lines = drawn["records"]
+    assert {"framework": "unimatch_v2", "side": "project", "seeds": 2, "minus_supervised": 0.5} in lines
+    assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 3.0} in lines

@@ -42,7 +42,7 @@ backbone / head LRs, crop, batch, epochs, loss, evaluation, the DINOv2-B encoder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,6 +108,18 @@ def decode(model: Segmentor, encoded: BackboneFeatures) -> HeadOutput:
     return model.classify(model.decoder(encoded.low_level, encoded.high_level))
 
 
+def complementary_pass(model: Segmentor, views: Tensor,
+                       draw_masks: Callable[[int, Sequence[int], torch.device], list[Tensor]]) -> HeadOutput:
+    """``model`` on ``views [2 P, 3, H, W]`` (pairs ``(i, P + i)``) with complementary dropout on its encoder maps,
+    the masks ``draw_masks(P, widths, device)`` (:func:`complementary_masks`): UniMatch V2's ``DPT.forward(x,
+    comp_drop=True)`` (``dpt.py`` 148-167), the strong pass of :class:`UniMatchV2` and of the official loop run on the
+    project's network (``benchmarks/official_runs.py``)."""
+    encoded = model.encode(views)
+    vit = isinstance(model.backbone, ViTBackbone)
+    widths = [encoded.high_level.shape[1]] if vit else [encoded.low_level.shape[1], encoded.high_level.shape[1]]
+    return decode(model, masked_encoding(encoded, draw_masks(views.shape[0] // 2, widths, views.device), vit))
+
+
 @dataclass
 class MixedViews:
     """What steps 1-2 make of the unlabeled batch: per strong view its CutMixed pseudo-labels and valid pixels
@@ -145,12 +157,7 @@ class UniMatchV2(UniMatchV2Spec, FixMatch):
     # ----------------------------------------------------------------- step
     def strong_pass(self, views: Tensor) -> HeadOutput:
         """The student on ``views [2 B_u, 3, H, W]`` (``cat(strong1, strong2)``) with complementary dropout."""
-        student = unwrap(self.student)
-        encoded = student.encode(views)
-        vit = isinstance(student.backbone, ViTBackbone)
-        widths = [encoded.high_level.shape[1]] if vit else [encoded.low_level.shape[1], encoded.high_level.shape[1]]
-        masks = self.draw_masks(views.shape[0] // 2, widths, views.device)
-        return decode(student, masked_encoding(encoded, masks, vit))
+        return complementary_pass(unwrap(self.student), views, self.draw_masks)
 
     def mixed_views(self, batch: Batch) -> MixedViews:
         """Steps 1-2: the EMA teacher's prediction on the weak view, a box per strong view (``[B_u, H, W]``) and
