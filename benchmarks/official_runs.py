@@ -877,6 +877,21 @@ def study_of(config: RunConfig) -> StudyConfig:
     return StudyConfig.from_options(DATASET, **config.data.options)
 
 
+def official_epochs(framework: str, config: RunConfig) -> int:
+    """How many official epochs ``config``'s ``schedule.max_steps`` are: an official epoch is ``N_u / B`` iterations
+    (the unlabeled pool's; UniMatch V2's ``supervised.py``: :func:`v2_supervised_items` / B). ValueError naming the
+    steps and the epoch's length where they are not a whole number of epochs (the official loops count epochs)."""
+    data = study_of(config)
+    unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
+    items = v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
+    per_epoch, steps = items // config.schedule.batch_size, config.schedule.max_steps
+    if per_epoch < 1 or steps % per_epoch or steps < per_epoch:
+        raise ValueError(f"--steps: {framework}'s official script counts epochs of {per_epoch} iterations ({items} "
+                         f"items / batch {config.schedule.batch_size}); {steps} iterations is not a whole number of "
+                         f"them: use a multiple of {per_epoch}")
+    return steps // per_epoch
+
+
 def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
     """``framework``'s official script on the export ``lists`` (its layout, :data:`LAYOUT`) with ``config``'s settings
     and initial network, epochs of ``N_u / B`` iterations (:func:`run_official`, :func:`run_official_u2pl`,
@@ -884,7 +899,7 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
     if framework in V2:
         return official_v2_run(folder, framework, config, lists, save_path)
     unlabeled = len(lists["unlabeled"].read_text().splitlines())
-    epochs = config.schedule.max_steps // (unlabeled // config.schedule.batch_size)
+    epochs = official_epochs(framework, config)
     if framework == "u2pl":
         options = config.framework_options
         queues = [options["background_queue_size"]] + [options["queue_size"]] * (config.num_classes - 1)
@@ -914,8 +929,7 @@ def official_v2_run(folder: Path, framework: str, config: RunConfig, lists: dict
     if framework == "supervised_v2":
         items = v2_supervised_items(unlabeled)
         run_lists["labeled"] = repeated_list(lists["labeled"], items, save_path.parent / "labeled_repeated_v2.txt")
-    cfg = v2_cfg(framework, config, lists["val"].parents[2],
-                 epochs=config.schedule.max_steps // (items // config.schedule.batch_size))
+    cfg = v2_cfg(framework, config, lists["val"].parents[2], epochs=official_epochs(framework, config))
     network = DPTInterface(initial_network(config), config.framework_options.get("comp_drop_kept", 0.5))
     pretrained = answered_load(f"./pretrained/{cfg['backbone']}.pth", copy.deepcopy(network.backbone.state_dict()))
     return run_official(folder, OFFICIAL[framework][1], cfg, network, run_lists, save_path, config.seed,
@@ -1185,11 +1199,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = records(reports)
         args.figure.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return {"records": rows}
+    if args.combine is None:
+        try:  # every run's length checked before anything starts
+            for framework in frameworks_run(args):
+                official_epochs(framework, project_config(framework, args.data_seed, args.seeds[0], args.steps,
+                                                          args.regime))
+        except ValueError as error:
+            sys.exit(f"official_runs.py: {error}")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.combine is not None:
-        report = combine(args.combine)
-    else:
-        report = run_all(args)
+    report = combine(args.combine) if args.combine is not None else run_all(args)
     (args.out / "official_runs.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report[k] for k in ("framework", "data_seed", "equivalence")}))
     return report

@@ -633,3 +633,18 @@ def test_combine_and_figure_take_v2_reports_beside_the_deeplab_ones(tmp_path: Pa
     lines = drawn["records"]
     assert {"framework": "unimatch_v2", "side": "project", "seeds": 2, "minus_supervised": 0.5} in lines
     assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 3.0} in lines
+
+
+def test_steps_that_are_not_whole_official_epochs_exit_before_anything_starts(tmp_path: Path):
+    """The official loops count epochs of N_u / B iterations (960 / 8 = 120 here; supervised_v2's 3840 / 16 = 240):
+    other steps exit with a message naming them, before any checkout is read or any folder made."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="--steps: unimatch's official script counts epochs of 120 iterations"):
+        runs.main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch", "--steps", "100",
+                   "--out", str(out)])
+    with pytest.raises(SystemExit, match="supervised_v2's official script counts epochs of 240 iterations"):
+        runs.main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch_v2", "--steps", "360",
+                   "--out", str(out)])
+    assert not out.exists()
+    config = runs.project_config("unimatch", data_seed=0, seed=0, steps=240)
+    assert runs.official_epochs("unimatch", config) == 2
