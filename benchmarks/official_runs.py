@@ -100,6 +100,35 @@ the DPT's 1x1 class projection as head (not U2PL's block), the LR after the step
 ``n_upsampled[cfg['dataset']]`` items an epoch from a four-dataset table: it runs under the name ``pascal``, whose 3000
 is the smallest, the labeled list repeated to 3840, a multiple of the 960 unlabeled images; the project's side
 evaluates every 60 labeled epochs of 4 iterations): four evaluations in 960 iterations, not eight.
+
+PS-MT (``--framework psmt``: yyliu01/PS-MT's ``VocCode/main.py``, :func:`run_official_psmt`): ``main(-1, 1, config,
+args)``, what its ``__main__`` calls with one GPU (no DDP: ``DataParallel`` without devices runs the module in the
+process; no process group), with its config dict (:func:`psmt_cfg`: ``configs/config_deeplab_v3+.json`` of the
+checkout with ``main.py``'s arguments and the cell's settings) on the export in its layout (:data:`LAYOUTS` ``psmt``:
+``VOCdevkit/VOC2012`` with ``<n>_train_supervised.txt`` lists under ``VocCode/DataLoader/voc_splits``): its ``VOC``
+loaders and transforms (the long side a random integer in [0.5, 2] x ``base_size``, 600 / 500 of the image as on VOC:
+77 px; a 64 px crop padded at the bottom and right with the mean and 255; flip; the strong view's jitter, grey and
+blur), the labeled loader cycled, the warm-up of the three networks (``_warm_up``), then per epoch the alternating core
+teacher, the assist mask, CutMix, ``EntireModel.forward`` (the student's two passes with the T-VAT decoder,
+``semi_ce_loss``, the cosine ``ConsistencyWeight``), SGD, ``Poly``, the EMA of the core teacher's state and the
+whole-image validation of both teachers' mean logits; the best of the per-epoch mIoU reported (PS-MT logs each and
+names its checkpoints by it). The network: the project's PS-MT networks of the cell (the ``psmt`` decoder; the
+student with the pretrained backbone, the teachers with their own initialisation and scratch backbones, as the
+released cell builds them) behind ``EntireModel``, split as the PS-MT golden recorder splits them (its ``Encoder`` and
+``Upsample``, imported: :func:`psmt_entire_model`). Patches (:data:`PSMT_PATCHES`): ``.cuda()``, the network,
+VOC's 21 classes where the code hard-codes them (the dataset's ``num_classes``, ``semi_ce_loss``'s one-hot: the
+logits padded with classes of softmax 0; the assist teacher's top 7 of K < 7 classes: all), the EMA keep rate at its
+call site, ``np.int``, the wandb board and its imports (wandb, seaborn: not installed), the evaluation recorded.
+Settings: the mini study's time rule for epochs of the official length: EMA keep rate 0.9, ramp-up 1.2 epochs, and
+the released warm-up of 5 epochs scaled alike to one: 120 iterations, in PS-MT's units 15 passes of its labeled
+loader (8 iterations) for each network, then ``epochs`` 7 (:func:`psmt_warm_up_epochs`, :func:`official_epochs`).
+What differs from the project's side, and why (the official code's, not patched): the student's LR is the base LR in
+the warm-up and ``Poly`` runs over the 7 semi-supervised epochs (the project's poly runs over all 960 steps); the
+warm-up passes the three networks through their own labeled batches (the project's share one); ``cycle`` replays
+the first pass's labeled batches, augmentations included, every epoch; ``main`` seeds ``random`` and torch with 42
+whatever the seed (the official seeds differ in the initial weights and NumPy's CutMix draws only); its resize is
+bicubic; the official side evaluates the 7 semi-supervised epochs, the project's the warm-up epoch too. Supervised
+reference: UniMatch's ``supervised.py``, as for the others (not the mini study's ``supervised_psmt``).
 """
 
 from __future__ import annotations
