@@ -798,3 +798,18 @@ def test_psmt_runs_both_sides_for_a_few_iterations(tmp_path: Path):
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
     assert len(list((tmp_path / "psmt_0" / "psmt").glob("4_mIoU_*_e2.pth"))) == 1
     assert not {"main", "train", "wandb", "seaborn"} & set(sys.modules) and not hasattr(np, "int")
+
+
+def test_combine_and_figure_take_psmt_reports_with_the_supervised_reference(tmp_path: Path):
+    """A PS-MT report joins UniMatch's ``supervised.py`` runs as the U2PL and AugSeg ones do; its patches are PS-MT's
+    and its run's frameworks PS-MT and that reference."""
+    paths = [tmp_path / "psmt.json", tmp_path / "supervised.json"]
+    paths[0].write_text(json.dumps(part("psmt", [0, 1], -0.4)))
+    paths[1].write_text(json.dumps(part("supervised", [0, 1], 0.0, supervised=True)))
+    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    assert combined["framework"] == "psmt" and combined["equivalence"]["framework"]["difference"] == pytest.approx(-0.4)
+    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    assert {"framework": "psmt", "side": "project", "seeds": 2, "minus_supervised": -0.4} in drawn["records"]
+    args = runs.parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
+    assert runs.frameworks_run(args) == ["psmt", "supervised"]
+    assert runs.patches_of(["psmt"]) == list(runs.PSMT_PATCHES) and runs.LAYOUT["psmt"] == "psmt"
