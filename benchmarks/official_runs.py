@@ -100,6 +100,35 @@ the DPT's 1x1 class projection as head (not U2PL's block), the LR after the step
 ``n_upsampled[cfg['dataset']]`` items an epoch from a four-dataset table: it runs under the name ``pascal``, whose 3000
 is the smallest, the labeled list repeated to 3840, a multiple of the 960 unlabeled images; the project's side
 evaluates every 60 labeled epochs of 4 iterations): four evaluations in 960 iterations, not eight.
+
+PS-MT (``--framework psmt``: yyliu01/PS-MT's ``VocCode/main.py``, :func:`run_official_psmt`): ``main(-1, 1, config,
+args)``, what its ``__main__`` calls with one GPU (no DDP: ``DataParallel`` without devices runs the module in the
+process; no process group), with its config dict (:func:`psmt_cfg`: ``configs/config_deeplab_v3+.json`` of the
+checkout with ``main.py``'s arguments and the cell's settings) on the export in its layout (:data:`LAYOUTS` ``psmt``:
+``VOCdevkit/VOC2012`` with ``<n>_train_supervised.txt`` lists under ``VocCode/DataLoader/voc_splits``): its ``VOC``
+loaders and transforms (the long side a random integer in [0.5, 2] x ``base_size``, 600 / 500 of the image as on VOC:
+77 px; a 64 px crop padded at the bottom and right with the mean and 255; flip; the strong view's jitter, grey and
+blur), the labeled loader cycled, the warm-up of the three networks (``_warm_up``), then per epoch the alternating core
+teacher, the assist mask, CutMix, ``EntireModel.forward`` (the student's two passes with the T-VAT decoder,
+``semi_ce_loss``, the cosine ``ConsistencyWeight``), SGD, ``Poly``, the EMA of the core teacher's state and the
+whole-image validation of both teachers' mean logits; the best of the per-epoch mIoU reported (PS-MT logs each and
+names its checkpoints by it). The network: the project's PS-MT networks of the cell (the ``psmt`` decoder; the
+student with the pretrained backbone, the teachers with their own initialisation and scratch backbones, as the
+released cell builds them) behind ``EntireModel``, split as the PS-MT golden recorder splits them (its ``Encoder`` and
+``Upsample``, imported: :func:`psmt_entire_model`). Patches (:data:`PSMT_PATCHES`): ``.cuda()``, the network,
+VOC's 21 classes where the code hard-codes them (the dataset's ``num_classes``, ``semi_ce_loss``'s one-hot: the
+logits padded with classes of softmax 0; the assist teacher's top 7 of K < 7 classes: all), the EMA keep rate at its
+call site, ``np.int``, the wandb board and its imports (wandb, seaborn: not installed), the evaluation recorded.
+Settings: the mini study's time rule for epochs of the official length: EMA keep rate 0.9, ramp-up 1.2 epochs, and
+the released warm-up of 5 epochs scaled alike to one: 120 iterations, in PS-MT's units 15 passes of its labeled
+loader (8 iterations) for each network, then ``epochs`` 7 (:func:`psmt_warm_up_epochs`, :func:`official_epochs`).
+What differs from the project's side, and why (the official code's, not patched): the student's LR is the base LR in
+the warm-up and ``Poly`` runs over the 7 semi-supervised epochs (the project's poly runs over all 960 steps); the
+warm-up passes the three networks through their own labeled batches (the project's share one); ``cycle`` replays
+the first pass's labeled batches, augmentations included, every epoch; ``main`` seeds ``random`` and torch with 42
+whatever the seed (the official seeds differ in the initial weights and NumPy's CutMix draws only); its resize is
+bicubic; the official side evaluates the 7 semi-supervised epochs, the project's the warm-up epoch too. Supervised
+reference: UniMatch's ``supervised.py``, as for the others (not the mini study's ``supervised_psmt``).
 """
 
 from __future__ import annotations
@@ -169,7 +198,8 @@ OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": (
             "augseg": ("zhenzhao/AugSeg", "train_semi.py"),
             "unimatch_v2": ("LiheYoung/UniMatch-V2", "unimatch_v2.py"),
             "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
-            "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py")}
+            "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
+            "psmt": ("yyliu01/PS-MT", "VocCode/main.py")}
 #: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
 V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
 #: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks'), UniMatch V2's (the ViT's)
@@ -194,17 +224,33 @@ U2PL_PIPELINE = {"data.augmentation.resize": "rescale_balanced", "data.augmentat
 #: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2]) but for the crop's
 #: image fill: the ImageNet mean (``augs_TIBA.py`` ``Crop``)
 AUGSEG_PIPELINE = {**OFFICIAL_PIPELINE, "data.augmentation.crop_fill": "mean"}
+#: PS-MT's is AugSeg's (``Base/base_dataset.py``: the long side a random integer in [0.5, 2] x ``base_size``, a crop
+#: padded at the bottom and right with the mean and 255, flip; its strong view's blur sigma in [0.1, 2]) with its
+#: ``base_size`` 600 for VOC's 500 px images (:data:`BASE_SIZE_PER_IMAGE`)
+PSMT_PIPELINE = AUGSEG_PIPELINE
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
-                      "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE,
+                      "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE,
                       **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
+#: the official resize's base size per image size where it is not the image's (VOC's images are 500 px): PS-MT's
+#: ``base_size`` 600 (``configs/config_deeplab_v3+.json``)
+BASE_SIZE_PER_IMAGE = {"psmt": 600 / 500}
 #: the export's layouts: label folder, list folder, one list line of item ``name`` (``u2pl``: also AugSeg's)
 LAYOUTS = {"unimatch": ("SegmentationClass", f"splits/{DATASET}", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
            "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}"),
-           "pascal": ("SegmentationClass", "splits/pascal", "JPEGImages/{name}.jpg SegmentationClass/{name}.png")}
+           "pascal": ("SegmentationClass", "splits/pascal", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
+           "psmt": ("SegmentationClassAug", "VocCode/DataLoader/voc_splits",
+                    "/JPEGImages/{name}.jpg /SegmentationClassAug/{name}.png")}
+#: a layout's list files where they are not ``<partition>/labeled.txt``, ``<partition>/unlabeled.txt`` and
+#: ``val.txt`` under its list folder (PS-MT: ``<n labeled>_train_supervised.txt``, ``DataLoader/voc.py`` 40-46)
+LIST_FILES = {"psmt": {"labeled": "{labeled}_train_supervised.txt", "unlabeled": "{labeled}_train_unsupervised.txt",
+                       "val": "val.txt"}}
+#: a layout's folder under the export folder where its files go (PS-MT's ``VOCDataset`` reads
+#: ``<data_dir>/VOCdevkit/VOC2012``; its list folder is read from the working directory, that folder)
+LAYOUT_FOLDER = {"psmt": "VOCdevkit/VOC2012"}
 #: framework -> the layout its official script reads (UniMatch V2's ``supervised.py``: UniMatch's under the dataset
 #: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
 LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
-          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal"}
+          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt"}
 #: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
 #: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
 V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
@@ -304,8 +350,43 @@ V2_PATCHES = (
      "the per-epoch curves (unimatch_v2.py and fixmatch.py evaluate the model, then its EMA: both recorded); nothing "
      "changed"),
 )
+#: every change made to PS-MT's ``VocCode/main.py`` ``main(-1, 1, config, args)`` run (no DDP: the script's own
+#: one-process path, ``args.ddp`` False, ``DataParallel`` without devices), the only ones; the settings that are not
+#: patches but the cell's are :func:`psmt_cfg`'s and :func:`psmt_args`'
+PSMT_PATCHES = (
+    *CPU_PATCHES,
+    ("model_deep (EntireModel, as main imported it)",
+     "an EntireModel whose encoder1/2/_s and decoder1/2/_s hold the project's PS-MT networks of the cell (student, "
+     "teacher 1, teacher 2), split as the PS-MT golden recorder splits them (tests/golden/record_psmt_step_golden.py "
+     "Encoder, Upsample: backbone + decoder, classifier head upsampled with align_corners=True); its forward, "
+     "warm_up_forward, T-VAT decoder and losses the official ones, its ConsistencyWeight main's",
+     "the study's small network with the project's initial weights of the seed (the student's pretrained backbone, "
+     "the teachers' own initialisation and scratch backbones as the released cell's); the official encoder is a "
+     "ResNet-50 of fixed widths"),
+    ("EntireModel.unsuper_loss (semi_ce_loss)", "semi_ce_loss on the logits padded to 21 classes with a logit "
+     "1e4 below the least (softmax 0)", "semi_ce_loss pads its one-hot to VOC's 21 classes (losses.py 72-76) and "
+     "multiplies it with the student's K; padded, its softmaxes, argmax, weights and positive loss are those of the K "
+     "classes; its negative loss (which the padding changes) enters only with semi_n_th > 0, and the scripts set 0"),
+    ("VOCDataset.__init__", "the same, then num_classes the study's K", "VOCDataset hard-codes VOC's 21 (voc.py 31), "
+     "which the Trainer takes for its assist mask and its mIoU (the mean over 21 classes, 16 of them absent)"),
+    ("Trainer.assist_mask_calculate", "the same with topk min(topk, num_classes)",
+     "_train_epoch asks the assist teacher's top 7 of VOC's 21 classes; of the study's K < 7 classes torch.topk "
+     "raises, and the top 7 hold them all (what the project's assist_combine does)"),
+    ("Trainer.update_teachers", "the same with keep_rate the cell's ema_keep_rate",
+     "_train_epoch calls it with its default 0.996; the mini study's time rule scales it to the short run (0.9)"),
+    ("numpy.int", "int", "removed in NumPy 1.24; cut_mix's rand_bbox_1 casts with it"),
+    ("Utils.tensor_board.Tensorboard (as main imported it)", "a board that discards",
+     "wandb logging only; wandb and seaborn are not installed: empty stand-ins for the module's imports, never "
+     "called"),
+    ("Trainer._valid_epoch", "the same function, its Mean_IoU also recorded (x 100)",
+     "the per-epoch curve; nothing changed"),
+)
 PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES,
-              "augseg": AUGSEG_PATCHES, **dict.fromkeys(V2, V2_PATCHES)}
+              "augseg": AUGSEG_PATCHES, "psmt": PSMT_PATCHES, **dict.fromkeys(V2, V2_PATCHES)}
+#: PS-MT's VOC config (``main.py`` reads it as the dict the Trainer takes)
+PSMT_CONFIG = "VocCode/configs/config_deeplab_v3+.json"
+#: the classes PS-MT's ``semi_ce_loss`` pads its one-hot to (VOC's)
+PSMT_LOSS_CLASSES = 21
 #: AugSeg's VOC 1/16 configuration (662 labeled images)
 AUGSEG_CONFIG = "exps/zrun_vocs/r50_voc_semi662/config_semi.yaml"
 #: U2PL's ``voc_dset`` draws ``10582 - n_sup`` items of each training list (VOC's train_aug has 10582 images)
@@ -337,16 +418,22 @@ def export_official_layout(config: StudyConfig, out: Path, partition: str = PART
     ``splits/pascal_study`` (its ``BaseDataset`` takes a list whose path names ``pascal`` as VOC's), one ``<id>`` per
     line. The unlabeled images' labels are written too (both official datasets open the mask of every item,
     unlabeled ones included; it enters no loss). ``split``: the images of ``val.txt``, the validation split or the
-    ``tune`` split (what settings are chosen on). Returns the three list files."""
+    ``tune`` split (what settings are chosen on). PS-MT: everything under ``out/VOCdevkit/VOC2012`` (its
+    ``VOCDataset`` root), the lists ``VocCode/DataLoader/voc_splits/<n>_train_supervised.txt``,
+    ``<n>_train_unsupervised.txt`` (``n`` the labeled images) and ``val.txt`` under it (read from the working
+    directory), one line ``/JPEGImages/<id>.jpg /SegmentationClassAug/<id>.png`` per item (the root joined with the
+    path less its first character). Returns the three list files."""
     label_folder, list_folder, line = LAYOUTS[layout]
+    out = out / LAYOUT_FOLDER.get(layout, "")
     for folder in ("JPEGImages", label_folder):
         (out / folder).mkdir(parents=True, exist_ok=True)
     labeled, unlabeled = labeled_indices(config, partition_counts(config.train_size)[partition])
     evaluated = range(config.val_size if split == "val" else config.tune_size)
     streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": (split, evaluated)}
-    lists = {"labeled": out / list_folder / partition.replace("/", "_") / "labeled.txt",
-             "unlabeled": out / list_folder / partition.replace("/", "_") / "unlabeled.txt",
-             "val": out / list_folder / "val.txt"}
+    part = partition.replace("/", "_")
+    names = LIST_FILES.get(layout, {"labeled": f"{part}/labeled.txt", "unlabeled": f"{part}/unlabeled.txt",
+                                    "val": "val.txt"})
+    lists = {name: out / list_folder / file.format(labeled=len(labeled)) for name, file in names.items()}
     for split, (stream, indices) in streams.items():
         lines = []
         for index in indices:
@@ -381,7 +468,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     ``supervised.py``); the time-dependent framework settings by the mini study's rule for epochs of that length
     (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (a regime's,
     ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
-    the official resize's base size follows the image size unless set. UniMatch V2's frameworks (:data:`V2`) start
+    the official resize's base size follows the image size unless set (PS-MT's: 600 / 500 of it,
+    :data:`BASE_SIZE_PER_IMAGE`). UniMatch V2's frameworks (:data:`V2`) start
     from ``jobs/specs/mini_vit.yaml``'s overrides instead (:func:`v2_settings`)."""
     settings = dict(yaml.safe_load((MINI_VIT_SPEC if framework in V2 else MINI_SPEC).read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
@@ -402,9 +490,16 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
             settings[key] = value
     if "data.augmentation.base_size" in OFFICIAL_PIPELINES[framework] and \
             "data.augmentation.base_size" not in (overrides or {}):  # the image's size, as VOC's 500 in the official
-        settings["data.augmentation.base_size"] = StudyConfig.from_options(DATASET, **settings["data.options"]).image_size
+        image_size = StudyConfig.from_options(DATASET, **settings["data.options"]).image_size
+        settings["data.augmentation.base_size"] = round(image_size * BASE_SIZE_PER_IMAGE.get(framework, 1.0))
     settings.update(v2_supervised_epochs(settings) if framework == "supervised_v2" else
                     {} if framework in V2 else official_length_time_settings(framework, settings))
+    return released_cell(framework, settings)
+
+
+def released_cell(framework: str, settings: dict[str, Any]) -> RunConfig:
+    """The project's cell of ``framework`` (the study, 1/16, the baseline head, protocol ``released``) with
+    ``settings`` as overrides."""
     return compose("paper", framework=PROJECT_FRAMEWORK.get(framework, framework), dataset=DATASET,
                    partition=PARTITION, head="baseline", protocol="released", overrides=settings).config
 
@@ -453,7 +548,9 @@ def official_length_time_settings(framework: str, settings: dict[str, Any]) -> d
     official length, ``N_u / B_u`` iterations: as overrides (``framework_options.<key>``; none for the UniMatch
     family, which has no time-dependent settings). U2PL at 960 steps of 120 iterations: EMA decay 0.9 and queues of
     356 / 593 keys as the mini study's (they follow steps and pixels), ``sup_only_epochs`` 1 (the paper's one epoch
-    of 80 is 0.1 of these, floored at one; the mini study's 2 are of 8-iteration epochs)."""
+    of 80 is 0.1 of these, floored at one; the mini study's 2 are of 8-iteration epochs). PS-MT: EMA keep rate 0.9
+    and ramp-up 1.2 epochs (the paper's 12 x 0.1), and the released warm-up (switch ``psmt_warmup_epochs``: 5, not a
+    paper option, which the mini study's ``corrected`` cells leave at 0) scaled alike: 0.5, floored at one epoch."""
     data = StudyConfig.from_options(DATASET, **settings["data.options"])
     unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
     run = RunLength.of(steps=settings["schedule.max_steps"],
@@ -461,6 +558,8 @@ def official_length_time_settings(framework: str, settings: dict[str, Any]) -> d
                        images_per_step=settings["schedule.batch_size"] + settings["schedule.unlabeled_batch_size"],
                        crop_size=settings["schedule.crop_size"])
     paper = get_framework(framework).paper_options(DATASET, PARTITION)
+    if framework == "psmt":
+        paper["warmup_epochs"] = released_cell(framework, settings).framework_options["warmup_epochs"]
     return {f"framework_options.{key}": value for key, value in scale_time_settings(paper, run).items()}
 
 
@@ -550,6 +649,60 @@ def augseg_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: 
     cfg["trainer"]["unsupervised"].update(threshold=options["confidence_threshold"], loss_weight=options["unsup_weight"])
     cfg["saver"]["use_tb"] = False
     return cfg
+
+
+def psmt_warm_up_epochs(config: RunConfig) -> int:
+    """PS-MT's ``--warm_up`` (``config['model']['warm_up_epoch']``) for the cell's warm-up: its warm-up epochs are
+    passes over the labeled loader (``len(supervised_loader)``, ``ceil(n_l / B)`` iterations, for each of the three
+    networks), the cell's of ``N_u / B`` iterations; as many of them as make the cell's iterations. ValueError where
+    they do not divide."""
+    data = study_of(config)
+    labeled = partition_counts(data.train_size)[PARTITION]
+    batch, warm_up = config.schedule.batch_size, config.framework_options["warmup_epochs"]
+    iterations, labeled_epoch = warm_up * ((data.train_size - labeled) // batch), -(-labeled // batch)
+    if iterations % labeled_epoch:
+        raise ValueError(f"psmt: the cell's {warm_up} warm-up epochs ({iterations} iterations) are not a whole number "
+                         f"of PS-MT's labeled epochs of {labeled_epoch} iterations")
+    return iterations // labeled_epoch
+
+
+def psmt_cfg(config: RunConfig, folder: Path, data_root: Path, save_path: Path) -> dict[str, Any]:
+    """PS-MT's config as ``main.py`` hands it to ``main``: its ``configs/config_deeplab_v3+.json`` from the checkout
+    (the ramp-up type, the unsupervised loss, SGD, the Poly schedule, ``gamma`` 0.5, per-epoch validation of the
+    whole image) with what ``main.py``'s arguments set (the batch of both loaders, ``warm_up``, the labeled count,
+    the LR, the unsupervised weight, the epochs) and the cell's values: crop, base size (600 / 500 of the image, as
+    on VOC), momentum, weight decay, ramp-up epochs, the data (``data_dir`` the export, whose ``VOCdevkit/VOC2012``
+    holds it) and checkpoints under ``save_path``; data loaded in the process (``num_workers`` 0, as the cell).
+    ValueError where the cell's labeled and unlabeled batches differ (``main.py`` sets both from ``--batch_size``)."""
+    schedule, options = config.schedule, config.framework_options
+    if schedule.batch_size != schedule.unlabeled_batch_size:
+        raise ValueError(f"psmt: main.py gives both loaders --batch_size; the cell has schedule.batch_size "
+                         f"{schedule.batch_size} and schedule.unlabeled_batch_size {schedule.unlabeled_batch_size}")
+    cfg = json.loads((folder / PSMT_CONFIG).read_text())
+    data = study_of(config)
+    cfg.update(experim_name="psmt", n_labeled_examples=partition_counts(data.train_size)[PARTITION],
+               ramp_up=options["rampup_epochs"], unsupervised_w=options["unsup_weight"], n_gpu=1)
+    cfg["model"].update(warm_up_epoch=psmt_warm_up_epochs(config), resnet=50)
+    cfg["optimizer"]["args"].update(lr=config.optim.lr, momentum=config.optim.momentum,
+                                    weight_decay=config.optim.weight_decay)
+    for loader in ("train_supervised", "train_unsupervised"):
+        cfg[loader].update(data_dir=str(data_root), batch_size=schedule.batch_size, crop_size=schedule.crop_size,
+                           base_size=config.data.augmentation["base_size"], num_workers=0)
+    cfg["val_loader"].update(data_dir=str(data_root), num_workers=0)
+    cfg["trainer"].update(epochs=official_epochs("psmt", config), save_dir=str(save_path))
+    return cfg
+
+
+def psmt_args(config: RunConfig, cfg: dict[str, Any]) -> argparse.Namespace:
+    """``main.py``'s arguments as its ``__main__`` leaves them for one process (``--gpus 1``: ``ddp`` False) and its
+    scripts set them (``semi_n_th`` 0: no negative learning; ``semi_p_th`` the cell's confidence threshold)."""
+    options = config.framework_options
+    return argparse.Namespace(nodes=1, batch_size=config.schedule.batch_size, epochs=cfg["trainer"]["epochs"],
+                              warm_up=cfg["model"]["warm_up_epoch"], labeled_examples=cfg["n_labeled_examples"],
+                              learning_rate=config.optim.lr, gpus=1, gcloud=False, local_rank=-1,
+                              architecture="deeplabv3+", backbone=50, ddp=False, dgx=False,
+                              semi_p_th=options["confidence_threshold"], semi_n_th=0.0,
+                              unsup_weight=options["unsup_weight"], world_size=1)
 
 
 # ----------------------------------------------------------------------------------------- the official run
@@ -643,11 +796,92 @@ class DPTInterface(OfficialInterface):
         return upsample_logits(output.logits, x.shape[-2:], align_corners=True)[0]
 
 
-def initial_network(config: RunConfig) -> nn.Module:
-    """The project's student of ``config`` with the initial weights its run starts from (seeded as
-    ``npsemiseg.training.setup`` seeds it; the pretrained backbone loaded by the model's construction)."""
+def initial_networks(config: RunConfig) -> dict[str, nn.Module]:
+    """The project's networks of ``config`` (``student`` and its teachers by name, if any) with the initial weights its run
+    starts from (seeded as ``npsemiseg.training.setup`` seeds it; the pretrained backbone loaded by the model's
+    construction)."""
     torch.manual_seed(derive_seed(config.seed, "model"))
-    return unwrap(build_framework(config).student)
+    framework = build_framework(config)
+    teachers = getattr(framework, "teachers", {})
+    return {"student": unwrap(framework.student), **{name: unwrap(t) for name, t in teachers.items()}}
+
+
+def initial_network(config: RunConfig) -> nn.Module:
+    """The project's student of ``config`` with the initial weights its run starts from (:func:`initial_networks`)."""
+    return initial_networks(config)["student"]
+
+
+def psmt_golden() -> types.ModuleType:
+    """``tests/golden/record_psmt_step_golden.py``: how the project's network takes the place of PS-MT's encoder and
+    decoder (``Encoder``, ``Upsample``, ``shell``)."""
+    folder = str(ROOT / "tests" / "golden")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("record_psmt_step_golden")
+
+
+def psmt_entire_model(networks: dict[str, nn.Module], crop: list[int], entire_model: type,
+                      encoder_decoder: types.ModuleType, semi_ce_loss: Callable[..., Any]) -> Callable[..., nn.Module]:
+    """PS-MT's ``EntireModel(num_classes, config, sup_loss, cons_w_unsup, ignore_index, ...)`` (as ``main`` calls
+    it) holding copies of ``networks`` (``student``, ``teacher1``, ``teacher2``, trainable as the official ones are
+    built): each the golden recorder's ``Encoder`` (backbone + decoder: ``business_layer`` the decoder, what
+    ``BaseTrainer`` groups with the backbone) and an official ``DecoderNetwork`` (``VATDecoderNetwork`` for the
+    student) whose ``upsample`` is the recorder's ``Upsample`` of the classifier head (``business_layer``); the
+    official ``forward``, losses (``unsuper_loss`` :func:`padded_classes` of ``semi_ce_loss``) and ``cons_w_unsup``."""
+    golden = psmt_golden()
+
+    def build(num_classes: int, config: dict[str, Any], sup_loss: Callable[..., Any] | None = None,
+              cons_w_unsup: Any = None, ignore_index: int | None = None, **_: Any) -> nn.Module:
+        parts: dict[str, nn.Module] = {}
+        for suffix, name, decoder in (("1", "teacher1", encoder_decoder.DecoderNetwork),
+                                      ("2", "teacher2", encoder_decoder.DecoderNetwork),
+                                      ("_s", "student", encoder_decoder.VATDecoderNetwork)):
+            network = copy.deepcopy(networks[name]).requires_grad_(True)
+            encoder = golden.Encoder(network)
+            encoder.business_layer = [encoder.decoder]
+            head = golden.shell(decoder, upsample=golden.Upsample(network.head, crop))
+            head.business_layer = [head.upsample.head]
+            parts.update({f"encoder{suffix}": encoder, f"decoder{suffix}": head})
+        model = golden.shell(entire_model, **parts)
+        model.mode = "semi" if config["semi"] else "sup"
+        model.sup_loss, model.ignore_index, model.unsup_loss_w = sup_loss, ignore_index, cons_w_unsup
+        model.unsuper_loss = padded_classes(semi_ce_loss, PSMT_LOSS_CLASSES)
+        return model
+    return build
+
+
+def padded_classes(loss: Callable[..., Any], classes: int) -> Callable[..., Any]:
+    """``loss(inputs=..., targets=..., **kw)`` on logits ``[B, K, H, W]`` padded to ``classes`` channels, each padded
+    logit 1e4 below the tensor's least (its softmax exactly 0: softmaxes, argmax and cross-entropy of the K classes
+    unchanged)."""
+    def call(inputs: Tensor, targets: Tensor, **kwargs: Any) -> Any:
+        def pad(logits: Tensor) -> Tensor:
+            shape = (logits.shape[0], classes - logits.shape[1], *logits.shape[2:])
+            return torch.cat([logits, logits.new_full(shape, float(logits.detach().min()) - 1e4)], dim=1)
+        return loss(inputs=pad(inputs), targets=pad(targets), **kwargs)
+    return call
+
+
+def with_classes(init: Callable[..., None], classes: int) -> Callable[..., None]:
+    """A dataset's ``__init__`` that sets ``num_classes`` to ``classes`` after ``init``."""
+    def call(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.num_classes = classes
+    return call
+
+
+def capped_topk(assist: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """PS-MT's ``Trainer.assist_mask_calculate`` with ``topk`` at most the trainer's ``num_classes``."""
+    def call(self: Any, core_predict: Tensor, assist_predict: Tensor, topk: int = 1) -> Tensor:
+        return assist(self, core_predict, assist_predict, topk=min(topk, self.num_classes))
+    return call
+
+
+def with_keep_rate(update: Callable[..., None], keep_rate: float) -> Callable[..., None]:
+    """PS-MT's ``Trainer.update_teachers`` with ``keep_rate`` (its call site leaves the default 0.996)."""
+    def call(self: Any, teacher_encoder: nn.Module, teacher_decoder: nn.Module, **_: Any) -> None:
+        update(self, teacher_encoder, teacher_decoder, keep_rate=keep_rate)
+    return call
 
 
 class _DiscardingWriter:
@@ -689,12 +923,13 @@ def one_rank_setup(*args: Any, **kwargs: Any) -> tuple[int, int]:
 
 
 def recorded(function: Callable[..., Any], *curves: list[float], scale: float = 1.0) -> Callable[..., Any]:
-    """``function`` (an official evaluation) unchanged, each result's mIoU (a tuple's first item) x ``scale`` also
-    appended to ``curves`` in turn (call ``i`` to ``curves[i % len(curves)]``: a loop that evaluates the model, then
-    its EMA, every epoch)."""
+    """``function`` (an official evaluation) unchanged, each result's mIoU (a tuple's first item, a dict's
+    ``Mean_IoU``) x ``scale`` also appended to ``curves`` in turn (call ``i`` to ``curves[i % len(curves)]``: a loop
+    that evaluates the model, then its EMA, every epoch)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
-        curves[sum(map(len, curves)) % len(curves)].append(float(result[0] if isinstance(result, tuple) else result) * scale)
+        value = result[0] if isinstance(result, tuple) else result["Mean_IoU"] if isinstance(result, dict) else result
+        curves[sum(map(len, curves)) % len(curves)].append(float(value) * scale)
         return result
     return call
 
@@ -858,6 +1093,34 @@ def run_official_augseg(folder: Path, cfg: dict[str, Any], student: nn.Module, s
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
 
 
+def run_official_psmt(folder: Path, config: RunConfig, data_root: Path, save_path: Path) -> dict[str, Any]:
+    """``main(-1, 1, config, args)`` of PS-MT's ``VocCode/main.py`` (what its ``__main__`` calls with one GPU: no
+    DDP) with :func:`psmt_cfg`, :func:`psmt_args` and :data:`PSMT_PATCHES`, in the export's ``VOCdevkit/VOC2012``
+    (``data_root``'s; its lists are read from there): its warm-up, then its semi-supervised epochs, each evaluated;
+    its per-epoch mIoU x 100 (``curve``), the best and the last. ``main`` seeds ``random`` and torch with 42 itself
+    (numpy, which CutMix draws from, is seeded here with the seed)."""
+    networks = initial_networks(config)
+    cfg = psmt_cfg(config, folder, data_root, save_path)
+    args, curve = psmt_args(config, cfg), []
+    with official_process(folder / "VocCode", ["main.py"], "wandb", data_root / LAYOUT_FOLDER["psmt"]) as stack:
+        stack.enter_context(stand_ins({"seaborn": ()}))
+        module = importlib.import_module("main")
+        trainer, voc = sys.modules["train"].Trainer, sys.modules["DataLoader.voc"].VOCDataset
+        build = psmt_entire_model(networks, [config.schedule.crop_size] * 2, module.model_deep,
+                                  sys.modules["Model.Deeplabv3_plus.encoder_decoder"],
+                                  sys.modules["Utils.losses"].semi_ce_loss)
+        stack.enter_context(patched([
+            (module, "model_deep", build), (module, "Tensorboard", _DiscardingWriter), (np, "int", int),
+            (voc, "__init__", with_classes(voc.__init__, config.num_classes)),
+            (trainer, "assist_mask_calculate", capped_topk(trainer.assist_mask_calculate)),
+            (trainer, "update_teachers", with_keep_rate(trainer.update_teachers,
+                                                        config.framework_options["ema_keep_rate"])),
+            (trainer, "_valid_epoch", recorded(trainer._valid_epoch, curve, scale=100.0))]))
+        seed_everything(config.seed)
+        module.main(-1, 1, cfg, args)
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
 # ----------------------------------------------------------------------------------------- one seed
 
 
@@ -880,7 +1143,9 @@ def study_of(config: RunConfig) -> StudyConfig:
 def official_epochs(framework: str, config: RunConfig) -> int:
     """How many official epochs ``config``'s ``schedule.max_steps`` are: an official epoch is ``N_u / B`` iterations
     (the unlabeled pool's; UniMatch V2's ``supervised.py``: :func:`v2_supervised_items` / B). ValueError naming the
-    steps and the epoch's length where they are not a whole number of epochs (the official loops count epochs)."""
+    steps and the epoch's length where they are not a whole number of epochs (the official loops count epochs).
+    PS-MT: its semi-supervised epochs, the cell's warm-up epochs left out (:func:`psmt_warm_up_epochs`: its warm-up
+    runs before its ``epochs``); ValueError where the warm-up leaves none."""
     data = study_of(config)
     unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
     items = v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
@@ -889,6 +1154,12 @@ def official_epochs(framework: str, config: RunConfig) -> int:
         raise ValueError(f"--steps: {framework}'s official script counts epochs of {per_epoch} iterations ({items} "
                          f"items / batch {config.schedule.batch_size}); {steps} iterations is not a whole number of "
                          f"them: use a multiple of {per_epoch}")
+    if framework == "psmt":
+        warm_up = config.framework_options["warmup_epochs"]
+        if steps // per_epoch <= warm_up:
+            raise ValueError(f"--steps: psmt's {steps} iterations are {steps // per_epoch} epochs of {per_epoch}, "
+                             f"no more than its {warm_up} warm-up epochs: use more than {warm_up * per_epoch}")
+        return steps // per_epoch - warm_up
     return steps // per_epoch
 
 
@@ -898,6 +1169,8 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
     :func:`run_official_augseg`, :func:`official_v2_run`)."""
     if framework in V2:
         return official_v2_run(folder, framework, config, lists, save_path)
+    if framework == "psmt":
+        return run_official_psmt(folder, config, lists["val"].parents[5], save_path)
     unlabeled = len(lists["unlabeled"].read_text().splitlines())
     epochs = official_epochs(framework, config)
     if framework == "u2pl":

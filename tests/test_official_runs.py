@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -648,3 +649,167 @@ def test_steps_that_are_not_whole_official_epochs_exit_before_anything_starts(tm
     assert not out.exists()
     config = runs.project_config("unimatch", data_seed=0, seed=0, steps=240)
     assert runs.official_epochs("unimatch", config) == 2
+
+
+def tiny_psmt_overrides() -> dict:
+    """:func:`tiny_u2pl_overrides` on 32 px images and crops: epochs of 15 iterations, PS-MT's labeled epoch one."""
+    overrides = tiny_u2pl_overrides()
+    overrides["data.options"]["image_size"] = 32
+    return {**overrides, "schedule.crop_size": 32}
+
+
+def test_psmt_project_side_has_the_official_pipeline_and_the_mini_studys_rule_for_official_epochs():
+    """PS-MT's cell: released, PS-MT's resize (base 600 / 500 of the image), crop padding (bottom and right, the mean)
+    and blur; the mini study's EMA keep rate, the ramp-up and the released 5 warm-up epochs scaled by its rule to
+    epochs of 120 iterations (one warm-up epoch: 15 of PS-MT's labeled epochs of 8), 7 official epochs after it."""
+    import yaml
+
+    config = runs.project_config("psmt", data_seed=0, seed=1)
+    augmentation, options = config.data.augmentation, config.framework_options
+    assert config.protocol == "released" and config.model.decoder == "psmt"
+    assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"], augmentation["crop_fill"]) \
+        == ("long_side", 77, "bottom_right", "mean")
+    assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "psmt"
+    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["psmt"]})
+    assert options["ema_keep_rate"] == scaled["framework_options.ema_keep_rate"] == 0.9
+    assert (options["rampup_epochs"], options["warmup_epochs"]) == (1.2, 1)
+    assert runs.official_epochs("psmt", config) == 7 and runs.psmt_warm_up_epochs(config) == 15
+    assert config.schedule.epoch_length == "unlabeled" and config.evaluation.select == "best"
+    with pytest.raises(ValueError, match="no more than its 1 warm-up epochs"):
+        runs.official_epochs("psmt", runs.project_config("psmt", 0, 0, steps=120))
+
+
+def test_export_writes_the_psmt_layout_its_voc_dataset_reads(tmp_path: Path):
+    """PS-MT's layout: under ``VOCdevkit/VOC2012``, lists ``VocCode/DataLoader/voc_splits/<n>_train_supervised.txt``
+    (``n`` the labeled count), ``..._unsupervised.txt`` and ``val.txt``, lines of paths the root joined with each
+    path less its first character opens (``DataLoader/voc.py`` 49-57)."""
+    config = small_study()
+    lists = runs.export_official_layout(config, tmp_path, layout="psmt")
+    root = tmp_path / "VOCdevkit" / "VOC2012"
+    assert lists["labeled"] == root / "VocCode" / "DataLoader" / "voc_splits" / "2_train_supervised.txt"
+    assert lists["unlabeled"].name == "2_train_unsupervised.txt" and lists["val"].parents[3] == root
+    labeled, _ = labeled_indices(config, 2)
+    lines = lists["labeled"].read_text().splitlines()
+    assert [line.split(" ")[0] for line in lines] == [f"/JPEGImages/train_{i:06d}.jpg" for i in labeled]
+    image, label = lines[0].split(" ")
+    assert Image.open(root / image[1:]).format == "JPEG"
+    np.testing.assert_array_equal(np.array(Image.open(root / label[1:])), generate(config, "train", labeled[0])[1].numpy())
+
+
+def test_padded_classes_keep_the_softmax_argmax_and_cross_entropy_of_the_classes():
+    seen = {}
+
+    def loss(inputs, targets, threshold):
+        seen.update(inputs=inputs, targets=targets, threshold=threshold)
+        return torch.nn.functional.cross_entropy(inputs, targets.argmax(dim=1))
+
+    logits, target = torch.randn(2, 5, 4, 4, requires_grad=True), torch.randn(2, 5, 4, 4) * 30
+    value = runs.padded_classes(loss, 21)(inputs=logits, targets=target, threshold=0.6)
+    assert seen["inputs"].shape == seen["targets"].shape == (2, 21, 4, 4) and seen["threshold"] == 0.6
+    for padded, original in ((seen["inputs"], logits), (seen["targets"], target)):
+        probabilities = padded.softmax(dim=1)
+        assert torch.equal(probabilities[:, 5:], torch.zeros(2, 16, 4, 4))
+        torch.testing.assert_close(probabilities[:, :5], original.softmax(dim=1))
+        assert torch.equal(padded.argmax(dim=1), original.argmax(dim=1))
+    torch.testing.assert_close(value, torch.nn.functional.cross_entropy(logits, target.argmax(dim=1)))
+    value.backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_psmt_trainer_patches_cap_topk_set_the_keep_rate_and_the_classes():
+    calls = []
+
+    class Trainer:
+        num_classes = 5
+
+        def assist(self, core_predict, assist_predict, topk=1):
+            calls.append(("assist", topk))
+
+        def update(self, teacher_encoder, teacher_decoder, keep_rate=0.996):
+            calls.append(("update", keep_rate))
+
+    Trainer.assist, Trainer.update = runs.capped_topk(Trainer.assist), runs.with_keep_rate(Trainer.update, 0.9)
+    Trainer().assist(core_predict=None, assist_predict=None, topk=7)
+    Trainer().assist(None, None, topk=3)
+    Trainer().update(teacher_encoder=None, teacher_decoder=None)
+    assert calls == [("assist", 5), ("assist", 3), ("update", 0.9)]
+
+    class Dataset:
+        def __init__(self, ddp_training, dgx, **kwargs):
+            self.num_classes, self.kwargs = 21, kwargs
+
+    Dataset.__init__ = runs.with_classes(Dataset.__init__, 5)
+    assert vars(Dataset(False, dgx=False, split="val")) == {"num_classes": 5, "kwargs": {"split": "val"}}
+
+
+def test_psmt_entire_model_holds_copies_of_the_projects_three_networks_split_as_the_golden():
+    """Each of the student and both teachers: encoder (backbone + decoder) and decoder (the classifier head,
+    upsampled to the crop with align_corners=True in training, to the asked shape in eval) give the project's
+    network's logits; the backbone and business layers hold each network's parameters once (what BaseTrainer
+    groups), trainable, copies of the project's; main's loss, weight and ignore index kept."""
+    config = runs.project_config("psmt", data_seed=0, seed=0)
+    networks = runs.initial_networks(config)
+    assert set(networks) == {"student", "teacher1", "teacher2"}
+    stand_in = types.SimpleNamespace(DecoderNetwork=type("DecoderNetwork", (torch.nn.Module,), {}),
+                                     VATDecoderNetwork=type("VATDecoderNetwork", (torch.nn.Module,), {}))
+    build = runs.psmt_entire_model(networks, [64, 64], torch.nn.Module, stand_in, semi_ce_loss=lambda **kw: kw)
+    model = build(num_classes=21, config={"semi": True}, sup_loss="ce", cons_w_unsup="weight", ignore_index=255)
+    assert (model.mode, model.sup_loss, model.unsup_loss_w, model.ignore_index) == ("semi", "ce", "weight", 255)
+    images = torch.rand(2, 3, 48, 48)
+    for suffix, name in (("1", "teacher1"), ("2", "teacher2"), ("_s", "student")):
+        encoder, decoder, network = getattr(model, f"encoder{suffix}"), getattr(model, f"decoder{suffix}"), networks[name]
+        parameters = [p for module in (encoder.backbone, *encoder.business_layer, *decoder.business_layer)
+                      for p in module.parameters()]
+        assert len({id(p) for p in parameters}) == len(parameters) == len(list(network.parameters()))
+        assert all(p.requires_grad for p in parameters) and not {id(p) for p in parameters} & {
+            id(p) for p in network.parameters()}
+        encoder.eval(), decoder.eval(), network.eval()
+        with torch.no_grad():
+            expected = runs.upsample_logits(network(images).head.logits, (48, 48), align_corners=True)[0]
+            # the official DecoderNetwork.forward is its upsample's (encoder_decoder.py 133-135)
+            torch.testing.assert_close(decoder.upsample(encoder(images), data_shape=[48, 48]), expected)
+    assert type(model.decoder_s).__name__ == "VATDecoderNetwork" and type(model.decoder1).__name__ == "DecoderNetwork"
+
+
+@pytest.mark.integration
+def test_psmt_runs_both_sides_for_a_few_iterations(tmp_path: Path):
+    """PS-MT's ``main()`` from the checkout (skipped without one) and the project's cell, three epochs of 15
+    iterations at a tiny size: the warm-up (one epoch of the cell's, 15 of PS-MT's labeled epochs of one iteration)
+    and two semi-supervised epochs, each evaluated (the project's side evaluates the warm-up epoch too); PS-MT's
+    config is its own with the cell's settings; nothing of the official run is left in the process."""
+    from test_official_side_by_side import official_root
+
+    repository = runs.OFFICIAL["psmt"][0]
+    folder = runs.checkout(official_root(repository), repository)
+    overrides = tiny_psmt_overrides()
+    config = runs.project_config("psmt", 0, 0, 45, overrides)
+    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout="psmt")
+    cfg = runs.psmt_cfg(config, folder, tmp_path / "data", tmp_path / "run")
+    assert (cfg["model"]["warm_up_epoch"], cfg["trainer"]["epochs"], cfg["n_labeled_examples"]) == (15, 2, 4)
+    assert (cfg["ramp_up"], cfg["unsupervised_w"], cfg["lr_scheduler"]) == (0.45, 1.5, "Poly")
+    assert cfg["train_unsupervised"]["base_size"] == 38 and cfg["train_supervised"]["crop_size"] == 32
+    torch.set_num_threads(1)
+    row = runs.one_framework(folder, "psmt", 0, 0, lists, tmp_path, steps=45, overrides=overrides)
+    assert len(row["official_curve"]) == 2 and len(row["project_curve"]) == 3
+    for side in runs.SIDES:
+        curve = row[f"{side}_curve"]
+        assert all(0.0 < value <= 100.0 for value in curve)
+        assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
+    assert len(list((tmp_path / "psmt_0" / "psmt").glob("4_mIoU_*_e2.pth"))) == 1
+    assert not {"main", "train", "wandb", "seaborn"} & set(sys.modules) and not hasattr(np, "int")
+
+
+def test_combine_and_figure_take_psmt_reports_with_the_supervised_reference(tmp_path: Path):
+    """A PS-MT report joins UniMatch's ``supervised.py`` runs as the U2PL and AugSeg ones do; its patches are PS-MT's
+    and its run's frameworks PS-MT and that reference."""
+    paths = [tmp_path / "psmt.json", tmp_path / "supervised.json"]
+    paths[0].write_text(json.dumps(part("psmt", [0, 1], -0.4)))
+    paths[1].write_text(json.dumps(part("supervised", [0, 1], 0.0, supervised=True)))
+    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    assert combined["framework"] == "psmt" and combined["equivalence"]["framework"]["difference"] == pytest.approx(-0.4)
+    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    assert {"framework": "psmt", "side": "project", "seeds": 2, "minus_supervised": -0.4} in drawn["records"]
+    args = runs.parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
+    assert runs.frameworks_run(args) == ["psmt", "supervised"]
+    assert runs.patches_of(["psmt"]) == list(runs.PSMT_PATCHES) and runs.LAYOUT["psmt"] == "psmt"
