@@ -612,8 +612,7 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
     for split, data_list in (("train", lists["labeled"]), ("val", lists["val"])):
         dataset[split].update(data_root=root, data_list=str(data_list))
     dataset["train"]["crop"]["size"] = [schedule.crop_size, schedule.crop_size]
-    unlabeled = len(lists["unlabeled"].read_text().splitlines())
-    dataset.update(n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled, workers=0)
+    dataset.update(n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled_pool(config), workers=0)
     cfg["trainer"]["epochs"] = epochs
     cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
                                                  weight_decay=config.optim.weight_decay)
@@ -1140,15 +1139,27 @@ def study_of(config: RunConfig) -> StudyConfig:
     return StudyConfig.from_options(DATASET, **config.data.options)
 
 
+def unlabeled_pool(config: RunConfig) -> int:
+    """The unlabeled images of ``config``'s dataset instance at :data:`PARTITION` (what the export's unlabeled list
+    holds): the official loops' ``N_u``."""
+    data = study_of(config)
+    return data.train_size - partition_counts(data.train_size)[PARTITION]
+
+
+def official_epoch_items(framework: str, config: RunConfig) -> int:
+    """The items of one official epoch of ``framework``: ``N_u`` (:func:`unlabeled_pool`); UniMatch V2's
+    ``supervised.py``: the labeled list's repeated length (:func:`v2_supervised_items`)."""
+    unlabeled = unlabeled_pool(config)
+    return v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
+
+
 def official_epochs(framework: str, config: RunConfig) -> int:
     """How many official epochs ``config``'s ``schedule.max_steps`` are: an official epoch is ``N_u / B`` iterations
     (the unlabeled pool's; UniMatch V2's ``supervised.py``: :func:`v2_supervised_items` / B). ValueError naming the
     steps and the epoch's length where they are not a whole number of epochs (the official loops count epochs).
     PS-MT: its semi-supervised epochs, the cell's warm-up epochs left out (:func:`psmt_warm_up_epochs`: its warm-up
     runs before its ``epochs``); ValueError where the warm-up leaves none."""
-    data = study_of(config)
-    unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
-    items = v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
+    items = official_epoch_items(framework, config)
     per_epoch, steps = items // config.schedule.batch_size, config.schedule.max_steps
     if per_epoch < 1 or steps % per_epoch or steps < per_epoch:
         raise ValueError(f"--steps: {framework}'s official script counts epochs of {per_epoch} iterations ({items} "
@@ -1171,7 +1182,6 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
         return official_v2_run(folder, framework, config, lists, save_path)
     if framework == "psmt":
         return run_official_psmt(folder, config, lists["val"].parents[5], save_path)
-    unlabeled = len(lists["unlabeled"].read_text().splitlines())
     epochs = official_epochs(framework, config)
     if framework == "u2pl":
         options = config.framework_options
@@ -1183,7 +1193,8 @@ def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[st
                                    initial_network(config), save_path, config.seed)
     run_lists = dict(lists)
     if framework == "supervised":
-        run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled, save_path.parent / "labeled_repeated.txt")
+        run_lists["labeled"] = repeated_list(lists["labeled"], unlabeled_pool(config),
+                                             save_path.parent / "labeled_repeated.txt")
     cfg = official_cfg(config, lists["val"].parents[2], epochs)
     return run_official(folder, OFFICIAL[framework][1], cfg, OfficialInterface(initial_network(config)), run_lists,
                         save_path, config.seed, study_of(config).family_spec.class_names)
@@ -1197,11 +1208,10 @@ def official_v2_run(folder: Path, framework: str, config: RunConfig, lists: dict
     :func:`v2_supervised_items` / B, the labeled list repeated to that length beforehand). Reported: the EMA's curve
     and best (``unimatch_v2.py``, ``fixmatch.py``: the EMA is what the project's cell evaluates and what the
     published numbers are), the model's beside it (``student_curve``); ``supervised.py``'s model."""
-    unlabeled = len(lists["unlabeled"].read_text().splitlines())
-    run_lists, items = dict(lists), unlabeled
+    run_lists = dict(lists)
     if framework == "supervised_v2":
-        items = v2_supervised_items(unlabeled)
-        run_lists["labeled"] = repeated_list(lists["labeled"], items, save_path.parent / "labeled_repeated_v2.txt")
+        run_lists["labeled"] = repeated_list(lists["labeled"], official_epoch_items(framework, config),
+                                             save_path.parent / "labeled_repeated_v2.txt")
     cfg = v2_cfg(framework, config, lists["val"].parents[2], epochs=official_epochs(framework, config))
     network = DPTInterface(initial_network(config), config.framework_options.get("comp_drop_kept", 0.5))
     pretrained = answered_load(f"./pretrained/{cfg['backbone']}.pth", copy.deepcopy(network.backbone.state_dict()))
