@@ -116,10 +116,10 @@ names its checkpoints by it). The network: the project's PS-MT networks of the c
 student with the pretrained backbone, the teachers with their own initialisation and scratch backbones, as the
 released cell builds them) behind ``EntireModel``, split as the PS-MT golden recorder splits them (``Encoder`` and
 ``Upsample`` of :mod:`official.psmt_network`, which the recorder imports: :func:`psmt_entire_model`).
-Patches (:data:`PSMT_PATCHES`): ``.cuda()``, the network,
-VOC's 21 classes where the code hard-codes them (the dataset's ``num_classes``, ``semi_ce_loss``'s one-hot: the
-logits padded with classes of softmax 0; the assist teacher's top 7 of K < 7 classes: all), the EMA keep rate at its
-call site, ``np.int``, the wandb board and its imports (wandb, seaborn: not installed), the evaluation recorded.
+Patches (:data:`PSMT_PATCHES`): ``.cuda()``, the network, VOC's 21 classes where the code hard-codes them (the
+dataset's ``num_classes``, ``semi_ce_loss``'s one-hot: the logits padded with classes of softmax 0; the assist
+teacher's top 7 of K < 7 classes: all), the EMA keep rate at its call site, ``np.int``, the wandb board and its
+imports (wandb, seaborn: not installed), the evaluation recorded.
 Settings: the mini study's time rule for epochs of the official length: EMA keep rate 0.9, ramp-up 1.2 epochs, and
 the released warm-up of 5 epochs scaled alike to one: 120 iterations, in PS-MT's units 15 passes of its labeled
 loader (8 iterations) for each network, then ``epochs`` 7 (:func:`psmt_warm_up_epochs`, :func:`official_epochs`).
