@@ -28,7 +28,6 @@ from npsemiseg.models import upsample_logits
 
 load_benchmark("official_runs")  # benchmarks/ on sys.path (as when the script runs): the package official
 from official import patching  # noqa: E402
-from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins  # noqa: E402
 from official.study import (  # noqa: E402
     LAYOUT, MINI_SPEC, MINI_VIT_SPEC, OFFICIAL, PROJECT_FRAMEWORK, SIDES, V2_EMA_DECAY, export_official_layout, official_cfg,
     official_epochs, project_config, repeated_list, study_of, v2_supervised_items)
@@ -44,6 +43,7 @@ from official.psmt import (  # noqa: E402
     with_keep_rate)
 from official.report import equivalence, panels_of  # noqa: E402
 from official.cli import frameworks_run, main, one_framework, parse_args, patches_of, regime  # noqa: E402
+from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins  # noqa: E402
 
 
 def small_study() -> StudyConfig:
