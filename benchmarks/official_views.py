@@ -45,7 +45,9 @@ from torch.nn import functional as nnf
 
 from npsemiseg.training.factories import build_datasets, train_transforms
 
-from official_runs import OFFICIAL, export_official_layout, project_config, provenance, seed_everything, study_config
+from official.patching import seed_everything
+from official.report import provenance
+from official.study import OFFICIAL, export_official_layout, project_config, study_config
 from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, checkout, official_imports
 
 PIPELINES = ("official", "project", "project_fill0")

@@ -1,10 +1,13 @@
-"""``benchmarks/official_runs.py``: what runs without the official checkouts (CI has none): the export of the study
-data in the official layouts, the project's side of the comparison, the official interfaces of the project's network
-and the equivalence test. The whole runs themselves need checkouts of LiheYoung/UniMatch and Haochen-Wang409/U2PL
-(``--official-root``; ``NPSEMISEG_OFFICIAL_ROOT`` in the tests that use them)."""
+"""``benchmarks/official_runs.py`` (the package ``benchmarks/official/``): what runs without the official checkouts
+(CI has none): the export of the study data in the official layouts, the project's side of the comparison, the
+official interfaces of the project's network and the equivalence test. The whole runs themselves need checkouts of
+LiheYoung/UniMatch and Haochen-Wang409/U2PL (``--official-root``; ``NPSEMISEG_OFFICIAL_ROOT`` in the tests that use
+them)."""
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import importlib
 import json
 import logging
@@ -21,8 +24,26 @@ from PIL import Image
 from scipy import stats
 
 from npsemiseg.data.study import StudyConfig, generate, labeled_indices
+from npsemiseg.models import upsample_logits
 
-runs = load_benchmark("official_runs")
+load_benchmark("official_runs")  # benchmarks/ on sys.path (as when the script runs): the package official
+from official import patching  # noqa: E402
+from official.study import (  # noqa: E402
+    LAYOUT, MINI_SPEC, MINI_VIT_SPEC, OFFICIAL, PROJECT_FRAMEWORK, SIDES, V2_EMA_DECAY, export_official_layout, official_cfg,
+    official_epochs, project_config, repeated_list, study_of, v2_supervised_items)
+from official.patching import answered_load, in_process_loader, patched, recorded  # noqa: E402
+from official.networks import AugSegInterface, DPTInterface, OfficialInterface, U2PLInterface, initial_network, initial_networks  # noqa: E402
+from official.unimatch import PATCHES  # noqa: E402
+from official.voc_semi import U2PL_VOC_TRAIN_SIZE  # noqa: E402
+from official.u2pl import U2PL_PATCHES, u2pl_cfg, with_banks  # noqa: E402
+from official.augseg import augseg_cfg, numpy1_uint8  # noqa: E402
+from official.v2 import V2_MODEL_CONFIG, V2_PATCHES, v2_cfg  # noqa: E402
+from official.psmt import (  # noqa: E402
+    PSMT_PATCHES, capped_topk, padded_classes, psmt_cfg, psmt_entire_model, psmt_warm_up_epochs, with_classes,
+    with_keep_rate)
+from official.report import equivalence, panels_of  # noqa: E402
+from official.cli import frameworks_run, main, one_framework, parse_args, patches_of, regime  # noqa: E402
+from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins  # noqa: E402
 
 
 def small_study() -> StudyConfig:
@@ -32,9 +53,9 @@ def small_study() -> StudyConfig:
 def behind_interface(framework: str, interface: type) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor, torch.Tensor]:
     """The project's initial network of ``framework``'s cell, behind the official ``interface`` (both in eval mode),
     two 32 px images in [0, 1] and the same normalised as the official loaders normalise them."""
-    student = runs.initial_network(runs.project_config(framework, data_seed=0, seed=0)).eval()
+    student = initial_network(project_config(framework, data_seed=0, seed=0)).eval()
     images = torch.rand(2, 3, 32, 32)
-    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return student, interface(student).eval(), images, (images - mean) / std
 
 
@@ -44,7 +65,7 @@ def test_export_writes_the_official_layout_the_semidataset_reads(tmp_path: Path)
     unlabeled lists are the project's partition; ``splits/study/val.txt`` sits where the official code looks for it
     (its working directory is the root)."""
     config = small_study()
-    lists = runs.export_official_layout(config, tmp_path)
+    lists = export_official_layout(config, tmp_path)
     assert lists["val"] == tmp_path / "splits" / "study" / "val.txt"
     assert lists["labeled"].parent == tmp_path / "splits" / "study" / "1_16"
     labeled, unlabeled = labeled_indices(config, 2)
@@ -72,7 +93,7 @@ def test_export_writes_the_u2pl_layout_its_base_dataset_reads(tmp_path: Path):
     then), one id per line, images ``JPEGImages/<id>.jpg`` and labels ``SegmentationClassAug/<id>.png`` (the paths
     its parser makes of an id); the labeled and unlabeled lists are the project's partition."""
     config = small_study()
-    lists = runs.export_official_layout(config, tmp_path, layout="u2pl")
+    lists = export_official_layout(config, tmp_path, layout="u2pl")
     assert lists["val"] == tmp_path / "splits" / "pascal_study" / "val.txt"
     assert lists["unlabeled"] == Path(str(lists["labeled"]).replace("labeled.txt", "unlabeled.txt"))
     labeled, _ = labeled_indices(config, 2)
@@ -86,7 +107,7 @@ def test_export_writes_the_u2pl_layout_its_base_dataset_reads(tmp_path: Path):
 def test_repeated_list_repeats_the_labeled_list_as_unimatch_repeats_its_labeled_set(tmp_path: Path):
     source = tmp_path / "labeled.txt"
     source.write_text("a x\nb y\nc z\n")
-    out = runs.repeated_list(source, 7, tmp_path / "repeated.txt")
+    out = repeated_list(source, 7, tmp_path / "repeated.txt")
     ids = ["a x", "b y", "c z"]
     assert out.read_text().splitlines() == (ids * math.ceil(7 / len(ids)))[:7]
 
@@ -95,7 +116,7 @@ def test_repeated_list_repeats_the_labeled_list_as_unimatch_repeats_its_labeled_
 def test_project_side_runs_the_official_settings(framework: str):
     """The project's cell: released, the official resize and blur, epochs of N_u / B_u iterations evaluated each,
     the best reported; supervised on UniMatch's network (AugSeg decoder variant, no dropout) and LR timing."""
-    config = runs.project_config(framework, data_seed=5, seed=2)
+    config = project_config(framework, data_seed=5, seed=2)
     assert config.protocol == "released" and config.seed == 2 and config.data.options["seed"] == 5
     assert config.data.augmentation["resize"] == "long_side" and config.data.augmentation["base_size"] == 64
     assert list(config.data.augmentation["blur_sigma"]) == [0.1, 2.0]
@@ -103,7 +124,7 @@ def test_project_side_runs_the_official_settings(framework: str):
     assert config.evaluation.select == "best" and config.schedule.max_steps == 960
     assert config.model.decoder == "augseg" and config.head.options.get("dropout", 0.0) == 0.0
     assert config.schedule.lr_timing == "after_step"
-    cfg = runs.official_cfg(config, Path("/data"), epochs=8)
+    cfg = official_cfg(config, Path("/data"), epochs=8)
     assert (cfg["lr"], cfg["lr_multi"], cfg["batch_size"], cfg["crop_size"], cfg["nclass"]) == (
         config.optim.lr, config.optim.head_lr_mult, 8, 64, config.num_classes)
 
@@ -112,28 +133,28 @@ def test_a_regime_changes_both_sides_settings_and_the_data_instance(capsys: pyte
     """``--set`` and ``--split tune``: a larger image (the official resize's base size follows it, the data seed and
     family kept), a larger unlabeled pool and the tune split evaluated; malformed or repeated settings are refused
     before anything runs."""
-    args = runs.parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", "--split", "tune",
+    args = parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", "--split", "tune",
                             "--set", "data.options.image_size=96", "--set", "schedule.crop_size=96"])
     assert args.regime == {"data.options.image_size": 96, "schedule.crop_size": 96, "evaluation.split": "tune"}
-    config = runs.project_config("unimatch", data_seed=5, seed=0, overrides=args.regime)
+    config = project_config("unimatch", data_seed=5, seed=0, overrides=args.regime)
     assert config.data.options == {"seed": 5, "family": "study_textures", "image_size": 96}
     assert config.data.augmentation["base_size"] == 96 and config.schedule.crop_size == 96
-    assert config.evaluation.split == "tune" and runs.official_cfg(config, Path("/d"), epochs=8)["crop_size"] == 96
-    larger_pool = runs.project_config("u2pl", data_seed=0, seed=0, overrides={"data.options.train_size": 2048})
+    assert config.evaluation.split == "tune" and official_cfg(config, Path("/d"), epochs=8)["crop_size"] == 96
+    larger_pool = project_config("u2pl", data_seed=0, seed=0, overrides={"data.options.train_size": 2048})
     assert larger_pool.data.options == {"seed": 0, "family": "study_textures", "train_size": 2048}
     for bad, message in ((["--set", "crop"], "expected KEY=VALUE"),
                          (["--set", "a=1", "--set", "a=2"], "a given twice")):
         with pytest.raises(SystemExit) as exit_info:
-            runs.parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", *bad])
+            parse_args(["--official-root", "R", "--framework", "unimatch", "--out", "O", *bad])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(ValueError, match="given twice"):
-        runs.regime(["a=1", "a=2"])
-    assert runs.regime(["model.options={aspp_channels: 32}"]) == {"model.options": {"aspp_channels": 32}}
+        regime(["a=1", "a=2"])
+    assert regime(["model.options={aspp_channels: 32}"]) == {"model.options": {"aspp_channels": 32}}
 
 
 def test_export_of_the_tune_split_lists_the_tune_images(tmp_path: Path):
     config = small_study()
-    lists = runs.export_official_layout(config, tmp_path, split="tune")
+    lists = export_official_layout(config, tmp_path, split="tune")
     assert lists["val"].read_text().splitlines() == ["JPEGImages/tune_000000.jpg SegmentationClass/tune_000000.png"]
     label = np.array(Image.open(tmp_path / "SegmentationClass" / "tune_000000.png"))
     np.testing.assert_array_equal(label, generate(config, "tune", 0)[1].numpy())
@@ -144,7 +165,7 @@ def test_combine_refuses_reports_of_different_regimes(tmp_path: Path):
     first.write_text(json.dumps(part("unimatch", [0], 0.0)))
     second.write_text(json.dumps({**part("unimatch", [1], 0.0), "regime": {"schedule.crop_size": 96}}))
     with pytest.raises(ValueError, match="different regimes"):
-        runs.main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
+        main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
 
 
 def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_for_official_epochs():
@@ -154,12 +175,12 @@ def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_fo
     8 iterations); only the clean evaluation (the comparison's)."""
     import yaml
 
-    config = runs.project_config("u2pl", data_seed=1, seed=3)
+    config = project_config("u2pl", data_seed=1, seed=3)
     augmentation, options = config.data.augmentation, config.framework_options
     assert config.protocol == "released" and augmentation["label_pad_value"] == 0
     assert augmentation["resize"] == "rescale_balanced" and list(augmentation["scale_range"]) == [0.5, 2.0]
     assert augmentation["crop_padding"] == "centered" and augmentation["strong"] is None
-    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["u2pl"]})
     for key in ("ema_decay", "queue_size", "background_queue_size"):
         assert options[key] == scaled[f"framework_options.{key}"]
@@ -172,14 +193,14 @@ def test_u2pl_interface_gives_the_projects_logits_and_representation_with_the_of
     """``forward`` returns ``pred`` (the project's logits) and ``rep`` (its representation) at feature resolution,
     as U2PL's decoder; ``encoder`` and ``decoder`` (the optimiser's groups at lr and lr x 10) hold every parameter
     of the project's network once, the backbone's in the first."""
-    student, interface, images, normalised = behind_interface("u2pl", runs.U2PLInterface)
+    student, interface, images, normalised = behind_interface("u2pl", U2PLInterface)
     with torch.no_grad():
         outs = interface(normalised)
         expected = student(images)
     torch.testing.assert_close(outs["pred"], expected.head.logits[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs["rep"], expected.representation, atol=1e-5, rtol=1e-5)
     assert outs["pred"].shape[-2:] == outs["rep"].shape[-2:] == (8, 8)
-    assert outs["rep"].shape[1] == runs.project_config("u2pl", data_seed=0, seed=0).model.options["representation_dim"]
+    assert outs["rep"].shape[1] == project_config("u2pl", data_seed=0, seed=0).model.options["representation_dim"]
     groups = [list(interface.encoder.parameters()), list(interface.decoder.parameters())]
     ids = [id(p) for group in groups for p in group]
     assert sorted(ids) == sorted(id(p) for p in student.parameters()) and len(set(ids)) == len(ids)
@@ -196,7 +217,7 @@ def test_with_banks_gives_trains_banks_of_the_representations_width_and_the_cell
         args[-3][1][0] = torch.cat([args[-3][1][0], torch.ones(2, 16)])
 
     memobank, queue_size = [[torch.zeros(0, 256)] for _ in range(3)], [50000, 30000, 30000]
-    wrapped = runs.with_banks(train, 16, [593, 356, 356])
+    wrapped = with_banks(train, 16, [593, 356, 356])
     for epoch in range(2):
         wrapped("model", epoch, memobank, [torch.zeros(1)] * 3, queue_size)
     assert seen[0][1] == seen[1][1] == [593, 356, 356] and queue_size == [593, 356, 356]
@@ -204,16 +225,16 @@ def test_with_banks_gives_trains_banks_of_the_representations_width_and_the_cell
 
 
 def test_patches_of_a_run_list_each_patch_once_the_frameworks_first():
-    patches = runs.patches_of(["u2pl", "supervised"])
-    assert patches[: len(runs.U2PL_PATCHES)] == list(runs.U2PL_PATCHES)
-    assert len(patches) == len(set(patches)) == len(set(runs.U2PL_PATCHES) | set(runs.PATCHES))
+    patches = patches_of(["u2pl", "supervised"])
+    assert patches[: len(U2PL_PATCHES)] == list(U2PL_PATCHES)
+    assert len(patches) == len(set(patches)) == len(set(U2PL_PATCHES) | set(PATCHES))
     assert any(p[0] == "tensorboardX" for p in patches) and any(p[0] == "torch.utils.tensorboard" for p in patches)
 
 
 def test_official_interface_gives_the_project_networks_logits():
     """``forward(normalised x)`` is the project's model on ``x`` upsampled to the input (align_corners=True as
     the official model); ``need_fp`` returns the clean and the feature-perturbed logits of the same shape."""
-    student, interface, images, normalised = behind_interface("unimatch", runs.OfficialInterface)
+    student, interface, images, normalised = behind_interface("unimatch", OfficialInterface)
     with torch.no_grad():
         logits = interface(normalised)
         expected = torch.nn.functional.interpolate(student(images).head.logits[0], size=(32, 32), mode="bilinear",
@@ -225,9 +246,9 @@ def test_official_interface_gives_the_project_networks_logits():
 
 
 def test_initial_network_is_the_weights_the_projects_run_starts_from():
-    config = runs.project_config("supervised", data_seed=0, seed=4)
-    first, second = runs.initial_network(config), runs.initial_network(config)
-    other = runs.initial_network(runs.project_config("supervised", data_seed=0, seed=5))
+    config = project_config("supervised", data_seed=0, seed=4)
+    first, second = initial_network(config), initial_network(config)
+    other = initial_network(project_config("supervised", data_seed=0, seed=5))
     head = "head.classifier.8.weight"
     assert torch.equal(first.state_dict()[head], second.state_dict()[head])
     assert not torch.equal(first.state_dict()[head], other.state_dict()[head])
@@ -235,22 +256,22 @@ def test_initial_network_is_the_weights_the_projects_run_starts_from():
 
 def test_equivalence_is_welchs_two_one_sided_tests():
     official, project = [50.0, 51.0, 52.0], [50.2, 51.2, 52.2]
-    result = runs.equivalence(official, project, margin=1.0)
+    result = equivalence(official, project, margin=1.0)
     se = math.sqrt(1.0 / 3 + 1.0 / 3)  # both sample variances 1
     p_lower = stats.t.sf((0.2 + 1.0) / se, df=4)
     p_upper = stats.t.cdf((0.2 - 1.0) / se, df=4)
     assert result["difference"] == pytest.approx(0.2)
     assert result["p"] == pytest.approx(max(p_lower, p_upper))
     assert result["ci90_low"] < 0.2 < result["ci90_high"]
-    tight = runs.equivalence([50.0, 50.1, 49.9, 50.05], [50.02, 50.08, 49.95, 50.0], margin=1.0)
+    tight = equivalence([50.0, 50.1, 49.9, 50.05], [50.02, 50.08, 49.95, 50.0], margin=1.0)
     assert tight["p"] < 0.001
-    apart = runs.equivalence([50.0, 50.1, 49.9], [55.0, 55.1, 54.9], margin=1.0)
+    apart = equivalence([50.0, 50.1, 49.9], [55.0, 55.1, 54.9], margin=1.0)
     assert apart["p"] > 0.99
 
 
 def test_equivalence_needs_two_runs_a_side():
     with pytest.raises(ValueError, match="at least 2 runs per side, got 1 official and 2 project"):
-        runs.equivalence([50.0], [50.0, 51.0])
+        equivalence([50.0], [50.0, 51.0])
 
 
 def part(framework: str, seeds: list[int], offset: float, supervised: bool = False) -> dict:
@@ -270,7 +291,7 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
                          ("c", part("supervised", [0, 1], -0.1, supervised=True))):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(report))
-    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     written = json.loads((tmp_path / "out" / "official_runs.json").read_text())
     assert written == combined
     assert combined["framework"] == "unimatch" and combined["data_seed"] == 0
@@ -280,7 +301,7 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.15)
     assert combined["equivalence"]["supervised"]["difference"] == pytest.approx(-0.1)
     assert len(combined["parts"]) == 3
-    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
     assert Image.open(tmp_path / "curves.png").size[0] > 400
     lines = [json.loads(line) for line in (tmp_path / "curves.jsonl").read_text().splitlines()]
     assert lines == drawn["records"]
@@ -299,7 +320,7 @@ def test_combine_refuses_reports_of_different_data_seeds(tmp_path: Path):
     first.write_text(json.dumps(part("unimatch", [0], 0.0)))
     second.write_text(json.dumps({**part("unimatch", [1], 0.0), "data_seed": 3}))
     with pytest.raises(ValueError, match=r"different data seeds: \[0, 3\]"):
-        runs.main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
+        main(["--combine", str(first), str(second), "--out", str(tmp_path / "out")])
 
 
 def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
@@ -313,10 +334,10 @@ def test_combine_joins_the_sides_of_a_seed_run_apart(tmp_path: Path):
     paths = [tmp_path / "official.json", tmp_path / "project.json"]
     for path, report in zip(paths, (official, project)):
         path.write_text(json.dumps(report))
-    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert [(r["official_miou"], r["project_miou"]) for r in combined["runs"]] == [(50.0, 50.5), (51.0, 51.5)]
     assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
-    one_side = runs.main(["--combine", str(paths[0]), "--out", str(tmp_path / "one")])
+    one_side = main(["--combine", str(paths[0]), "--out", str(tmp_path / "one")])
     assert one_side["runs"][0]["project_miou"] is None and one_side["equivalence"] == {}
     assert "supervised" not in combined["equivalence"]
 
@@ -328,10 +349,10 @@ def test_the_official_semidataset_reads_the_export(tmp_path: Path, monkeypatch: 
     ``splits/study/val.txt`` in the working directory."""
     from test_official_side_by_side import official_root
 
-    folder = runs.checkout(official_root("LiheYoung/UniMatch"), "LiheYoung/UniMatch")
-    lists = runs.export_official_layout(small_study(), tmp_path)
+    folder = checkout(official_root("LiheYoung/UniMatch"), "LiheYoung/UniMatch")
+    lists = export_official_layout(small_study(), tmp_path)
     monkeypatch.chdir(tmp_path)
-    with runs.official_imports(folder):
+    with official_imports(folder):
         semi = __import__("dataset.semi", fromlist=["SemiDataset"])
         labeled = semi.SemiDataset("study", str(tmp_path), "train_l", 16, str(lists["labeled"]), nsample=30)
         unlabeled = semi.SemiDataset("study", str(tmp_path), "train_u", 16, str(lists["unlabeled"]))
@@ -359,10 +380,10 @@ def test_u2pl_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: P
     transforms read the export: both training sets drawn to the unlabeled pool's size, crops of the cell's size."""
     from test_official_side_by_side import official_root
 
-    folder = runs.checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
-    config = runs.project_config("u2pl", 0, 0, 30, tiny_u2pl_overrides())
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout="u2pl")
-    cfg = runs.u2pl_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
+    folder = checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    config = project_config("u2pl", 0, 0, 30, tiny_u2pl_overrides())
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
+    cfg = u2pl_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
     options, trainer = config.framework_options, cfg["trainer"]
     assert (trainer["epochs"], trainer["sup_only_epoch"], cfg["net"]["ema_decay"]) == (2, 1, options["ema_decay"])
     assert trainer["optimizer"]["kwargs"] == {"lr": config.optim.lr, "momentum": 0.9, "weight_decay": 1e-4}
@@ -374,12 +395,12 @@ def test_u2pl_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path: P
                                                options["high_rank"], options["temperature"], options["num_queries"],
                                                options["num_negatives"])
     assert "aux_loss" not in cfg["net"] and cfg["dataset"]["workers"] == 0
-    with runs.official_imports(folder), runs.stand_ins(runs.U2PL_UNUSED_MODULES), runs.patched(
-            [(runs.collections, "Iterable", runs.collections.abc.Iterable)]):
+    with official_imports(folder), stand_ins(U2PL_UNUSED_MODULES), patched(
+            [(collections, "Iterable", collections.abc.Iterable)]):
         voc = importlib.import_module("u2pl.dataset.pascal_voc")
         train = {**cfg["dataset"], **cfg["dataset"]["train"]}  # as build_voc_semi_loader merges them
         labeled = voc.voc_dset(train["data_root"], train["data_list"], voc.build_transfrom(train), 0,
-                               runs.U2PL_VOC_TRAIN_SIZE - train["n_sup"], "train")
+                               U2PL_VOC_TRAIN_SIZE - train["n_sup"], "train")
         image, label = labeled[0]
     assert len(labeled) == 60
     assert image.shape == (3, 64, 64) and label.shape == (64, 64)
@@ -393,35 +414,35 @@ def test_augseg_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path:
     to its own size, a weak and a strong view of the crop size."""
     from test_official_side_by_side import official_root
 
-    folder = runs.checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg")
-    config = runs.project_config("augseg", 0, 0, 30, tiny_u2pl_overrides())
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT["augseg"])
-    cfg = runs.augseg_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
+    folder = checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg")
+    config = project_config("augseg", 0, 0, 30, tiny_u2pl_overrides())
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout=LAYOUT["augseg"])
+    cfg = augseg_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
     train, trainer = cfg["dataset"]["train"], cfg["trainer"]
     assert (train["batch_size"], train["crop"]["size"], train["resize_base_size"], train["rand_resize"]) == (
         4, [64, 64], 64, [0.5, 2.0])
     assert (trainer["epochs"], trainer["sup_only_epoch"], trainer["evaluate_student"]) == (2, 0, False)
     assert cfg["net"]["ema_decay"] == config.framework_options["ema_decay"] and cfg["net"]["num_classes"] == 5
     assert trainer["unsupervised"]["threshold"] == 0.95 and trainer["unsupervised"]["use_cutmix_adaptive"]
-    with runs.official_imports(folder), runs.stand_ins(runs.U2PL_UNUSED_MODULES):
+    with official_imports(folder), stand_ins(U2PL_UNUSED_MODULES):
         voc = importlib.import_module("augseg.dataset.pascal_voc")
         merged = {**cfg["dataset"], **train}  # as build_voc_semi_loader merges them
         unlabeled = voc.voc_dset(merged["data_root"], merged["data_list"].replace("labeled.txt", "unlabeled.txt"),
                                  voc.build_basic_transfrom(merged, split="train"),
                                  voc.build_additional_strong_transform(merged), 0,
-                                 runs.U2PL_VOC_TRAIN_SIZE - merged["n_sup"], "train", flag_semi=True)
+                                 U2PL_VOC_TRAIN_SIZE - merged["n_sup"], "train", flag_semi=True)
         _, weak, strong, label = unlabeled[0]
     assert len(unlabeled) == 60 and weak.shape == strong.shape == (3, 64, 64) and label.shape == (64, 64)
 
 
 def test_augseg_interface_gives_the_projects_logits_at_image_size_and_no_aux():
-    config = runs.project_config("augseg", data_seed=0, seed=0)
-    student = runs.initial_network(config).eval()
-    interface = runs.AugSegInterface(student).eval()
+    config = project_config("augseg", data_seed=0, seed=0)
+    student = initial_network(config).eval()
+    interface = AugSegInterface(student).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         pred, aux = interface(x)
-        expected = runs.OfficialInterface(student).eval()(x)
+        expected = OfficialInterface(student).eval()(x)
     assert aux is None and pred.shape == (2, config.num_classes, 32, 32)
     torch.testing.assert_close(pred, expected)
     ids = [id(p) for module in (interface.encoder, interface.decoder) for p in module.parameters()]
@@ -434,7 +455,7 @@ def test_numpy1_uint8_wraps_python_numbers_as_numpy_1_did():
     """AugSeg's hue operation adds ``np.uint8(hue_factor * 255)`` to a hue channel, a negative factor meaning a turn
     backwards: NumPy 1 wrapped the number modulo 256, NumPy 2 raises; arrays and in-range numbers are cast as before,
     and it stays a dtype."""
-    compat = runs.numpy1_uint8()
+    compat = numpy1_uint8()
     assert compat.uint8(-40.8) == 216 and compat.uint8(300) == 44 and compat.uint8(7) == np.uint8(7)
     np.testing.assert_array_equal(compat.uint8(np.array([1.7, 255.0])), np.uint8(np.array([1.7, 255.0])))
     assert np.array([1, 2], dtype=compat.uint8).dtype == np.uint8 and compat.float32 is np.float32
@@ -446,14 +467,14 @@ def test_numpy1_uint8_wraps_python_numbers_as_numpy_1_did():
 def test_augseg_project_side_has_the_official_pipeline_and_the_mini_studys_ema():
     import yaml
 
-    config = runs.project_config("augseg", data_seed=0, seed=1)
+    config = project_config("augseg", data_seed=0, seed=1)
     augmentation = config.data.augmentation
     assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"], augmentation["crop_fill"]) \
         == ("long_side", 64, "bottom_right", "mean")
     assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "augseg"
     for framework in ("supervised", "fixmatch", "unimatch", "unimatch_v2", "supervised_v2"):  # UniMatch's black fill
-        assert runs.project_config(framework, data_seed=0, seed=1).data.augmentation["crop_fill"] == "zero", framework
-    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+        assert project_config(framework, data_seed=0, seed=1).data.augmentation["crop_fill"] == "zero", framework
+    mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["augseg"]})
     assert config.framework_options["ema_decay"] == scaled["framework_options.ema_decay"]
 
@@ -467,15 +488,15 @@ def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp
     its best and its last; nothing of the official run is left in the process."""
     from test_official_side_by_side import official_root
 
-    repository = runs.OFFICIAL[framework][0]
-    folder = runs.checkout(official_root(repository), repository)
+    repository = OFFICIAL[framework][0]
+    folder = checkout(official_root(repository), repository)
     overrides = tiny_u2pl_overrides()
-    config = runs.project_config(framework, 0, 0, 30, overrides)
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout=runs.LAYOUT[framework])
+    config = project_config(framework, 0, 0, 30, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout=LAYOUT[framework])
     torch.set_num_threads(1)
     handlers = list(logging.root.handlers)
-    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
-    for side in runs.SIDES:
+    row = one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in SIDES:
         curve = row[f"{side}_curve"]
         assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
@@ -493,21 +514,21 @@ def test_unimatch_v2_runs_both_sides_for_a_few_iterations(framework: str, tmp_pa
     and the model's beside it; nothing of the official run is left in the process."""
     from test_official_side_by_side import official_root
 
-    repository = runs.OFFICIAL[framework][0]
-    folder = runs.checkout(official_root(repository), repository)
+    repository = OFFICIAL[framework][0]
+    folder = checkout(official_root(repository), repository)
     overrides = tiny_u2pl_overrides()
-    config = runs.project_config(framework, 0, 0, 30, overrides)
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data")
+    config = project_config(framework, 0, 0, 30, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data")
     torch.set_num_threads(1)
-    row = runs.one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
-    for side in runs.SIDES:
+    row = one_framework(folder, framework, 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in SIDES:
         curve = row[f"{side}_curve"]
         assert len(curve) == 2 and all(0.0 < value <= 100.0 for value in curve)
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
     assert len(row["official_student_curve"]) == 2 and row["official_student_miou"] == max(row["official_student_curve"])
     assert (tmp_path / f"{framework}_0" / "latest.pth").is_file()
-    assert not {runs.OFFICIAL[framework][1].removesuffix(".py"), "supervised", "dataset.semi"} & set(sys.modules)
-    assert not torch.distributed.is_initialized() and torch.load is runs.torch.load
+    assert not {OFFICIAL[framework][1].removesuffix(".py"), "supervised", "dataset.semi"} & set(sys.modules)
+    assert not torch.distributed.is_initialized() and torch.load is patching.torch.load
 
 
 @pytest.mark.parametrize("framework", ["unimatch_v2", "fixmatch_v2"])
@@ -518,10 +539,10 @@ def test_v2_project_side_is_the_mini_vit_cell_with_the_official_pipeline_and_ema
     official config: the cell's values, a backbone name picking ``model_configs``' entry."""
     import yaml
 
-    config = runs.project_config(framework, data_seed=2, seed=1)
-    mini_vit = yaml.safe_load(runs.MINI_VIT_SPEC.read_text())
+    config = project_config(framework, data_seed=2, seed=1)
+    mini_vit = yaml.safe_load(MINI_VIT_SPEC.read_text())
     assert (config.model.backbone, config.model.weights) == ("vit_mini", "pretrained:vit_mini")
-    assert config.framework_options["ema_decay"] == 0.996 == runs.V2_EMA_DECAY
+    assert config.framework_options["ema_decay"] == 0.996 == V2_EMA_DECAY
     scaled = next(rule["overrides"] for rule in mini_vit["cell_overrides"] if rule["when"] == {"frameworks": ["unimatch_v2"]})
     assert scaled["framework_options.ema_decay"] != config.framework_options["ema_decay"]
     assert config.head.options["block"] == "projection" and config.schedule.lr_timing == "after_step"
@@ -529,12 +550,12 @@ def test_v2_project_side_is_the_mini_vit_cell_with_the_official_pipeline_and_ema
     assert config.data.augmentation["resize"] == "long_side" and list(config.data.augmentation["blur_sigma"]) == [0.1, 2.0]
     assert config.schedule.epoch_length == "unlabeled" and config.schedule.eval_every_epochs == 1
     assert config.evaluation.resize_multiple == 14 and config.evaluation.select == "best"
-    cfg = runs.v2_cfg(framework, config, Path("/data"), epochs=8)
+    cfg = v2_cfg(framework, config, Path("/data"), epochs=8)
     assert (cfg["dataset"], cfg["crop_size"], cfg["batch_size"], cfg["lr"], cfg["lr_multi"], cfg["epochs"]) == (
         "study", 56, 8, 5e-5, 40.0, 8)
-    assert cfg["backbone"].split("_")[-1] == runs.V2_MODEL_CONFIG and cfg["lock_backbone"] is False
+    assert cfg["backbone"].split("_")[-1] == V2_MODEL_CONFIG and cfg["lock_backbone"] is False
     with pytest.raises(ValueError, match="share one batch_size"):
-        runs.v2_cfg(framework, runs.project_config(framework, 0, 0, overrides={"schedule.unlabeled_batch_size": 4}),
+        v2_cfg(framework, project_config(framework, 0, 0, overrides={"schedule.unlabeled_batch_size": 4}),
                     Path("/data"), epochs=8)
 
 
@@ -542,34 +563,34 @@ def test_supervised_v2_is_the_official_supervised_run_on_the_vit_both_ways():
     """UniMatch V2's ``supervised.py`` doubles the batch and draws at least 3000 labeled items an epoch
     (``pascal``'s entry): the project's ``supervised`` cell on the ViT with the official head, batch 16 and an
     evaluation every 240 iterations, the official config at half the batch under the dataset name ``pascal``."""
-    config = runs.project_config("supervised_v2", data_seed=0, seed=0)
+    config = project_config("supervised_v2", data_seed=0, seed=0)
     assert config.framework == "supervised" and config.model.backbone == "vit_mini"
     assert config.head.options["block"] == "projection" and config.data.augmentation["strong"] is None
     assert config.schedule.batch_size == 16 and config.schedule.lr_timing == "after_step"
-    assert runs.v2_supervised_items(960) == 3840
+    assert v2_supervised_items(960) == 3840
     assert config.schedule.epoch_length == "labeled" and config.schedule.eval_every_epochs * 64 // 16 == 3840 // 16
-    cfg = runs.v2_cfg("supervised_v2", config, Path("/data"), epochs=4)
+    cfg = v2_cfg("supervised_v2", config, Path("/data"), epochs=4)
     assert (cfg["dataset"], cfg["batch_size"]) == ("pascal", 8)
     with pytest.raises(ValueError, match="not a whole number"):
-        runs.project_config("supervised_v2", 0, 0, overrides={"schedule.batch_size": 28})
+        project_config("supervised_v2", 0, 0, overrides={"schedule.batch_size": 28})
 
 
 def test_dpt_interface_gives_the_projects_logits_groups_and_complementary_dropout():
     """``forward(normalised x)`` is the project's model on ``x``; ``comp_drop`` with every pair kept whole is the same,
     with none kept it is not; the parameters named with ``backbone`` are the ViT's (the official first group), the
     others the decoder's and head's, each once; ``lock_backbone`` freezes the ViT only."""
-    student = runs.initial_network(runs.project_config("unimatch_v2", data_seed=0, seed=0)).eval()
+    student = initial_network(project_config("unimatch_v2", data_seed=0, seed=0)).eval()
     images = torch.rand(4, 3, 56, 56)
-    mean, std = torch.tensor(runs.IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(runs.IMAGENET_STD).view(1, 3, 1, 1)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     normalised = (images - mean) / std
     with torch.no_grad():
-        expected = runs.upsample_logits(student(images).head.logits, (56, 56), align_corners=True)[0]
-        whole = runs.DPTInterface(student, kept_fraction=1.0).eval()
+        expected = upsample_logits(student(images).head.logits, (56, 56), align_corners=True)[0]
+        whole = DPTInterface(student, kept_fraction=1.0).eval()
         torch.testing.assert_close(whole(normalised), expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(whole(normalised, comp_drop=True), expected, atol=1e-5, rtol=1e-5)
-        dropped = runs.DPTInterface(student, kept_fraction=0.0).eval()(normalised, comp_drop=True)
+        dropped = DPTInterface(student, kept_fraction=0.0).eval()(normalised, comp_drop=True)
     assert dropped.shape == expected.shape and not torch.allclose(dropped, expected, atol=1e-3)
-    interface = runs.DPTInterface(student)
+    interface = DPTInterface(student)
     named = dict(interface.named_parameters())
     backbone = [p for name, p in named.items() if "backbone" in name]
     assert {id(p) for p in backbone} == {id(p) for p in interface.backbone.parameters()}
@@ -582,7 +603,7 @@ def test_dpt_interface_gives_the_projects_logits_groups_and_complementary_dropou
 def test_answered_load_gives_the_state_for_its_path_and_loads_any_other(tmp_path: Path):
     state = {"w": torch.ones(2)}
     torch.save({"other": torch.zeros(1)}, tmp_path / "other.pth")
-    load = runs.answered_load("./pretrained/vit_mini_small.pth", state)
+    load = answered_load("./pretrained/vit_mini_small.pth", state)
     assert load("pretrained/vit_mini_small.pth") is state
     assert torch.equal(load(str(tmp_path / "other.pth"))["other"], torch.zeros(1))
 
@@ -590,27 +611,27 @@ def test_answered_load_gives_the_state_for_its_path_and_loads_any_other(tmp_path
 def test_recorded_hands_the_results_to_the_curves_in_turn():
     """UniMatch V2's loops evaluate the model, then its EMA, every epoch: results alternate between the curves."""
     model, ema = [], []
-    evaluate = runs.recorded(lambda value: (value, "per class"), model, ema)
+    evaluate = recorded(lambda value: (value, "per class"), model, ema)
     for value in (0.1, 0.2, 0.3, 0.4):
         assert evaluate(value) == (value, "per class")
     assert (model, ema) == ([0.1, 0.3], [0.2, 0.4])
 
 
 def test_in_process_loader_loads_in_the_process():
-    loader = runs.in_process_loader(list(range(6)), batch_size=2, num_workers=4, drop_last=True)
+    loader = in_process_loader(list(range(6)), batch_size=2, num_workers=4, drop_last=True)
     assert loader.num_workers == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_v2_frameworks_run_with_their_supervised_reference_and_its_patches():
-    args = runs.parse_args(["--official-root", "R", "--framework", "fixmatch_v2", "--out", "O"])
-    assert runs.frameworks_run(args) == ["fixmatch_v2", "supervised_v2"]
-    assert runs.LAYOUT["supervised_v2"] == "pascal" and runs.PROJECT_FRAMEWORK["supervised_v2"] == "supervised"
-    patched = [p[0] for p in runs.patches_of(runs.frameworks_run(args))]
-    assert patched == [p[0] for p in runs.V2_PATCHES] and "DPT (as the script imported it)" in patched
+    args = parse_args(["--official-root", "R", "--framework", "fixmatch_v2", "--out", "O"])
+    assert frameworks_run(args) == ["fixmatch_v2", "supervised_v2"]
+    assert LAYOUT["supervised_v2"] == "pascal" and PROJECT_FRAMEWORK["supervised_v2"] == "supervised"
+    patched = [p[0] for p in patches_of(frameworks_run(args))]
+    assert patched == [p[0] for p in V2_PATCHES] and "DPT (as the script imported it)" in patched
 
 
 def test_export_of_the_pascal_layout_lists_the_images_where_supervised_v2_reads_them(tmp_path: Path):
-    lists = runs.export_official_layout(small_study(), tmp_path, layout="pascal")
+    lists = export_official_layout(small_study(), tmp_path, layout="pascal")
     assert lists["val"] == tmp_path / "splits" / "pascal" / "val.txt"
     first = lists["labeled"].read_text().splitlines()[0].split(" ")
     assert (tmp_path / first[0]).is_file() and (tmp_path / first[1]).is_file()
@@ -625,12 +646,12 @@ def test_combine_and_figure_take_v2_reports_beside_the_deeplab_ones(tmp_path: Pa
     v1 = part("unimatch", [0, 1], 0.0, supervised=True)
     v1["supervised"] = [{**r, "official_miou": r["official_miou"] - 3.0} for r in v1["runs"]]
     paths["v1"].write_text(json.dumps(v1))
-    combined = runs.main(["--combine", str(paths["v2"]), str(paths["sup_v2"]), "--out", str(tmp_path / "out")])
+    combined = main(["--combine", str(paths["v2"]), str(paths["sup_v2"]), "--out", str(tmp_path / "out")])
     assert combined["framework"] == "unimatch_v2" and [r["seed"] for r in combined["supervised"]] == [0, 1]
     assert combined["equivalence"]["framework"]["difference"] == pytest.approx(0.5)
-    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json"),
+    drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json"),
                        str(paths["v1"])])
-    assert list(runs.panels_of([combined, v1])) == ["supervised", "supervised_v2", "unimatch_v2", "unimatch"]
+    assert list(panels_of([combined, v1])) == ["supervised", "supervised_v2", "unimatch_v2", "unimatch"]
     lines = drawn["records"]
     assert {"framework": "unimatch_v2", "side": "project", "seeds": 2, "minus_supervised": 0.5} in lines
     assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 3.0} in lines
@@ -641,14 +662,14 @@ def test_steps_that_are_not_whole_official_epochs_exit_before_anything_starts(tm
     other steps exit with a message naming them, before any checkout is read or any folder made."""
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match="--steps: unimatch's official script counts epochs of 120 iterations"):
-        runs.main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch", "--steps", "100",
+        main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch", "--steps", "100",
                    "--out", str(out)])
     with pytest.raises(SystemExit, match="supervised_v2's official script counts epochs of 240 iterations"):
-        runs.main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch_v2", "--steps", "360",
+        main(["--official-root", str(tmp_path / "none"), "--framework", "unimatch_v2", "--steps", "360",
                    "--out", str(out)])
     assert not out.exists()
-    config = runs.project_config("unimatch", data_seed=0, seed=0, steps=240)
-    assert runs.official_epochs("unimatch", config) == 2
+    config = project_config("unimatch", data_seed=0, seed=0, steps=240)
+    assert official_epochs("unimatch", config) == 2
 
 
 def tiny_psmt_overrides() -> dict:
@@ -664,20 +685,20 @@ def test_psmt_project_side_has_the_official_pipeline_and_the_mini_studys_rule_fo
     epochs of 120 iterations (one warm-up epoch: 15 of PS-MT's labeled epochs of 8), 7 official epochs after it."""
     import yaml
 
-    config = runs.project_config("psmt", data_seed=0, seed=1)
+    config = project_config("psmt", data_seed=0, seed=1)
     augmentation, options = config.data.augmentation, config.framework_options
     assert config.protocol == "released" and config.model.decoder == "psmt"
     assert (augmentation["resize"], augmentation["base_size"], augmentation["crop_padding"], augmentation["crop_fill"]) \
         == ("long_side", 77, "bottom_right", "mean")
     assert list(augmentation["blur_sigma"]) == [0.1, 2.0] and augmentation["strong"] == "psmt"
-    mini = yaml.safe_load(runs.MINI_SPEC.read_text())["cell_overrides"]
+    mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["psmt"]})
     assert options["ema_keep_rate"] == scaled["framework_options.ema_keep_rate"] == 0.9
     assert (options["rampup_epochs"], options["warmup_epochs"]) == (1.2, 1)
-    assert runs.official_epochs("psmt", config) == 7 and runs.psmt_warm_up_epochs(config) == 15
+    assert official_epochs("psmt", config) == 7 and psmt_warm_up_epochs(config) == 15
     assert config.schedule.epoch_length == "unlabeled" and config.evaluation.select == "best"
     with pytest.raises(ValueError, match="no more than its 1 warm-up epochs"):
-        runs.official_epochs("psmt", runs.project_config("psmt", 0, 0, steps=120))
+        official_epochs("psmt", project_config("psmt", 0, 0, steps=120))
 
 
 def test_export_writes_the_psmt_layout_its_voc_dataset_reads(tmp_path: Path):
@@ -685,7 +706,7 @@ def test_export_writes_the_psmt_layout_its_voc_dataset_reads(tmp_path: Path):
     (``n`` the labeled count), ``..._unsupervised.txt`` and ``val.txt``, lines of paths the root joined with each
     path less its first character opens (``DataLoader/voc.py`` 49-57)."""
     config = small_study()
-    lists = runs.export_official_layout(config, tmp_path, layout="psmt")
+    lists = export_official_layout(config, tmp_path, layout="psmt")
     root = tmp_path / "VOCdevkit" / "VOC2012"
     assert lists["labeled"] == root / "VocCode" / "DataLoader" / "voc_splits" / "2_train_supervised.txt"
     assert lists["unlabeled"].name == "2_train_unsupervised.txt" and lists["val"].parents[3] == root
@@ -705,7 +726,7 @@ def test_padded_classes_keep_the_softmax_argmax_and_cross_entropy_of_the_classes
         return torch.nn.functional.cross_entropy(inputs, targets.argmax(dim=1))
 
     logits, target = torch.randn(2, 5, 4, 4, requires_grad=True), torch.randn(2, 5, 4, 4) * 30
-    value = runs.padded_classes(loss, 21)(inputs=logits, targets=target, threshold=0.6)
+    value = padded_classes(loss, 21)(inputs=logits, targets=target, threshold=0.6)
     assert seen["inputs"].shape == seen["targets"].shape == (2, 21, 4, 4) and seen["threshold"] == 0.6
     for padded, original in ((seen["inputs"], logits), (seen["targets"], target)):
         probabilities = padded.softmax(dim=1)
@@ -729,7 +750,7 @@ def test_psmt_trainer_patches_cap_topk_set_the_keep_rate_and_the_classes():
         def update(self, teacher_encoder, teacher_decoder, keep_rate=0.996):
             calls.append(("update", keep_rate))
 
-    Trainer.assist, Trainer.update = runs.capped_topk(Trainer.assist), runs.with_keep_rate(Trainer.update, 0.9)
+    Trainer.assist, Trainer.update = capped_topk(Trainer.assist), with_keep_rate(Trainer.update, 0.9)
     Trainer().assist(core_predict=None, assist_predict=None, topk=7)
     Trainer().assist(None, None, topk=3)
     Trainer().update(teacher_encoder=None, teacher_decoder=None)
@@ -739,7 +760,7 @@ def test_psmt_trainer_patches_cap_topk_set_the_keep_rate_and_the_classes():
         def __init__(self, ddp_training, dgx, **kwargs):
             self.num_classes, self.kwargs = 21, kwargs
 
-    Dataset.__init__ = runs.with_classes(Dataset.__init__, 5)
+    Dataset.__init__ = with_classes(Dataset.__init__, 5)
     assert vars(Dataset(False, dgx=False, split="val")) == {"num_classes": 5, "kwargs": {"split": "val"}}
 
 
@@ -748,12 +769,12 @@ def test_psmt_entire_model_holds_copies_of_the_projects_three_networks_split_as_
     upsampled to the crop with align_corners=True in training, to the asked shape in eval) give the project's
     network's logits; the backbone and business layers hold each network's parameters once (what BaseTrainer
     groups), trainable, copies of the project's; main's loss, weight and ignore index kept."""
-    config = runs.project_config("psmt", data_seed=0, seed=0)
-    networks = runs.initial_networks(config)
+    config = project_config("psmt", data_seed=0, seed=0)
+    networks = initial_networks(config)
     assert set(networks) == {"student", "teacher1", "teacher2"}
     stand_in = types.SimpleNamespace(DecoderNetwork=type("DecoderNetwork", (torch.nn.Module,), {}),
                                      VATDecoderNetwork=type("VATDecoderNetwork", (torch.nn.Module,), {}))
-    build = runs.psmt_entire_model(networks, [64, 64], torch.nn.Module, stand_in, semi_ce_loss=lambda **kw: kw)
+    build = psmt_entire_model(networks, [64, 64], torch.nn.Module, stand_in, semi_ce_loss=lambda **kw: kw)
     model = build(num_classes=21, config={"semi": True}, sup_loss="ce", cons_w_unsup="weight", ignore_index=255)
     assert (model.mode, model.sup_loss, model.unsup_loss_w, model.ignore_index) == ("semi", "ce", "weight", 255)
     images = torch.rand(2, 3, 48, 48)
@@ -766,7 +787,7 @@ def test_psmt_entire_model_holds_copies_of_the_projects_three_networks_split_as_
             id(p) for p in network.parameters()}
         encoder.eval(), decoder.eval(), network.eval()
         with torch.no_grad():
-            expected = runs.upsample_logits(network(images).head.logits, (48, 48), align_corners=True)[0]
+            expected = upsample_logits(network(images).head.logits, (48, 48), align_corners=True)[0]
             # the official DecoderNetwork.forward is its upsample's (encoder_decoder.py 133-135)
             torch.testing.assert_close(decoder.upsample(encoder(images), data_shape=[48, 48]), expected)
     assert type(model.decoder_s).__name__ == "VATDecoderNetwork" and type(model.decoder1).__name__ == "DecoderNetwork"
@@ -780,19 +801,19 @@ def test_psmt_runs_both_sides_for_a_few_iterations(tmp_path: Path):
     config is its own with the cell's settings; nothing of the official run is left in the process."""
     from test_official_side_by_side import official_root
 
-    repository = runs.OFFICIAL["psmt"][0]
-    folder = runs.checkout(official_root(repository), repository)
+    repository = OFFICIAL["psmt"][0]
+    folder = checkout(official_root(repository), repository)
     overrides = tiny_psmt_overrides()
-    config = runs.project_config("psmt", 0, 0, 45, overrides)
-    lists = runs.export_official_layout(runs.study_of(config), tmp_path / "data", layout="psmt")
-    cfg = runs.psmt_cfg(config, folder, tmp_path / "data", tmp_path / "run")
+    config = project_config("psmt", 0, 0, 45, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="psmt")
+    cfg = psmt_cfg(config, folder, tmp_path / "data", tmp_path / "run")
     assert (cfg["model"]["warm_up_epoch"], cfg["trainer"]["epochs"], cfg["n_labeled_examples"]) == (15, 2, 4)
     assert (cfg["ramp_up"], cfg["unsupervised_w"], cfg["lr_scheduler"]) == (0.45, 1.5, "Poly")
     assert cfg["train_unsupervised"]["base_size"] == 38 and cfg["train_supervised"]["crop_size"] == 32
     torch.set_num_threads(1)
-    row = runs.one_framework(folder, "psmt", 0, 0, lists, tmp_path, steps=45, overrides=overrides)
+    row = one_framework(folder, "psmt", 0, 0, lists, tmp_path, steps=45, overrides=overrides)
     assert len(row["official_curve"]) == 2 and len(row["project_curve"]) == 3
-    for side in runs.SIDES:
+    for side in SIDES:
         curve = row[f"{side}_curve"]
         assert all(0.0 < value <= 100.0 for value in curve)
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
@@ -806,10 +827,10 @@ def test_combine_and_figure_take_psmt_reports_with_the_supervised_reference(tmp_
     paths = [tmp_path / "psmt.json", tmp_path / "supervised.json"]
     paths[0].write_text(json.dumps(part("psmt", [0, 1], -0.4)))
     paths[1].write_text(json.dumps(part("supervised", [0, 1], 0.0, supervised=True)))
-    combined = runs.main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert combined["framework"] == "psmt" and combined["equivalence"]["framework"]["difference"] == pytest.approx(-0.4)
-    drawn = runs.main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
     assert {"framework": "psmt", "side": "project", "seeds": 2, "minus_supervised": -0.4} in drawn["records"]
-    args = runs.parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
-    assert runs.frameworks_run(args) == ["psmt", "supervised"]
-    assert runs.patches_of(["psmt"]) == list(runs.PSMT_PATCHES) and runs.LAYOUT["psmt"] == "psmt"
+    args = parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
+    assert frameworks_run(args) == ["psmt", "supervised"]
+    assert patches_of(["psmt"]) == list(PSMT_PATCHES) and LAYOUT["psmt"] == "psmt"

@@ -47,12 +47,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 from record_mt_cps_golden import digest, gradient_digest, load_pattern, sample_indices  # noqa: E402
 from recording import default_dtype, official_commit, recorder_arguments, save_golden  # noqa: E402
+
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
+if BENCHMARKS not in sys.path:  # the benchmarks' package: the project's network split into PS-MT's parts
+    sys.path.append(BENCHMARKS)
+from official.psmt_network import entire_model  # noqa: E402
 
 OFFICIAL_FILES = ("VocCode/train.py", "VocCode/Model/Deeplabv3_plus/EntireModel.py",
                   "VocCode/Model/Deeplabv3_plus/encoder_decoder.py", "VocCode/Utils/losses.py",
@@ -130,33 +134,6 @@ def tvat_starts(features_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
             "start_u": torch.rand(B_U, *features_shape, generator=gen).numpy()}
 
 
-class Encoder(nn.Module):
-    """An official ``EncoderNetwork``'s place: the segmentor's backbone and decoder (``extract``: the feature map
-    T-VAT perturbs); its state dict is theirs, so ``update_teachers`` averages exactly these."""
-
-    def __init__(self, segmentor: nn.Module) -> None:
-        super().__init__()
-        self.backbone, self.decoder = segmentor.backbone, segmentor.decoder
-        object.__setattr__(self, "segmentor", segmentor)  # not a submodule: the head belongs to the decoder side
-
-    def forward(self, data: torch.Tensor) -> torch.Tensor:
-        return self.segmentor.extract(data)
-
-
-class Upsample(nn.Module):
-    """An official ``upsample`` module's place: the segmentor's classifier head, its logits upsampled to
-    ``data_shape`` (the crop in training, the given shape in eval) with ``align_corners=True`` (105-116)."""
-
-    def __init__(self, head: nn.Module, data_shape: list[int]) -> None:
-        super().__init__()
-        self.head, self.data_shape = head, data_shape
-
-    def forward(self, x: torch.Tensor, data_shape=None) -> torch.Tensor:
-        pred = self.head(x).logits[0]
-        h, w = self.data_shape if self.training or data_shape is None else data_shape
-        return F.interpolate(pred, size=(h, w), mode="bilinear", align_corners=True)
-
-
 class Parallel(nn.Module):
     """``DataParallel``'s interface on one process: ``.module`` and the call."""
 
@@ -186,26 +163,11 @@ def load_official(checkout: Path) -> dict[str, types.ModuleType]:
         sys.path.remove(root)
 
 
-def shell(cls: type, **modules: nn.Module) -> nn.Module:
-    """An instance of the official module class ``cls`` holding ``modules`` (its own layers not built)."""
-    obj = cls.__new__(cls)
-    nn.Module.__init__(obj)
-    for name, module in modules.items():
-        setattr(obj, name, module)
-    return obj
-
-
 def official_model(mods: dict[str, types.ModuleType], models: dict[str, nn.Module]) -> nn.Module:
-    """``EntireModel`` whose encoders and decoders are the tiny segmentors' halves."""
-    ed, losses = mods["encoder_decoder"], mods["losses"]
-    shape = [SIZE, SIZE]
-    model = shell(mods["EntireModel"].EntireModel,
-                  encoder1=Encoder(models["teacher1"]),
-                  decoder1=shell(ed.DecoderNetwork, upsample=Upsample(models["teacher1"].head, shape)),
-                  encoder2=Encoder(models["teacher2"]),
-                  decoder2=shell(ed.DecoderNetwork, upsample=Upsample(models["teacher2"].head, shape)),
-                  encoder_s=Encoder(models["student"]),
-                  decoder_s=shell(ed.VATDecoderNetwork, upsample=Upsample(models["student"].head, shape)))
+    """``EntireModel`` whose encoders and decoders are the tiny segmentors' halves
+    (``benchmarks/official/psmt_network.py``, the split the official whole run uses too)."""
+    losses = mods["losses"]
+    model = entire_model(mods["EntireModel"].EntireModel, mods["encoder_decoder"], models, [SIZE, SIZE])
     model.mode, model.ignore_index, model.sup_loss = "semi", 255, losses.CE_loss
     model.unsuper_loss = losses.semi_ce_loss
     model.unsup_loss_w = losses.ConsistencyWeight(final_w=UNSUP_WEIGHT, iters_per_epoch=IPE, rampup_starts=0,

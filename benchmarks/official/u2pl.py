@@ -1,0 +1,103 @@
+"""U2PL's ``train_semi.py`` (Haochen-Wang409/U2PL): its patches (:data:`U2PL_PATCHES`), config (:func:`u2pl_cfg`)
+and run (:func:`run_official_u2pl`, :func:`official_u2pl_run`)."""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import copy
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from npsemiseg.config import RunConfig
+
+from official.networks import U2PLInterface, initial_network
+from official.patching import CPU_PATCHES, one_rank_setup, patched, recorded, seed_everything, written_config
+from official.study import official_epochs
+from official.voc_semi import voc_semi_cfg, voc_semi_process
+from official_side_by_side import U2PL_CONFIG
+
+#: every change made to U2PL's ``train_semi.py`` run, the only ones
+U2PL_PATCHES = (
+    ("u2pl.utils.dist_helper.setup_distributed (as train_semi imported it)",
+     "a one-rank gloo process group, rank 0, world size 1",
+     "no GPU, no launcher: the script's collectives (DDP, samplers, all_reduce, the memory bank's all_gather) run in "
+     "one CPU process"),
+    *CPU_PATCHES,
+    ("ModelBuilder (as train_semi imported it: the student and the teacher)",
+     "U2PLInterface: the project's U2PL network of the cell, outputs {'pred', 'rep'} at feature resolution",
+     "the study's small network with the project's initial weights of the seed, pretrained backbone included (U2PL's "
+     "decoder hard-codes 256 channels); the teacher built the same way, as U2PL builds both pretrained"),
+    ("train (as main calls it): its memobank and queue_size",
+     "memory banks of the representation's width and the cell's queue lengths (background first)",
+     "main hard-codes banks 256 wide (the project's representation is narrower) and queues of 50000 / 30000 (the mini "
+     "study's are scaled to the short run)"),
+    ("tensorboardX", "a module whose SummaryWriter discards", "tensorboardX is not installed; logging only"),
+    ("skimage, skimage.measure (where not installed)", "stand-ins whose functions raise",
+     "u2pl.utils.utils imports them at its top; the run never calls them"),
+    ("collections.Iterable", "collections.abc.Iterable", "gone from collections since Python 3.10; the transforms' "
+     "isinstance checks"),
+    ("the DataLoader iterator's next()", "its __next__", "train calls the name torch's iterator no longer has"),
+    ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
+     "the per-epoch curve; nothing changed"),
+)
+
+
+def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int, save_path: Path) -> dict[str, Any]:
+    """U2PL's config for ``train_semi.py``: its VOC 1464 ``experiments/pascal/1464/ours/config.yaml`` from the checkout
+    (what the cell shares with it: the transforms, drop_percent, CutMix, the contrastive loss's thresholds, ranks,
+    temperature, queries and negatives, loss weights 1, poly power, the criterion) with the cell's settings
+    (:func:`voc_semi_cfg`), its batch, the validation's ``center`` crop of the crop size and ``sup_only_epoch``."""
+    cfg = voc_semi_cfg(config, folder / U2PL_CONFIG, lists, epochs, save_path)
+    cfg["dataset"]["batch_size"] = config.schedule.batch_size
+    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
+    cfg["trainer"]["sup_only_epoch"] = config.framework_options["sup_only_epochs"]
+    return cfg
+
+
+def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list[int]) -> Callable[..., Any]:
+    """U2PL's ``train`` given memory banks ``width`` wide (``main`` makes them 256 wide, before any key is queued)
+    and ``queue_sizes`` (per class, background first; ``main``'s 50000 / 30000), in place of ``main``'s own lists,
+    which ``main`` hands to every epoch: the banks are replaced once, the queue lengths set every call."""
+    def train(*args: Any) -> Any:
+        memobank, queue_size = args[-3], args[-1]
+        if memobank[0][0].shape[1] != width:
+            memobank[:] = [[torch.zeros(0, width)] for _ in memobank]
+        queue_size[:] = queue_sizes
+        return train_function(*args)
+    return train
+
+
+def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, queue_sizes: list[int], width: int,
+                      save_path: Path, seed: int) -> dict[str, Any]:
+    """``main()`` of U2PL's ``train_semi.py`` with ``cfg`` (:func:`u2pl_cfg`) and :data:`U2PL_PATCHES`: the student
+    and the teacher :class:`U2PLInterface` of copies of ``student``, the memory banks ``width`` wide with
+    ``queue_sizes``; its per-epoch mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is
+    ``seed`` (``main`` seeds ``random``, numpy and torch with it, and its datasets draw their items with it)."""
+    argv = ["train_semi.py", "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
+    curve: list[float] = []
+    with voc_semi_process(folder, argv, "tensorboardX", save_path) as stack:
+        stack.enter_context(patched([(collections, "Iterable", collections.abc.Iterable)]))
+        module = importlib.import_module("train_semi")
+        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
+                                     (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
+                                     (module, "train", with_banks(module.train, width, queue_sizes)),
+                                     (module, "validate", recorded(module.validate, curve, scale=100.0))]))
+        seed_everything(seed)
+        module.main()
+    return {"curve": curve, "best": max(curve), "last": curve[-1]}
+
+
+def official_u2pl_run(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
+    """:func:`run_official_u2pl` on the export ``lists`` with ``config``'s settings (:func:`u2pl_cfg`, epochs of
+    ``N_u / B`` iterations), initial network, queues (background first) and representation width."""
+    options = config.framework_options
+    cfg = u2pl_cfg(config, folder, lists, official_epochs("u2pl", config), save_path)
+    queues = [options["background_queue_size"]] + [options["queue_size"]] * (config.num_classes - 1)
+    return run_official_u2pl(folder, cfg, initial_network(config), queues,
+                             config.model.options.get("representation_dim", 256), save_path, config.seed)
