@@ -105,6 +105,18 @@ def test_r2_judges_np_against_both_heads_per_framework(store):
     assert shift_claim(_shift_cells(store, "clean")).verdict == NO_DATA
 
 
+def test_r2_judges_the_same_frameworks_as_r1_supervised_included(store):
+    """R1 judges every framework with NP-SemiSeg cells, supervised (no teacher) among them; R2 judges the same
+    frameworks under shift, so supervised's parts stand beside the SSL frameworks' in both."""
+    cells = _shift_cells(store, "shifted")
+    with_supervised = pd.concat([cells, cells[cells["framework"] == "mt"].assign(framework="supervised")],
+                                ignore_index=True)
+    names = [p.name for p in shift_claim(with_supervised).parts]
+    assert names[:4] == ["supervised: ECE vs baseline", "supervised: ECE vs MC dropout",
+                         "supervised: AUROC vs baseline", "supervised: AUROC vs MC dropout"]
+    assert [n.split(":")[0] for n in names[::4]] == ["supervised", "mt", "u2pl"]
+
+
 def test_r2_is_contradicted_when_np_is_worse_calibrated_under_shift(store):
     cells = _shift_cells(store, "shifted")
     worse = cells.assign(**{"shift/mean/ece": [0.30 + i / 1000 if h == "np" else 0.10 + i / 1000

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from semiseg_platform.reports.tables import DATA_INSTANCE, latest_per_cell
+from semiseg_platform.reports.tables import COMPANION_FRAMEWORKS, DATA_INSTANCE, PAPER_FRAMEWORKS, latest_per_cell
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "supported", "contradicted", "inconclusive", "no data"
 BOOTSTRAP_RESAMPLES = 10_000
@@ -233,3 +233,11 @@ def unpaired(name: str, good: Sequence[float], bad: Sequence[float], *, scale: f
     runs = int(good.size + bad.size)
     verdict = verdict_of(low, high, runs) if min(good.size, bad.size) >= 2 else INCONCLUSIVE
     return Evidence(name, [], float(scale * (good.mean() - bad.mean())), float(low), float(high), verdict, runs)
+
+
+def reliability_frameworks(cells: pd.DataFrame) -> list[str]:
+    """The frameworks with NP-SemiSeg cells, supervised included, in the tables' order (the paper's, then the
+    companions, then others): the frameworks R1 and R2 judge."""
+    found = set(cells.loc[cells["head"] == "np", "framework"]) if len(cells) else set()
+    ordered = [f for f in (*PAPER_FRAMEWORKS, *COMPANION_FRAMEWORKS) if f in found]
+    return ordered + sorted(found - set(ordered))

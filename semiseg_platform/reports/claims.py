@@ -57,6 +57,7 @@ from semiseg_platform.reports.claim_evidence import (
     paired_diffs,
     per_part,
     pool_parts,
+    reliability_frameworks,
     s0_evidence,
     unpaired,
 )
@@ -148,13 +149,6 @@ def cell_claims(cells: pd.DataFrame) -> list[Claim]:
 R1_METRICS = {"ece": False, "auroc": True, "aurc": False}
 #: the heads R1 compares NP-SemiSeg with
 R1_REFERENCES = ("baseline", "mc_dropout")
-
-
-def reliability_frameworks(cells: pd.DataFrame) -> list[str]:
-    """The frameworks with NP-SemiSeg cells, in the tables' order (the paper's, then the companions, then others)."""
-    found = set(cells.loc[cells["head"] == "np", "framework"]) if len(cells) else set()
-    ordered = [f for f in (*PAPER_FRAMEWORKS, *COMPANION_FRAMEWORKS) if f in found]
-    return ordered + sorted(found - set(ordered))
 
 
 def reliability_claim(cells: pd.DataFrame) -> Claim:

@@ -22,10 +22,15 @@ import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
 
-from semiseg_platform.reports.claim_evidence import Claim, Evidence, evidence, paired_diffs, pool_parts
+from semiseg_platform.reports.claim_evidence import (
+    Claim,
+    Evidence,
+    evidence,
+    paired_diffs,
+    pool_parts,
+    reliability_frameworks,
+)
 from semiseg_platform.reports.tables import (
-    COMPANION_FRAMEWORKS,
-    PAPER_FRAMEWORKS,
     DATA_INSTANCE,
     CellKey,
     TableRow,
@@ -150,13 +155,11 @@ def shift_claim(cells: pd.DataFrame) -> Claim:
     detection (AUROC, higher) beat the baseline head's and MC dropout's, per framework: one part per framework x
     metric x head compared, each over the pairs of the same replicate, dataset, partition and seed; differences in
     points (x 100), oriented so that positive is NP better. ``cells``: finished cells with the ``shift/...``
-    columns (:func:`load_shift_metrics`); frameworks: every framework but supervised with an NP cell under shift."""
+    columns (:func:`load_shift_metrics`); frameworks: R1's, every framework with an NP cell under shift,
+    supervised included."""
     shifted = cells[cells["shift/mean/ece"].notna()] if "shift/mean/ece" in cells else cells.iloc[0:0]
-    order = [f for f in (*PAPER_FRAMEWORKS, *COMPANION_FRAMEWORKS) if f != "supervised"]
-    present = set(shifted.loc[shifted["head"] == "np", "framework"])
-    frameworks = [f for f in order if f in present] + sorted(present - set(order) - {"supervised"})
     parts = []
-    for framework in frameworks:
+    for framework in reliability_frameworks(shifted):
         for metric, name, sign in R2_METRICS:
             for other in R2_AGAINST:
                 diffs = paired_diffs(shifted, metric, {"head": "np"}, {"head": other}, where={"framework": framework})
