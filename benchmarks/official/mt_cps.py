@@ -232,7 +232,8 @@ def run_official_mt_cps(folder: Path, cfg: dict[str, Any], networks: dict[str, n
                                            importlib.import_module("seg_opr.metric").compute_score, curve)
         stack.enter_context(patched([
             (network, "Network", lambda *args, **kwargs: mean_teacher_network(
-                official_network, copy.deepcopy(networks["student"]), copy.deepcopy(networks["teacher"]))),
+                official_network, copy.deepcopy(networks["student"]), copy.deepcopy(networks["teacher"]),
+                normalised=True)),
             (official_network, "to", lenient_to(nn.Module.to)), (iterator, "next", iterator.__next__),
             (collections, "Iterable", collections.abc.Iterable),
             (importlib.import_module("utils.init_func"), "init_weight", lambda *args, **kwargs: None),

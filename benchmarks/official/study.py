@@ -202,7 +202,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (a regime's,
     ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
     the official resize's base size follows the image size unless set (PS-MT's: 600 / 500 of it,
-    :data:`BASE_SIZE_PER_IMAGE`). UniMatch V2's frameworks (:data:`V2`) start
+    :data:`BASE_SIZE_PER_IMAGE`). MT-CPS: the best of the epochs whose checkpoints TorchSemiSeg's ``eval.py``
+    evaluates (``evaluation.select_from_epoch``, :func:`mt_cps_evaluated_from`). UniMatch V2's frameworks (:data:`V2`) start
     from ``jobs/specs/mini_vit.yaml``'s overrides instead (:func:`v2_settings`)."""
     settings = dict(yaml.safe_load((MINI_VIT_SPEC if framework in V2 else MINI_SPEC).read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
@@ -286,11 +287,13 @@ def official_length_time_settings(framework: str, settings: dict[str, Any]) -> d
     356 / 593 keys as the mini study's (they follow steps and pixels), ``sup_only_epochs`` 1 (the paper's one epoch
     of 80 is 0.1 of these, floored at one; the mini study's 2 are of 8-iteration epochs). PS-MT: EMA keep rate 0.9
     and ramp-up 1.2 epochs (the paper's 12 x 0.1), and the released warm-up (switch ``psmt_warmup_epochs``: 5, not a
-    paper option, which the mini study's ``corrected`` cells leave at 0) scaled alike: 0.5, floored at one epoch."""
+    paper option, which the mini study's ``corrected`` cells leave at 0) scaled alike: 0.5, floored at one epoch.
+    MT-CPS: the options of the cell's name (``mt``, :data:`PROJECT_FRAMEWORK`, as the mini study scales them): EMA
+    decay 0.9 as the mini study's (``mt_cps`` takes none of the others)."""
     run = RunLength.of(steps=settings["schedule.max_steps"], iters_per_epoch=official_iterations(settings),
                        images_per_step=settings["schedule.batch_size"] + settings["schedule.unlabeled_batch_size"],
                        crop_size=settings["schedule.crop_size"])
-    paper = get_framework(framework).paper_options(DATASET, PARTITION)
+    paper = get_framework(PROJECT_FRAMEWORK.get(framework, framework)).paper_options(DATASET, PARTITION)
     if framework == "psmt":
         paper["warmup_epochs"] = released_cell(framework, settings).framework_options["warmup_epochs"]
     return {f"framework_options.{key}": value for key, value in scale_time_settings(paper, run).items()}
