@@ -131,11 +131,39 @@ whatever the seed (the official seeds differ in the initial weights and NumPy's 
 bicubic; the official side evaluates the 7 semi-supervised epochs, the project's the warm-up epoch too. Supervised
 reference: UniMatch's ``supervised.py``, as for the others (not the mini study's ``supervised_psmt``).
 
+MT-CPS (``--framework mt_cps``: charlesCXK/TorchSemiSeg's ``exp.voc/voc8.res50v3+.MeanTeacher``,
+:func:`official_mt_cps_run`; the checkout: ``git clone`` of it, then ``git checkout 5e0c29c``, in a folder whose path
+holds ``TorchSemiSeg``, where config.py finds ``furnace``): its ``train.py``, a script without ``main``, imported (so
+run) in its folder with config.py's ``config`` updated by :func:`mt_cps_cfg` (the export in its layout,
+:data:`LAYOUTS` ``torchsemiseg``: images and labels under ``train_aug/image``, ``train_aug/label`` and ``val/...``,
+lists ``subset_train_aug/train_aug_labeled_1-16 .txt``, ``..._unlabeled_...`` and ``val.txt``; the cell's crop, batch,
+LR, EMA decay, MSE weight and epochs; epochs of ``N_u / B`` by config.py's own formula): its ``Engine`` (distributed,
+one rank), ``VOC`` loaders and ``TrainPre`` (flip, a scale of six, normalisation, a crop padded with 0 and 255),
+``DistributedSampler``, the labeled and the unlabeled call of ``Network`` (the EMA inside the first), MSE between
+softmaxes x ``unsup_weight`` (no ramp-up: train.py has none), ``group_weight`` SGD at ``WarmUpPolyLR`` (no warm-up)
+and the checkpoints of the epochs after the first half; then ``eval.py`` run as its ``__main__`` with ``-e <first>-``
+(script.sh's ``-e 20-34`` of 34 epochs scaled to the run: epochs 5-7 of 8,
+:func:`official.study.mt_cps_evaluated_from`) and ``-d 0``: its sliding evaluation (one window: the crop is the whole
+image) of the student; the best reported, the evaluated epochs' curve beside it. The project's side: the mini study's
+``mt`` cell under ``released`` (framework ``mt_cps``), selecting among the same epochs
+(``evaluation.select_from_epoch`` 6, counted from 1) with the EMA decay of the mini study's rule (0.9). Patches
+(:data:`MT_CPS_PATCHES`): the CPU ones, apex (DDP a pass-through, SyncBatchNorm BatchNorm2d), the Engine's distributed
+set-up (one-rank gloo), an ``easydict`` stand-in where not installed, the network (the project's student and teacher
+behind ``SingleNetwork``'s interface in the official ``Network``:
+:func:`official.mt_cps_network.mean_teacher_network`, which the MT-CPS golden recorder imports), ``init_weight`` (it
+would re-initialise the project's decoder and head), ``next()``, ``collections.Iterable``, eval.py's device handling,
+and eval.py's process-wide changes undone. What differs, the official code's: its scale is one of six values (the
+project's pipeline draws U[0.5, 2]); train.py seeds torch with the rank (0) whatever the seed, the official seeds
+differing in the initial weights and ``random``'s augmentation draws only; the unlabeled sampler is never given the
+epoch (the same order every epoch).
+
 The modules: :mod:`official.study` (the settings, the export, the official epoch, the project's side),
-:mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner), :mod:`official.networks`
-(the project's networks behind the official interfaces), :mod:`official.psmt_network` (PS-MT's split of them),
-:mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base (:mod:`official.unimatch`,
-:mod:`official.v2`, :mod:`official.u2pl`, :mod:`official.augseg`, :mod:`official.psmt`: its patches, config and run),
-:mod:`official.report` (the verdict, records, curves and joined reports) and :mod:`official.cli` (the command line,
-``benchmarks/official_runs.py``'s). The framework modules import the shared ones, never each other.
+:mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner),
+:mod:`official.networks` (the project's networks behind the official interfaces), :mod:`official.psmt_network`
+(PS-MT's split of them), :mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base
+(:mod:`official.unimatch`, :mod:`official.v2`, :mod:`official.u2pl`, :mod:`official.augseg`, :mod:`official.psmt`,
+:mod:`official.mt_cps`: its patches, config and run; :mod:`official.mt_cps_network`, the MeanTeacher's ``Network`` of
+the project's networks), :mod:`official.report` (the verdict, records, curves and joined reports) and
+:mod:`official.cli` (the command line, ``benchmarks/official_runs.py``'s). The framework modules import the shared
+ones, never each other.
 """
