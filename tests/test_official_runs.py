@@ -35,7 +35,7 @@ from official.patching import answered_load, in_process_loader, patched, recorde
 from official.networks import AugSegInterface, DPTInterface, OfficialInterface, U2PLInterface, initial_network, initial_networks  # noqa: E402
 from official.unimatch import PATCHES  # noqa: E402
 from official.voc_semi import U2PL_VOC_TRAIN_SIZE  # noqa: E402
-from official.u2pl import U2PL_PATCHES, u2pl_cfg, with_banks  # noqa: E402
+from official.u2pl import U2PL_PATCHES, U2PL_SUP_PATCHES, u2pl_cfg, u2pl_sup_cfg, with_banks  # noqa: E402
 from official.augseg import augseg_cfg, numpy1_uint8  # noqa: E402
 from official.v2 import V2_MODEL_CONFIG, V2_PATCHES, v2_cfg  # noqa: E402
 from official.psmt import (  # noqa: E402
@@ -953,13 +953,13 @@ def test_mt_cps_stand_ins_and_patches(tmp_path: Path):
 
 
 def test_mt_cps_runs_with_the_supervised_reference_and_its_patches(tmp_path: Path):
-    """An MT-CPS report joins UniMatch's ``supervised.py`` runs as the others do; its patches are MT_CPS_PATCHES."""
+    """An MT-CPS report joins its supervised reference's runs as the others do; its patches are MT_CPS_PATCHES."""
     args = parse_args(["--official-root", "R", "--framework", "mt_cps", "--out", "O"])
-    assert frameworks_run(args) == ["mt_cps", "supervised"] and LAYOUT["mt_cps"] == "torchsemiseg"
+    assert frameworks_run(args) == ["mt_cps", "supervised_u2pl"] and LAYOUT["mt_cps"] == "torchsemiseg"
     assert patches_of(["mt_cps"]) == list(MT_CPS_PATCHES)
     paths = [tmp_path / "mt_cps.json", tmp_path / "supervised.json"]
     paths[0].write_text(json.dumps(part("mt_cps", [0, 1], 0.3)))
-    paths[1].write_text(json.dumps(part("supervised", [0, 1], 0.0, supervised=True)))
+    paths[1].write_text(json.dumps(part("supervised_u2pl", [0, 1], 0.0, supervised=True)))
     combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert combined["framework"] == "mt_cps" and combined["equivalence"]["framework"]["difference"] == pytest.approx(0.3)
     drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
@@ -994,3 +994,64 @@ def test_mt_cps_runs_both_sides_for_a_few_iterations(tmp_path: Path):
     assert not {"config", "network", "dataloader", "train", "engine", "apex", "easydict"} & set(sys.modules)
     assert not torch.distributed.is_initialized() and torch.utils.data.dataloader.default_collate is collate
     assert ForkingPickler._extra_reducers == reducers and not torch.backends.cudnn.benchmark
+
+
+def test_the_supervised_reference_is_u2pls_train_sup_on_u2pls_network_and_unimatchs_elsewhere():
+    """U2PL and MT-CPS (the U2PL decoder) are judged against U2PL's ``train_sup.py``; the frameworks on UniMatch's
+    network (the AugSeg decoder variant: FixMatch, UniMatch, AugSeg, PS-MT) against UniMatch's ``supervised.py``;
+    ``train_sup.py``'s patches are ``train_semi.py``'s but its memory banks."""
+    def reference(framework: str) -> list[str]:
+        return frameworks_run(parse_args(["--official-root", "R", "--framework", framework, "--out", "O"]))
+
+    assert reference("u2pl") == ["u2pl", "supervised_u2pl"] and reference("mt_cps") == ["mt_cps", "supervised_u2pl"]
+    assert [reference(f)[1] for f in ("augseg", "psmt", "fixmatch", "unimatch")] == ["supervised"] * 4
+    assert reference("supervised_u2pl") == ["supervised_u2pl"]
+    assert set(U2PL_PATCHES) - set(U2PL_SUP_PATCHES) == {p for p in U2PL_PATCHES if p[0].startswith("train (")}
+    project = {f: project_config(f, 0, 0) for f in ("supervised_u2pl", "u2pl", "mt_cps")}
+    assert {config.model.decoder for config in project.values()} == {"u2pl"}
+
+
+def test_supervised_u2pl_is_the_projects_supervised_cell_with_train_sups_epochs():
+    """The project's ``supervised`` cell (released, U2PL's network and pipeline, the head at 10x as train_sup.py's
+    ``times``), epochs of the labeled images (8 iterations), each evaluated: 120 epochs, as train_sup.py's."""
+    config = project_config("supervised_u2pl", data_seed=0, seed=0)
+    assert config.framework == "supervised" and config.cell_name == "supervised/study/1/16/baseline"
+    assert (config.model.decoder, config.optim.parameter_groups, config.optim.head_lr_mult) == ("u2pl", "backbone_head", 10.0)
+    assert config.data.augmentation["resize"] == "rescale_balanced" and config.data.augmentation["crop_padding"] == "centered"
+    assert (config.schedule.epoch_length, config.schedule.eval_every_epochs) == ("labeled", 1)
+    assert official_epochs("supervised_u2pl", config) == 120
+
+
+@pytest.mark.integration
+def test_u2pl_sup_cfg_is_the_official_suponly_config_with_the_cells_settings(tmp_path: Path):
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    config = project_config("supervised_u2pl", data_seed=0, seed=0)
+    lists = {"labeled": tmp_path / "l.txt", "unlabeled": tmp_path / "u.txt", "val": tmp_path / "a" / "b" / "val.txt"}
+    cfg = u2pl_sup_cfg(config, folder, lists, 120, tmp_path / "run")
+    assert cfg["dataset"]["type"] == "pascal" and (cfg["dataset"]["n_sup"], cfg["dataset"]["batch_size"]) == (64, 8)
+    assert cfg["trainer"]["epochs"] == 120 and cfg["trainer"]["optimizer"]["kwargs"]["lr"] == 0.01
+    assert cfg["dataset"]["val"]["crop"] == {"type": "center", "size": [64, 64]} and cfg["net"]["num_classes"] == 5
+    assert cfg["dataset"]["train"]["data_list"] == str(lists["labeled"]) and cfg["dataset"]["workers"] == 0
+    assert cfg["criterion"]["type"] == "CELoss" and cfg["net"]["ema_decay"] == 0.99  # the config's own, unused
+
+
+@pytest.mark.integration
+def test_supervised_u2pl_runs_both_sides_for_a_few_iterations(tmp_path: Path):
+    """U2PL's ``train_sup.py`` ``main()`` from the checkout (skipped without one) and the project's supervised cell,
+    30 iterations at a tiny size: epochs of the 4 labeled images (one iteration), each evaluated on both sides."""
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    overrides = tiny_u2pl_overrides()
+    config = project_config("supervised_u2pl", 0, 0, 30, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout=LAYOUT["supervised_u2pl"])
+    torch.set_num_threads(1)
+    row = one_framework(folder, "supervised_u2pl", 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in SIDES:
+        curve = row[f"{side}_curve"]
+        assert len(curve) == 30 and all(0.0 < value <= 100.0 for value in curve)
+        assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
+    assert (tmp_path / "supervised_u2pl_0" / "checkpoints" / "ckpt_best.pth").is_file()
+    assert not {"tensorboardX", "train_sup", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()

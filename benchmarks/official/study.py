@@ -35,16 +35,21 @@ OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": (
             "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
             "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
             "psmt": ("yyliu01/PS-MT", "VocCode/main.py"),
-            "mt_cps": ("charlesCXK/TorchSemiSeg", "exp.voc/voc8.res50v3+.MeanTeacher/train.py")}
+            "mt_cps": ("charlesCXK/TorchSemiSeg", "exp.voc/voc8.res50v3+.MeanTeacher/train.py"),
+            "supervised_u2pl": ("Haochen-Wang409/U2PL", "train_sup.py")}
 #: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
 V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
-#: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks'), UniMatch V2's (the ViT's)
+#: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks' on UniMatch's network, the
+#: AugSeg decoder variant: UniMatch's, FixMatch's, AugSeg's and PS-MT's), UniMatch V2's (the ViT's), U2PL's
+#: ``train_sup.py`` (U2PL's network, the U2PL decoder: U2PL's and MT-CPS's, whose released network is the same but
+#: for its train-time dropout, which TorchSemiSeg's has not)
 SUPERVISED = {"supervised": "supervised", "unimatch_v2": "supervised_v2", "fixmatch_v2": "supervised_v2",
-              "supervised_v2": "supervised_v2"}
+              "supervised_v2": "supervised_v2", "u2pl": "supervised_u2pl", "mt_cps": "supervised_u2pl",
+              "supervised_u2pl": "supervised_u2pl"}
 #: a framework's name in the project's registry where it differs (supervised on the ViT is the project's
 #: ``supervised``, as ``mini_vit.yaml``'s ``supervised_unimatch_v2``)
 #: ``mt_cps``: the mini study's ``mt`` cell, which runs framework ``mt_cps`` under ``released`` (switch ``mt_framework``)
-PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "mt_cps": "mt"}
+PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "mt_cps": "mt", "supervised_u2pl": "supervised"}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2]),
 #: and UniMatch's crop: padded at the bottom and right with black (the released UniMatch family's switches
@@ -74,6 +79,7 @@ MT_CPS_PIPELINE = {"data.augmentation.resize": "rescale", "data.augmentation.sca
                    "data.augmentation.label_pad_value": 255}
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
                       "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE, "mt_cps": MT_CPS_PIPELINE,
+                      "supervised_u2pl": U2PL_PIPELINE,
                       **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
 #: the official resize's base size per image size where it is not the image's (VOC's images are 500 px): PS-MT's
 #: ``base_size`` 600 (``configs/config_deeplab_v3+.json``)
@@ -103,7 +109,7 @@ LAYOUT_FOLDER = {"psmt": "VOCdevkit/VOC2012"}
 #: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
 LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
           "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt",
-          "mt_cps": "torchsemiseg"}
+          "mt_cps": "torchsemiseg", "supervised_u2pl": "u2pl"}
 #: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
 #: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
 V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
@@ -203,7 +209,9 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
     the official resize's base size follows the image size unless set (PS-MT's: 600 / 500 of it,
     :data:`BASE_SIZE_PER_IMAGE`). MT-CPS: the best of the epochs whose checkpoints TorchSemiSeg's ``eval.py``
-    evaluates (``evaluation.select_from_epoch``, :func:`mt_cps_evaluated_from`). UniMatch V2's frameworks (:data:`V2`) start
+    evaluates (``evaluation.select_from_epoch``, :func:`mt_cps_evaluated_from`). U2PL's ``train_sup.py``
+    (``supervised_u2pl``): the project's ``supervised`` cell on U2PL's network, epochs of the labeled images, each
+    evaluated. UniMatch V2's frameworks (:data:`V2`) start
     from ``jobs/specs/mini_vit.yaml``'s overrides instead (:func:`v2_settings`)."""
     settings = dict(yaml.safe_load((MINI_VIT_SPEC if framework in V2 else MINI_SPEC).read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
@@ -215,6 +223,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     if framework == "supervised":
         settings.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
                          "schedule.lr_timing": "after_step"})
+    if framework == "supervised_u2pl":  # train_sup.py's epoch: the labeled list once, evaluated after each
+        settings["schedule.epoch_length"] = "labeled"
     if framework in V2:
         settings.update(v2_settings(framework, settings))
     for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
@@ -317,8 +327,11 @@ def mt_cps_evaluated_from(epochs: int) -> int:
 
 def official_epoch_items(framework: str, config: RunConfig) -> int:
     """The items of one official epoch of ``framework``: ``N_u`` (:func:`unlabeled_pool`); UniMatch V2's
-    ``supervised.py``: the labeled list's repeated length (:func:`v2_supervised_items`)."""
+    ``supervised.py``: the labeled list's repeated length (:func:`v2_supervised_items`); U2PL's ``train_sup.py``: the
+    labeled list (its ``build_vocloader`` leaves the list as it is: ``voc_dset``'s ``split`` stays ``val``)."""
     unlabeled = unlabeled_pool(config)
+    if framework == "supervised_u2pl":
+        return study_of(config).train_size - unlabeled
     return v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
 
 
