@@ -38,8 +38,15 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
 
 A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
 9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
-Supervised here is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``), not U2PL's
-``train_sup.py``, also beside ``--framework u2pl`` (``--no-supervised`` leaves it out).
+Supervised is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``: AugSeg's decoder variant) for
+the frameworks on that network (FixMatch, UniMatch, AugSeg, PS-MT), and U2PL's ``train_sup.py`` (``--framework
+supervised_u2pl``, :func:`official_u2pl_sup_run`) for those on U2PL's network (U2PL and MT-CPS: the U2PL decoder; MT-CPS's
+released network is the same without its train-time dropout) (:data:`SUPERVISED`; ``--no-supervised`` leaves it out).
+``train_sup.py``'s ``main()`` runs as ``train_semi.py``'s (:func:`run_official_u2pl`) with its suponly VOC 1464 config
+(:func:`u2pl_sup_cfg`): its ``build_vocloader`` takes the labeled list as it is, so an epoch is ``n_l / B`` iterations (8
+in the mini study), each validated (120 evaluations in 960 iterations); the project's side is its ``supervised`` cell on
+U2PL's network and pipeline with epochs of the labeled images, each evaluated; patches :data:`U2PL_SUP_PATCHES`
+(``train_semi.py``'s but the memory banks).
 
 U2PL (``--framework u2pl``: Haochen-Wang409/U2PL's ``train_semi.py``, :func:`run_official_u2pl`): its ``main()``
 with its ``get_loader`` (``voc_dset`` on the export in U2PL's layout, :data:`LAYOUTS`: list files of ids under a
