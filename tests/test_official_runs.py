@@ -35,12 +35,17 @@ from official.patching import answered_load, in_process_loader, patched, recorde
 from official.networks import AugSegInterface, DPTInterface, OfficialInterface, U2PLInterface, initial_network, initial_networks  # noqa: E402
 from official.unimatch import PATCHES  # noqa: E402
 from official.voc_semi import U2PL_VOC_TRAIN_SIZE  # noqa: E402
-from official.u2pl import U2PL_PATCHES, u2pl_cfg, with_banks  # noqa: E402
+from official.u2pl import U2PL_PATCHES, U2PL_SUP_PATCHES, u2pl_cfg, u2pl_sup_cfg, with_banks  # noqa: E402
 from official.augseg import augseg_cfg, numpy1_uint8  # noqa: E402
 from official.v2 import V2_MODEL_CONFIG, V2_PATCHES, v2_cfg  # noqa: E402
 from official.psmt import (  # noqa: E402
     PSMT_PATCHES, capped_topk, padded_classes, psmt_cfg, psmt_entire_model, psmt_warm_up_epochs, with_classes,
     with_keep_rate)
+from official.mt_cps import (  # noqa: E402
+    MT_CPS_PATCHES, AttributeDict, OneRankDistributedDataParallel, lenient_to, mt_cps_cfg, recording_evaluation,
+    stand_in_modules)
+from official.mt_cps_network import mean_teacher_network  # noqa: E402
+from official.study import MT_CPS_PIPELINE, mt_cps_evaluated_from  # noqa: E402
 from official.report import equivalence, panels_of  # noqa: E402
 from official.cli import frameworks_run, main, one_framework, parse_args, patches_of, regime  # noqa: E402
 from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins  # noqa: E402
@@ -834,3 +839,219 @@ def test_combine_and_figure_take_psmt_reports_with_the_supervised_reference(tmp_
     args = parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
     assert frameworks_run(args) == ["psmt", "supervised"]
     assert patches_of(["psmt"]) == list(PSMT_PATCHES) and LAYOUT["psmt"] == "psmt"
+
+
+def test_export_writes_the_torchsemiseg_layout_its_voc_dataset_reads(tmp_path: Path):
+    """TorchSemiSeg's layout: ``<root>/train_aug/image/<id>.jpg`` and ``.../label/<id>.png`` for both training lists
+    (their file names hold ``train``), ``<root>/val/...`` for ``val.txt``; lists of ids (dataloader.py 128-146)."""
+    config = small_study()
+    lists = export_official_layout(config, tmp_path, layout="torchsemiseg")
+    assert lists["labeled"] == tmp_path / "subset_train_aug" / "train_aug_labeled_1-16.txt"
+    assert lists["unlabeled"].name == "train_aug_unlabeled_1-16.txt" and lists["val"] == tmp_path / "val.txt"
+    labeled, unlabeled = labeled_indices(config, 2)
+    assert lists["labeled"].read_text().split() == [f"train_{i:06d}" for i in labeled]
+    assert lists["unlabeled"].read_text().split() == [f"train_{i:06d}" for i in unlabeled]
+    name = lists["val"].read_text().split()[0]
+    assert Image.open(tmp_path / "val" / "image" / f"{name}.jpg").format == "JPEG"
+    np.testing.assert_array_equal(np.array(Image.open(tmp_path / "val" / "label" / f"{name}.png")),
+                                  generate(config, "val", 0)[1].numpy())
+    assert (tmp_path / "train_aug" / "label" / f"train_{unlabeled[0]:06d}.png").is_file()
+
+
+def test_mt_cps_evaluates_the_script_range_scaled_to_the_run_and_never_an_unsaved_epoch():
+    """script.sh's ``eval.py -e 20-34`` of 34 epochs; 8 epochs: 5-7 (20 x 8 / 34 = 4.7, and train.py saves the
+    epochs after 8 // 2); a run of one epoch: its only checkpoint."""
+    assert [mt_cps_evaluated_from(epochs) for epochs in (34, 8, 3, 1)] == [20, 5, 2, 0]
+
+
+def test_mt_cps_project_side_is_the_mini_studys_released_mt_cell_with_the_official_pipeline():
+    """The mini study's ``mt`` cell under ``released`` (framework ``mt_cps``, its released step switches), the
+    mini study's EMA decay (its rule, the cell's name's), TorchSemiSeg's pipeline as near as the project's goes; the
+    best among epochs 6-8 (counted from 1): the checkpoints of epochs 5-7 that eval.py evaluates."""
+    import yaml
+
+    config = project_config("mt_cps", data_seed=0, seed=1)
+    assert PROJECT_FRAMEWORK["mt_cps"] == "mt" and config.cell_name == "mt/study/1/16/baseline"
+    assert config.framework == "mt_cps" and config.protocol == "released"
+    mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
+    scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["mt"]})
+    assert config.framework_options["ema_decay"] == scaled["framework_options.ema_decay"] == 0.9
+    assert {k: config.framework_options[k] for k in ("passes", "ema_timing", "train_dropout", "mse_weight")} == {
+        "passes": "split", "ema_timing": "before_unlabeled", "train_dropout": False, "mse_weight": 100.0}
+    assert {f"data.augmentation.{k}": v for k, v in config.data.augmentation.items() if f"data.augmentation.{k}"
+            in MT_CPS_PIPELINE} == MT_CPS_PIPELINE and config.data.augmentation["strong"] is None
+    assert official_epochs("mt_cps", config) == 8 and config.evaluation.select_from_epoch == 6
+    assert config.optim.parameter_groups == "single_lr" and config.evaluation.select == "best"
+
+
+def test_mt_cps_cfg_gives_config_py_the_cells_settings_and_its_own_epoch_formula(tmp_path: Path):
+    config = project_config("mt_cps", data_seed=0, seed=0)
+    lists = {"labeled": tmp_path / "l.txt", "unlabeled": tmp_path / "u.txt", "val": tmp_path / "val.txt"}
+    cfg = mt_cps_cfg(config, lists, 8, tmp_path / "run")
+    assert (cfg["niters_per_epoch"], cfg["max_samples"], cfg["num_train_imgs"], cfg["nepochs"]) == (120, 960, 64, 8)
+    assert (cfg["lr"], cfg["batch_size"], cfg["ema_decay"], cfg["unsup_weight"], cfg["image_height"]) == (
+        0.01, 8, 0.9, 100.0, 64)
+    assert cfg["img_root_folder"] == str(tmp_path) and cfg["eval_source"] == str(lists["val"])
+    assert cfg["snapshot_dir"] == str(tmp_path / "run" / "snapshot") and cfg["num_workers"] == 0
+    with pytest.raises(ValueError, match="one batch_size"):
+        mt_cps_cfg(project_config("mt_cps", 0, 0, overrides={"schedule.unlabeled_batch_size": 4}), lists, 8, tmp_path)
+
+
+class _Network(torch.nn.Module):
+    """An official ``Network``'s place in the tests (the checkout's needs ``config``)."""
+
+
+def test_mean_teacher_network_holds_the_projects_networks_behind_single_networks_interface():
+    """Training: (features, logits upsampled with align_corners=True); eval: the logits; the input normalised as the
+    official loaders normalise it; the optimiser's groups; the state dict the models' only; the teacher detached."""
+    networks = initial_networks(project_config("mt_cps", data_seed=0, seed=0))
+    network = mean_teacher_network(_Network, networks["student"], networks["teacher"], normalised=True)
+    images = torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    network.eval()
+    with torch.no_grad():
+        logits = network.branch1((images - mean) / std)
+        expected = torch.nn.functional.interpolate(networks["student"](images).head.logits[0], size=(32, 32),
+                                                   mode="bilinear", align_corners=True)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    network.train()
+    features, pred = network.branch2(images)
+    assert pred.shape == logits.shape and features.shape[0] == 2
+    assert network.branch1.backbone is networks["student"].backbone
+    assert network.branch1.business_layer == [networks["student"].decoder, networks["student"].head]
+    assert set(network.state_dict()) == {f"branch{i}.model.{k}" for i, model in ((1, networks["student"]),
+                                                                              (2, networks["teacher"]))
+                                         for k in model.state_dict()}
+    assert not any(p.requires_grad for p in network.branch2.parameters())
+    assert all(p.requires_grad for p in network.branch1.parameters())
+
+
+def test_mt_cps_stand_ins_and_patches(tmp_path: Path):
+    """apex's DDP in one process calls the network (its checkpoint keys ``module.``-prefixed, what the Engine strips);
+    SyncBatchNorm is BatchNorm2d; the EasyDict stand-in holds items as attributes; ``to(-1)`` leaves the model; the
+    recorded evaluation keys each mIoU by its checkpoint's epoch and refuses a checkpoint of other keys."""
+    modules = stand_in_modules()
+    ddp = modules["apex.parallel"].DistributedDataParallel(torch.nn.Linear(2, 1))
+    assert isinstance(ddp, OneRankDistributedDataParallel) and set(ddp.state_dict()) == {"module.weight", "module.bias"}
+    assert torch.equal(ddp(torch.ones(1, 2)), ddp.module(torch.ones(1, 2)))
+    assert modules["apex.parallel"].SyncBatchNorm is torch.nn.BatchNorm2d
+    config = AttributeDict(lr=0.1)
+    config.batch_size = 8
+    assert (config["batch_size"], config.lr) == (8, 0.1)
+    assert "missing" not in config
+    assert not hasattr(config, "missing")
+    model = torch.nn.Linear(2, 1)
+    assert lenient_to(torch.nn.Module.to)(model, -1) is model
+    curve: dict[int, float] = {}
+    load, score = recording_evaluation(lambda m, f, *a: m, lambda *a: (None, 0.25, None, None), curve)
+    torch.save({"model": model.state_dict()}, tmp_path / "epoch-6.pth")
+    load(model, str(tmp_path / "epoch-6.pth"))
+    score()
+    assert curve == {6: 25.0}
+    with pytest.raises(ValueError, match="keys are not the network's"):
+        load(torch.nn.Linear(2, 2, bias=False), str(tmp_path / "epoch-6.pth"))
+
+
+def test_mt_cps_runs_with_the_supervised_reference_and_its_patches(tmp_path: Path):
+    """An MT-CPS report joins its supervised reference's runs as the others do; its patches are MT_CPS_PATCHES."""
+    args = parse_args(["--official-root", "R", "--framework", "mt_cps", "--out", "O"])
+    assert frameworks_run(args) == ["mt_cps", "supervised_u2pl"] and LAYOUT["mt_cps"] == "torchsemiseg"
+    assert patches_of(["mt_cps"]) == list(MT_CPS_PATCHES)
+    paths = [tmp_path / "mt_cps.json", tmp_path / "supervised.json"]
+    paths[0].write_text(json.dumps(part("mt_cps", [0, 1], 0.3)))
+    paths[1].write_text(json.dumps(part("supervised_u2pl", [0, 1], 0.0, supervised=True)))
+    combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
+    assert combined["framework"] == "mt_cps" and combined["equivalence"]["framework"]["difference"] == pytest.approx(0.3)
+    drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
+    assert {"framework": "mt_cps", "side": "project", "seeds": 2, "minus_supervised": 0.3} in drawn["records"]
+
+
+@pytest.mark.integration
+def test_mt_cps_runs_both_sides_for_a_few_iterations(tmp_path: Path):
+    """TorchSemiSeg MeanTeacher's train.py and eval.py from the checkout (skipped without one) and the project's
+    cell, eight epochs of 15 iterations at 32 px: the official evaluates the checkpoints of epochs 5-7 (counted from
+    0), the project every epoch and reports the best of epochs 6-8 (counted from 1); nothing of the official run is
+    left in the process (modules, process group, the collate function and pickler reducers eval.py replaces)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from test_official_side_by_side import official_root
+
+    repository = OFFICIAL["mt_cps"][0]
+    folder = checkout(official_root(repository), repository)
+    overrides = {**tiny_psmt_overrides()}
+    config = project_config("mt_cps", 0, 0, 120, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="torchsemiseg")
+    collate, reducers = torch.utils.data.dataloader.default_collate, dict(ForkingPickler._extra_reducers)
+    torch.set_num_threads(1)
+    row = one_framework(folder, "mt_cps", 0, 0, lists, tmp_path, steps=120, overrides=overrides)
+    assert len(row["official_curve"]) == 3 and len(row["project_curve"]) == 8
+    for side in SIDES:
+        assert all(0.0 < value <= 100.0 for value in row[f"{side}_curve"])
+        assert row[f"{side}_last_miou"] == row[f"{side}_curve"][-1]
+    assert row["official_miou"] == max(row["official_curve"]) and row["project_miou"] == max(row["project_curve"][5:])
+    assert sorted(p.name for p in (tmp_path / "mt_cps_0" / "snapshot").glob("epoch-*.pth")) == [
+        "epoch-5.pth", "epoch-6.pth", "epoch-7.pth", "epoch-last.pth"]
+    assert not {"config", "network", "dataloader", "train", "engine", "apex", "easydict"} & set(sys.modules)
+    assert not torch.distributed.is_initialized() and torch.utils.data.dataloader.default_collate is collate
+    assert ForkingPickler._extra_reducers == reducers and not torch.backends.cudnn.benchmark
+
+
+def test_the_supervised_reference_is_u2pls_train_sup_on_u2pls_network_and_unimatchs_elsewhere():
+    """U2PL and MT-CPS (the U2PL decoder) are judged against U2PL's ``train_sup.py``; the frameworks on UniMatch's
+    network (the AugSeg decoder variant: FixMatch, UniMatch, AugSeg, PS-MT) against UniMatch's ``supervised.py``;
+    ``train_sup.py``'s patches are ``train_semi.py``'s but its memory banks."""
+    def reference(framework: str) -> list[str]:
+        return frameworks_run(parse_args(["--official-root", "R", "--framework", framework, "--out", "O"]))
+
+    assert reference("u2pl") == ["u2pl", "supervised_u2pl"] and reference("mt_cps") == ["mt_cps", "supervised_u2pl"]
+    assert [reference(f)[1] for f in ("augseg", "psmt", "fixmatch", "unimatch")] == ["supervised"] * 4
+    assert reference("supervised_u2pl") == ["supervised_u2pl"]
+    assert set(U2PL_PATCHES) - set(U2PL_SUP_PATCHES) == {p for p in U2PL_PATCHES if p[0].startswith("train (")}
+    project = {f: project_config(f, 0, 0) for f in ("supervised_u2pl", "u2pl", "mt_cps")}
+    assert {config.model.decoder for config in project.values()} == {"u2pl"}
+
+
+def test_supervised_u2pl_is_the_projects_supervised_cell_with_train_sups_epochs():
+    """The project's ``supervised`` cell (released, U2PL's network and pipeline, the head at 10x as train_sup.py's
+    ``times``), epochs of the labeled images (8 iterations), each evaluated: 120 epochs, as train_sup.py's."""
+    config = project_config("supervised_u2pl", data_seed=0, seed=0)
+    assert config.framework == "supervised" and config.cell_name == "supervised/study/1/16/baseline"
+    assert (config.model.decoder, config.optim.parameter_groups, config.optim.head_lr_mult) == ("u2pl", "backbone_head", 10.0)
+    assert config.data.augmentation["resize"] == "rescale_balanced" and config.data.augmentation["crop_padding"] == "centered"
+    assert (config.schedule.epoch_length, config.schedule.eval_every_epochs) == ("labeled", 1)
+    assert official_epochs("supervised_u2pl", config) == 120
+
+
+@pytest.mark.integration
+def test_u2pl_sup_cfg_is_the_official_suponly_config_with_the_cells_settings(tmp_path: Path):
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    config = project_config("supervised_u2pl", data_seed=0, seed=0)
+    lists = {"labeled": tmp_path / "l.txt", "unlabeled": tmp_path / "u.txt", "val": tmp_path / "a" / "b" / "val.txt"}
+    cfg = u2pl_sup_cfg(config, folder, lists, 120, tmp_path / "run")
+    assert cfg["dataset"]["type"] == "pascal" and (cfg["dataset"]["n_sup"], cfg["dataset"]["batch_size"]) == (64, 8)
+    assert cfg["trainer"]["epochs"] == 120 and cfg["trainer"]["optimizer"]["kwargs"]["lr"] == 0.01
+    assert cfg["dataset"]["val"]["crop"] == {"type": "center", "size": [64, 64]} and cfg["net"]["num_classes"] == 5
+    assert cfg["dataset"]["train"]["data_list"] == str(lists["labeled"]) and cfg["dataset"]["workers"] == 0
+    assert cfg["criterion"]["type"] == "CELoss" and cfg["net"]["ema_decay"] == 0.99  # the config's own, unused
+
+
+@pytest.mark.integration
+def test_supervised_u2pl_runs_both_sides_for_a_few_iterations(tmp_path: Path):
+    """U2PL's ``train_sup.py`` ``main()`` from the checkout (skipped without one) and the project's supervised cell,
+    30 iterations at a tiny size: epochs of the 4 labeled images (one iteration), each evaluated on both sides."""
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Haochen-Wang409/U2PL"), "Haochen-Wang409/U2PL")
+    overrides = tiny_u2pl_overrides()
+    config = project_config("supervised_u2pl", 0, 0, 30, overrides)
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout=LAYOUT["supervised_u2pl"])
+    torch.set_num_threads(1)
+    row = one_framework(folder, "supervised_u2pl", 0, 0, lists, tmp_path, steps=30, overrides=overrides)
+    for side in SIDES:
+        curve = row[f"{side}_curve"]
+        assert len(curve) == 30 and all(0.0 < value <= 100.0 for value in curve)
+        assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
+    assert (tmp_path / "supervised_u2pl_0" / "checkpoints" / "ckpt_best.pth").is_file()
+    assert not {"tensorboardX", "train_sup", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()

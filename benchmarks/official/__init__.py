@@ -38,8 +38,15 @@ beside it). :func:`equivalence` is the two one-sided tests of official against p
 
 A 960-iteration side took 15-23 min (supervised) and about an hour (UniMatch) on a 2-core VM at load 17-38, and
 9.4-11.6 min (UniMatch, one thread) at load 4-8 (``docs/learning.md``, "Whole runs: official vs project").
-Supervised here is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``), not U2PL's
-``train_sup.py``, also beside ``--framework u2pl`` (``--no-supervised`` leaves it out).
+Supervised is UniMatch's ``supervised.py`` (the network and pipeline of ``unimatch.py``: AugSeg's decoder variant) for
+the frameworks on that network (FixMatch, UniMatch, AugSeg, PS-MT), and U2PL's ``train_sup.py`` (``--framework
+supervised_u2pl``, :func:`official_u2pl_sup_run`) for those on U2PL's network (U2PL and MT-CPS: the U2PL decoder; MT-CPS's
+released network is the same without its train-time dropout) (:data:`SUPERVISED`; ``--no-supervised`` leaves it out).
+``train_sup.py``'s ``main()`` runs as ``train_semi.py``'s (:func:`run_official_u2pl`) with its suponly VOC 1464 config
+(:func:`u2pl_sup_cfg`): its ``build_vocloader`` takes the labeled list as it is, so an epoch is ``n_l / B`` iterations (8
+in the mini study), each validated (120 evaluations in 960 iterations); the project's side is its ``supervised`` cell on
+U2PL's network and pipeline with epochs of the labeled images, each evaluated; patches :data:`U2PL_SUP_PATCHES`
+(``train_semi.py``'s but the memory banks).
 
 U2PL (``--framework u2pl``: Haochen-Wang409/U2PL's ``train_semi.py``, :func:`run_official_u2pl`): its ``main()``
 with its ``get_loader`` (``voc_dset`` on the export in U2PL's layout, :data:`LAYOUTS`: list files of ids under a
@@ -131,11 +138,39 @@ whatever the seed (the official seeds differ in the initial weights and NumPy's 
 bicubic; the official side evaluates the 7 semi-supervised epochs, the project's the warm-up epoch too. Supervised
 reference: UniMatch's ``supervised.py``, as for the others (not the mini study's ``supervised_psmt``).
 
+MT-CPS (``--framework mt_cps``: charlesCXK/TorchSemiSeg's ``exp.voc/voc8.res50v3+.MeanTeacher``,
+:func:`official_mt_cps_run`; the checkout: ``git clone`` of it, then ``git checkout 5e0c29c``, in a folder whose path
+holds ``TorchSemiSeg``, where config.py finds ``furnace``): its ``train.py``, a script without ``main``, imported (so
+run) in its folder with config.py's ``config`` updated by :func:`mt_cps_cfg` (the export in its layout,
+:data:`LAYOUTS` ``torchsemiseg``: images and labels under ``train_aug/image``, ``train_aug/label`` and ``val/...``,
+lists ``subset_train_aug/train_aug_labeled_1-16 .txt``, ``..._unlabeled_...`` and ``val.txt``; the cell's crop, batch,
+LR, EMA decay, MSE weight and epochs; epochs of ``N_u / B`` by config.py's own formula): its ``Engine`` (distributed,
+one rank), ``VOC`` loaders and ``TrainPre`` (flip, a scale of six, normalisation, a crop padded with 0 and 255),
+``DistributedSampler``, the labeled and the unlabeled call of ``Network`` (the EMA inside the first), MSE between
+softmaxes x ``unsup_weight`` (no ramp-up: train.py has none), ``group_weight`` SGD at ``WarmUpPolyLR`` (no warm-up)
+and the checkpoints of the epochs after the first half; then ``eval.py`` run as its ``__main__`` with ``-e <first>-``
+(script.sh's ``-e 20-34`` of 34 epochs scaled to the run: epochs 5-7 of 8,
+:func:`official.study.mt_cps_evaluated_from`) and ``-d 0``: its sliding evaluation (one window: the crop is the whole
+image) of the student; the best reported, the evaluated epochs' curve beside it. The project's side: the mini study's
+``mt`` cell under ``released`` (framework ``mt_cps``), selecting among the same epochs
+(``evaluation.select_from_epoch`` 6, counted from 1) with the EMA decay of the mini study's rule (0.9). Patches
+(:data:`MT_CPS_PATCHES`): the CPU ones, apex (DDP a pass-through, SyncBatchNorm BatchNorm2d), the Engine's distributed
+set-up (one-rank gloo), an ``easydict`` stand-in where not installed, the network (the project's student and teacher
+behind ``SingleNetwork``'s interface in the official ``Network``:
+:func:`official.mt_cps_network.mean_teacher_network`, which the MT-CPS golden recorder imports), ``init_weight`` (it
+would re-initialise the project's decoder and head), ``next()``, ``collections.Iterable``, eval.py's device handling,
+and eval.py's process-wide changes undone. What differs, the official code's: its scale is one of six values (the
+project's pipeline draws U[0.5, 2]); train.py seeds torch with the rank (0) whatever the seed, the official seeds
+differing in the initial weights and ``random``'s augmentation draws only; the unlabeled sampler is never given the
+epoch (the same order every epoch).
+
 The modules: :mod:`official.study` (the settings, the export, the official epoch, the project's side),
-:mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner), :mod:`official.networks`
-(the project's networks behind the official interfaces), :mod:`official.psmt_network` (PS-MT's split of them),
-:mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base (:mod:`official.unimatch`,
-:mod:`official.v2`, :mod:`official.u2pl`, :mod:`official.augseg`, :mod:`official.psmt`: its patches, config and run),
-:mod:`official.report` (the verdict, records, curves and joined reports) and :mod:`official.cli` (the command line,
-``benchmarks/official_runs.py``'s). The framework modules import the shared ones, never each other.
+:mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner),
+:mod:`official.networks` (the project's networks behind the official interfaces), :mod:`official.psmt_network`
+(PS-MT's split of them), :mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base
+(:mod:`official.unimatch`, :mod:`official.v2`, :mod:`official.u2pl`, :mod:`official.augseg`, :mod:`official.psmt`,
+:mod:`official.mt_cps`: its patches, config and run; :mod:`official.mt_cps_network`, the MeanTeacher's ``Network`` of
+the project's networks), :mod:`official.report` (the verdict, records, curves and joined reports) and
+:mod:`official.cli` (the command line, ``benchmarks/official_runs.py``'s). The framework modules import the shared
+ones, never each other.
 """

@@ -34,15 +34,22 @@ OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": (
             "unimatch_v2": ("LiheYoung/UniMatch-V2", "unimatch_v2.py"),
             "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
             "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
-            "psmt": ("yyliu01/PS-MT", "VocCode/main.py")}
+            "psmt": ("yyliu01/PS-MT", "VocCode/main.py"),
+            "mt_cps": ("charlesCXK/TorchSemiSeg", "exp.voc/voc8.res50v3+.MeanTeacher/train.py"),
+            "supervised_u2pl": ("Haochen-Wang409/U2PL", "train_sup.py")}
 #: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
 V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
-#: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks'), UniMatch V2's (the ViT's)
+#: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks' on UniMatch's network, the
+#: AugSeg decoder variant: UniMatch's, FixMatch's, AugSeg's and PS-MT's), UniMatch V2's (the ViT's), U2PL's
+#: ``train_sup.py`` (U2PL's network, the U2PL decoder: U2PL's and MT-CPS's, whose released network is the same but
+#: for its train-time dropout, which TorchSemiSeg's has not)
 SUPERVISED = {"supervised": "supervised", "unimatch_v2": "supervised_v2", "fixmatch_v2": "supervised_v2",
-              "supervised_v2": "supervised_v2"}
+              "supervised_v2": "supervised_v2", "u2pl": "supervised_u2pl", "mt_cps": "supervised_u2pl",
+              "supervised_u2pl": "supervised_u2pl"}
 #: a framework's name in the project's registry where it differs (supervised on the ViT is the project's
 #: ``supervised``, as ``mini_vit.yaml``'s ``supervised_unimatch_v2``)
-PROJECT_FRAMEWORK = {"supervised_v2": "supervised"}
+#: ``mt_cps``: the mini study's ``mt`` cell, which runs framework ``mt_cps`` under ``released`` (switch ``mt_framework``)
+PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "mt_cps": "mt", "supervised_u2pl": "supervised"}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2]),
 #: and UniMatch's crop: padded at the bottom and right with black (the released UniMatch family's switches
@@ -63,8 +70,16 @@ AUGSEG_PIPELINE = {**OFFICIAL_PIPELINE, "data.augmentation.crop_fill": "mean"}
 #: padded at the bottom and right with the mean and 255, flip; its strong view's blur sigma in [0.1, 2]) with its
 #: ``base_size`` 600 for VOC's 500 px images (:data:`BASE_SIZE_PER_IMAGE`)
 PSMT_PIPELINE = AUGSEG_PIPELINE
+#: TorchSemiSeg MeanTeacher's (``dataloader.py`` ``TrainPre``: flip, a scale of the image drawn from config.py's
+#: ``train_scale_array`` [0.5, 0.75, 1, 1.5, 1.75, 2], normalised, a random crop padded on both sides with 0 after
+#: normalisation, the mean, and the label with 255; no strong view): the nearest the project's pipeline has, a scale in
+#: U[0.5, 2] (the same range and mean, continuous where the official draws one of six)
+MT_CPS_PIPELINE = {"data.augmentation.resize": "rescale", "data.augmentation.scale_range": [0.5, 2.0],
+                   "data.augmentation.crop_padding": "centered", "data.augmentation.crop_fill": "mean",
+                   "data.augmentation.label_pad_value": 255}
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
-                      "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE,
+                      "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE, "mt_cps": MT_CPS_PIPELINE,
+                      "supervised_u2pl": U2PL_PIPELINE,
                       **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
 #: the official resize's base size per image size where it is not the image's (VOC's images are 500 px): PS-MT's
 #: ``base_size`` 600 (``configs/config_deeplab_v3+.json``)
@@ -74,21 +89,33 @@ LAYOUTS = {"unimatch": ("SegmentationClass", f"splits/{DATASET}", "JPEGImages/{n
            "u2pl": ("SegmentationClassAug", f"splits/pascal_{DATASET}", "{name}"),
            "pascal": ("SegmentationClass", "splits/pascal", "JPEGImages/{name}.jpg SegmentationClass/{name}.png"),
            "psmt": ("SegmentationClassAug", "VocCode/DataLoader/voc_splits",
-                    "/JPEGImages/{name}.jpg /SegmentationClassAug/{name}.png")}
+                    "/JPEGImages/{name}.jpg /SegmentationClassAug/{name}.png"),
+           "torchsemiseg": ("label", "", "{name}")}
 #: a layout's list files where they are not ``<partition>/labeled.txt``, ``<partition>/unlabeled.txt`` and
 #: ``val.txt`` under its list folder (PS-MT: ``<n labeled>_train_supervised.txt``, ``DataLoader/voc.py`` 40-46)
+#: TorchSemiSeg: config.py's ``subset_train_aug/train_aug_labeled_1-<ratio>.txt``, ``..._unlabeled_...`` and ``val.txt``
 LIST_FILES = {"psmt": {"labeled": "{labeled}_train_supervised.txt", "unlabeled": "{labeled}_train_unsupervised.txt",
-                       "val": "val.txt"}}
+                       "val": "val.txt"},
+              "torchsemiseg": {"labeled": "subset_train_aug/train_aug_labeled_1-{ratio}.txt",
+                               "unlabeled": "subset_train_aug/train_aug_unlabeled_1-{ratio}.txt", "val": "val.txt"}}
+#: a layout's folder of each list's images and labels where they are not ``JPEGImages`` and its label folder:
+#: TorchSemiSeg's ``VOC`` reads ``<root>/<folder>/image/<id>.jpg`` and ``<root>/<folder>/label/<id>.png``, the folder
+#: ``train_aug`` for a list whose file name holds ``train``, else the list's name (``val``) (dataloader.py 128-146)
+SPLIT_FOLDERS = {"torchsemiseg": {"labeled": "train_aug", "unlabeled": "train_aug", "val": "val"}}
 #: a layout's folder under the export folder where its files go (PS-MT's ``VOCDataset`` reads
 #: ``<data_dir>/VOCdevkit/VOC2012``; its list folder is read from the working directory, that folder)
 LAYOUT_FOLDER = {"psmt": "VOCdevkit/VOC2012"}
 #: framework -> the layout its official script reads (UniMatch V2's ``supervised.py``: UniMatch's under the dataset
 #: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
 LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
-          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt"}
+          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt",
+          "mt_cps": "torchsemiseg", "supervised_u2pl": "u2pl"}
 #: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
 #: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
 V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
+#: TorchSemiSeg MeanTeacher's evaluated epochs: script.sh's ``eval.py -e 20-34`` (checkpoints of epochs 20 and later,
+#: counted from 0) of config.py's ``nepochs`` 34
+MT_CPS_EVALUATED = (20, 34)
 #: the EMA ratio's cap UniMatch V2's loops hard-code (unimatch_v2.py 221, fixmatch.py 212)
 V2_EMA_DECAY = 0.996
 
@@ -131,28 +158,34 @@ def export_official_layout(config: StudyConfig, out: Path, partition: str = PART
     ``VOCDataset`` root), the lists ``VocCode/DataLoader/voc_splits/<n>_train_supervised.txt``,
     ``<n>_train_unsupervised.txt`` (``n`` the labeled images) and ``val.txt`` under it (read from the working
     directory), one line ``/JPEGImages/<id>.jpg /SegmentationClassAug/<id>.png`` per item (the root joined with the
-    path less its first character). Returns the three list files."""
+    path less its first character). TorchSemiSeg: ``train_aug/image``, ``train_aug/label`` (both training lists) and
+    ``val/image``, ``val/label`` (:data:`SPLIT_FOLDERS`), the lists ``subset_train_aug/train_aug_labeled_1-<ratio>.txt``,
+    ``..._unlabeled_...`` and ``val.txt`` under ``out``, one ``<id>`` per line. Returns the three list files."""
     label_folder, list_folder, line = LAYOUTS[layout]
     out = out / LAYOUT_FOLDER.get(layout, "")
-    for folder in ("JPEGImages", label_folder):
-        (out / folder).mkdir(parents=True, exist_ok=True)
     labeled, unlabeled = labeled_indices(config, partition_counts(config.train_size)[partition])
     evaluated = range(config.val_size if split == "val" else config.tune_size)
     streams = {"labeled": ("train", labeled), "unlabeled": ("train", unlabeled), "val": (split, evaluated)}
     part = partition.replace("/", "_")
     names = LIST_FILES.get(layout, {"labeled": f"{part}/labeled.txt", "unlabeled": f"{part}/unlabeled.txt",
                                     "val": "val.txt"})
-    lists = {name: out / list_folder / file.format(labeled=len(labeled)) for name, file in names.items()}
-    for split, (stream, indices) in streams.items():
+    lists = {name: out / list_folder / file.format(labeled=len(labeled), ratio=partition.rpartition("/")[2])
+             for name, file in names.items()}
+    for list_name, (stream, indices) in streams.items():
+        folder = SPLIT_FOLDERS.get(layout, {}).get(list_name)
+        images, labels = (out / folder / "image", out / folder / label_folder) if folder else \
+            (out / "JPEGImages", out / label_folder)
+        images.mkdir(parents=True, exist_ok=True)
+        labels.mkdir(parents=True, exist_ok=True)
         lines = []
         for index in indices:
             name = f"{stream}_{index:06d}"
             image, label = generate(config, stream, index)
-            Image.fromarray(to_uint8(image)).save(out / "JPEGImages" / f"{name}.jpg", quality=100, subsampling=0)
-            Image.fromarray(label.numpy().astype(np.uint8), mode="L").save(out / label_folder / f"{name}.png")
+            Image.fromarray(to_uint8(image)).save(images / f"{name}.jpg", quality=100, subsampling=0)
+            Image.fromarray(label.numpy().astype(np.uint8), mode="L").save(labels / f"{name}.png")
             lines.append(line.format(name=name))
-        lists[split].parent.mkdir(parents=True, exist_ok=True)
-        lists[split].write_text("\n".join(lines) + "\n")
+        lists[list_name].parent.mkdir(parents=True, exist_ok=True)
+        lists[list_name].write_text("\n".join(lines) + "\n")
     return lists
 
 
@@ -175,7 +208,10 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     (:func:`official_length_time_settings`). ``overrides``: more settings, applied before the rule (a regime's,
     ``--set``; the tests' smaller data and batches); ``data.options.<name>`` sets one option of the dataset instance;
     the official resize's base size follows the image size unless set (PS-MT's: 600 / 500 of it,
-    :data:`BASE_SIZE_PER_IMAGE`). UniMatch V2's frameworks (:data:`V2`) start
+    :data:`BASE_SIZE_PER_IMAGE`). MT-CPS: the best of the epochs whose checkpoints TorchSemiSeg's ``eval.py``
+    evaluates (``evaluation.select_from_epoch``, :func:`mt_cps_evaluated_from`). U2PL's ``train_sup.py``
+    (``supervised_u2pl``): the project's ``supervised`` cell on U2PL's network, epochs of the labeled images, each
+    evaluated. UniMatch V2's frameworks (:data:`V2`) start
     from ``jobs/specs/mini_vit.yaml``'s overrides instead (:func:`v2_settings`)."""
     settings = dict(yaml.safe_load((MINI_VIT_SPEC if framework in V2 else MINI_SPEC).read_text())["overrides"])
     settings.update(OFFICIAL_PIPELINES[framework])
@@ -187,6 +223,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
     if framework == "supervised":
         settings.update({"model.decoder": "augseg", "head.options.dropout": 0.0, "data.augmentation.strong": None,
                          "schedule.lr_timing": "after_step"})
+    if framework == "supervised_u2pl":  # train_sup.py's epoch: the labeled list once, evaluated after each
+        settings["schedule.epoch_length"] = "labeled"
     if framework in V2:
         settings.update(v2_settings(framework, settings))
     for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
@@ -198,6 +236,9 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
             "data.augmentation.base_size" not in (overrides or {}):  # the image's size, as VOC's 500 in the official
         image_size = StudyConfig.from_options(DATASET, **settings["data.options"]).image_size
         settings["data.augmentation.base_size"] = round(image_size * BASE_SIZE_PER_IMAGE.get(framework, 1.0))
+    if framework == "mt_cps":  # the epochs whose checkpoints the official evaluates; the history counts them from 1
+        settings["evaluation.select_from_epoch"] = \
+            mt_cps_evaluated_from(settings["schedule.max_steps"] // official_iterations(settings)) + 1
     settings.update(v2_supervised_epochs(settings) if framework == "supervised_v2" else
                     {} if framework in V2 else official_length_time_settings(framework, settings))
     return released_cell(framework, settings)
@@ -256,23 +297,41 @@ def official_length_time_settings(framework: str, settings: dict[str, Any]) -> d
     356 / 593 keys as the mini study's (they follow steps and pixels), ``sup_only_epochs`` 1 (the paper's one epoch
     of 80 is 0.1 of these, floored at one; the mini study's 2 are of 8-iteration epochs). PS-MT: EMA keep rate 0.9
     and ramp-up 1.2 epochs (the paper's 12 x 0.1), and the released warm-up (switch ``psmt_warmup_epochs``: 5, not a
-    paper option, which the mini study's ``corrected`` cells leave at 0) scaled alike: 0.5, floored at one epoch."""
-    data = StudyConfig.from_options(DATASET, **settings["data.options"])
-    unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
-    run = RunLength.of(steps=settings["schedule.max_steps"],
-                       iters_per_epoch=unlabeled // settings["schedule.unlabeled_batch_size"],
+    paper option, which the mini study's ``corrected`` cells leave at 0) scaled alike: 0.5, floored at one epoch.
+    MT-CPS: the options of the cell's name (``mt``, :data:`PROJECT_FRAMEWORK`, as the mini study scales them): EMA
+    decay 0.9 as the mini study's (``mt_cps`` takes none of the others)."""
+    run = RunLength.of(steps=settings["schedule.max_steps"], iters_per_epoch=official_iterations(settings),
                        images_per_step=settings["schedule.batch_size"] + settings["schedule.unlabeled_batch_size"],
                        crop_size=settings["schedule.crop_size"])
-    paper = get_framework(framework).paper_options(DATASET, PARTITION)
+    paper = get_framework(PROJECT_FRAMEWORK.get(framework, framework)).paper_options(DATASET, PARTITION)
     if framework == "psmt":
         paper["warmup_epochs"] = released_cell(framework, settings).framework_options["warmup_epochs"]
     return {f"framework_options.{key}": value for key, value in scale_time_settings(paper, run).items()}
 
 
+def official_iterations(settings: dict[str, Any]) -> int:
+    """The iterations of an official epoch of the run ``settings`` describe: ``N_u / B_u``."""
+    data = StudyConfig.from_options(DATASET, **settings["data.options"])
+    unlabeled = data.train_size - partition_counts(data.train_size)[PARTITION]
+    return unlabeled // settings["schedule.unlabeled_batch_size"]
+
+
+def mt_cps_evaluated_from(epochs: int) -> int:
+    """The first epoch (counted from 0, as its checkpoints ``epoch-<e>.pth`` are) whose checkpoint TorchSemiSeg's
+    MeanTeacher evaluates in a run of ``epochs``: script.sh's ``eval.py -e 20-34`` of config.py's 34 epochs
+    (:data:`MT_CPS_EVALUATED`) scaled to ``epochs`` and rounded, no earlier than the first checkpoint train.py saves
+    (those of epochs after ``epochs // 2``, and the last)."""
+    first, of = MT_CPS_EVALUATED
+    return min(max(round(first * epochs / of), epochs // 2 + 1), epochs - 1)
+
+
 def official_epoch_items(framework: str, config: RunConfig) -> int:
     """The items of one official epoch of ``framework``: ``N_u`` (:func:`unlabeled_pool`); UniMatch V2's
-    ``supervised.py``: the labeled list's repeated length (:func:`v2_supervised_items`)."""
+    ``supervised.py``: the labeled list's repeated length (:func:`v2_supervised_items`); U2PL's ``train_sup.py``: the
+    labeled list (its ``build_vocloader`` leaves the list as it is: ``voc_dset``'s ``split`` stays ``val``)."""
     unlabeled = unlabeled_pool(config)
+    if framework == "supervised_u2pl":
+        return study_of(config).train_size - unlabeled
     return v2_supervised_items(unlabeled) if framework == "supervised_v2" else unlabeled
 
 

@@ -1,5 +1,6 @@
-"""U2PL's ``train_semi.py`` (Haochen-Wang409/U2PL): its patches (:data:`U2PL_PATCHES`), config (:func:`u2pl_cfg`)
-and run (:func:`run_official_u2pl`, :func:`official_u2pl_run`)."""
+"""U2PL's ``train_semi.py`` and ``train_sup.py`` (Haochen-Wang409/U2PL): their patches (:data:`U2PL_PATCHES`,
+:data:`U2PL_SUP_PATCHES`), configs (:func:`u2pl_cfg`, :func:`u2pl_sup_cfg`) and runs (:func:`run_official_u2pl`,
+:func:`official_u2pl_run`, :func:`official_u2pl_sup_run`)."""
 
 from __future__ import annotations
 
@@ -18,25 +19,29 @@ from npsemiseg.config import RunConfig
 
 from official.networks import U2PLInterface, initial_network
 from official.patching import CPU_PATCHES, one_rank_setup, patched, recorded, seed_everything, written_config
-from official.study import official_epochs
+from official.study import official_epochs, study_of, unlabeled_pool
 from official.voc_semi import voc_semi_cfg, voc_semi_process
 from official_side_by_side import U2PL_CONFIG
 
+#: U2PL's supervised-only VOC 1464 configuration (what ``train_sup.py`` runs with)
+U2PL_SUP_CONFIG = "experiments/pascal/1464/suponly/config.yaml"
+#: ``train_semi.py``'s memory banks, which ``main`` makes (not ``train_sup.py``'s)
+BANKS_PATCH = ("train (as main calls it): its memobank and queue_size",
+               "memory banks of the representation's width and the cell's queue lengths (background first)",
+               "main hard-codes banks 256 wide (the project's representation is narrower) and queues of 50000 / 30000 "
+               "(the mini study's are scaled to the short run)")
 #: every change made to U2PL's ``train_semi.py`` run, the only ones
 U2PL_PATCHES = (
-    ("u2pl.utils.dist_helper.setup_distributed (as train_semi imported it)",
+    ("u2pl.utils.dist_helper.setup_distributed (as the script imported it)",
      "a one-rank gloo process group, rank 0, world size 1",
      "no GPU, no launcher: the script's collectives (DDP, samplers, all_reduce, the memory bank's all_gather) run in "
      "one CPU process"),
     *CPU_PATCHES,
-    ("ModelBuilder (as train_semi imported it: the student and the teacher)",
+    ("ModelBuilder (as the script imported it: train_semi's student and teacher, train_sup's model)",
      "U2PLInterface: the project's U2PL network of the cell, outputs {'pred', 'rep'} at feature resolution",
      "the study's small network with the project's initial weights of the seed, pretrained backbone included (U2PL's "
      "decoder hard-codes 256 channels); the teacher built the same way, as U2PL builds both pretrained"),
-    ("train (as main calls it): its memobank and queue_size",
-     "memory banks of the representation's width and the cell's queue lengths (background first)",
-     "main hard-codes banks 256 wide (the project's representation is narrower) and queues of 50000 / 30000 (the mini "
-     "study's are scaled to the short run)"),
+    BANKS_PATCH,
     ("tensorboardX", "a module whose SummaryWriter discards", "tensorboardX is not installed; logging only"),
     ("skimage, skimage.measure (where not installed)", "stand-ins whose functions raise",
      "u2pl.utils.utils imports them at its top; the run never calls them"),
@@ -46,6 +51,8 @@ U2PL_PATCHES = (
     ("validate (as main calls it)", "the same function, its result also recorded (x 100)",
      "the per-epoch curve; nothing changed"),
 )
+#: every change made to U2PL's ``train_sup.py`` run, the only ones: ``train_semi.py``'s but the memory banks
+U2PL_SUP_PATCHES = tuple(patch for patch in U2PL_PATCHES if patch is not BANKS_PATCH)
 
 
 def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int, save_path: Path) -> dict[str, Any]:
@@ -57,6 +64,19 @@ def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: in
     cfg["dataset"]["batch_size"] = config.schedule.batch_size
     cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
     cfg["trainer"]["sup_only_epoch"] = config.framework_options["sup_only_epochs"]
+    return cfg
+
+
+def u2pl_sup_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: int, save_path: Path) -> dict[str, Any]:
+    """U2PL's config for ``train_sup.py``: its VOC 1464 ``experiments/pascal/1464/suponly/config.yaml`` from the
+    checkout (the transforms, the criterion, the poly power) with the cell's settings (:func:`voc_semi_cfg`), its batch,
+    the validation's ``center`` crop of the crop size, and ``n_sup`` the labeled images (as the config's 1464; its
+    ``build_vocloader`` leaves ``voc_dset``'s split at ``val``, which takes the list as it is: an epoch is the labeled
+    list once, ``n_l / B`` iterations, each epoch evaluated)."""
+    cfg = voc_semi_cfg(config, folder / U2PL_SUP_CONFIG, lists, epochs, save_path)
+    cfg["dataset"].update(batch_size=config.schedule.batch_size,
+                          n_sup=study_of(config).train_size - unlabeled_pool(config))
+    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
     return cfg
 
 
@@ -73,21 +93,23 @@ def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list
     return train
 
 
-def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, queue_sizes: list[int], width: int,
-                      save_path: Path, seed: int) -> dict[str, Any]:
-    """``main()`` of U2PL's ``train_semi.py`` with ``cfg`` (:func:`u2pl_cfg`) and :data:`U2PL_PATCHES`: the student
-    and the teacher :class:`U2PLInterface` of copies of ``student``, the memory banks ``width`` wide with
-    ``queue_sizes``; its per-epoch mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is
-    ``seed`` (``main`` seeds ``random``, numpy and torch with it, and its datasets draw their items with it)."""
-    argv = ["train_semi.py", "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
+def run_official_u2pl(folder: Path, cfg: dict[str, Any], student: nn.Module, save_path: Path, seed: int,
+                      banks: tuple[list[int], int] | None = None, script: str = "train_semi.py") -> dict[str, Any]:
+    """``main()`` of U2PL's ``script`` (``train_semi.py``: ``cfg`` :func:`u2pl_cfg`, :data:`U2PL_PATCHES`;
+    ``train_sup.py``: :func:`u2pl_sup_cfg`, :data:`U2PL_SUP_PATCHES`): its models (train_semi's student and teacher)
+    :class:`U2PLInterface` of copies of ``student``; ``banks``: train_semi's memory banks (queue sizes, width); its
+    per-epoch mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is ``seed`` (``main``
+    seeds ``random``, numpy and torch with it, and its datasets draw their items with it)."""
+    argv = [script, "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
     curve: list[float] = []
     with voc_semi_process(folder, argv, "tensorboardX", save_path) as stack:
         stack.enter_context(patched([(collections, "Iterable", collections.abc.Iterable)]))
-        module = importlib.import_module("train_semi")
-        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
-                                     (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
-                                     (module, "train", with_banks(module.train, width, queue_sizes)),
-                                     (module, "validate", recorded(module.validate, curve, scale=100.0))]))
+        module = importlib.import_module(script.removesuffix(".py"))
+        stack.enter_context(patched([
+            (module, "setup_distributed", one_rank_setup),
+            (module, "ModelBuilder", lambda net_cfg: U2PLInterface(copy.deepcopy(student))),
+            (module, "validate", recorded(module.validate, curve, scale=100.0)),
+            *([(module, "train", with_banks(module.train, banks[1], banks[0]))] if banks else [])]))
         seed_everything(seed)
         module.main()
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
@@ -99,5 +121,12 @@ def official_u2pl_run(folder: Path, config: RunConfig, lists: dict[str, Path], s
     options = config.framework_options
     cfg = u2pl_cfg(config, folder, lists, official_epochs("u2pl", config), save_path)
     queues = [options["background_queue_size"]] + [options["queue_size"]] * (config.num_classes - 1)
-    return run_official_u2pl(folder, cfg, initial_network(config), queues,
-                             config.model.options.get("representation_dim", 256), save_path, config.seed)
+    banks = (queues, config.model.options.get("representation_dim", 256))
+    return run_official_u2pl(folder, cfg, initial_network(config), save_path, config.seed, banks)
+
+
+def official_u2pl_sup_run(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
+    """:func:`run_official_u2pl` of ``train_sup.py`` on the export ``lists`` with ``config``'s settings
+    (:func:`u2pl_sup_cfg`, epochs of ``N_u / B`` iterations) and initial network."""
+    cfg = u2pl_sup_cfg(config, folder, lists, official_epochs("supervised_u2pl", config), save_path)
+    return run_official_u2pl(folder, cfg, initial_network(config), save_path, config.seed, script="train_sup.py")

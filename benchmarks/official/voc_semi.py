@@ -27,7 +27,7 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
     """The config file ``official`` (U2PL's or AugSeg's VOC ``pascal_semi`` config, from the checkout) with what the
     two share of the cell: its data (the U2PL layout of :func:`export_official_layout`; ``n_sup`` such that both
     training sets are drawn to the unlabeled pool's size, so that an epoch is ``N_u / B`` iterations as on VOC), the
-    training crop, epochs, LR, momentum, weight decay, classes and EMA decay; data loaded in the process
+    training crop, epochs, LR, momentum, weight decay, classes and EMA decay (where the cell has one); data loaded in the process
     (``workers: 0``, as the project's cell); checkpoints under ``save_path``. Both scripts draw their labeled and
     unlabeled batches of one ``batch_size``."""
     schedule = config.schedule
@@ -44,7 +44,9 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
     cfg["trainer"]["epochs"] = epochs
     cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
                                                  weight_decay=config.optim.weight_decay)
-    cfg["net"].update(num_classes=config.num_classes, ema_decay=config.framework_options["ema_decay"])
+    cfg["net"]["num_classes"] = config.num_classes
+    if "ema_decay" in config.framework_options:  # supervised (U2PL's train_sup.py) has none
+        cfg["net"]["ema_decay"] = config.framework_options["ema_decay"]
     cfg["saver"]["snapshot_dir"] = str(save_path / "checkpoints")
     return cfg
 

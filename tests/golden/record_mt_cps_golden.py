@@ -11,14 +11,15 @@ and the no-grad teacher on one half, the teacher's EMA inside the call with ``st
 network built on both sides from the same weights: the project's smoke segmentor (backbone ``resnet_small``, the
 U2PL decoder at widths 16/8, the baseline classifier) with every ``Dropout2d`` replaced by an identity (the official
 network has none), wrapped to return ``(features, logits upsampled to the image with align_corners=True)`` as
-``SingleNetwork.forward`` (lines 70-80). ``config`` is a stub holding ``ema_decay`` read from the official
-``config.py`` (line 74, 0.99); ``base_model`` is a stub (no ResNet is built). The training step around the two calls
-is ``train.py`` 177-215 written out here (one process: the all_reduce over one rank is the identity): CE on the
-student's labeled logits, ``unsup_weight`` (100, config.py line 73) x MSE between the softmaxes of student and
-teacher over both halves, one SGD step of the student: the official optimiser (train.py 90-104, ``group_weight`` of
-``furnace/utils/init_func.py`` over backbone and business layers, momentum and weight decay of config.py 99-100) at
-the LR train.py 206-211 sets (``WarmUpPolyLR`` of ``furnace/engine/lr_policy.py`` at ``CUR_ITER`` of
-``TOTAL_ITERS``), both imported from CHECKOUT.
+``SingleNetwork.forward`` (lines 70-80): ``Branch`` and ``mean_teacher_network`` of
+``benchmarks/official/mt_cps_network.py``, which the official whole run uses too. ``config`` is a stub holding
+``ema_decay`` read from the official ``config.py`` (line 74, 0.99); ``base_model`` is a stub (no ResNet is built).
+The training step around the two calls is ``train.py`` 177-215 written out here (one process: the all_reduce over
+one rank is the identity): CE on the student's labeled logits, ``unsup_weight`` (100, config.py line 73) x MSE
+between the softmaxes of student and teacher over both halves, one SGD step of the student: the official optimiser
+(train.py 90-104, ``group_weight`` of ``furnace/utils/init_func.py`` over backbone and business layers, momentum and
+weight decay of config.py 99-100) at the LR train.py 206-211 sets (``WarmUpPolyLR`` of
+``furnace/engine/lr_policy.py`` at ``CUR_ITER`` of ``TOTAL_ITERS``), both imported from CHECKOUT.
 
 Weights are a deterministic pattern (:func:`pattern_weights`, also used by the test), the teacher's with another
 salt than the student's so that the EMA's place in the step shows; the step is taken at iteration ``CUR_ITER`` = 3
@@ -47,6 +48,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 from recording import official_commit, recorder_arguments, save_golden, sine_pattern  # noqa: E402
+
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
+if BENCHMARKS not in sys.path:  # the benchmarks' package: the project's networks behind the official Network
+    sys.path.append(BENCHMARKS)
+from official.mt_cps_network import mean_teacher_network  # noqa: E402
 
 OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
 OFFICIAL_FILES = (f"{OFFICIAL_DIR}/network.py", f"{OFFICIAL_DIR}/train.py", f"{OFFICIAL_DIR}/config.py",
@@ -144,20 +150,6 @@ def gradient_digest(prefix: str, model: nn.Module, indices: dict[str, np.ndarray
     return out
 
 
-class Branch(nn.Module):
-    """``SingleNetwork``'s interface (network.py 70-80) around the tiny segmentor: ``(features, logits at the image
-    size, align_corners=True)`` in training."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, data: torch.Tensor):
-        out = self.model(data)
-        pred = F.interpolate(out.head.logits[0], size=data.shape[-2:], mode="bilinear", align_corners=True)
-        return out.features, pred
-
-
 def official_network(checkout: Path) -> type:
     """The official ``Network`` class, imported with stubs for ``config`` (ema_decay read from config.py) and
     ``base_model``."""
@@ -220,11 +212,7 @@ def record(checkout: Path) -> tuple[dict[str, np.ndarray], dict]:
     Network, ema_decay = official_network(checkout)
     weight = config_value(checkout, "unsup_weight")
     student, teacher = tiny_model(STUDENT_SALT), tiny_model(TEACHER_SALT)
-    net = Network.__new__(Network)
-    nn.Module.__init__(net)
-    net.branch1, net.branch2 = Branch(student), Branch(teacher)
-    for param in net.branch2.parameters():  # network.py 21-23
-        param.detach_()
+    net = mean_teacher_network(Network, student, teacher)
     data = inputs()
     imgs, unsup_imgs = (torch.from_numpy(data[k]).to(DTYPE) for k in ("images_l", "images_u"))
     gts = torch.from_numpy(data["labels_l"])
