@@ -410,9 +410,11 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "classifier's two, 0.1 each); MC dropout stays", "[D1](deviations.md#d1-mt-as-cpss-meanteacher)",
            frameworks=("mt_cps",),
            golden=_GOLDEN_MT_CPS),
-    Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 20, 0,
-           "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34)",
-           "the best epoch is chosen among epochs 20 and later only (with evaluation_select = best)",
+    Switch("mt_select_from_epoch", "evaluation", "evaluation.select_from_epoch", 21, 0,
+           "TorchSemiSeg@5e0c29c MeanTeacher script.sh (eval.py -e 20-34), furnace/engine/engine.py 150-151 "
+           "(epoch-N.pth is saved after the 0-based epoch N, so epoch-20.pth after 21 epochs)",
+           "the best epoch is chosen among the evaluations after 21 or more completed epochs only (the checkpoints "
+           "epoch-20.pth to epoch-33.pth; with evaluation_select = best)",
            "[D2](deviations.md#d2-best-epoch-reporting)", frameworks=_MT,
            no_golden="an argument of the evaluation script: no function; "
                      "tests/test_training.py::test_best_epoch_candidates_start_at_select_from_epoch"),

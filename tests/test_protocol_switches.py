@@ -508,7 +508,7 @@ def test_head_settings_derives_publication_lr_epochs_and_np_config_batch():
     mt = cell("mt", "baseline", "released")  # CPS's MeanTeacher: batch 8 over 4 GPUs, 0.0025 x 4, one LR, 34 epochs
     assert (mt.schedule.epochs, mt.schedule.crop_size, mt.schedule.batch_size, mt.optim.reference_batch) == (34, 512, 2, 8)
     assert (mt.optim.lr, mt.optim.parameter_groups) == (0.01, "single_lr")
-    assert (mt.evaluation.select, mt.evaluation.select_from_epoch) == ("best", 20)  # eval.py -e 20-34
+    assert (mt.evaluation.select, mt.evaluation.select_from_epoch) == ("best", 21)  # epoch-20.pth: after 21 epochs
     assert cell("mt", "baseline", "corrected").optim.parameter_groups == "backbone_head"
     assert cell("mt", "np", "released").schedule.epochs == cell("mt", "baseline", "corrected").schedule.epochs == 80
     assert cell("u2pl", "baseline", "released").schedule.epochs == 80
