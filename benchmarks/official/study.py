@@ -34,7 +34,9 @@ OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": (
             "unimatch_v2": ("LiheYoung/UniMatch-V2", "unimatch_v2.py"),
             "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
             "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
-            "psmt": ("yyliu01/PS-MT", "VocCode/main.py")}
+            "psmt": ("yyliu01/PS-MT", "VocCode/main.py"),
+            "np_u2pl": ("Jianf-Wang/NP-SemiSeg", "U2PL/train_semi.py"),
+            "np_augseg": ("Jianf-Wang/NP-SemiSeg", "AugSeg/train_semi.py")}
 #: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
 V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
 #: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks'), UniMatch V2's (the ViT's)
@@ -42,7 +44,14 @@ SUPERVISED = {"supervised": "supervised", "unimatch_v2": "supervised_v2", "fixma
               "supervised_v2": "supervised_v2"}
 #: a framework's name in the project's registry where it differs (supervised on the ViT is the project's
 #: ``supervised``, as ``mini_vit.yaml``'s ``supervised_unimatch_v2``)
-PROJECT_FRAMEWORK = {"supervised_v2": "supervised"}
+PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "np_u2pl": "u2pl", "np_augseg": "augseg"}
+#: the head of a framework's cell where it is not the baseline: the NP-SemiSeg authors' scripts are U2PL's and
+#: AugSeg's with the NP head
+HEAD = {"np_u2pl": "np", "np_augseg": "np"}
+#: the NP cells' evaluation as the authors' training scripts evaluate every epoch: the mean of the logits of T = 5
+#: latent samples (``validate``: ``outs['pred'].mean(0)``, the head's ``forward_times=5``), where ``released`` takes
+#: ``U2PL/eval.py``'s T = 20 (switch ``np_eval_samples``)
+NP_EVALUATION = {"evaluation.num_samples": 5}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2]),
 #: and UniMatch's crop: padded at the bottom and right with black (the released UniMatch family's switches
@@ -65,6 +74,7 @@ AUGSEG_PIPELINE = {**OFFICIAL_PIPELINE, "data.augmentation.crop_fill": "mean"}
 PSMT_PIPELINE = AUGSEG_PIPELINE
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
                       "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE,
+                      "np_u2pl": U2PL_PIPELINE, "np_augseg": AUGSEG_PIPELINE,
                       **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
 #: the official resize's base size per image size where it is not the image's (VOC's images are 500 px): PS-MT's
 #: ``base_size`` 600 (``configs/config_deeplab_v3+.json``)
@@ -85,7 +95,8 @@ LAYOUT_FOLDER = {"psmt": "VOCdevkit/VOC2012"}
 #: framework -> the layout its official script reads (UniMatch V2's ``supervised.py``: UniMatch's under the dataset
 #: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
 LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
-          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt"}
+          "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt",
+          "np_u2pl": "u2pl", "np_augseg": "u2pl"}
 #: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
 #: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
 V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
@@ -189,6 +200,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
                          "schedule.lr_timing": "after_step"})
     if framework in V2:
         settings.update(v2_settings(framework, settings))
+    if HEAD.get(framework) == "np":
+        settings.update({**mini_head_settings("np"), **NP_EVALUATION})
     for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
         if key.startswith(DATA_OPTION):
             settings["data.options"] = {**settings["data.options"], key.removeprefix(DATA_OPTION): value}
@@ -204,10 +217,18 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
 
 
 def released_cell(framework: str, settings: dict[str, Any]) -> RunConfig:
-    """The project's cell of ``framework`` (the study, 1/16, the baseline head, protocol ``released``) with
-    ``settings`` as overrides."""
+    """The project's cell of ``framework`` (the study, 1/16, the baseline head or :data:`HEAD`'s, protocol
+    ``released``) with ``settings`` as overrides."""
     return compose("paper", framework=PROJECT_FRAMEWORK.get(framework, framework), dataset=DATASET,
-                   partition=PARTITION, head="baseline", protocol="released", overrides=settings).config
+                   partition=PARTITION, head=HEAD.get(framework, "baseline"), protocol="released",
+                   overrides=settings).config
+
+
+def mini_head_settings(head: str) -> dict[str, Any]:
+    """The mini study's ``cell_overrides`` of ``head``'s cells (``jobs/specs/mini.yaml``: the NP head's latent width)."""
+    rules = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
+    return {key: value for rule in rules if set(rule["when"]) == {"heads"} and head in rule["when"]["heads"]
+            for key, value in rule["overrides"].items()}
 
 
 def v2_settings(framework: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +284,7 @@ def official_length_time_settings(framework: str, settings: dict[str, Any]) -> d
                        iters_per_epoch=unlabeled // settings["schedule.unlabeled_batch_size"],
                        images_per_step=settings["schedule.batch_size"] + settings["schedule.unlabeled_batch_size"],
                        crop_size=settings["schedule.crop_size"])
-    paper = get_framework(framework).paper_options(DATASET, PARTITION)
+    paper = get_framework(PROJECT_FRAMEWORK.get(framework, framework)).paper_options(DATASET, PARTITION)
     if framework == "psmt":
         paper["warmup_epochs"] = released_cell(framework, settings).framework_options["warmup_epochs"]
     return {f"framework_options.{key}": value for key, value in scale_time_settings(paper, run).items()}
