@@ -146,7 +146,8 @@ authors' torch 1.10 DDP copied them (their memories never persist: deviation N2)
 ``[0]`` by ``main``. What both evaluate: U2PL's the student in the supervised-only epoch, the teacher after; AugSeg's
 the teacher; each image's prediction from T = 5 latent samples drawn around the zero centers (the project's side
 evaluates T = 5 too, not ``released``'s 20 of ``eval.py``). One difference remains, the project's: the authors take
-the argmax of the mean of the T logits, the project's evaluation that of the mean of the T softmaxes.
+the argmax of the mean of the T logits, the project's evaluation that of the mean of the T softmaxes (negligible at
+the mini study's latent width: ``docs/learning.md``).
 
 The modules: :mod:`official.study` (the settings, the export, the official epoch, the project's side),
 :mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner), :mod:`official.networks`
