@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import sys
 import types
 from pathlib import Path
@@ -31,12 +32,15 @@ from official import patching  # noqa: E402
 from official.study import (  # noqa: E402
     LAYOUT, MINI_SPEC, MINI_VIT_SPEC, OFFICIAL, PROJECT_FRAMEWORK, SIDES, V2_EMA_DECAY, export_official_layout, official_cfg,
     official_epochs, project_config, repeated_list, study_of, v2_supervised_items)
-from official.patching import answered_load, in_process_loader, patched, recorded  # noqa: E402
+from official.patching import answered_load, in_process_loader, official_process, patched, recorded  # noqa: E402
 from official.networks import AugSegInterface, DPTInterface, OfficialInterface, U2PLInterface, initial_network, initial_networks  # noqa: E402
 from official.unimatch import PATCHES  # noqa: E402
 from official.voc_semi import U2PL_VOC_TRAIN_SIZE  # noqa: E402
-from official.u2pl import U2PL_PATCHES, U2PL_SUP_PATCHES, u2pl_cfg, u2pl_sup_cfg, with_banks  # noqa: E402
-from official.augseg import augseg_cfg, numpy1_uint8  # noqa: E402
+from official.u2pl import NP_U2PL_PATCHES, U2PL_PATCHES, U2PL_SUP_PATCHES, u2pl_cfg, u2pl_sup_cfg, with_banks  # noqa: E402
+from official.augseg import AUGSEG_PATCHES, NP_AUGSEG_CONFIG, NP_AUGSEG_PATCHES, augseg_cfg, numpy1_uint8  # noqa: E402
+from official.np_network import (  # noqa: E402
+    HEAD_MAP, NP_PATCHES, AugSegAuthorsModel, AuthorsModel, NPInterface, RankZero, authors_model, copied_lists,
+    reorder_decoder_input, with_device_ids, with_memories)
 from official.v2 import V2_MODEL_CONFIG, V2_PATCHES, v2_cfg  # noqa: E402
 from official.psmt import (  # noqa: E402
     PSMT_PATCHES, capped_topk, padded_classes, psmt_cfg, psmt_entire_model, psmt_warm_up_epochs, with_classes,
@@ -48,7 +52,8 @@ from official.mt_cps_network import mean_teacher_network  # noqa: E402
 from official.study import MT_CPS_PIPELINE, mt_cps_evaluated_from  # noqa: E402
 from official.report import equivalence, panels_of  # noqa: E402
 from official.cli import frameworks_run, main, one_framework, parse_args, patches_of, regime  # noqa: E402
-from official_side_by_side import IMAGENET_MEAN, IMAGENET_STD, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins  # noqa: E402
+from official_side_by_side import (  # noqa: E402
+    IMAGENET_MEAN, IMAGENET_STD, NP_U2PL_CONFIG, U2PL_UNUSED_MODULES, checkout, official_imports, stand_ins)
 
 
 def small_study() -> StudyConfig:
@@ -485,12 +490,13 @@ def test_augseg_project_side_has_the_official_pipeline_and_the_mini_studys_ema()
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("framework", ["u2pl", "augseg"])
+@pytest.mark.parametrize("framework", ["u2pl", "augseg", "np_u2pl", "np_augseg"])
 def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp_path: Path):
     """The official ``train_semi.py`` ``main()`` from the checkout (skipped without one) and the project's cell, two
     epochs of 15 iterations each at a tiny size (U2PL: the first supervised-only, the second with the teacher, the
-    unsupervised and contrastive losses; AugSeg: both semi-supervised): each side reports one evaluation per epoch,
-    its best and its last; nothing of the official run is left in the process."""
+    unsupervised and contrastive losses; AugSeg: both semi-supervised; the NP-SemiSeg authors' versions of both with
+    the NP head): each side reports one evaluation per epoch, its best and its last; nothing of the official run is
+    left in the process."""
     from test_official_side_by_side import official_root
 
     repository = OFFICIAL[framework][0]
@@ -1055,3 +1061,178 @@ def test_supervised_u2pl_runs_both_sides_for_a_few_iterations(tmp_path: Path):
         assert row[f"{side}_miou"] == max(curve) and row[f"{side}_last_miou"] == curve[-1]
     assert (tmp_path / "supervised_u2pl_0" / "checkpoints" / "ckpt_best.pth").is_file()
     assert not {"tensorboardX", "train_sup", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(("framework", "plain"), [("np_u2pl", "u2pl"), ("np_augseg", "augseg")])
+def test_np_project_side_is_the_plain_cell_with_the_mini_studys_np_head_and_the_authors_evaluation(framework: str,
+                                                                                                   plain: str):
+    """The NP-SemiSeg authors' scripts beside the project's cell of the same framework with the NP head under
+    ``released``: the mini study's NP widths (latent 2 from its cell_overrides, the heads' 64 channels), the released
+    memory (2560, every pixel) and T = 5, evaluated as the authors' ``validate`` (T = 5, not eval.py's 20); the plain
+    comparison's pipeline and time settings (``released`` sets the NP cells' own framework switches)."""
+    import yaml
+
+    config, reference = project_config(framework, data_seed=0, seed=1), project_config(plain, data_seed=0, seed=1)
+    options = config.head.options
+    assert (config.framework, config.head.name, config.protocol) == (plain, "np", "released")
+    mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
+    np_rule = next(rule["overrides"] for rule in mini if rule["when"] == {"heads": ["np", "np_mean"]})
+    assert options["latent_dim"] == np_rule["head.options.latent_dim"] == 2 and options["hidden_channels"] == 64
+    assert (options["memory_size"], options["enqueue_per_class"], options["training_samples"]) == (2560, None, 5)
+    assert config.evaluation.num_samples == 5 and config.optim.grad_clip == 5.0
+    assert config.data.augmentation == reference.data.augmentation
+    for key in ("ema_decay", "sup_only_epochs", "queue_size", "background_queue_size"):  # the time settings
+        assert config.framework_options.get(key) == reference.framework_options.get(key), key
+    assert (LAYOUT[framework], OFFICIAL[framework]) == (LAYOUT[plain], ("Jianf-Wang/NP-SemiSeg",
+                                                                        f"{OFFICIAL[plain][0].split('/')[1]}/train_semi.py"))
+
+
+def test_np_patches_are_the_plain_scripts_with_the_np_network_and_memories():
+    """The authors' scripts run with their plain script's patches but the network's, which maps the project's NP head;
+    the NP patches listed once; PATCHES_OF gives them."""
+    for np_patches, plain in ((NP_U2PL_PATCHES, U2PL_PATCHES), (NP_AUGSEG_PATCHES, AUGSEG_PATCHES)):
+        builder = [p for p in np_patches if p[0].startswith("ModelBuilder")]
+        assert len(builder) == 1 and "NP_HEAD" in builder[0][1] and "HEAD_MAP" in builder[0][2]
+        assert set(np_patches) - set(builder) == set(plain) - {p for p in plain if p[0].startswith("ModelBuilder")} \
+            | set(NP_PATCHES)
+        assert len(np_patches) == len(set(np_patches))
+    assert patches_of(["np_u2pl"]) == list(NP_U2PL_PATCHES) and patches_of(["np_augseg"]) == list(NP_AUGSEG_PATCHES)
+
+
+def test_with_memories_gives_train_memories_of_the_latent_width_once():
+    """``main`` makes the memories' initial rows 32 wide and hands its lists to every epoch: the first call replaces
+    them in place (zeros of the cell's width, what main's validation centers are taken from), later calls keep them."""
+    seen = []
+
+    def train(model, teacher, latent, deterministic, *rest):
+        seen.append([m.shape for m in latent + deterministic])
+        latent[0] = torch.ones(3, 2)
+
+    latent, deterministic = [torch.zeros(1, 32) for _ in range(3)], [torch.zeros(1, 32) for _ in range(3)]
+    wrapped = with_memories(train, 2)
+    wrapped("model", "teacher", latent, deterministic, "optimizer")
+    wrapped("model", "teacher", latent, deterministic, "optimizer")
+    assert seen[0] == [(1, 2)] * 6 and seen[1][0] == (3, 2)
+    assert all(torch.equal(m, torch.zeros(1, 2)) for m in latent[1:] + deterministic)
+
+
+def test_ddp_device_ids_read_as_rank_zero_and_as_none():
+    """The scripts' ``.cuda(model.device_ids[0])`` gets 0; DDP's forward, which moves inputs when ``device_ids``
+    is truthy, sees none; a DDP module of a CPU run keeps working."""
+    ids = RankZero([0])
+    assert ids[0] == 0 and not ids
+    made = []
+    wrapped = with_device_ids(lambda module, **kwargs: made.append(kwargs) or module)
+    module = wrapped(torch.nn.Linear(2, 2), find_unused_parameters=True)
+    assert module.device_ids[0] == 0 and not module.device_ids and made == [{"find_unused_parameters": True}]
+
+
+class WritingHead(torch.nn.Module):
+    """A stand-in of the authors' ``NP_HEAD`` (the real one needs the checkout): writes a row into each memory list
+    it is given, returns logits [T, B, K, h, w] of a 1x1 convolution and its inputs' statistics."""
+
+    def __init__(self, channels: int, classes: int) -> None:
+        super().__init__()
+        self.classify = torch.nn.Conv2d(channels, classes, 1)
+
+    def forward(self, x, deterministic_memory, latent_memory, x_context_in=None, labels_target_in=None,
+                labels_context_in=None, forward_times=5, phase_train=True):
+        output = self.classify(x).unsqueeze(0).expand(forward_times, -1, -1, -1, -1)
+        if not phase_train:
+            return output
+        for memory in (deterministic_memory, latent_memory):
+            memory[0] = torch.cat([memory[0], torch.ones(1, memory[0].shape[1])])
+        stats = x.mean((2, 3))
+        return output, stats, stats, x_context_in.mean((2, 3)), stats, deterministic_memory, latent_memory
+
+
+@pytest.mark.parametrize("model_class", [AuthorsModel, AugSegAuthorsModel])
+def test_np_interface_gives_the_authors_model_images_in_0_1_and_copies_of_the_memories(model_class: type):
+    """NPInterface un-normalises the targets and the context (the official loaders normalise, the project's encoder
+    does), hands the authors' model copies of the memory lists (the authors' DDP did: main's lists keep their initial
+    rows) and groups every parameter once: the backbone at lr, the decoder, the NP head and the representation head at
+    lr x 10."""
+    config = project_config("np_u2pl", data_seed=0, seed=0)
+    student = initial_network(config).eval()
+    head = WritingHead(student.head.in_channels, config.num_classes)
+    authors = model_class(student, head)
+    interface = NPInterface(authors).eval()
+    images, context = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    latent, deterministic = [torch.zeros(1, 2)] * 5, [torch.zeros(1, 2)] * 5
+    labels = torch.zeros(2, 32, 32, dtype=torch.long)
+    with torch.no_grad():
+        outs = interface((images - mean) / std, latent, deterministic, x_context_in=(context - mean) / std,
+                         labels_target_in=labels, labels_context_in=labels)
+        features = student.extract(images)
+        context_features = student.extract(context)
+    pred = outs["pred"] if isinstance(outs, dict) else outs[0]
+    expected = head.classify(features)
+    if model_class is AugSegAuthorsModel:
+        expected = upsample_logits(expected.unsqueeze(0), (32, 32), align_corners=True)[0]
+    torch.testing.assert_close(pred[0], expected, atol=1e-5, rtol=1e-5)
+    context_mean = outs["mean_c"] if isinstance(outs, dict) else outs[4]
+    torch.testing.assert_close(context_mean, context_features.mean((2, 3)), atol=1e-5, rtol=1e-5)
+    assert [m.shape for m in latent + deterministic] == [(1, 2)] * 10
+    groups = [list(interface.encoder.parameters()), list(interface.decoder.parameters())]
+    ids = [id(p) for group in groups for p in group]
+    assert sorted(ids) == sorted(id(p) for p in authors.parameters()) and len(set(ids)) == len(ids)
+    assert {id(p) for p in student.backbone.parameters()} == {id(p) for p in groups[0]}
+    assert copied_lists(latent) == latent and copied_lists(latent) is not latent and copied_lists(images) is images
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("script", ["U2PL", "AugSeg"])
+def test_authors_head_holds_the_projects_np_head_at_the_mini_cells_widths(script: str):
+    """The authors' ``NP_HEAD`` of the checkout (skipped without one) built at the mini cell's sizes (latent 2, its
+    decoder narrowed to the cell's 64 channels, memories of 2560) holds every parameter of the project's NP head of
+    the seed (HEAD_MAP; the decoder's input reordered), and nothing else."""
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg") / script
+    config = project_config("np_u2pl" if script == "U2PL" else "np_augseg", data_seed=0, seed=0)
+    student = initial_network(config)
+    ours = {name: p.detach().clone() for name, p in student.head.named_parameters()}
+    with official_imports(folder):
+        module = importlib.import_module(f"{script.lower()}.models.np_head")
+        authors = authors_model(AuthorsModel, module, student, config)
+    head = authors.classifier1
+    assert (head.latent_dim, head.memory_max_length, head.num_classes) == (2, 2560, config.num_classes)
+    theirs = dict(head.named_parameters())
+    assert len(theirs) == len(ours) == 2 * len(HEAD_MAP)
+    for mapped, name in HEAD_MAP.items():
+        for suffix in ("weight", "bias"):
+            value = theirs[f"{name}.{suffix}"].detach()
+            if mapped == "decoder.conv1" and suffix == "weight":
+                value = reorder_decoder_input(value, head.input_dim, head.latent_dim, "ours")
+            torch.testing.assert_close(value, ours[f"{mapped}.{suffix}"], rtol=0, atol=0)
+    assert head.decoder.Conv_Decoder[3].weight.shape[:2] == (64, 64)
+
+
+@pytest.mark.integration
+def test_np_cfgs_are_the_authors_voc_configs_with_the_cells_settings(tmp_path: Path):
+    """The authors' U2PL and AugSeg configs of the checkout (skipped without one) take the cell's settings as the
+    plain scripts' do."""
+    from test_official_side_by_side import official_root
+
+    folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg")
+    config = project_config("np_u2pl", 0, 0, 30, tiny_u2pl_overrides())
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
+    cfg = u2pl_cfg(config, folder / "U2PL", lists, epochs=2, save_path=tmp_path / "run", config_file=NP_U2PL_CONFIG)
+    assert (cfg["dataset"]["batch_size"], cfg["dataset"]["train"]["crop"]["size"], cfg["trainer"]["sup_only_epoch"],
+            cfg["dataset"]["n_sup"]) == (4, [64, 64], 1, U2PL_VOC_TRAIN_SIZE - 60)
+    config = project_config("np_augseg", 0, 0, 30, tiny_u2pl_overrides())
+    cfg = augseg_cfg(config, folder / "AugSeg", lists, epochs=2, save_path=tmp_path / "run",
+                     config_file=NP_AUGSEG_CONFIG)
+    assert (cfg["dataset"]["train"]["batch_size"], cfg["trainer"]["evaluate_student"], cfg["net"]["ema_decay"]) == (
+        4, False, config.framework_options["ema_decay"])
+
+
+def test_an_official_process_leaves_cudnn_benchmark_and_the_working_directory_as_they_were(tmp_path: Path):
+    """Every official script sets ``cudnn.benchmark = True``; after its process the flag, the working directory,
+    ``sys.argv`` and ``LOCAL_RANK`` are what they were, so one official run cannot change the next test or run."""
+    before = (torch.backends.cudnn.benchmark, Path.cwd(), list(sys.argv), os.environ.get("LOCAL_RANK"))
+    with official_process(tmp_path, ["script.py", "--flag"], "tensorboardX", tmp_path):
+        torch.backends.cudnn.benchmark = not before[0]
+        assert Path.cwd() == tmp_path and sys.argv == ["script.py", "--flag"] and os.environ["LOCAL_RANK"] == "0"
+    assert (torch.backends.cudnn.benchmark, Path.cwd(), list(sys.argv), os.environ.get("LOCAL_RANK")) == before

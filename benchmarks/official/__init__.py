@@ -164,10 +164,29 @@ project's pipeline draws U[0.5, 2]); train.py seeds torch with the rank (0) what
 differing in the initial weights and ``random``'s augmentation draws only; the unlabeled sampler is never given the
 epoch (the same order every epoch).
 
+The NP-SemiSeg authors' U2PL and AugSeg (``--framework np_u2pl``, ``np_augseg``: Jianf-Wang/NP-SemiSeg's
+``U2PL/train_semi.py`` and ``AugSeg/train_semi.py``, U2PL's and AugSeg's scripts with the NP head:
+:func:`official_np_u2pl_run`, :func:`official_np_augseg_run`) run as U2PL's and AugSeg's above (the same functions, on
+the checkout's ``U2PL`` and ``AugSeg`` folders, their configs ``experiments/pascal/1323/np`` and
+``exps/zrun_vocs/r50_voc_semi732`` with the cell's settings), beside the project's ``u2pl`` and ``augseg`` cells with
+the NP head under ``released`` (the mini study's NP widths: latent 2, heads 64 channels; memory 2560, T = 5).
+Patches (:data:`NP_U2PL_PATCHES`, :data:`NP_AUGSEG_PATCHES`): the plain script's, but the network: the project's
+network of the cell with the authors' ``NP_HEAD`` (imported from the checkout) holding the project's NP head weights
+of the seed, mapped as the NP golden recorders map it (:mod:`official.np_network`, which they import), written out as
+the authors' ``ModelBuilder.forward`` (:class:`NPInterface`); ``NP_HEAD``'s 256-wide decoder at the cell's width, the
+memories' initial rows at the cell's latent width (``main`` hard-codes 32), the forward's list arguments copied as the
+authors' torch 1.10 DDP copied them (their memories never persist: deviation N2) and DDP's ``device_ids`` read as
+``[0]`` by ``main``. What both evaluate: U2PL's the student in the supervised-only epoch, the teacher after; AugSeg's
+the teacher; each image's prediction from T = 5 latent samples drawn around the zero centers (the project's side
+evaluates T = 5 too, not ``released``'s 20 of ``eval.py``). One difference remains, the project's: the authors take
+the argmax of the mean of the T logits, the project's evaluation that of the mean of the T softmaxes (negligible at
+the mini study's latent width: ``docs/learning.md``).
+
 The modules: :mod:`official.study` (the settings, the export, the official epoch, the project's side),
 :mod:`official.patching` (a CPU run of an official script in this process, UniMatch's runner),
 :mod:`official.networks` (the project's networks behind the official interfaces), :mod:`official.psmt_network`
-(PS-MT's split of them), :mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base
+(PS-MT's split of them), :mod:`official.np_network` (the project's NP head behind the NP-SemiSeg authors'
+``NP_HEAD``), :mod:`official.voc_semi` (what U2PL and AugSeg share), one module per official code base
 (:mod:`official.unimatch`, :mod:`official.v2`, :mod:`official.u2pl`, :mod:`official.augseg`, :mod:`official.psmt`,
 :mod:`official.mt_cps`: its patches, config and run; :mod:`official.mt_cps_network`, the MeanTeacher's ``Network`` of
 the project's networks), :mod:`official.report` (the verdict, records, curves and joined reports) and

@@ -16,20 +16,25 @@ import yaml
 from npsemiseg.config import RunConfig
 
 import official
-from official.augseg import AUGSEG_PATCHES, official_augseg_run
+from official.augseg import AUGSEG_PATCHES, NP_AUGSEG_PATCHES, official_augseg_run, official_np_augseg_run
 from official.mt_cps import MT_CPS_PATCHES, official_mt_cps_run
 from official.psmt import PSMT_PATCHES, run_official_psmt
 from official.report import combine, plot_curves, provenance, records, with_verdict
 from official.study import (LAYOUT, OFFICIAL, SIDES, SUPERVISED, V2, export_official_layout, official_epochs,
                             project_config, project_run, study_of)
-from official.u2pl import U2PL_PATCHES, U2PL_SUP_PATCHES, official_u2pl_run, official_u2pl_sup_run
+from official.u2pl import NP_U2PL_PATCHES, U2PL_PATCHES, U2PL_SUP_PATCHES, official_np_u2pl_run, official_u2pl_run, \
+    official_u2pl_sup_run
 from official.unimatch import PATCHES, official_unimatch_run
 from official.v2 import V2_PATCHES, official_v2_run
 from official_side_by_side import checkout
 
 PATCHES_OF = {"supervised": PATCHES, "fixmatch": PATCHES, "unimatch": PATCHES, "u2pl": U2PL_PATCHES,
               "augseg": AUGSEG_PATCHES, "psmt": PSMT_PATCHES, "mt_cps": MT_CPS_PATCHES,
-              "supervised_u2pl": U2PL_SUP_PATCHES, **dict.fromkeys(V2, V2_PATCHES)}
+              "supervised_u2pl": U2PL_SUP_PATCHES, **dict.fromkeys(V2, V2_PATCHES),
+              "np_u2pl": NP_U2PL_PATCHES, "np_augseg": NP_AUGSEG_PATCHES}
+#: the official run of a framework whose script is not UniMatch's (:func:`official_unimatch_run`) or V2's
+RUNS = {"u2pl": official_u2pl_run, "augseg": official_augseg_run, "np_u2pl": official_np_u2pl_run,
+        "np_augseg": official_np_augseg_run, "mt_cps": official_mt_cps_run, "supervised_u2pl": official_u2pl_sup_run}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,21 +128,14 @@ def patches_of(frameworks: list[str]) -> list[tuple[str, str, str]]:
 
 def official_run(folder: Path, framework: str, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
     """``framework``'s official script on the export ``lists`` (its layout, :data:`LAYOUT`) with ``config``'s settings
-    and initial network, epochs of ``N_u / B`` iterations (:func:`official_unimatch_run`, :func:`official_u2pl_run`,
-    :func:`official_augseg_run`, :func:`official_v2_run`, :func:`run_official_psmt`, :func:`official_mt_cps_run`,
-    :func:`official_u2pl_sup_run`)."""
+    and initial network, epochs of ``N_u / B`` iterations (:func:`official_unimatch_run`, :data:`RUNS`,
+    :func:`official_v2_run`, :func:`run_official_psmt`)."""
     if framework in V2:
         return official_v2_run(folder, framework, config, lists, save_path)
     if framework == "psmt":
         return run_official_psmt(folder, config, lists["val"].parents[5], save_path)
-    if framework == "u2pl":
-        return official_u2pl_run(folder, config, lists, save_path)
-    if framework == "supervised_u2pl":
-        return official_u2pl_sup_run(folder, config, lists, save_path)
-    if framework == "augseg":
-        return official_augseg_run(folder, config, lists, save_path)
-    if framework == "mt_cps":
-        return official_mt_cps_run(folder, config, lists, save_path)
+    if framework in RUNS:
+        return RUNS[framework](folder, config, lists, save_path)
     return official_unimatch_run(folder, framework, config, lists, save_path)
 
 

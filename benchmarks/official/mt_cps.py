@@ -208,8 +208,7 @@ def mt_cps_process(folder: Path) -> Iterator[contextlib.ExitStack]:
         stack.enter_context(unittest.mock.patch.dict(os.environ, {"WORLD_SIZE": "1"}))
         stack.enter_context(in_sys_modules(stand_in_modules()))
         one_process_group(torch.device("cpu"))
-        stack.enter_context(patched([(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark),
-                                     (torch.cuda, "set_device", lambda *args, **kwargs: None),
+        stack.enter_context(patched([(torch.cuda, "set_device", lambda *args, **kwargs: None),
                                      (torch.distributed, "init_process_group", lambda *args, **kwargs: None)]))
         yield stack
 

@@ -119,8 +119,9 @@ def written_config(cfg: dict[str, Any], save_path: Path) -> Path:
 def official_process(folder: Path, argv: list[str], writer: str, workdir: Path) -> Iterator[contextlib.ExitStack]:
     """What every official run needs (:data:`CPU_PATCHES`): ``.cuda()`` a no-op, DDP without device ids, no SyncBN
     conversion, the module ``writer`` (``torch.utils.tensorboard``, ``tensorboardX``) a discarding ``SummaryWriter``,
-    ``sys.argv`` = ``argv``, ``folder`` imported from, ``workdir`` the working directory, ``LOCAL_RANK`` 0, and the
-    process group the script makes destroyed after; yields the stack for the script's own patches."""
+    ``sys.argv`` = ``argv``, ``folder`` imported from, ``workdir`` the working directory, ``LOCAL_RANK`` 0, and after
+    it the process group the script makes destroyed and ``cudnn.benchmark`` as it was (every official script sets it
+    True); yields the stack for the script's own patches."""
     board = types.ModuleType(writer)
     board.SummaryWriter = DiscardingWriter  # type: ignore[attr-defined]
     parent, _, leaf = writer.rpartition(".")
@@ -130,6 +131,7 @@ def official_process(folder: Path, argv: list[str], writer: str, workdir: Path) 
                                      (nn.SyncBatchNorm, "convert_sync_batchnorm", staticmethod(lambda m, *a, **k: m)),
                                      (nn.parallel, "DistributedDataParallel",
                                       _cpu_ddp(nn.parallel.DistributedDataParallel)),
+                                     (torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark),
                                      *([(sys.modules[parent], leaf, board)] if parent else [])]))
         sys.modules[writer] = board
         stack.callback(sys.modules.pop, writer, None)

@@ -36,20 +36,30 @@ OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": (
             "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
             "psmt": ("yyliu01/PS-MT", "VocCode/main.py"),
             "mt_cps": ("charlesCXK/TorchSemiSeg", "exp.voc/voc8.res50v3+.MeanTeacher/train.py"),
-            "supervised_u2pl": ("Haochen-Wang409/U2PL", "train_sup.py")}
+            "supervised_u2pl": ("Haochen-Wang409/U2PL", "train_sup.py"),
+            "np_u2pl": ("Jianf-Wang/NP-SemiSeg", "U2PL/train_semi.py"),
+            "np_augseg": ("Jianf-Wang/NP-SemiSeg", "AugSeg/train_semi.py")}
 #: UniMatch V2's frameworks, on the mini study's ViT (``jobs/specs/mini_vit.yaml``)
 V2 = ("unimatch_v2", "fixmatch_v2", "supervised_v2")
 #: the supervised references: UniMatch's ``supervised.py`` (the DeepLabv3+ frameworks' on UniMatch's network, the
 #: AugSeg decoder variant: UniMatch's, FixMatch's, AugSeg's and PS-MT's), UniMatch V2's (the ViT's), U2PL's
-#: ``train_sup.py`` (U2PL's network, the U2PL decoder: U2PL's and MT-CPS's, whose released network is the same but
-#: for its train-time dropout, which TorchSemiSeg's has not)
+#: ``train_sup.py`` (U2PL's network, the U2PL decoder: U2PL's, the NP-SemiSeg authors' U2PL's and MT-CPS's, whose
+#: released network is the same but for its train-time dropout, which TorchSemiSeg's has not)
 SUPERVISED = {"supervised": "supervised", "unimatch_v2": "supervised_v2", "fixmatch_v2": "supervised_v2",
               "supervised_v2": "supervised_v2", "u2pl": "supervised_u2pl", "mt_cps": "supervised_u2pl",
-              "supervised_u2pl": "supervised_u2pl"}
+              "supervised_u2pl": "supervised_u2pl", "np_u2pl": "supervised_u2pl"}
 #: a framework's name in the project's registry where it differs (supervised on the ViT is the project's
 #: ``supervised``, as ``mini_vit.yaml``'s ``supervised_unimatch_v2``)
 #: ``mt_cps``: the mini study's ``mt`` cell, which runs framework ``mt_cps`` under ``released`` (switch ``mt_framework``)
-PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "mt_cps": "mt", "supervised_u2pl": "supervised"}
+PROJECT_FRAMEWORK = {"supervised_v2": "supervised", "mt_cps": "mt", "supervised_u2pl": "supervised", "np_u2pl": "u2pl",
+                     "np_augseg": "augseg"}
+#: the head of a framework's cell where it is not the baseline: the NP-SemiSeg authors' scripts are U2PL's and
+#: AugSeg's with the NP head
+HEAD = {"np_u2pl": "np", "np_augseg": "np"}
+#: the NP cells' evaluation as the authors' training scripts evaluate every epoch: the mean of the logits of T = 5
+#: latent samples (``validate``: ``outs['pred'].mean(0)``, the head's ``forward_times=5``), where ``released`` takes
+#: ``U2PL/eval.py``'s T = 20 (switch ``np_eval_samples``)
+NP_EVALUATION = {"evaluation.num_samples": 5}
 #: the official pipeline's settings the mini study changes (``resize: none``, a blur scaled to 64 px): back to the
 #: official code's, on the project's side too (UniMatch: long side in [0.5, 2] x the image's, blur sigma in [0.1, 2]),
 #: and UniMatch's crop: padded at the bottom and right with black (the released UniMatch family's switches
@@ -79,7 +89,7 @@ MT_CPS_PIPELINE = {"data.augmentation.resize": "rescale", "data.augmentation.sca
                    "data.augmentation.label_pad_value": 255}
 OFFICIAL_PIPELINES = {"supervised": OFFICIAL_PIPELINE, "fixmatch": OFFICIAL_PIPELINE, "unimatch": OFFICIAL_PIPELINE,
                       "u2pl": U2PL_PIPELINE, "augseg": AUGSEG_PIPELINE, "psmt": PSMT_PIPELINE, "mt_cps": MT_CPS_PIPELINE,
-                      "supervised_u2pl": U2PL_PIPELINE,
+                      "supervised_u2pl": U2PL_PIPELINE, "np_u2pl": U2PL_PIPELINE, "np_augseg": AUGSEG_PIPELINE,
                       **dict.fromkeys(V2, OFFICIAL_PIPELINE)}
 #: the official resize's base size per image size where it is not the image's (VOC's images are 500 px): PS-MT's
 #: ``base_size`` 600 (``configs/config_deeplab_v3+.json``)
@@ -109,7 +119,7 @@ LAYOUT_FOLDER = {"psmt": "VOCdevkit/VOC2012"}
 #: name ``pascal``, :data:`V2_SUPERVISED_DATASET`)
 LAYOUT = {"supervised": "unimatch", "fixmatch": "unimatch", "unimatch": "unimatch", "u2pl": "u2pl", "augseg": "u2pl",
           "unimatch_v2": "unimatch", "fixmatch_v2": "unimatch", "supervised_v2": "pascal", "psmt": "psmt",
-          "mt_cps": "torchsemiseg", "supervised_u2pl": "u2pl"}
+          "mt_cps": "torchsemiseg", "supervised_u2pl": "u2pl", "np_u2pl": "u2pl", "np_augseg": "u2pl"}
 #: the dataset name UniMatch V2's ``supervised.py`` runs under: it draws ``n_upsampled[cfg['dataset']]`` labeled items
 #: per epoch from a table of four datasets (supervised.py 167-175); ``pascal``'s 3000 is the smallest
 V2_SUPERVISED_DATASET, V2_SUPERVISED_UPSAMPLED = "pascal", 3000
@@ -227,6 +237,8 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
         settings["schedule.epoch_length"] = "labeled"
     if framework in V2:
         settings.update(v2_settings(framework, settings))
+    if HEAD.get(framework) == "np":
+        settings.update({**mini_head_settings("np"), **NP_EVALUATION})
     for key, value in (overrides or {}).items():  # data.options.<name>: one option of the instance, the others kept
         if key.startswith(DATA_OPTION):
             settings["data.options"] = {**settings["data.options"], key.removeprefix(DATA_OPTION): value}
@@ -245,10 +257,18 @@ def project_config(framework: str, data_seed: int, seed: int, steps: int | None 
 
 
 def released_cell(framework: str, settings: dict[str, Any]) -> RunConfig:
-    """The project's cell of ``framework`` (the study, 1/16, the baseline head, protocol ``released``) with
-    ``settings`` as overrides."""
+    """The project's cell of ``framework`` (the study, 1/16, the baseline head or :data:`HEAD`'s, protocol
+    ``released``) with ``settings`` as overrides."""
     return compose("paper", framework=PROJECT_FRAMEWORK.get(framework, framework), dataset=DATASET,
-                   partition=PARTITION, head="baseline", protocol="released", overrides=settings).config
+                   partition=PARTITION, head=HEAD.get(framework, "baseline"), protocol="released",
+                   overrides=settings).config
+
+
+def mini_head_settings(head: str) -> dict[str, Any]:
+    """The mini study's ``cell_overrides`` of ``head``'s cells (``jobs/specs/mini.yaml``: the NP head's latent width)."""
+    rules = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
+    return {key: value for rule in rules if set(rule["when"]) == {"heads"} and head in rule["when"]["heads"]
+            for key, value in rule["overrides"].items()}
 
 
 def v2_settings(framework: str, settings: dict[str, Any]) -> dict[str, Any]:

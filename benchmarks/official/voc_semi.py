@@ -1,8 +1,11 @@
-"""What U2PL's and AugSeg's ``train_semi.py`` share: their VOC config with the cell's settings
-(:func:`voc_semi_cfg`) and their process (:func:`voc_semi_process`)."""
+"""What U2PL's and AugSeg's ``train_semi.py`` (and the NP-SemiSeg authors' versions of both) share: their VOC config
+with the cell's settings (:func:`voc_semi_cfg`), their process (:func:`voc_semi_process`) and the ``collections``
+alias their transforms need (:func:`iterable_alias`)."""
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import contextlib
 import logging
 from collections.abc import Iterator
@@ -20,6 +23,14 @@ from official_side_by_side import U2PL_UNUSED_MODULES, stand_ins
 
 #: U2PL's ``voc_dset`` draws ``10582 - n_sup`` items of each training list (VOC's train_aug has 10582 images)
 U2PL_VOC_TRAIN_SIZE = 10582
+#: U2PL's and the NP-SemiSeg authors' transforms' ``isinstance(..., collections.Iterable)``
+ITERABLE_PATCH = ("collections.Iterable", "collections.abc.Iterable", "gone from collections since Python 3.10; the "
+                  "transforms' isinstance checks")
+
+
+def iterable_alias() -> contextlib.AbstractContextManager[None]:
+    """:data:`ITERABLE_PATCH`: ``collections.Iterable`` while the script runs."""
+    return patched([(collections, "Iterable", collections.abc.Iterable)])
 
 
 def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epochs: int,
@@ -53,13 +64,15 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
 
 @contextlib.contextmanager
 def voc_semi_process(folder: Path, argv: list[str], writer: str, save_path: Path) -> Iterator[contextlib.ExitStack]:
-    """:func:`official_process` for U2PL's and AugSeg's ``train_semi.py`` (whose helpers import ``skimage`` and whose
-    ``train`` calls the DataLoader iterator's ``next()``), the root logger's handlers left as they were (AugSeg's
+    """:func:`official_process` for U2PL's and AugSeg's ``train_semi.py`` (whose helpers import ``skimage``, whose
+    ``train`` calls the DataLoader iterator's ``next()`` and whose transforms (U2PL's, the NP-SemiSeg authors' AugSeg's)
+    ``collections.Iterable``: :func:`iterable_alias`), the root logger's handlers left as they were (AugSeg's
     logging adds a file handler to it)."""
     iterator = torch.utils.data.dataloader._BaseDataLoaderIter
     handlers = list(logging.root.handlers)
     with official_process(folder, argv, writer, save_path) as stack:
         stack.callback(lambda: [logging.root.removeHandler(h) for h in list(logging.root.handlers) if h not in handlers])
         stack.enter_context(stand_ins(U2PL_UNUSED_MODULES))
+        stack.enter_context(iterable_alias())
         stack.enter_context(patched([(iterator, "next", iterator.__next__)]))
         yield stack

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
 import record_augseg_step_golden as plain  # noqa: E402
@@ -59,31 +58,9 @@ def cell_config(**overrides):
     return plain.cell_config(CELL, OVERRIDES, **overrides)
 
 
-class AuthorsModel(np_u2pl.AuthorsModel):
-    """The authors' AugSeg ``ModelBuilder`` (no aux head) around the project's encoder and decoder with the authors'
-    ``NP_HEAD``: logits ``[T, B, K, H, W]`` upsampled per sample (``align_corners=True``)."""
-
-    def forward(self, x, deterministic_memory, latent_memory, flag_use_fdrop=False, x_context_in=None,
-                labels_target_in=None, labels_context_in=None, forward_times=5, phase_train=True):
-        seg, size = self.segmentor, x.shape[-2:]
-        feat = seg.encode(x)  # model_helper.py 110-111: encoder on the targets, then on the context
-        feat_c = seg.encode(x_context_in) if phase_train else None
-        aspp_out = seg.decoder(feat.low_level, feat.high_level)  # decoder.py 56-66
-        if phase_train:
-            context = seg.decoder(feat_c.low_level, feat_c.high_level)  # decoder.py 68-78
-            outs, mean, sigma, mean_c, sigma_c, deterministic_memory, latent_memory = self.classifier1(
-                aspp_out, deterministic_memory, latent_memory, x_context_in=context, labels_target_in=labels_target_in,
-                labels_context_in=labels_context_in, forward_times=forward_times, phase_train=phase_train)
-            return self.upsample(outs, size), None, mean, sigma, mean_c, sigma_c, deterministic_memory, latent_memory
-        outs = self.classifier1(aspp_out, deterministic_memory, latent_memory, forward_times=forward_times,
-                                phase_train=phase_train)
-        return self.upsample(outs, size), None
-
-    @staticmethod
-    def upsample(outs: torch.Tensor, size) -> torch.Tensor:
-        """model_helper.py 113-116: ``[T, B, K, h, w]`` -> ``[T, B, K, H, W]``."""
-        t, b, k, h, w = outs.shape
-        return F.interpolate(outs.reshape(t * b, k, h, w), size, mode="bilinear", align_corners=True).view(t, b, k, *size)
+class AuthorsModel(np_u2pl.np_network.AugSegAuthorsModel, np_u2pl.AuthorsModel):
+    """:class:`official.np_network.AugSegAuthorsModel` (the authors' AugSeg ``ModelBuilder`` around the project's
+    encoder and decoder with the authors' ``NP_HEAD``) with what it holds under the project's names."""
 
 
 def tiny_pair(module, smoke, noise: dict) -> tuple[AuthorsModel, AuthorsModel, dict]:

@@ -50,6 +50,12 @@ import record_u2pl_step_golden as plain  # noqa: E402
 import step_recording  # noqa: E402, F401 - the tests reach the shared helpers through this module
 from step_recording import DropoutTape, digest, load_pattern, record_and_save, sample_indices, tape_dropout, tensors  # noqa: E402
 
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
+if BENCHMARKS not in sys.path:  # the benchmarks' package: the project's NP head mapped onto the authors'
+    sys.path.append(BENCHMARKS)
+from official import np_network  # noqa: E402
+from official.np_network import HEAD_MAP, authors_head, reorder_decoder_input  # noqa: E402, F401
+
 OFFICIAL_FILES = ("U2PL/train_semi.py", "U2PL/u2pl/models/np_head.py", "U2PL/u2pl/models/model_helper.py",
                   "U2PL/u2pl/models/decoder.py", "U2PL/u2pl/utils/loss_helper.py")
 CELL = dict(plain.CELL, head="np")
@@ -58,11 +64,6 @@ CASES, CASE_OVERRIDES = plain.CASES, plain.CASE_OVERRIDES
 #: the authors' sizes (see the docstring) and the plain recorder's lower anchor threshold
 OVERRIDES = {**plain.OVERRIDES, "head.options.latent_dim": 32, "head.options.hidden_channels": 256,
              "head.options.enqueue_per_class": None, "head.options.training_samples": 5, "head.options.memory_size": 64}
-#: the project's NP head parameters (prefix ``head.``) -> the authors' ``NP_HEAD`` parameters
-HEAD_MAP = {"query_net.0": "memory_dim_transform.Conv_1.0", "query_net.3": "memory_dim_transform.Conv_1.3",
-            "query_net.6": "memory_dim_transform.Conv_1.6", "latent_encoder.mlp.0": "mean_logvar_net.MLP.L0",
-            "latent_encoder.mlp.2": "mean_logvar_net.MLP.L1", "decoder.conv1": "decoder.Conv_Decoder.0",
-            "decoder.tail.2": "decoder.Conv_Decoder.3", "decoder.tail.5": "decoder.Conv_Decoder.6"}
 LAMBDA_KL = 0.005  # U2PL/train_semi.py 621
 PRECISION = (plain.PRECISION + "; the authors' NP head and its initial memories float64, its latent noise drawn in "
              "float32 and widened (the project's head draws float32 noise by design)")
@@ -86,44 +87,9 @@ def cell_config(**overrides):
     return with_overrides(compose("smoke", **CELL).config, {**OVERRIDES, **overrides})
 
 
-def reorder_decoder_input(weight: torch.Tensor, channels: int, latent: int, to: str) -> torch.Tensor:
-    """The NP decoder's first convolution between the authors' input order ``[z, x, r]`` and ours ``[x, z, r]``."""
-    c, d = channels, latent
-    if to == "ours":
-        return torch.cat([weight[:, d:d + c], weight[:, :d], weight[:, d + c:]], dim=1)
-    return torch.cat([weight[:, c:c + d], weight[:, :c], weight[:, c + d:]], dim=1)
-
-
-class AuthorsModel(nn.Module):
-    """The authors' ``ModelBuilder`` (no aux head) around the project's encoder, decoder and representation head with
-    the authors' ``NP_HEAD`` as ``classifier1``; ``device_ids`` as the DDP module the loop reads."""
-
-    def __init__(self, segmentor: nn.Module, np_head: nn.Module) -> None:
-        super().__init__()
-        segmentor.head = None  # the authors' head classifies
-        self.segmentor, self.classifier1 = segmentor, np_head
-        self.device_ids = [0]
-
-    def forward(self, x, deterministic_memory, latent_memory, x_context_in=None, labels_target_in=None,
-                labels_context_in=None, forward_times=5, phase_train=True):
-        if isinstance(deterministic_memory, list):  # as the loop's DDP forward: the head writes into copies
-            deterministic_memory, latent_memory = list(deterministic_memory), list(latent_memory)
-        seg = self.segmentor
-        feat = seg.encode(x)  # model_helper.py 89-91: encoder on the targets, then on the context
-        feat_c = seg.encode(x_context_in) if phase_train else None
-        aspp_out = seg.decoder(feat.low_level, feat.high_level)  # decoder.py 112-120
-        context = seg.decoder(feat_c.low_level, feat_c.high_level) if feat_c is not None else None  # 124-134
-        if phase_train:  # decoder.py 138-147
-            output, mean, sigma, mean_c, sigma_c, deterministic_memory, latent_memory = self.classifier1(
-                aspp_out, deterministic_memory, latent_memory, x_context_in=context, labels_target_in=labels_target_in,
-                labels_context_in=labels_context_in, forward_times=forward_times, phase_train=phase_train)
-            res = {"pred": output, "mean_t": mean, "sigma_t": sigma, "mean_c": mean_c, "sigma_c": sigma_c,
-                   "deterministic_memory": deterministic_memory, "latent_memory": latent_memory}
-        else:
-            res = {"pred": self.classifier1(aspp_out, deterministic_memory, latent_memory, forward_times=forward_times,
-                                            phase_train=phase_train)}
-        res["rep"] = seg.representation_head(aspp_out)
-        return res
+class AuthorsModel(np_network.AuthorsModel):
+    """:class:`official.np_network.AuthorsModel` (the authors' ``ModelBuilder`` around the project's encoder, decoder
+    and representation head with the authors' ``NP_HEAD``) with what it holds under the project's names."""
 
     def project_tensors(self, what: str) -> list[tuple[str, torch.Tensor]]:
         """``params`` / ``grads`` / ``buffers`` under the project's names and layout (buffers: the segmentor's)."""
@@ -139,23 +105,6 @@ class AuthorsModel(nn.Module):
                     t = reorder_decoder_input(t, self.classifier1.input_dim, self.classifier1.latent_dim, "ours")
                 items.append((f"head.{ours}.{suffix}", t))
         return items
-
-
-def authors_head(module: types.ModuleType, segmentor: nn.Module, smoke) -> nn.Module:
-    """The authors' ``NP_HEAD`` at the cell's sizes holding the project head's weights."""
-    options = smoke.head.options
-    ours = segmentor.head
-    head = module.NP_HEAD(input_dim=ours.in_channels, latent_dim=options["latent_dim"], num_classes=smoke.num_classes,
-                          memory_max_length=options["memory_size"]).to(next(ours.parameters()).dtype)
-    state = dict(ours.named_parameters())
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            mapped = next(k for k, v in HEAD_MAP.items() if name.startswith(v + "."))
-            value = state[f"{mapped}.{name.rsplit('.', 1)[1]}"].detach()
-            if mapped == "decoder.conv1" and name.endswith("weight"):
-                value = reorder_decoder_input(value, head.input_dim, head.latent_dim, "authors")
-            p.copy_(value)
-    return head
 
 
 def tiny_pair(module, smoke, tape: DropoutTape, noise: dict) -> tuple[AuthorsModel, AuthorsModel, dict]:
