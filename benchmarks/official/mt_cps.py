@@ -167,7 +167,7 @@ def recording_evaluation(load_model: Callable[..., nn.Module], compute_score: Ca
     loaded: list[int] = []
 
     def load(model: nn.Module, model_file: Any, *args: Any, **kwargs: Any) -> nn.Module:
-        state = torch.load(model_file, map_location="cpu")["model"]
+        state = torch.load(model_file, map_location="cpu", weights_only=True)["model"]
         if set(state) != set(model.state_dict()):
             raise ValueError(f"mt_cps: {model_file}'s keys are not the network's: "
                              f"{sorted(set(state) ^ set(model.state_dict()))[:5]}")
