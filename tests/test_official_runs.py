@@ -1226,6 +1226,12 @@ def test_np_cfgs_are_the_authors_voc_configs_with_the_cells_settings(tmp_path: P
                      config_file=NP_AUGSEG_CONFIG)
     assert (cfg["dataset"]["train"]["batch_size"], cfg["trainer"]["evaluate_student"], cfg["net"]["ema_decay"]) == (
         4, False, config.framework_options["ema_decay"])
+    # the authors' AugSeg config crops VOC's 500 px validation images to 513 x 513: here the cell's crop, not a
+    # canvas 8 times the study's images (the plain AugSeg config evaluates whole images: no crop)
+    assert cfg["dataset"]["val"]["crop"] == {"type": "center", "size": [64, 64]}
+    plain = augseg_cfg(config, checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg"), lists, epochs=2,
+                       save_path=tmp_path / "plain")
+    assert "crop" not in plain["dataset"]["val"]
 
 
 def test_an_official_process_leaves_cudnn_benchmark_and_the_working_directory_as_they_were(tmp_path: Path):

@@ -74,12 +74,12 @@ def u2pl_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs: in
     """U2PL's config for ``train_semi.py``: its VOC 1464 ``experiments/pascal/1464/ours/config.yaml`` from the checkout
     (what the cell shares with it: the transforms, drop_percent, CutMix, the contrastive loss's thresholds, ranks,
     temperature, queries and negatives, loss weights 1, poly power, the criterion) with the cell's settings
-    (:func:`voc_semi_cfg`), its batch, the validation's ``center`` crop of the crop size and ``sup_only_epoch``.
+    (:func:`voc_semi_cfg`, the validation's ``center`` crop of the crop size included), its batch and
+    ``sup_only_epoch``.
     ``config_file``: another config of ``folder`` (the NP-SemiSeg authors' ``experiments/pascal/1323/np``, the same
     keys)."""
     cfg = voc_semi_cfg(config, folder / config_file, lists, epochs, save_path)
     cfg["dataset"]["batch_size"] = config.schedule.batch_size
-    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
     cfg["trainer"]["sup_only_epoch"] = config.framework_options["sup_only_epochs"]
     return cfg
 
@@ -93,7 +93,6 @@ def u2pl_sup_cfg(config: RunConfig, folder: Path, lists: dict[str, Path], epochs
     cfg = voc_semi_cfg(config, folder / U2PL_SUP_CONFIG, lists, epochs, save_path)
     cfg["dataset"].update(batch_size=config.schedule.batch_size,
                           n_sup=study_of(config).train_size - unlabeled_pool(config))
-    cfg["dataset"]["val"]["crop"]["size"] = [config.schedule.crop_size, config.schedule.crop_size]
     return cfg
 
 

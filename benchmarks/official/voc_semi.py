@@ -38,7 +38,9 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
     """The config file ``official`` (U2PL's or AugSeg's VOC ``pascal_semi`` config, from the checkout) with what the
     two share of the cell: its data (the U2PL layout of :func:`export_official_layout`; ``n_sup`` such that both
     training sets are drawn to the unlabeled pool's size, so that an epoch is ``N_u / B`` iterations as on VOC), the
-    training crop, epochs, LR, momentum, weight decay, classes and EMA decay (where the cell has one); data loaded in the process
+    training crop and the validation's crop where the config has one (U2PL's and the NP-SemiSeg authors' AugSeg's
+    center crop of 513 for VOC's 500 px images: the study's images would be padded into a canvas 8 times their
+    size), epochs, LR, momentum, weight decay, classes and EMA decay (where the cell has one); data loaded in the process
     (``workers: 0``, as the project's cell); checkpoints under ``save_path``. Both scripts draw their labeled and
     unlabeled batches of one ``batch_size``."""
     schedule = config.schedule
@@ -51,6 +53,8 @@ def voc_semi_cfg(config: RunConfig, official: Path, lists: dict[str, Path], epoc
     for split, data_list in (("train", lists["labeled"]), ("val", lists["val"])):
         dataset[split].update(data_root=root, data_list=str(data_list))
     dataset["train"]["crop"]["size"] = [schedule.crop_size, schedule.crop_size]
+    if "crop" in dataset["val"]:  # U2PL's and the NP-SemiSeg authors' AugSeg's: 513 x 513 for VOC's 500 px images
+        dataset["val"]["crop"]["size"] = [schedule.crop_size, schedule.crop_size]
     dataset.update(n_sup=U2PL_VOC_TRAIN_SIZE - unlabeled_pool(config), workers=0)
     cfg["trainer"]["epochs"] = epochs
     cfg["trainer"]["optimizer"]["kwargs"].update(lr=config.optim.lr, momentum=config.optim.momentum,
