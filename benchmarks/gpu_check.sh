@@ -23,6 +23,16 @@ part() {  # part SECONDS NAME COMMAND...
     timeout "$limit" "$@" || { echo "== $name: exit $? after $((SECONDS - start)) s"; status=1; return; }
     echo "== $name: done in $((SECONDS - start)) s"
 }
+# Preflight: the modules the parts import. A lent GPU's image brings its own torch; the rest can be carried as wheels
+# and put on PYTHONPATH (docs/performance.md, GPU acceptance). A missing one is named here, once, and the parts run on.
+"$PY" - <<'EOF' || status=1
+import importlib.util
+needed = ["torch", "torchvision", "timm", "numpy", "scipy", "PIL", "pydantic", "yaml", "albumentations", "npsemiseg"]
+missing = [name for name in needed if importlib.util.find_spec(name) is None]
+print(f"== preflight: missing {', '.join(missing)}: the parts that import them will fail" if missing
+      else "== preflight: every module the parts import is there")
+raise SystemExit(1 if missing else 0)
+EOF
 part 240 acceptance "$PY" benchmarks/gpu_acceptance.py --device cuda --host-work --steps 5 \
     --vit dinov2_s dinov2_b --vit-np-pools 1 --out "$OUT" "$@"
 part 60 memory-model "$PY" benchmarks/memory_model.py --measured "$OUT/gpu_acceptance.json" \

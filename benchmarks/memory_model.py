@@ -29,6 +29,7 @@ H200 = "one NVIDIA H200, 2026-11-27, gpu_acceptance.py --device cuda --steps 5 (
 H100 = "one NVIDIA H100 80GB, 2026-11-27, make gpu-check (docs/performance.md)"
 H200_VIT = "one NVIDIA H200, 2026-11-27, gpu_acceptance.py --backbone dinov2_* --crop 518 (docs/performance.md)"
 #: measured peaks (``max_memory_allocated``, MiB) of one step, bf16 autocast, random init: baseline, MC dropout, NP
+#: (the UniMatch V2 family's paper preset: 4 + 4 crops of 518, the others 3 + 3 of 480)
 MEASURED = {
     ("supervised", "resnet101", 480, 3, "", H200): (3737, 3737, 4318),
     ("mt", "resnet101", 480, 6, "", H200): (6980, 6925, 8098),
@@ -38,14 +39,22 @@ MEASURED = {
     ("augseg", "resnet101", 480, 6, "", H200): (3793, 3739, 4886),
     ("fixmatch", "resnet101", 480, 6, "", H200): (4883, 4830, 5401),
     ("unimatch", "resnet101", 480, 6, "", H200): (6250, 6204, 7475),
-    ("unimatch_v2", "resnet101", 480, 6, "", H100): (7675, 7583, 9580),
-    ("fixmatch_v2", "resnet101", 480, 6, "", H100): (5563, 5485, 7215),
+    ("unimatch_v2", "resnet101", 518, 8, "", H100): (7675, 7583, 9580),
+    ("fixmatch_v2", "resnet101", 518, 8, "", H100): (5563, 5485, 7215),
     ("unimatch_v2", "dinov2_s", 518, 6, "", H200_VIT): (6048, 6235, 13274),
     ("unimatch_v2", "dinov2_b", 518, 6, "", H200_VIT): (10123, 10585, 17406),
+}
+H200_POOLED = "one NVIDIA H200, 2026-11-29, make gpu-check (docs/performance.md)"
+#: measured peaks (MiB) of the NP head on a pooled map (``feature_pool``, the corrected default ``coarse``: 4 on the
+#: DPT), bf16, 4 + 4 crops of 518; the entries above hold the full map's (``feature_pool`` 1)
+MEASURED_POOLED_NP = {
+    ("unimatch_v2", "dinov2_s", 518, 8, "coarse", H200_POOLED): 5478,
+    ("unimatch_v2", "dinov2_b", 518, 8, "coarse", H200_POOLED): 10571,
 }
 
 
 #: held-out GPU steps (not fitted): the H100's ResNet-101 steps (another card, another run) and DINOv2 at 4 + 4 images
+#: (its NP head on the full map, ``feature_pool`` 1: the default before the corrected protocol pooled it)
 HELD_OUT = {
     ("supervised", "resnet101", 480, 3, 3, H100): (3738, 3739, 4308),
     ("mt", "resnet101", 480, 3, 3, H100): (6978, 6929, 8077),
@@ -66,11 +75,18 @@ HEADER = ["| framework | backbone | images | head | predicted MiB | measured MiB
 
 def compared_row(framework: str, head: str, backbone: str, crop: int, labeled: int, unlabeled: int, bf16: bool,
                  measured: float) -> str:
-    """One step predicted against its measured peak, a Markdown row (``**miss**`` beyond 10 %)."""
+    """One step predicted against its measured peak, a Markdown row (``**miss**`` beyond 10 %).
+
+    ``head`` is a registered head or ``np_pool<p>``, the NP head at ``feature_pool`` p (``gpu_acceptance.py
+    --vit-np-pools``)."""
     from npsemiseg.hardware_plan import predict_peak_mib
 
-    config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=head,
-                         **{"model.backbone": backbone, "schedule.crop_size": crop, "runtime.amp": bf16})
+    overrides = {"model.backbone": backbone, "schedule.crop_size": crop, "runtime.amp": bf16}
+    registered = head
+    if head.startswith("np_pool"):
+        registered, overrides["head.options.feature_pool"] = "np", int(head.removeprefix("np_pool"))
+    config = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464", head=registered,
+                         **overrides)
     unlabeled = unlabeled if framework != "supervised" else 0
     try:
         predicted = predict_peak_mib(config, labeled, unlabeled)
@@ -87,7 +103,8 @@ def compare() -> list[str]:
     """Predicted against measured for the held-out steps, as Markdown rows."""
     rows = list(HEADER)
     for (framework, backbone, crop, labeled, unlabeled, _), peaks in HELD_OUT.items():
-        for head, measured in zip(HEADS, peaks):
+        heads = [*HEADS[:2], "np_pool1"] if backbone.startswith("dinov2") else HEADS
+        for head, measured in zip(heads, peaks):
             rows.append(compared_row(framework, head, backbone, crop, labeled, unlabeled, True, measured))
     return rows
 
@@ -112,6 +129,10 @@ def measured_entries() -> dict[str, dict[str, object]]:
         for head, peak in zip(HEADS, peaks):
             out[f"{framework}|{head}|{backbone}"] = {"peak_mib": peak, "crop": crop, "images": images,
                                                      "optim": optim, "source": source}
+    for (framework, backbone, crop, images, pool, source), peak in MEASURED_POOLED_NP.items():
+        optim = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464").optim.name
+        out[f"{framework}|np@{pool}|{backbone}"] = {"peak_mib": peak, "crop": crop, "images": images,
+                                                    "optim": optim, "source": source}
     return out
 
 

@@ -80,9 +80,11 @@ def predict_peak_mib(config: RunConfig, labeled: int, unlabeled: int) -> float:
         raise ValueError(f"memory model: no entry for {framework} x {head} x {backbone} "
                          "(benchmarks/memory_model.py adds it)")
     static = _state_mib(state, config.optim.name, config.optim.momentum)
-    measured_framework = _STAND_INS.get(framework, framework)
     measured_backbone = _PROXY_BACKBONE.get(backbone, backbone)
-    measured = table["measured"].get(f"{measured_framework}|{head}|{measured_backbone}")
+    own = any(key.startswith(f"{framework}|") and key.endswith(f"|{measured_backbone}") for key in table["measured"])
+    measured_framework = framework if own else _STAND_INS.get(framework, framework)
+    measured = table["measured"].get(f"{measured_framework}|{_measured_head(config)}|{measured_backbone}",
+                                     table["measured"].get(f"{measured_framework}|{head}|{measured_backbone}"))
     if measured is None:
         raise ValueError(f"memory model: no measured step for {measured_framework} x {head} x {measured_backbone}")
     images = labeled + (unlabeled if _uses_unlabeled(config) else 0)
@@ -91,6 +93,14 @@ def predict_peak_mib(config: RunConfig, labeled: int, unlabeled: int) -> float:
     per_pixel = activation / (measured["images"] * measured["crop"] ** 2)
     precision = 1.0 if config.runtime.amp else 2.0
     return static + per_pixel * images * config.schedule.crop_size ** 2 * precision
+
+
+def _measured_head(config: RunConfig) -> str:
+    """The measured step's head key: the NP head on a pooled map (``feature_pool`` not 1: ``coarse`` is 4 on the
+    DPT) has its own, since its activations are the pooled map's (a third of the full map's on DINOv2-S). Where no
+    step was measured at that pool, the caller falls back to the full map's (an over-estimate)."""
+    pool = config.head.options.get("feature_pool", 1) if config.head.name == "np" else 1
+    return config.head.name if pool == 1 else f"np@{pool}"
 
 
 @dataclass(frozen=True)

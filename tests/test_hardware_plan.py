@@ -196,6 +196,18 @@ def test_gpu_check_compares_a_reports_cuda_steps_and_marks_misses(tmp_path):
     assert rows[3].endswith("| 20,000 | 0.678 **miss** |")
 
 
+def test_gpu_check_compares_the_np_head_at_each_feature_pool_it_timed(tmp_path):
+    memory_model = load_benchmark("memory_model")
+    cell = {"framework": "unimatch_v2", "backbone": "dinov2_s", "crop": 518, "labeled_batch": 4, "unlabeled_batch": 4,
+            "amp_bf16": True, "peak_memory_measure": "max_memory_allocated", "peak_memory_mib": 10_000.0}
+    report = {"vit_cells": [{**cell, "head": "np"}, {**cell, "head": "np_pool1"}]}
+    (tmp_path / "gpu_acceptance.json").write_text(json.dumps(report))
+    coarse, full = memory_model.compare_report(tmp_path / "gpu_acceptance.json")[2:]
+    assert "| np_pool1 |" in full
+    predicted = [float(row.split("|")[5].replace(",", "")) for row in (coarse, full)]
+    assert predicted[1] > predicted[0]  # the full 1/14 map holds more than the default pooled one
+
+
 def test_a_step_on_fake_tensors_counts_the_model_state_a_later_step_holds():
     """The smoke model's step on fake tensors: parameters and buffers, the previous step's gradients and SGD's
     momentum (one copy each of the trainable parameters), the same as the state counted without a step."""
