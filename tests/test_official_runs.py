@@ -190,6 +190,7 @@ def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_fo
     assert config.protocol == "released" and augmentation["label_pad_value"] == 0
     assert augmentation["resize"] == "rescale_balanced" and list(augmentation["scale_range"]) == [0.5, 2.0]
     assert augmentation["crop_padding"] == "centered" and augmentation["strong"] is None
+    assert augmentation["resize_resample"] == "interpolate"  # U2PL's RandResize (switch u2pl_resize)
     mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["u2pl"]})
     for key in ("ema_decay", "queue_size", "background_queue_size"):
@@ -1024,6 +1025,7 @@ def test_supervised_u2pl_is_the_projects_supervised_cell_with_train_sups_epochs(
     assert config.framework == "supervised" and config.cell_name == "supervised/study/1/16/baseline"
     assert (config.model.decoder, config.optim.parameter_groups, config.optim.head_lr_mult) == ("u2pl", "backbone_head", 10.0)
     assert config.data.augmentation["resize"] == "rescale_balanced" and config.data.augmentation["crop_padding"] == "centered"
+    assert config.data.augmentation["resize_resample"] == "interpolate"  # train_sup.py's RandResize
     assert (config.schedule.epoch_length, config.schedule.eval_every_epochs) == ("labeled", 1)
     assert official_epochs("supervised_u2pl", config) == 120
 
