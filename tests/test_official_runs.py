@@ -1058,6 +1058,7 @@ def test_supervised_u2pl_is_the_projects_supervised_cell_with_train_sups_epochs(
     assert (config.model.decoder, config.optim.parameter_groups, config.optim.head_lr_mult) == ("u2pl", "backbone_head", 10.0)
     assert config.data.augmentation["resize"] == "rescale_balanced" and config.data.augmentation["crop_padding"] == "centered"
     assert config.data.augmentation["resize_resample"] == "interpolate"  # train_sup.py's RandResize
+    assert config.data.augmentation["label_pad_value"] == 0  # train_sup.py's Crop (u2pl/dataset/augmentation.py 243)
     assert (config.schedule.epoch_length, config.schedule.eval_every_epochs) == ("labeled", 1)
     assert official_epochs("supervised_u2pl", config) == 120
 
