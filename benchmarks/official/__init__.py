@@ -193,5 +193,7 @@ The modules: :mod:`official.study` (the settings, the export, the official epoch
 :mod:`official.mt_cps`: its patches, config and run; :mod:`official.mt_cps_network`, the MeanTeacher's ``Network`` of
 the project's networks), :mod:`official.report` (the verdict, records, curves and joined reports) and
 :mod:`official.cli` (the command line, ``benchmarks/official_runs.py``'s). The framework modules import the shared
-ones, never each other.
+ones, never each other. :mod:`official.lockstep` (``benchmarks/official_lockstep.py``) records the NP-SemiSeg
+authors' U2PL run of :mod:`official.u2pl` iteration by iteration and runs the project's step from each recorded state
+on the same batch and draws.
 """
