@@ -521,10 +521,11 @@ def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp
 @pytest.mark.integration
 def test_np_u2pl_steps_carry_the_official_state_from_iteration_to_iteration(tmp_path: Path):
     """The authors' ``U2PL/train_semi.py`` recorded for three epochs of 15 iterations (supervised-only, the first
-    semi-supervised with the shared teacher, one with the EMA; :mod:`official.lockstep`), and the project's step run
-    from each recorded state with the official batch and draws: every part of the state the loop carries (parameters,
-    BN buffers, momentum, the memory bank) equals the official one after each iteration up to float32 round-off
-    (measured 2026-11-29: parameters 5.8e-7, momentum 1.2e-5, buffers and bank 0), every draw taken. With the NP
+    semi-supervised with the shared teacher, one with the EMA; :mod:`official.lockstep`; queues of 6 and 8 keys, which
+    fill up), and the project's step run from each recorded state with the official batch and draws: every part of the
+    state the loop carries (parameters, BN buffers, momentum, the memory bank) equals the official one after each
+    iteration up to float32 round-off (measured 2026-11-29: parameters 5.8e-7, momentum 1.2e-5, buffers and bank 0),
+    every draw taken. With the NP
     memories persisting (the paper's ``persist_memories``, not the authors' code: deviation N2) the second iteration
     already departs."""
     from test_official_side_by_side import official_root
@@ -532,11 +533,12 @@ def test_np_u2pl_steps_carry_the_official_state_from_iteration_to_iteration(tmp_
     from official import lockstep
 
     folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg")
-    config = project_config("np_u2pl", 0, 0, 45, tiny_u2pl_overrides())
+    config = with_overrides(project_config("np_u2pl", 0, 0, 45, tiny_u2pl_overrides()),  # queues that fill up
+                            {"framework_options.queue_size": 6, "framework_options.background_queue_size": 8})
     lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
     torch.set_num_threads(1)
     recorder, _ = lockstep.record_official(folder, config, lists, tmp_path / "official")
-    assert len(recorder.iterations) == 45
+    assert len(recorder.iterations) == 45 and [len(keys) for keys in recorder.iterations[-1]["after"]["queues"]][0] == 8
     rows = lockstep.lockstep(config, recorder)
     assert [row["epoch"] for row in rows] == [0] * 15 + [1] * 15 + [2] * 15 and any(row["mixed"] for row in rows)
     for row in rows:

@@ -14,8 +14,8 @@ for every recorded iteration ``k`` its ``train_step`` (what the training loop ca
 SGD, EMA) runs on the official batch (the images given back in [0, 1]) with the official draws injected, from the
 official state before ``k`` (``--free``: from the official initial state only, then its own), and its state after
 the step is compared with the official state before ``k + 1``: the largest difference of each part relative to
-``max(1, max |official|)`` (the memory bank's keys as sets: U2PL's list and the project's ring buffer hold them in
-another order). The NP memories are not carried (deviation N2: every step starts from the zero rows) and not compared.
+``max(1, max |official|)`` (the memory bank's keys in U2PL's order, the oldest first). The NP memories are not carried
+(deviation N2: every step starts from the zero rows) and not compared.
 
     python benchmarks/official_lockstep.py --official-root ROOT --steps 45 --out DIR   # DIR/lockstep.json
 """
@@ -333,9 +333,9 @@ def differences(framework: Any, optimizer: Any, official: dict[str, Any]) -> dic
     params, state = dict(framework.student.named_parameters()), optimizer.torch_optimizer.state
     out["momentum"] = max((relative(state[params[n]]["momentum_buffer"], v) for n, v in official["momentum"].items()),
                           default=0.0)
-    out["queues"] = max((relative(ours.sort(0).values, keys.float().sort(0).values)
-                         if ours.shape == keys.shape else float("inf")
-                         for ours, keys in zip(framework.queues.keys, official["queues"])), default=0.0)
+    queues = framework.queues
+    out["queues"] = max((relative(queues.class_keys(c), keys) if queues.class_keys(c).shape == keys.shape else float("inf")
+                         for c, keys in enumerate(official["queues"])), default=0.0)
     return out
 
 
