@@ -360,6 +360,16 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            frameworks=("u2pl",),
            golden="tests/test_u2pl_label_pad_golden.py::test_released_crop_reproduces_u2pl_crop: max |difference| "
                   "0 (labels), 4.8e-7 (normalised images)"),
+    Switch("u2pl_resize", "data", "data.augmentation.resize_resample", "interpolate", "antialiased",
+           "U2PL@ab3d2be u2pl/dataset/augmentation.py 190-211 (RandResize: F.interpolate bilinear, align_corners=False, "
+           "labels mode='nearest', size int(s * side)); NP-SemiSeg@afd9672 U2PL/u2pl/dataset/augmentation.py (the same "
+           "file)",
+           "the random rescale resamples the image without antialiasing, the label with torch's legacy nearest (up to "
+           "half a source pixel off the image) and floors the size, instead of an antialiased image, pixel-centred "
+           "labels and a rounded size",
+           "[D23](deviations.md#d23-u2pl-rescale)", frameworks=("u2pl",),
+           golden="tests/test_u2pl_resize_golden.py::test_released_rescale_reproduces_u2pl_randresize: max "
+                  "|difference| 0 (labels), 4.8e-7 (normalised images)"),
     Switch("u2pl_label_onehot", "framework", "framework_options.label_onehot_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/utils.py 50-59",
            "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",

@@ -215,6 +215,17 @@ def test_class_queues_fifo_and_state_round_trip():
         restored.load_state_dict({"pointer": torch.zeros(2, dtype=torch.long)})
 
 
+def test_class_queues_read_the_keys_in_u2pls_order():
+    """U2PL's memory bank appends and keeps the last rows (``dequeue_and_enqueue``, u2pl/utils/utils.py 28-47), and
+    its negatives are drawn by index: the queue reads its keys in that order, the oldest first, once full too."""
+    queues, kept = ClassQueues([4], dim=1), torch.zeros(0, 1)
+    for start, n in ((0, 3), (3, 2), (5, 3), (8, 1), (9, 6)):
+        keys = torch.arange(start, start + n, dtype=torch.float32)[:, None]
+        queues.enqueue(0, keys)
+        kept = torch.cat([kept, keys])[-4:]
+        assert torch.equal(queues.class_keys(0), kept), (start, n)
+
+
 def test_contrastive_loss_by_hand():
     """Two labeled images of two pixels (class 0 then class 1), embeddings e0 = (1, 0), e1 = (0, 1);
     the queue of each class holds the other class's embedding. Every anchor has cosine 1 with its

@@ -24,6 +24,7 @@ from benchmark_scripts import load_benchmark
 from PIL import Image
 from scipy import stats
 
+from npsemiseg.config import with_overrides
 from npsemiseg.data.study import StudyConfig, generate, labeled_indices
 from npsemiseg.models import upsample_logits
 
@@ -190,6 +191,7 @@ def test_u2pl_project_side_has_the_official_pipeline_and_the_mini_studys_rule_fo
     assert config.protocol == "released" and augmentation["label_pad_value"] == 0
     assert augmentation["resize"] == "rescale_balanced" and list(augmentation["scale_range"]) == [0.5, 2.0]
     assert augmentation["crop_padding"] == "centered" and augmentation["strong"] is None
+    assert augmentation["resize_resample"] == "interpolate"  # U2PL's RandResize (switch u2pl_resize)
     mini = yaml.safe_load(MINI_SPEC.read_text())["cell_overrides"]
     scaled = next(rule["overrides"] for rule in mini if rule["when"] == {"frameworks": ["u2pl"]})
     for key in ("ema_decay", "queue_size", "background_queue_size"):
@@ -514,6 +516,39 @@ def test_u2pl_and_augseg_run_both_sides_for_a_few_iterations(framework: str, tmp
     assert (tmp_path / f"{framework}_0" / "checkpoints" / "ckpt_best.pth").is_file()
     assert not {"tensorboardX", "train_semi", "skimage"} & set(sys.modules) and not torch.distributed.is_initialized()
     assert logging.root.handlers == handlers
+
+
+@pytest.mark.integration
+def test_np_u2pl_steps_carry_the_official_state_from_iteration_to_iteration(tmp_path: Path):
+    """The authors' ``U2PL/train_semi.py`` recorded for three epochs of 15 iterations (supervised-only, the first
+    semi-supervised with the shared teacher, one with the EMA; :mod:`official.lockstep`; queues of 6 and 8 keys, which
+    fill up), and the project's step run from each recorded state with the official batch and draws: every part of the
+    state the loop carries (parameters, BN buffers, momentum, the memory bank) equals the official one after each
+    iteration up to float32 round-off (measured 2026-11-29: parameters 5.8e-7, momentum 1.2e-5, buffers and bank 0),
+    every draw taken. With the NP
+    memories persisting (the paper's ``persist_memories``, not the authors' code: deviation N2) the second iteration
+    already departs."""
+    from test_official_side_by_side import official_root
+
+    from official import lockstep
+
+    folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg")
+    config = with_overrides(project_config("np_u2pl", 0, 0, 45, tiny_u2pl_overrides()),  # queues that fill up
+                            {"framework_options.queue_size": 6, "framework_options.background_queue_size": 8})
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
+    torch.set_num_threads(1)
+    recorder, _ = lockstep.record_official(folder, config, lists, tmp_path / "official")
+    assert len(recorder.iterations) == 45 and [len(keys) for keys in recorder.iterations[-1]["after"]["queues"]][0] == 8
+    rows = lockstep.lockstep(config, recorder)
+    assert [row["epoch"] for row in rows] == [0] * 15 + [1] * 15 + [2] * 15 and any(row["mixed"] for row in rows)
+    for row in rows:
+        assert row["draws_left"] == row["draws_mismatched"] == 0, row["iteration"]
+        assert max(row["student"], row["teacher"]) < 1e-5 and row["momentum"] < 1e-4, row
+        assert row["student_buffers"] < 1e-6 and row["teacher_buffers"] < 1e-6 and row["queues"] < 1e-6, row
+        assert row["project_lr"] == pytest.approx(row["official_lr"], rel=1e-12)
+        assert row["project_sup"] == pytest.approx(row["official_sup"], rel=1e-5), row
+    persisting = lockstep.lockstep(with_overrides(config, {"head.options.persist_memories": True}), recorder)
+    assert persisting[1]["student"] > 1e-4
 
 
 @pytest.mark.integration
@@ -1024,6 +1059,8 @@ def test_supervised_u2pl_is_the_projects_supervised_cell_with_train_sups_epochs(
     assert config.framework == "supervised" and config.cell_name == "supervised/study/1/16/baseline"
     assert (config.model.decoder, config.optim.parameter_groups, config.optim.head_lr_mult) == ("u2pl", "backbone_head", 10.0)
     assert config.data.augmentation["resize"] == "rescale_balanced" and config.data.augmentation["crop_padding"] == "centered"
+    assert config.data.augmentation["resize_resample"] == "interpolate"  # train_sup.py's RandResize
+    assert config.data.augmentation["label_pad_value"] == 0  # train_sup.py's Crop (u2pl/dataset/augmentation.py 243)
     assert (config.schedule.epoch_length, config.schedule.eval_every_epochs) == ("labeled", 1)
     assert official_epochs("supervised_u2pl", config) == 120
 

@@ -40,6 +40,7 @@ NOT_A_STEP_CHANGE = {
     "evaluation_select": "tests/test_training.py::test_checkpoint_selection_reports_and_restores_the_best_epoch",
     "fp32": "GPU autocast: test_fp32_switch_turns_autocast_off",
     "u2pl_label_pad": "the data pipeline: test_u2pl_label_pad_switch_pads_labels_with_background",
+    "u2pl_resize": "the data pipeline: the golden test tests/test_u2pl_resize_golden.py",
     "augseg_cps_lists": "partition lists: test_augseg_cps_lists_switch_reads_the_cps_lists",
     "augseg_eval_window": "evaluation only: test_augseg_cityscapes_evaluation_window",
     "augseg_eval_stride": "evaluation only: test_augseg_cityscapes_evaluation_window",

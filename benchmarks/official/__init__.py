@@ -51,10 +51,12 @@ U2PL's network and pipeline with epochs of the labeled images, each evaluated; p
 U2PL (``--framework u2pl``: Haochen-Wang409/U2PL's ``train_semi.py``, :func:`run_official_u2pl`): its ``main()``
 with its ``get_loader`` (``voc_dset`` on the export in U2PL's layout, :data:`LAYOUTS`: list files of ids under a
 ``pascal`` folder, labels in ``SegmentationClassAug``; ``n_sup`` set so that both sets are drawn to the unlabeled
-pool's size, as on VOC, so an epoch is ``N_u / B`` iterations), its transforms (``rand_resize`` [0.5, 2], flip,
-``rand`` crop padding the image with 0 and the label with 0, no blur; validation ``center`` crop of the crop size:
-the whole 64 px image), ``DistributedSampler``, ``Criterion``, CutMix, unsupervised and contrastive losses, memory
-bank, EMA teacher, poly LR, per-epoch ``validate`` (student before ``sup_only_epoch``, teacher after) and the best.
+pool's size, as on VOC, so an epoch is ``N_u / B`` iterations), its transforms (``rand_resize`` [0.5, 2]: bilinear
+without antialiasing, the label's legacy nearest, the size floored, the project's side alike since 2026-11-29 (switch
+``u2pl_resize``); flip, ``rand`` crop padding the image with 0 and the label with 0, no blur; validation
+``center`` crop of the crop size: the whole 64 px image), ``DistributedSampler``, ``Criterion``, CutMix,
+unsupervised and contrastive losses, memory bank, EMA teacher, poly LR, per-epoch ``validate`` (student before
+``sup_only_epoch``, teacher after) and the best.
 Its config (:func:`u2pl_cfg`) is ``experiments/pascal/1464/ours/config.yaml`` of the checkout (drop_percent,
 thresholds, ranks, temperature, queries, negatives, loss weights 1) with the cell's crop, batches, LR, weight
 decay, EMA decay, epochs and ``sup_only_epoch``. The project's side takes the same (:func:`project_config`): the
@@ -191,5 +193,7 @@ The modules: :mod:`official.study` (the settings, the export, the official epoch
 :mod:`official.mt_cps`: its patches, config and run; :mod:`official.mt_cps_network`, the MeanTeacher's ``Network`` of
 the project's networks), :mod:`official.report` (the verdict, records, curves and joined reports) and
 :mod:`official.cli` (the command line, ``benchmarks/official_runs.py``'s). The framework modules import the shared
-ones, never each other.
+ones, never each other. :mod:`official.lockstep` (``benchmarks/official_lockstep.py``) records the NP-SemiSeg
+authors' U2PL run of :mod:`official.u2pl` iteration by iteration and runs the project's step from each recorded state
+on the same batch and draws.
 """

@@ -68,10 +68,14 @@ NP_EVALUATION = {"evaluation.num_samples": 5}
 OFFICIAL_PIPELINE = {"data.augmentation.resize": "long_side", "data.augmentation.base_size": 64,
                      "data.augmentation.blur_sigma": [0.1, 2.0], "data.augmentation.crop_padding": "bottom_right",
                      "data.augmentation.crop_fill": "zero"}
-#: U2PL's (``rand_resize: [0.5, 2.0]``: a scale of the image, nothing to scale to 64 px; padded on both sides; its
-#: label padding with 0 is the project's ``released``; no blur: U2PL has no strong view)
+#: U2PL's (``rand_resize: [0.5, 2.0]``: a scale of the image, nothing to scale to 64 px, resampled as its
+#: ``RandResize``: bilinear without antialiasing, the label's legacy nearest, the size floored; padded on both sides,
+#: the label with 0; what switches ``u2pl_resize`` and ``u2pl_label_pad`` give the released U2PL cells, set here for
+#: ``train_sup.py``'s supervised side too, whose framework they do not cover (before 2026-11-29 its labels were padded
+#: with 255 and it resampled as PIL); no blur: U2PL has no strong view)
 U2PL_PIPELINE = {"data.augmentation.resize": "rescale_balanced", "data.augmentation.scale_range": [0.5, 2.0],
-                 "data.augmentation.crop_padding": "centered"}
+                 "data.augmentation.crop_padding": "centered", "data.augmentation.resize_resample": "interpolate",
+                 "data.augmentation.label_pad_value": 0}
 #: AugSeg's is UniMatch's (``Resize``: the long side a random integer in [0.5, 2] x ``resize_base_size``, the image's
 #: 64 here as VOC's 500; padded at the bottom and right; its strong views' blur sigma in [0.1, 2]) but for the crop's
 #: image fill: the ImageNet mean (``augs_TIBA.py`` ``Crop``)

@@ -55,6 +55,8 @@ U2PL_PATCHES = (
 U2PL_SUP_PATCHES = tuple(patch for patch in U2PL_PATCHES if patch is not BANKS_PATCH)
 
 
+#: more patches of a run (``recording(module, train)``: the script's module and its ``train`` as patched so far)
+Recording = Callable[[Any, Callable[..., Any]], list[tuple[Any, str, Any]]]
 #: the NP-SemiSeg authors' U2PL (``U2PL/train_semi.py``): U2PL's, but for the network and its NP memories
 NP_U2PL_PATCHES = (
     *(patch for patch in U2PL_PATCHES if not patch[0].startswith("ModelBuilder")),
@@ -111,24 +113,27 @@ def with_banks(train_function: Callable[..., Any], width: int, queue_sizes: list
 
 def run_official_u2pl(folder: Path, cfg: dict[str, Any], network: Callable[[], nn.Module], save_path: Path, seed: int,
                       banks: tuple[list[int], int] | None = None, script: str = "train_semi.py",
-                      np_latent: int | None = None) -> dict[str, Any]:
+                      np_latent: int | None = None, recording: Recording | None = None) -> dict[str, Any]:
     """``main()`` of ``script`` in ``folder`` (U2PL's ``train_semi.py``: ``cfg`` :func:`u2pl_cfg`,
     :data:`U2PL_PATCHES`; its ``train_sup.py``: :func:`u2pl_sup_cfg`, :data:`U2PL_SUP_PATCHES`; or the NP-SemiSeg
     authors' ``U2PL/train_semi.py``): its models (train_semi's student and teacher, train_sup's model) ``network()``
     (each call a new network with the initial weights, built while the checkout is importable); ``banks``:
     train_semi's memory banks (queue sizes, width); ``np_latent``: the NP-SemiSeg authors' script, its memories of that
-    latent width (:func:`official.np_network.np_script_patches`); its per-epoch mIoU x 100 (``curve``), the best (what
-    it reports) and the last. ``--seed`` is ``seed`` (``main`` seeds ``random``, numpy and torch with it, and its
-    datasets draw their items with it)."""
+    latent width (:func:`official.np_network.np_script_patches`); ``recording``: more patches, given the script's
+    module and its ``train`` as patched so far, applied last (:mod:`official.lockstep`'s recorder); its per-epoch
+    mIoU x 100 (``curve``), the best (what it reports) and the last. ``--seed`` is ``seed`` (``main`` seeds
+    ``random``, numpy and torch with it, and its datasets draw their items with it)."""
     argv = [script, "--config", str(written_config(cfg, save_path)), "--seed", str(seed)]
     curve: list[float] = []
     with voc_semi_process(folder, argv, "tensorboardX", save_path) as stack:
         module = importlib.import_module(script.removesuffix(".py"))
         train = with_banks(module.train, banks[1], banks[0]) if banks else module.train
-        stack.enter_context(patched([(module, "setup_distributed", one_rank_setup),
-                                     (module, "ModelBuilder", lambda net_cfg: network()), (module, "train", train),
-                                     (module, "validate", recorded(module.validate, curve, scale=100.0)),
-                                     *([] if np_latent is None else np_script_patches(module, train, np_latent))]))
+        patches = [(module, "setup_distributed", one_rank_setup), (module, "ModelBuilder", lambda net_cfg: network()),
+                   (module, "train", train), (module, "validate", recorded(module.validate, curve, scale=100.0)),
+                   *([] if np_latent is None else np_script_patches(module, train, np_latent))]
+        if recording is not None:
+            patches += recording(module, [value for owner, name, value in patches if name == "train"][-1])
+        stack.enter_context(patched(patches))
         seed_everything(seed)
         module.main()
     return {"curve": curve, "best": max(curve), "last": curve[-1]}
@@ -152,22 +157,25 @@ def official_u2pl_sup_run(folder: Path, config: RunConfig, lists: dict[str, Path
                              script="train_sup.py")
 
 
-def official_np_u2pl_run(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
+def official_np_u2pl_run(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path,
+                         network: Callable[[], nn.Module] | None = None,
+                         recording: Recording | None = None) -> dict[str, Any]:
     """The NP-SemiSeg authors' ``U2PL/train_semi.py`` of the checkout ``folder`` as :func:`official_u2pl_run` (its
     config ``experiments/pascal/1323/np/config.yaml``) with :data:`NP_U2PL_PATCHES`: the student and the teacher
     :class:`NPInterface` of copies of the project's NP network of ``config`` (its initial weights of the seed), the
-    authors' ``NP_HEAD`` at the cell's sizes holding the project's head weights; memories of the cell's latent width."""
+    authors' ``NP_HEAD`` at the cell's sizes holding the project's head weights; memories of the cell's latent width.
+    ``network``, ``recording``: another network factory and more patches (:mod:`official.lockstep`)."""
     folder = folder / "U2PL"
     cfg = u2pl_cfg(config, folder, lists, official_epochs("np_u2pl", config), save_path, config_file=NP_U2PL_CONFIG)
     student = initial_network(config)
 
-    def network() -> nn.Module:
+    def authors_network() -> nn.Module:
         return NPInterface(authors_model(AuthorsModel, importlib.import_module("u2pl.models.np_head"),
                                          copy.deepcopy(student), config))
 
-    return run_official_u2pl(folder, cfg, network, save_path, config.seed,
+    return run_official_u2pl(folder, cfg, network or authors_network, save_path, config.seed,
                              banks=(queues_of(config), representation_width(config)),
-                             np_latent=config.head.options["latent_dim"])
+                             np_latent=config.head.options["latent_dim"], recording=recording)
 
 
 def queues_of(config: RunConfig) -> list[int]:

@@ -126,6 +126,9 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("data.augmentation.crop_fill", lambda v: v["data"]["augmentation"].get("crop_fill") == "mean"),
     ("data.augmentation.crop_padding", lambda v: v["framework"] in ("unimatch_v2", "fixmatch_v2")
      and v["data"]["augmentation"].get("crop_padding") == "centered"),
+    # the rescale's resampling at the value every earlier cell ran with (released U2PL cells: U2PL's RandResize)
+    ("data.augmentation.resize_resample",
+     lambda v: v["data"]["augmentation"].get("resize_resample") == "antialiased"),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS

@@ -17,7 +17,8 @@ PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
 #: of ``train_transform`` goes here too (``tests/test_registry.py`` checks both agree).
 TRANSFORM_DEFAULTS: dict[str, Any] = {
     "resize": "rescale_balanced", "scale_range": (0.5, 2.0), "base_size": None, "strong": None, "flip": True,
-    "label_pad_value": IGNORE_INDEX, "crop_padding": "centered", "crop_fill": "mean", "blur_kernel": "sigma",
+    "label_pad_value": IGNORE_INDEX, "crop_padding": "centered", "crop_fill": "mean", "resize_resample": "antialiased",
+    "blur_kernel": "sigma",
     "blur_sigma": PAPER_BLUR_SIGMA,
     "strong_views": 1, "padding_mask": False, "draws": 1,
 }

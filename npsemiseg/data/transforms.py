@@ -9,7 +9,10 @@ Pipelines of the frameworks (``docs/frameworks.md``):
 
 * weak, U2PL: scale s ~ U[0.5, 1] or U[1, 2] with probability 1/2 each (``resize="rescale_balanced"``),
   flip, random crop. U2PL pads crop labels with 0 (background); here the label is padded
-  with 255 unless ``label_pad_value=0`` asks for U2PL's quirk.
+  with 255 unless ``label_pad_value=0`` asks for U2PL's quirk. The rescale resamples as PIL does (the image
+  antialiased, the label's nearest pixel by centre, the size rounded: ``resize_resample="antialiased"``) or as U2PL's
+  ``RandResize`` does (``"interpolate"``: torch's bilinear without antialiasing, its legacy ``nearest`` for the label,
+  which shifts it by up to half a source pixel against the image, the size floored; switch ``u2pl_resize``).
 * weak, AugSeg / PS-MT on VOC: long side resized to a random integer in
   [0.5, 2] x base size (AugSeg base 500 -> [250, 1000]; PS-MT base 600 -> [300, 1200])
   (``resize="long_side"``); on Cityscapes s ~ U[0.5, 2] (``resize="rescale"``); flip; crop
@@ -55,6 +58,11 @@ from npsemiseg.data.augmentation import (  # noqa: F401  (described without torc
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
+#: how a random rescale resamples image and label (switch ``u2pl_resize``): ``antialiased`` (PIL's way: antialiased
+#: bilinear image, nearest label pixel by centre, size rounded) or ``interpolate`` (U2PL's ``RandResize``,
+#: u2pl/dataset/augmentation.py 190-211: ``F.interpolate`` bilinear without antialiasing, labels ``mode="nearest"``,
+#: size ``int(s * side)``)
+RESIZE_RESAMPLES = ("antialiased", "interpolate")
 STRONG_KINDS = ("augseg", "psmt", "identity")
 #: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
 #: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
@@ -70,10 +78,14 @@ def _uniform(low: float, high: float) -> float:
     return low + (high - low) * float(torch.rand(()))
 
 
-def resize_pair_member(inpt: Any, size: list[int]) -> Any:
+def resize_pair_member(inpt: Any, size: list[int], resample: str = "antialiased") -> Any:
     """Resize an image (bilinear, antialiased) or a Mask (nearest with pixel centres aligned,
     i.e. ``NEAREST_EXACT`` like PIL/cv2; torchvision's default NEAREST shifts masks by up to
-    half a source pixel against the bilinear image)."""
+    half a source pixel against the bilinear image). ``resample="interpolate"`` (:data:`RESIZE_RESAMPLES`): U2PL's
+    ``RandResize``, bilinear without antialiasing and the shifted ``nearest`` for masks."""
+    if resample == "interpolate":
+        mode = v2.InterpolationMode.NEAREST if isinstance(inpt, tv_tensors.Mask) else v2.InterpolationMode.BILINEAR
+        return F.resize(inpt, size=size, interpolation=mode, antialias=False)
     if isinstance(inpt, tv_tensors.Mask):
         return F.resize(inpt, size=size, interpolation=v2.InterpolationMode.NEAREST_EXACT)
     return F.resize(inpt, size=size, antialias=True)
@@ -83,16 +95,20 @@ class RandomRescale(v2.Transform):
     """Resize by a random factor s (image bilinear, label nearest).
 
     balanced=False: s ~ U[low, high]. balanced=True (U2PL): with probability 1/2
-    s ~ U[low, 1], else s ~ U[1, high].
+    s ~ U[low, 1], else s ~ U[1, high]. ``resample`` (:data:`RESIZE_RESAMPLES`): ``antialiased``, the size
+    ``round(s * side)``; ``interpolate`` (U2PL's ``RandResize``), ``int(s * side)``.
     """
 
-    def __init__(self, scale_range: Sequence[float] = (0.5, 2.0), *, balanced: bool = False) -> None:
+    def __init__(self, scale_range: Sequence[float] = (0.5, 2.0), *, balanced: bool = False,
+                 resample: str = "antialiased") -> None:
         super().__init__()
         low, high = float(scale_range[0]), float(scale_range[1])
         if not 0 < low <= high or (balanced and not low <= 1 <= high):
             raise ValueError(f"scale_range must be 0 < low <= high (balanced: low <= 1 <= high), got {scale_range}")
+        if resample not in RESIZE_RESAMPLES:
+            raise ValueError(f"resize_resample: expected one of {list(RESIZE_RESAMPLES)}, got {resample!r}")
         self.scale_range = (low, high)
-        self.balanced = balanced
+        self.balanced, self.resample = balanced, resample
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         low, high = self.scale_range
@@ -101,10 +117,11 @@ class RandomRescale(v2.Transform):
         else:
             scale = _uniform(low, high)
         height, width = query_size(flat_inputs)
-        return {"size": [max(1, round(height * scale)), max(1, round(width * scale))]}
+        size = int if self.resample == "interpolate" else round
+        return {"size": [max(1, size(height * scale)), max(1, size(width * scale))]}
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        return resize_pair_member(inpt, params["size"])
+        return resize_pair_member(inpt, params["size"], self.resample)
 
 
 class RandomLongSideResize(v2.Transform):
@@ -308,9 +325,10 @@ def strong_pipeline(kind: str, *, blur_kernel: str = "sigma",
 def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
                   scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                   flip: bool = True, label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
-                  crop_fill: str = "mean") -> v2.Compose:
+                  crop_fill: str = "mean", resize_resample: str = "antialiased") -> v2.Compose:
     """Random resize, horizontal flip, random crop (pads the image with ``crop_fill``, :data:`CROP_FILLS`, the label
-    with 255, on the sides ``crop_padding`` names: :func:`crop_pad_sides`).
+    with 255, on the sides ``crop_padding`` names: :func:`crop_pad_sides`). ``resize_resample``: how the rescale
+    modes resample (:data:`RESIZE_RESAMPLES`; the long side's resize is antialiased).
 
     resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]), ``"long_side"``
     (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
@@ -319,7 +337,7 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
         raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
     steps: list[v2.Transform] = []
     if resize in ("rescale", "rescale_balanced"):
-        steps.append(RandomRescale(scale_range, balanced=resize == "rescale_balanced"))
+        steps.append(RandomRescale(scale_range, balanced=resize == "rescale_balanced", resample=resize_resample))
     elif resize == "long_side":
         if base_size is None:
             raise ValueError("resize='long_side' needs base_size (VOC: AugSeg 500, PS-MT 600)")
@@ -396,13 +414,15 @@ def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_ba
                     scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
                     label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered", crop_fill: str = "mean",
+                    resize_resample: str = "antialiased",
                     blur_kernel: str = "sigma", blur_sigma: Sequence[float] = PAPER_BLUR_SIGMA,
                     strong_views: int = 1, padding_mask: bool = False, draws: int = 1) -> SegmentationTransform:
     """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
     (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`). ``strong_views``, ``padding_mask`` and
     ``draws`` (:data:`VIEW_KEYS`, :class:`SegmentationTransform`) are what a framework's unlabeled stream asks for."""
     weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
-                         flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding, crop_fill=crop_fill)
+                         flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding, crop_fill=crop_fill,
+                         resize_resample=resize_resample)
     view = None if strong is None else strong_pipeline(strong, blur_kernel=blur_kernel, blur_sigma=blur_sigma)
     return SegmentationTransform(weak, view, strong_views=strong_views, padding_mask=padding_mask, draws=draws)
 

@@ -101,8 +101,11 @@ class ClassQueues:
         self.keys[cls] = queue
 
     def class_keys(self, cls: int) -> Tensor:
-        """The filled rows of class ``cls``'s queue, ``[n, dim]`` (order irrelevant)."""
-        return self.keys[cls]
+        """The filled rows of class ``cls``'s queue, ``[n, dim]``, the oldest first: U2PL's list order (it appends and
+        keeps the last rows), so that the same drawn indices pick the same negatives (a full ring buffer holds its
+        oldest row at the pointer)."""
+        keys, start = self.keys[cls], self.pointer[cls]
+        return torch.roll(keys, -start, dims=0) if start else keys
 
     def state_dict(self) -> dict[str, Tensor]:
         state = {f"keys.{c}": k.detach().cpu().clone() for c, k in enumerate(self.keys)}
