@@ -123,17 +123,17 @@ def compare_report(path: Path) -> list[str]:
 
 
 def measured_entries() -> dict[str, dict[str, object]]:
-    out = {}
-    for (framework, backbone, crop, images, _, source), peaks in MEASURED.items():
-        optim = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464").optim.name
-        for head, peak in zip(HEADS, peaks):
-            out[f"{framework}|{head}|{backbone}"] = {"peak_mib": peak, "crop": crop, "images": images,
-                                                     "optim": optim, "source": source}
-    for (framework, backbone, crop, images, pool, source), peak in MEASURED_POOLED_NP.items():
-        optim = cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464").optim.name
-        out[f"{framework}|np@{pool}|{backbone}"] = {"peak_mib": peak, "crop": crop, "images": images,
-                                                    "optim": optim, "source": source}
-    return out
+    """The measured steps by ``framework|head|backbone`` (the pooled NP head's as ``np@<pool>``)."""
+    steps = [(framework, head, backbone, crop, images, source, peak)
+             for (framework, backbone, crop, images, _, source), peaks in MEASURED.items()
+             for head, peak in zip(HEADS, peaks)]
+    steps += [(framework, f"np@{pool}", backbone, crop, images, source, peak)
+              for (framework, backbone, crop, images, pool, source), peak in MEASURED_POOLED_NP.items()]
+    optims = {framework: cell_config("paper", framework=framework, dataset="synthetic_voc", partition="1464").optim.name
+              for framework, *_ in steps}
+    return {f"{framework}|{head}|{backbone}": {"peak_mib": peak, "crop": crop, "images": images,
+                                               "optim": optims[framework], "source": source}
+            for framework, head, backbone, crop, images, source, peak in steps}
 
 
 def entries() -> list[tuple[str, str, str]]:

@@ -81,7 +81,7 @@ def predict_peak_mib(config: RunConfig, labeled: int, unlabeled: int) -> float:
                          "(benchmarks/memory_model.py adds it)")
     static = _state_mib(state, config.optim.name, config.optim.momentum)
     measured_backbone = _PROXY_BACKBONE.get(backbone, backbone)
-    own = any(key.startswith(f"{framework}|") and key.endswith(f"|{measured_backbone}") for key in table["measured"])
+    own = f"{framework}|{head}|{measured_backbone}" in table["measured"]
     measured_framework = framework if own else _STAND_INS.get(framework, framework)
     measured = table["measured"].get(f"{measured_framework}|{_measured_head(config)}|{measured_backbone}",
                                      table["measured"].get(f"{measured_framework}|{head}|{measured_backbone}"))
