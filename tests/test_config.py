@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from npsemiseg.config import IDENTITY_EXCLUDED, RunConfig, cell_config, config_params, with_overrides
 from npsemiseg.data import dataset_info, dataset_names, protocol_partitions
+from npsemiseg.data.augmentation import AUGMENTATION_CHOICES
 from npsemiseg.frameworks import framework_names
 from npsemiseg.heads import head_names
 from npsemiseg.presets import preset_names
@@ -280,3 +281,13 @@ def test_dependent_defaults_follow_what_they_depend_on():
         with_overrides(city, {"evaluation.crop_size": "385", "evaluation.stride": "513"})
     with pytest.raises(ValueError, match="enqueue_per_class: expected at most memory_size=64, got 256"):
         with_overrides(city, {"head.options.memory_size": "64", "head.options.enqueue_per_class": "256"})
+
+
+@pytest.mark.parametrize(("key", "value"), [("resize_resample", "bogus"), ("crop_fill", "grey"), ("resize", "half")])
+def test_an_unknown_augmentation_value_is_one_error_at_configuration_time_naming_it(key, value):
+    from npsemiseg.data.transforms import CROP_FILLS
+
+    assert set(CROP_FILLS) == set(AUGMENTATION_CHOICES["crop_fill"])  # one source for the transforms and the check
+    with pytest.raises(ValueError, match=rf"data\.augmentation: {key}='{value}' \(expected one of \["):
+        cell_config("smoke", framework="u2pl", dataset="synthetic_voc", partition="1464", head="baseline",
+                    **{f"data.augmentation.{key}": value})

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from npsemiseg.constants import CORRUPTION_SEVERITIES, CORRUPTIONS, SampleCE
-from npsemiseg.data import augmentation_keys, dataset_info
+from npsemiseg.data import augmentation_keys, dataset_info, unknown_augmentation_values
 from npsemiseg.data.info import DATASETS, dataset_root
 from npsemiseg.frameworks import FRAMEWORKS
 from npsemiseg.heads import HEADS, head_spec
@@ -432,6 +432,8 @@ class DataConfig(Section):
         unknown = sorted(set(value) - set(augmentation_keys()))
         if unknown:
             raise ValueError(f"data.augmentation: unknown key(s) {unknown}, expected some of {sorted(augmentation_keys())}")
+        if bad := unknown_augmentation_values(value):
+            raise ValueError(f"data.augmentation: {'; '.join(bad)}")
         return value
 
 

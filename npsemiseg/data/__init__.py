@@ -33,7 +33,7 @@ from npsemiseg.data.info import (
     dataset_names,
     protocol_partitions,
 )
-from npsemiseg.data.augmentation import augmentation_keys
+from npsemiseg.data.augmentation import augmentation_keys, unknown_augmentation_values
 from npsemiseg.data.base import DatasetDef, ItemFiles
 from npsemiseg.data.settings import PaperSettings, Publication
 from npsemiseg.data import sets  # noqa: F401  (registers the built-in datasets)
@@ -63,4 +63,5 @@ __all__ = [
     "FilesDataset", "IGNORE_INDEX", "ItemFiles", "PARTITION_LIST_SOURCES", "PaperSettings", "Publication", "SyntheticConfig",
     "SyntheticSegmentation", "VOC_CLASSES", "augmentation_keys", "build_dataset", "cityscapes_labelids_to_trainids",
     "dataset_definition", "dataset_info", "dataset_names", "partition_ids", "protocol_partitions", "resolve_root",
+    "unknown_augmentation_values",
 ]

@@ -22,6 +22,16 @@ TRANSFORM_DEFAULTS: dict[str, Any] = {
     "blur_sigma": PAPER_BLUR_SIGMA,
     "strong_views": 1, "padding_mask": False, "draws": 1,
 }
+#: the values of the enumerated settings, checked by the configuration before anything starts (one source: the
+#: transforms' own checks read these too)
+AUGMENTATION_CHOICES: dict[str, tuple[Any, ...]] = {
+    "resize": ("rescale", "rescale_balanced", "long_side", "none"),
+    "strong": (None, "augseg", "psmt", "identity"),
+    "crop_padding": ("centered", "bottom_right"),
+    "crop_fill": ("mean", "zero"),
+    "resize_resample": ("antialiased", "interpolate"),
+    "blur_kernel": ("sigma", "psmt"),
+}
 #: what a framework's unlabeled stream asks for (``Framework.unlabeled_views``), not a configuration
 VIEW_KEYS: tuple[str, ...] = ("strong_views", "padding_mask", "draws")
 #: the settings of the training augmentation (the keys of a configuration's ``data.augmentation``): the transform's
@@ -32,6 +42,13 @@ AUGMENTATION_KEYS: tuple[str, ...] = tuple(key for key in TRANSFORM_DEFAULTS if 
 def augmentation_keys() -> tuple[str, ...]:
     """The keys of a configuration's ``data.augmentation`` (:data:`AUGMENTATION_KEYS`)."""
     return AUGMENTATION_KEYS
+
+
+def unknown_augmentation_values(settings: dict[str, Any]) -> list[str]:
+    """Each enumerated setting of ``settings`` whose value is not one of :data:`AUGMENTATION_CHOICES`'s, as
+    ``key=value (expected one of [...])``."""
+    return [f"{key}={settings[key]!r} (expected one of {list(choices)})" for key, choices in AUGMENTATION_CHOICES.items()
+            if key in settings and settings[key] not in choices]
 
 
 def paper_augmentation(pipeline: str, dataset_kind: str) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from torchvision.transforms.v2._utils import query_size
 
 from npsemiseg.constants import IGNORE_INDEX, PAPER_BLUR_SIGMA
 from npsemiseg.data.augmentation import (  # noqa: F401  (described without torch, read from here too)
+    AUGMENTATION_CHOICES,
     AUGMENTATION_KEYS,
     PAPER_AUGMENTATIONS,
     TRANSFORM_DEFAULTS,
@@ -57,21 +58,21 @@ from npsemiseg.data.augmentation import (  # noqa: F401  (described without torc
 )
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
-RESIZE_MODES = ("rescale", "rescale_balanced", "long_side", "none")
+RESIZE_MODES = AUGMENTATION_CHOICES["resize"]
 #: how a random rescale resamples image and label (switch ``u2pl_resize``): ``antialiased`` (PIL's way: antialiased
 #: bilinear image, nearest label pixel by centre, size rounded) or ``interpolate`` (U2PL's ``RandResize``,
 #: u2pl/dataset/augmentation.py 190-211: ``F.interpolate`` bilinear without antialiasing, labels ``mode="nearest"``,
 #: size ``int(s * side)``)
-RESIZE_RESAMPLES = ("antialiased", "interpolate")
-STRONG_KINDS = ("augseg", "psmt", "identity")
+RESIZE_RESAMPLES = AUGMENTATION_CHOICES["resize_resample"]
+STRONG_KINDS = tuple(kind for kind in AUGMENTATION_CHOICES["strong"] if kind is not None)
 #: where a crop larger than the image is padded: evenly on both sides (U2PL's crop code too), or on the bottom and
 #: right only (PS-MT's and AugSeg's crop code; switch ``crop_padding``)
-CROP_PADDINGS = ("centered", "bottom_right")
+CROP_PADDINGS = AUGMENTATION_CHOICES["crop_padding"]
 #: what the image of a crop larger than it is padded with (switch ``crop_fill``): the ImageNet mean (zero after
 #: normalisation; U2PL, PS-MT, AugSeg) or black (UniMatch's and UniMatch V2's ``crop``: the raw image padded with 0)
 CROP_FILLS: dict[str, tuple[float, float, float]] = {"mean": IMAGENET_MEAN, "zero": (0.0, 0.0, 0.0)}
 #: the blur kernel of PS-MT's strong view: ``sigma`` = 2 ceil(3 sigma) + 1, ``psmt`` = 1, 3 or 5 as PS-MT draws it
-BLUR_KERNELS = ("sigma", "psmt")
+BLUR_KERNELS = AUGMENTATION_CHOICES["blur_kernel"]
 
 
 def _uniform(low: float, high: float) -> float:
