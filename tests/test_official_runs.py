@@ -1396,3 +1396,23 @@ def test_np_u2pl_checkpoint_evaluated_by_the_authors_validate_and_the_projects_p
     project = np_evaluation.project_validation(folder, config, state, step=30)
     assert 0 < authors < 100 and project == pytest.approx(authors, abs=0.5)
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.integration
+def test_np_u2pl_project_run_in_the_authors_order_writes_a_project_side_report(tmp_path: Path):
+    """``official_draws.py --project-run`` trains the project's side on the authors' order and writes it as an
+    ``official_runs.json`` with the project's side only, which ``--combine`` joins to official sides (the same
+    regime)."""
+    from test_official_side_by_side import official_root
+
+    from official import draws
+
+    root = official_root("Jianf-Wang/NP-SemiSeg")
+    settings = [f"--set=data.options.{key}={value}" for key, value in tiny_u2pl_overrides()["data.options"].items()]
+    report = draws.main(["--official-root", str(root), "--steps", "30", "--project-run", "--out", str(tmp_path),
+                         "--set=schedule.batch_size=4", "--set=schedule.unlabeled_batch_size=4", *settings])
+    written = json.loads((tmp_path / "official_runs.json").read_text())
+    assert written == json.loads(json.dumps(report)) and written["regime"] == {} and written["data_order"] == "the authors'"
+    row = written["runs"][0]
+    assert row["official_miou"] is None and len(row["project_curve"]) == 2
+    assert row["project_miou"] == max(row["project_curve"]) and "official_draws.py" in written["command"]
