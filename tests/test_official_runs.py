@@ -1279,3 +1279,140 @@ def test_an_official_process_leaves_cudnn_benchmark_and_the_working_directory_as
         torch.backends.cudnn.benchmark = not before[0]
         assert Path.cwd() == tmp_path and sys.argv == ["script.py", "--flag"] and os.environ["LOCAL_RANK"] == "0"
     assert (torch.backends.cudnn.benchmark, Path.cwd(), list(sys.argv), os.environ.get("LOCAL_RANK")) == before
+
+
+def drawn_items(labeled: list[str], unlabeled: list[str], batch: int) -> list[dict]:
+    """Items in the order a loop takes them: per iteration a labeled batch, then an unlabeled one."""
+    items = []
+    for i in range(0, len(labeled), batch):
+        items += [{"id": x, "stream": "labeled"} for x in labeled[i:i + batch]]
+        items += [{"id": x, "stream": "unlabeled"} for x in unlabeled[i:i + batch]]
+    return items
+
+
+def test_draws_id_statistics_see_a_pairing_that_repeats_and_an_image_twice_in_a_batch():
+    """The authors' samplers shuffle both lists with one permutation per epoch (a pairing that repeats) and the
+    labeled list holds copies (a batch may hold an image twice); a new pairing every epoch and no copy read as such."""
+    from official.draws import id_statistics
+
+    unlabeled = ["u0", "u1", "u2", "u3"]
+    repeating = drawn_items(["a", "a", "b", "c"] + ["c", "b", "a", "a"], unlabeled + unlabeled[::-1], batch=2)
+    stats_repeating = id_statistics(repeating, batch=2, per_epoch=2)
+    assert stats_repeating["same_partner_as_epoch_before"] == 1.0
+    assert stats_repeating["labeled"]["batches_with_a_repeat"] == 0.5
+    assert stats_repeating["unlabeled"]["order_correlation"] == pytest.approx(-1.0)
+    fresh = drawn_items(["a", "b", "c", "d"] + ["a", "b", "c", "d"], unlabeled + ["u1", "u0", "u3", "u2"], batch=2)
+    stats_fresh = id_statistics(fresh, batch=2, per_epoch=2)
+    assert stats_fresh["same_partner_as_epoch_before"] == 0.0 and stats_fresh["labeled"]["batches_with_a_repeat"] == 0
+    assert stats_fresh["labeled"]["seen_min"] == stats_fresh["labeled"]["seen_max"] == 1
+
+
+def test_draws_summary_tells_equal_from_different_distributions():
+    from official.draws import summary
+
+    rng = np.random.default_rng(0)
+    same = summary(rng.normal(size=2000), rng.normal(size=2000), "ks")
+    shifted = summary(rng.normal(size=2000), rng.normal(0.3, size=2000), "ks")
+    assert same["p"] > 0.01 and shifted["p"] < 1e-6 and shifted["project_mean"] == pytest.approx(0.3, abs=0.1)
+    coins = summary(np.array([1.0, 0.0] * 500), np.array([1.0, 0.0, 0.0, 0.0] * 250), "chi2")
+    assert coins["p"] < 1e-6 and coins["official_mean"] == 0.5 and coins["project_mean"] == 0.25
+
+
+def test_in_official_order_gives_the_projects_streams_the_authors_ids():
+    """The project's ``epoch_order`` patched to the authors' ids of each stream and epoch, mapped to the positions of
+    the project's datasets; an epoch of another length is refused."""
+    from npsemiseg.training import data_order
+    from official.draws import in_official_order
+
+    datasets = {"labeled": types.SimpleNamespace(stream="train", indices=[7, 3]),
+                "unlabeled": types.SimpleNamespace(stream="train", indices=[1, 4, 9])}
+    order = {"labeled": [["train_000003", "train_000003", "train_000007"]],
+             "unlabeled": [["train_000009", "train_000001", "train_000004"]]}
+    original = data_order.epoch_order
+    with patched(in_official_order(order, datasets)):
+        assert data_order.epoch_order(2, 3, seed=0, stream="labeled", epoch=0) == [1, 1, 0]
+        assert data_order.epoch_order(3, 3, seed=0, stream="unlabeled", epoch=0) == [2, 0, 1]
+        with pytest.raises(ValueError, match="unlabeled epoch 0: the project asks for 2 items"):
+            data_order.epoch_order(3, 2, seed=0, stream="unlabeled", epoch=0)
+    assert data_order.epoch_order is original
+
+
+@pytest.mark.integration
+def test_np_u2pl_draws_of_both_sides_agree_but_for_the_authors_samplers(tmp_path: Path):
+    """Two epochs of the smoke study (64 images, batches of 4) drawn by both sides without training
+    (:mod:`official.draws`): the transforms' and CutMix's draws agree (no test rejects at 0.01; measured at the mini
+    study's size 2026-11-30 too), each image is seen as often per epoch; the authors' samplers pair each unlabeled
+    image with the same labeled image every epoch, the project's do not; in the authors' order the project's streams
+    deliver the authors' ids, batch for batch."""
+    from test_official_side_by_side import official_root
+
+    from official import draws
+
+    folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg")
+    config = project_config("np_u2pl", 0, 0, 30, tiny_u2pl_overrides())
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
+    torch.set_num_threads(1)
+    official = draws.official_batches(folder, config, lists, tmp_path / "official")
+    project = draws.project_batches(config)
+    report = draws.compare(official, project, config)
+    assert draws.differing({"items": report["items"], "mix": report["mix"]}) == {}
+    for side in ("official", "project"):
+        assert report["ids"][side]["labeled"]["seen_min"] == report["ids"][side]["labeled"]["seen_max"] == 15
+        assert report["ids"][side]["unlabeled"]["seen_max"] == 1
+    assert report["ids"]["official"]["same_partner_as_epoch_before"] == 1.0
+    assert report["ids"]["project"]["same_partner_as_epoch_before"] < 0.5
+    order = draws.official_order(folder, config, lists, tmp_path / "official")
+    ordered = draws.project_batches(config, order)
+    assert [(i["stream"], i["id"]) for i in ordered["items"]] == [(i["stream"], i["id"]) for i in official["items"]]
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.integration
+def test_np_u2pl_checkpoint_evaluated_by_the_authors_validate_and_the_projects_path(tmp_path: Path):
+    """The official side's network mapped back to the project's segmentor holds the project's weights (a round trip
+    of the initial network); the authors' ``validate`` and the project's evaluation path give the same network
+    (trained a little, so that its prediction is not one class) the same mIoU up to the T = 5 samples' noise
+    (:mod:`official.np_evaluation`)."""
+    from test_official_side_by_side import official_root
+
+    from official import np_evaluation
+
+    folder = checkout(official_root("Jianf-Wang/NP-SemiSeg"), "Jianf-Wang/NP-SemiSeg")
+    config = project_config("np_u2pl", 0, 0, 30, tiny_u2pl_overrides())
+    torch.set_num_threads(1)
+    student = initial_network(config)
+    with official_imports(folder / "U2PL"):
+        network = np_evaluation.authors_network(importlib.import_module("u2pl.models.np_head"), student, config)
+    mapped = np_evaluation.project_segmentor(network, config)
+    mapped_state = mapped.state_dict()
+    for name, ours in student.state_dict().items():
+        assert torch.equal(ours, mapped_state[name]), name
+    with torch.no_grad():  # another network: the head's weights moved (a wrong mapping would now show)
+        for p in network.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    state = {f"module.{k}": v for k, v in network.state_dict().items()}
+    lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
+    authors = np_evaluation.authors_validation(folder, config, lists, tmp_path / "official", state)
+    project = np_evaluation.project_validation(folder, config, state, step=30)
+    assert 0 < authors < 100 and project == pytest.approx(authors, abs=0.5)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.integration
+def test_np_u2pl_project_run_in_the_authors_order_writes_a_project_side_report(tmp_path: Path):
+    """``official_draws.py --project-run`` trains the project's side on the authors' order and writes it as an
+    ``official_runs.json`` with the project's side only, which ``--combine`` joins to official sides (the same
+    regime)."""
+    from test_official_side_by_side import official_root
+
+    from official import draws
+
+    root = official_root("Jianf-Wang/NP-SemiSeg")
+    settings = [f"--set=data.options.{key}={value}" for key, value in tiny_u2pl_overrides()["data.options"].items()]
+    report = draws.main(["--official-root", str(root), "--steps", "30", "--project-run", "--out", str(tmp_path),
+                         "--set=schedule.batch_size=4", "--set=schedule.unlabeled_batch_size=4", *settings])
+    written = json.loads((tmp_path / "official_runs.json").read_text())
+    assert written == json.loads(json.dumps(report)) and written["regime"] == {} and written["data_order"] == "the authors'"
+    row = written["runs"][0]
+    assert row["official_miou"] is None and len(row["project_curve"]) == 2
+    assert row["project_miou"] == max(row["project_curve"]) and "official_draws.py" in written["command"]

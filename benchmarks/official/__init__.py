@@ -195,5 +195,8 @@ the project's networks), :mod:`official.report` (the verdict, records, curves an
 :mod:`official.cli` (the command line, ``benchmarks/official_runs.py``'s). The framework modules import the shared
 ones, never each other. :mod:`official.lockstep` (``benchmarks/official_lockstep.py``) records the NP-SemiSeg
 authors' U2PL run of :mod:`official.u2pl` iteration by iteration and runs the project's step from each recorded state
-on the same batch and draws.
+on the same batch and draws; :mod:`official.draws` (``benchmarks/official_draws.py``) draws a whole run's data both
+ways without training and compares the distributions (and trains the project's side in the authors' order);
+:mod:`official.np_evaluation` (``benchmarks/official_np_evaluation.py``) evaluates an official checkpoint by the
+authors' ``validate`` and by the project's evaluation path.
 """
