@@ -12,6 +12,14 @@ IGNORE_INDEX = 255
 #: ``mean_logits`` (CE of the mean logits, the authors' code)
 SampleCE = Literal["elbo", "mean_logits"]
 
+#: how the labeled and unlabeled streams are ordered (``data.order``): ``passes`` (each stream shuffled on its own,
+#: the labeled images in whole passes, per seed and epoch) or one permutation both streams share per epoch, as the
+#: official scripts' ``DistributedSampler``s (default seed 0, ``set_epoch``) give their two lists of one length:
+#: ``shared_repeated`` (the labeled list repeated and truncated to the unlabeled list's length, UniMatch's
+#: ``SemiDataset``) or ``shared_sampled`` (the repeated labeled list and the unlabeled list each drawn once per run
+#: with ``random.sample`` seeded by the run's seed, U2PL's and AugSeg's ``voc_dset``)
+DataOrder = Literal["passes", "shared_repeated", "shared_sampled"]
+
 #: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
 PAPER_BLUR_SIGMA = (0.1, 2.0)
 

@@ -1353,7 +1353,7 @@ def test_np_u2pl_draws_of_both_sides_agree_but_for_the_authors_samplers(tmp_path
     lists = export_official_layout(study_of(config), tmp_path / "data", layout="u2pl")
     torch.set_num_threads(1)
     official = draws.official_batches(folder, config, lists, tmp_path / "official")
-    project = draws.project_batches(config)
+    project = draws.project_batches(with_overrides(config, {"data.order": "passes"}))  # the corrected streams
     report = draws.compare(official, project, config)
     assert draws.differing({"items": report["items"], "mix": report["mix"]}) == {}
     for side in ("official", "project"):
@@ -1361,9 +1361,12 @@ def test_np_u2pl_draws_of_both_sides_agree_but_for_the_authors_samplers(tmp_path
         assert report["ids"][side]["unlabeled"]["seen_max"] == 1
     assert report["ids"]["official"]["same_partner_as_epoch_before"] == 1.0
     assert report["ids"]["project"]["same_partner_as_epoch_before"] < 0.5
+    ids = [(i["stream"], i["id"]) for i in official["items"]]
+    assert config.data.order == "shared_sampled"  # released (switch u2pl_data_order): the authors' ids, in order
+    assert [(i["stream"], i["id"]) for i in draws.project_batches(config)["items"]] == ids
     order = draws.official_order(folder, config, lists, tmp_path / "official")
-    ordered = draws.project_batches(config, order)
-    assert [(i["stream"], i["id"]) for i in ordered["items"]] == [(i["stream"], i["id"]) for i in official["items"]]
+    corrected = with_overrides(config, {"data.order": "passes"})
+    assert [(i["stream"], i["id"]) for i in draws.project_batches(corrected, order)["items"]] == ids
     assert not torch.distributed.is_initialized()
 
 

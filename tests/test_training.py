@@ -11,7 +11,7 @@ from benchmark_scripts import load_benchmark
 import torch.nn.functional as F
 
 from npsemiseg.callbacks import Callbacks
-from npsemiseg.config import with_overrides
+from npsemiseg.config import cell_config, with_overrides
 from npsemiseg.frameworks.losses import (
     cross_entropy_loss,
     mean_probabilities,
@@ -32,6 +32,7 @@ from npsemiseg.training import (
     train,
     train_transforms,
 )
+from npsemiseg.training.data_order import run_lists, shared_epoch_order
 
 
 class Recorder(Callbacks):
@@ -231,6 +232,64 @@ def test_labeled_list_is_repeated_and_shards_partition_the_global_batches():
         assert shards[0][i] + shards[1][i] == global_batch  # same samples, same augmentation seeds
     resumed = rank_batches(order, batch_size=4, rank=0, world_size=1, seed=0, stream="labeled", epoch=0, start_batch=2)
     assert resumed == single[2:]
+
+
+@pytest.mark.parametrize("order", ["shared_repeated", "shared_sampled"])
+@pytest.mark.parametrize("num_labeled", [7, 40])
+def test_shared_data_order_is_the_official_samplers_order(order, num_labeled):
+    """The official lists (UniMatch's ``SemiDataset``: repeated and truncated; U2PL's ``voc_dset``: ``random.sample``
+    after ``random.seed(seed)``) read by a ``DistributedSampler`` of seed 0 per list, ``set_epoch`` on both."""
+    import random
+
+    from torch.utils.data.distributed import DistributedSampler
+
+    num_unlabeled, seed = 30, 3
+    labeled_ids, unlabeled_ids = [f"l{i}" for i in range(num_labeled)], [f"u{i}" for i in range(num_unlabeled)]
+    repeated = labeled_ids * math.ceil(num_unlabeled / num_labeled)
+    if order == "shared_repeated":
+        official = {"labeled": repeated[:num_unlabeled], "unlabeled": unlabeled_ids}
+    else:
+        random.seed(seed)
+        sampled_labeled = random.sample(repeated, num_unlabeled)
+        random.seed(seed)
+        official = {"labeled": sampled_labeled, "unlabeled": random.sample(unlabeled_ids, num_unlabeled)}
+    lists = run_lists(order, num_labeled, num_unlabeled, seed=seed)
+    for stream, ids in (("labeled", labeled_ids), ("unlabeled", unlabeled_ids)):
+        sampler = DistributedSampler(official[stream], num_replicas=1, rank=0)  # the scripts' defaults: seed 0
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            expected = [official[stream][i] for i in sampler]
+            assert [ids[i] for i in shared_epoch_order(lists, stream, num_unlabeled, epoch=epoch)] == expected
+    first = shared_epoch_order(lists, "unlabeled", num_unlabeled, epoch=0)
+    partner = dict(zip(first, shared_epoch_order(lists, "labeled", num_unlabeled, epoch=0)))
+    later = shared_epoch_order(lists, "unlabeled", num_unlabeled, epoch=1)
+    assert later != first  # a new permutation every epoch, the same labeled partner for each unlabeled image
+    assert dict(zip(later, shared_epoch_order(lists, "labeled", num_unlabeled, epoch=1))) == partner
+    assert run_lists(order, num_labeled, num_unlabeled, seed=seed + 1)["labeled"] != lists["labeled"] or \
+        order == "shared_repeated"
+    longer = shared_epoch_order(lists, "unlabeled", 2 * num_unlabeled + 5, epoch=0)
+    assert longer[:num_unlabeled] == first and len(longer) == 2 * num_unlabeled + 5
+
+
+def test_released_cells_stream_in_the_official_order(smoke_config):
+    from npsemiseg.training.data_order import Streams as _Streams
+
+    assert cell_config("paper", framework="u2pl", dataset="synthetic_voc", partition="1464",
+                       protocol="released").data.order == "shared_sampled"
+    assert cell_config("paper", framework="unimatch", dataset="synthetic_voc", partition="1464",
+                       protocol="released").data.order == "shared_repeated"
+    assert cell_config("paper", framework="u2pl", dataset="synthetic_voc", partition="1464").data.order == "passes"
+    config = with_overrides(smoke_config(framework="mt"), {"data.order": "shared_sampled"})
+    datasets = build_datasets(config)
+    plan = plan_run(config, num_labeled=len(datasets["labeled"]), num_unlabeled=len(datasets["unlabeled"]), world_size=1)
+    streams = _Streams(config, datasets, train_transforms(config), plan, use_unlabeled=True, rank=0, world_size=1,
+                       pin_memory=False)
+    assert streams.lists == run_lists("shared_sampled", len(datasets["labeled"]), len(datasets["unlabeled"]),
+                                      seed=config.seed)
+    length = plan.iters_per_epoch * config.schedule.unlabeled_batch_size
+    loader = streams._loader("unlabeled", streams.items["unlabeled"], 0, 0)
+    delivered = [index for batch in loader.batch_sampler for index, _ in batch]
+    assert delivered == shared_epoch_order(streams.lists, "unlabeled", length, epoch=0)[:len(delivered)]
 
 
 def test_seeded_items_are_reproducible_and_leave_the_global_rng(smoke_config):

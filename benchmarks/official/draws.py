@@ -191,7 +191,8 @@ def official_order(folder: Path, config: RunConfig, lists: dict[str, Path], save
 
 
 def in_official_order(order: dict[str, list[list[str]]], datasets: dict[str, Any]) -> list[tuple[Any, str, Any]]:
-    """A patch of the project's ``epoch_order``: each stream's epoch in the authors' ``order`` (:func:`official_order`,
+    """A patch of the project's ``epoch_order`` and ``shared_epoch_order`` (``data.order``: ``passes`` or shared, switch
+    ``u2pl_data_order``): each stream's epoch in the authors' ``order`` (:func:`official_order`,
     ids mapped to the project's dataset positions); the augmentation stays the project's. ValueError where the
     project asks for an epoch of another length."""
     positions = {stream: {f"{d.stream}_{index:06d}": k for k, index in enumerate(d.indices)}
@@ -204,7 +205,10 @@ def in_official_order(order: dict[str, list[list[str]]], datasets: dict[str, Any
                              f"delivers {len(ids)}")
         return [positions[stream][item] for item in ids]
 
-    return [(data_order, "epoch_order", epoch_order)]
+    def shared_epoch_order(lists: dict[str, list[int]], stream: str, length: int, *, epoch: int) -> list[int]:
+        return epoch_order(len(lists[stream]), length, seed=0, stream=stream, epoch=epoch)
+
+    return [(data_order, "epoch_order", epoch_order), (data_order, "shared_epoch_order", shared_epoch_order)]
 
 
 def project_item_patches(items: Items, datasets: dict[str, Any], crop: int,

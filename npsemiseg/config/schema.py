@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from npsemiseg.constants import CORRUPTION_SEVERITIES, CORRUPTIONS, SampleCE
+from npsemiseg.constants import CORRUPTION_SEVERITIES, CORRUPTIONS, DataOrder, SampleCE
 from npsemiseg.data import augmentation_keys, dataset_info, unknown_augmentation_values
 from npsemiseg.data.info import DATASETS, dataset_root
 from npsemiseg.frameworks import FRAMEWORKS
@@ -63,6 +63,7 @@ def _pools_nothing(feature_pool: object, model: dict[str, Any]) -> bool:
 
 #: ``(field, when it is left out)``: fields added after version 1, left out while they change nothing
 IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("data.order", lambda v: v["data"]["order"] == "passes"),
     ("optim.lr_scaling", lambda v: v["optim"]["lr_scaling"] == "none"),
     # UniMatch's released LR timing and CutMix source, at their corrected values
     ("schedule.lr_timing", lambda v: v["schedule"]["lr_timing"] == "before_step"),
@@ -417,6 +418,10 @@ class DataConfig(Section):
     ``train/pseudo_label_recall/<c>`` and ``train/pseudo_label_precision/<c>``) or ``oracle`` (the teacher's
     prediction on the unlabeled images is replaced by their ground truth: a teacher always right and always
     confident; an SSL framework that does not beat supervised with it cannot with any teacher).
+    ``order``: how the labeled and unlabeled streams are ordered (:data:`npsemiseg.constants.DataOrder`):
+    ``passes`` (each shuffled on its own per seed and epoch) or one permutation both share per epoch, the official
+    scripts' samplers (``shared_repeated``: UniMatch's; ``shared_sampled``: U2PL's and AugSeg's); without an
+    unlabeled stream, ``passes`` whatever the value.
     """
 
     root: str | None = None
@@ -425,6 +430,7 @@ class DataConfig(Section):
     augmentation: dict[str, Any] = Field(default_factory=dict)
     labeled_strong_view: bool | None = None
     unlabeled_truth: Literal["hidden", "measured", "oracle"] = "hidden"
+    order: DataOrder = "passes"
 
     @field_validator("augmentation", mode="after")
     @classmethod

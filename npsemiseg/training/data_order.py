@@ -11,13 +11,14 @@ import hashlib
 import math
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from npsemiseg.constants import DataOrder
 from npsemiseg.frameworks.base import Batch
 
 
@@ -36,6 +37,33 @@ def epoch_order(num_items: int, length: int, *, seed: int, stream: str, epoch: i
     passes = math.ceil(length / num_items)
     order = torch.cat([torch.randperm(num_items, generator=generator) for _ in range(passes)])
     return order[:length].tolist()
+
+
+def run_lists(order: DataOrder, num_labeled: int, num_unlabeled: int, *, seed: int) -> dict[str, list[int]]:
+    """The two streams' lists of one run under a shared ``order`` (:data:`npsemiseg.constants.DataOrder`): dataset
+    indices, both ``num_unlabeled`` long (position ``p`` of an epoch's permutation picks ``lists[stream][p]``)."""
+    if num_labeled < 1 or num_unlabeled < 1:
+        raise ValueError(f"data.order {order!r}: needs labeled and unlabeled images, got {num_labeled} and "
+                         f"{num_unlabeled}")
+    repeated = list(range(num_labeled)) * math.ceil(num_unlabeled / num_labeled)
+    if order == "shared_repeated":
+        return {"labeled": repeated[:num_unlabeled], "unlabeled": list(range(num_unlabeled))}
+    if order == "shared_sampled":  # voc_dset: random.seed(seed), then random.sample, once per list
+        return {"labeled": random.Random(seed).sample(repeated, num_unlabeled),
+                "unlabeled": random.Random(seed).sample(range(num_unlabeled), num_unlabeled)}
+    raise ValueError(f"data.order: expected a shared order of {list(get_args(DataOrder)[1:])}, got {order!r}")
+
+
+def shared_epoch_order(lists: dict[str, list[int]], stream: str, length: int, *, epoch: int) -> list[int]:
+    """``length`` dataset indices of ``stream`` for one epoch: its run list read in the permutation both streams
+    share, ``torch.randperm`` seeded by the epoch alone (``DistributedSampler``'s seed 0 + epoch, whatever the run's
+    seed). An epoch longer than the lists (never in the official scripts) takes further permutations."""
+    size = len(lists[stream])
+    positions = torch.randperm(size, generator=torch.Generator().manual_seed(epoch))
+    for extra in range(1, math.ceil(length / size)):
+        generator = torch.Generator().manual_seed(derive_seed("shared", epoch, extra))
+        positions = torch.cat([positions, torch.randperm(size, generator=generator)])
+    return [lists[stream][p] for p in positions[:length].tolist()]
 
 
 def rank_batches(order: list[int], *, batch_size: int, rank: int, world_size: int, seed: int, stream: str,
@@ -102,11 +130,15 @@ class Streams:
         self.config, self.plan = config, plan
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
+        self.lists: dict[str, list[int]] | None = None
         self.items = {"labeled": SeededItems(datasets["labeled"], transforms["labeled"])}
         self.batch_sizes = {"labeled": config.schedule.batch_size}
         if use_unlabeled:
             self.items["unlabeled"] = SeededItems(datasets["unlabeled"], transforms["unlabeled"])
             self.batch_sizes["unlabeled"] = config.schedule.unlabeled_batch_size
+            if config.data.order != "passes":
+                self.lists = run_lists(config.data.order, len(self.items["labeled"]), len(self.items["unlabeled"]),
+                                       seed=config.seed)
 
     def epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         """The micro-batches of ``epoch`` from micro-batch ``start_batch`` on (``schedule.accumulation_steps`` per
@@ -119,7 +151,10 @@ class Streams:
         seed = self.config.seed
         batch_size = self.batch_sizes[stream]
         length = self.plan.iters_per_epoch * batch_size * self.world_size * self.config.schedule.accumulation_steps
-        order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
+        if self.lists is None:
+            order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
+        else:
+            order = shared_epoch_order(self.lists, stream, length, epoch=epoch)
         batches = rank_batches(order, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
                                seed=seed, stream=stream, epoch=epoch, start_batch=start_batch)
         return DataLoader(
