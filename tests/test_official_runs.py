@@ -297,6 +297,22 @@ def part(framework: str, seeds: list[int], offset: float, supervised: bool = Fal
             "machine": "here", "seconds": 1.0}
 
 
+def minus_supervised(records: list[dict], framework: str, side: str) -> tuple[int, float]:
+    """The seeds and mean of a framework's ``minus_supervised`` record of one side."""
+    record = next(r for r in records if r.get("framework") == framework and r.get("side") == side
+                  and "minus_supervised" in r)
+    return record["seeds"], record["minus_supervised"]
+
+
+def test_paired_difference_counts_the_seeds_below_and_tests_the_mean():
+    from official.report import paired_difference
+
+    result = paired_difference([-4.64, -5.55, -1.22, -0.99, -2.49])
+    assert result["minus_supervised"] == -2.98 and result["below"] == 5
+    assert result["ci90"][0] < -2.98 < result["ci90"][1] < 0 and result["p"] < 0.05
+    assert paired_difference([1.0, -1.0])["below"] == 1 and "ci90" not in paired_difference([0.5, 0.5])
+
+
 def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     paths = []
     for name, report in (("a", part("unimatch", [0], 0.1)), ("b", part("unimatch", [1], 0.2)),
@@ -319,8 +335,8 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     assert lines == drawn["records"]
     assert {"framework": "unimatch", "side": "project", "seed": 1, "miou": 51.2} in lines
     # unimatch and supervised share seeds 0 and 1: official (50 + 51) / 2 - (50 + 51) / 2 = 0
-    assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 0.0} in lines
-    assert {"framework": "unimatch", "side": "project", "seeds": 2, "minus_supervised": 0.25} in lines
+    assert minus_supervised(lines, "unimatch", "official") == (2, 0.0)
+    assert minus_supervised(lines, "unimatch", "project") == (2, 0.25)
     tost = next(r for r in lines if r["framework"] == "unimatch" and "project_minus_official" in r)
     assert tost["project_minus_official"] == 0.15 and tost["seeds"] == 2
     assert tost["project_mean"] - tost["official_mean"] == pytest.approx(0.15)
@@ -699,8 +715,8 @@ def test_combine_and_figure_take_v2_reports_beside_the_deeplab_ones(tmp_path: Pa
                        str(paths["v1"])])
     assert list(panels_of([combined, v1])) == ["supervised", "supervised_v2", "unimatch_v2", "unimatch"]
     lines = drawn["records"]
-    assert {"framework": "unimatch_v2", "side": "project", "seeds": 2, "minus_supervised": 0.5} in lines
-    assert {"framework": "unimatch", "side": "official", "seeds": 2, "minus_supervised": 3.0} in lines
+    assert minus_supervised(lines, "unimatch_v2", "project") == (2, 0.5)
+    assert minus_supervised(lines, "unimatch", "official") == (2, 3.0)
 
 
 def test_steps_that_are_not_whole_official_epochs_exit_before_anything_starts(tmp_path: Path):
@@ -876,7 +892,7 @@ def test_combine_and_figure_take_psmt_reports_with_the_supervised_reference(tmp_
     combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert combined["framework"] == "psmt" and combined["equivalence"]["framework"]["difference"] == pytest.approx(-0.4)
     drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
-    assert {"framework": "psmt", "side": "project", "seeds": 2, "minus_supervised": -0.4} in drawn["records"]
+    assert minus_supervised(drawn["records"], "psmt", "project") == (2, -0.4)
     args = parse_args(["--official-root", "R", "--framework", "psmt", "--out", "O"])
     assert frameworks_run(args) == ["psmt", "supervised"]
     assert patches_of(["psmt"]) == list(PSMT_PATCHES) and LAYOUT["psmt"] == "psmt"
@@ -1004,7 +1020,7 @@ def test_mt_cps_runs_with_the_supervised_reference_and_its_patches(tmp_path: Pat
     combined = main(["--combine", *map(str, paths), "--out", str(tmp_path / "out")])
     assert combined["framework"] == "mt_cps" and combined["equivalence"]["framework"]["difference"] == pytest.approx(0.3)
     drawn = main(["--figure", str(tmp_path / "curves.png"), "--combine", str(tmp_path / "out" / "official_runs.json")])
-    assert {"framework": "mt_cps", "side": "project", "seeds": 2, "minus_supervised": 0.3} in drawn["records"]
+    assert minus_supervised(drawn["records"], "mt_cps", "project") == (2, 0.3)
 
 
 @pytest.mark.integration
