@@ -153,6 +153,12 @@ def _head_grad_clip(values: dict[str, Any]) -> float | None:
     return head_spec(values["head"]["name"]).paper_grad_clip
 
 
+def _official_data_order(values: dict[str, Any]) -> str:
+    """The official scripts' data order of the cell's framework (D24): U2PL's and AugSeg's ``voc_dset`` draw their
+    lists once per run, UniMatch's ``SemiDataset`` repeats the labeled ids."""
+    return "shared_sampled" if values["framework"] in ("u2pl", "augseg") else "shared_repeated"
+
+
 _NP = ("np",)
 #: the golden tests (official function and ours on the same inputs; the max |difference| each records)
 _GOLDEN_NP_HEAD = ("tests/test_np_head_golden.py::test_np_head_reproduces_the_authors_centers_latent_kl_and_logits: "
@@ -687,26 +693,20 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D18](deviations.md#d18-crop-padding)", frameworks=(*_UNIMATCH, *_UNIMATCH_V2),
            golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
                   "(UniMatch's crop: labels and image, its fill included)"),
-    Switch("unimatch_data_order", "data", "data.order", "shared_repeated", "passes",
-           "UniMatch@0324f3d dataset/semi.py 25-27 (the labeled ids repeated and truncated to nsample), unimatch.py "
-           "80-88, 118-119 and fixmatch.py 80-88, 117-118 (a DistributedSampler of seed 0 per list, set_epoch); "
-           "UniMatch-V2@f6afb4d unimatch_v2.py 106-119, 156-157",
-           "the labeled list repeated to the unlabeled list's length and both lists read in one permutation per epoch "
-           "(seed 0 + epoch, whatever the run's seed): each unlabeled image meets the same labeled image every epoch, "
-           "and a labeled image may come twice in a batch, instead of streams shuffled on their own in passes",
-           "[D24](deviations.md#d24-data-order)", frameworks=(*_UNIMATCH, *_UNIMATCH_V2),
-           no_golden="the samplers are torch's DistributedSampler over the official lists, no function of the "
-                     "scripts: tests/test_training.py::test_shared_data_order_is_the_official_samplers_order"),
-    Switch("u2pl_data_order", "data", "data.order", "shared_sampled", "passes",
-           "U2PL@ab3d2be u2pl/dataset/pascal_voc.py 24-31 (random.seed(seed); random.sample of the list repeated), "
-           "136, 147 (a DistributedSampler per list), train_semi.py 254-255 (set_epoch); AugSeg@7ead870 "
+    Switch("official_data_order", "data", "data.order",
+           Derived("the official scripts' (U2PL, AugSeg shared_sampled; the UniMatch family shared_repeated)",
+                   lambda values: _official_data_order(values)), "passes",
+           "UniMatch@0324f3d dataset/semi.py 25-27 (the labeled ids repeated and truncated), unimatch.py 80-88, "
+           "118-119 and fixmatch.py 80-88, 117-118 (a DistributedSampler of seed 0 per list, set_epoch); "
+           "UniMatch-V2@f6afb4d unimatch_v2.py 106-119, 156-157; U2PL@ab3d2be u2pl/dataset/pascal_voc.py 24-31 "
+           "(random.seed(seed); random.sample of the list repeated), 136, 147, train_semi.py 254-255; AugSeg@7ead870 "
            "augseg/dataset/pascal_voc.py 41-46, 173, 180, train_semi.py 269-270; NP-SemiSeg@afd9672 "
            "U2PL/train_semi.py 285-286, AugSeg/train_semi.py 290-291",
-           "the labeled list drawn once per run from its copies and the unlabeled list shuffled once per run "
-           "(random.sample seeded by the run's seed), both read in one permutation per epoch (seed 0 + epoch): each "
-           "unlabeled image meets the same labeled image every epoch, and a labeled image comes twice in a third of "
-           "the batches, instead of streams shuffled on their own in passes",
-           "[D24](deviations.md#d24-data-order)", frameworks=("u2pl", "augseg"),
+           "both lists read in one permutation per epoch (seed 0 + epoch, whatever the run's seed), the labeled list "
+           "repeated to the unlabeled list's length (UniMatch's) or drawn once per run from its copies, the "
+           "unlabeled list shuffled once (U2PL's, AugSeg's): each unlabeled image meets the same labeled image every "
+           "epoch, and a labeled image may come twice in a batch, instead of streams shuffled on their own in passes",
+           "[D24](deviations.md#d24-data-order)", frameworks=("u2pl", "augseg", *_UNIMATCH, *_UNIMATCH_V2),
            no_golden="the samplers are torch's DistributedSampler over the official lists, no function of the "
                      "scripts: tests/test_training.py::test_shared_data_order_is_the_official_samplers_order"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",

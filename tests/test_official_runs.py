@@ -1378,7 +1378,7 @@ def test_np_u2pl_draws_of_both_sides_agree_but_for_the_authors_samplers(tmp_path
     assert report["ids"]["official"]["same_partner_as_epoch_before"] == 1.0
     assert report["ids"]["project"]["same_partner_as_epoch_before"] < 0.5
     ids = [(i["stream"], i["id"]) for i in official["items"]]
-    assert config.data.order == "shared_sampled"  # released (switch u2pl_data_order): the authors' ids, in order
+    assert config.data.order == "shared_sampled"  # released (switch official_data_order): the authors' ids, in order
     assert [(i["stream"], i["id"]) for i in draws.project_batches(config)["items"]] == ids
     order = draws.official_order(folder, config, lists, tmp_path / "official")
     corrected = with_overrides(config, {"data.order": "passes"})

@@ -192,7 +192,7 @@ def official_order(folder: Path, config: RunConfig, lists: dict[str, Path], save
 
 def in_official_order(order: dict[str, list[list[str]]], datasets: dict[str, Any]) -> list[tuple[Any, str, Any]]:
     """A patch of the project's ``epoch_order`` and ``shared_epoch_order`` (``data.order``: ``passes`` or shared, switch
-    ``u2pl_data_order``): each stream's epoch in the authors' ``order`` (:func:`official_order`,
+    ``official_data_order``): each stream's epoch in the authors' ``order`` (:func:`official_order`,
     ids mapped to the project's dataset positions); the augmentation stays the project's. ValueError where the
     project asks for an epoch of another length."""
     positions = {stream: {f"{d.stream}_{index:06d}": k for k, index in enumerate(d.indices)}
