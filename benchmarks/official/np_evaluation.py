@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     if not args.checkpoint.is_file():
         raise SystemExit(f"--checkpoint: no file {args.checkpoint}")
-    saved = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    # U2PL's checkpoint: state dicts, the epoch and the best mIoU as a NumPy float64 scalar
+    with torch.serialization.safe_globals([np._core.multiarray.scalar, np.dtype, np.dtypes.Float64DType]):
+        saved = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
     config = project_config("np_u2pl", args.data_seed, args.seed)
     lists = export_official_layout(study_of(config), args.out / "data_u2pl", layout="u2pl")
     folder = checkout(args.official_root, "Jianf-Wang/NP-SemiSeg")
