@@ -23,12 +23,13 @@ twice, whether the unlabeled order and the labeled-unlabeled pairing repeat from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,33 +132,49 @@ def official_item_patches(module: Any, dataset_class: Any, items: Items, crop: i
             (module.Crop, "__call__", recorded_crop)]
 
 
-def official_batches(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
-    """The authors' loaders over the run's epochs (module docstring): the items and, per semi-supervised iteration,
-    the CutMix coin and the boxes' area fractions."""
+@contextlib.contextmanager
+def authors_loaders(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path,
+                    patches: Callable[[Any], list[tuple[Any, str, Any]]] = lambda modules: []) -> Iterator[Any]:
+    """The authors' labeled and unlabeled loaders as ``main`` builds them (``set_random_seed``, then ``get_loader``),
+    in their process; ``patches(modules)`` (given U2PL's ``augmentation`` and ``pascal_voc`` modules) are installed
+    first. Yields ``(loaders, epochs, modules)``; iterate the epochs with :func:`authors_epochs`."""
     folder = folder / "U2PL"
     epochs = official_epochs("np_u2pl", config)
     cfg = u2pl_cfg(config, folder, lists, epochs, save_path, config_file=NP_U2PL_CONFIG)
-    items, crop = Items(), config.schedule.crop_size
     save_path.mkdir(parents=True, exist_ok=True)
     with voc_semi_process(folder, ["train_semi.py"], "tensorboardX", save_path) as stack:
-        builder = importlib.import_module("u2pl.dataset.builder")
-        augmentation = importlib.import_module("u2pl.dataset.augmentation")
-        dataset_class = importlib.import_module("u2pl.dataset.pascal_voc").voc_dset
-        streams: dict[int, str] = {}
-        stack.enter_context(patched(official_item_patches(
-            augmentation, dataset_class, items, crop, config.num_classes, lambda dataset: streams[id(dataset)])))
+        modules = {name: importlib.import_module(f"u2pl.dataset.{name}") for name in ("augmentation", "pascal_voc")}
+        stack.enter_context(patched(patches(modules)))
         one_rank_setup()
         importlib.import_module("u2pl.utils.utils").set_random_seed(config.seed)
-        loader_l, loader_u, _ = builder.get_loader(cfg, seed=config.seed)
-        streams.update({id(loader_l.dataset): "labeled", id(loader_u.dataset): "unlabeled"})
-        mixes = []
-        for epoch in range(epochs):
-            loader_l.sampler.set_epoch(epoch)
-            loader_u.sampler.set_epoch(epoch)
-            for _ in zip(loader_l, loader_u):
+        loaders = importlib.import_module("u2pl.dataset.builder").get_loader(cfg, seed=config.seed)[:2]
+        yield loaders, epochs, modules
+
+
+def authors_epochs(loaders: tuple[Any, Any], epochs: int) -> Iterator[int]:
+    """Each epoch of the run, after ``set_epoch`` on both samplers as ``train`` calls it."""
+    for epoch in range(epochs):
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)
+        yield epoch
+
+
+def official_batches(folder: Path, config: RunConfig, lists: dict[str, Path], save_path: Path) -> dict[str, Any]:
+    """The authors' loaders over the run's epochs (module docstring): the items and, per semi-supervised iteration,
+    the CutMix coin and the boxes' area fractions."""
+    items, crop, streams, mixes = Items(), config.schedule.crop_size, {}, []
+
+    def patches(modules: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+        return official_item_patches(modules["augmentation"], modules["pascal_voc"].voc_dset, items, crop,
+                                     config.num_classes, lambda dataset: streams[id(dataset)])
+
+    with authors_loaders(folder, config, lists, save_path, patches) as (loaders, epochs, modules):
+        streams.update({id(loader.dataset): stream for stream, loader in zip(STREAMS, loaders)})
+        for epoch in authors_epochs(loaders, epochs):
+            for _ in zip(*loaders):
                 if epoch >= config.framework_options["sup_only_epochs"]:
-                    mixes.append(official_mix(augmentation, config.schedule.batch_size, crop))
-    return {"items": items.items, "mixes": mixes, "iterations_per_epoch": len(loader_l)}
+                    mixes.append(official_mix(modules["augmentation"], config.schedule.batch_size, crop))
+    return {"items": items.items, "mixes": mixes, "iterations_per_epoch": len(loaders[0])}
 
 
 def official_mix(augmentation: Any, batch: int, crop: int) -> dict[str, Any]:
@@ -173,18 +190,10 @@ def official_order(folder: Path, config: RunConfig, lists: dict[str, Path], save
     """The ids the authors' loaders deliver per stream (``labeled``, ``unlabeled``) and epoch, in order: their
     samplers' indices (``set_epoch`` as ``train`` calls it, the last partial batch dropped) into their datasets' lists,
     built as ``main`` builds them; no item is loaded."""
-    folder = folder / "U2PL"
-    epochs = official_epochs("np_u2pl", config)
-    cfg = u2pl_cfg(config, folder, lists, epochs, save_path, config_file=NP_U2PL_CONFIG)
-    save_path.mkdir(parents=True, exist_ok=True)
     order: dict[str, list[list[str]]] = {stream: [] for stream in STREAMS}
-    with voc_semi_process(folder, ["train_semi.py"], "tensorboardX", save_path):
-        one_rank_setup()
-        importlib.import_module("u2pl.utils.utils").set_random_seed(config.seed)
-        loaders = importlib.import_module("u2pl.dataset.builder").get_loader(cfg, seed=config.seed)[:2]
-        for epoch in range(epochs):
+    with authors_loaders(folder, config, lists, save_path) as (loaders, epochs, _):
+        for _ in authors_epochs(loaders, epochs):
             for stream, loader in zip(STREAMS, loaders):
-                loader.sampler.set_epoch(epoch)
                 indices = list(loader.sampler)[:len(loader) * loader.batch_size]
                 order[stream].append([Path(loader.dataset.list_sample_new[i][0]).stem for i in indices])
     return order
