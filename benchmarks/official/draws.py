@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from scipy import stats
 from torch import Tensor
 
@@ -387,7 +388,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Draw both sides' run of ``np_u2pl`` (module docstring), write ``--out/draws.json`` and print the tests whose
     p-value is under 0.01 and the samplers' structure; ``--project-run``: :func:`ordered_project_run`."""
-    import yaml
 
     args = parse_args(argv)
     torch.set_num_threads(1)

@@ -34,7 +34,7 @@ from official.patching import one_rank_setup
 from official.study import export_official_layout, official_epochs, project_config, study_of
 from official.u2pl import u2pl_cfg
 from official.voc_semi import voc_semi_process
-from official_side_by_side import NP_U2PL_CONFIG, checkout
+from official_side_by_side import NP_U2PL_CONFIG, checkout, official_imports
 
 
 def authors_network(module: Any, student: nn.Module, config: RunConfig,
@@ -87,8 +87,6 @@ def project_validation(folder: Path, config: RunConfig, state: dict[str, torch.T
     """mIoU x 100 of the project's evaluation path (``evaluate_model`` as the project's side calls it, the RNG seeded
     by ``step``) of :func:`project_segmentor` holding ``state`` (the authors' ``NP_HEAD`` of the checkout ``folder``
     mapped back)."""
-    from official_side_by_side import official_imports
-
     student = initial_network(config)
     with official_imports(folder / "U2PL"):
         network = authors_network(importlib.import_module("u2pl.models.np_head"), student, config, state)
