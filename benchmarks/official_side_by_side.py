@@ -128,11 +128,16 @@ NP_U2PL_CONFIG = "experiments/pascal/1323/np/config.yaml"
 
 
 def checkout(root: Path, repository: str) -> Path:
-    """The checkout of ``owner/repo`` under ``root``: ``owner+repo`` or ``repo``; FileNotFoundError naming both."""
+    """The checkout of ``owner/repo`` under ``root``: ``owner+repo`` or ``repo``, spelt in any case (GitHub's names
+    are case-insensitive: ``ZhenZHAO+AugSeg`` serves ``zhenzhao/AugSeg``); FileNotFoundError naming both."""
     owner, name = repository.split("/")
-    for folder in (root / f"{owner}+{name}", root / name):
-        if folder.is_dir():
-            return folder
+    wanted = [f"{owner}+{name}", name]
+    present = {entry.name.lower(): entry for entry in root.iterdir() if entry.is_dir()} if root.is_dir() else {}
+    for folder in wanted:
+        if (root / folder).is_dir():
+            return root / folder
+        if folder.lower() in present:
+            return present[folder.lower()]
     raise FileNotFoundError(f"--official-root: no checkout of {repository} at {root / f'{owner}+{name}'} or {root / name}")
 
 

@@ -442,7 +442,7 @@ def test_augseg_cfg_is_the_official_voc_config_with_the_cells_settings(tmp_path:
     to its own size, a weak and a strong view of the crop size."""
     from test_official_side_by_side import official_root
 
-    folder = checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg")
+    folder = checkout(official_root("ZhenZHAO/AugSeg"), "ZhenZHAO/AugSeg")
     config = project_config("augseg", 0, 0, 30, tiny_u2pl_overrides())
     lists = export_official_layout(study_of(config), tmp_path / "data", layout=LAYOUT["augseg"])
     cfg = augseg_cfg(config, folder, lists, epochs=2, save_path=tmp_path / "run")
@@ -1282,7 +1282,7 @@ def test_np_cfgs_are_the_authors_voc_configs_with_the_cells_settings(tmp_path: P
     # the authors' AugSeg config crops VOC's 500 px validation images to 513 x 513: here the cell's crop, not a
     # canvas 8 times the study's images (the plain AugSeg config evaluates whole images: no crop)
     assert cfg["dataset"]["val"]["crop"] == {"type": "center", "size": [64, 64]}
-    plain = augseg_cfg(config, checkout(official_root("zhenzhao/AugSeg"), "zhenzhao/AugSeg"), lists, epochs=2,
+    plain = augseg_cfg(config, checkout(official_root("ZhenZHAO/AugSeg"), "ZhenZHAO/AugSeg"), lists, epochs=2,
                        save_path=tmp_path / "plain")
     assert "crop" not in plain["dataset"]["val"]
 

@@ -41,6 +41,18 @@ def test_loop_body_runs_the_scripts_loop_on_the_device_without_the_barrier(tmp_p
     assert float(namespace["total"]) == 2.0 * 3.0 + 7 and namespace["i"] == 7
 
 
+def test_checkout_finds_an_owner_and_repo_folder_in_any_case_and_names_both_places_when_absent(tmp_path: Path):
+    """GitHub's names are case-insensitive: ``zhenzhao/AugSeg`` is the checkout ``ZhenZHAO+AugSeg``; ``repo`` alone
+    serves too; a missing one is named with both folders looked for."""
+    side = load_benchmark("official_side_by_side")
+    (tmp_path / "ZhenZHAO+AugSeg").mkdir()
+    (tmp_path / "UniMatch").mkdir()
+    assert side.checkout(tmp_path, "zhenzhao/AugSeg") == tmp_path / "ZhenZHAO+AugSeg"
+    assert side.checkout(tmp_path, "LiheYoung/UniMatch") == tmp_path / "UniMatch"
+    with pytest.raises(FileNotFoundError, match=r"no checkout of yyliu01/PS-MT at .*yyliu01\+PS-MT or .*PS-MT"):
+        side.checkout(tmp_path, "yyliu01/PS-MT")
+
+
 def test_loop_body_names_the_script_when_its_loop_is_not_found_once(tmp_path: Path):
     side = load_benchmark("official_side_by_side")
     script = tmp_path / "train.py"
@@ -51,10 +63,12 @@ def test_loop_body_names_the_script_when_its_loop_is_not_found_once(tmp_path: Pa
 
 def official_root(repository: str) -> Path:
     root = os.environ.get("NPSEMISEG_OFFICIAL_ROOT")
-    owner, name = repository.split("/")
-    if not root or not any((Path(root) / folder).is_dir() for folder in (f"{owner}+{name}", name)):
-        pytest.skip(f"no official checkout of {repository} (set NPSEMISEG_OFFICIAL_ROOT to the folder holding it)")
-    return Path(root)
+    try:
+        if root:
+            return load_benchmark("official_side_by_side").checkout(Path(root), repository).parent
+    except FileNotFoundError:
+        pass
+    pytest.skip(f"no official checkout of {repository} (set NPSEMISEG_OFFICIAL_ROOT to the folder holding it)")
 
 
 @pytest.mark.integration

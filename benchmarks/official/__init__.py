@@ -70,7 +70,7 @@ wide, its heads 64, its representation 16; U2PL's decoder hard-codes 256, so it 
 30000 / 50000, replaced by the representation's width and the cell's queues; no aux head (the mini study has
 none); data loading in the main process (``workers: 0``, as the project's cell).
 
-AugSeg (``--framework augseg``: zhenzhao/AugSeg's ``train_semi.py``, :func:`run_official_augseg`) the same way: its
+AugSeg (``--framework augseg``: ZhenZHAO/AugSeg's ``train_semi.py``, :func:`run_official_augseg`) the same way: its
 ``main(args)`` on the same layout, with its transforms (the long side a random integer in [0.5, 2] x the base size,
 the image's 64 here as VOC's 500, flip, a random crop padded at the bottom and right with the mean and 255, its
 strong views with their blur sigma in [0.1, 2]), adaptive CutMix, thresholded unsupervised loss, EMA of parameters

@@ -1,4 +1,4 @@
-"""AugSeg's ``train_semi.py`` (zhenzhao/AugSeg): its patches (:data:`AUGSEG_PATCHES`), config (:func:`augseg_cfg`)
+"""AugSeg's ``train_semi.py`` (ZhenZHAO/AugSeg): its patches (:data:`AUGSEG_PATCHES`), config (:func:`augseg_cfg`)
 and run (:func:`run_official_augseg`, :func:`official_augseg_run`); the NP-SemiSeg authors' AugSeg (Jianf-Wang/NP-SemiSeg's
 ``AugSeg/train_semi.py``: AugSeg's with the NP head) run the same way (:data:`NP_AUGSEG_PATCHES`,
 :func:`official_np_augseg_run`)."""

@@ -30,7 +30,7 @@ SIDES = ("official", "project")
 #: framework -> (official repository, training script)
 OFFICIAL = {"supervised": ("LiheYoung/UniMatch", "supervised.py"), "fixmatch": ("LiheYoung/UniMatch", "fixmatch.py"),
             "unimatch": ("LiheYoung/UniMatch", "unimatch.py"), "u2pl": ("Haochen-Wang409/U2PL", "train_semi.py"),
-            "augseg": ("zhenzhao/AugSeg", "train_semi.py"),
+            "augseg": ("ZhenZHAO/AugSeg", "train_semi.py"),
             "unimatch_v2": ("LiheYoung/UniMatch-V2", "unimatch_v2.py"),
             "fixmatch_v2": ("LiheYoung/UniMatch-V2", "fixmatch.py"),
             "supervised_v2": ("LiheYoung/UniMatch-V2", "supervised.py"),
