@@ -17,8 +17,10 @@ SampleCE = Literal["elbo", "mean_logits"]
 #: official scripts' ``DistributedSampler``s (default seed 0, ``set_epoch``) give their two lists of one length:
 #: ``shared_repeated`` (the labeled list repeated and truncated to the unlabeled list's length, UniMatch's
 #: ``SemiDataset``) or ``shared_sampled`` (the repeated labeled list and the unlabeled list each drawn once per run
-#: with ``random.sample`` seeded by the run's seed, U2PL's and AugSeg's ``voc_dset``)
-DataOrder = Literal["passes", "shared_repeated", "shared_sampled"]
+#: with ``random.sample`` seeded by the run's seed, U2PL's and AugSeg's ``voc_dset``) or ``shared_repeated_frozen``
+#: (``shared_repeated`` whose unlabeled stream keeps epoch 0's permutation: TorchSemiSeg's ``train.py`` never gives
+#: the unlabeled sampler its epoch)
+DataOrder = Literal["passes", "shared_repeated", "shared_sampled", "shared_repeated_frozen"]
 
 #: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
 PAPER_BLUR_SIGMA = (0.1, 2.0)

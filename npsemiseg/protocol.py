@@ -155,8 +155,11 @@ def _head_grad_clip(values: dict[str, Any]) -> float | None:
 
 def _official_data_order(values: dict[str, Any]) -> str:
     """The official scripts' data order of the cell's framework (D24): U2PL's and AugSeg's ``voc_dset`` draw their
-    lists once per run, UniMatch's ``SemiDataset`` repeats the labeled ids."""
-    return "shared_sampled" if values["framework"] in ("u2pl", "augseg") else "shared_repeated"
+    lists once per run, UniMatch's ``SemiDataset`` repeats the labeled ids, TorchSemiSeg's too (``BaseDataset``) and
+    never gives the unlabeled sampler its epoch."""
+    if values["framework"] in ("u2pl", "augseg"):
+        return "shared_sampled"
+    return "shared_repeated_frozen" if values["framework"] in _MT else "shared_repeated"
 
 
 _NP = ("np",)
@@ -694,19 +697,24 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            golden="tests/test_crop_padding_golden.py::test_released_crop_reproduces_unimatch_crop: max |difference| 0 "
                   "(UniMatch's crop: labels and image, its fill included)"),
     Switch("official_data_order", "data", "data.order",
-           Derived("the official scripts' (U2PL, AugSeg shared_sampled; the UniMatch family shared_repeated)",
+           Derived("the official scripts' (U2PL, AugSeg shared_sampled; the UniMatch family shared_repeated; "
+                   "MT shared_repeated_frozen)",
                    lambda values: _official_data_order(values)), "passes",
            "UniMatch@0324f3d dataset/semi.py 25-27 (the labeled ids repeated and truncated), unimatch.py 80-88, "
            "118-119 and fixmatch.py 80-88, 117-118 (a DistributedSampler of seed 0 per list, set_epoch); "
            "UniMatch-V2@f6afb4d unimatch_v2.py 106-119, 156-157; U2PL@ab3d2be u2pl/dataset/pascal_voc.py 24-31 "
            "(random.seed(seed); random.sample of the list repeated), 136, 147, train_semi.py 254-255; AugSeg@7ead870 "
            "augseg/dataset/pascal_voc.py 41-46, 173, 180, train_semi.py 269-270; NP-SemiSeg@afd9672 "
-           "U2PL/train_semi.py 285-286, AugSeg/train_semi.py 290-291",
+           "U2PL/train_semi.py 285-286, AugSeg/train_semi.py 290-291; TorchSemiSeg@5e0c29c "
+           "exp.voc/voc8.res50v3+.MeanTeacher/dataloader.py 71-100, train.py 143-145 (set_epoch of the labeled "
+           "sampler only), furnace/datasets/BaseDataset.py 102-117 (the labeled list repeated to max_samples)",
            "both lists read in one permutation per epoch (seed 0 + epoch, whatever the run's seed), the labeled list "
-           "repeated to the unlabeled list's length (UniMatch's) or drawn once per run from its copies, the "
-           "unlabeled list shuffled once (U2PL's, AugSeg's): each unlabeled image meets the same labeled image every "
-           "epoch, and a labeled image may come twice in a batch, instead of streams shuffled on their own in passes",
-           "[D24](deviations.md#d24-data-order)", frameworks=("u2pl", "augseg", *_UNIMATCH, *_UNIMATCH_V2),
+           "repeated to the unlabeled list's length (UniMatch's, TorchSemiSeg's) or drawn once per run from its "
+           "copies, the unlabeled list shuffled once (U2PL's, AugSeg's): each unlabeled image meets the same labeled "
+           "image every epoch (TorchSemiSeg's unlabeled images come in epoch 0's order in every epoch, their labeled "
+           "partners change), and a labeled image may come twice in a batch, instead of streams shuffled on their "
+           "own in passes",
+           "[D24](deviations.md#d24-data-order)", frameworks=("u2pl", "augseg", *_MT, *_UNIMATCH, *_UNIMATCH_V2),
            no_golden="the samplers are torch's DistributedSampler over the official lists, no function of the "
                      "scripts: tests/test_training.py::test_shared_data_order_is_the_official_samplers_order"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",

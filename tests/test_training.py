@@ -32,7 +32,7 @@ from npsemiseg.training import (
     train,
     train_transforms,
 )
-from npsemiseg.training.data_order import run_lists, shared_epoch_order
+from npsemiseg.training.data_order import run_lists, sampler_epoch, shared_epoch_order
 
 
 class Recorder(Callbacks):
@@ -271,6 +271,25 @@ def test_shared_data_order_is_the_official_samplers_order(order, num_labeled):
     assert longer[:num_unlabeled] == first and len(longer) == 2 * num_unlabeled + 5
 
 
+def test_frozen_data_order_is_torchsemiseg_samplers_order():
+    """TorchSemiSeg's MeanTeacher: both lists ``max_samples`` long (the labeled ids repeated, ``BaseDataset``), a
+    ``DistributedSampler`` of seed 0 each, ``set_epoch`` on the labeled one only: the unlabeled images in epoch 0's
+    permutation in every epoch, the labeled ones in a new permutation each epoch."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    num_labeled, num_unlabeled = 6, 30
+    lists = run_lists("shared_repeated_frozen", num_labeled, num_unlabeled, seed=5)
+    official = {"labeled": list(range(num_labeled)) * (num_unlabeled // num_labeled), "unlabeled": list(range(num_unlabeled))}
+    samplers = {stream: DistributedSampler(ids, num_replicas=1, rank=0) for stream, ids in official.items()}
+    for epoch in range(3):
+        samplers["labeled"].set_epoch(epoch)
+        for stream, sampler in samplers.items():
+            expected = [official[stream][i] for i in sampler]
+            assert shared_epoch_order(lists, stream, num_unlabeled,
+                                      epoch=sampler_epoch("shared_repeated_frozen", stream, epoch)) == expected
+    assert sampler_epoch("shared_repeated", "unlabeled", 2) == sampler_epoch("shared_repeated_frozen", "labeled", 2) == 2
+
+
 def test_released_cells_stream_in_the_official_order(smoke_config):
     from npsemiseg.training.data_order import Streams as _Streams
 
@@ -279,6 +298,8 @@ def test_released_cells_stream_in_the_official_order(smoke_config):
     assert cell_config("paper", framework="unimatch", dataset="synthetic_voc", partition="1464",
                        protocol="released").data.order == "shared_repeated"
     assert cell_config("paper", framework="u2pl", dataset="synthetic_voc", partition="1464").data.order == "passes"
+    assert cell_config("paper", framework="mt", dataset="synthetic_voc", partition="1464",
+                       protocol="released").data.order == "shared_repeated_frozen"
     config = with_overrides(smoke_config(framework="mt"), {"data.order": "shared_sampled"})
     datasets = build_datasets(config)
     plan = plan_run(config, num_labeled=len(datasets["labeled"]), num_unlabeled=len(datasets["unlabeled"]), world_size=1)
@@ -290,6 +311,11 @@ def test_released_cells_stream_in_the_official_order(smoke_config):
     loader = streams._loader("unlabeled", streams.items["unlabeled"], 0, 0)
     delivered = [index for batch in loader.batch_sampler for index, _ in batch]
     assert delivered == shared_epoch_order(streams.lists, "unlabeled", length, epoch=0)[:len(delivered)]
+    frozen = _Streams(with_overrides(config, {"data.order": "shared_repeated_frozen"}), datasets,
+                      train_transforms(config), plan, use_unlabeled=True, rank=0, world_size=1, pin_memory=False)
+    indices = {(stream, epoch): [index for batch in frozen._loader(stream, frozen.items[stream], epoch, 0).batch_sampler
+                                 for index, _ in batch] for stream in ("labeled", "unlabeled") for epoch in (0, 1)}
+    assert indices["unlabeled", 1] == indices["unlabeled", 0] and indices["labeled", 1] != indices["labeled", 0]
 
 
 def test_seeded_items_are_reproducible_and_leave_the_global_rng(smoke_config):

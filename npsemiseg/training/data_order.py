@@ -46,7 +46,7 @@ def run_lists(order: DataOrder, num_labeled: int, num_unlabeled: int, *, seed: i
         raise ValueError(f"data.order {order!r}: needs labeled and unlabeled images, got {num_labeled} and "
                          f"{num_unlabeled}")
     repeated = list(range(num_labeled)) * math.ceil(num_unlabeled / num_labeled)
-    if order == "shared_repeated":
+    if order in ("shared_repeated", "shared_repeated_frozen"):
         return {"labeled": repeated[:num_unlabeled], "unlabeled": list(range(num_unlabeled))}
     if order == "shared_sampled":  # voc_dset: random.seed(seed), then random.sample, once per list
         return {"labeled": random.Random(seed).sample(repeated, num_unlabeled),
@@ -64,6 +64,13 @@ def shared_epoch_order(lists: dict[str, list[int]], stream: str, length: int, *,
         generator = torch.Generator().manual_seed(derive_seed("shared", epoch, extra))
         positions = torch.cat([positions, torch.randperm(size, generator=generator)])
     return [lists[stream][p] for p in positions[:length].tolist()]
+
+
+def sampler_epoch(order: DataOrder, stream: str, epoch: int) -> int:
+    """The epoch a shared ``order``'s sampler of ``stream`` is given: ``epoch``, but 0 for the unlabeled stream under
+    ``shared_repeated_frozen`` (TorchSemiSeg's ``train.py`` calls ``set_epoch`` on the labeled sampler only, so its
+    unlabeled images come in epoch 0's permutation in every epoch)."""
+    return 0 if order == "shared_repeated_frozen" and stream == "unlabeled" else epoch
 
 
 def rank_batches(order: list[int], *, batch_size: int, rank: int, world_size: int, seed: int, stream: str,
@@ -154,7 +161,8 @@ class Streams:
         if self.lists is None:
             order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
         else:
-            order = shared_epoch_order(self.lists, stream, length, epoch=epoch)
+            order = shared_epoch_order(self.lists, stream, length,
+                                       epoch=sampler_epoch(self.config.data.order, stream, epoch))
         batches = rank_batches(order, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
                                seed=seed, stream=stream, epoch=epoch, start_batch=start_batch)
         return DataLoader(
