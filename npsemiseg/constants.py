@@ -19,8 +19,10 @@ SampleCE = Literal["elbo", "mean_logits"]
 #: ``SemiDataset``) or ``shared_sampled`` (the repeated labeled list and the unlabeled list each drawn once per run
 #: with ``random.sample`` seeded by the run's seed, U2PL's and AugSeg's ``voc_dset``) or ``shared_repeated_frozen``
 #: (``shared_repeated`` whose unlabeled stream keeps epoch 0's permutation: TorchSemiSeg's ``train.py`` never gives
-#: the unlabeled sampler its epoch)
-DataOrder = Literal["passes", "shared_repeated", "shared_sampled", "shared_repeated_frozen"]
+#: the unlabeled sampler its epoch); or ``cycled_labeled`` (``passes``, but after the framework's warm-up the labeled
+#: stream replays its epoch's first pass, the same batches with the same augmentations, through the epoch: PS-MT's
+#: ``zip(cycle(supervised_loader), unsupervised_loader)``)
+DataOrder = Literal["passes", "shared_repeated", "shared_sampled", "shared_repeated_frozen", "cycled_labeled"]
 
 #: the blur sigma range (pixels) of AugSeg's and PS-MT's strong views, at the papers' crops of ~500 px
 PAPER_BLUR_SIGMA = (0.1, 2.0)

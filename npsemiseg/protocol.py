@@ -156,9 +156,11 @@ def _head_grad_clip(values: dict[str, Any]) -> float | None:
 def _official_data_order(values: dict[str, Any]) -> str:
     """The official scripts' data order of the cell's framework (D24): U2PL's and AugSeg's ``voc_dset`` draw their
     lists once per run, UniMatch's ``SemiDataset`` repeats the labeled ids, TorchSemiSeg's too (``BaseDataset``) and
-    never gives the unlabeled sampler its epoch."""
+    never gives the unlabeled sampler its epoch, PS-MT cycles its labeled loader's first pass of each epoch."""
     if values["framework"] in ("u2pl", "augseg"):
         return "shared_sampled"
+    if values["framework"] == "psmt":
+        return "cycled_labeled"
     return "shared_repeated_frozen" if values["framework"] in _MT else "shared_repeated"
 
 
@@ -698,7 +700,7 @@ _SWITCH_LIST: tuple[Switch, ...] = (
                   "(UniMatch's crop: labels and image, its fill included)"),
     Switch("official_data_order", "data", "data.order",
            Derived("the official scripts' (U2PL, AugSeg shared_sampled; the UniMatch family shared_repeated; "
-                   "MT shared_repeated_frozen)",
+                   "MT shared_repeated_frozen; PS-MT cycled_labeled)",
                    lambda values: _official_data_order(values)), "passes",
            "UniMatch@0324f3d dataset/semi.py 25-27 (the labeled ids repeated and truncated), unimatch.py 80-88, "
            "118-119 and fixmatch.py 80-88, 117-118 (a DistributedSampler of seed 0 per list, set_epoch); "
@@ -707,14 +709,18 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "augseg/dataset/pascal_voc.py 41-46, 173, 180, train_semi.py 269-270; NP-SemiSeg@afd9672 "
            "U2PL/train_semi.py 285-286, AugSeg/train_semi.py 290-291; TorchSemiSeg@5e0c29c "
            "exp.voc/voc8.res50v3+.MeanTeacher/dataloader.py 71-100, train.py 143-145 (set_epoch of the labeled "
-           "sampler only), furnace/datasets/BaseDataset.py 102-117 (the labeled list repeated to max_samples)",
+           "sampler only), furnace/datasets/BaseDataset.py 102-117 (the labeled list repeated to max_samples); PS-MT@058cdc3 "
+           "VocCode/train.py 196 (zip(cycle(supervised_loader), unsupervised_loader)), 142 (the warm-up's own pass), "
+           "DataLoader/voc.py 63-81, Base/base_dataloader.py 7-24 (a shuffled loader without a sampler on one GPU)",
            "both lists read in one permutation per epoch (seed 0 + epoch, whatever the run's seed), the labeled list "
            "repeated to the unlabeled list's length (UniMatch's, TorchSemiSeg's) or drawn once per run from its "
            "copies, the unlabeled list shuffled once (U2PL's, AugSeg's): each unlabeled image meets the same labeled "
            "image every epoch (TorchSemiSeg's unlabeled images come in epoch 0's order in every epoch, their labeled "
-           "partners change), and a labeled image may come twice in a batch, instead of streams shuffled on their "
-           "own in passes",
-           "[D24](deviations.md#d24-data-order)", frameworks=("u2pl", "augseg", *_MT, *_UNIMATCH, *_UNIMATCH_V2),
+           "partners change), and a labeled image may come twice in a batch; PS-MT's streams are shuffled on their "
+           "own, but after the warm-up its labeled stream replays the epoch's first pass, the same batches with the "
+           "same augmentations, through the epoch; instead of streams shuffled on their own in passes",
+           "[D24](deviations.md#d24-data-order)",
+           frameworks=("u2pl", "augseg", *_MT, "psmt", *_UNIMATCH, *_UNIMATCH_V2),
            no_golden="the samplers are torch's DistributedSampler over the official lists, no function of the "
                      "scripts: tests/test_training.py::test_shared_data_order_is_the_official_samplers_order"),
     Switch("grad_clip_per_head", "loop", "optim.grad_clip",

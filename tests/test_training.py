@@ -290,6 +290,40 @@ def test_frozen_data_order_is_torchsemiseg_samplers_order():
     assert sampler_epoch("shared_repeated", "unlabeled", 2) == sampler_epoch("shared_repeated_frozen", "labeled", 2) == 2
 
 
+def test_cycled_labeled_order_replays_the_first_pass_after_the_warm_up(smoke_config):
+    """PS-MT's ``zip(cycle(supervised_loader), unsupervised_loader)``: after the warm-up an epoch's labeled batches
+    are its first pass's, indices and augmentation seeds, replayed in turn (``itertools.cycle``), from any resume
+    point; the warm-up epochs and the unlabeled stream read fresh passes."""
+    import itertools
+
+    from npsemiseg.training.data_order import Streams as _Streams
+
+    assert cell_config("paper", framework="psmt", dataset="synthetic_voc", partition="1464",
+                       protocol="released").data.order == "cycled_labeled"
+    config = with_overrides(smoke_config(framework="psmt"), {"data.order": "cycled_labeled",
+                                                             "schedule.epoch_length": "unlabeled"})
+    datasets = build_datasets(config)
+    plan = plan_run(config, num_labeled=len(datasets["labeled"]), num_unlabeled=len(datasets["unlabeled"]), world_size=1)
+    streams = _Streams(config, datasets, train_transforms(config), plan, use_unlabeled=True, rank=0, world_size=1,
+                       pin_memory=False, warmup_epochs=1)
+    labeled, unlabeled = len(datasets["labeled"]), len(datasets["unlabeled"])
+    batch = config.schedule.batch_size
+    per_pass = labeled // batch
+    assert 1 < per_pass < plan.iters_per_epoch, (labeled, batch, plan.iters_per_epoch)
+    warm, after = streams._batches("labeled", labeled, 0, 0), streams._batches("labeled", labeled, 1, 0)
+    first_pass = after[:per_pass]
+    assert after == list(itertools.islice(itertools.cycle(first_pass), plan.iters_per_epoch))
+    assert len({index for b in first_pass for index, _ in b}) == per_pass * batch  # one pass: no image twice
+    assert warm[per_pass:2 * per_pass] != warm[:per_pass]  # the warm-up's epoch: fresh passes
+    assert streams._batches("labeled", labeled, 1, per_pass + 3) == after[per_pass + 3:]  # resumed mid-epoch
+    from npsemiseg.training.setup import setup_run
+
+    released = with_overrides(config, {"framework_options.warmup_epochs": 2})
+    assert setup_run(released, torch.device("cpu")).streams.warmup_epochs == 2  # the framework's warm-up reaches it
+    fresh = streams._batches("unlabeled", unlabeled, 1, 0)
+    assert len({index for b in fresh for index, _ in b}) == min(unlabeled, len(fresh) * config.schedule.unlabeled_batch_size)
+
+
 def test_released_cells_stream_in_the_official_order(smoke_config):
     from npsemiseg.training.data_order import Streams as _Streams
 

@@ -421,7 +421,8 @@ class DataConfig(Section):
     ``order``: how the labeled and unlabeled streams are ordered (:data:`npsemiseg.constants.DataOrder`):
     ``passes`` (each shuffled on its own per seed and epoch) or one permutation both share per epoch, the official
     scripts' samplers (``shared_repeated``: UniMatch's; ``shared_sampled``: U2PL's and AugSeg's;
-    ``shared_repeated_frozen``: TorchSemiSeg's, the unlabeled permutation epoch 0's in every epoch); without an
+    ``shared_repeated_frozen``: TorchSemiSeg's, the unlabeled permutation epoch 0's in every epoch), or
+    ``cycled_labeled`` (PS-MT's: after the warm-up the labeled stream replays its epoch's first pass); without an
     unlabeled stream, ``passes`` whatever the value.
     """
 

@@ -106,6 +106,12 @@ class Framework(FrameworkSpec):
         return {}
 
     @property
+    def warmup_epochs(self) -> int:
+        """The first epochs, whose steps read the labeled batch only (PS-MT's teacher warm-up); 0 by default. The data
+        order ``cycled_labeled`` starts cycling after them, as PS-MT's loop does."""
+        return 0
+
+    @property
     def head_aux_term(self) -> str | None:
         """The loss term the head's ``aux_loss`` is optimised as (NP: ``kl``), None for heads without one."""
         return getattr(getattr(unwrap(self.student), "head", None), "aux_loss_term", None)

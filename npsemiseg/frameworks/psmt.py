@@ -187,6 +187,10 @@ class PSMT(PSMTSpec, SemiSupervisedFramework):
             return self._ensemble
         return self.teachers["teacher1"]
 
+    @property
+    def warmup_epochs(self) -> int:
+        return self.options.warmup_epochs  # type: ignore[attr-defined]
+
     def core_index(self, ctx: StepContext) -> int:
         """0 (teacher 1) in the first semi-supervised epoch, 1 in the next, alternating."""
         return (ctx.epoch - self.options.warmup_epochs) % 2  # type: ignore[attr-defined]

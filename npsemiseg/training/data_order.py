@@ -129,21 +129,30 @@ def seeded_rngs(seed: int) -> Iterator[None]:
         np.random.set_state(numpy_state)
 
 
+def cycled(first_pass: list[list[tuple[int, int]]], count: int, start_batch: int = 0) -> list[list[tuple[int, int]]]:
+    """Batches ``start_batch .. count - 1`` of ``first_pass`` replayed in turn (``itertools.cycle`` of a loader: the
+    same indices with the same augmentation seeds, so the same augmented images)."""
+    return [first_pass[i % len(first_pass)] for i in range(start_batch, count)]
+
+
 class Streams:
-    """The labeled and (when the framework uses it) unlabeled data loaders of one epoch, zipped."""
+    """The labeled and (when the framework uses it) unlabeled data loaders of one epoch, zipped. ``warmup_epochs``:
+    the framework's (:attr:`~npsemiseg.frameworks.base.Framework.warmup_epochs`), after which ``cycled_labeled``
+    cycles."""
 
     def __init__(self, config: Any, datasets: dict[str, Dataset], transforms: dict[str, Any], plan: Any,
-                 *, use_unlabeled: bool, rank: int, world_size: int, pin_memory: bool) -> None:
+                 *, use_unlabeled: bool, rank: int, world_size: int, pin_memory: bool, warmup_epochs: int = 0) -> None:
         self.config, self.plan = config, plan
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
+        self.warmup_epochs = warmup_epochs
         self.lists: dict[str, list[int]] | None = None
         self.items = {"labeled": SeededItems(datasets["labeled"], transforms["labeled"])}
         self.batch_sizes = {"labeled": config.schedule.batch_size}
         if use_unlabeled:
             self.items["unlabeled"] = SeededItems(datasets["unlabeled"], transforms["unlabeled"])
             self.batch_sizes["unlabeled"] = config.schedule.unlabeled_batch_size
-            if config.data.order != "passes":
+            if config.data.order not in ("passes", "cycled_labeled"):
                 self.lists = run_lists(config.data.order, len(self.items["labeled"]), len(self.items["unlabeled"]),
                                        seed=config.seed)
 
@@ -155,18 +164,27 @@ class Streams:
             yield Batch(labeled=parts[0], unlabeled=parts[1] if len(parts) > 1 else None)
 
     def _loader(self, stream: str, items: SeededItems, epoch: int, start_batch: int) -> DataLoader:
-        seed = self.config.seed
+        return DataLoader(
+            items, batch_sampler=self._batches(stream, len(items), epoch, start_batch),
+            num_workers=self.config.data.num_workers, pin_memory=self.pin_memory,
+            # a private generator: building a loader must not consume the global RNG (exact resume)
+            generator=torch.Generator().manual_seed(derive_seed(self.config.seed, stream, "loader", epoch)),
+        )
+
+    def _batches(self, stream: str, num_items: int, epoch: int, start_batch: int) -> list[list[tuple[int, int]]]:
+        """This rank's batches of ``stream`` in ``epoch`` from ``start_batch`` on, in the order ``data.order`` says."""
+        seed, order_name = self.config.seed, self.config.data.order
         batch_size = self.batch_sizes[stream]
         length = self.plan.iters_per_epoch * batch_size * self.world_size * self.config.schedule.accumulation_steps
+        split = dict(batch_size=batch_size, rank=self.rank, world_size=self.world_size, seed=seed, stream=stream,
+                     epoch=epoch)
+        if order_name == "cycled_labeled" and stream == "labeled" and epoch >= self.warmup_epochs:
+            global_batch = batch_size * self.world_size
+            one_pass = max(num_items // global_batch, 1) * global_batch  # whole batches (DistributedSampler's drop_last)
+            first_pass = rank_batches(epoch_order(num_items, one_pass, seed=seed, stream=stream, epoch=epoch), **split)
+            return cycled(first_pass, length // global_batch, start_batch)
         if self.lists is None:
-            order = epoch_order(len(items), length, seed=seed, stream=stream, epoch=epoch)
+            order = epoch_order(num_items, length, seed=seed, stream=stream, epoch=epoch)
         else:
-            order = shared_epoch_order(self.lists, stream, length,
-                                       epoch=sampler_epoch(self.config.data.order, stream, epoch))
-        batches = rank_batches(order, batch_size=batch_size, rank=self.rank, world_size=self.world_size,
-                               seed=seed, stream=stream, epoch=epoch, start_batch=start_batch)
-        return DataLoader(
-            items, batch_sampler=batches, num_workers=self.config.data.num_workers, pin_memory=self.pin_memory,
-            # a private generator: building a loader must not consume the global RNG (exact resume)
-            generator=torch.Generator().manual_seed(derive_seed(seed, stream, "loader", epoch)),
-        )
+            order = shared_epoch_order(self.lists, stream, length, epoch=sampler_epoch(order_name, stream, epoch))
+        return rank_batches(order, start_batch=start_batch, **split)

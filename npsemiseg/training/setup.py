@@ -81,7 +81,7 @@ def setup_run(config: RunConfig, device: torch.device) -> Run:
     optimizer = build_optimizer(config, student, world_size=world_size)
     seed_training_rngs(config.seed, rank)
     streams = Streams(config, datasets, transforms, plan, use_unlabeled=framework.uses_unlabeled, rank=rank,
-                      world_size=world_size, pin_memory=device.type == "cuda")
+                      world_size=world_size, pin_memory=device.type == "cuda", warmup_epochs=framework.warmup_epochs)
     return Run(config, device, rank, world_size, datasets, plan, framework, optimizer, streams)
 
 
