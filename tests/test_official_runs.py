@@ -340,6 +340,9 @@ def test_combine_joins_seeds_run_apart_and_tests_equivalence(tmp_path: Path):
     tost = next(r for r in lines if r["framework"] == "unimatch" and "project_minus_official" in r)
     assert tost["project_minus_official"] == 0.15 and tost["seeds"] == 2
     assert tost["project_mean"] - tost["official_mean"] == pytest.approx(0.15)
+    low, high = combined["equivalence"]["framework"]["ci90_low"], combined["equivalence"]["framework"]["ci90_high"]
+    assert tost["ci90"] == [round(low, 2), round(high, 2)] and low < 0.15 < high
+    assert tost["equivalent_within"] == max(abs(round(low, 2)), abs(round(high, 2)))
     assert tost["official_sd"] == pytest.approx(float(np.std([r["official_miou"] for r in combined["runs"]], ddof=1)), abs=0.005)
 
 

@@ -93,8 +93,9 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The figure's numbers, one JSON object each (the docs cite them): every run's best mIoU (``framework``,
     ``side``, ``seed``, ``miou``), each side's mean difference of a framework from supervised
     (``minus_supervised``, seeds the two have in common) and each framework's project minus official
-    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU and each side's mean and sample standard deviation
-    over the seeds, where two seeds have both sides)."""
+    (``project_minus_official`` with the TOST ``p`` at 1.0 mIoU, its 90 % interval ``ci90``, ``equivalent_within``:
+    the smallest margin at which the two one-sided tests at 5 % show equivalence, the interval's farther end, and each
+    side's mean and sample standard deviation over the seeds, where two seeds have both sides)."""
     panels = panels_of(reports)
     out: list[dict[str, Any]] = []
     for name, rows in panels.items():
@@ -105,8 +106,10 @@ def records(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(both) >= 2:
             sides = {side: [r[f"{side}_miou"] for r in both] for side in SIDES}
             test = equivalence(sides["official"], sides["project"])
+            interval = [round(test["ci90_low"], 2), round(test["ci90_high"], 2)]
             out.append({"framework": name, "project_minus_official": round(test["difference"], 2),
-                        "p_tost": round(test["p"], 3), "seeds": len(both),
+                        "p_tost": round(test["p"], 3), "ci90": interval,
+                        "equivalent_within": max(abs(bound) for bound in interval), "seeds": len(both),
                         **{f"{side}_{stat}": round(float(fn(values)), 2) for side, values in sides.items()
                            for stat, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1)))}})
         if is_supervised(name):
