@@ -114,6 +114,12 @@ def test_rescale_ranges():
     assert all(abs(w / h - 0.6) < 0.02 for h, w in balanced)
     uniform = torch.tensor([RandomRescale((0.5, 2.0)).make_params(flat)["size"][0] / 100 for _ in range(200)])
     assert int((uniform < 1).sum()) < 100  # U[0.5, 2]: a third below 1
+    scales = (0.5, 0.75, 1.0, 1.5, 1.75, 2.0)  # TorchSemiSeg's train_scale_array, one drawn per image
+    chosen = [RandomRescale(resample="interpolate", choices=scales).make_params(flat)["size"] for _ in range(600)]
+    counts = {scale: sum(size == [int(100 * scale), int(60 * scale)] for size in chosen) for scale in scales}
+    assert sum(counts.values()) == 600 and all(70 < n < 130 for n in counts.values()), counts
+    with pytest.raises(ValueError, match="scale_choices: expected a non-empty list of positive scales"):
+        RandomRescale(balanced=True, choices=scales)
     sides = [RandomLongSideResize(25, 100).make_params(flat)["size"] for _ in range(100)]
     assert all(25 <= max(s) <= 100 and abs(s[1] / s[0] - 0.6) < 0.03 for s in sides)
     with pytest.raises(ValueError, match="base_size"):

@@ -16,7 +16,8 @@ PAPER_AUGMENTATIONS: tuple[str, ...] = ("u2pl", "augseg", "psmt")
 #: ``npsemiseg.data.transforms.train_transform``'s keywords besides the crop, with their defaults. A new keyword
 #: of ``train_transform`` goes here too (``tests/test_registry.py`` checks both agree).
 TRANSFORM_DEFAULTS: dict[str, Any] = {
-    "resize": "rescale_balanced", "scale_range": (0.5, 2.0), "base_size": None, "strong": None, "flip": True,
+    "resize": "rescale_balanced", "scale_range": (0.5, 2.0), "scale_choices": None, "base_size": None, "strong": None,
+    "flip": True,
     "label_pad_value": IGNORE_INDEX, "crop_padding": "centered", "crop_fill": "mean", "resize_resample": "antialiased",
     "blur_kernel": "sigma",
     "blur_sigma": PAPER_BLUR_SIGMA,

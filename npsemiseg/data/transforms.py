@@ -96,24 +96,32 @@ class RandomRescale(v2.Transform):
     """Resize by a random factor s (image bilinear, label nearest).
 
     balanced=False: s ~ U[low, high]. balanced=True (U2PL): with probability 1/2
-    s ~ U[low, 1], else s ~ U[1, high]. ``resample`` (:data:`RESIZE_RESAMPLES`): ``antialiased``, the size
-    ``round(s * side)``; ``interpolate`` (U2PL's ``RandResize``), ``int(s * side)``.
+    s ~ U[low, 1], else s ~ U[1, high]. ``choices`` (TorchSemiSeg's ``random.choice(train_scale_array)``): s one of
+    them, each as likely, instead. ``resample`` (:data:`RESIZE_RESAMPLES`): ``antialiased``, the size
+    ``round(s * side)``; ``interpolate`` (U2PL's ``RandResize``; OpenCV's ``INTER_LINEAR`` and ``INTER_NEAREST``, as
+    TorchSemiSeg resizes, sample the same points), ``int(s * side)``.
     """
 
     def __init__(self, scale_range: Sequence[float] = (0.5, 2.0), *, balanced: bool = False,
-                 resample: str = "antialiased") -> None:
+                 resample: str = "antialiased", choices: Sequence[float] | None = None) -> None:
         super().__init__()
         low, high = float(scale_range[0]), float(scale_range[1])
         if not 0 < low <= high or (balanced and not low <= 1 <= high):
             raise ValueError(f"scale_range must be 0 < low <= high (balanced: low <= 1 <= high), got {scale_range}")
         if resample not in RESIZE_RESAMPLES:
             raise ValueError(f"resize_resample: expected one of {list(RESIZE_RESAMPLES)}, got {resample!r}")
+        if choices is not None and (not choices or balanced or any(float(c) <= 0 for c in choices)):
+            raise ValueError(f"scale_choices: expected a non-empty list of positive scales with resize 'rescale', got "
+                             f"{list(choices)}{' with rescale_balanced' if balanced else ''}")
         self.scale_range = (low, high)
         self.balanced, self.resample = balanced, resample
+        self.choices = None if choices is None else tuple(float(c) for c in choices)
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
         low, high = self.scale_range
-        if self.balanced:
+        if self.choices is not None:
+            scale = self.choices[int(torch.randint(len(self.choices), ()))]
+        elif self.balanced:
             scale = _uniform(low, 1.0) if float(torch.rand(())) < 0.5 else _uniform(1.0, high)
         else:
             scale = _uniform(low, high)
@@ -324,21 +332,24 @@ def strong_pipeline(kind: str, *, blur_kernel: str = "sigma",
 
 
 def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
-                  scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
+                  scale_range: Sequence[float] = (0.5, 2.0), scale_choices: Sequence[float] | None = None,
+                  base_size: int | None = None,
                   flip: bool = True, label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered",
                   crop_fill: str = "mean", resize_resample: str = "antialiased") -> v2.Compose:
     """Random resize, horizontal flip, random crop (pads the image with ``crop_fill``, :data:`CROP_FILLS`, the label
     with 255, on the sides ``crop_padding`` names: :func:`crop_pad_sides`). ``resize_resample``: how the rescale
     modes resample (:data:`RESIZE_RESAMPLES`; the long side's resize is antialiased).
 
-    resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]), ``"long_side"``
+    resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range], or one of ``scale_choices`` where
+    given: TorchSemiSeg's), ``"long_side"``
     (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
     """
     if resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
     steps: list[v2.Transform] = []
     if resize in ("rescale", "rescale_balanced"):
-        steps.append(RandomRescale(scale_range, balanced=resize == "rescale_balanced", resample=resize_resample))
+        steps.append(RandomRescale(scale_range, balanced=resize == "rescale_balanced", resample=resize_resample,
+                                   choices=scale_choices))
     elif resize == "long_side":
         if base_size is None:
             raise ValueError("resize='long_side' needs base_size (VOC: AugSeg 500, PS-MT 600)")
@@ -412,7 +423,8 @@ class SegmentationTransform:
 
 
 def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_balanced",
-                    scale_range: Sequence[float] = (0.5, 2.0), base_size: int | None = None,
+                    scale_range: Sequence[float] = (0.5, 2.0), scale_choices: Sequence[float] | None = None,
+                    base_size: int | None = None,
                     strong: str | None = None, flip: bool = True,
                     label_pad_value: int = IGNORE_INDEX, crop_padding: str = "centered", crop_fill: str = "mean",
                     resize_resample: str = "antialiased",
@@ -421,7 +433,8 @@ def train_transform(crop_size: int | Sequence[int], *, resize: str = "rescale_ba
     """Training transform: ``weak_pipeline(...)`` plus, if ``strong`` ("augseg" / "psmt"), the strong view
     (``blur_kernel``: the PS-MT view's blur kernel, :data:`BLUR_KERNELS`). ``strong_views``, ``padding_mask`` and
     ``draws`` (:data:`VIEW_KEYS`, :class:`SegmentationTransform`) are what a framework's unlabeled stream asks for."""
-    weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, base_size=base_size,
+    weak = weak_pipeline(crop_size, resize=resize, scale_range=scale_range, scale_choices=scale_choices,
+                         base_size=base_size,
                          flip=flip, label_pad_value=label_pad_value, crop_padding=crop_padding, crop_fill=crop_fill,
                          resize_resample=resize_resample)
     view = None if strong is None else strong_pipeline(strong, blur_kernel=blur_kernel, blur_sigma=blur_sigma)
