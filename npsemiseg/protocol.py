@@ -381,6 +381,24 @@ _SWITCH_LIST: tuple[Switch, ...] = (
            "[D23](deviations.md#d23-u2pl-rescale)", frameworks=("u2pl",),
            golden="tests/test_u2pl_resize_golden.py::test_released_rescale_reproduces_u2pl_randresize: max "
                   "|difference| 0 (labels), 4.8e-7 (normalised images)"),
+    Switch("mt_cps_scales", "data", "data.augmentation.scale_choices", [0.5, 0.75, 1.0, 1.5, 1.75, 2.0], None,
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher/config.py 107 (C.train_scale_array), dataloader.py "
+           "27-34 (random_scale: random.choice)",
+           "the random rescale draws one of TorchSemiSeg's six scales, each as likely, instead of U2PL's s in "
+           "U[0.5, 1] or U[1, 2]",
+           "[D25](deviations.md#d25-torchsemiseg-rescale)", frameworks=_MT,
+           golden="tests/test_mt_cps_rescale_golden.py::test_released_rescale_reproduces_torchsemiseg_train_pre: "
+                  "each of the six scales, labels exact, images within one uint8 level (max |difference| 1.3e-2 "
+                  "normalised; TorchSemiSeg resizes the uint8 image)"),
+    Switch("mt_cps_resize", "data", "data.augmentation.resize_resample", "interpolate", "antialiased",
+           "TorchSemiSeg@5e0c29c exp.voc/voc8.res50v3+.MeanTeacher/dataloader.py 27-34 (cv2.resize INTER_LINEAR, "
+           "labels INTER_NEAREST, size int(s * side))",
+           "the random rescale resamples the image bilinearly without antialiasing, the label with the legacy "
+           "nearest, and floors the size (OpenCV's INTER_LINEAR and INTER_NEAREST sample the points of U2PL's "
+           "interpolate), instead of an antialiased image, pixel-centred labels and a rounded size",
+           "[D25](deviations.md#d25-torchsemiseg-rescale)", frameworks=_MT,
+           golden="tests/test_mt_cps_rescale_golden.py::test_released_rescale_reproduces_torchsemiseg_train_pre: "
+                  "labels exact, images within one uint8 level (max |difference| 1.3e-2 normalised)"),
     Switch("u2pl_label_onehot", "framework", "framework_options.label_onehot_bug", True, False,
            "U2PL@ab3d2be u2pl/utils/utils.py 50-59",
            "only image 0 of each batch gets (multi-hot) labels in the contrastive loss",

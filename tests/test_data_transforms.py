@@ -118,8 +118,11 @@ def test_rescale_ranges():
     chosen = [RandomRescale(resample="interpolate", choices=scales).make_params(flat)["size"] for _ in range(600)]
     counts = {scale: sum(size == [int(100 * scale), int(60 * scale)] for size in chosen) for scale in scales}
     assert sum(counts.values()) == 600 and all(70 < n < 130 for n in counts.values()), counts
+    balanced_choice = RandomRescale(balanced=True, choices=scales)  # the choices replace either mode's draw
+    assert all(size[0] in (50, 75, 100, 150, 175, 200) for size in (balanced_choice.make_params(flat)["size"]
+                                                                    for _ in range(50)))
     with pytest.raises(ValueError, match="scale_choices: expected a non-empty list of positive scales"):
-        RandomRescale(balanced=True, choices=scales)
+        RandomRescale(choices=[0.5, 0.0])
     sides = [RandomLongSideResize(25, 100).make_params(flat)["size"] for _ in range(100)]
     assert all(25 <= max(s) <= 100 and abs(s[1] / s[0] - 0.6) < 0.03 for s in sides)
     with pytest.raises(ValueError, match="base_size"):

@@ -53,6 +53,8 @@ NOT_A_STEP_CHANGE = {
     "u2pl_prototype_index": "test_prototype_index_bug_pairs_anchors_with_another_class",
     "crop_padding": "the data pipeline: test_crop_padding_switch_pads_on_the_bottom_and_right",
     "crop_fill": "the data pipeline: test_crop_fill_switch_pads_the_image_with_black",
+    "mt_cps_scales": "the data pipeline: tests/test_mt_cps_rescale_golden.py",
+    "mt_cps_resize": "the data pipeline: tests/test_mt_cps_rescale_golden.py",
     "official_data_order": "the data order: tests/test_training.py::test_shared_data_order_is_the_official_samplers_order",
     "psmt_blur_kernel": "the data pipeline: test_psmt_blur_kernel_switch_draws_kernels_of_1_3_5",
     "psmt_eval_logits": "evaluation only: test_psmt_eval_logits_switch_averages_the_teachers_logits",

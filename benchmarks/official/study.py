@@ -86,8 +86,9 @@ AUGSEG_PIPELINE = {**OFFICIAL_PIPELINE, "data.augmentation.crop_fill": "mean"}
 PSMT_PIPELINE = AUGSEG_PIPELINE
 #: TorchSemiSeg MeanTeacher's (``dataloader.py`` ``TrainPre``: flip, a scale of the image drawn from config.py's
 #: ``train_scale_array`` [0.5, 0.75, 1, 1.5, 1.75, 2], normalised, a random crop padded on both sides with 0 after
-#: normalisation, the mean, and the label with 255; no strong view): the nearest the project's pipeline has, a scale in
-#: U[0.5, 2] (the same range and mean, continuous where the official draws one of six)
+#: normalisation, the mean, and the label with 255; no strong view): the rescale of the released MT cell (switches
+#: ``mt_cps_scales`` and ``mt_cps_resize`` since 2026-11-30: the six scales, OpenCV's resampling; before, a scale in
+#: U[0.5, 2], antialiased), its crop padded on both sides
 MT_CPS_PIPELINE = {"data.augmentation.resize": "rescale", "data.augmentation.scale_range": [0.5, 2.0],
                    "data.augmentation.crop_padding": "centered", "data.augmentation.crop_fill": "mean",
                    "data.augmentation.label_pad_value": 255}

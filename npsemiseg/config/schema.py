@@ -130,6 +130,9 @@ IDENTITY_OMITTED: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     # the rescale's resampling at the value every earlier cell ran with (released U2PL cells: U2PL's RandResize)
     ("data.augmentation.resize_resample",
      lambda v: v["data"]["augmentation"].get("resize_resample") == "antialiased"),
+    # the rescale's draw from its range, as every earlier cell ran (released MT cells: TorchSemiSeg's six scales)
+    ("data.augmentation.scale_choices",
+     lambda v: v["data"]["augmentation"].get("scale_choices", False) is None),
 )
 #: ``(field, value, where it is put back)``: fields removed after version 1 that every cell having them ran at
 #: ``value`` without effect, put back at it: MT's options ``variant`` and ``mse_weight``, which only its CPS

@@ -97,7 +97,7 @@ class RandomRescale(v2.Transform):
 
     balanced=False: s ~ U[low, high]. balanced=True (U2PL): with probability 1/2
     s ~ U[low, 1], else s ~ U[1, high]. ``choices`` (TorchSemiSeg's ``random.choice(train_scale_array)``): s one of
-    them, each as likely, instead. ``resample`` (:data:`RESIZE_RESAMPLES`): ``antialiased``, the size
+    them, each as likely, instead of either draw. ``resample`` (:data:`RESIZE_RESAMPLES`): ``antialiased``, the size
     ``round(s * side)``; ``interpolate`` (U2PL's ``RandResize``; OpenCV's ``INTER_LINEAR`` and ``INTER_NEAREST``, as
     TorchSemiSeg resizes, sample the same points), ``int(s * side)``.
     """
@@ -110,9 +110,8 @@ class RandomRescale(v2.Transform):
             raise ValueError(f"scale_range must be 0 < low <= high (balanced: low <= 1 <= high), got {scale_range}")
         if resample not in RESIZE_RESAMPLES:
             raise ValueError(f"resize_resample: expected one of {list(RESIZE_RESAMPLES)}, got {resample!r}")
-        if choices is not None and (not choices or balanced or any(float(c) <= 0 for c in choices)):
-            raise ValueError(f"scale_choices: expected a non-empty list of positive scales with resize 'rescale', got "
-                             f"{list(choices)}{' with rescale_balanced' if balanced else ''}")
+        if choices is not None and (not choices or any(float(c) <= 0 for c in choices)):
+            raise ValueError(f"scale_choices: expected a non-empty list of positive scales, got {list(choices)}")
         self.scale_range = (low, high)
         self.balanced, self.resample = balanced, resample
         self.choices = None if choices is None else tuple(float(c) for c in choices)
@@ -340,8 +339,8 @@ def weak_pipeline(crop_size: int | Sequence[int], *, resize: str = "rescale_bala
     with 255, on the sides ``crop_padding`` names: :func:`crop_pad_sides`). ``resize_resample``: how the rescale
     modes resample (:data:`RESIZE_RESAMPLES`; the long side's resize is antialiased).
 
-    resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range], or one of ``scale_choices`` where
-    given: TorchSemiSeg's), ``"long_side"``
+    resize: ``"rescale_balanced"`` (U2PL), ``"rescale"`` (s ~ U[scale_range]; either draws one of
+    ``scale_choices`` instead where given: TorchSemiSeg's), ``"long_side"``
     (long side in scale_range x ``base_size``, an integer; AugSeg/PS-MT on VOC) or ``"none"``.
     """
     if resize not in RESIZE_MODES:
