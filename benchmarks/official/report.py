@@ -50,17 +50,27 @@ def panels_of(reports: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return {name: rows for name, rows in panels.items() if rows}
 
 
+#: the figure's panels per row (a report of every framework wraps onto several rows)
+PANELS_PER_ROW = 4
+
+
 def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
     """One panel per framework (the supervised reference first, from the first report holding it): the per-epoch
-    validation mIoU of each seed, official solid, project dashed, with the seeds' mean curves bold."""
+    validation mIoU of each seed, official solid, project dashed, with the seeds' mean curves bold; rows of at most
+    :data:`PANELS_PER_ROW` panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = panels_of(reports)
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), sharey=True, squeeze=False)
-    for axis, (name, rows) in zip(axes[0], panels.items()):
+    columns = min(len(panels), PANELS_PER_ROW)
+    rows_of_panels = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows_of_panels, columns, figsize=(4.2 * columns, 3.4 * rows_of_panels), sharey=True,
+                                squeeze=False)
+    for axis in axes.flat[len(panels):]:
+        axis.set_visible(False)
+    for axis, (name, rows) in zip(axes.flat, panels.items()):
         for side, colour, style in (("official", "tab:blue", "-"), ("project", "tab:orange", "--")):
             curves = [r[f"{side}_curve"] for r in rows if r.get(f"{side}_curve")]
             if not curves:
@@ -75,7 +85,8 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> None:
         axis.set_xlabel("epoch (official length)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8, loc="lower right")
-    axes[0][0].set_ylabel("validation mIoU x 100")
+    for row in axes:
+        row[0].set_ylabel("validation mIoU x 100")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
