@@ -23,6 +23,21 @@ def recorder(name: str) -> types.ModuleType:
     return module
 
 
+def weak_view(config, image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A recorded uint8 image ``[H, W, 3]`` and its label through ``config``'s labeled weak pipeline, the image
+    normalised with the ImageNet mean and std as the official pipelines hand it on: (image ``[3, h, w]``, label)."""
+    import torch  # noqa: PLC0415 - the goldens' own helpers stay importable without it
+
+    from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD  # noqa: PLC0415
+    from npsemiseg.training import train_transforms  # noqa: PLC0415
+
+    item = {"image": torch.from_numpy(image).permute(2, 0, 1).float() / 255, "label": torch.from_numpy(label).long(),
+            "id": "recorded"}
+    out = train_transforms(config)["labeled"](item)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    return ((out["image"] - mean) / std).numpy(), out["label"].numpy()
+
+
 def recorded(stem: str) -> dict[str, np.ndarray]:
     """The arrays of ``tests/golden/<stem>.npz``."""
     return dict(np.load(GOLDEN / f"{stem}.npz"))

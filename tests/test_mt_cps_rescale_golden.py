@@ -15,12 +15,10 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
-from golden_files import recorded, sidecar
+from golden_files import recorded, sidecar, weak_view
 from npsemiseg.config import cell_config, with_overrides
-from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD
-from npsemiseg.training import train_transforms
+from npsemiseg.models.segmentor import IMAGENET_STD
 
 SIDECAR = sidecar("mt_cps_rescale_released")
 DATA = recorded("mt_cps_rescale_released")
@@ -45,11 +43,7 @@ def _rescaled(protocol: str, i: int) -> tuple[np.ndarray, np.ndarray]:
     config = with_overrides(cell_config("paper", protocol=protocol, **CELL),
                             {"schedule.crop_size": int(DATA[f"resized_label{i}"].shape[0]),
                              "data.augmentation.flip": False, "data.augmentation.scale_choices": [scale]})
-    image = torch.from_numpy(DATA[f"image{i}"]).permute(2, 0, 1).float() / 255
-    item = {"image": image, "label": torch.from_numpy(DATA[f"label{i}"]).long(), "id": str(i)}
-    out = train_transforms(config)["labeled"](item)
-    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    return ((out["image"] - mean) / std).numpy(), out["label"].numpy()
+    return weak_view(config, DATA[f"image{i}"], DATA[f"label{i}"])
 
 
 def test_released_rescale_reproduces_torchsemiseg_train_pre():

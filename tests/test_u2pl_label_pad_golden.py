@@ -14,12 +14,10 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
-from golden_files import recorded, sidecar
+from golden_files import recorded, sidecar, weak_view
 from npsemiseg.config import cell_config, with_overrides
 from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD
-from npsemiseg.training import train_transforms
 
 SIDECAR = sidecar("u2pl_label_pad_released")
 DATA = recorded("u2pl_label_pad_released")
@@ -46,11 +44,7 @@ def _crop(protocol: str, i: int) -> tuple[np.ndarray, np.ndarray]:
     config = cell_config("paper", protocol=protocol, **CELL)
     config = with_overrides(config, {"schedule.crop_size": CROP, "data.augmentation.resize": "none",
                                      "data.augmentation.flip": False})
-    image = torch.from_numpy(DATA[f"image{i}"]).permute(2, 0, 1).float() / 255
-    item = {"image": image, "label": torch.from_numpy(DATA[f"label{i}"]).long(), "id": str(i)}
-    out = train_transforms(config)["labeled"](item)
-    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    return ((out["image"] - mean) / std).numpy(), out["label"].numpy()
+    return weak_view(config, DATA[f"image{i}"], DATA[f"label{i}"])
 
 
 def test_released_crop_reproduces_u2pl_crop():

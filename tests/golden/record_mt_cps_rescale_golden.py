@@ -8,7 +8,8 @@ Usage (from the repository root; CHECKOUT is a checkout of TorchSemiSeg, https:/
 ``TrainPre`` of ``exp.voc/voc8.res50v3+.MeanTeacher/dataloader.py`` and the crop of ``furnace/utils/img_utils.py``
 are loaded from CHECKOUT at run time (nothing of them is kept here), with stubs for what they import and do not use
 here (``config``: its ``train_scale_array``, read from config.py, and the crop's size; ``datasets.BaseDataset``), on
-square uint8 noise images (noise: where resampling differs most) and block labels. Each case answers the pipeline's
+square uint8 noise images (noise: where resampling differs most) and block labels (the U2PL rescale golden's
+``inputs``). Each case answers the pipeline's
 ``random`` draws: the mirror's (off), ``random.choice`` of the scale (the case's, stored with the result); the crop is
 the resized image's size, so it neither moves nor pads. ``img_utils``' ``collections.Iterable`` (gone since Python
 3.10) is given ``collections.abc.Iterable`` in that module only.
@@ -26,14 +27,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its shared helpers
+from record_u2pl_resize_golden import inputs  # noqa: E402  (uint8 noise images and block labels)
 from recording import official_commit, official_sidecar, recorder_arguments, save_golden  # noqa: E402
+
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
+if BENCHMARKS not in sys.path:  # the benchmarks' package: the official runs' stand-in modules
+    sys.path.append(BENCHMARKS)
+from official.mt_cps import in_sys_modules  # noqa: E402
 
 OFFICIAL_DIR = "exp.voc/voc8.res50v3+.MeanTeacher"
 OFFICIAL_FILES = [f"{OFFICIAL_DIR}/dataloader.py", f"{OFFICIAL_DIR}/config.py", "furnace/utils/img_utils.py"]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-#: image sides; each case takes the official scale of its index (config.py's six, in turn)
+#: image sides (the images and labels: ``record_u2pl_resize_golden.inputs``, uint8 noise and blocks of classes 0..4);
+#: each case takes the official scale of its index (config.py's six, in turn)
 SIDES = (16, 13, 15, 16, 12, 11)
-SEED = 20291
 
 
 def train_scale_array(checkout: Path) -> list[float]:
@@ -58,27 +65,8 @@ def official_train_pre(checkout: Path, scales: list[float]) -> types.ModuleType:
     img_utils = load(checkout / "furnace/utils/img_utils.py", "utils.img_utils")
     img_utils.collections = types.SimpleNamespace(Iterable=collections.abc.Iterable)  # gone since Python 3.10
     stubs["utils"].img_utils = img_utils
-    saved = {name: sys.modules.get(name) for name in (*stubs, "utils.img_utils")}
-    sys.modules.update(stubs, **{"utils.img_utils": img_utils})
-    try:
+    with in_sys_modules({**stubs, "utils.img_utils": img_utils}):
         return load(checkout / OFFICIAL_DIR / "dataloader.py", "torchsemiseg_dataloader")
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-
-
-def inputs(i: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image ``i`` (uint8 noise, side x side x 3, RGB as the dataset hands it on) and its label (uint8 blocks of
-    classes 0..4, one corner 255)."""
-    gen = np.random.default_rng(SEED + i)
-    image = gen.integers(0, 256, (side, side, 3), dtype=np.uint8)
-    rows, cols = np.meshgrid(np.arange(side), np.arange(side), indexing="ij")
-    label = ((rows // 3 + 2 * (cols // 4) + i) % 5).astype(np.uint8)
-    label[:2, :2] = 255
-    return image, label
 
 
 def record(checkout: Path) -> tuple[dict[str, np.ndarray], list[float]]:
@@ -115,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                    + (f" --commit {args.commit}" if args.commit else ""),
         "checkout": "CHECKOUT holds the files above at the commit, e.g. git archive COMMIT " + " ".join(OFFICIAL_FILES)
                     + " | tar -x -C CHECKOUT",
-        "sizes": dict(sides=list(SIDES), scales=scales, seed=SEED, mean=MEAN, std=STD),
+        "sizes": dict(sides=list(SIDES), scales=scales, inputs="record_u2pl_resize_golden.inputs", mean=MEAN, std=STD),
         "cv2": __import__("cv2").__version__,
         "keys": sorted(arrays),
     }
