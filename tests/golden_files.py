@@ -38,6 +38,22 @@ def weak_view(config, image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray,
     return ((out["image"] - mean) / std).numpy(), out["label"].numpy()
 
 
+def check_views(views: dict[int, tuple[np.ndarray, np.ndarray]], record: dict[str, np.ndarray], prefix: str,
+                atol: float) -> dict[str, float]:
+    """Each case's (image, label) of ``views`` against the record's ``<prefix>_image<i>`` and ``<prefix>_label<i>``:
+    labels exact, images within ``atol``; returns (and prints) each max |difference|."""
+    deviations = {}
+    for i, (image, label) in views.items():
+        expected_image, expected_label = record[f"{prefix}_image{i}"], record[f"{prefix}_label{i}"]
+        assert label.shape == expected_label.shape, f"case {i}: size {label.shape}, recorded {expected_label.shape}"
+        deviations[f"label{i}"] = float(np.abs(label.astype(np.int64) - expected_label).max())
+        deviations[f"image{i}"] = float(np.abs(image - expected_image).max())
+        assert deviations[f"label{i}"] == 0, f"case {i}: labels differ"
+        assert deviations[f"image{i}"] <= atol, f"case {i}: max |difference| {deviations[f'image{i}']:.3g}"
+    print(json.dumps({k: f"{v:.2e}" for k, v in deviations.items()}))
+    return deviations
+
+
 def recorded(stem: str) -> dict[str, np.ndarray]:
     """The arrays of ``tests/golden/<stem>.npz``."""
     return dict(np.load(GOLDEN / f"{stem}.npz"))

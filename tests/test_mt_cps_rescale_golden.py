@@ -11,12 +11,11 @@ std; measured 2026-11-30: 1.3e-2). Labels exact.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
-from golden_files import recorded, sidecar, weak_view
+from golden_files import check_views, recorded, sidecar, weak_view
 from npsemiseg.config import cell_config, with_overrides
 from npsemiseg.models.segmentor import IMAGENET_STD
 
@@ -47,15 +46,7 @@ def _rescaled(protocol: str, i: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_released_rescale_reproduces_torchsemiseg_train_pre():
-    deviations = {}
-    for i in CASES:
-        image, label = _rescaled("released", i)
-        assert label.shape == DATA[f"resized_label{i}"].shape, f"case {i}: size"
-        deviations[f"label{i}"] = float(np.abs(label.astype(np.int64) - DATA[f"resized_label{i}"]).max())
-        deviations[f"image{i}"] = float(np.abs(image - DATA[f"resized_image{i}"]).max())
-        assert deviations[f"label{i}"] == 0, f"case {i}: labels differ"
-        assert deviations[f"image{i}"] <= ATOL, f"case {i}: max |difference| {deviations[f'image{i}']:.3g}"
-    print(json.dumps({k: f"{v:.2e}" for k, v in deviations.items()}))
+    check_views({i: _rescaled("released", i) for i in CASES}, DATA, "resized", ATOL)
 
 
 def test_the_golden_tells_the_antialiased_rescale_apart():
