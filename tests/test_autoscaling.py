@@ -182,12 +182,20 @@ def test_a_grid_scales_gpu_workers_up_from_zero_and_idle_ones_are_removed(fake_c
     # the submission is over: a fresh driver, holding no object of the grid's on the worker nodes
     ray.shutdown()
     _connect(address)
+    def autoscaler_events() -> list[str]:
+        monitor_log = next(Path(temp_dir).glob("session_*/logs/monitor.log")).read_text()
+        return [line.split(":event_summary:", 1)[1] for line in monitor_log.splitlines() if ":event_summary:" in line]
+
+    def removed_idle(events: list[str]) -> bool:
+        return any(event.startswith("Removing") and "(idle)" in event for event in events)
+
+    # the nodes go first, the monitor logs its summary of the removal on a later update: wait for both
     deadline = time.monotonic() + 90
-    while any(node["Alive"] for node in _worker_nodes()) and time.monotonic() < deadline:
+    while ((any(node["Alive"] for node in _worker_nodes()) or not removed_idle(autoscaler_events()))
+           and time.monotonic() < deadline):
         time.sleep(1.0)
-    monitor_log = next(Path(temp_dir).glob("session_*/logs/monitor.log")).read_text()
-    events = [line.split(":event_summary:", 1)[1] for line in monitor_log.splitlines() if ":event_summary:" in line]
+    events = autoscaler_events()
     print("autoscaler events:", events)
     assert not any(node["Alive"] for node in _worker_nodes()), f"idle {WORKER_TYPE} nodes were not removed: {events}"
     assert f"Adding 1 node(s) of type {WORKER_TYPE}." in events, events
-    assert any(event.startswith("Removing") and "(idle)" in event for event in events), events
+    assert removed_idle(events), events
