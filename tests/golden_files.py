@@ -9,6 +9,10 @@ import types
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD
+from npsemiseg.training import train_transforms
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
@@ -26,11 +30,6 @@ def recorder(name: str) -> types.ModuleType:
 def weak_view(config, image: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A recorded uint8 image ``[H, W, 3]`` and its label through ``config``'s labeled weak pipeline, the image
     normalised with the ImageNet mean and std as the official pipelines hand it on: (image ``[3, h, w]``, label)."""
-    import torch  # noqa: PLC0415 - the goldens' own helpers stay importable without it
-
-    from npsemiseg.models.segmentor import IMAGENET_MEAN, IMAGENET_STD  # noqa: PLC0415
-    from npsemiseg.training import train_transforms  # noqa: PLC0415
-
     item = {"image": torch.from_numpy(image).permute(2, 0, 1).float() / 255, "label": torch.from_numpy(label).long(),
             "id": "recorded"}
     out = train_transforms(config)["labeled"](item)

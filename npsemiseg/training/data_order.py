@@ -11,7 +11,7 @@ import hashlib
 import math
 import random
 from collections.abc import Iterator
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +39,10 @@ def epoch_order(num_items: int, length: int, *, seed: int, stream: str, epoch: i
     return order[:length].tolist()
 
 
+#: the orders in which both streams read their run lists in one permutation per epoch (the official samplers')
+SHARED_ORDERS: tuple[DataOrder, ...] = ("shared_repeated", "shared_sampled", "shared_repeated_frozen")
+
+
 def run_lists(order: DataOrder, num_labeled: int, num_unlabeled: int, *, seed: int) -> dict[str, list[int]]:
     """The two streams' lists of one run under a shared ``order`` (:data:`npsemiseg.constants.DataOrder`): dataset
     indices, both ``num_unlabeled`` long (position ``p`` of an epoch's permutation picks ``lists[stream][p]``)."""
@@ -51,7 +55,7 @@ def run_lists(order: DataOrder, num_labeled: int, num_unlabeled: int, *, seed: i
     if order == "shared_sampled":  # voc_dset: random.seed(seed), then random.sample, once per list
         return {"labeled": random.Random(seed).sample(repeated, num_unlabeled),
                 "unlabeled": random.Random(seed).sample(range(num_unlabeled), num_unlabeled)}
-    raise ValueError(f"data.order: expected a shared order of {list(get_args(DataOrder)[1:])}, got {order!r}")
+    raise ValueError(f"data.order: expected a shared order of {list(SHARED_ORDERS)}, got {order!r}")
 
 
 def shared_epoch_order(lists: dict[str, list[int]], stream: str, length: int, *, epoch: int) -> list[int]:
@@ -152,7 +156,7 @@ class Streams:
         if use_unlabeled:
             self.items["unlabeled"] = SeededItems(datasets["unlabeled"], transforms["unlabeled"])
             self.batch_sizes["unlabeled"] = config.schedule.unlabeled_batch_size
-            if config.data.order not in ("passes", "cycled_labeled"):
+            if config.data.order in SHARED_ORDERS:
                 self.lists = run_lists(config.data.order, len(self.items["labeled"]), len(self.items["unlabeled"]),
                                        seed=config.seed)
 
