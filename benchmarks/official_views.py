@@ -167,7 +167,9 @@ def checkpoint_network(framework: str, data_seed: int, seed: int, checkpoint: Pa
     ``checkpoint`` (the script's ``best.pth``: its ``model_ema``, else ``model``; the official side's model holds the
     project's network as ``student``, wrapped by DDP as ``module``), in eval mode."""
     network = initial_network(project_config(framework, data_seed, seed))
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    # read as data (tensors and plain values): state dicts, the epoch and the best mIoUs, NumPy float64 scalars
+    with torch.serialization.safe_globals([np._core.multiarray.scalar, np.dtype, np.dtypes.Float64DType]):
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     state, prefix = saved["model_ema"] if "model_ema" in saved else saved["model"], "module.student."
     network.load_state_dict({key.removeprefix(prefix): value for key, value in state.items() if key.startswith(prefix)})
     return network.eval()

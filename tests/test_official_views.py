@@ -3,6 +3,7 @@ unlabeled views with the padding filled as the official code fills it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from benchmark_scripts import load_benchmark
@@ -119,5 +120,5 @@ def _saved(path, key, shift):
     state = views.initial_network(views.project_config("fixmatch_v2", 0, 0)).state_dict()
     wrapped = {f"module.student.{k}": v + shift if v.is_floating_point() else v for k, v in state.items()}
     wrapped.update({f"module.backbone.{k}": v for k, v in state.items() if k.startswith("backbone.")})
-    torch.save({key: wrapped, "epoch": 3}, path)
+    torch.save({key: wrapped, "epoch": 3, "previous_best": np.float64(27.5)}, path)  # as UniMatch V2's best.pth
     return path
