@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from npsemiseg.data.transforms import strong_key
+from npsemiseg.frameworks import get_framework
 from npsemiseg.frameworks.fixmatch import unimatch_boxes
 from npsemiseg.models import upsample_logits
 from npsemiseg.training.factories import build_datasets, train_transforms
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if network is not None:
             measures[name] = network_statistics(views.__getitem__, args.items, network, threshold)
 
-    strong_views = project_views(args.data_seed, args.seed, framework=args.framework)(0)[1].shape[0]
+    # the cell's strong views per item, as its pipeline is built (npsemiseg.training.factories.train_transforms)
+    strong_views = get_framework(config.framework).unlabeled_views(config.framework_options).get("strong_views", 1)
     with official_views(folder, lists["val"].parents[2], lists["unlabeled"], config.schedule.crop_size,
                         strong_views=strong_views) as draw:
         measure("official", draw)
